@@ -1,0 +1,3 @@
+"""vllm-fleet: declarative provisioning of vLLM serving fleets on pyinfra."""
+
+__version__ = "0.1.0"

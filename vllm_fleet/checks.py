@@ -1,0 +1,161 @@
+"""Semantic checks beyond the JSON Schema.
+
+Two kinds: checks of the spec alone (this module: conflicting options, multi-node wiring, flags
+vllm-fleet owns, secrets) and checks against model and GPU facts (:mod:`vllm_fleet.hwchecks`,
+which needs the catalogues). :func:`run` runs both. Every problem names its YAML path, says why,
+and says what to do.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .spec import Problem, Spec
+
+# vLLM flags that vllm-fleet renders from their own spec keys: setting them again through
+# engine.extra_args would contradict the spec (or, for the key, leak a secret into argv).
+OWNED_FLAGS = {
+    "--api-key": "server.api_key",
+    "--host": "server.host",
+    "--port": "server.port",
+    "--served-model-name": "model.served_name",
+    "--model": "model.source",
+    "--dtype": "model.dtype",
+    "--quantization": "model.quantization",
+    "-q": "model.quantization",
+    "--max-model-len": "model.max_model_len",
+    "--gpu-memory-utilization": "engine.gpu_memory_utilization",
+    "--max-num-seqs": "engine.max_num_seqs",
+    "--max-num-batched-tokens": "engine.max_num_batched_tokens",
+    "--kv-cache-dtype": "engine.kv_cache_dtype",
+    "--enforce-eager": "engine.enforce_eager",
+    "--enable-prefix-caching": "engine.enable_prefix_caching",
+    "--no-enable-prefix-caching": "engine.enable_prefix_caching",
+    "--enable-chunked-prefill": "engine.enable_chunked_prefill",
+    "--no-enable-chunked-prefill": "engine.enable_chunked_prefill",
+    "--tensor-parallel-size": "parallel.tensor",
+    "-tp": "parallel.tensor",
+    "--pipeline-parallel-size": "parallel.pipeline",
+    "-pp": "parallel.pipeline",
+    "--data-parallel-size": "parallel.data",
+    "-dp": "parallel.data",
+    "--distributed-executor-backend": "parallel.backend",
+    "--speculative-config": "engine.speculative",
+    "--trust-remote-code": "model.trust_remote_code",
+    "--revision": "model.revision",
+}
+REMOVED_FLAGS = {
+    "--swap-space": "removed from vLLM (gone in 0.32/0.33); lower max_model_len or max_num_seqs, quantize, or add GPUs instead",
+}
+SECRET_ENV = {"VLLM_API_KEY": "server.api_key", "HF_TOKEN": "model.hub_token", "HUGGING_FACE_HUB_TOKEN": "model.hub_token"}
+
+
+def spec_problems(r: dict[str, Any], spec: Spec | None = None) -> list[Problem]:
+    """Checks that need only the resolved spec."""
+    out: list[Problem] = []
+
+    def add(path: str, message: str, fix: str, severity: str = "error") -> None:
+        out.append(Problem(path, message, fix, severity, spec.line(path) if spec else None))
+
+    m, e, par, srv, prx, ins, hw = (r[k] for k in ("model", "engine", "parallel", "server", "proxy", "install", "hardware"))
+
+    # -- parallelism wiring
+    if par["nodes"] > 1:
+        if par["backend"] == "mp":
+            add("parallel.backend", f"`mp` runs on one node, but parallel.nodes is {par['nodes']}",
+                "set `backend: ray` (a Ray cluster; TP = GPUs per node, PP = nodes) or `backend: native` (vLLM's Ray-free multi-node mode)")
+        if not par.get("head_address"):
+            add("parallel.head_address", f"a {par['nodes']}-node server needs the head node's private address",
+                "set `head_address:` to the Ray head / master node's address on the cluster network")
+        if par["tensor"] > hw["gpus_per_node"]:
+            add("parallel.tensor", f"tensor parallel {par['tensor']} spans nodes ({hw['gpus_per_node']} GPUs per node): TP across nodes is slow",
+                f"use TP = GPUs per node ({hw['gpus_per_node']}) and PP = nodes ({par['nodes']})", "warning")
+    elif par["backend"] == "native":
+        add("parallel.backend", "`native` is vLLM's multi-node mode, but parallel.nodes is 1", "use `backend: mp` on one node")
+
+    # -- engine
+    mbt = e.get("max_num_batched_tokens")
+    if mbt is not None and not e["enable_chunked_prefill"] and mbt < m["max_model_len"]:
+        add("engine.max_num_batched_tokens",
+            f"{mbt} is below max_model_len {m['max_model_len']} with chunked prefill off: vLLM refuses a prompt it cannot prefill in one step",
+            f"raise it to at least {m['max_model_len']}, or set `enable_chunked_prefill: true`")
+    if e["profile"] == "realtime" and e["max_num_seqs"] > 32:
+        add("engine.max_num_seqs", f"{e['max_num_seqs']} sequences at once with the realtime profile: latency grows with the batch",
+            "keep realtime max_num_seqs in 16-32, or use `profile: batch`", "warning")
+    for i, arg in enumerate(e["extra_args"]):
+        flag = arg.split("=", 1)[0]
+        path = f"engine.extra_args[{i}]"
+        if flag in REMOVED_FLAGS:
+            add(path, f"`{flag}` was {REMOVED_FLAGS[flag]}", f"delete `{arg}`")
+        elif flag == "--api-key":
+            add(path, "an API key in the command line is visible to every user of the host (ps, /proc, the journal)",
+                "delete it (and its value) here; set `server.api_key: {file: PATH}`: the key goes to a 0600 EnvironmentFile as VLLM_API_KEY")
+        elif flag in OWNED_FLAGS:
+            add(path, f"`{flag}` is rendered by vllm-fleet from `{OWNED_FLAGS[flag]}`", f"delete it here and set `{OWNED_FLAGS[flag]}` instead")
+
+    # -- model transfer
+    if m["transfer"] == "hub" and not m.get("revision"):
+        add("model.revision", "no revision pinned: a re-deploy may download different weights",
+            "set `revision:` to a commit hash of the model repository", "warning")
+    if m.get("hub_token") and m["transfer"] != "hub":
+        add("model.hub_token", f"a hub token is set but the weights are not downloaded (transfer: {m['transfer']})", "remove it", "warning")
+    if m["transfer"] != "none" and m.get("local_dir") is None and m["source"].startswith(("/", "./", "../", "~")):
+        add("model.transfer", "a path source cannot be downloaded from the hub", "use `transfer: upload` (copy from this machine) or `transfer: none` (already on the hosts)")
+
+    # -- server / proxy
+    if prx["enabled"] and prx["auth"] == "api_key" and not srv.get("api_key"):
+        add("proxy.auth", "the proxy checks an API key, but server.api_key is not set",
+            "set `server.api_key: {file: PATH, generate: true}`, or `proxy.auth: none` to leave the API open")
+    if not srv.get("api_key"):
+        add("server.api_key", "no API key: anyone who reaches the port can use the model",
+            "set `api_key: {file: PATH, generate: true}`", "warning")
+    if prx["enabled"] and par["nodes"] == 1 and prx["listen"] == srv["port"]:
+        add("proxy.listen", f"nginx and vLLM both want port {srv['port']} on the same host",
+            "use different ports (e.g. proxy.listen 80 or 443, server.port 8000)")
+    if prx["enabled"] and srv["host"] not in ("127.0.0.1", "0.0.0.0") and par["nodes"] == 1:
+        add("server.host", f"vLLM binds {srv['host']} while nginx proxies to it on this host via 127.0.0.1",
+            "leave server.host unset (127.0.0.1 with the proxy on the same host)")
+    if not prx["enabled"] and srv["host"] == "127.0.0.1":
+        add("server.host", "with the proxy off, vLLM on 127.0.0.1 answers only on the host itself",
+            "set `server.host: 0.0.0.0` (and firewall it), or enable the proxy", "warning")
+    tls = prx["tls"]
+    if tls["enabled"] and not tls["self_signed"] and not (tls.get("certificate") and tls.get("certificate_key")):
+        add("proxy.tls", "TLS is on but no certificate is given",
+            "set `certificate:` and `certificate_key:`, or `self_signed: true` for a lab")
+    if tls["enabled"] and tls["self_signed"] and tls.get("certificate"):
+        add("proxy.tls.self_signed", "both a certificate and self_signed are set", "keep one")
+    if (tls.get("certificate") or tls.get("self_signed")) and not tls["enabled"]:
+        add("proxy.tls.enabled", "TLS settings are present but TLS is off", "set `enabled: true` or remove them", "warning")
+
+    # -- install
+    if ins["accelerator"] == "cpu" and hw.get("gpu") not in (None, "cpu"):
+        add("hardware.gpu", f"accelerator is `cpu` but hardware.gpu is `{hw['gpu']}`",
+            "set `hardware.gpu: cpu`, or `install.accelerator: cuda` for GPU hosts")
+    if ins["accelerator"] == "cuda" and hw.get("gpu") == "cpu":
+        add("install.accelerator", "hardware.gpu is `cpu` but accelerator is `cuda`",
+            "set `install.accelerator: cpu` (vLLM's CPU build) or name the GPU in hardware.gpu")
+    if ins["accelerator"] == "cuda" and not hw.get("gpu"):
+        add("hardware.gpu", "no GPU type: the memory plan and the FP8/Marlin checks cannot run",
+            "set `hardware.gpu:` (see `vllm-fleet plan --list-gpus`)", "warning")
+    if ins.get("wheelhouse") and ins.get("index_url"):
+        add("install.index_url", "an offline wheelhouse and an index URL are both set: the wheelhouse installs with --no-index",
+            "keep one of them")
+
+    # -- env
+    for key in r["env"]:
+        if key in SECRET_ENV:
+            add(f"env.{key}", f"{key} is a secret; env values are written to a readable file",
+                f"use `{SECRET_ENV[key]}` (a secret reference written to a 0600 file)")
+    return out
+
+
+def run(resolved: dict[str, Any], spec: Spec | None = None, *, hardware: bool = True) -> list[Problem]:
+    """All semantic problems: the spec's own, then (when ``hardware``) model/GPU facts."""
+    problems = spec_problems(resolved, spec)
+    if hardware:
+        try:
+            from . import hwchecks
+        except ImportError:  # pragma: no cover - only while the catalogue is being built
+            return problems
+        problems += hwchecks.hardware_problems(resolved, spec)
+    return problems

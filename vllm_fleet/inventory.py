@@ -1,0 +1,50 @@
+"""Read a pyinfra inventory file without pyinfra (for `render --inventory` and `status`).
+
+A pyinfra inventory is a Python file whose module-level lists are groups; entries are host
+names or ``(name, data)`` tuples; a list may also be a ``(hosts, group_data)`` tuple. The
+address of a host is its ``ssh_hostname`` data, else its name.
+"""
+
+from __future__ import annotations
+
+import runpy
+from pathlib import Path
+from typing import Any
+
+
+class InventoryError(Exception):
+    pass
+
+
+def load_inventory(path: str | Path) -> dict[str, dict[str, Any]]:
+    """Return {host: {"address": str, "groups": [str], "data": dict}} in file order."""
+    p = Path(path)
+    if not p.is_file():
+        raise InventoryError(f"inventory {p}: no such file (pass a pyinfra inventory .py file)")
+    try:
+        module = runpy.run_path(str(p))
+    except Exception as exc:  # a user file: report, don't trace
+        raise InventoryError(f"inventory {p}: failed to load: {type(exc).__name__}: {exc}") from None
+    hosts: dict[str, dict[str, Any]] = {}
+    for group, value in module.items():
+        if group.startswith("_"):
+            continue
+        group_data: dict[str, Any] = {}
+        if isinstance(value, tuple) and len(value) == 2 and isinstance(value[0], list) and isinstance(value[1], dict):
+            value, group_data = value
+        if not isinstance(value, list):
+            continue
+        for entry in value:
+            if isinstance(entry, str):
+                name, data = entry, {}
+            elif isinstance(entry, tuple) and len(entry) == 2 and isinstance(entry[0], str) and isinstance(entry[1], dict):
+                name, data = entry
+            else:
+                continue
+            h = hosts.setdefault(name, {"address": name, "groups": [], "data": {}})
+            h["groups"].append(group)
+            h["data"] = {**group_data, **h["data"], **data}
+            h["address"] = h["data"].get("ssh_hostname", name)
+    if not hosts:
+        raise InventoryError(f"inventory {p}: no hosts found (module-level lists of host names)")
+    return hosts

@@ -1,0 +1,393 @@
+"""Load, validate and resolve a deployment spec.
+
+The flow is one way: YAML text -> :func:`load` (syntax, with line numbers) -> JSON Schema
+(:func:`schema_problems`, every problem with its YAML path and a fix) -> :func:`resolve`
+(profiles and derived defaults filled in) -> semantic checks (:mod:`vllm_fleet.checks`).
+
+Nothing here touches a host or imports pyinfra.
+"""
+
+from __future__ import annotations
+
+import copy
+import difflib
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import yaml
+
+from . import defaults
+
+SCHEMA_PATH = Path(__file__).resolve().parent.parent / "schemas" / "deployment.schema.json"
+MAX_SPEC_BYTES = 1024 * 1024  # a spec is a page of YAML; a megabyte is certainly a mistake
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong with a spec: where (YAML path, line), what, and how to fix it."""
+
+    path: str
+    message: str
+    fix: str = ""
+    severity: str = "error"  # or "warning"
+    line: int | None = None
+
+    def format(self) -> str:
+        where = self.path or "(top level)"
+        if self.line:
+            where += f" (line {self.line})"
+        text = f"{self.severity}: {where}: {self.message}"
+        if self.fix:
+            text += f"\n    fix: {self.fix}"
+        return text
+
+    def as_dict(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if v not in (None, "")}
+
+
+class SpecError(Exception):
+    """Raised with every problem found; nothing downstream runs on a spec with errors."""
+
+    def __init__(self, problems: list[Problem], source: str = "spec"):
+        self.problems = problems
+        self.source = source
+        errors = [p for p in problems if p.severity == "error"]
+        super().__init__(f"{source}: {len(errors)} problem(s)\n" + "\n".join(p.format() for p in problems))
+
+
+@dataclass
+class Spec:
+    """A loaded spec: the raw mapping, where each YAML path is, and the file it came from."""
+
+    raw: dict[str, Any]
+    lines: dict[str, int] = field(default_factory=dict)
+    path: Path | None = None
+
+    @property
+    def base_dir(self) -> Path:
+        return self.path.parent if self.path else Path.cwd()
+
+    def line(self, dotted: str) -> int | None:
+        while dotted:
+            if dotted in self.lines:
+                return self.lines[dotted]
+            dotted = dotted.rpartition(".")[0]
+        return None
+
+
+# ---------------------------------------------------------------------------------------------
+# YAML with line numbers
+
+
+def _join(prefix: str, key: Any) -> str:
+    if isinstance(key, int):
+        return f"{prefix}[{key}]"
+    return f"{prefix}.{key}" if prefix else str(key)
+
+
+def _construct(node: yaml.Node, loader: yaml.SafeLoader, path: str, lines: dict[str, int], problems: list[Problem]) -> Any:
+    lines[path] = node.start_mark.line + 1
+    if isinstance(node, yaml.MappingNode):
+        out: dict[Any, Any] = {}
+        for key_node, value_node in node.value:
+            key = loader.construct_object(key_node, deep=True)
+            if not isinstance(key, (str, int, float, bool)) or key is None:
+                problems.append(Problem(path, f"mapping key {key!r} is not a plain name", "use a plain word as the key", line=key_node.start_mark.line + 1))
+                continue
+            key = str(key) if not isinstance(key, str) else key
+            child = _join(path, key)
+            if key in out:
+                problems.append(Problem(child, "key appears twice", "keep one of the two", line=key_node.start_mark.line + 1))
+            out[key] = _construct(value_node, loader, child, lines, problems)
+        return out
+    if isinstance(node, yaml.SequenceNode):
+        return [_construct(v, loader, _join(path, i), lines, problems) for i, v in enumerate(node.value)]
+    return loader.construct_object(node, deep=True)
+
+
+def loads(text: str | bytes, source: str = "spec") -> Spec:
+    """Parse YAML text into a :class:`Spec`; raise :class:`SpecError` for unreadable input."""
+    if isinstance(text, bytes):
+        if len(text) > MAX_SPEC_BYTES:
+            raise SpecError([Problem("", f"file is {len(text)} bytes; a spec is at most {MAX_SPEC_BYTES}", "point at the deployment YAML, not a model or data file")], source)
+        try:
+            text = text.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise SpecError([Problem("", f"not UTF-8 text (byte {exc.start}: {text[exc.start:exc.start + 1]!r})", "save the file as UTF-8")], source) from None
+    if len(text) > MAX_SPEC_BYTES:
+        raise SpecError([Problem("", f"file is {len(text)} characters; a spec is at most {MAX_SPEC_BYTES}", "point at the deployment YAML, not a model or data file")], source)
+    if not text.strip():
+        raise SpecError([Problem("", "the spec is empty", "start from an example in deployments/ (e.g. deployments/lab-tiny.yaml)")], source)
+    loader = yaml.SafeLoader(text)
+    problems: list[Problem] = []
+    lines: dict[str, int] = {}
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            raise SpecError([Problem("", "the spec has no content", "start from an example in deployments/")], source)
+        data = _construct(node, loader, "", lines, problems)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        what = getattr(exc, "problem", None) or str(exc)
+        context = getattr(exc, "context", None)
+        msg = f"YAML syntax error: {what}" + (f" ({context})" if context else "")
+        raise SpecError([Problem("", msg, "fix the YAML at that line (indentation, a missing ':' or an unclosed quote or bracket)", line=(mark.line + 1) if mark else None)], source) from None
+    finally:
+        loader.dispose()
+    if not isinstance(data, dict):
+        raise SpecError([Problem("", f"the spec must be a mapping of sections (model:, engine:, ...), not a {_type_name(data)}", "start from an example in deployments/", line=1)], source)
+    if problems:
+        raise SpecError(problems, source)
+    return Spec(raw=data, lines=lines)
+
+
+def load(path: str | os.PathLike[str]) -> Spec:
+    """Read and parse the spec file at ``path``."""
+    p = Path(path)
+    try:
+        if p.is_dir():
+            raise SpecError([Problem("", f"{p} is a directory", "pass the path of a .yaml file")], str(p))
+        size = p.stat().st_size
+        if size > MAX_SPEC_BYTES:
+            raise SpecError([Problem("", f"file is {size} bytes; a spec is at most {MAX_SPEC_BYTES}", "point at the deployment YAML, not a model or data file")], str(p))
+        data = p.read_bytes()
+    except FileNotFoundError:
+        raise SpecError([Problem("", f"no such file: {p}", "check the path (examples are in deployments/)")], str(p)) from None
+    except PermissionError:
+        raise SpecError([Problem("", f"cannot read {p}: permission denied", "check the file's permissions")], str(p)) from None
+    spec = loads(data, str(p))
+    spec.path = p.resolve()
+    return spec
+
+
+# ---------------------------------------------------------------------------------------------
+# JSON Schema with paths, suggestions and fixes
+
+
+@lru_cache(maxsize=1)
+def schema() -> dict[str, Any]:
+    return json.loads(SCHEMA_PATH.read_text())
+
+
+def _type_name(value: Any) -> str:
+    return {dict: "mapping", list: "list", str: "string", bool: "boolean", int: "integer", float: "number", type(None): "null"}.get(type(value), type(value).__name__)
+
+
+def _subschema(path: list[Any]) -> dict[str, Any]:
+    """The schema node for a data path (following properties / items / $ref)."""
+    root = schema()
+    node = root
+    for part in path:
+        if "$ref" in node:
+            node = _deref(node["$ref"])
+        if isinstance(part, int):
+            node = node.get("items", {})
+        else:
+            node = node.get("properties", {}).get(part) or (node.get("additionalProperties") if isinstance(node.get("additionalProperties"), dict) else {})
+    if "$ref" in node:
+        merged = dict(_deref(node["$ref"]))
+        merged.update({k: v for k, v in node.items() if k != "$ref"})
+        node = merged
+    return node
+
+
+def _deref(ref: str) -> dict[str, Any]:
+    node: Any = schema()
+    for part in ref.lstrip("#/").split("/"):
+        node = node[part]
+    return node
+
+
+def _dotted(parts: list[Any]) -> str:
+    out = ""
+    for p in parts:
+        out = _join(out, p)
+    return out
+
+
+def did_you_mean(word: str, choices: list[str]) -> str | None:
+    match = difflib.get_close_matches(word, choices, n=1, cutoff=0.6)
+    if not match:
+        lowered = {c.lower().replace("-", "_"): c for c in choices}
+        match = [lowered[k] for k in difflib.get_close_matches(word.lower().replace("-", "_"), list(lowered), n=1, cutoff=0.6)]
+    return match[0] if match else None
+
+
+REMOVED_OPTIONS = {
+    "engine.swap_space": (
+        "`swap_space` (vLLM's --swap-space) was removed from vLLM (gone in 0.32/0.33; the 004 article still uses it)",
+        "delete it; to get more KV room, lower max_model_len or max_num_seqs, quantize, or add GPUs",
+    ),
+}
+
+
+def _schema_error_to_problems(err: jsonschema.ValidationError, spec: Spec) -> list[Problem]:
+    parts = list(err.absolute_path)
+    path = _dotted(parts)
+    sub = _subschema(parts) if parts else schema()
+    v = err.validator
+    line = spec.line(path) if path else None
+    if v == "additionalProperties":
+        allowed = sorted(err.schema.get("properties", {}))
+        extras = [k for k in err.instance if k not in err.schema.get("properties", {})] if isinstance(err.instance, dict) else []
+        out = []
+        for key in extras:
+            kpath = _join(path, key)
+            hint = did_you_mean(key, allowed)
+            fix = f"did you mean `{hint}`?" if hint else f"known keys here: {', '.join(allowed)}"
+            out.append(Problem(kpath, "unknown key", fix, line=spec.line(kpath)))
+        return out
+    if v == "required":
+        missing = re.findall(r"'([^']+)' is a required property", err.message)
+        key = missing[0] if missing else "?"
+        kpath = _join(path, key)
+        desc = _subschema(parts + [key]).get("description", "")
+        return [Problem(kpath, "required key is missing", f"add `{key}:` under `{path or 'the top level'}`" + (f" ({desc.split('. ')[0]})" if desc else ""), line=line)]
+    if v == "type":
+        want = err.validator_value
+        want = " or ".join(want) if isinstance(want, list) else want
+        return [Problem(path, f"expected {want}, got {_type_name(err.instance)} {json.dumps(err.instance, default=str)[:60]}", _fix_from_description(sub, f"write a {want}"), line=line)]
+    if v == "enum":
+        choices = [c for c in err.validator_value]
+        shown = ", ".join("null" if c is None else str(c) for c in choices)
+        hint = did_you_mean(str(err.instance), [str(c) for c in choices if c is not None])
+        fix = (f"did you mean `{hint}`? " if hint else "") + f"one of: {shown}"
+        return [Problem(path, f"{json.dumps(err.instance, default=str)[:60]} is not allowed", fix, line=line)]
+    if v in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"):
+        words = {"minimum": "at least", "maximum": "at most", "exclusiveMinimum": "more than", "exclusiveMaximum": "less than"}
+        return [Problem(path, f"{err.instance} is out of range", f"use a value {words[v]} {err.validator_value}", line=line)]
+    if v == "pattern":
+        return [Problem(path, f"{json.dumps(err.instance)[:60]} has the wrong form", _fix_from_description(sub, f"it must match {err.validator_value}"), line=line)]
+    if v == "format":
+        return [Problem(path, f"{json.dumps(err.instance)[:60]} is not a valid {err.validator_value} address" if "ip" in str(err.validator_value) else f"not a valid {err.validator_value}", "write a dotted IPv4 address such as 10.10.0.11", line=line)]
+    if v == "minLength":
+        return [Problem(path, "must not be empty", _fix_from_description(sub, "give a value"), line=line)]
+    if v == "oneOf" and "secret" in json.dumps(err.schema.get("description", "")):
+        return [Problem(path, "a secret reference needs exactly one of `file` or `env`", "write e.g. `{file: ~/.config/vllm-fleet/api-key}` or `{env: VLLM_API_KEY}`", line=line)]
+    if v == "not":
+        removed = REMOVED_OPTIONS.get(path)
+        if removed:
+            return [Problem(path, removed[0], removed[1], line=line)]
+    return [Problem(path, err.message, _fix_from_description(sub, ""), line=line)]
+
+
+def _fix_from_description(sub: dict[str, Any], fallback: str) -> str:
+    desc = sub.get("description", "")
+    return desc.split(". ")[0].rstrip(".") + "." if desc and not fallback else (f"{fallback} ({desc.split('. ')[0].rstrip('.')})" if desc else fallback)
+
+
+def schema_problems(spec: Spec) -> list[Problem]:
+    """Every JSON Schema violation of ``spec``, as problems with paths, lines and fixes."""
+    validator_cls = jsonschema.validators.validator_for(schema())
+    validator = validator_cls(schema(), format_checker=validator_cls.FORMAT_CHECKER)
+    problems: list[Problem] = []
+    for err in sorted(validator.iter_errors(spec.raw), key=lambda e: (list(map(str, e.absolute_path)), e.validator)):
+        problems.extend(_schema_error_to_problems(err, spec))
+    seen = set()
+    unique = []
+    for p in problems:
+        k = (p.path, p.message)
+        if k not in seen:
+            seen.add(k)
+            unique.append(p)
+    return unique
+
+
+# ---------------------------------------------------------------------------------------------
+# Resolution: fill in profiles and derived defaults
+
+_PATH_PREFIXES = ("/", "./", "../", "~")
+
+
+def is_local_path(source: str) -> bool:
+    return source.startswith(_PATH_PREFIXES)
+
+
+def _schema_defaults(node: dict[str, Any]) -> dict[str, Any]:
+    out = {}
+    for key, sub in node.get("properties", {}).items():
+        if "$ref" in sub:
+            sub = {**_deref(sub["$ref"]), **sub}
+        if "default" in sub:
+            out[key] = copy.deepcopy(sub["default"])
+    return out
+
+
+def resolve(spec: Spec) -> dict[str, Any]:
+    """The spec with every default filled in: the single input of planner and renderers.
+
+    Call only on a spec without schema problems.
+    """
+    raw = copy.deepcopy(spec.raw)
+    root = schema()
+    out: dict[str, Any] = {"name": raw["name"], "description": raw.get("description", "")}
+    for section in ("model", "engine", "parallel", "server", "proxy", "install", "hardware", "smoke"):
+        sec_schema = root["properties"][section]
+        merged = _schema_defaults(sec_schema)
+        merged.update(raw.get(section) or {})
+        out[section] = merged
+    out["env"] = {k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in (raw.get("env") or {}).items()}
+
+    name = out["name"]
+    m, e, par, srv, prx, ins, hw = (out[k] for k in ("model", "engine", "parallel", "server", "proxy", "install", "hardware"))
+
+    # model
+    if m["transfer"] == "auto":
+        m["transfer"] = "upload" if is_local_path(m["source"]) else "hub"
+    if m["transfer"] == "upload":
+        local = Path(os.path.expanduser(m["source"]))
+        if not local.is_absolute():
+            local = (spec.base_dir / local).resolve()
+        m["local_dir"] = str(local)
+    m.setdefault("path", m["source"] if m["transfer"] == "none" else defaults.MODEL_PATH.format(name=name))
+    m.setdefault("served_name", m["source"].rstrip("/").split("/")[-1])
+
+    # engine: profile first, explicit keys win
+    profile = defaults.PROFILES[e["profile"]]
+    for key, value in profile.items():
+        if key == "max_model_len":
+            continue
+        e.setdefault(key, value)
+    m.setdefault("max_model_len", profile["max_model_len"])
+    m["max_model_len_from_profile"] = "max_model_len" not in (spec.raw.get("model") or {})
+    e.pop("swap_space", None)
+
+    # install
+    acc = ins["accelerator"]
+    ins.setdefault("vllm_version", defaults.VLLM_VERSION[acc])
+    ins["vllm_package"] = defaults.VLLM_PACKAGE[acc]
+    ins.setdefault("prefix", defaults.PREFIX.format(name=name))
+    ins.setdefault("ray_version", defaults.RAY_VERSION)
+    nv = {**_schema_defaults(root["properties"]["install"]["properties"]["nvidia"]), **(ins.get("nvidia") or {})}
+    ins["nvidia"] = nv
+    ins["config_dir"] = defaults.CONFIG_DIR.format(name=name)
+    ins["state_dir"] = defaults.STATE_DIR.format(name=name)
+    if acc == "cpu":
+        hw.setdefault("gpu", "cpu")
+
+    # server / proxy
+    prx["tls"] = {**_schema_defaults(root["properties"]["proxy"]["properties"]["tls"]), **(prx.get("tls") or {})}
+    srv.setdefault("host", "127.0.0.1" if prx["enabled"] and par["nodes"] == 1 else "0.0.0.0")
+    return out
+
+
+def load_and_check(path: str | os.PathLike[str], *, hardware: bool = True) -> tuple[dict[str, Any], list[Problem]]:
+    """Load, validate and resolve; return (resolved spec, warnings). Raise SpecError on errors."""
+    from . import checks  # late: checks imports this module
+
+    spec = load(path)
+    problems = schema_problems(spec)
+    if any(p.severity == "error" for p in problems):
+        raise SpecError(problems, str(path))
+    resolved = resolve(spec)
+    problems += checks.run(resolved, spec, hardware=hardware)
+    errors = [p for p in problems if p.severity == "error"]
+    if errors:
+        raise SpecError(problems, str(path))
+    return resolved, problems
