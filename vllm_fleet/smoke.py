@@ -1,0 +1,199 @@
+"""Smoke tests against a deployed endpoint, from the control machine (the 000/004 articles'
+verification order): health, models, one chat completion, a streamed chat that must arrive
+incrementally (a buffering proxy fails it), auth refusals, and a few concurrent requests.
+
+Used by the smoke role at the end of a deploy, by `vllm-fleet smoke`, and by the tests.
+Only `requests` and the standard library: no pyinfra.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import requests
+
+
+class SmokeError(Exception):
+    """A failed check: says which check, against which URL, and what came back."""
+
+
+@dataclass
+class SmokeResult:
+    base_url: str
+    checks: list[dict[str, Any]] = field(default_factory=list)
+    ttft_s: float | None = None
+    stream_total_s: float | None = None
+    stream_events: int = 0
+    chat_total_s: float | None = None
+
+    @property
+    def ok(self) -> bool:
+        return all(c["ok"] for c in self.checks)
+
+    def as_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["ok"] = self.ok
+        return d
+
+    def summary(self) -> str:
+        lines = [f"smoke {self.base_url}:"]
+        for c in self.checks:
+            lines.append(f"  {'PASS' if c['ok'] else 'FAIL'}  {c['name']}: {c['detail']}")
+        if self.ttft_s is not None:
+            lines.append(f"  TTFT {self.ttft_s * 1000:.0f} ms, streamed {self.stream_events} events in {self.stream_total_s * 1000:.0f} ms; "
+                         f"plain chat {self.chat_total_s * 1000:.0f} ms")
+        return "\n".join(lines)
+
+
+def _check(result: SmokeResult, name: str, ok: bool, detail: str) -> None:
+    result.checks.append({"name": name, "ok": bool(ok), "detail": detail})
+
+
+def stream_chat(base_url: str, model: str, api_key: str | None, prompt: str, max_tokens: int, *, verify: Any = True, timeout: float = 120) -> dict[str, Any]:
+    """POST a streamed chat completion; return the arrival time of every SSE event.
+
+    The response is read as it arrives (chunk by chunk), so a proxy that buffers the whole
+    stream shows up as all events arriving at once.
+    """
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    body = {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
+            "stream": True, "temperature": 0, "ignore_eos": True}
+    t0 = time.monotonic()
+    times: list[float] = []
+    text: list[str] = []
+    done = False
+    with requests.post(f"{base_url}/v1/chat/completions", json=body, headers=headers, stream=True, timeout=timeout, verify=verify) as r:
+        if r.status_code != 200:
+            raise SmokeError(f"stream: POST {base_url}/v1/chat/completions -> HTTP {r.status_code}: {r.text[:300]}")
+        ctype = r.headers.get("content-type", "")
+        buf = b""
+        for chunk in r.iter_content(chunk_size=None):
+            now = time.monotonic() - t0
+            buf += chunk
+            while b"\n\n" in buf:
+                event, buf = buf.split(b"\n\n", 1)
+                for line in event.decode("utf-8", "replace").splitlines():
+                    if not line.startswith("data:"):
+                        continue
+                    data = line[5:].strip()
+                    times.append(now)
+                    if data == "[DONE]":
+                        done = True
+                        continue
+                    try:
+                        delta = json.loads(data)["choices"][0]["delta"].get("content") or ""
+                    except (ValueError, KeyError, IndexError):
+                        delta = ""
+                    text.append(delta)
+    return {"times": times, "done": done, "text": "".join(text), "content_type": ctype, "total": time.monotonic() - t0}
+
+
+def run_smoke(base_url: str, model: str, api_key: str | None, *, prompt: str = "Say hello in one short sentence.",
+              max_tokens: int = 32, concurrency: int = 4, expect_auth: bool = True, verify: Any = True,
+              timeout: float = 120) -> SmokeResult:
+    """Run every check; never raises for a failed check (see :func:`check_smoke`)."""
+    base_url = base_url.rstrip("/")
+    if base_url.endswith("/v1"):
+        base_url = base_url[:-3]
+    res = SmokeResult(base_url)
+    auth = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    s = requests.Session()
+    s.verify = verify
+
+    def guarded(name: str, fn) -> None:
+        try:
+            fn()
+        except SmokeError as exc:
+            _check(res, name, False, str(exc))
+        except requests.RequestException as exc:
+            _check(res, name, False, f"{type(exc).__name__}: {exc}")
+
+    def health() -> None:
+        r = s.get(f"{base_url}/health", timeout=timeout)
+        _check(res, "health", r.status_code == 200, f"GET /health -> {r.status_code}")
+
+    def models() -> None:
+        r = s.get(f"{base_url}/v1/models", headers=auth, timeout=timeout)
+        ids = [m.get("id") for m in r.json().get("data", [])] if r.status_code == 200 else []
+        _check(res, "models", model in ids, f"GET /v1/models -> {r.status_code}, ids {ids}")
+
+    def chat() -> None:
+        t0 = time.monotonic()
+        r = s.post(f"{base_url}/v1/chat/completions", headers=auth, timeout=timeout,
+                   json={"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens, "temperature": 0})
+        res.chat_total_s = time.monotonic() - t0
+        if r.status_code != 200:
+            raise SmokeError(f"POST /v1/chat/completions -> {r.status_code}: {r.text[:300]}")
+        body = r.json()
+        content = body["choices"][0]["message"].get("content") or ""
+        usage = body.get("usage") or {}
+        ok = bool(content) and usage.get("completion_tokens", 0) > 0 and usage.get("prompt_tokens", 0) > 0
+        _check(res, "chat", ok, f"{len(content)} chars, usage {usage}")
+
+    def stream() -> None:
+        st = stream_chat(base_url, model, api_key, prompt, max(max_tokens, 64), verify=verify, timeout=timeout)
+        times = st["times"]
+        res.stream_events = len(times)
+        res.ttft_s = times[0] if times else None
+        res.stream_total_s = times[-1] if times else None
+        if len(times) < 3:
+            raise SmokeError(f"only {len(times)} SSE events")
+        first, last = times[0], times[-1]
+        # Incremental: the first event arrives well before the last. A buffering proxy hands
+        # over every event in the same instant (first == last).
+        incremental = (last - first) > 0.02 and first < 0.7 * last
+        _check(res, "stream-incremental", incremental,
+               f"{len(times)} events, first at {first * 1000:.0f} ms, last at {last * 1000:.0f} ms ({st['content_type']})")
+        _check(res, "stream-done", st["done"], "ended with data: [DONE]" if st["done"] else "no [DONE] event")
+
+    def refused() -> None:
+        for label, hdrs in (("no key", {}), ("wrong key", {"Authorization": "Bearer wrong-key-for-smoke"})):
+            r = s.get(f"{base_url}/v1/models", headers=hdrs, timeout=timeout)
+            _check(res, f"auth-{label.replace(' ', '-')}", r.status_code == 401, f"GET /v1/models with {label} -> {r.status_code}")
+
+    def concurrent() -> None:
+        def one(i: int) -> int:
+            r = requests.post(f"{base_url}/v1/chat/completions", headers=auth, timeout=timeout, verify=verify,
+                              json={"model": model, "messages": [{"role": "user", "content": f"{prompt} ({i})"}], "max_tokens": 16})
+            return r.status_code
+        with ThreadPoolExecutor(max_workers=concurrency) as pool:
+            codes = list(pool.map(one, range(concurrency)))
+        _check(res, "concurrent", all(c == 200 for c in codes), f"{concurrency} concurrent chats -> {codes}")
+
+    guarded("health", health)
+    guarded("models", models)
+    guarded("chat", chat)
+    guarded("stream", stream)
+    if expect_auth:
+        guarded("auth", refused)
+    guarded("concurrent", concurrent)
+    return res
+
+
+def check_smoke(*args: Any, **kwargs: Any) -> SmokeResult:
+    """:func:`run_smoke`, raising :class:`SmokeError` naming every failed check."""
+    res = run_smoke(*args, **kwargs)
+    if not res.ok:
+        failed = [f"{c['name']}: {c['detail']}" for c in res.checks if not c["ok"]]
+        raise SmokeError(f"smoke tests failed against {res.base_url}:\n  " + "\n  ".join(failed))
+    return res
+
+
+def wait_healthy(url: str, deadline_s: float, *, verify: Any = True, interval: float = 2.0) -> float:
+    """Poll ``url`` until it answers 200; return seconds waited; raise TimeoutError."""
+    t0 = time.monotonic()
+    last = "no answer"
+    while time.monotonic() - t0 < deadline_s:
+        try:
+            r = requests.get(url, timeout=5, verify=verify)
+            if r.status_code == 200:
+                return time.monotonic() - t0
+            last = f"HTTP {r.status_code}"
+        except requests.RequestException as exc:
+            last = type(exc).__name__
+        time.sleep(interval)
+    raise TimeoutError(f"{url} not healthy after {deadline_s:.0f} s (last: {last})")
