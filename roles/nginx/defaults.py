@@ -1,0 +1,14 @@
+"""Defaults of the nginx role (documented in README.md beside this file).
+
+The site itself is rendered from the spec's `proxy` section (vllm_fleet.render); these are the
+role's own knobs.
+"""
+
+DEFAULTS = {
+    # Debian/Ubuntu package providing nginx.
+    "nginx_package": "nginx",
+    # Remove the distribution's default site (it claims port 80 as default_server).
+    "nginx_remove_default_site": True,
+    # Self-signed certificate lifetime (days) when proxy.tls.self_signed is on.
+    "nginx_self_signed_days": 825,
+}

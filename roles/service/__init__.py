@@ -1,0 +1,97 @@
+"""The vLLM systemd service: system user, directories, environment files (the API key in a
+0600 file), the rendered unit; daemon-reload and restart only when something relevant changed;
+then wait until /health answers, with a deadline and the journal tail in the error.
+"""
+
+from __future__ import annotations
+
+import shlex
+import time
+from typing import Any
+
+from pyinfra import host
+from pyinfra.api import deploy
+from pyinfra.operations import files, python, server, systemd
+from pyinfra.operations.util import any_changed
+
+from roles.common import put_rendered, secret_file
+
+from .defaults import DEFAULTS
+
+UNIT = "vllm.service"
+
+
+def _wait_healthy(port: int, deadline: int, interval: float, journal_lines: int, unit: str = UNIT) -> None:
+    """Runs on the host at execute time: poll /health there; fail with the journal tail."""
+    t0 = time.monotonic()
+    url = f"http://127.0.0.1:{port}/health"
+    last = ""
+    while time.monotonic() - t0 < deadline:
+        ok, out = host.run_shell_command(
+            f"curl -s -o /dev/null -w '%{{http_code}}' --max-time 5 {shlex.quote(url)}; echo; systemctl is-active {unit} || true",
+            _sudo=True,
+        )
+        lines = [line.strip() for line in out.stdout_lines] if hasattr(out, "stdout_lines") else []
+        code = lines[0] if lines else ""
+        state = lines[1] if len(lines) > 1 else ""
+        if code == "200":
+            host.noop(f"{unit} healthy after {time.monotonic() - t0:.0f} s")
+            return
+        if state == "failed":
+            break
+        last = f"/health -> {code or 'no answer'}, unit {state}"
+        time.sleep(interval)
+    _, out = host.run_shell_command(f"journalctl -u {unit} -n {journal_lines} --no-pager -o cat", _sudo=True)
+    tail = "\n".join(getattr(out, "stdout_lines", []))
+    raise RuntimeError(f"{host.name}: {unit} not healthy after {time.monotonic() - t0:.0f} s (deadline {deadline} s; {last}).\n"
+                       f"Last {journal_lines} journal lines:\n{tail}")
+
+
+@deploy("vLLM service", data_defaults=DEFAULTS)
+def install_service(spec: dict[str, Any], rendered: dict[str, Any], api_key: str | None, restart_on: list | None = None):
+    """
+    Install and (re)start the vLLM service from the rendered files.
+
+    + spec: the resolved deployment spec
+    + rendered: this host's rendered files ({path: RenderedFile})
+    + api_key: the API key's value (written only to ``{config_dir}/secrets.env``, 0600 root)
+    + restart_on: operation results (vLLM install, model) whose change must restart vLLM
+
+    **Example:**
+
+    .. code:: python
+
+        install_service(spec=ctx["spec"], rendered=rendered_for_host(ctx), api_key=ctx["secrets"]["api_key"],
+                        restart_on=[vllm_op, model_op])
+    """
+    ins, srv = spec["install"], spec["server"]
+    user = srv["user"]
+    server.group(name=f"System group {user}", group=user, system=True)
+    server.user(name=f"System user {user}", user=user, group=user, system=True, home=ins["state_dir"],
+                shell="/usr/sbin/nologin", create_home=False)
+    files.directory(name="Config directory", path=ins["config_dir"], user="root", group=user, mode="750")
+    files.directory(name="State directory", path=ins["state_dir"], user=user, group=user, mode="750")
+
+    unit_paths = [p for p in rendered if p.startswith("/etc/systemd/system/") and p.endswith(UNIT)]
+    other = [p for p in rendered if p.startswith(ins["config_dir"] + "/") and not p.endswith("/secrets.env")]
+    extra = [p for p in rendered if p.startswith(ins["prefix"] + "/bin/")]
+    put = put_rendered(rendered, unit_paths + other + extra)
+    secrets_op = secret_file(name="API key (0600, never shown)", path=f"{ins['config_dir']}/secrets.env",
+                             content=f"VLLM_API_KEY={api_key}\n" if api_key else "# no API key configured\n")
+    unit_ops = [put[p] for p in unit_paths]
+    relevant = [*put.values(), secrets_op, *(restart_on or [])]
+
+    systemd.daemon_reload(name="systemd daemon-reload", _if=any_changed(*unit_ops))
+    restart = systemd.service(name=f"Restart {UNIT} (its inputs changed)", service=UNIT, running=True, restarted=True,
+                              enabled=True, _if=any_changed(*relevant))
+    systemd.service(name=f"{UNIT} running and enabled", service=UNIT, running=True, enabled=True)
+    python.call(
+        name=f"Wait for {UNIT} /health (deadline {srv['health_timeout']} s)",
+        function=_wait_healthy,
+        port=srv["port"],
+        deadline=srv["health_timeout"],
+        interval=host.data.get("vllm_fleet_health_interval"),
+        journal_lines=host.data.get("vllm_fleet_journal_lines"),
+        _if=any_changed(restart, *relevant),
+    )
+    return restart

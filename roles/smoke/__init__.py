@@ -1,0 +1,100 @@
+"""Smoke tests from the control machine through the proxy, at the end of every deploy.
+
+The checks (vllm_fleet.smoke): /health 200; /v1/models lists the served name; a chat completion
+has content and usage; a streamed chat arrives incrementally and ends with [DONE]; no key or a
+wrong key gets 401; a few concurrent requests succeed. Any failure fails the deploy, naming the
+check and the URL. Prints TTFT and total time, and writes the client settings file.
+
+A smoke test is a check, not a change: its operation yields its command only while pyinfra
+executes, so `--dry` and the change count of an unchanged fleet stay at zero.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from pyinfra import host, logger, state
+from pyinfra.api import FunctionCommand, deploy, operation
+
+from .defaults import DEFAULTS
+
+
+def endpoint(spec: dict[str, Any], address: str) -> str:
+    prx, srv = spec["proxy"], spec["server"]
+    if prx["enabled"]:
+        scheme = "https" if prx["tls"]["enabled"] else "http"
+        default = 443 if scheme == "https" else 80
+        port = "" if prx["listen"] == default else f":{prx['listen']}"
+        return f"{scheme}://{address}{port}"
+    return f"http://{address}:{srv['port']}"
+
+
+def _run(spec: dict[str, Any], base_url: str, api_key: str | None, timeout: float, settings_path: str) -> None:
+    from vllm_fleet.smoke import check_smoke
+
+    sm = spec["smoke"]
+    res = check_smoke(base_url, spec["model"]["served_name"], api_key, prompt=sm["prompt"], max_tokens=sm["max_tokens"],
+                      concurrency=sm["concurrency"], expect_auth=bool(api_key) and spec["proxy"]["auth"] != "none",
+                      verify=False if spec["proxy"]["tls"]["self_signed"] else True, timeout=timeout)
+    logger.info(res.summary())
+    print(res.summary(), flush=True)
+    key_ref = spec["server"].get("api_key") or {}
+    settings = {"base_url": f"{base_url}/v1", "model": spec["model"]["served_name"],
+                "api_key_file": os.path.expanduser(key_ref["file"]) if "file" in key_ref else None,
+                "api_key_env": key_ref.get("env"),
+                "smoke": {"ttft_ms": round(res.ttft_s * 1000, 1) if res.ttft_s else None,
+                          "chat_total_ms": round(res.chat_total_s * 1000, 1) if res.chat_total_s else None}}
+    p = Path(os.path.expanduser(settings_path))
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text(json.dumps(settings, indent=2) + "\n")
+
+
+@operation(is_idempotent=False)
+def smoke_tests(spec: dict[str, Any], base_url: str, api_key: str | None, timeout: float, settings_path: str):
+    """
+    Run the smoke tests against ``base_url`` from the control machine.
+
+    + spec: the resolved deployment spec
+    + base_url: the endpoint (through the proxy), e.g. http://10.10.0.11
+    + api_key: the key to use (never printed)
+    + timeout: seconds per request
+    + settings_path: where to write the client settings JSON on the control machine
+
+    **Example:**
+
+    .. code:: python
+
+        smoke_tests(spec=spec, base_url="http://10.10.0.11", api_key=key, timeout=120,
+                    settings_path="~/.config/vllm-fleet/lab-tiny/openai.json")
+    """
+    if state.is_executing:
+        yield FunctionCommand(_run, (spec, base_url, api_key, timeout, settings_path), {})
+    else:
+        host.noop(f"smoke tests against {base_url} run when the deploy executes")
+
+
+@deploy("Smoke tests", data_defaults=DEFAULTS)
+def run_smoke(spec: dict[str, Any], api_key: str | None, address: str | None = None):
+    """
+    Smoke-test the deployment through this host's proxy (or vLLM itself when the proxy is off).
+
+    + spec: the resolved deployment spec
+    + api_key: the API key's value
+    + address: the address to reach this host at (default: its ssh_hostname or name)
+
+    **Example:**
+
+    .. code:: python
+
+        run_smoke(spec=ctx["spec"], api_key=ctx["secrets"]["api_key"])
+    """
+    if not spec["smoke"]["enabled"]:
+        host.noop("smoke tests disabled in the spec (smoke.enabled: false)")
+        return
+    addr = address or host.data.get("ssh_hostname") or host.name
+    smoke_tests(name=f"Smoke tests through {endpoint(spec, addr)}", spec=spec, base_url=endpoint(spec, addr), api_key=api_key,
+                timeout=host.data.get("smoke_timeout"),
+                settings_path=str(host.data.get("smoke_client_settings")).format(name=spec["name"]))

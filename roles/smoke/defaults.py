@@ -1,0 +1,9 @@
+"""Defaults of the smoke role (documented in README.md beside this file)."""
+
+DEFAULTS = {
+    # Seconds one smoke request may take (a cold CPU model answers in well under this).
+    "smoke_timeout": 120,
+    # Where the client settings file (OpenAI-compatible base_url, model, where the key is) is
+    # written on the control machine; {name} is the deployment name.
+    "smoke_client_settings": "~/.config/vllm-fleet/{name}/openai.json",
+}

@@ -1,0 +1,93 @@
+"""`vllm-fleet status INVENTORY`: per host, the vLLM unit's state, the installed vLLM version,
+the served model and health, read over SSH in parallel (fabric), independent of pyinfra.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from .inventory import InventoryError, load_inventory
+
+DEFAULT_SPEC = "deployments/lab-tiny.yaml"
+
+
+def _probe_script(resolved: dict[str, Any]) -> str:
+    prefix = resolved["install"]["prefix"]
+    pkg = resolved["install"]["vllm_package"]
+    port = resolved["server"]["port"]
+    py = f"{prefix}/env/bin/python"
+    return "; ".join([
+        "echo unit=$(systemctl is-active vllm.service 2>/dev/null || true)",
+        "echo enabled=$(systemctl is-enabled vllm.service 2>/dev/null || true)",
+        f"echo version=$({shlex.quote(py)} -c {shlex.quote(f'import importlib.metadata as m; print(m.version({pkg!r}))')} 2>/dev/null || echo none)",
+        f"echo health=$(curl -s -o /dev/null -w '%{{http_code}}' --max-time 5 http://127.0.0.1:{port}/health || true)",
+        f"echo models=$(curl -s --max-time 5 -H \"Authorization: Bearer $(sed -n 's/^VLLM_API_KEY=//p' {resolved['install']['config_dir']}/secrets.env 2>/dev/null)\" "
+        f"http://127.0.0.1:{port}/v1/models | tr -d '\\n' | head -c 2000)",
+    ])
+
+
+def probe_host(name: str, info: dict[str, Any], script: str) -> dict[str, Any]:
+    from fabric import Connection
+
+    data = info["data"]
+    kwargs: dict[str, Any] = {}
+    if data.get("ssh_key"):
+        kwargs["key_filename"] = os.path.expanduser(data["ssh_key"])
+    conn = Connection(info["address"], user=data.get("ssh_user", "root"), port=data.get("ssh_port", 22),
+                      connect_timeout=10, connect_kwargs=kwargs)
+    # Host keys are new on every lab bring-up; the inventory says whether to check them.
+    if data.get("ssh_strict_host_key_checking", "yes") in ("no", False, "off"):
+        from paramiko import AutoAddPolicy
+
+        conn.client.set_missing_host_key_policy(AutoAddPolicy())
+    sudo = data.get("ssh_user", "root") != "root"
+    out: dict[str, Any] = {"host": name, "address": info["address"]}
+    try:
+        r = (conn.sudo if sudo else conn.run)(f"bash -c {shlex.quote(script)}", hide=True, warn=True, timeout=30)
+        for line in r.stdout.splitlines():
+            key, _, value = line.partition("=")
+            out[key] = value
+        try:
+            out["models"] = [m["id"] for m in json.loads(out.get("models") or "{}").get("data", [])]
+        except ValueError:
+            out["models"] = []
+        out["health"] = "ok" if out.get("health") == "200" else f"down ({out.get('health') or 'no answer'})"
+    except Exception as exc:  # unreachable host, bad key: report, go on with the others
+        out["error"] = f"{type(exc).__name__}: {exc}"
+    finally:
+        conn.close()
+    return out
+
+
+def status_main(args: argparse.Namespace) -> int:
+    from .cli import _load
+
+    spec_path = args.spec or os.environ.get("VLLM_FLEET_SPEC") or DEFAULT_SPEC
+    resolved, _ = _load(spec_path, hardware=False)
+    try:
+        hosts = load_inventory(args.inventory)
+    except InventoryError as exc:
+        print(f"vllm-fleet status: {exc}", file=sys.stderr)
+        return 1
+    servers = {n: h for n, h in hosts.items() if set(h["groups"]) & {"servers", "ray_head"}} or hosts
+    script = _probe_script(resolved)
+    with ThreadPoolExecutor(max_workers=min(16, len(servers))) as pool:
+        rows = list(pool.map(lambda item: probe_host(item[0], item[1], script), servers.items()))
+    if args.json:
+        print(json.dumps(rows, indent=2))
+    else:
+        print(f"{'host':<10} {'address':<15} {'unit':<10} {'enabled':<9} {'vllm':<12} {'health':<14} models")
+        for r in rows:
+            if "error" in r:
+                print(f"{r['host']:<10} {r['address']:<15} UNREACHABLE: {r['error']}")
+                continue
+            print(f"{r['host']:<10} {r['address']:<15} {r.get('unit', '?'):<10} {r.get('enabled', '?'):<9} {r.get('version', '?'):<12} {r['health']:<14} {','.join(r['models']) or '-'}")
+    bad = [r for r in rows if "error" in r or r.get("health") != "ok"]
+    return 1 if bad else 0
