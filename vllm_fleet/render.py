@@ -1,0 +1,621 @@
+"""Render every file a deploy places on the hosts, from the resolved spec (and an inventory).
+
+    render(resolved) -> {target: {absolute path: RenderedFile}}
+
+Without an inventory a target is a role (``server``, ``worker``, ``ray-head``, ``ray-worker``,
+``proxy``, ``client``); with one (``{host: {"address": ..., "groups": [...], "data": {...}}}``,
+as :func:`vllm_fleet.inventory.load_inventory` returns) a target is a host name and gets the files
+of every role it plays. The roles put these files as they are (content, mode, owner, group);
+no role builds a unit, an env file or an nginx config itself.
+
+Secrets are never rendered: ``secrets.env`` and the nginx auth include come out as placeholders
+naming the secret reference; the deploy writes the real ones with :func:`secrets_env_content`
+and :func:`nginx_auth_content` (same format, one place).
+
+Pure functions: no host is touched, no secret read, pyinfra not imported.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Iterable
+
+import jinja2
+
+from .command import RAY_TMPDIR, env_bin, env_python, vllm_argv, vllm_env, world_size_per_node
+
+TEMPLATES = Path(__file__).resolve().parent / "templates"
+
+# ---------------------------------------------------------------------------------------------
+# Defaults of the rendered files (documented in docs/rendered-files.md)
+
+SYSTEMD_DIR = "/etc/systemd/system"
+NGINX_SITE = "/etc/nginx/conf.d/vllm-fleet-{name}.conf"
+NGINX_SECRET_DIR = "/etc/nginx/vllm-fleet"  # auth include, TLS certificate and key (0700 root)
+CLIENT_DIR = "~/.config/vllm-fleet/{name}"  # on the control machine
+
+RESTART_SEC = 10
+START_LIMIT_INTERVAL = 900  # s: window for START_LIMIT_BURST failed starts
+START_LIMIT_BURST = 5
+TIMEOUT_START = 900  # big models take 5-10 minutes; also bounds the Ray cluster wait
+TIMEOUT_STOP = 120
+RAY_TIMEOUT_START = 120
+RAY_TIMEOUT_STOP = 60
+LIMIT_NOFILE = 1048576
+RAY_WAIT_TIMEOUT = 600  # s wait-ray-cluster waits for all nodes (< TIMEOUT_START)
+NGINX_KEEPALIVE = 32
+#: Ray's logical memory and object store per node (bytes). Containers see the host's memory, so
+#: both are explicit; host data `ray_memory_bytes` / `ray_object_store_bytes` override them.
+RAY_MEMORY_BYTES = {"cuda": 16 * 2**30, "cpu": 2 * 2**30}
+RAY_OBJECT_STORE_BYTES = {"cuda": 4 * 2**30, "cpu": 512 * 2**20}
+
+HEADER = "Rendered by vllm-fleet for deployment {name}: edit the spec, not this file (the next deploy overwrites it)."
+
+#: Inventory group names (pyinfra group = module-level list name) -> role.
+GROUP_ROLES = {
+    "server": "server", "servers": "server", "head": "server", "vllm": "server",
+    "worker": "worker", "workers": "worker", "ray_worker": "worker", "ray_workers": "worker",
+    "proxy": "proxy", "proxies": "proxy", "nginx": "proxy",
+}
+#: Host data keys render reads (the deploy may fill them from facts before rendering).
+HOST_DATA_KEYS = ("socket_ifname", "cpu_count", "ray_memory_bytes", "ray_object_store_bytes")
+
+
+@dataclass(frozen=True)
+class RenderedFile:
+    """One file to place on a host: exact content, mode, owner and group.
+
+    ``owner``/``group`` are empty for files on the control machine (target ``client``): they
+    belong to whoever runs vllm-fleet.
+    """
+
+    content: str
+    mode: int
+    owner: str = "root"
+    group: str = "root"
+
+
+class RenderError(ValueError):
+    """The spec and the inventory do not describe a deployable layout (says what to change)."""
+
+
+class EnvRef(str):
+    """An argv element that systemd expands from the unit's environment: ``${NAME}``."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Formatting helpers
+
+_SAFE_ARG = re.compile(r"[A-Za-z0-9_@+=:,./-]+")
+_SAFE_ENV_VALUE = re.compile(r"[A-Za-z0-9_@+=:,./|-]*")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def systemd_quote(arg: str) -> str:
+    """One argument as systemd's ExecStart= parser reads it back unchanged.
+
+    ``%`` (specifiers) and ``$`` (variable expansion) are doubled; anything but plain characters
+    is double-quoted with C escapes. :class:`EnvRef` elements become ``${NAME}`` on purpose.
+    """
+    if isinstance(arg, EnvRef):
+        return "${%s}" % str(arg)
+    s = str(arg).replace("%", "%%").replace("$", "$$")
+    if _SAFE_ARG.fullmatch(s):
+        return s
+    s = s.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n").replace("\t", "\\t")
+    return f'"{s}"'
+
+
+def systemd_command(argv: Iterable[str]) -> str:
+    return " ".join(systemd_quote(a) for a in argv)
+
+
+def env_file(values: dict[str, str], comments: Iterable[str] = ()) -> str:
+    """A systemd EnvironmentFile: ``KEY=value`` lines, values double-quoted when needed."""
+    lines = [f"# {c}" if c else "#" for c in comments]
+    for key, value in values.items():
+        if not _ENV_NAME.fullmatch(key):
+            raise RenderError(f"env: {key!r} is not a valid environment variable name")
+        value = str(value)
+        if "\n" in value or "\r" in value:
+            raise RenderError(f"env.{key}: a value must be one line")
+        if not _SAFE_ENV_VALUE.fullmatch(value) or value == "":
+            value = '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+        lines.append(f"{key}={value}")
+    return "\n".join(lines) + "\n"
+
+
+def _describe_secret(ref: dict[str, Any] | None) -> str:
+    if not ref:
+        return "none configured"
+    if "file" in ref:
+        return f"file {ref['file']} on the control machine"
+    return f"environment variable {ref['env']} on the control machine"
+
+
+@lru_cache(maxsize=1)
+def _jinja() -> jinja2.Environment:
+    return jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(TEMPLATES)),
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+        autoescape=False,
+    )
+
+
+def _template(template: str, **ctx: Any) -> str:
+    return _jinja().get_template(template).render(**ctx)
+
+
+def _safe_ident(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_]", "_", name)
+
+
+# ---------------------------------------------------------------------------------------------
+# Paths (shared with the roles)
+
+
+def paths(resolved: dict[str, Any]) -> dict[str, str]:
+    """Every path the rendered files live at (or refer to), by a short name."""
+    name = resolved["name"]
+    ins = resolved["install"]
+    cfg = ins["config_dir"]
+    return {
+        "vllm_unit": f"{SYSTEMD_DIR}/vllm.service",
+        "ray_head_unit": f"{SYSTEMD_DIR}/ray-head.service",
+        "ray_worker_unit": f"{SYSTEMD_DIR}/ray-worker.service",
+        "vllm_env": f"{cfg}/vllm.env",
+        "secrets_env": f"{cfg}/secrets.env",
+        "node_env": f"{cfg}/node.env",
+        "wait_ray": f"{ins['prefix']}/bin/wait-ray-cluster",
+        "nginx_site": NGINX_SITE.format(name=name),
+        "nginx_auth": f"{NGINX_SECRET_DIR}/{name}-auth.conf",
+        "tls_certificate": f"{NGINX_SECRET_DIR}/{name}.crt",
+        "tls_certificate_key": f"{NGINX_SECRET_DIR}/{name}.key",
+        "client_json": f"{CLIENT_DIR.format(name=name)}/openai.json",
+        "client_env": f"{CLIENT_DIR.format(name=name)}/openai.env",
+        "ray_tmpdir": RAY_TMPDIR,
+    }
+
+
+def _auth_var(resolved: dict[str, Any]) -> str:
+    return f"vllm_fleet_{_safe_ident(resolved['name'])}_authorized"
+
+
+# ---------------------------------------------------------------------------------------------
+# Secret files: placeholders here, real content only through these two functions (the deploy)
+
+_TOKEN68 = re.compile(r"[A-Za-z0-9._~+/-]+=*")
+
+
+def _check_key(api_key: str) -> str:
+    key = api_key.strip()
+    if not _TOKEN68.fullmatch(key):
+        raise RenderError("server.api_key: the key must be a bearer token (letters, digits and -._~+/, optional trailing =); regenerate it")
+    return key
+
+
+def secrets_env_content(resolved: dict[str, Any], api_key: str | None) -> str:
+    """``secrets.env`` (0600 root:root). ``api_key=None`` gives the placeholder :func:`render` emits."""
+    ref = _describe_secret(resolved["server"].get("api_key"))
+    header = [HEADER.format(name=resolved["name"]), "Secret environment of vllm.service (mode 0600 root:root). vLLM reads VLLM_API_KEY."]
+    if api_key is None:
+        return env_file({}, header + [
+            f"VLLM_API_KEY=<secret: {ref}>",
+            "PLACEHOLDER: the deploy writes the value here; it is never rendered.",
+        ])
+    return env_file({"VLLM_API_KEY": _check_key(api_key)}, header + [f"Written by the deploy from server.api_key ({ref})."])
+
+
+def nginx_auth_content(resolved: dict[str, Any], api_key: str | None) -> str:
+    """The nginx auth include (0600 root:root). ``api_key=None`` gives the refuse-all placeholder."""
+    return _template(
+        "nginx-auth.conf.j2",
+        header=HEADER.format(name=resolved["name"]),
+        name=resolved["name"],
+        auth_var=_auth_var(resolved),
+        key=None if api_key is None else _check_key(api_key),
+        secret_ref=_describe_secret(resolved["server"].get("api_key")),
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Layout: which target plays which role, with which address and rank
+
+
+@dataclass
+class _Node:
+    target: str
+    roles: set[str]
+    address: str | None = None  # None: unknown until deploy (role mode)
+    node_rank: int = 0
+    data: dict[str, Any] | None = None
+
+
+def _multi(resolved: dict[str, Any]) -> bool:
+    return int(resolved["parallel"].get("nodes", 1)) > 1
+
+
+def _backend(resolved: dict[str, Any]) -> str:
+    return resolved["parallel"].get("backend", "mp")
+
+
+def _host_roles(host: str, groups: Iterable[str]) -> set[str]:
+    roles = set()
+    for g in groups:
+        role = GROUP_ROLES.get(g.replace("-", "_"))
+        if role:
+            roles.add(role)
+    return roles
+
+
+def _layout(resolved: dict[str, Any], inventory: dict[str, dict[str, Any]] | None) -> list[_Node]:
+    par = resolved["parallel"]
+    multi, backend = _multi(resolved), _backend(resolved)
+    proxy_on = resolved["proxy"].get("enabled", True)
+    ray_multi = multi and backend == "ray"
+    if inventory is None:
+        out = [_Node("server", {"server"}, par.get("head_address") if multi else None)]
+        if ray_multi:
+            out.append(_Node("ray-head", {"ray-head"}, par.get("head_address")))
+            out.append(_Node("ray-worker", {"ray-worker"}, None, 1))
+        elif multi:
+            out.append(_Node("worker", {"worker"}, None, 1))
+        if proxy_on:
+            out.append(_Node("proxy", {"proxy"}))
+        return out
+
+    out: list[_Node] = []
+    known = ", ".join(sorted(GROUP_ROLES))
+    for host, h in inventory.items():
+        roles = _host_roles(host, h.get("groups", []))
+        if roles:
+            out.append(_Node(host, roles, str(h.get("address") or host), 0, dict(h.get("data") or {})))
+    servers = [n for n in out if "server" in n.roles]
+    workers = [n for n in out if "worker" in n.roles]
+    if not servers:
+        raise RenderError(f"inventory: no host in a server group (groups that give roles: {known})")
+    if not proxy_on:
+        for n in out:
+            n.roles.discard("proxy")
+    if multi:
+        if len(servers) != 1:
+            raise RenderError(f"inventory: a {par['nodes']}-node server has exactly one head host in the `server` group, found {len(servers)}: {', '.join(n.target for n in servers)}")
+        head = servers[0]
+        if head.address != par.get("head_address"):
+            raise RenderError(f"parallel.head_address is {par.get('head_address')} but the server host {head.target} has address {head.address}: make them the same (VLLM_HOST_IP must be the address Ray registered)")
+        if 1 + len(workers) != int(par["nodes"]):
+            raise RenderError(f"parallel.nodes is {par['nodes']} but the inventory has 1 server and {len(workers)} worker host(s): list {int(par['nodes']) - 1} host(s) in the `workers` group")
+        if ray_multi:
+            head.roles.add("ray-head")
+        for rank, w in enumerate(workers, start=1):
+            w.node_rank = rank
+            if "server" in w.roles:
+                raise RenderError(f"inventory: host {w.target} is both the server and a worker")
+            if ray_multi:
+                w.roles.discard("worker")
+                w.roles.add("ray-worker")
+    elif workers:
+        raise RenderError(f"inventory: hosts in a workers group ({', '.join(n.target for n in workers)}) but parallel.nodes is 1: remove them or set parallel.nodes")
+    if proxy_on and not any("proxy" in n.roles for n in out):
+        for s in servers:  # no proxy group: nginx runs on each server host
+            s.roles.add("proxy")
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# File builders
+
+
+def _common(resolved: dict[str, Any]) -> dict[str, Any]:
+    ins, srv = resolved["install"], resolved["server"]
+    return {
+        "header": HEADER.format(name=resolved["name"]),
+        "name": resolved["name"],
+        "user": srv["user"],
+        "group": srv["user"],
+        "state_dir": ins["state_dir"],
+        "gpu": ins["accelerator"] == "cuda",
+        "restart_sec": RESTART_SEC,
+        "start_limit_interval": START_LIMIT_INTERVAL,
+        "start_limit_burst": START_LIMIT_BURST,
+        "limit_nofile": LIMIT_NOFILE,
+    }
+
+
+def _read_write_paths(resolved: dict[str, Any]) -> list[str]:
+    rw = [resolved["install"]["state_dir"]]
+    if _backend(resolved) == "ray":
+        rw.append(RAY_TMPDIR)
+    return rw
+
+
+def _vllm_env_file(resolved: dict[str, Any]) -> RenderedFile:
+    content = env_file(vllm_env(resolved), [HEADER.format(name=resolved["name"]), "Non-secret environment of the vLLM (and Ray) services. The API key is in secrets.env."])
+    return RenderedFile(content, 0o640, "root", resolved["server"]["user"])
+
+
+def _omp_bind(cpu_count: int | None, ranks: int) -> str:
+    """VLLM_CPU_OMP_THREADS_BIND: one CPU range per rank, '|'-separated (e.g. "0-3|4-7")."""
+    if not cpu_count or cpu_count < ranks:
+        return "|".join(str(i) for i in range(ranks))
+    per = cpu_count // ranks
+    return "|".join(f"{i * per}-{(i + 1) * per - 1}" if per > 1 else str(i * per) for i in range(ranks))
+
+
+def _node_env_file(resolved: dict[str, Any], node: _Node) -> RenderedFile:
+    par, data = resolved["parallel"], node.data or {}
+    comments = [HEADER.format(name=resolved["name"]), f"Per-host environment ({node.target})."]
+    values: dict[str, str] = {}
+    if _multi(resolved):
+        if node.address:
+            values["NODE_IP"] = node.address
+            values["VLLM_HOST_IP"] = node.address
+        else:
+            comments += [
+                "NODE_IP=<this node's private address: written by the deploy from inventory host data `address`>",
+                "VLLM_HOST_IP=<the same address: unique per node, equal to what Ray registers>",
+            ]
+        ifname = data.get("socket_ifname") or par.get("socket_ifname")
+        if ifname:
+            values["GLOO_SOCKET_IFNAME"] = str(ifname)
+            values["NCCL_SOCKET_IFNAME"] = str(ifname)
+        else:
+            comments += [
+                "GLOO_SOCKET_IFNAME=<detected by the deploy: the one interface holding NODE_IP (or set parallel.socket_ifname)>",
+                "NCCL_SOCKET_IFNAME=<the same interface>",
+            ]
+    ranks = world_size_per_node(resolved)
+    if resolved["install"]["accelerator"] == "cpu" and ranks > 1 and node.roles & {"server", "worker", "ray-head", "ray-worker"}:
+        cpus = data.get("cpu_count")
+        values["VLLM_CPU_OMP_THREADS_BIND"] = _omp_bind(int(cpus) if cpus else None, ranks)
+        if not cpus:
+            comments.append("VLLM_CPU_OMP_THREADS_BIND: one core per rank (host data `cpu_count` gives an even split)")
+    if not values and len(comments) == 2:
+        comments.append("Single node: nothing host-specific.")
+    return RenderedFile(env_file(values, comments), 0o640, "root", resolved["server"]["user"])
+
+
+def _expected_addresses(nodes: list[_Node]) -> list[str]:
+    out: list[str] = []
+    for n in nodes:
+        if n.address and n.roles & {"ray-head", "ray-worker"} and n.address not in out:
+            out.append(n.address)
+    return out
+
+
+def _vllm_unit(resolved: dict[str, Any], node: _Node, all_nodes: list[_Node]) -> tuple[RenderedFile, RenderedFile | None]:
+    p = paths(resolved)
+    par = resolved["parallel"]
+    worker = "worker" in node.roles and "server" not in node.roles
+    argv = vllm_argv(resolved, role="worker" if worker else "server", node_rank=node.node_rank)
+    ray_head = _multi(resolved) and _backend(resolved) == "ray" and not worker
+    env_files = [p["vllm_env"], p["node_env"]]
+    if not worker:
+        env_files.append(p["secrets_env"])
+    after, requires, pre, environment = [], [], [], []
+    wait = None
+    if ray_head:
+        head = f"{par['head_address']}:{par['ray_port']}"
+        after.append("ray-head.service")
+        requires.append("ray-head.service")
+        environment.append(systemd_quote(f"RAY_ADDRESS={head}"))
+        nodes = int(par["nodes"])
+        gpus = nodes * int(resolved["hardware"].get("gpus_per_node", 1))
+        cmd = [env_python(resolved), p["wait_ray"], "--address", head, "--nodes", str(nodes), "--gpus", str(gpus), "--timeout", str(RAY_WAIT_TIMEOUT)]
+        for a in _expected_addresses(all_nodes):
+            cmd += ["--expect", a]
+        pre.append(systemd_command(cmd))
+        wait = RenderedFile((TEMPLATES / "wait-ray-cluster.py").read_text(), 0o755)
+    if worker:
+        role_text = f"headless node rank {node.node_rank} of {par['nodes']}"
+    elif _multi(resolved):
+        role_text = f"API server, node rank 0 of {par['nodes']} ({_backend(resolved)})"
+    else:
+        role_text = "API server"
+    content = _template(
+        "vllm.service.j2",
+        **_common(resolved),
+        served_name=resolved["model"]["served_name"],
+        role_text=role_text,
+        after=after,
+        requires=requires,
+        environment_files=env_files,
+        environment=environment,
+        exec_start_pre=pre,
+        exec_start=systemd_command(argv),
+        timeout_start=TIMEOUT_START,
+        timeout_stop=TIMEOUT_STOP,
+        syslog_identifier=f"vllm-{resolved['name']}",
+        read_write_paths=_read_write_paths(resolved),
+    )
+    return RenderedFile(content, 0o644), wait
+
+
+def _ray_unit(resolved: dict[str, Any], node: _Node) -> RenderedFile:
+    p = paths(resolved)
+    par, acc = resolved["parallel"], resolved["install"]["accelerator"]
+    data = node.data or {}
+    head = "ray-head" in node.roles
+    argv = [env_bin(resolved, "ray"), "start"]
+    if head:
+        argv += ["--head", "--port", str(par["ray_port"]), "--dashboard-host", "127.0.0.1"]
+    else:
+        argv += ["--address", f"{par['head_address']}:{par['ray_port']}"]
+    argv += [
+        "--block",
+        "--node-ip-address", EnvRef("NODE_IP"),
+        "--num-gpus", str(resolved["hardware"].get("gpus_per_node", 1)),
+        "--memory", str(int(data.get("ray_memory_bytes") or RAY_MEMORY_BYTES[acc])),
+        "--object-store-memory", str(int(data.get("ray_object_store_bytes") or RAY_OBJECT_STORE_BYTES[acc])),
+    ]
+    content = _template(
+        "ray.service.j2",
+        **_common(resolved),
+        ray_role="head" if head else "worker",
+        environment_files=[p["vllm_env"], p["node_env"]],
+        exec_start=systemd_command(argv),
+        timeout_start=RAY_TIMEOUT_START,
+        timeout_stop=RAY_TIMEOUT_STOP,
+        syslog_identifier=f"ray-{'head' if head else 'worker'}-{resolved['name']}",
+        read_write_paths=_read_write_paths(resolved),
+    )
+    return RenderedFile(content, 0o644)
+
+
+def _upstreams(resolved: dict[str, Any], node: _Node, all_nodes: list[_Node], with_inventory: bool) -> list[str]:
+    port = resolved["server"]["port"]
+    if not with_inventory:
+        return [f"127.0.0.1:{port}"]
+    out = []
+    for s in all_nodes:
+        if "server" not in s.roles:
+            continue
+        if s.target == node.target:
+            out.append(f"127.0.0.1:{port}")
+            continue
+        if resolved["server"]["host"] in ("127.0.0.1", "localhost", "::1"):
+            raise RenderError(
+                f"the proxy on {node.target} must reach vLLM on {s.target}, but server.host is {resolved['server']['host']} "
+                f"(vLLM listens only locally): set server.host: 0.0.0.0 (and firewall port {port}), or put the proxy on the server host"
+            )
+        out.append(f"{s.address}:{port}")
+    return out
+
+
+def _nginx_site(resolved: dict[str, Any], node: _Node, all_nodes: list[_Node], with_inventory: bool) -> RenderedFile:
+    prx, p = resolved["proxy"], paths(resolved)
+    tls = bool((prx.get("tls") or {}).get("enabled"))
+    content = _template(
+        "nginx-site.conf.j2",
+        header=HEADER.format(name=resolved["name"]),
+        name=resolved["name"],
+        auth=prx.get("auth", "api_key") == "api_key",
+        auth_include=p["nginx_auth"],
+        auth_var=_auth_var(resolved),
+        upstream_name=f"vllm_fleet_{_safe_ident(resolved['name'])}",
+        upstream_servers=_upstreams(resolved, node, all_nodes, with_inventory),
+        keepalive=NGINX_KEEPALIVE,
+        tls=tls,
+        tls_certificate=p["tls_certificate"],
+        tls_certificate_key=p["tls_certificate_key"],
+        listen=prx["listen"],
+        default_server=prx.get("server_name", "_") == "_",
+        server_name=prx.get("server_name", "_"),
+        client_max_body_size=prx["client_max_body_size"],
+        connect_timeout=prx["connect_timeout"],
+        read_timeout=prx["read_timeout"],
+        send_timeout=prx["send_timeout"],
+        metrics_allow=prx.get("metrics_allow") or [],
+    )
+    return RenderedFile(content, 0o644)
+
+
+def client_settings(resolved: dict[str, Any], nodes: list[_Node] | None = None) -> dict[str, Any]:
+    """OpenAI-compatible client settings (base_url, model, where the key is), as a dict."""
+    prx, srv = resolved["proxy"], resolved["server"]
+    nodes = nodes or []
+    proxies = [n for n in nodes if "proxy" in n.roles and n.address]
+    servers = [n for n in nodes if "server" in n.roles and n.address]
+    if prx.get("enabled", True):
+        tls = bool((prx.get("tls") or {}).get("enabled"))
+        scheme, port = ("https", prx["listen"]) if tls else ("http", prx["listen"])
+        if prx.get("server_name", "_") != "_":
+            host = prx["server_name"]
+        elif proxies:
+            host = proxies[0].address
+        else:  # no inventory: nginx on the server host (the head of a multi-node server)
+            host = resolved["parallel"].get("head_address") if _multi(resolved) else "127.0.0.1"
+        default_port = 443 if tls else 80
+    else:
+        scheme, port, default_port = "http", srv["port"], None
+        host = servers[0].address if servers else (resolved["parallel"].get("head_address") or "127.0.0.1")
+    netloc = host if port == default_port else f"{host}:{port}"
+    ref = srv.get("api_key")
+    return {
+        "base_url": f"{scheme}://{netloc}/v1",
+        "model": resolved["model"]["served_name"],
+        "api_key": {"secret": dict(ref) if ref else None, "where": _describe_secret(ref)},
+    }
+
+
+def _client_files(resolved: dict[str, Any], nodes: list[_Node] | None) -> dict[str, RenderedFile]:
+    p = paths(resolved)
+    s = client_settings(resolved, nodes)
+    ref = resolved["server"].get("api_key") or {}
+    if "file" in ref:
+        how = f'export OPENAI_API_KEY="$(cat {ref["file"]})"'
+    elif "env" in ref:
+        how = f'export OPENAI_API_KEY="${ref["env"]}"'
+    else:
+        how = "no API key configured (server.api_key)"
+    env = env_file(
+        {"OPENAI_BASE_URL": s["base_url"], "OPENAI_MODEL": s["model"]},
+        [HEADER.format(name=resolved["name"]), "OpenAI-compatible client settings for this deployment.",
+         f"OPENAI_API_KEY=<secret: {s['api_key']['where']}>: {how}"],
+    )
+    doc = {"name": resolved["name"], **s}
+    return {
+        p["client_json"]: RenderedFile(json.dumps(doc, indent=2, sort_keys=True) + "\n", 0o644, "", ""),
+        p["client_env"]: RenderedFile(env, 0o644, "", ""),
+    }
+
+
+def _add(files: dict[str, RenderedFile], path: str, f: RenderedFile, target: str) -> None:
+    old = files.get(path)
+    if old is not None and old != f:
+        raise RenderError(f"{target}: two roles render {path} differently (a bug in vllm-fleet's renderer)")
+    files[path] = f
+
+
+def _node_files(resolved: dict[str, Any], node: _Node, all_nodes: list[_Node], with_inventory: bool) -> dict[str, RenderedFile]:
+    p = paths(resolved)
+    files: dict[str, RenderedFile] = {}
+    service_roles = node.roles & {"server", "worker", "ray-head", "ray-worker"}
+    if service_roles:
+        _add(files, p["vllm_env"], _vllm_env_file(resolved), node.target)
+        _add(files, p["node_env"], _node_env_file(resolved, node), node.target)
+    if node.roles & {"server", "worker"}:
+        unit, wait = _vllm_unit(resolved, node, all_nodes)
+        _add(files, p["vllm_unit"], unit, node.target)
+        if wait:
+            _add(files, p["wait_ray"], wait, node.target)
+    if "server" in node.roles:
+        _add(files, p["secrets_env"], RenderedFile(secrets_env_content(resolved, None), 0o600), node.target)
+    if "ray-head" in node.roles:
+        _add(files, p["ray_head_unit"], _ray_unit(resolved, node), node.target)
+    if "ray-worker" in node.roles:
+        _add(files, p["ray_worker_unit"], _ray_unit(resolved, node), node.target)
+    if "proxy" in node.roles:
+        _add(files, p["nginx_site"], _nginx_site(resolved, node, all_nodes, with_inventory), node.target)
+        if resolved["proxy"].get("auth", "api_key") == "api_key":
+            _add(files, p["nginx_auth"], RenderedFile(nginx_auth_content(resolved, None), 0o600), node.target)
+    return files
+
+
+def render(resolved: dict[str, Any], inventory_hosts: dict[str, dict[str, Any]] | None = None) -> dict[str, dict[str, RenderedFile]]:
+    """Every file of the deployment, per role (no inventory) or per host (with one).
+
+    The ``client`` target (files for the control machine) is always present.
+    """
+    nodes = _layout(resolved, inventory_hosts)
+    out: dict[str, dict[str, RenderedFile]] = {}
+    for node in nodes:
+        files = _node_files(resolved, node, nodes, inventory_hosts is not None)
+        if files:
+            out[node.target] = files
+    if "client" in out:
+        raise RenderError("inventory: `client` is reserved for the control machine's files; rename that host")
+    out["client"] = _client_files(resolved, nodes if inventory_hosts is not None else None)
+    return out
+
+
+def roles_of(resolved: dict[str, Any], inventory_hosts: dict[str, dict[str, Any]]) -> dict[str, list[str]]:
+    """{host: sorted roles} as render sees the inventory (for the deploy scripts and docs)."""
+    return {n.target: sorted(n.roles) for n in _layout(resolved, inventory_hosts)}
