@@ -1,0 +1,140 @@
+"""The pyenv role: the deployment's Python environment at ``{install.prefix}/env``, and the
+service user with its directories.
+
+Deploy functions (``spec`` is the resolved spec dict from ``vllm_fleet.spec.load_and_check``)
+    ``service_dirs(spec)``: the system user ``server.user`` (no login shell, home =
+    ``install.state_dir``, no home created by useradd) and the directories
+    ``install.prefix`` (root:root 0755), ``install.config_dir`` (root:<user> 0750; the service
+    role writes secrets.env there 0600 root:root) and ``install.state_dir`` (<user>:<user> 0750).
+    The service role calls it too; both calls converge to the same state.
+
+    ``pyenv(spec)``: ``install.env_manager``
+      - ``venv``: apt ``python3-venv``, then ``python3 -m venv {prefix}/env`` unless that env's
+        python already runs (the system python3's version; install.python is not used).
+      - ``conda``: Miniforge ``pyenv_miniforge_version`` at ``pyenv_miniforge_root`` (default
+        /opt/miniforge3), installed only when absent or recorded at another version: download to a
+        ``.part`` file, ``sha256sum --check`` against the pinned sha256, and only then run the
+        installer (``bash … -b -p ROOT``, ``-u`` to update an existing root). Then
+        ``conda create -y -p {prefix}/env --override-channels -c conda-forge python=X.Y`` unless
+        the env exists with that Python. An env with another Python stops the deploy
+        (``EnvMismatch``) rather than being replaced.
+    Both read facts while the plan is built, so a second deploy issues no command.
+
+Example (deploys/serve.py)::
+
+    from roles.pyenv import pyenv, service_dirs
+
+    service_dirs(spec)
+    pyenv(spec)
+    # the env's python for the next roles:
+    python = env_python(spec)   # /opt/vllm-fleet/NAME/env/bin/python
+"""
+
+from __future__ import annotations
+
+import shlex
+
+from pyinfra import host
+from pyinfra.api import deploy
+from pyinfra.api.exceptions import DeployError
+from pyinfra.operations import apt, files, server
+
+from . import defaults as d
+from .defaults import DEFAULTS
+from .facts import MINIFORGE_MARKER, EnvPython, MiniforgeInstall
+
+__all__ = ["pyenv", "service_dirs", "env_dir", "env_python", "EnvMismatch", "DEFAULTS"]
+
+
+class EnvMismatch(DeployError):
+    """The env exists with another Python than install.python."""
+
+
+def env_dir(spec: dict) -> str:
+    return f"{spec['install']['prefix'].rstrip('/')}/env"
+
+
+def env_python(spec: dict) -> str:
+    return f"{env_dir(spec)}/bin/python"
+
+
+@deploy("Service user and directories", data_defaults=DEFAULTS)
+def service_dirs(spec: dict) -> None:
+    ins, user = spec["install"], spec["server"]["user"]
+    server.user(
+        name=f"System user {user}",
+        user=user,
+        system=True,
+        home=ins["state_dir"],
+        shell=d.SERVICE_SHELL,
+        ensure_home=False,
+        create_home=False,
+    )
+    files.directory(name="Install prefix", path=ins["prefix"], user="root", group="root", mode=d.PREFIX_MODE)
+    files.directory(name="Config directory", path=ins["config_dir"], user="root", group=user,
+                    mode=d.CONFIG_DIR_MODE)
+    files.directory(name="State directory", path=ins["state_dir"], user=user, group=user,
+                    mode=d.STATE_DIR_MODE)
+
+
+def _venv(env: str) -> None:
+    apt.packages(name="python3-venv", packages=list(host.data.get("pyenv_venv_packages")))
+    if host.get_fact(EnvPython, env=env) is None:
+        server.shell(name=f"venv at {env}", commands=[f"python3 -m venv {shlex.quote(env)}"])
+
+
+def _miniforge() -> str:
+    root = host.data.get("pyenv_miniforge_root").rstrip("/")
+    version = host.data.get("pyenv_miniforge_version")
+    current = host.get_fact(MiniforgeInstall, root=root)
+    if current and current["version"] == version:
+        return root
+    url, sha256 = host.data.get("pyenv_miniforge_url"), host.data.get("pyenv_miniforge_sha256")
+    download_dir = host.data.get("pyenv_download_dir").rstrip("/")
+    installer = f"{download_dir}/{url.rsplit('/', 1)[-1]}"
+    part = f"{installer}.part"
+    q = shlex.quote
+    apt.packages(name="curl for the Miniforge download", packages=["curl", "ca-certificates"])
+    server.shell(
+        name=f"Miniforge {version} at {root} (sha256 checked before the installer runs)",
+        commands=[
+            f"mkdir -p {q(download_dir)}",
+            f"curl -fsSL --retry 3 -o {q(part)} {q(url)}",
+            f"echo {q(f'{sha256}  {part}')} | sha256sum --check --strict -",
+            f"mv {q(part)} {q(installer)}",
+            f"bash {q(installer)} -b {'-u ' if current else ''}-p {q(root)}",
+            f"printf '%s\\n' {q(version)} > {q(f'{root}/{MINIFORGE_MARKER}')}",
+            f"rm -f {q(installer)}",
+        ],
+    )
+    return root
+
+
+def _conda_env(env: str, python: str) -> None:
+    root = _miniforge()
+    current = host.get_fact(EnvPython, env=env)
+    if current is None:
+        channel = host.data.get("pyenv_conda_channel")
+        server.shell(
+            name=f"conda env {env} (python {python})",
+            commands=[
+                f"{shlex.quote(root + '/bin/conda')} create -y -p {shlex.quote(env)} "
+                f"--override-channels -c {shlex.quote(channel)} python={shlex.quote(python)}"
+            ],
+        )
+    elif current != python:
+        raise EnvMismatch(
+            f"host {host.name}: {env} has Python {current}, the spec asks for install.python {python}. "
+            f"Fix: set install.python: \"{current}\", or remove {env} on the host to have it recreated."
+        )
+
+
+@deploy("Python environment", data_defaults=DEFAULTS)
+def pyenv(spec: dict) -> None:
+    ins = spec["install"]
+    env = env_dir(spec)
+    files.directory(name="Install prefix", path=ins["prefix"], user="root", group="root", mode=d.PREFIX_MODE)
+    if ins["env_manager"] == "venv":
+        _venv(env)
+    else:
+        _conda_env(env, str(ins["python"]))
