@@ -8,7 +8,10 @@ import json
 import pytest
 
 from vllm_fleet import hwchecks, spec
-from conftest import DEPLOYMENTS, REPO
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+DEPLOYMENTS = sorted((REPO / "deployments").glob("*.yaml"))
 
 
 def load(name, raw_changes=None, **changes):

@@ -6,7 +6,9 @@ Hand computations use the config.json numbers written out here, not the code und
 import pytest
 
 from vllm_fleet import planner, spec
-from conftest import REPO
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
 
 GIB = 1024**3
 
