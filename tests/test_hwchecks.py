@@ -83,10 +83,10 @@ def test_fp8_kv_cache_refused_on_ampere_only():
     assert at(problems("4xh100-qwen32b-tp4.yaml", hardware__gpu="a100-80gb"), "engine.kv_cache_dtype", "error")
 
 
-def test_fp8_weights_on_ampere_warn_weight_only():
+def test_fp8_weights_refused_on_ampere():
     r = dict(model__source="Qwen/Qwen2.5-7B-Instruct", model__quantization="fp8", model__dtype="bfloat16")
     w = at(problems(RT, **r), "model.quantization")
-    assert w and w[0].severity == "warning" and "W8A16" in w[0].message
+    assert w and w[0].severity == "error" and "8.9" in w[0].message and "awq_marlin" in w[0].fix
     assert not at(problems(RT, hardware__gpu="rtx4090", **r), "model.quantization")
 
 

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import DEPLOYMENTS, REPO, run_cli
+from fleetutil import DEPLOYMENTS, REPO, run_cli
 from vllm_fleet import spec as specmod
 
 INVALID = sorted((REPO / "tests" / "specs" / "invalid").glob("*.yaml"))

@@ -97,9 +97,10 @@ def hardware_problems(resolved: dict[str, Any], spec: Spec | None = None) -> lis
                 "use `kv_cache_dtype: auto`; to free memory quantize the weights (AWQ INT4) or lower max_model_len")
         if quant == "fp8" and cc < FP8_MIN_CC:
             add("model.quantization",
-                f"{g['label']} (sm_{int(cc * 10)}) has no FP8 compute: vLLM runs fp8 weights there as weight-only W8A16 through FP8 Marlin "
-                "(memory savings, no FP8 speed-up)",
-                "on Ampere prefer an AWQ INT4 checkpoint with `quantization: awq_marlin`; fp8 runs natively on compute capability 8.9+", "warning")
+                f"FP8 weights need compute capability {FP8_MIN_CC}+ (Ada Lovelace, Hopper); {g['label']} is {g['arch']} sm_{int(cc * 10)} "
+                "with no FP8 compute (vLLM would fall back to weight-only FP8 Marlin: memory savings, no FP8 speed-up, a path the "
+                "articles do not vouch for)",
+                "on Ampere serve an AWQ INT4 checkpoint with `quantization: awq_marlin`; use fp8 on compute capability 8.9+")
         if quant in ("awq_marlin", "gptq_marlin") and cc < MARLIN_MIN_CC:
             add("model.quantization", f"{quant} needs compute capability {MARLIN_MIN_CC}+ (Ampere or newer); {g['label']} is sm_{int(cc * 10)}",
                 f"use `quantization: {quant.replace('_marlin', '')}`")

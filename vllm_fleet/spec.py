@@ -386,6 +386,10 @@ def load_and_check(path: str | os.PathLike[str], *, hardware: bool = True) -> tu
     if any(p.severity == "error" for p in problems):
         raise SpecError(problems, str(path))
     resolved = resolve(spec)
+    if hardware:
+        from .hwchecks import apply_model_facts
+
+        apply_model_facts(resolved)
     problems += checks.run(resolved, spec, hardware=hardware)
     errors = [p for p in problems if p.severity == "error"]
     if errors:
