@@ -205,3 +205,17 @@ def _read_ops(state: Any, the_host: Any) -> tuple[list[Op], dict[str, str]]:
 def harness() -> SimpleNamespace:
     """``harness.run`` (run_deploy), ``harness.distro``, ``harness.per_arg``, ``harness.fixture_lines``."""
     return SimpleNamespace(run=run_deploy, distro=distro, per_arg=per_arg, fixture_lines=fixture_lines)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Give the name ``conftest`` back to tests/conftest.py once this file is registered.
+
+    pytest keeps only the last-imported rootless conftest under ``sys.modules["conftest"]``, and
+    tests/test_*.py use ``from conftest import ...`` for names of tests/conftest.py. (pytest calls
+    this hook when this conftest is registered, after its own import check.)
+    """
+    parent = Path(__file__).resolve().parents[1] / "conftest.py"
+    for plugin in config.pluginmanager.get_plugins():
+        if getattr(plugin, "__file__", None) and Path(plugin.__file__).resolve() == parent:
+            sys.modules["conftest"] = plugin
+            break

@@ -1,0 +1,135 @@
+"""roles/pyenv, through the commands it would send (no conda channel reachable here)."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+from pyinfra.facts.deb import DebPackages
+from pyinfra.facts.files import Directory
+from pyinfra.facts.server import Groups, Os, Users, Which
+
+from roles.pyenv import EnvMismatch, env_python, pyenv, service_dirs
+from roles.pyenv.facts import EnvPython, MiniforgeInstall, parse_miniforge, parse_python_version
+from vllm_fleet.spec import load, resolve
+
+REPO = Path(__file__).resolve().parents[2]
+SHA = "848194851a98903134187fbb4ab50efe87b003e0c0f808f97644b7524a62bf2c"
+
+
+def spec_of(name, **install):
+    spec = copy.deepcopy(resolve(load(REPO / "deployments" / name)))
+    spec["install"].update(install)
+    return spec
+
+
+def directory(mode, user="root", group="root"):
+    return {"mode": mode, "user": user, "group": group}
+
+
+# ------------------------------------------------------------------------------------ parsers
+
+def test_parse_python_version():
+    assert parse_python_version(["python 3.12.7"]) == "3.12"
+    assert parse_python_version(["python 3.11.2"]) == "3.11"
+    assert parse_python_version([]) is None
+    assert EnvPython().command(env="/opt/x y/env").startswith("test -x '/opt/x y/env/bin/python' && ")
+
+
+def test_parse_miniforge():
+    assert parse_miniforge([]) is None
+    assert parse_miniforge(["conda=yes", "version=26.3.2-3"]) == {"conda": True, "version": "26.3.2-3"}
+    assert parse_miniforge(["conda=yes", "version="]) == {"conda": True, "version": None}
+
+
+# ------------------------------------------------------------------------------------- venv
+
+def test_venv_fresh(harness):
+    spec = spec_of("lab-tiny.yaml")
+    run = harness.run(pyenv, spec, facts={DebPackages: {}, Directory: None, EnvPython: None})
+    prefix = spec["install"]["prefix"]
+    assert run.op("Install prefix").commands == [f"mkdir -p {prefix}", f"chmod 755 {prefix}", f"chown root:root {prefix}"]
+    assert any(c.endswith("install python3-venv") for c in run.op("python3-venv").commands)
+    assert run.op("venv at").commands == [f"python3 -m venv {prefix}/env"]
+    assert env_python(spec) == f"{prefix}/env/bin/python"
+    assert "conda" not in "\n".join(run.commands) and "miniforge" not in "\n".join(run.commands).lower()
+
+
+def test_venv_present_no_changes(harness):
+    spec = spec_of("lab-tiny.yaml")
+    facts = {DebPackages: {"python3-venv": ["3.11.2-1+b1"]}, Directory: directory(755), EnvPython: "3.11"}
+    run = harness.run(pyenv, spec, facts=facts, strict=True)
+    assert not run.changed, run
+
+
+# ------------------------------------------------------------------------------------ conda
+
+def test_conda_fresh_checksum_before_installer(harness):
+    spec = spec_of("rtx3090-qwen7b-awq-realtime.yaml")
+    prefix = spec["install"]["prefix"]
+    run = harness.run(pyenv, spec, facts={DebPackages: {}, Directory: None, MiniforgeInstall: None, EnvPython: None})
+    c = run.commands
+    download = run.index("curl -fsSL")
+    check = run.index("sha256sum --check")
+    install = run.index("bash /var/cache/vllm-fleet/Miniforge3-26.3.2-3-Linux-x86_64.sh")
+    assert download < check < install
+    assert "releases/download/26.3.2-3/Miniforge3-26.3.2-3-Linux-x86_64.sh" in c[download]
+    assert SHA in c[check]
+    # the checked file is the one run (downloaded as .part, renamed only after the check)
+    assert c[download].split(" -o ")[1].split()[0] in c[check]
+    assert c[install].endswith("-b -p /opt/miniforge3")
+    assert run.commands[-1] == (f"/opt/miniforge3/bin/conda create -y -p {prefix}/env "
+                                "--override-channels -c conda-forge python=3.12")
+
+
+def test_conda_present_no_changes(harness):
+    spec = spec_of("rtx3090-qwen7b-awq-realtime.yaml")
+    facts = {Directory: directory(755), MiniforgeInstall: {"conda": True, "version": "26.3.2-3"}, EnvPython: "3.12"}
+    run = harness.run(pyenv, spec, facts=facts, strict=True)
+    assert not run.changed, run
+
+
+def test_conda_other_miniforge_version_updated_in_place_env_kept(harness):
+    spec = spec_of("rtx3090-qwen7b-awq-realtime.yaml")
+    facts = {DebPackages: {"curl": ["7"], "ca-certificates": ["1"]}, Directory: directory(755),
+             MiniforgeInstall: {"conda": True, "version": "24.11.0-0"}, EnvPython: "3.12"}
+    run = harness.run(pyenv, spec, facts=facts)
+    installs = [c for c in run.commands if c.startswith("bash ")]
+    assert installs == ["bash /var/cache/vllm-fleet/Miniforge3-26.3.2-3-Linux-x86_64.sh -b -u -p /opt/miniforge3"]
+    assert not any("conda create" in c for c in run.commands)
+
+
+def test_conda_env_with_other_python_stops(harness):
+    spec = spec_of("rtx3090-qwen7b-awq-realtime.yaml")
+    facts = {Directory: directory(755), MiniforgeInstall: {"conda": True, "version": "26.3.2-3"}, EnvPython: "3.10"}
+    with pytest.raises(EnvMismatch, match="host gpu4: .*/env has Python 3.10, the spec asks for install.python 3.12"):
+        harness.run(pyenv, spec, facts=facts, host="gpu4")
+
+
+# ----------------------------------------------------------------------- user and directories
+
+def test_service_dirs_fresh(harness):
+    spec = spec_of("lab-tiny.yaml")
+    ins, user = spec["install"], spec["server"]["user"]
+    facts = {Os: "Linux", Users: {}, Groups: [], Directory: None,
+             Which: harness.per_arg("command", {"useradd": "/usr/sbin/useradd"})}
+    run = harness.run(service_dirs, spec, facts=facts)
+    useradd = run.op("System user").commands[0]
+    assert useradd.startswith("useradd") and "-r" in useradd.split() and user in useradd.split()
+    assert "-s /usr/sbin/nologin" in useradd and f"-d {ins['state_dir']}" in useradd
+    assert run.op("Config directory").commands[1:] == [f"chmod 750 {ins['config_dir']}", f"chown root:{user} {ins['config_dir']}"]
+    assert run.op("State directory").commands[1:] == [f"chmod 750 {ins['state_dir']}", f"chown {user}:{user} {ins['state_dir']}"]
+
+
+def test_service_dirs_present_no_changes(harness):
+    spec = spec_of("lab-tiny.yaml")
+    ins, user = spec["install"], spec["server"]["user"]
+    dirs = {ins["prefix"]: directory(755), ins["config_dir"]: directory(750, "root", user),
+            ins["state_dir"]: directory(750, user, user)}
+    users = {user: {"home": ins["state_dir"], "shell": "/usr/sbin/nologin", "group": user, "groups": [],
+                    "comment": None, "uid": 998, "gid": 998}}
+    facts = {Os: "Linux", Users: users, Groups: [user], Directory: harness.per_arg("path", dirs),
+             Which: harness.per_arg("command", {"useradd": "/usr/sbin/useradd"})}
+    run = harness.run(service_dirs, spec, facts=facts)
+    assert not run.changed, run
