@@ -567,6 +567,10 @@ def _rmdir_cgroups(cfg: LabConfig, name: str | None) -> None:
         for d in [*dirs, base]:
             with contextlib.suppress(OSError):
                 d.rmdir()
+    if name is None:  # the shared parent, once no lab uses it
+        for base in cfg.cgroup_dirs(None):
+            with contextlib.suppress(OSError):
+                base.parent.rmdir()
 
 
 def stop_host(cfg: LabConfig, name: str, timeout: float = 20) -> None:

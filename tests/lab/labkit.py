@@ -1,0 +1,41 @@
+"""Helpers for lab tests: LabHost (what the `lab_hosts` fixture returns) and lab_cli."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@dataclass(frozen=True)
+class LabHost:
+    name: str
+    address: str
+    user: str          # the lab user (passwordless sudo); root also accepts the key
+    key: str           # private key path
+    known_hosts: str   # the lab's known_hosts file (strict checking works with it)
+
+    def ssh_argv(self, user: str | None = None) -> list[str]:
+        return ["ssh", "-i", self.key, "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes",
+                "-o", f"UserKnownHostsFile={self.known_hosts}", "-o", "ConnectTimeout=5",
+                "-o", "LogLevel=ERROR", f"{user or self.user}@{self.address}"]
+
+    def ssh(self, command: str, user: str | None = None, check: bool = True,
+            timeout: float = 120) -> subprocess.CompletedProcess:
+        res = subprocess.run([*self.ssh_argv(user), command], capture_output=True, text=True,
+                             timeout=timeout, stdin=subprocess.DEVNULL)
+        if check and res.returncode != 0:
+            raise AssertionError(f"{self.name}: ssh {command!r} -> {res.returncode}\n{res.stdout}\n{res.stderr}")
+        return res
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def lab_cli(*args: str, timeout: float = 1800) -> subprocess.CompletedProcess:
+    """Run `python -m vllm_fleet.lab ARGS` (the same code as `vllm-fleet lab ARGS`)."""
+    return subprocess.run([sys.executable, "-m", "vllm_fleet.lab", *args], cwd=REPO, capture_output=True,
+                          text=True, timeout=timeout, stdin=subprocess.DEVNULL)
