@@ -123,8 +123,13 @@ def env_file(values: dict[str, str], comments: Iterable[str] = ()) -> str:
         value = str(value)
         if "\n" in value or "\r" in value:
             raise RenderError(f"env.{key}: a value must be one line")
-        if not _SAFE_ENV_VALUE.fullmatch(value) or value == "":
-            value = '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+        if value == "" or not _SAFE_ENV_VALUE.fullmatch(value):
+            # single quotes are verbatim for systemd and for a shell; else double quotes with
+            # the escapes both read back the same way
+            if "'" not in value:
+                value = f"'{value}'"
+            else:
+                value = '"' + re.sub(r'([\\"`$])', r"\\\1", value) + '"'
         lines.append(f"{key}={value}")
     return "\n".join(lines) + "\n"
 

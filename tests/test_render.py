@@ -1,0 +1,406 @@
+"""The renderers: the vLLM command line, its environment, and every file a deploy places.
+
+Golden files (tests/golden/<spec>/...) hold the exact output for every example spec; regenerate
+them after an intended change with ``UPDATE_GOLDEN=1 pytest tests/test_render.py`` and review the
+diff. The other tests check what a user would check, with readers other than the renderer:
+bash reads the env files back, systemd's own parser reads the ExecStart= line back, json parses
+the speculative config.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import re
+import secrets
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from vllm_fleet import command, render, spec
+
+REPO = Path(__file__).resolve().parent.parent
+GOLDEN = Path(__file__).resolve().parent / "golden"
+DEPLOYMENTS = sorted((REPO / "deployments").glob("*.yaml"))
+
+#: The 2-node example on a small fleet: head, one worker, nginx on its own host.
+INVENTORY_2NODE = {
+    "gpu-a": {"address": "10.10.0.11", "groups": ["server"], "data": {}},
+    "gpu-b": {"address": "10.10.0.12", "groups": ["workers"], "data": {}},
+    "edge": {"address": "10.10.0.5", "groups": ["proxy"], "data": {}},
+}
+
+
+def resolved_of(name: str) -> dict:
+    return spec.resolve(spec.load(REPO / "deployments" / f"{name}.yaml"))
+
+
+def _golden_cases():
+    cases = [(p.stem, p.stem, None) for p in DEPLOYMENTS]
+    cases.append(("2node-ray-pp2+inventory", "2node-ray-pp2", INVENTORY_2NODE))
+    return cases
+
+
+def _rel(path: str) -> str:
+    return "HOME/" + path[2:] if path.startswith("~/") else path.lstrip("/")
+
+
+def _tree(rendered: dict) -> dict[str, str]:
+    """{relative golden path: text} including a MANIFEST of modes and owners."""
+    out, manifest = {}, []
+    for target in sorted(rendered):
+        for path in sorted(rendered[target]):
+            f = rendered[target][path]
+            out[f"{target}/{_rel(path)}"] = f.content
+            manifest.append(f"{f.mode:04o} {f.owner or '-'}:{f.group or '-'} {target} {path}")
+    out["MANIFEST"] = "\n".join(manifest) + "\n"
+    return out
+
+
+@pytest.mark.parametrize("case,stem,inventory", _golden_cases(), ids=[c[0] for c in _golden_cases()])
+def test_golden(case, stem, inventory):
+    tree = _tree(render.render(resolved_of(stem), copy.deepcopy(inventory)))
+    root = GOLDEN / case
+    if os.environ.get("UPDATE_GOLDEN") == "1":
+        if root.exists():
+            shutil.rmtree(root)
+        for rel, text in tree.items():
+            (root / rel).parent.mkdir(parents=True, exist_ok=True)
+            (root / rel).write_text(text)
+    assert root.is_dir(), f"no golden files for {case}: run UPDATE_GOLDEN=1 pytest {__file__}"
+    on_disk = {str(p.relative_to(root)): p.read_text() for p in root.rglob("*") if p.is_file()}
+    assert sorted(on_disk) == sorted(tree), "rendered file set differs from the golden one"
+    for rel, text in tree.items():
+        assert text == on_disk[rel], f"{case}/{rel} differs from the golden file (UPDATE_GOLDEN=1 to accept an intended change)"
+
+
+def test_golden_dirs_match_the_examples():
+    """A removed or renamed example spec must not leave stale golden files behind."""
+    assert sorted(p.name for p in GOLDEN.iterdir() if p.is_dir()) == sorted(c[0] for c in _golden_cases())
+
+
+# ---------------------------------------------------------------------------------------------
+# The command line
+
+
+def flag(argv: list[str], name: str) -> str | None:
+    """The value after ``name`` (None if absent)."""
+    return argv[argv.index(name) + 1] if name in argv else None
+
+
+def test_cpu_build_runs_the_module_with_model_flag():
+    r = resolved_of("lab-tiny")
+    argv = command.vllm_argv(r)
+    assert argv[:3] == ["/opt/vllm-fleet/lab-tiny/env/bin/python", "-m", "vllm.entrypoints.openai.api_server"]
+    assert flag(argv, "--model") == "/var/lib/vllm-fleet/lab-tiny/model"
+    assert flag(argv, "--served-model-name") == "tiny"
+    assert flag(argv, "--max-model-len") == "512"
+    assert "--gpu-memory-utilization" not in argv  # the CPU build sizes KV cache from VLLM_CPU_KVCACHE_SPACE
+    assert "--enforce-eager" in argv
+    assert flag(argv, "--host") == "127.0.0.1" and flag(argv, "--port") == "8000"
+
+
+def test_cuda_single_gpu_awq():
+    argv = command.vllm_argv(resolved_of("rtx3090-qwen7b-awq-realtime"))
+    assert argv[:3] == ["/opt/vllm-fleet/qwen7b-awq-rt/env/bin/vllm", "serve", "/var/lib/vllm-fleet/qwen7b-awq-rt/model"]
+    assert flag(argv, "--quantization") == "awq_marlin"
+    assert flag(argv, "--dtype") == "float16"
+    assert flag(argv, "--gpu-memory-utilization") == "0.9"
+    assert flag(argv, "--max-num-seqs") == "16"
+    assert "--enable-prefix-caching" in argv and "--enable-chunked-prefill" in argv
+    for absent in ("--tensor-parallel-size", "--distributed-executor-backend", "--kv-cache-dtype", "--enforce-eager", "--model"):
+        assert absent not in argv
+
+
+def test_tp4_fp8_batch():
+    argv = command.vllm_argv(resolved_of("4xh100-qwen32b-tp4"))
+    assert flag(argv, "--tensor-parallel-size") == "4"
+    assert flag(argv, "--kv-cache-dtype") == "fp8"
+    assert flag(argv, "--quantization") == "fp8"
+    assert flag(argv, "--max-num-batched-tokens") == "16384"
+    assert flag(argv, "--max-num-seqs") == "256"
+    assert flag(argv, "--gpu-memory-utilization") == "0.92"
+    assert flag(argv, "--max-model-len") == "32768"
+    assert "--pipeline-parallel-size" not in argv
+
+
+def test_two_nodes_over_ray():
+    argv = command.vllm_argv(resolved_of("2node-ray-pp2"))
+    assert flag(argv, "--distributed-executor-backend") == "ray"
+    assert flag(argv, "--tensor-parallel-size") == "2" and flag(argv, "--pipeline-parallel-size") == "2"
+    assert flag(argv, "--host") == "0.0.0.0"
+    with pytest.raises(ValueError):
+        command.vllm_argv(resolved_of("2node-ray-pp2"), role="worker", node_rank=1)  # Ray workers run `ray start`
+
+
+def _native(r: dict) -> dict:
+    r = copy.deepcopy(r)
+    r["parallel"]["backend"] = "native"
+    return r
+
+
+def test_native_multinode_head_and_headless_worker():
+    r = _native(resolved_of("2node-ray-pp2"))
+    head = command.vllm_argv(r)
+    worker = command.vllm_argv(r, role="worker", node_rank=1)
+    for argv, rank in ((head, "0"), (worker, "1")):
+        assert flag(argv, "--nnodes") == "2"
+        assert flag(argv, "--node-rank") == rank
+        assert flag(argv, "--master-addr") == "10.10.0.11"
+        assert flag(argv, "--master-port") == "29501"
+        assert flag(argv, "--distributed-executor-backend") == "mp"
+    assert "--headless" in worker and "--headless" not in head
+    assert "--port" not in worker and flag(head, "--port") == "8000"
+
+
+def test_explicit_off_switches_speculative_json_and_extra_args_last():
+    r = resolved_of("rtx3090-qwen7b-awq-batch")
+    r["engine"].update(enable_prefix_caching=False, enable_chunked_prefill=False,
+                       speculative={"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 5},
+                       extra_args=["--load-format", "dummy", "--seed", "7"])
+    argv = command.vllm_argv(r)
+    assert "--no-enable-prefix-caching" in argv and "--enable-prefix-caching" not in argv
+    assert "--no-enable-chunked-prefill" in argv and "--enable-chunked-prefill" not in argv
+    assert json.loads(flag(argv, "--speculative-config")) == r["engine"]["speculative"]
+    assert argv[-4:] == ["--load-format", "dummy", "--seed", "7"]
+
+
+def test_vllm_env():
+    cpu = command.vllm_env(resolved_of("lab-tiny"))
+    assert cpu["HF_HUB_OFFLINE"] == "1" and cpu["VLLM_NO_USAGE_STATS"] == "1" and cpu["DO_NOT_TRACK"] == "1"
+    assert cpu["VLLM_CPU_KVCACHE_SPACE"] == "1"
+    for key in ("VLLM_CACHE_ROOT", "TMPDIR", "HF_HOME"):
+        assert cpu[key].startswith("/var/lib/vllm-fleet/lab-tiny/")
+    gpu = command.vllm_env(resolved_of("4xh100-qwen32b-tp4"))
+    assert "VLLM_CPU_KVCACHE_SPACE" not in gpu
+    r = resolved_of("lab-tiny")
+    r["env"] = {"VLLM_LOGGING_LEVEL": "DEBUG", "HF_HUB_OFFLINE": "0"}
+    env = command.vllm_env(r)
+    assert env["VLLM_LOGGING_LEVEL"] == "DEBUG" and env["HF_HUB_OFFLINE"] == "0"  # the spec wins
+    r["env"] = {"VLLM_API_KEY": "x"}
+    with pytest.raises(ValueError):
+        command.vllm_env(r)
+
+
+def test_cpu_tp2_binds_one_cpu_range_per_rank():
+    r = resolved_of("lab-tiny")
+    r["parallel"]["tensor"] = 2
+    node_env = render.render(r)["server"]["/etc/vllm-fleet/lab-tiny/node.env"].content
+    assert "VLLM_CPU_OMP_THREADS_BIND=0|1" in node_env.splitlines()
+    inv = {"lab1": {"address": "10.10.0.11", "groups": ["server"], "data": {"cpu_count": 8}}}
+    node_env = render.render(r, inv)["lab1"]["/etc/vllm-fleet/lab-tiny/node.env"].content
+    assert "VLLM_CPU_OMP_THREADS_BIND=0-3|4-7" in node_env.splitlines()
+
+
+# ---------------------------------------------------------------------------------------------
+# Read back with independent readers
+
+
+def _bash_env(path: Path) -> dict[str, str]:
+    script = f'set -a; . "{path}"; set +a; exec python3 -c "import json,os; print(json.dumps(dict(os.environ)))"'
+    out = subprocess.run(["bash", "-c", script], capture_output=True, text=True, env={"PATH": os.environ["PATH"]}, check=True)
+    return json.loads(out.stdout)
+
+
+def test_env_files_read_back_by_a_shell(tmp_path):
+    tricky = {"PLAIN": "a-b/c:1", "SPACES": "two words", "QUOTE": "it's \"x\" $HOME `id` \\n", "EMPTY": ""}
+    f = tmp_path / "x.env"
+    f.write_text(render.env_file(tricky, ["comment"]))
+    env = _bash_env(f)
+    for k, v in tricky.items():
+        assert env[k] == v, k
+    for case, stem, inv in _golden_cases():
+        for target, files in render.render(resolved_of(stem), copy.deepcopy(inv)).items():
+            for path, rf in files.items():
+                if path.endswith("vllm.env"):
+                    f.write_text(rf.content)
+                    expected = command.vllm_env(resolved_of(stem))
+                    read = _bash_env(f)
+                    assert {k: read[k] for k in expected} == expected
+
+
+def _systemd_argv(unit_text: str, tmp_path: Path, stub: str) -> list[str]:
+    """ExecStart= as systemd 252 parses it (its debug dump of the loaded unit)."""
+    from test_rendered_validity import systemd_root
+
+    root = systemd_root(tmp_path / "root", [stub])
+    (root / "etc/systemd/system/probe.service").write_text(unit_text)
+    out = subprocess.run(["systemd-analyze", f"--root={root}", "verify", "/etc/systemd/system/probe.service"],
+                         capture_output=True, text=True, env={**os.environ, "SYSTEMD_LOG_LEVEL": "debug"})
+    lines = [l.strip() for l in (out.stdout + out.stderr).splitlines() if l.strip().startswith("Command Line:")]
+    assert lines, out.stderr[-2000:]
+    # The dump re-quotes each argument shell-style (bash splits it back); $ is still unexpanded
+    # there ("$$" becomes "$" when systemd expands variables at exec).
+    split = subprocess.run(["bash", "-c", "printf '%s\\0' " + lines[0].split(":", 1)[1]], capture_output=True, text=True, check=True)
+    return [a.replace("$$", "$") for a in split.stdout.split("\0")[:-1]]
+
+
+@pytest.mark.skipif(not shutil.which("systemd-analyze"), reason="systemd-analyze not installed")
+def test_systemd_reads_the_command_line_back_unchanged(tmp_path):
+    r = resolved_of("rtx3090-qwen7b-awq-realtime")
+    r["model"]["served_name"] = "my model 100%"
+    r["engine"]["speculative"] = {"method": "ngram", "num_speculative_tokens": 4}
+    r["engine"]["extra_args"] = ["--chat-template", "{{ '$x' }}\\n\"q\"", "--seed", "7;"]
+    argv = command.vllm_argv(r)
+    unit = "[Service]\nExecStart=" + render.systemd_command(argv) + "\n"
+    assert _systemd_argv(unit, tmp_path, argv[0]) == argv
+
+
+# ---------------------------------------------------------------------------------------------
+# Files and their placement
+
+
+def test_targets_without_inventory():
+    assert sorted(render.render(resolved_of("lab-tiny"))) == ["client", "proxy", "server"]
+    assert sorted(render.render(resolved_of("2node-ray-pp2"))) == ["client", "proxy", "ray-head", "ray-worker", "server"]
+    assert sorted(render.render(_native(resolved_of("2node-ray-pp2")))) == ["client", "proxy", "server", "worker"]
+
+
+def test_modes_and_owners():
+    out = render.render(resolved_of("lab-tiny"))
+    srv = out["server"]
+    assert (srv["/etc/vllm-fleet/lab-tiny/secrets.env"].mode, srv["/etc/vllm-fleet/lab-tiny/secrets.env"].owner) == (0o600, "root")
+    assert srv["/etc/vllm-fleet/lab-tiny/vllm.env"].mode == 0o640 and srv["/etc/vllm-fleet/lab-tiny/vllm.env"].group == "vllm"
+    assert srv["/etc/systemd/system/vllm.service"].mode == 0o644
+    assert out["proxy"]["/etc/nginx/vllm-fleet/lab-tiny-auth.conf"].mode == 0o600
+    with pytest.raises(Exception):
+        srv["/etc/systemd/system/vllm.service"].mode = 0o777  # frozen
+
+
+def test_unit_runs_the_rendered_command_as_the_service_user():
+    r = resolved_of("lab-tiny")
+    unit = render.render(r)["server"]["/etc/systemd/system/vllm.service"].content
+    assert f"ExecStart={render.systemd_command(command.vllm_argv(r))}" in unit.splitlines()
+    for line in ("User=vllm", "Group=vllm", "EnvironmentFile=/etc/vllm-fleet/lab-tiny/secrets.env", "Restart=on-failure",
+                 "TimeoutStartSec=900", "ProtectSystem=strict", "ReadWritePaths=/var/lib/vllm-fleet/lab-tiny", "NoNewPrivileges=yes"):
+        assert line in unit.splitlines()
+    assert "MemoryDenyWriteExecute=" not in unit  # torch JIT and Triton write code
+
+
+def test_gpu_units_leave_devices_open():
+    """ProtectClock/PrivateDevices/DeviceAllow would build a device allow-list without /dev/nvidia*."""
+    for stem in ("rtx3090-qwen7b-awq-realtime", "2node-ray-pp2"):
+        for files in render.render(resolved_of(stem)).values():
+            for path, f in files.items():
+                if path.endswith(".service"):
+                    for bad in ("ProtectClock=", "PrivateDevices=", "DeviceAllow=", "DevicePolicy="):
+                        assert bad not in f.content, (path, bad)
+
+
+def test_two_node_ray_with_inventory():
+    out = render.render(resolved_of("2node-ray-pp2"), copy.deepcopy(INVENTORY_2NODE))
+    assert sorted(out) == ["client", "edge", "gpu-a", "gpu-b"]
+    a, b, edge = out["gpu-a"], out["gpu-b"], out["edge"]
+    assert {"/etc/systemd/system/vllm.service", "/etc/systemd/system/ray-head.service"} <= set(a)
+    assert "/etc/systemd/system/vllm.service" not in b and "/etc/systemd/system/ray-worker.service" in b
+    assert "/etc/vllm-fleet/llama70b-2node/secrets.env" not in b  # only where the API is served
+    assert "VLLM_HOST_IP=10.10.0.12" in b["/etc/vllm-fleet/llama70b-2node/node.env"].content.splitlines()
+    assert "VLLM_HOST_IP=10.10.0.11" in a["/etc/vllm-fleet/llama70b-2node/node.env"].content.splitlines()
+    assert "GLOO_SOCKET_IFNAME=eth1" in b["/etc/vllm-fleet/llama70b-2node/node.env"].content.splitlines()
+    worker_unit = b["/etc/systemd/system/ray-worker.service"].content
+    assert "--address 10.10.0.11:6379" in worker_unit and "--node-ip-address ${NODE_IP}" in worker_unit
+    assert "EnvironmentFile=/etc/vllm-fleet/llama70b-2node/node.env" in worker_unit.splitlines()
+    vllm_unit = a["/etc/systemd/system/vllm.service"].content
+    assert "Requires=ray-head.service" in vllm_unit.splitlines()
+    pre = [l for l in vllm_unit.splitlines() if l.startswith("ExecStartPre=")]
+    assert len(pre) == 1 and "--nodes 2 --gpus 4" in pre[0] and "--expect 10.10.0.11 --expect 10.10.0.12" in pre[0]
+    site = edge["/etc/nginx/conf.d/vllm-fleet-llama70b-2node.conf"].content
+    assert "server 10.10.0.11:8000;" in site  # nginx on its own host reaches the head over the network
+    assert json.loads(out["client"]["~/.config/vllm-fleet/llama70b-2node/openai.json"].content)["base_url"] == "http://10.10.0.5/v1"
+
+
+def test_inventory_mistakes_are_reported():
+    r = resolved_of("2node-ray-pp2")
+    bad_head = copy.deepcopy(INVENTORY_2NODE)
+    bad_head["gpu-a"]["address"] = "10.10.0.99"
+    with pytest.raises(render.RenderError, match="head_address"):
+        render.render(r, bad_head)
+    one_node = {k: v for k, v in copy.deepcopy(INVENTORY_2NODE).items() if k != "gpu-b"}
+    with pytest.raises(render.RenderError, match="parallel.nodes is 2"):
+        render.render(r, one_node)
+    local_only = {"s": {"address": "10.0.0.2", "groups": ["server"]}, "p": {"address": "10.0.0.3", "groups": ["proxy"]}}
+    with pytest.raises(render.RenderError, match="server.host"):
+        render.render(resolved_of("lab-tiny"), local_only)
+
+
+def test_proxy_same_host_uses_loopback_and_tls_changes_scheme():
+    r = resolved_of("lab-tiny")
+    r["proxy"]["tls"]["enabled"] = True
+    r["proxy"]["listen"] = 443
+    inv = {"lab1": {"address": "10.10.0.11", "groups": ["server", "proxy"], "data": {}}}
+    out = render.render(r, inv)
+    site = out["lab1"]["/etc/nginx/conf.d/vllm-fleet-lab-tiny.conf"].content
+    assert "server 127.0.0.1:8000;" in site and "listen 443 ssl default_server;" in site
+    assert "ssl_certificate /etc/nginx/vllm-fleet/lab-tiny.crt;" in site
+    assert json.loads(out["client"]["~/.config/vllm-fleet/lab-tiny/openai.json"].content)["base_url"] == "https://10.10.0.11/v1"
+
+
+# ---------------------------------------------------------------------------------------------
+# Secrets
+
+
+def test_no_rendered_file_contains_the_secret(tmp_path):
+    key = "sk-" + secrets.token_urlsafe(32)
+    key_file = tmp_path / "api.key"
+    key_file.write_text(key + "\n")
+    os.chmod(key_file, 0o600)
+    for case, stem, inv in _golden_cases():
+        r = resolved_of(stem)
+        r["server"]["api_key"] = {"file": str(key_file)}
+        assert key not in " ".join(command.vllm_argv(r))
+        for target, files in render.render(r, copy.deepcopy(inv)).items():
+            for path, f in files.items():
+                assert key not in f.content, f"{case}: {target}:{path} contains the API key"
+                assert key[3:20] not in f.content
+    # where the value does go: only through the two deploy-time functions
+    r = resolved_of("lab-tiny")
+    assert f"VLLM_API_KEY={key}" in render.secrets_env_content(r, key).splitlines()
+    assert f'"Bearer {key}" 1;' in render.nginx_auth_content(r, key)
+    with pytest.raises(render.RenderError):
+        render.nginx_auth_content(r, 'bad" key')
+
+
+# ---------------------------------------------------------------------------------------------
+# The Ray cluster wait (ExecStartPre of vllm.service on a Ray head), against a stand-in `ray`
+
+FAKE_RAY = '''
+import json, os
+def init(**kw):
+    if os.environ.get("FAKE_RAY_DOWN"):
+        raise ConnectionError("head not reachable")
+def shutdown():
+    pass
+def nodes():
+    return json.loads(os.environ["FAKE_RAY_NODES"])
+'''
+
+
+def _wait(tmp_path, nodes, *args, down=False):
+    r = resolved_of("2node-ray-pp2")
+    script = render.render(r, copy.deepcopy(INVENTORY_2NODE))["gpu-a"]["/opt/vllm-fleet/llama70b-2node/bin/wait-ray-cluster"]
+    assert script.mode == 0o755
+    (tmp_path / "wait").write_text(script.content)
+    (tmp_path / "ray.py").write_text(FAKE_RAY)
+    env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(tmp_path), "FAKE_RAY_NODES": json.dumps(nodes)}
+    if down:
+        env["FAKE_RAY_DOWN"] = "1"
+    return subprocess.run(["python3", str(tmp_path / "wait"), "--address", "10.10.0.11:6379", *args, "--interval", "0.05"],
+                          capture_output=True, text=True, env=env, timeout=30)
+
+
+def test_wait_ray_cluster_ready_and_timeout(tmp_path):
+    a = {"Alive": True, "NodeManagerAddress": "10.10.0.11", "Resources": {"GPU": 2.0, "CPU": 32.0}}
+    b = {"Alive": True, "NodeManagerAddress": "10.10.0.12", "Resources": {"GPU": 2.0}}
+    args = ["--nodes", "2", "--gpus", "4", "--expect", "10.10.0.11", "--expect", "10.10.0.12", "--timeout", "0.3"]
+    ok = _wait(tmp_path, [a, b], *args)
+    assert ok.returncode == 0 and "ready: 2 node(s)" in ok.stdout
+    dead_b = _wait(tmp_path, [a, {**b, "Alive": False}], *args)
+    assert dead_b.returncode == 1
+    assert "missing node(s): 10.10.0.12" in dead_b.stderr and "nodes: 1 of 2" in dead_b.stderr
+    few_gpus = _wait(tmp_path, [a, {**b, "Resources": {"GPU": 0}}], *args)
+    assert few_gpus.returncode == 1 and "GPUs: 2 of 4" in few_gpus.stderr
+    down = _wait(tmp_path, [], *args, down=True)
+    assert down.returncode == 1 and "head not reachable" in down.stderr
