@@ -25,13 +25,14 @@ is_proxy = "proxy" in groups and spec["proxy"]["enabled"]
 
 if is_server:
     from roles.model import install_model
-    from roles.nvidia import install_nvidia
-    from roles.pyenv import install_pyenv
+    from roles.nvidia import nvidia
+    from roles.pyenv import pyenv, service_dirs
     from roles.service import install_service
     from roles.vllm import install_vllm
 
-    install_nvidia(spec=spec)
-    install_pyenv(spec=spec)
+    nvidia(spec=spec)
+    service_dirs(spec=spec)
+    pyenv(spec=spec)
     vllm_changed = install_vllm(spec=spec)
     model_changed = install_model(spec=spec, hub_token=ctx["secrets"]["hub_token"])
     install_service(spec=spec, rendered=rendered, api_key=ctx["secrets"]["api_key"],

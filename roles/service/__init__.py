@@ -11,7 +11,7 @@ from typing import Any
 
 from pyinfra import host
 from pyinfra.api import deploy
-from pyinfra.operations import files, python, server, systemd
+from pyinfra.operations import python, systemd
 from pyinfra.operations.util import any_changed
 
 from roles.common import put_rendered, secret_file
@@ -65,13 +65,8 @@ def install_service(spec: dict[str, Any], rendered: dict[str, Any], api_key: str
                         restart_on=[vllm_op, model_op])
     """
     ins, srv = spec["install"], spec["server"]
-    user = srv["user"]
-    server.group(name=f"System group {user}", group=user, system=True)
-    server.user(name=f"System user {user}", user=user, group=user, system=True, home=ins["state_dir"],
-                shell="/usr/sbin/nologin", create_home=False)
-    files.directory(name="Config directory", path=ins["config_dir"], user="root", group=user, mode="750")
-    files.directory(name="State directory", path=ins["state_dir"], user=user, group=user, mode="750")
-
+    # The system user and directories come from roles.pyenv.service_dirs, which deploys/serve.py
+    # runs first (the model role needs them too).
     unit_paths = [p for p in rendered if p.startswith("/etc/systemd/system/") and p.endswith(UNIT)]
     other = [p for p in rendered if p.startswith(ins["config_dir"] + "/") and not p.endswith("/secrets.env")]
     extra = [p for p in rendered if p.startswith(ins["prefix"] + "/bin/")]
