@@ -652,7 +652,7 @@ def wait_ready(cfg: LabConfig, st: dict, timeout: float) -> dict[str, str]:
             left = deadline - time.monotonic()
             if left <= 0:
                 return "unreachable"
-            state = host_running_state(cfg, h["name"], h["address"], timeout=max(3, min(left, 60)), wait=True)
+            state = host_running_state(cfg, h["name"], h["address"], timeout=max(1, min(left, 60)), wait=True)
             if state in ("running", "degraded"):
                 return state
             sup, ns = host_pids(cfg, h["name"])
@@ -666,7 +666,7 @@ def wait_ready(cfg: LabConfig, st: dict, timeout: float) -> dict[str, str]:
     if bad:
         msgs = []
         for n, s in bad.items():
-            what = "its supervisor exited" if s == "died" else f"no SSH answer within {timeout:.0f} s"
+            what = "its supervisor exited" if s == "died" else f"no SSH answer within {timeout:g} s"
             msgs.append(f"host {n} never answered ({what}); console log tail "
                         f"({cfg.host_dir(n) / 'console.log'}):\n{tail(cfg.host_dir(n) / 'console.log')}")
         raise LabError("\n\n".join(msgs) + "\n\n(the lab is left as is for inspection: "
