@@ -1,0 +1,191 @@
+"""The model role: the weights at ``model.path`` on every server host, in one of three ways.
+
+Deploy function
+    ``install_model(spec, hub_token=None)``: ``spec`` is the resolved spec dict
+    (``vllm_fleet.spec.load_and_check``); ``hub_token`` the token's value (read on the control
+    machine from ``model.hub_token``), or None. Reads ``model.{transfer, local_dir, source,
+    revision, path}``, ``server.user``, ``install.{prefix, config_dir}``; host data in
+    ``defaults.DEFAULTS``. Returns the operations whose change must restart vLLM.
+
+``model.transfer``
+    - ``upload``: ``model.local_dir`` on the control machine -> ``model.path``. Every file's
+      sha256 is computed locally into ``MANIFEST.sha256`` (sha256sum format); each file is put
+      with ``files.put`` (which uploads only files whose checksum differs), owned by
+      ``server.user``, mode 644 (dirs 755); files on the host that are not in the manifest are
+      removed (a stale shard would be loaded by vLLM); the manifest goes last. Only when
+      something changed: ``sha256sum --strict -c MANIFEST.sha256`` runs on the host as the
+      service user (so it also proves the files are readable by it); on a mismatch the manifest
+      is removed and the host fails.
+    - ``hub``: ``huggingface_hub.snapshot_download(source, revision=..., local_dir=model.path)``
+      with the env's python (vLLM brings huggingface_hub). The token, when given, is written to
+      ``{config_dir}/hub-token`` (root:root 0600, never shown) and only its path is on the
+      command line. Skipped when ``model.path/.vllm-fleet-hub`` already says
+      ``<source>@<revision>``. Then the tree is chowned to the service user.
+    - ``none``: the weights must already be at ``model.path``: a plan-time check that
+      ``model.path/config.json`` exists; ``ModelMissing`` (names the host) otherwise.
+
+Example (deploys/serve.py)::
+
+    from roles.model import install_model
+
+    model_changed = install_model(spec=spec, hub_token=ctx["secrets"]["hub_token"])
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shlex
+from io import StringIO
+from pathlib import Path
+from typing import Any
+
+from pyinfra import host
+from pyinfra.api import deploy
+from pyinfra.api.exceptions import DeployError
+from pyinfra.facts.files import File, FileContents, FindFiles
+from pyinfra.operations import files, server
+from pyinfra.operations.util import any_changed
+
+from roles.common import secret_file
+
+from . import defaults as d
+from .defaults import DEFAULTS
+
+__all__ = ["install_model", "local_manifest", "manifest_text", "ModelMissing", "DEFAULTS"]
+
+
+class ModelMissing(DeployError):
+    """``transfer: none`` and the host has no model at ``model.path`` (the message names the host)."""
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def local_manifest(local_dir: str | Path) -> list[tuple[str, str]]:
+    """``[(relative posix path, sha256)]`` of every file under local_dir, sorted (the manifest
+    itself and the hub marker excluded)."""
+    root = Path(local_dir).expanduser()
+    if not root.is_dir():
+        raise DeployError(f"model.source: {root} is not a directory on this machine "
+                          "(for the lab: `vllm-fleet tiny-model`)")
+    out = []
+    for p in sorted(root.rglob("*")):
+        rel = p.relative_to(root).as_posix()
+        if p.is_file() and rel not in (d.MANIFEST, d.HUB_MARKER):
+            out.append((rel, _sha256(p)))
+    return out
+
+
+def manifest_text(entries: list[tuple[str, str]]) -> str:
+    return "".join(f"{sha}  {rel}\n" for rel, sha in entries)
+
+
+def _env_python(spec: dict) -> str:
+    return f"{spec['install']['prefix'].rstrip('/')}/env/bin/python"
+
+
+def _upload(spec: dict) -> list:
+    m, user = spec["model"], spec["server"]["user"]
+    root = m["path"].rstrip("/")
+    local = Path(m["local_dir"]).expanduser()
+    entries = local_manifest(local)
+    fmode, dmode = host.data.get("model_file_mode"), host.data.get("model_dir_mode")
+
+    ops = [files.directory(name=f"Model directory {root}", path=root, user=user, group=user, mode=dmode)]
+    subdirs = sorted({str(Path(rel).parent) for rel, _ in entries} - {"."})
+    for sub in subdirs:
+        ops.append(files.directory(name=f"Model directory {root}/{sub}", path=f"{root}/{sub}",
+                                   user=user, group=user, mode=dmode))
+    wanted = {f"{root}/{rel}" for rel, _ in entries} | {f"{root}/{d.MANIFEST}"}
+    for stale in sorted(set(host.get_fact(FindFiles, path=root) or []) - wanted):
+        ops.append(files.file(name=f"Remove {stale} (not in the manifest)", path=stale, present=False))
+    for rel, _ in entries:
+        ops.append(files.put(name=f"Model file {rel}", src=str(local / rel), dest=f"{root}/{rel}",
+                             user=user, group=user, mode=fmode, add_deploy_dir=False))
+    ops.append(files.put(name=f"Model manifest {d.MANIFEST}", src=StringIO(manifest_text(entries)),
+                         dest=f"{root}/{d.MANIFEST}", user=user, group=user, mode=fmode))
+    check = (f"cd {shlex.quote(root)} && "
+             f"runuser -u {shlex.quote(user)} -- sha256sum --quiet --strict -c {d.MANIFEST} "
+             f"|| {{ rm -f {d.MANIFEST}; echo 'model upload: checksum mismatch on the host' >&2; exit 1; }}")
+    server.shell(name=f"Verify the model against {d.MANIFEST} (as {user})", commands=[check],
+                 _if=any_changed(*ops))
+    return ops
+
+
+_HUB_DOWNLOAD = """import os, pathlib, sys
+repo, revision, dest, marker, token_file = sys.argv[1:6]
+token = pathlib.Path(token_file).read_text().strip() if token_file else None
+from huggingface_hub import snapshot_download
+snapshot_download(repo_id=repo, revision=revision, local_dir=dest, token=token)
+pathlib.Path(dest, marker).write_text(f"{repo}@{revision}\\n")
+"""
+
+
+def _hub(spec: dict, hub_token: str | None) -> list:
+    m, ins, user = spec["model"], spec["install"], spec["server"]["user"]
+    root = m["path"].rstrip("/")
+    revision = m.get("revision") or "main"
+    want = f"{m['source']}@{revision}"
+    token_path = ""
+    ops = []
+    if hub_token:
+        token_path = f"{ins['config_dir'].rstrip('/')}/{d.HUB_TOKEN_FILE}"
+        ops.append(secret_file(name="Hub token (0600 root)", path=token_path, content=hub_token + "\n"))
+    have = host.get_fact(FileContents, path=f"{root}/{d.HUB_MARKER}")
+    if have and have[0].strip() == want:
+        host.noop(f"model {want} already at {root}")
+        return []
+    env = {"HF_HUB_OFFLINE": "0", "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+           "HF_HUB_DISABLE_TELEMETRY": "1", **(host.data.get("model_hub_env") or {})}
+    argv = ["env", *(f"{k}={v}" for k, v in sorted(env.items())), _env_python(spec), "-c",
+            _HUB_DOWNLOAD, m["source"], revision, root, d.HUB_MARKER, token_path]
+    q = " ".join(shlex.quote(a) for a in argv)
+    op = server.shell(name=f"Download {want} from the hub into {root}", commands=[
+        f"mkdir -p {shlex.quote(root)}",
+        q,
+        f"chown -R {shlex.quote(user)}:{shlex.quote(user)} {shlex.quote(root)}",
+        f"chmod -R u+rwX,go+rX {shlex.quote(root)}",
+    ])
+    return [op]
+
+
+def _none(spec: dict) -> list:
+    root = spec["model"]["path"].rstrip("/")
+    if not host.get_fact(File, path=f"{root}/config.json"):
+        raise ModelMissing(
+            f"host {host.name}: model.transfer is none but {root}/config.json does not exist. "
+            f"Put the weights at {root} on this host, or set model.transfer: upload (with "
+            "model.source a local directory) or hub (with model.source a hub id and model.revision).")
+    host.noop(f"model present at {root} (transfer: none)")
+    return []
+
+
+@deploy("Model weights", data_defaults=DEFAULTS)
+def install_model(spec: dict[str, Any], hub_token: str | None = None) -> list:
+    """
+    Put the model's weights at ``model.path`` (upload with checksums, hub download, or check).
+
+    + spec: the resolved deployment spec
+    + hub_token: the hub token's value for gated models (written 0600, never on a command line)
+
+    Returns the operations whose change must restart vLLM.
+
+    **Example:**
+
+    .. code:: python
+
+        model_changed = install_model(spec=spec, hub_token=None)
+    """
+    transfer = spec["model"]["transfer"]
+    if transfer == "upload":
+        return _upload(spec)
+    if transfer == "hub":
+        return _hub(spec, hub_token)
+    if transfer == "none":
+        return _none(spec)
+    raise DeployError(f"model.transfer: {transfer!r} is not resolved (expected upload, hub or none)")

@@ -1,0 +1,25 @@
+"""Every user-facing default of the model role, in one place (documented in README.md).
+
+Where the weights come from and go (model.source / transfer / revision / path / hub_token) is in
+the spec; the values here are fixed names and host data (``@deploy`` data_defaults).
+"""
+
+# Written into model.path: one `<sha256>  <relative path>` line per file (sha256sum's format),
+# computed on the control machine; `sha256sum -c` on the host checks the upload against it.
+MANIFEST = "MANIFEST.sha256"
+
+# Written into model.path after a hub download: `<source>@<revision>`; a later deploy with the
+# same source and revision downloads nothing.
+HUB_MARKER = ".vllm-fleet-hub"
+
+# The hub token's file on the host (under install.config_dir), root:root 0600; its path, never
+# its value, is passed to the download command.
+HUB_TOKEN_FILE = "hub-token"
+
+DEFAULTS = {
+    # Mode of uploaded model files and directories (the service user owns them; others may read).
+    "model_file_mode": "644",
+    "model_dir_mode": "755",
+    # Extra environment for the hub download only (e.g. {"HF_ENDPOINT": "<a mirror>"}).
+    "model_hub_env": {},
+}
