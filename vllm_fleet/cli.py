@@ -137,11 +137,13 @@ def cmd_render(args: argparse.Namespace) -> int:
     manifest = []
     for target, files in sorted(targets.items()):
         for path, f in sorted(files.items()):
-            dest = out / target / path.lstrip("/")
+            # Control-machine files (the client target) live under ~: write them under HOME/.
+            rel = "HOME/" + path[2:] if path.startswith("~/") else path.lstrip("/")
+            dest = out / target / rel
             dest.parent.mkdir(parents=True, exist_ok=True)
             dest.write_text(f.content)
             os.chmod(dest, f.mode)
-            manifest.append(f"{oct(f.mode)[2:]:>4} {f.owner}:{f.group} {target}{path}")
+            manifest.append(f"{oct(f.mode)[2:]:>4} {(f.owner + ':' + f.group) if f.owner else 'you':<10} {target}/{rel}")
             count += 1
     (out / "MANIFEST").write_text("\n".join(manifest) + "\n")
     print(f"rendered {count} file(s) for {len(targets)} target(s) into {out}/ (modes and owners in {out}/MANIFEST)")

@@ -306,8 +306,11 @@ def _layout(resolved: dict[str, Any], inventory: dict[str, dict[str, Any]] | Non
             if ray_multi:
                 w.roles.discard("worker")
                 w.roles.add("ray-worker")
-    elif workers:
-        raise RenderError(f"inventory: hosts in a workers group ({', '.join(n.target for n in workers)}) but parallel.nodes is 1: remove them or set parallel.nodes")
+    else:
+        # A single-node spec leaves hosts that are only in a workers group alone (an inventory,
+        # such as the lab's, may list workers for other, multi-node deployments).
+        for w in workers:
+            w.roles.discard("worker")
     if proxy_on and not any("proxy" in n.roles for n in out):
         for s in servers:  # no proxy group: nginx runs on each server host
             s.roles.add("proxy")

@@ -42,15 +42,16 @@ def install_nginx(spec: dict[str, Any], rendered: dict[str, Any], api_key: str |
     changed = []
     if host.data.get("nginx_remove_default_site"):
         changed.append(files.link(name="Remove the default site", path="/etc/nginx/sites-enabled/default", present=False))
-    site_paths = [p for p in rendered if p.startswith("/etc/nginx/") and not p.endswith("-auth.conf") and not p.endswith((".key", ".crt"))]
+    secret_paths = {render.paths(spec)[k] for k in ("nginx_auth", "tls_certificate", "tls_certificate_key")}
+    site_paths = [p for p in rendered if p.startswith("/etc/nginx/") and p not in secret_paths]
     put = put_rendered(rendered, site_paths)
     changed += put.values()
-    auth_path = render.nginx_auth_path(spec)
-    changed.append(secret_file(name="nginx auth include (0600, never shown)", path=auth_path,
-                               content=render.nginx_auth_conf(spec, api_key)))
+    paths = render.paths(spec)
+    changed.append(secret_file(name="nginx auth include (0600, never shown)", path=paths["nginx_auth"],
+                               content=render.nginx_auth_content(spec, api_key)))
     tls = prx["tls"]
     if tls["enabled"]:
-        crt, key = render.nginx_tls_paths(spec)
+        crt, key = paths["tls_certificate"], paths["tls_certificate_key"]
         if tls["self_signed"]:
             if not host.get_fact(File, path=crt):
                 changed.append(server.shell(

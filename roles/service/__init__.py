@@ -15,6 +15,7 @@ from pyinfra.operations import python, systemd
 from pyinfra.operations.util import any_changed
 
 from roles.common import put_rendered, secret_file
+from vllm_fleet import render
 
 from .defaults import DEFAULTS
 
@@ -71,8 +72,8 @@ def install_service(spec: dict[str, Any], rendered: dict[str, Any], api_key: str
     other = [p for p in rendered if p.startswith(ins["config_dir"] + "/") and not p.endswith("/secrets.env")]
     extra = [p for p in rendered if p.startswith(ins["prefix"] + "/bin/")]
     put = put_rendered(rendered, unit_paths + other + extra)
-    secrets_op = secret_file(name="API key (0600, never shown)", path=f"{ins['config_dir']}/secrets.env",
-                             content=f"VLLM_API_KEY={api_key}\n" if api_key else "# no API key configured\n")
+    secrets_op = secret_file(name="API key (0600, never shown)", path=render.paths(spec)["secrets_env"],
+                             content=render.secrets_env_content(spec, api_key) if api_key else "# no API key configured\n")
     unit_ops = [put[p] for p in unit_paths]
     relevant = [*put.values(), secrets_op, *(restart_on or [])]
 

@@ -41,6 +41,7 @@ def _nspawn_hosts() -> tuple[list[tuple[str, dict]], str]:
         hosts.append((h["name"], {
             "ssh_hostname": h["address"],
             "ssh_user": st["ssh_user"],
+            "_sudo": True,  # the lab user has passwordless sudo; operations need root
             "ssh_key": st["ssh_key"],
             "ssh_known_hosts_file": st["known_hosts"],
             "ssh_strict_host_key_checking": "yes",
@@ -60,6 +61,7 @@ def _vagrant_hosts() -> tuple[list[tuple[str, dict]], str]:
         hosts.append((f"lab{i}", {
             "ssh_hostname": addr,
             "ssh_user": "lab",
+            "_sudo": True,
             "ssh_key": str(key),
             "ssh_strict_host_key_checking": "no",  # VMs are recreated with new host keys
             "ssh_known_hosts_file": "/dev/null",
