@@ -155,7 +155,11 @@ def build(out_dir: str | os.PathLike = DEFAULT_OUT, seed: int = 0, python: str |
 
 
 def tiny_model_main(out: str | None = None, seed: int = 0) -> int:
-    path = build(out or DEFAULT_OUT, seed=seed)
+    try:
+        path = build(out or DEFAULT_OUT, seed=seed)
+    except (RuntimeError, subprocess.CalledProcessError) as exc:
+        print(f"vllm-fleet tiny-model: {exc}", file=sys.stderr)
+        return 1
     print(path)
     return 0
 
