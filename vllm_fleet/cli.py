@@ -131,7 +131,11 @@ def cmd_render(args: argparse.Namespace) -> int:
             return 1
     resolved, problems = _load(args.spec)
     _print_problems(problems, args.spec)
-    targets = render.render(resolved, inventory)
+    try:
+        targets = render.render(resolved, inventory)
+    except render.RenderError as exc:
+        print(f"{args.spec}: error: {exc}", file=sys.stderr)
+        return 1
     out = Path(args.out)
     count = 0
     manifest = []
@@ -143,7 +147,7 @@ def cmd_render(args: argparse.Namespace) -> int:
             dest.parent.mkdir(parents=True, exist_ok=True)
             dest.write_text(f.content)
             os.chmod(dest, f.mode)
-            manifest.append(f"{oct(f.mode)[2:]:>4} {(f.owner + ':' + f.group) if f.owner else 'you':<10} {target}/{rel}")
+            manifest.append(f"{oct(f.mode)[2:]:>4} {(f.owner + ':' + f.group) if f.owner else '-':<10} {target}/{rel}")
             count += 1
     (out / "MANIFEST").write_text("\n".join(manifest) + "\n")
     print(f"rendered {count} file(s) for {len(targets)} target(s) into {out}/ (modes and owners in {out}/MANIFEST)")

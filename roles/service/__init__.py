@@ -11,11 +11,11 @@ from typing import Any
 
 from pyinfra import host
 from pyinfra.api import deploy
-from pyinfra.operations import python, systemd
+from pyinfra.operations import files, python, systemd
 from pyinfra.operations.util import any_changed
 
 from roles.common import put_rendered, secret_file
-from vllm_fleet import render
+from vllm_fleet import command, render
 
 from .defaults import DEFAULTS
 
@@ -68,6 +68,15 @@ def install_service(spec: dict[str, Any], rendered: dict[str, Any], api_key: str
     ins, srv = spec["install"], spec["server"]
     # The system user and directories come from roles.pyenv.service_dirs, which deploys/serve.py
     # runs first (the model role needs them too).
+    # Cache and temp directories the unit's environment names (ReadWritePaths must exist).
+    state_dir = ins["state_dir"]
+    for d in sorted({v for v in command.vllm_env(spec).values() if v.startswith(state_dir + "/")}):
+        files.directory(name=f"Directory {d}", path=d, user=srv["user"], group=srv["user"], mode="750")
+    if spec["parallel"]["backend"] == "ray" and spec["parallel"]["nodes"] > 1:
+        files.directory(name="Ray temp directory", path=render.paths(spec)["ray_tmpdir"], user=srv["user"], group=srv["user"], mode="750")
+    if any(p.startswith(ins["prefix"] + "/bin/") for p in rendered):
+        files.directory(name="Helper scripts directory", path=f"{ins['prefix']}/bin", user="root", group="root", mode="755")
+
     unit_paths = [p for p in rendered if p.startswith("/etc/systemd/system/") and p.endswith(UNIT)]
     other = [p for p in rendered if p.startswith(ins["config_dir"] + "/") and not p.endswith("/secrets.env")]
     extra = [p for p in rendered if p.startswith(ins["prefix"] + "/bin/")]
