@@ -15,7 +15,8 @@ Deploy function
       removed (a stale shard would be loaded by vLLM); the manifest goes last. Only when
       something changed: ``sha256sum --strict -c MANIFEST.sha256`` runs on the host as the
       service user (so it also proves the files are readable by it); on a mismatch the manifest
-      is removed and the host fails.
+      is removed and the host fails. (Whether anything changes is known while the plan is
+      built, from the same facts ``files.put`` uses: a converged host gets no operation.)
     - ``hub``: ``huggingface_hub.snapshot_download(source, revision=..., local_dir=model.path)``
       with the env's python (vLLM brings huggingface_hub). The token, when given, is written to
       ``{config_dir}/hub-token`` (root:root 0600, never shown) and only its path is on the
@@ -44,7 +45,6 @@ from pyinfra.api import deploy
 from pyinfra.api.exceptions import DeployError
 from pyinfra.facts.files import File, FileContents, FindFiles
 from pyinfra.operations import files, server
-from pyinfra.operations.util import any_changed
 
 from roles.common import secret_file
 
@@ -112,8 +112,11 @@ def _upload(spec: dict) -> list:
     check = (f"cd {shlex.quote(root)} && "
              f"runuser -u {shlex.quote(user)} -- sha256sum --quiet --strict -c {d.MANIFEST} "
              f"|| {{ rm -f {d.MANIFEST}; echo 'model upload: checksum mismatch on the host' >&2; exit 1; }}")
-    server.shell(name=f"Verify the model against {d.MANIFEST} (as {user})", commands=[check],
-                 _if=any_changed(*ops))
+    # Decided while the plan is built (will_change runs each operation's checks now), not with
+    # _if: a converged host then has no operation at all, and a `--dry --json` plan shows none
+    # (an _if-guarded operation is always listed as a conditional change there).
+    if any(op.will_change for op in ops):
+        server.shell(name=f"Verify the model against {d.MANIFEST} (as {user})", commands=[check])
     return ops
 
 

