@@ -358,7 +358,7 @@ def test_no_rendered_file_contains_the_secret(tmp_path):
     # where the value does go: only through the two deploy-time functions
     r = resolved_of("lab-tiny")
     assert f"VLLM_API_KEY={key}" in render.secrets_env_content(r, key).splitlines()
-    assert f'"Bearer {key}" 1;' in render.nginx_auth_content(r, key)
+    assert f'"~^Bearer {re.escape(key)}$" 1;' in render.nginx_auth_content(r, key)
     with pytest.raises(render.RenderError):
         render.nginx_auth_content(r, 'bad" key')
 

@@ -15,6 +15,7 @@ import http.server
 import json
 import os
 import re
+import secrets
 import shutil
 import socket
 import subprocess
@@ -254,7 +255,9 @@ def test_nginx_site_behaviour(tmp_path):
     r["server"]["port"] = upstream_port
     r["proxy"]["metrics_allow"] = ["10.99.0.0/24"]  # not the test client (127.0.0.1)
     files = render.render(r)["proxy"]
-    key = "sk-behaviour_test-key"
+    # As long as a generated key (sk- + 43 chars): a hashed map entry this long overflowed
+    # nginx's default map_hash_bucket_size on a real host.
+    key = "sk-" + secrets.token_urlsafe(32)
     site = files["/etc/nginx/conf.d/vllm-fleet-lab-tiny.conf"].content
     prefix = _nginx_prefix(tmp_path, site, render.nginx_auth_content(r, key), port=listen)
 

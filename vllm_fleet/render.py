@@ -226,6 +226,7 @@ def nginx_auth_content(resolved: dict[str, Any], api_key: str | None) -> str:
         name=resolved["name"],
         auth_var=_auth_var(resolved),
         key=None if api_key is None else _check_key(api_key),
+        key_regex=None if api_key is None else re.escape(_check_key(api_key)),
         secret_ref=_describe_secret(resolved["server"].get("api_key")),
     )
 

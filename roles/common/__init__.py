@@ -109,7 +109,9 @@ def secret_file(path: str, content: str, user: str = "root", group: str = "root"
     remote = host.get_fact(File, path=path)
     have = host.get_fact(Sha256File, path=path) if remote else None
     if have != want:
-        yield StringCommand("install", "-d", "-m", "755", os.path.dirname(path))
+        parent = os.path.dirname(path)
+        # Create the directory private if it is missing; never loosen an existing one.
+        yield StringCommand("test", "-d", parent, "||", "install", "-d", "-m", "700", parent)
         tmp = f"{path}.tmp-vllm-fleet"
         # Create the temp file with the final mode before the content lands in it.
         yield StringCommand("install", "-m", "600", "/dev/null", tmp)
@@ -117,7 +119,8 @@ def secret_file(path: str, content: str, user: str = "root", group: str = "root"
         yield StringCommand("chown", f"{user}:{group}", tmp)
         yield StringCommand("chmod", mode, tmp)
         yield StringCommand("mv", "-f", tmp, path)  # atomic: never a half-written secret
-    elif remote and (remote.get("user") != user or remote.get("group") != group or oct(remote.get("mode", 0))[-3:] != str(mode)[-3:]):
+    # pyinfra's File fact gives the mode as the octal digits read as an int (0600 -> 600).
+    elif remote and (remote.get("user") != user or remote.get("group") != group or int(remote.get("mode") or 0) != int(mode)):
         yield StringCommand("chown", f"{user}:{group}", path)
         yield StringCommand("chmod", mode, path)
 

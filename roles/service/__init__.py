@@ -10,8 +10,9 @@ import time
 from typing import Any
 
 from pyinfra import host
+from pyinfra.facts.server import Command
 from pyinfra.api import deploy
-from pyinfra.operations import files, python, systemd
+from pyinfra.operations import files, python, server, systemd
 from pyinfra.operations.util import any_changed
 
 from roles.common import put_rendered, secret_file
@@ -22,25 +23,36 @@ from .defaults import DEFAULTS
 UNIT = "vllm.service"
 
 
+def _probe(url: str, unit: str) -> tuple[str, str, int]:
+    ok, out = host.run_shell_command(
+        f"curl -s -o /dev/null -w '%{{http_code}}' --max-time 5 {shlex.quote(url)}; echo; "
+        f"systemctl is-active {unit} || true; systemctl show -p NRestarts --value {unit}",
+        _sudo=True,
+    )
+    lines = [line.strip() for line in getattr(out, "stdout_lines", [])] + ["", "", ""]
+    restarts = int(lines[2]) if lines[2].isdigit() else 0
+    return lines[0], lines[1], restarts
+
+
 def _wait_healthy(port: int, deadline: int, interval: float, journal_lines: int, unit: str = UNIT) -> None:
-    """Runs on the host at execute time: poll /health there; fail with the journal tail."""
+    """Runs on the host at execute time: poll /health there until 200.
+
+    Fails early, with the journal tail, when the unit fails or systemd restarts it (a crash
+    while starting repeats on every restart: waiting out the deadline would only hide it).
+    """
     t0 = time.monotonic()
     url = f"http://127.0.0.1:{port}/health"
+    _, _, restarts0 = _probe(url, unit)
     last = ""
     while time.monotonic() - t0 < deadline:
-        ok, out = host.run_shell_command(
-            f"curl -s -o /dev/null -w '%{{http_code}}' --max-time 5 {shlex.quote(url)}; echo; systemctl is-active {unit} || true",
-            _sudo=True,
-        )
-        lines = [line.strip() for line in out.stdout_lines] if hasattr(out, "stdout_lines") else []
-        code = lines[0] if lines else ""
-        state = lines[1] if len(lines) > 1 else ""
+        code, state, restarts = _probe(url, unit)
         if code == "200":
             host.noop(f"{unit} healthy after {time.monotonic() - t0:.0f} s")
             return
-        if state == "failed":
-            break
         last = f"/health -> {code or 'no answer'}, unit {state}"
+        if state == "failed" or restarts > restarts0:
+            last += f", the unit crashed while starting (restarts {restarts0} -> {restarts})"
+            break
         time.sleep(interval)
     _, out = host.run_shell_command(f"journalctl -u {unit} -n {journal_lines} --no-pager -o cat", _sudo=True)
     tail = "\n".join(getattr(out, "stdout_lines", []))
@@ -87,9 +99,15 @@ def install_service(spec: dict[str, Any], rendered: dict[str, Any], api_key: str
     relevant = [*put.values(), secrets_op, *(restart_on or [])]
 
     systemd.daemon_reload(name="systemd daemon-reload", _if=any_changed(*unit_ops))
+    # A unit that hit its start limit (StartLimitBurst) refuses `restart` until reset.
+    # A unit that is failed (e.g. it hit StartLimitBurst in an earlier crash loop) refuses to
+    # start until reset: reset it when it is failed now or when it is about to restart.
+    failed_now = (host.get_fact(Command, f"systemctl is-failed {UNIT} || true") or "").strip() == "failed"
+    server.shell(name=f"Clear {UNIT}'s failed state before (re)starting", commands=[f"systemctl reset-failed {UNIT}"],
+                 _if=(lambda: True) if failed_now else any_changed(*relevant))
     restart = systemd.service(name=f"Restart {UNIT} (its inputs changed)", service=UNIT, running=True, restarted=True,
                               enabled=True, _if=any_changed(*relevant))
-    systemd.service(name=f"{UNIT} running and enabled", service=UNIT, running=True, enabled=True)
+    running = systemd.service(name=f"{UNIT} running and enabled", service=UNIT, running=True, enabled=True)
     python.call(
         name=f"Wait for {UNIT} /health (deadline {srv['health_timeout']} s)",
         function=_wait_healthy,
@@ -97,6 +115,6 @@ def install_service(spec: dict[str, Any], rendered: dict[str, Any], api_key: str
         deadline=srv["health_timeout"],
         interval=host.data.get("vllm_fleet_health_interval"),
         journal_lines=host.data.get("vllm_fleet_journal_lines"),
-        _if=any_changed(restart, *relevant),
+        _if=any_changed(restart, running, *relevant),
     )
     return restart

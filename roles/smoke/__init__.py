@@ -5,8 +5,8 @@ has content and usage; a streamed chat arrives incrementally and ends with [DONE
 wrong key gets 401; a few concurrent requests succeed. Any failure fails the deploy, naming the
 check and the URL. Prints TTFT and total time, and writes the client settings file.
 
-A smoke test is a check, not a change: its operation yields its command only while pyinfra
-executes, so `--dry` and the change count of an unchanged fleet stay at zero.
+A smoke test is a check, not a change: it runs while pyinfra executes and, when it passes, its
+operation has no command, so an unchanged fleet reports no change (with or without `-y`).
 """
 
 from __future__ import annotations
@@ -33,14 +33,17 @@ def endpoint(spec: dict[str, Any], address: str) -> str:
 
 
 def _run(spec: dict[str, Any], base_url: str, api_key: str | None, timeout: float, settings_path: str) -> None:
-    from vllm_fleet.smoke import check_smoke
+    from vllm_fleet.smoke import check_smoke, wait_healthy
 
     sm = spec["smoke"]
+    verify = False if spec["proxy"]["tls"]["self_signed"] else True
+    # nginx reloads gracefully: old workers finish with the old config for a moment. Wait until
+    # the endpoint answers /health (fresh connections) before judging it.
+    wait_healthy(f"{base_url}/health", deadline_s=30, verify=verify, interval=0.5)
     res = check_smoke(base_url, spec["model"]["served_name"], api_key, prompt=sm["prompt"], max_tokens=sm["max_tokens"],
                       concurrency=sm["concurrency"], expect_auth=bool(api_key) and spec["proxy"]["auth"] != "none",
-                      verify=False if spec["proxy"]["tls"]["self_signed"] else True, timeout=timeout)
+                      verify=verify, timeout=timeout)
     logger.info(res.summary())
-    print(res.summary(), flush=True)
     key_ref = spec["server"].get("api_key") or {}
     settings = {"base_url": f"{base_url}/v1", "model": spec["model"]["served_name"],
                 "api_key_file": os.path.expanduser(key_ref["file"]) if "file" in key_ref else None,
@@ -52,10 +55,18 @@ def _run(spec: dict[str, Any], base_url: str, api_key: str | None, timeout: floa
     p.write_text(json.dumps(settings, indent=2) + "\n")
 
 
-@operation(is_idempotent=False)
+def _fail(message: str) -> None:
+    raise RuntimeError(message)
+
+
+@operation()
 def smoke_tests(spec: dict[str, Any], base_url: str, api_key: str | None, timeout: float, settings_path: str):
     """
     Run the smoke tests against ``base_url`` from the control machine.
+
+    A check, not a change: the tests run while pyinfra executes the operation; when they pass
+    the operation has no command (pyinfra reports "No change"), when one fails it yields a
+    command that fails the host with what failed and where.
 
     + spec: the resolved deployment spec
     + base_url: the endpoint (through the proxy), e.g. http://10.10.0.11
@@ -70,10 +81,13 @@ def smoke_tests(spec: dict[str, Any], base_url: str, api_key: str | None, timeou
         smoke_tests(spec=spec, base_url="http://10.10.0.11", api_key=key, timeout=120,
                     settings_path="~/.config/vllm-fleet/lab-tiny/openai.json")
     """
-    if state.is_executing:
-        yield FunctionCommand(_run, (spec, base_url, api_key, timeout, settings_path), {})
-    else:
+    if not state.is_executing:
         host.noop(f"smoke tests against {base_url} run when the deploy executes")
+        return
+    try:
+        _run(spec, base_url, api_key, timeout, settings_path)
+    except Exception as exc:  # SmokeError names the check and URL; anything else, say so
+        yield FunctionCommand(_fail, (f"{host.name}: {exc}",), {})
 
 
 @deploy("Smoke tests", data_defaults=DEFAULTS)

@@ -45,7 +45,7 @@ from typing import Any
 
 from pyinfra import host
 from pyinfra.api import deploy
-from pyinfra.operations import files, server
+from pyinfra.operations import apt, files, server
 
 from vllm_fleet.vllmcpu import dist_info_files
 
@@ -169,6 +169,10 @@ def install_vllm(spec: dict[str, Any]) -> list:
     """
     ins = spec["install"]
     py = env_python(spec)
+    if ins["accelerator"] == "cpu":
+        # vLLM's CPU kernels (vllm._C) link libnuma; without it the worker dies at start with
+        # "'_C' object has no attribute 'init_cpu_memory_env'" (ImportError libnuma.so.1 above it).
+        apt.packages(name="CPU build's system libraries", packages=list(d.CPU_APT_PACKAGES), update=True, cache_time=3600)
     installed = host.get_fact(DistVersions, python=py, names=tuple(probe_names(spec)))
     reqs = missing(spec, installed)
     fixes = cpu_fixes_needed(spec, installed)

@@ -29,5 +29,8 @@ FIND_LINKS_SUBDIR = "find-links"
 # break `import transformers`, so they are removed after installing it (text models need none).
 CPU_REMOVE = CUDA_ONLY_PACKAGES
 
+# Debian/Ubuntu packages the CPU build needs at run time (vllm._C links libnuma).
+CPU_APT_PACKAGES = ("libnuma1",)
+
 # Ray with its dashboard/agent extras, as vLLM's Ray executor expects.
 RAY_REQUIREMENT = "ray[default]=={version}"

