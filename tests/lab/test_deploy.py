@@ -1,0 +1,219 @@
+"""deploys/serve.py end to end on the lab: bare host -> vLLM (CPU build, tiny model) behind nginx.
+
+Everything is checked with independent readers: ssh + systemctl/ps/grep/ss on the host, curl
+from the control machine, pyinfra's own results table for change counts. The deploy runs as a
+user runs it: `pyinfra -y inventory/lab.py deploys/serve.py` in a subprocess.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from labkit import REPO
+
+pytestmark = pytest.mark.lab
+
+SPEC = REPO / "deployments" / "lab-tiny.yaml"
+PYINFRA = str(Path(sys.executable).parent / "pyinfra")
+TIMINGS: dict[str, float] = {}
+
+
+def deploy(spec: Path | str = SPEC, timeout: float = 1800) -> subprocess.CompletedProcess:
+    env = {**os.environ, "VLLM_FLEET_SPEC": str(spec)}
+    t0 = time.monotonic()
+    r = subprocess.run([PYINFRA, "-y", "inventory/lab.py", "deploys/serve.py"], cwd=REPO, env=env,
+                       capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    r.elapsed = time.monotonic() - t0  # type: ignore[attr-defined]
+    r.out = r.stdout + r.stderr  # type: ignore[attr-defined]  (pyinfra logs its table to stderr)
+    return r
+
+
+def grand_total(out: str) -> dict[str, str]:
+    """pyinfra's own results table: 'Grand total  <ops>  <success>  <error>  <no change>'."""
+    m = re.search(r"Grand total\s+(\S+)\s+(\S+)\s+(\S+)\s+(\S+)", out)
+    assert m, out[-3000:]
+    return dict(zip(("ops", "changed", "error", "no_change"), m.groups()))
+
+
+def changed_ops(out: str) -> list[str]:
+    rows = []
+    for line in out.splitlines():
+        m = re.match(r"\s{4}(.+?)\s{2,}(\d+)\s+(\d+|-)\s+(\d+|-)\s+(\d+|-)\s*$", line)
+        if m and m.group(3) != "-":
+            rows.append(m.group(1).strip())
+    return rows
+
+
+def api_key() -> str:
+    spec = yaml.safe_load(SPEC.read_text())
+    return Path(os.path.expanduser(spec["server"]["api_key"]["file"])).read_text().strip()
+
+
+def curl(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["curl", "-s", "--max-time", "60", *args], capture_output=True, text=True, timeout=90)
+
+
+def main_pid(host, unit: str) -> str:
+    return host.ssh(f"systemctl show -p MainPID --value {unit}", user="root").stdout.strip()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _timings():
+    """Write the measured deploy times (for the README) when the module is done."""
+    yield
+    (REPO / ".pytest_cache").mkdir(exist_ok=True)
+    (REPO / ".pytest_cache" / "deploy-timings.json").write_text(json.dumps(TIMINGS, indent=2))
+    print("\ndeploy timings:", TIMINGS)
+
+
+@pytest.fixture(scope="module")
+def server(lab_hosts):
+    """lab1 after a deploy from whatever state it is in (cold on a fresh lab)."""
+    host = lab_hosts[0]
+    fresh = host.ssh("test -e /etc/systemd/system/vllm.service", user="root", check=False).returncode != 0
+    r = deploy()
+    TIMINGS["cold_deploy_s" if fresh else "first_deploy_s"] = round(r.elapsed, 1)
+    assert r.returncode == 0, f"deploy failed:\n{r.stdout[-6000:]}\n{r.stderr[-3000:]}"
+    (REPO / ".pytest_cache").mkdir(exist_ok=True)
+    (REPO / ".pytest_cache" / "deploy-first.log").write_text(r.stdout + r.stderr)
+    return host
+
+
+def test_units_active_and_enabled(server):
+    for unit in ("vllm.service", "nginx.service"):
+        assert server.ssh(f"systemctl is-active {unit}", user="root").stdout.strip() == "active"
+        assert server.ssh(f"systemctl is-enabled {unit}", user="root").stdout.strip() == "enabled"
+    assert server.ssh("systemctl show -p User --value vllm.service", user="root").stdout.strip() == "vllm"
+    ps = server.ssh("ps -o user= -C python3,python | sort -u", user="root").stdout.split()
+    assert "vllm" in ps
+
+
+def test_through_the_proxy_with_curl(server):
+    base = f"http://{server.address}"
+    key = api_key()
+    r = curl("-o", "/dev/null", "-w", "%{http_code}", f"{base}/health")
+    assert r.stdout == "200"
+    models = json.loads(curl("-H", f"Authorization: Bearer {key}", f"{base}/v1/models").stdout)
+    assert [m["id"] for m in models["data"]] == ["tiny"]
+    assert curl("-o", "/dev/null", "-w", "%{http_code}", f"{base}/v1/models").stdout == "401"
+    assert curl("-o", "/dev/null", "-w", "%{http_code}", "-H", "Authorization: Bearer nope", f"{base}/v1/models").stdout == "401"
+    body = json.dumps({"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8})
+    chat = json.loads(curl("-H", f"Authorization: Bearer {key}", "-H", "Content-Type: application/json", "-d", body,
+                           f"{base}/v1/chat/completions").stdout)
+    assert chat["choices"][0]["message"]["content"] and chat["usage"]["completion_tokens"] > 0
+
+
+def test_stream_arrives_incrementally_through_nginx(server):
+    """curl -N reads the SSE stream as it arrives; a buffering proxy would deliver it at once."""
+    body = json.dumps({"model": "tiny", "messages": [{"role": "user", "content": "count"}], "max_tokens": 128,
+                       "stream": True, "ignore_eos": True})
+    p = subprocess.Popen(["curl", "-sN", "--max-time", "120", "-H", f"Authorization: Bearer {api_key()}",
+                          "-H", "Content-Type: application/json", "-d", body, f"http://{server.address}/v1/chat/completions"],
+                         stdout=subprocess.PIPE, text=True, bufsize=1)
+    t0 = time.monotonic()
+    times, last = [], ""
+    for line in p.stdout:
+        if line.startswith("data:"):
+            times.append(time.monotonic() - t0)
+            last = line.strip()
+    p.wait(timeout=120)
+    assert last == "data: [DONE]"
+    assert len(times) > 100
+    assert times[-1] - times[0] > 0.05 and times[0] < 0.7 * times[-1], (times[0], times[-1])
+
+
+def test_vllm_listens_on_loopback_only(server, lab_hosts):
+    listen = server.ssh("ss -ltnH 'sport = :8000'", user="root").stdout
+    assert "127.0.0.1:8000" in listen and "0.0.0.0:8000" not in listen and "*:8000" not in listen
+    other = lab_hosts[1]
+    r = other.ssh(f"curl -s -o /dev/null -w '%{{http_code}}' --max-time 5 http://{server.address}:8000/health", check=False)
+    assert r.stdout.strip() in ("000", ""), r.stdout
+
+
+def test_api_key_is_nowhere_it_should_not_be(server):
+    # The longest run of letters/digits of the key: found whether the key is written plain
+    # (secrets.env) or regex-escaped (the nginx include).
+    key = max(re.findall(r"[A-Za-z0-9]+", api_key()), key=len)
+    assert len(key) >= 8
+    assert key not in server.ssh("ps -eo args", user="root").stdout
+    assert key not in server.ssh("cat /etc/systemd/system/vllm.service /etc/vllm-fleet/lab-tiny/vllm.env", user="root").stdout
+    assert key not in server.ssh("journalctl --no-pager -o cat", user="root", timeout=300).stdout
+    # Every file holding the key is root-owned and not readable by anyone else.
+    found = server.ssh(f"grep -rlF -- {key} /etc /opt /var/lib /run /tmp 2>/dev/null | xargs -r stat -c '%a %U %n'",
+                       user="root", check=False).stdout.split("\n")
+    found = [f for f in found if f.strip()]
+    assert {f.split()[2] for f in found} == {"/etc/vllm-fleet/lab-tiny/secrets.env", "/etc/nginx/vllm-fleet/lab-tiny-auth.conf"}
+    assert all(f.split()[0] == "600" and f.split()[1] == "root" for f in found), found
+    log = (REPO / ".pytest_cache" / "deploy-first.log").read_text()
+    assert key not in log
+
+
+def test_second_deploy_changes_nothing(server):
+    r = deploy()
+    assert r.returncode == 0, r.out[-4000:]
+    TIMINGS["warm_deploy_s"] = round(r.elapsed, 1)
+    total = grand_total(r.out)
+    assert total["changed"] == "-" and total["error"] == "-", (changed_ops(r.out), total)
+    assert "PASS  stream-incremental" in r.out  # the smoke tests still ran
+
+
+def test_spec_change_restarts_only_vllm(server, tmp_path):
+    spec = yaml.safe_load(SPEC.read_text())
+    spec["engine"]["max_num_seqs"] = 8
+    # (model.source and the key file are ~ paths: they resolve the same from any directory)
+    changed = tmp_path / "lab-tiny.yaml"
+    changed.write_text(yaml.safe_dump(spec))
+    vllm_before, nginx_before = main_pid(server, "vllm.service"), main_pid(server, "nginx.service")
+    try:
+        r = deploy(changed)
+        assert r.returncode == 0, r.stdout[-6000:]
+        ops = changed_ops(r.out)
+        assert any("vllm.service" in o for o in ops) and not any(o.startswith("nginx") for o in ops), ops
+        assert main_pid(server, "vllm.service") != vllm_before
+        assert main_pid(server, "nginx.service") == nginx_before
+        assert "--max-num-seqs 8" in server.ssh("ps -eo args", user="root").stdout
+        assert "PASS  chat" in r.out
+    finally:
+        back = deploy()
+        assert back.returncode == 0, back.stdout[-4000:]
+    assert "--max-num-seqs 16" in server.ssh("ps -eo args", user="root").stdout
+
+
+def test_bad_spec_touches_no_host(server, tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(SPEC.read_text().replace("max_model_len: 512", "max_model_len: 512\n  servd_name: typo"))
+    before = server.ssh("sha256sum /etc/systemd/system/vllm.service /etc/vllm-fleet/lab-tiny/*.env; "
+                        "systemctl show -p MainPID --value vllm.service", user="root").stdout
+    r = deploy(bad)
+    assert r.returncode != 0
+    out = r.stdout + r.stderr
+    assert "model.servd_name" in out and "did you mean `served_name`" in out and "no host was changed" in out
+    assert "Starting operation" not in out
+    after = server.ssh("sha256sum /etc/systemd/system/vllm.service /etc/vllm-fleet/lab-tiny/*.env; "
+                       "systemctl show -p MainPID --value vllm.service", user="root").stdout
+    assert before == after
+
+
+def test_status_command(server):
+    r = subprocess.run([str(Path(sys.executable).parent / "vllm-fleet"), "status", "inventory/lab.py", "--json"],
+                       cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    rows = {row["host"]: row for row in json.loads(r.stdout)}
+    row = rows[server.name]
+    assert row["unit"] == "active" and row["health"] == "ok" and row["models"] == ["tiny"]
+    assert row["version"].startswith("0.32.0")
+
+
+def test_client_settings_written(server):
+    settings = json.loads(Path(os.path.expanduser("~/.config/vllm-fleet/lab-tiny/openai.json")).read_text())
+    assert settings["base_url"] == f"http://{server.address}/v1" and settings["model"] == "tiny"
+    assert "sk-" not in json.dumps(settings)
