@@ -28,11 +28,12 @@ if is_server:
     from roles.nvidia import nvidia
     from roles.pyenv import pyenv, service_dirs
     from roles.service import install_service
-    from roles.vllm import install_vllm
+    from roles.vllm import install_system_libraries, install_vllm
 
     nvidia(spec=spec)
     service_dirs(spec=spec)
     pyenv(spec=spec)
+    install_system_libraries(spec=spec)
     vllm_changed = install_vllm(spec=spec)
     model_changed = install_model(spec=spec, hub_token=ctx["secrets"]["hub_token"])
     install_service(spec=spec, rendered=rendered, api_key=ctx["secrets"]["api_key"],

