@@ -81,8 +81,25 @@ def stub_wheel(folder: Path, name: str, version: str, requires: list[str] = ()) 
     return path
 
 
+# pip evaluates environment markers (`; python_version > "3.11"`) with the interpreter it runs
+# under, not --python-version: resolve with a 3.12 when there is one. Under 3.11 vllm's
+# `setuptools<81; python_version > "3.11"` was missed and the install on the GPU machine (setuptools
+# 81 there) failed until setuptools 80.10.2 was added to the wheelhouse.
+def _python312() -> str:
+    import glob
+
+    for cand in [shutil.which("python3.12"), *sorted(glob.glob(os.path.expanduser("~/.pyenv/versions/3.12*/bin/python3.12")))]:
+        if cand and subprocess.run([cand, "-m", "pip", "--version"], capture_output=True).returncode == 0:
+            return cand
+    print("warning: no python3.12 with pip here: markers are evaluated for this Python", file=sys.stderr)
+    return sys.executable
+
+
+PIP_PYTHON = _python312()
+
+
 def pip(*args: str, capture: bool = False) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "pip", *args]
+    cmd = [PIP_PYTHON, "-m", "pip", *args]
     print("+", " ".join(cmd[:12]), "...", flush=True)
     if capture:
         return subprocess.run(cmd, text=True, capture_output=True)

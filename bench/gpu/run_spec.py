@@ -180,8 +180,8 @@ def main(spec_path: str, out_dir: str) -> int:
             "model_loading_gib": grab(r"Model loading took ([\d.]+) GiB"),
             "max_concurrency_x": grab(r"Maximum concurrency for [\d,]+ tokens per request: ([\d.]+)x"),
             "cuda_graph_gib": grab(r"[Gg]raph capturing finished in [\d.]+ secs?, took ([\d.-]+) GiB"),
-            "init_engine_s": grab(r"init engine \(profile, create kv cache, warmup model\) took ([\d.]+) seconds"),
-            "torch_compile_s": grab(r"torch.compile takes ([\d.]+) s in total"),
+            "init_engine_s": grab(r"init engine \(profile, create kv cache, warmup model\) took ([\d.]+) s"),
+            "torch_compile_s": grab(r"torch.compile took ([\d.]+) s in total"),
         }
         pl = planner.plan(resolved)
         planned = {k: pl.get(k) for k in ("weights_gib", "overhead_gib", "overhead_parts", "kv_cache_gib", "kv_tokens", "kv_blocks",
