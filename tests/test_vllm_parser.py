@@ -58,7 +58,9 @@ def serve_args(resolved: dict, model_dir: Path) -> list[str]:
     else:  # `vllm serve MODEL`: the positional model comes first
         assert args[0] == path
         args[0] = str(model_dir)
-    return args
+    # Other host paths inside the model directory (e.g. `--tokenizer MODEL/tokenizer` given through
+    # extra_args): the tiny model directory holds its tokenizer too.
+    return [str(model_dir) if a.startswith(path + "/") else a for a in args]
 
 
 @pytest.fixture(scope="module")

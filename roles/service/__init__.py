@@ -103,7 +103,7 @@ def install_service(spec: dict[str, Any], rendered: dict[str, Any], api_key: str
     # A unit that is failed (e.g. it hit StartLimitBurst in an earlier crash loop) refuses to
     # start until reset: reset it when it is failed now or when it is about to restart.
     failed_now = (host.get_fact(Command, f"systemctl is-failed {UNIT} || true") or "").strip() == "failed"
-    server.shell(name=f"Clear {UNIT}'s failed state before (re)starting", commands=[f"systemctl reset-failed {UNIT}"],
+    server.shell(name=f"Clear {UNIT}'s failed state before (re)starting", commands=[f"if systemctl is-failed --quiet {UNIT}; then systemctl reset-failed {UNIT}; fi"],
                  _if=(lambda: True) if failed_now else any_changed(*relevant))
     restart = systemd.service(name=f"Restart {UNIT} (its inputs changed)", service=UNIT, running=True, restarted=True,
                               enabled=True, _if=any_changed(*relevant))
