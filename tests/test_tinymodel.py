@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 import requests
 
+from fleetutil import require_vllm_venv
 from vllm_fleet import command, spec, tinymodel, vllmcpu
 
 pytestmark = pytest.mark.vllm
@@ -33,13 +34,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 @pytest.fixture(scope="module")
 def venv_python() -> Path:
-    if not vllmcpu.is_built():
-        msg = (f"vLLM CPU venv not built at {vllmcpu.venv_dir()} "
-               "(python -m vllm_fleet.vllmcpu ensure)")
-        if os.environ.get("VLLM_FLEET_REQUIRE_VLLM"):
-            pytest.fail(msg + " and VLLM_FLEET_REQUIRE_VLLM is set")
-        pytest.skip(msg)
-    return vllmcpu.venv_python()
+    return require_vllm_venv()
 
 
 @pytest.fixture(scope="module")

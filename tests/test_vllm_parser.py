@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from fleetutil import require_vllm_venv
 from vllm_fleet import command, spec, vllmcpu, tinymodel
 
 pytestmark = pytest.mark.vllm
@@ -26,19 +27,9 @@ REPO = Path(__file__).resolve().parent.parent
 SPECS = sorted((REPO / "deployments").glob("*.yaml"))
 
 
-def _require_venv() -> Path:
-    if not vllmcpu.is_built():
-        msg = (f"vLLM CPU venv not built at {vllmcpu.venv_dir()} "
-               "(python -m vllm_fleet.vllmcpu ensure)")
-        if os.environ.get("VLLM_FLEET_REQUIRE_VLLM"):
-            pytest.fail(msg + " and VLLM_FLEET_REQUIRE_VLLM is set")
-        pytest.skip(msg)
-    return vllmcpu.venv_python()
-
-
 @pytest.fixture(scope="module")
 def venv_python() -> Path:
-    return _require_venv()
+    return require_vllm_venv()
 
 
 @pytest.fixture(scope="module")

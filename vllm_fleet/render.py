@@ -27,6 +27,7 @@ from typing import Any, Iterable
 import jinja2
 
 from .command import RAY_TMPDIR, env_bin, env_python, vllm_argv, vllm_env, world_size_per_node
+from .secrets import describe as describe_secret
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 
@@ -134,14 +135,6 @@ def env_file(values: dict[str, str], comments: Iterable[str] = ()) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _describe_secret(ref: dict[str, Any] | None) -> str:
-    if not ref:
-        return "none configured"
-    if "file" in ref:
-        return f"file {ref['file']} on the control machine"
-    return f"environment variable {ref['env']} on the control machine"
-
-
 @lru_cache(maxsize=1)
 def _jinja() -> jinja2.Environment:
     return jinja2.Environment(
@@ -208,7 +201,7 @@ def _check_key(api_key: str) -> str:
 
 def secrets_env_content(resolved: dict[str, Any], api_key: str | None) -> str:
     """``secrets.env`` (0600 root:root). ``api_key=None`` gives the placeholder :func:`render` emits."""
-    ref = _describe_secret(resolved["server"].get("api_key"))
+    ref = describe_secret(resolved["server"].get("api_key"))
     header = [HEADER.format(name=resolved["name"]), "Secret environment of vllm.service (mode 0600 root:root). vLLM reads VLLM_API_KEY."]
     if api_key is None:
         return env_file({}, header + [
@@ -227,7 +220,7 @@ def nginx_auth_content(resolved: dict[str, Any], api_key: str | None) -> str:
         auth_var=_auth_var(resolved),
         key=None if api_key is None else _check_key(api_key),
         key_regex=None if api_key is None else re.escape(_check_key(api_key)),
-        secret_ref=_describe_secret(resolved["server"].get("api_key")),
+        secret_ref=describe_secret(resolved["server"].get("api_key")),
     )
 
 
@@ -550,7 +543,7 @@ def client_settings(resolved: dict[str, Any], nodes: list[_Node] | None = None) 
     return {
         "base_url": f"{scheme}://{netloc}/v1",
         "model": resolved["model"]["served_name"],
-        "api_key": {"secret": dict(ref) if ref else None, "where": _describe_secret(ref)},
+        "api_key": {"secret": dict(ref) if ref else None, "where": describe_secret(ref)},
     }
 
 
