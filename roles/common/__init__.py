@@ -77,7 +77,10 @@ def load_deploy_spec() -> dict[str, Any]:
     if resolved["model"]["transfer"] == "upload" and not Path(resolved["model"]["local_dir"]).is_dir():
         raise DeployError(f"{path}: model.source: {resolved['model']['local_dir']} is not a directory on this machine "
                           "(for the lab: `vllm-fleet tiny-model`); no host was changed")
-    rendered = render.render(resolved, inventory_hosts())
+    try:
+        rendered = render.render(resolved, inventory_hosts())
+    except render.RenderError as exc:  # e.g. an inventory with no host in a server group
+        raise DeployError(f"{path}: {exc}; no host was changed") from None
     _CACHE[path] = {"path": path, "spec": resolved, "secrets": secrets, "rendered": rendered, "base_dir": spec.base_dir}
     return _CACHE[path]
 
