@@ -65,6 +65,16 @@ class LabConfig:
             raise LabError(f"VLLM_FLEET_LAB_BRIDGE={self.bridge!r}: interface names are at most 15 characters")
 
     # --- layout ---
+    def machine(self, name: str) -> str:
+        """nspawn's machine name for host ``name``. nspawn names the host side of the veth pair
+        `vb-<machine>` (one kernel-wide namespace), so a second lab on another bridge gets its own
+        prefix (`5-lab1` on vfleet5) while the default lab keeps plain names; the hostname inside
+        stays ``name``."""
+        if self.bridge == "vfleet0":
+            return name
+        tag = self.bridge[len("vfleet"):] if self.bridge.startswith("vfleet") else self.bridge
+        return f"{tag[:5]}-{name}"
+
     @property
     def gateway(self) -> str:
         return str(self.net.network_address + 1)
@@ -488,7 +498,7 @@ def nameservers() -> list[str]:
 
 def nspawn_argv(cfg: LabConfig, name: str) -> list[str]:
     return ["systemd-nspawn", "--quiet", "--boot", f"--directory={cfg.host_dir(name) / 'root'}",
-            f"--machine={name}", f"--hostname={name}", f"--network-bridge={cfg.bridge}",
+            f"--machine={cfg.machine(name)}", f"--hostname={name}", f"--network-bridge={cfg.bridge}",
             "--register=no", "--keep-unit", "--link-journal=no", "--resolv-conf=off", "--timezone=off",
             "--console=read-only", f"--bind={cfg.pip_cache}:{cfg.pip_cache}",
             f"--bind={cfg.lxcfs_dir}:/var/lib/lxcfs"]
@@ -502,7 +512,7 @@ def host_pids(cfg: LabConfig, name: str) -> tuple[int | None, int | None]:
     hd = cfg.host_dir(name)
     sup, ns = read_pid(hd / "supervisor.pid"), read_pid(hd / "nspawn.pid")
     return (sup if pid_alive(sup, supervisor_needle(cfg, name)) else None,
-            ns if pid_alive(ns, f"--machine={name}") else None)
+            ns if pid_alive(ns, f"--machine={cfg.machine(name)}") else None)
 
 
 def start_host(cfg: LabConfig, st: dict, index: int, names: list[str]) -> None:
@@ -580,10 +590,10 @@ def stop_host(cfg: LabConfig, name: str, timeout: float = 20) -> None:
     elif ns:
         os.kill(ns, signal.SIGTERM)
     deadline = time.monotonic() + timeout
-    while (sup and pid_alive(sup, supervisor_needle(cfg, name))) or (ns and pid_alive(ns, f"--machine={name}")):
+    while (sup and pid_alive(sup, supervisor_needle(cfg, name))) or (ns and pid_alive(ns, f"--machine={cfg.machine(name)}")):
         if time.monotonic() > deadline:
             log(f"{name}: did not power off in {timeout:.0f} s; killing it")
-            for pid, needle in ((ns, f"--machine={name}"), (sup, supervisor_needle(cfg, name))):
+            for pid, needle in ((ns, f"--machine={cfg.machine(name)}"), (sup, supervisor_needle(cfg, name))):
                 if pid and pid_alive(pid, needle):
                     os.kill(pid, signal.SIGKILL)
             break
