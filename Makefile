@@ -13,7 +13,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
 # Debian packages the control machine needs: the lab (nspawn, rootfs build, NAT, lxcfs),
 # nginx for `nginx -t` on rendered sites, rsync/ssh for uploads.
-HOST_PACKAGES := mmdebstrap systemd-container iptables lxcfs zstd rsync openssh-client nginx-light curl ca-certificates
+HOST_PACKAGES := mmdebstrap systemd-container systemd iptables lxcfs zstd rsync openssh-client nginx-light openssl curl ca-certificates
 
 .PHONY: help venv host-deps vllm-cpu tiny-model lab-up lab-down deploy demo test test-unit test-lab clean
 
