@@ -54,6 +54,21 @@ NGINX_KEEPALIVE = 32
 RAY_MEMORY_BYTES = {"cuda": 16 * 2**30, "cpu": 2 * 2**30}
 RAY_OBJECT_STORE_BYTES = {"cuda": 4 * 2**30, "cpu": 512 * 2**20}
 
+#: Ray's ports besides the GCS port (parallel.ray_port), fixed so that a firewall can name them
+#: (Ray picks most of them at random otherwise). Ray has no authentication: roles/ray allows them
+#: only from the cluster's own addresses. Worker processes take one port each from the range.
+RAY_FIXED_PORTS = {
+    "node_manager": 6380,
+    "object_manager": 6381,
+    "runtime_env_agent": 6382,
+    "dashboard_agent_grpc": 6383,
+    "metrics_export": 6384,
+    "dashboard": 8265,          # head only; bound to 127.0.0.1 as well
+    "ray_client_server": 10001,  # head only
+    "dashboard_agent_listen": 52365,
+}
+RAY_WORKER_PORTS = (10002, 10999)
+
 HEADER = "Rendered by vllm-fleet for deployment {name}: edit the spec, not this file (the next deploy overwrites it)."
 
 #: Inventory group names (pyinfra group = module-level list name) -> role.
@@ -440,16 +455,37 @@ def _vllm_unit(resolved: dict[str, Any], node: _Node, all_nodes: list[_Node]) ->
     return RenderedFile(content, 0o644), wait
 
 
+def ray_ports(resolved: dict[str, Any]) -> list[str]:
+    """Every TCP port (or ``lo-hi`` range) a Ray node of this deployment listens on, for a
+    firewall: the GCS port, the fixed ports and the worker range."""
+    lo, hi = RAY_WORKER_PORTS
+    ports = sorted({int(resolved["parallel"]["ray_port"]), *RAY_FIXED_PORTS.values()})
+    return [str(p) for p in ports] + [f"{lo}-{hi}"]
+
+
 def _ray_unit(resolved: dict[str, Any], node: _Node) -> RenderedFile:
     p = paths(resolved)
     par, acc = resolved["parallel"], resolved["install"]["accelerator"]
     data = node.data or {}
     head = "ray-head" in node.roles
     argv = [env_bin(resolved, "ray"), "start"]
+    fp = RAY_FIXED_PORTS
     if head:
-        argv += ["--head", "--port", str(par["ray_port"]), "--dashboard-host", "127.0.0.1"]
+        argv += ["--head", "--port", str(par["ray_port"]), "--dashboard-host", "127.0.0.1",
+                 "--dashboard-port", str(fp["dashboard"]), "--ray-client-server-port", str(fp["ray_client_server"])]
     else:
         argv += ["--address", f"{par['head_address']}:{par['ray_port']}"]
+    # Fixed ports (Ray picks random ones otherwise), so the firewall can name them.
+    argv += [
+        "--node-manager-port", str(fp["node_manager"]),
+        "--object-manager-port", str(fp["object_manager"]),
+        "--runtime-env-agent-port", str(fp["runtime_env_agent"]),
+        "--dashboard-agent-grpc-port", str(fp["dashboard_agent_grpc"]),
+        "--dashboard-agent-listen-port", str(fp["dashboard_agent_listen"]),
+        "--metrics-export-port", str(fp["metrics_export"]),
+        "--min-worker-port", str(RAY_WORKER_PORTS[0]),
+        "--max-worker-port", str(RAY_WORKER_PORTS[1]),
+    ]
     argv += [
         "--block",
         "--node-ip-address", EnvRef("NODE_IP"),
