@@ -51,9 +51,10 @@ from vllm_fleet.vllmcpu import dist_info_files
 
 from . import defaults as d
 from .defaults import DEFAULTS
-from .facts import DistVersions
+from .facts import DistVersions, SitePackagesFiles
 
-__all__ = ["install_vllm", "requirements", "missing", "pip_install_command", "DEFAULTS"]
+__all__ = ["install_vllm", "requirements", "missing", "pip_install_command", "cpu_ray_adaptation_files",
+           "install_cpu_ray_adaptation", "DEFAULTS"]
 
 _REQ = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*(\[[^\]]*\])?\s*(?:==\s*([^,;\s]+))?")
 
@@ -196,7 +197,7 @@ def install_vllm(spec: dict[str, Any]) -> list:
     fixes = cpu_fixes_needed(spec, installed)
     if not reqs and not fixes:
         host.noop(f"{ins['vllm_package']}=={ins['vllm_version']} and its companions already installed in {py}")
-        return []
+        return _cpu_ray_adaptation(spec)
 
     prefix = ins["prefix"].rstrip("/")
     wheelhouse = find_links = None
@@ -228,4 +229,48 @@ def install_vllm(spec: dict[str, Any]) -> list:
         + (" (+ CPU build fixes)" if reqs and ins["accelerator"] == "cpu" else ""),
         commands=commands,
     )
-    return [op]
+    return [op, *_cpu_ray_adaptation(spec)]
+
+
+# ------------------------------------------------------------------------------------------------
+# The CPU lab's Ray adaptation: the ONE place it is applied (see files/vllm_fleet_lab_cpu_ray.py)
+
+CPU_RAY_FILES_DIR = Path(__file__).resolve().parent / "files"
+CPU_RAY_FILES = ("vllm_fleet_lab_cpu_ray.py", "vllm_fleet_lab_cpu_ray.pth")
+
+
+def cpu_ray_adaptation_wanted(spec: dict) -> bool:
+    """Only the CPU build with the Ray backend gets it; a ``cuda`` spec never does."""
+    return spec["install"]["accelerator"] == "cpu" and spec["parallel"].get("backend") == "ray"
+
+
+def cpu_ray_adaptation_files() -> dict[str, str]:
+    """{file name in site-packages: content} of the lab-only CPU + Ray adaptation."""
+    return {name: (CPU_RAY_FILES_DIR / name).read_text() for name in CPU_RAY_FILES}
+
+
+_WRITE_SITE_FILES = """import json, pathlib, sys, sysconfig
+site = pathlib.Path(sysconfig.get_paths()["purelib"])
+for rel, text in json.loads(sys.argv[1]).items():
+    (site / rel).write_text(text)
+"""
+
+
+def _cpu_ray_adaptation(spec: dict) -> list:
+    """Place the adaptation for cpu + ray (``[op]``, or ``[]`` when in place); any other spec
+    (``cuda`` always) neither gets it nor reads a fact for it."""
+    import hashlib
+
+    if not cpu_ray_adaptation_wanted(spec):
+        return []
+    py = env_python(spec)
+    have = host.get_fact(SitePackagesFiles, python=py, names=CPU_RAY_FILES)
+    want = cpu_ray_adaptation_files()
+    if all(have.get(n) == hashlib.sha256(t.encode()).hexdigest() for n, t in want.items()):
+        return []
+    return [server.shell(name="Lab-only CPU + Ray adaptation (vllm_fleet_lab_cpu_ray) in the env",
+                         commands=[" ".join(shlex.quote(a) for a in
+                                            [py, "-c", _WRITE_SITE_FILES, json.dumps(want, sort_keys=True)])])]
+
+
+install_cpu_ray_adaptation = _cpu_ray_adaptation
