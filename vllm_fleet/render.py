@@ -447,6 +447,7 @@ def _vllm_unit(resolved: dict[str, Any], node: _Node, all_nodes: list[_Node]) ->
         environment=environment,
         exec_start_pre=pre,
         exec_start=systemd_command(argv),
+        restart_always=ray_head,
         timeout_start=TIMEOUT_START,
         timeout_stop=TIMEOUT_STOP,
         syslog_identifier=f"vllm-{resolved['name']}",
