@@ -1,0 +1,207 @@
+"""Multi-node on the lab: one vLLM server across lab1 (Ray head, API, nginx) and lab2 (Ray worker),
+pipeline parallel 2 over Ray, deployed with deploys/serve.py from deployments/lab-tiny-pp2.yaml.
+
+Checked with independent readers (ssh + systemctl/ps/ray status/nc on the hosts, curl from the
+control machine): smoke tests through nginx, the second stage's process on lab2, Ray's ports
+closed from outside the cluster (lab3 when the lab has it, and the control machine), and two
+faults: the worker's Ray unit stopped (unhealthy within a bound, healthy again when it is back),
+the head started without the worker (the cluster wait fails naming the missing node).
+
+lab1 runs the single-node deployment of test_deploy.py before this module (same vllm.service,
+nginx default server): the module sets it aside first and deploys lab-tiny again at the end.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from labkit import REPO, LabHost, lab_cli
+
+pytestmark = pytest.mark.lab
+
+SPEC = REPO / "deployments" / "lab-tiny-pp2.yaml"
+SINGLE = REPO / "deployments" / "lab-tiny.yaml"
+PYINFRA = str(Path(sys.executable).parent / "pyinfra")
+KEY_FILE = Path(os.path.expanduser("~/.config/vllm-fleet/lab-tiny-pp2.key"))
+RAY_ENV = "RAY_TMPDIR=/var/lib/vllm-fleet/ray"
+RAY_BIN = "/opt/vllm-fleet/lab-tiny-pp2/env/bin/ray"
+UNHEALTHY_WITHIN = 60  # s after the worker's Ray unit stops
+RECOVER_WITHIN = 420  # s after it is back (cluster wait + vLLM start on 2 shared cores)
+RESULTS: dict[str, object] = {}
+
+
+def deploy(spec: Path, timeout: float = 2400) -> subprocess.CompletedProcess:
+    env = {**os.environ, "VLLM_FLEET_SPEC": str(spec), "VLLM_FLEET_LAB_RAY_WORKERS": "lab2"}
+    t0 = time.monotonic()
+    r = subprocess.run([PYINFRA, "-y", "inventory/lab.py", "deploys/serve.py"], cwd=REPO, env=env,
+                       capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    r.elapsed = time.monotonic() - t0  # type: ignore[attr-defined]
+    r.out = r.stdout + r.stderr  # type: ignore[attr-defined]
+    return r
+
+
+def curl_code(url: str, *args: str) -> str:
+    r = subprocess.run(["curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", "--max-time", "10", *args, url],
+                       capture_output=True, text=True, timeout=30)
+    return r.stdout.strip()
+
+
+def rss_mib(host: LabHost) -> int:
+    out = host.ssh("ps -u vllm -o rss= | awk '{s+=$1} END {print s+0}'", user="root").stdout.strip()
+    return int(out) // 1024
+
+
+def ray_status(head: LabHost, address: str) -> str:
+    return head.ssh(f"runuser -u vllm -- env {RAY_ENV} {RAY_BIN} status --address {address}:6379", user="root",
+                    check=False, timeout=120).stdout
+
+
+@pytest.fixture(scope="module")
+def hosts(lab):
+    """lab1..lab3 (a third host, outside the cluster, is added when the lab has only two)."""
+    if len(lab["hosts"]) < 3:
+        res = lab_cli("up", "--hosts", "3")
+        assert res.returncode == 0, res.stdout + res.stderr
+    from vllm_fleet.lab import nspawn
+
+    st = nspawn.status(probe=True)
+    return [LabHost(h["name"], h["address"], st["ssh_user"], st["ssh_key"], st["known_hosts"]) for h in st["hosts"]]
+
+
+@pytest.fixture(scope="module")
+def cluster(hosts, tmp_path_factory):
+    head, worker = hosts[0], hosts[1]
+    spec = yaml.safe_load(SPEC.read_text())
+    subnet = head.address.rsplit(".", 1)[0]
+    spec["parallel"]["head_address"] = head.address  # the lab's own subnet (a dev lab may differ)
+    spec["proxy"]["metrics_allow"] = ["127.0.0.1", f"{subnet}.0/24"]
+    path = tmp_path_factory.mktemp("pp2") / "lab-tiny-pp2.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    # One deployment per host: set lab-tiny's nginx site aside (both claim the default server).
+    had_single = head.ssh("test -e /etc/nginx/conf.d/vllm-fleet-lab-tiny.conf", user="root", check=False).returncode == 0
+    head.ssh("rm -f /etc/nginx/conf.d/vllm-fleet-lab-tiny.conf", user="root")
+    fresh = worker.ssh("test -e /opt/vllm-fleet/lab-tiny-pp2/env/bin/ray", user="root", check=False).returncode != 0
+    r = deploy(path)
+    RESULTS["deploy_s" if not fresh else "bare_to_healthy_s"] = round(r.elapsed, 1)
+    (REPO / ".pytest_cache").mkdir(exist_ok=True)
+    (REPO / ".pytest_cache" / "deploy-multinode.log").write_text(r.out)
+    assert r.returncode == 0, f"deploy failed:\n{r.stdout[-6000:]}\n{r.stderr[-3000:]}"
+    RESULTS["rss_mib"] = {head.name: rss_mib(head), worker.name: rss_mib(worker)}
+    yield {"head": head, "worker": worker, "outside": hosts[2], "spec": path, "deploy": r}
+    # Teardown: the 2-node service off, lab-tiny back on lab1 as test_deploy left it.
+    head.ssh("systemctl disable --now vllm.service ray-head.service vllm-fleet-ray-firewall.service; "
+             "rm -f /etc/nginx/conf.d/vllm-fleet-lab-tiny-pp2.conf; systemctl reload nginx || true", user="root", check=False)
+    worker.ssh("systemctl disable --now ray-worker.service vllm-fleet-ray-firewall.service", user="root", check=False)
+    (REPO / ".pytest_cache" / "multinode-results.json").write_text(json.dumps(RESULTS, indent=2))
+    print("\nmulti-node results:", RESULTS)
+    if had_single:
+        back = subprocess.run([PYINFRA, "-y", "inventory/lab.py", "deploys/serve.py"], cwd=REPO,
+                              env={**os.environ, "VLLM_FLEET_SPEC": str(SINGLE)}, capture_output=True, text=True,
+                              timeout=1800, stdin=subprocess.DEVNULL)
+        assert back.returncode == 0, (back.stdout + back.stderr)[-4000:]
+
+
+def test_smoke_through_nginx(cluster):
+    out = cluster["deploy"].out
+    for check in ("PASS  chat", "PASS  stream-done", "PASS  concurrent"):
+        assert check in out, out[-4000:]
+    head = cluster["head"]
+    key = KEY_FILE.read_text().strip()
+    body = json.dumps({"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8})
+    r = subprocess.run(["curl", "-s", "--max-time", "120", "-H", f"Authorization: Bearer {key}", "-H",
+                        "Content-Type: application/json", "-d", body, f"http://{head.address}/v1/chat/completions"],
+                       capture_output=True, text=True, timeout=150)
+    assert json.loads(r.stdout)["usage"]["completion_tokens"] > 0, r.stdout
+
+
+def test_second_stage_runs_on_the_worker(cluster):
+    head, worker = cluster["head"], cluster["worker"]
+    # vLLM's Ray worker process on lab2 holds the second half of the model (~1.7 GiB RSS here)
+    ps = worker.ssh("ps -u vllm -o rss=,args=", user="root").stdout.splitlines()
+    stage = [line for line in ps if "RayWorkerProc" in line]
+    assert stage and int(stage[0].split()[0]) > 500 * 1024, ps
+    assert "vllm.entrypoints" not in "\n".join(ps)  # the API server runs on the head only
+    status = ray_status(head, head.address)
+    assert "2.0/2.0 GPU" in status, status  # both nodes' slots held by vLLM's placement group
+    assert worker.ssh("systemctl is-active ray-worker.service", user="root").stdout.strip() == "active"
+    env = worker.ssh("cat /etc/vllm-fleet/lab-tiny-pp2/node.env", user="root").stdout
+    assert f"VLLM_HOST_IP={worker.address}" in env and "GLOO_SOCKET_IFNAME=host0" in env
+
+
+def test_ray_ports_closed_outside_the_cluster(cluster):
+    head, worker, outside = cluster["head"], cluster["worker"], cluster["outside"]
+    probe = "timeout 5 bash -c '</dev/tcp/{}/{}' && echo open || echo closed"
+    for port in (6379, 6380):
+        assert worker.ssh(probe.format(head.address, port), check=False).stdout.strip() == "open", port
+        assert outside.ssh(probe.format(head.address, port), check=False).stdout.strip() == "closed", port
+    r = subprocess.run(["bash", "-c", probe.format(head.address, 6379)], capture_output=True, text=True, timeout=30)
+    assert r.stdout.strip() == "closed"  # the control machine is outside the cluster too
+    assert "closed" == outside.ssh(probe.format(worker.address, 6380), check=False).stdout.strip()
+    # nginx (port 80) is not a Ray port: still reachable from outside
+    assert outside.ssh(f"curl -s -o /dev/null -w '%{{http_code}}' --max-time 5 http://{head.address}/health",
+                       check=False).stdout.strip() == "200"
+
+
+def test_second_deploy_changes_nothing(cluster):
+    r = deploy(cluster["spec"])
+    assert r.returncode == 0, r.out[-4000:]
+    import re
+
+    m = re.search(r"Grand total\s+(\S+)\s+(\S+)\s+(\S+)\s+(\S+)", r.out)
+    assert m and m.group(2) == "-" and m.group(3) == "-", r.out[-5000:]
+    RESULTS["warm_deploy_s"] = round(r.elapsed, 1)
+
+
+def test_worker_down_unhealthy_then_recovers(cluster):
+    head, worker = cluster["head"], cluster["worker"]
+    url = f"http://{head.address}/health"
+    assert curl_code(url) == "200"
+    worker.ssh("systemctl stop ray-worker.service", user="root")
+    t0 = time.monotonic()
+    try:
+        while curl_code(url) == "200":
+            assert time.monotonic() - t0 < UNHEALTHY_WITHIN, "still healthy with the worker's Ray node gone"
+            time.sleep(2)
+        RESULTS["unhealthy_after_s"] = round(time.monotonic() - t0, 1)
+    finally:
+        worker.ssh("systemctl start ray-worker.service", user="root")
+    t1 = time.monotonic()
+    while curl_code(url) != "200":
+        assert time.monotonic() - t1 < RECOVER_WITHIN, head.ssh("journalctl -u vllm -n 30 --no-pager -o cat", user="root").stdout
+        time.sleep(5)
+    RESULTS["recovered_after_s"] = round(time.monotonic() - t1, 1)
+
+
+def test_head_without_worker_times_out_naming_it(cluster):
+    head, worker = cluster["head"], cluster["worker"]
+    drop_in = "/run/systemd/system/vllm.service.d/zz-test-short-wait.conf"
+    worker.ssh("systemctl stop ray-worker.service", user="root")
+    try:
+        # The unit's own ExecStartPre with a 30 s deadline instead of 600 s (a runtime drop-in).
+        pre = head.ssh("systemctl show -p ExecStartPre --value vllm.service", user="root").stdout
+        argv = pre.split("argv[]=", 1)[1].split(";", 1)[0].strip()
+        assert "--timeout 600" in argv
+        short = argv.replace("--timeout 600", "--timeout 30")
+        head.ssh(f"mkdir -p {os.path.dirname(drop_in)} && printf '[Service]\\nExecStartPre=\\nExecStartPre={short}\\n"
+                 f"Restart=no\\n' > {drop_in} && systemctl daemon-reload && systemctl restart ray-head.service", user="root")
+        head.ssh("systemctl start vllm.service", user="root", check=False, timeout=240)
+        state = head.ssh("systemctl is-active vllm.service", user="root", check=False).stdout.strip()
+        log = head.ssh("journalctl -u vllm.service -n 40 --no-pager -o cat", user="root").stdout
+        assert state != "active", log
+        assert "timed out after 30 s" in log and f"missing node(s): {worker.address}" in log, log
+    finally:
+        head.ssh(f"rm -f {drop_in} && systemctl daemon-reload && systemctl reset-failed vllm.service || true", user="root")
+        worker.ssh("systemctl start ray-worker.service", user="root")
+        head.ssh("systemctl start --no-block vllm.service", user="root")
+    t0 = time.monotonic()
+    while curl_code(f"http://{head.address}/health") != "200":
+        assert time.monotonic() - t0 < RECOVER_WITHIN
+        time.sleep(5)
