@@ -8,6 +8,7 @@ Only `requests` and the standard library: no pyinfra.
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -103,6 +104,9 @@ def run_smoke(base_url: str, model: str, api_key: str | None, *, prompt: str = "
     auth = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     s = requests.Session()
     s.verify = verify
+    # requests lets REQUESTS_CA_BUNDLE / CURL_CA_BUNDLE override a Session's verify=False (only a
+    # request's own verify wins): pass it with every request, or self-signed TLS fails the smoke tests.
+    s.request = functools.partial(s.request, verify=verify)  # type: ignore[method-assign]
 
     def guarded(name: str, fn) -> None:
         try:
