@@ -91,7 +91,19 @@ def _join(prefix: str, key: Any) -> str:
     return f"{prefix}.{key}" if prefix else str(key)
 
 
-def _construct(node: yaml.Node, loader: yaml.SafeLoader, path: str, lines: dict[str, int], problems: list[Problem]) -> Any:
+MAX_NODES = 100_000  # a spec has hundreds; YAML aliases can expand a 2 kB file to billions
+
+
+class _TooBig(Exception):
+    pass
+
+
+def _construct(node: yaml.Node, loader: yaml.SafeLoader, path: str, lines: dict[str, int], problems: list[Problem],
+               budget: list[int] | None = None) -> Any:
+    budget = budget if budget is not None else [MAX_NODES]
+    budget[0] -= 1
+    if budget[0] < 0:
+        raise _TooBig()
     lines[path] = node.start_mark.line + 1
     if isinstance(node, yaml.MappingNode):
         out: dict[Any, Any] = {}
@@ -104,10 +116,10 @@ def _construct(node: yaml.Node, loader: yaml.SafeLoader, path: str, lines: dict[
             child = _join(path, key)
             if key in out:
                 problems.append(Problem(child, "key appears twice", "keep one of the two", line=key_node.start_mark.line + 1))
-            out[key] = _construct(value_node, loader, child, lines, problems)
+            out[key] = _construct(value_node, loader, child, lines, problems, budget)
         return out
     if isinstance(node, yaml.SequenceNode):
-        return [_construct(v, loader, _join(path, i), lines, problems) for i, v in enumerate(node.value)]
+        return [_construct(v, loader, _join(path, i), lines, problems, budget) for i, v in enumerate(node.value)]
     return loader.construct_object(node, deep=True)
 
 
@@ -124,14 +136,19 @@ def loads(text: str | bytes, source: str = "spec") -> Spec:
         raise SpecError([Problem("", f"file is {len(text)} characters; a spec is at most {MAX_SPEC_BYTES}", "point at the deployment YAML, not a model or data file")], source)
     if not text.strip():
         raise SpecError([Problem("", "the spec is empty", "start from an example in deployments/ (e.g. deployments/lab-tiny.yaml)")], source)
-    loader = yaml.SafeLoader(text)
     problems: list[Problem] = []
     lines: dict[str, int] = {}
+    loader = None
     try:
+        # Inside the try: the reader itself refuses NUL and other control characters.
+        loader = yaml.SafeLoader(text)
         node = loader.get_single_node()
         if node is None:
             raise SpecError([Problem("", "the spec has no content", "start from an example in deployments/")], source)
         data = _construct(node, loader, "", lines, problems)
+    except _TooBig:
+        raise SpecError([Problem("", f"the YAML expands to more than {MAX_NODES} values (anchors and aliases nested in each other)",
+                                 "write the spec out plainly; a deployment spec needs a few hundred values")], source) from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         what = getattr(exc, "problem", None) or str(exc)
@@ -139,7 +156,8 @@ def loads(text: str | bytes, source: str = "spec") -> Spec:
         msg = f"YAML syntax error: {what}" + (f" ({context})" if context else "")
         raise SpecError([Problem("", msg, "fix the YAML at that line (indentation, a missing ':' or an unclosed quote or bracket)", line=(mark.line + 1) if mark else None)], source) from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
     if not isinstance(data, dict):
         raise SpecError([Problem("", f"the spec must be a mapping of sections (model:, engine:, ...), not a {_type_name(data)}", "start from an example in deployments/", line=1)], source)
     if problems:
