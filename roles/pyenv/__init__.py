@@ -3,7 +3,7 @@ service user with its directories.
 
 Deploy functions (``spec`` is the resolved spec dict from ``vllm_fleet.spec.load_and_check``)
     ``service_dirs(spec)``: the system user ``server.user`` (no login shell, home =
-    ``install.state_dir``, no home created by useradd) and the directories
+    the parent of ``install.state_dir`` (/var/lib/vllm-fleet), no home created by useradd) and the directories
     ``install.prefix`` (root:root 0755), ``install.config_dir`` (root:<user> 0750; the service
     role writes secrets.env there 0600 root:root) and ``install.state_dir`` (<user>:<user> 0750).
     The service role calls it too; both calls converge to the same state.
@@ -33,6 +33,7 @@ Example (deploys/serve.py)::
 from __future__ import annotations
 
 import shlex
+from pathlib import PurePosixPath
 
 from pyinfra import host
 from pyinfra.api import deploy
@@ -65,7 +66,10 @@ def service_dirs(spec: dict) -> None:
         name=f"System user {user}",
         user=user,
         system=True,
-        home=ins["state_dir"],
+        # One system user may serve several deployments on a host (e.g. a single-node and a
+        # multi-node spec in turn): its home is their common parent, never one deployment's
+        # state dir (usermod cannot move the home of a user with running processes).
+        home=str(PurePosixPath(ins["state_dir"]).parent),
         shell=d.SERVICE_SHELL,
         ensure_home=False,
         create_home=False,

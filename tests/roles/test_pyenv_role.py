@@ -117,7 +117,7 @@ def test_service_dirs_fresh(harness):
     run = harness.run(service_dirs, spec, facts=facts)
     useradd = run.op("System user").commands[0]
     assert useradd.startswith("useradd") and "-r" in useradd.split() and user in useradd.split()
-    assert "-s /usr/sbin/nologin" in useradd and f"-d {ins['state_dir']}" in useradd
+    assert "-s /usr/sbin/nologin" in useradd and "-d /var/lib/vllm-fleet" in useradd
     assert run.op("Config directory").commands[1:] == [f"chmod 750 {ins['config_dir']}", f"chown root:{user} {ins['config_dir']}"]
     assert run.op("State directory").commands[1:] == [f"chmod 750 {ins['state_dir']}", f"chown {user}:{user} {ins['state_dir']}"]
 
@@ -127,7 +127,7 @@ def test_service_dirs_present_no_changes(harness):
     ins, user = spec["install"], spec["server"]["user"]
     dirs = {ins["prefix"]: directory(755), ins["config_dir"]: directory(750, "root", user),
             ins["state_dir"]: directory(750, user, user)}
-    users = {user: {"home": ins["state_dir"], "shell": "/usr/sbin/nologin", "group": user, "groups": [],
+    users = {user: {"home": "/var/lib/vllm-fleet", "shell": "/usr/sbin/nologin", "group": user, "groups": [],
                     "comment": None, "uid": 998, "gid": 998}}
     facts = {Os: "Linux", Users: users, Groups: [user], Directory: harness.per_arg("path", dirs),
              Which: harness.per_arg("command", {"useradd": "/usr/sbin/useradd"})}
