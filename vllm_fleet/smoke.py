@@ -201,3 +201,24 @@ def wait_healthy(url: str, deadline_s: float, *, verify: Any = True, interval: f
             last = type(exc).__name__
         time.sleep(interval)
     raise TimeoutError(f"{url} not healthy after {deadline_s:.0f} s (last: {last})")
+
+
+def wait_serving(base_url: str, api_key: str | None, deadline_s: float, *, verify: Any = True, interval: float = 0.5) -> bool:
+    """Poll an authenticated ``GET /v1/models`` on fresh connections until it answers 200.
+
+    After ``nginx -s reload`` the master starts new workers asynchronously; until they run, the
+    old workers (old site, old key) still take new connections. /health answers on both, so
+    only an authenticated request shows that the new configuration is live. Returns whether it
+    got there; the checks that follow report what is wrong when it did not.
+    """
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < deadline_s:
+        try:
+            with requests.Session() as s:
+                if s.get(f"{base_url.rstrip('/')}/v1/models", headers=headers, timeout=5, verify=verify).status_code == 200:
+                    return True
+        except requests.RequestException:
+            pass
+        time.sleep(interval)
+    return False

@@ -33,13 +33,16 @@ def endpoint(spec: dict[str, Any], address: str) -> str:
 
 
 def _run(spec: dict[str, Any], base_url: str, api_key: str | None, timeout: float, settings_path: str) -> None:
-    from vllm_fleet.smoke import check_smoke, wait_healthy
+    from vllm_fleet.smoke import check_smoke, wait_healthy, wait_serving
 
     sm = spec["smoke"]
     verify = False if spec["proxy"]["tls"]["self_signed"] else True
     # nginx reloads gracefully: old workers finish with the old config for a moment. Wait until
     # the endpoint answers /health (fresh connections) before judging it.
     wait_healthy(f"{base_url}/health", deadline_s=30, verify=verify, interval=0.5)
+    # /health answers on old and new nginx workers alike: wait until the key is accepted (the new
+    # site is live) before judging; a real auth problem still fails the checks below.
+    wait_serving(base_url, api_key, deadline_s=30, verify=verify)
     res = check_smoke(base_url, spec["model"]["served_name"], api_key, prompt=sm["prompt"], max_tokens=sm["max_tokens"],
                       concurrency=sm["concurrency"], expect_auth=bool(api_key) and spec["proxy"]["auth"] != "none",
                       verify=verify, timeout=timeout)
