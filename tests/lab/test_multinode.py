@@ -89,24 +89,28 @@ def cluster(hosts, tmp_path_factory):
     had_single = head.ssh("test -e /etc/nginx/conf.d/vllm-fleet-lab-tiny.conf", user="root", check=False).returncode == 0
     head.ssh("rm -f /etc/nginx/conf.d/vllm-fleet-lab-tiny.conf", user="root")
     fresh = worker.ssh("test -e /opt/vllm-fleet/lab-tiny-pp2/env/bin/ray", user="root", check=False).returncode != 0
-    r = deploy(path)
-    RESULTS["deploy_s" if not fresh else "bare_to_healthy_s"] = round(r.elapsed, 1)
-    (REPO / ".pytest_cache").mkdir(exist_ok=True)
-    (REPO / ".pytest_cache" / "deploy-multinode.log").write_text(r.out)
-    assert r.returncode == 0, f"deploy failed:\n{r.stdout[-6000:]}\n{r.stderr[-3000:]}"
-    RESULTS["rss_mib"] = {head.name: rss_mib(head), worker.name: rss_mib(worker)}
-    yield {"head": head, "worker": worker, "outside": hosts[2], "spec": path, "deploy": r}
-    # Teardown: the 2-node service off, lab-tiny back on lab1 as test_deploy left it.
-    head.ssh("systemctl disable --now vllm.service ray-head.service vllm-fleet-ray-firewall.service; "
-             "rm -f /etc/nginx/conf.d/vllm-fleet-lab-tiny-pp2.conf; systemctl reload nginx || true", user="root", check=False)
-    worker.ssh("systemctl disable --now ray-worker.service vllm-fleet-ray-firewall.service", user="root", check=False)
-    (REPO / ".pytest_cache" / "multinode-results.json").write_text(json.dumps(RESULTS, indent=2))
-    print("\nmulti-node results:", RESULTS)
-    if had_single:
-        back = subprocess.run([PYINFRA, "-y", "inventory/lab.py", "deploys/serve.py"], cwd=REPO,
-                              env={**os.environ, "VLLM_FLEET_SPEC": str(SINGLE)}, capture_output=True, text=True,
-                              timeout=1800, stdin=subprocess.DEVNULL)
-        assert back.returncode == 0, (back.stdout + back.stderr)[-4000:]
+    try:
+        r = deploy(path)
+        RESULTS["deploy_s" if not fresh else "bare_to_healthy_s"] = round(r.elapsed, 1)
+        (REPO / ".pytest_cache").mkdir(exist_ok=True)
+        (REPO / ".pytest_cache" / "deploy-multinode.log").write_text(r.out)
+        assert r.returncode == 0, f"deploy failed:\n{r.stdout[-6000:]}\n{r.stderr[-3000:]}"
+        RESULTS["rss_mib"] = {head.name: rss_mib(head), worker.name: rss_mib(worker)}
+        yield {"head": head, "worker": worker, "outside": hosts[2], "spec": path, "deploy": r}
+    finally:
+        # Teardown, also when the deploy above failed: the 2-node service off, lab-tiny back on
+        # lab1 as test_deploy left it (later lab tests deploy lab-tiny and expect its site alone).
+        head.ssh("systemctl disable --now vllm.service ray-head.service vllm-fleet-ray-firewall.service; "
+                 "rm -f /etc/nginx/conf.d/vllm-fleet-lab-tiny-pp2.conf; systemctl reload nginx || true", user="root", check=False)
+        worker.ssh("systemctl disable --now ray-worker.service vllm-fleet-ray-firewall.service", user="root", check=False)
+        (REPO / ".pytest_cache").mkdir(exist_ok=True)
+        (REPO / ".pytest_cache" / "multinode-results.json").write_text(json.dumps(RESULTS, indent=2))
+        print("\nmulti-node results:", RESULTS)
+        if had_single:
+            back = subprocess.run([PYINFRA, "-y", "inventory/lab.py", "deploys/serve.py"], cwd=REPO,
+                                  env={**os.environ, "VLLM_FLEET_SPEC": str(SINGLE)}, capture_output=True, text=True,
+                                  timeout=1800, stdin=subprocess.DEVNULL)
+            assert back.returncode == 0, (back.stdout + back.stderr)[-4000:]
 
 
 def test_smoke_through_nginx(cluster):
