@@ -146,8 +146,12 @@ def test_down_removes_everything_and_is_idempotent(lab):
     assert res.returncode == 0, res.stdout + res.stderr
 
     assert not Path(f"/sys/class/net/{lab['bridge']}").exists()
+    # This lab's veths only (vb-<machine>): another lab on another bridge may be up beside it.
+    from vllm_fleet.lab.nspawn import LabConfig
+
+    mine = tuple(f"vb-{LabConfig().machine(h['name'])}@" for h in lab["hosts"])
     assert not [ln for ln in subprocess.run(["ip", "-br", "link"], capture_output=True, text=True).stdout.splitlines()
-                if ln.startswith("vb-")]
+                if ln.startswith(mine)]
     rules = subprocess.run(["iptables-save"], capture_output=True, text=True).stdout
     assert "vllm-fleet-lab" not in rules
     for pid in [*pids, lxcfs_pid]:
