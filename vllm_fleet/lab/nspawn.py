@@ -422,8 +422,12 @@ def network_down(cfg: LabConfig, st: dict | None) -> None:
     if Path(f"/sys/class/net/{cfg.bridge}").exists() and st is not None and st["made"].get("bridge"):
         run(["ip", "link", "del", cfg.bridge], check=False, capture=True)
     before = (st or {}).get("made", {}).get("ip_forward_before")
-    if before is not None:
+    # Another lab still up (a vfleet* bridge besides ours) needs forwarding for its NAT: leave it on.
+    others = [p.name for p in Path("/sys/class/net").glob("vfleet*") if p.name != cfg.bridge]
+    if before is not None and not others:
         Path("/proc/sys/net/ipv4/ip_forward").write_text(before + "\n")
+    elif before is not None:
+        log(f"down: ip_forward left on: another lab is up ({', '.join(sorted(others))})")
 
 
 # ---------------------------------------------------------------- lxcfs
