@@ -42,3 +42,90 @@ def test_gives_up_at_the_deadline_with_a_wrong_key():
         assert not wait_serving(f"http://127.0.0.1:{srv.server_port}", "wrong", 0.5, interval=0.05)
     finally:
         srv.shutdown()
+
+
+def _sse_server(buffered_attempts: int):
+    """A stand-in OpenAI endpoint whose streamed chats arrive all at once (as through a buffering
+    proxy) for the first `buffered_attempts` streams, then one event every 5 ms."""
+    import json
+    import time
+
+    streams = {"n": 0}
+
+    class H(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def _json(self, code, obj):
+            body = json.dumps(obj).encode()
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_GET(self):  # noqa: N802
+            if self.path == "/health":
+                return self._json(200, {})
+            if self.headers.get("Authorization") != "Bearer k":
+                return self._json(401, {"error": "unauthorized"})
+            return self._json(200, {"data": [{"id": "tiny"}]})
+
+        def do_POST(self):  # noqa: N802
+            req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            if not req.get("stream"):
+                return self._json(200, {"choices": [{"message": {"content": "hi"}}],
+                                        "usage": {"prompt_tokens": 3, "completion_tokens": 1}})
+            streams["n"] += 1
+            buffered = streams["n"] <= buffered_attempts
+            events = [b'data: {"choices":[{"delta":{"content":"x"}}]}\n\n'] * 20 + [b"data: [DONE]\n\n"]
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Transfer-Encoding", "chunked")  # as uvicorn and nginx send SSE
+            self.end_headers()
+
+            def chunk(data: bytes) -> None:
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+
+            if buffered:
+                time.sleep(0.1)
+                chunk(b"".join(events))
+            else:
+                for e in events:
+                    chunk(e)
+                    time.sleep(0.005)
+            self.wfile.write(b"0\r\n\r\n")
+
+        def log_message(self, *args):
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    return srv, streams
+
+
+def _stream_check(buffered_attempts: int):
+    from vllm_fleet.smoke import run_smoke
+
+    srv, streams = _sse_server(buffered_attempts)
+    try:
+        res = run_smoke(f"http://127.0.0.1:{srv.server_port}", "tiny", "k", concurrency=1)
+    finally:
+        srv.shutdown()
+    return next(c for c in res.checks if c["name"] == "stream-incremental"), streams["n"]
+
+
+def test_incremental_stream_passes_first_time():
+    check, n = _stream_check(buffered_attempts=0)
+    assert check["ok"] and n == 1, check
+
+
+def test_one_stalled_stream_is_tried_again_and_says_so():
+    check, n = _stream_check(buffered_attempts=1)
+    assert check["ok"] and n == 2, check
+    assert "attempt 2 of 3" in check["detail"], check
+
+
+def test_a_buffering_proxy_fails_every_attempt():
+    check, n = _stream_check(buffered_attempts=99)
+    assert not check["ok"] and n == 3, check
+    assert "attempt 3 of 3" in check["detail"], check
