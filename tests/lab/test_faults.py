@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from labkit import REPO
-from test_deploy import PYINFRA, SPEC, api_key, curl, deploy, grand_total, main_pid
+from test_deploy import PYINFRA, SPEC, api_key, changed_ops, curl, deploy, grand_total, main_pid
 
 pytestmark = pytest.mark.lab
 
@@ -267,5 +267,7 @@ def test_reboot_everything_comes_back(server):
     r = deploy()
     assert r.returncode == 0, r.out[-4000:]
     total = grand_total(r.out)
-    assert total["changed"] == "-" and total["error"] == "-", total
+    assert total["changed"] == "-" and total["error"] == "-", (
+        total, changed_ops(r.out),
+        server.ssh("systemctl status --no-pager -n 30 vllm.service nginx.service", user="root", check=False).stdout[-3000:])
     assert "PASS  chat" in r.out and "FAIL" not in r.out
