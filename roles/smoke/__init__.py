@@ -32,7 +32,8 @@ def endpoint(spec: dict[str, Any], address: str) -> str:
     return f"http://{address}:{srv['port']}"
 
 
-def _run(spec: dict[str, Any], base_url: str, api_key: str | None, timeout: float, settings_path: str) -> None:
+def _run(spec: dict[str, Any], base_url: str, api_key: str | None, timeout: float, settings_path: str,
+         stream_tokens: int = 256) -> None:
     from vllm_fleet.smoke import check_smoke, wait_healthy, wait_serving
 
     sm = spec["smoke"]
@@ -45,7 +46,7 @@ def _run(spec: dict[str, Any], base_url: str, api_key: str | None, timeout: floa
     wait_serving(base_url, api_key, deadline_s=30, verify=verify)
     res = check_smoke(base_url, spec["model"]["served_name"], api_key, prompt=sm["prompt"], max_tokens=sm["max_tokens"],
                       concurrency=sm["concurrency"], expect_auth=bool(api_key) and spec["proxy"]["auth"] != "none",
-                      verify=verify, timeout=timeout)
+                      verify=verify, timeout=timeout, stream_tokens=stream_tokens)
     logger.info(res.summary())
     key_ref = spec["server"].get("api_key") or {}
     settings = {"base_url": f"{base_url}/v1", "model": spec["model"]["served_name"],
@@ -63,7 +64,8 @@ def _fail(message: str) -> None:
 
 
 @operation()
-def smoke_tests(spec: dict[str, Any], base_url: str, api_key: str | None, timeout: float, settings_path: str):
+def smoke_tests(spec: dict[str, Any], base_url: str, api_key: str | None, timeout: float, settings_path: str,
+                stream_tokens: int = 256):
     """
     Run the smoke tests against ``base_url`` from the control machine.
 
@@ -76,6 +78,7 @@ def smoke_tests(spec: dict[str, Any], base_url: str, api_key: str | None, timeou
     + api_key: the key to use (never printed)
     + timeout: seconds per request
     + settings_path: where to write the client settings JSON on the control machine
+    + stream_tokens: tokens of the streamed check (ignore_eos)
 
     **Example:**
 
@@ -88,7 +91,7 @@ def smoke_tests(spec: dict[str, Any], base_url: str, api_key: str | None, timeou
         host.noop(f"smoke tests against {base_url} run when the deploy executes")
         return
     try:
-        _run(spec, base_url, api_key, timeout, settings_path)
+        _run(spec, base_url, api_key, timeout, settings_path, stream_tokens)
     except Exception as exc:  # SmokeError names the check and URL; anything else, say so
         yield FunctionCommand(_fail, (f"{host.name}: {exc}",), {})
 
@@ -114,4 +117,7 @@ def run_smoke(spec: dict[str, Any], api_key: str | None, address: str | None = N
     addr = address or host.data.get("ssh_hostname") or host.name
     smoke_tests(name=f"Smoke tests through {endpoint(spec, addr)}", spec=spec, base_url=endpoint(spec, addr), api_key=api_key,
                 timeout=host.data.get("smoke_timeout"),
-                settings_path=str(host.data.get("smoke_client_settings")).format(name=spec["name"]))
+                settings_path=str(host.data.get("smoke_client_settings")).format(name=spec["name"]),
+                # long enough that a CPU host's bursts of output cannot look like a buffering
+                # proxy; within the model's context (half of max_model_len at most)
+                stream_tokens=max(16, min(int(host.data.get("smoke_stream_tokens")), int(spec["model"]["max_model_len"]) // 2)))

@@ -37,6 +37,14 @@ def deploy(spec: Path | str = SPEC, timeout: float = 1800) -> subprocess.Complet
     return r
 
 
+def why(r) -> str:
+    """What a failed deploy said: its error lines (pyinfra's, the smoke checks') and the tail."""
+    keep = [ln for ln in r.out.splitlines()
+            if re.search(r"FAIL |Error|error:|smoke tests failed|Traceback|RuntimeError|Could not", ln)
+            and not re.search(r"^\s{4}\S.*\s(\d+|-)\s+(\d+|-)\s+(\d+|-)\s*$", ln)]
+    return "\n".join(keep[-40:]) + "\n...\n" + r.out[-2500:]
+
+
 def grand_total(out: str) -> dict[str, str]:
     """pyinfra's own results table: 'Grand total  <ops>  <success>  <error>  <no change>'."""
     m = re.search(r"Grand total\s+(\S+)\s+(\S+)\s+(\S+)\s+(\S+)", out)
@@ -168,7 +176,7 @@ def test_api_key_is_nowhere_it_should_not_be(server):
 
 def test_second_deploy_changes_nothing(server):
     r = deploy()
-    assert r.returncode == 0, r.out[-4000:]
+    assert r.returncode == 0, why(r)
     TIMINGS["warm_deploy_s"] = round(r.elapsed, 1)
     total = grand_total(r.out)
     assert total["changed"] == "-" and total["error"] == "-", (changed_ops(r.out), total)
@@ -184,7 +192,7 @@ def test_spec_change_restarts_only_vllm(server, tmp_path):
     vllm_before, nginx_before = main_pid(server, "vllm.service"), main_pid(server, "nginx.service")
     try:
         r = deploy(changed)
-        assert r.returncode == 0, r.out[-6000:]
+        assert r.returncode == 0, why(r)
         ops = changed_ops(r.out)
         assert any("vllm.service" in o for o in ops) and not any(o.startswith("nginx") for o in ops), ops
         assert main_pid(server, "vllm.service") != vllm_before
@@ -193,7 +201,7 @@ def test_spec_change_restarts_only_vllm(server, tmp_path):
         assert "PASS  chat" in r.out
     finally:
         back = deploy()
-        assert back.returncode == 0, back.out[-4000:]
+        assert back.returncode == 0, why(back)
     assert "--max-num-seqs 16" in server.ssh("ps -eo args", user="root").stdout
 
 

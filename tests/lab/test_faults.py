@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from labkit import REPO
-from test_deploy import PYINFRA, SPEC, api_key, changed_ops, curl, deploy, grand_total, main_pid
+from test_deploy import PYINFRA, SPEC, api_key, changed_ops, curl, deploy, grand_total, main_pid, why
 
 pytestmark = pytest.mark.lab
 
@@ -42,7 +42,7 @@ def _timings():
 def server(lab_hosts):
     """lab1 converged with deployments/lab-tiny.yaml."""
     r = deploy()
-    assert r.returncode == 0, r.out[-6000:]
+    assert r.returncode == 0, why(r)
     return lab_hosts[0]
 
 
@@ -235,7 +235,7 @@ def test_interrupted_deploy_then_converges(server, tmp_path):
     assert any("Put /etc/vllm-fleet/lab-tiny/vllm.env" in s for s in seen), "".join(seen)[-3000:]
     unit_references_exist(server)  # the new unit is on disk, not yet loaded: its files exist
     r = deploy()
-    assert r.returncode == 0, r.out[-6000:]
+    assert r.returncode == 0, why(r)
     again = deploy()
     total = grand_total(again.out)
     assert total["changed"] == "-" and total["error"] == "-", total
@@ -265,7 +265,7 @@ def test_reboot_everything_comes_back(server):
         assert server.ssh(f"systemctl is-enabled {unit}", user="root").stdout.strip() == "enabled"
         assert server.ssh(f"systemctl is-active {unit}", user="root").stdout.strip() == "active"
     r = deploy()
-    assert r.returncode == 0, r.out[-4000:]
+    assert r.returncode == 0, why(r)
     total = grand_total(r.out)
     assert total["changed"] == "-" and total["error"] == "-", (
         total, changed_ops(r.out),

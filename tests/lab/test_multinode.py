@@ -24,6 +24,7 @@ import pytest
 import yaml
 
 from labkit import REPO, LabHost, lab_cli
+from test_deploy import why
 
 pytestmark = pytest.mark.lab
 
@@ -156,7 +157,7 @@ def test_ray_ports_closed_outside_the_cluster(cluster):
 
 def test_second_deploy_changes_nothing(cluster):
     r = deploy(cluster["spec"])
-    assert r.returncode == 0, r.out[-4000:]
+    assert r.returncode == 0, why(r)
     import re
 
     m = re.search(r"Grand total\s+(\S+)\s+(\S+)\s+(\S+)\s+(\S+)", r.out)

@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from labkit import REPO
-from test_deploy import SPEC, api_key, curl, deploy
+from test_deploy import SPEC, api_key, curl, deploy, why
 
 pytestmark = pytest.mark.lab
 
@@ -36,7 +36,7 @@ def _results():
 @pytest.fixture(scope="module")
 def server(lab_hosts):
     r = deploy()
-    assert r.returncode == 0, r.out[-6000:]
+    assert r.returncode == 0, why(r)
     return lab_hosts[0]
 
 
@@ -74,11 +74,11 @@ def locked_proxy(server, tmp_path_factory):
     f.write_text(yaml.safe_dump(spec))
     r = deploy(f)
     try:
-        assert r.returncode == 0, r.out[-6000:]
+        assert r.returncode == 0, why(r)
         yield server, r
     finally:
         back = deploy()
-        assert back.returncode == 0, back.out[-4000:]
+        assert back.returncode == 0, why(back)
 
 
 def code(*args: str) -> str:
