@@ -33,7 +33,7 @@ def endpoint(spec: dict[str, Any], address: str) -> str:
 
 
 def _run(spec: dict[str, Any], base_url: str, api_key: str | None, timeout: float, settings_path: str,
-         stream_tokens: int = 256) -> None:
+         stream_tokens: int = 64) -> None:
     from vllm_fleet.smoke import check_smoke, wait_healthy, wait_serving
 
     sm = spec["smoke"]
@@ -65,7 +65,7 @@ def _fail(message: str) -> None:
 
 @operation()
 def smoke_tests(spec: dict[str, Any], base_url: str, api_key: str | None, timeout: float, settings_path: str,
-                stream_tokens: int = 256):
+                stream_tokens: int = 64):
     """
     Run the smoke tests against ``base_url`` from the control machine.
 
@@ -118,6 +118,5 @@ def run_smoke(spec: dict[str, Any], api_key: str | None, address: str | None = N
     smoke_tests(name=f"Smoke tests through {endpoint(spec, addr)}", spec=spec, base_url=endpoint(spec, addr), api_key=api_key,
                 timeout=host.data.get("smoke_timeout"),
                 settings_path=str(host.data.get("smoke_client_settings")).format(name=spec["name"]),
-                # long enough that a CPU host's bursts of output cannot look like a buffering
-                # proxy; within the model's context (half of max_model_len at most)
+                # within the model's context (half of max_model_len at most)
                 stream_tokens=max(16, min(int(host.data.get("smoke_stream_tokens")), int(spec["model"]["max_model_len"]) // 2)))
