@@ -44,9 +44,10 @@ def test_gives_up_at_the_deadline_with_a_wrong_key():
         srv.shutdown()
 
 
-def _sse_server(buffered_attempts: int):
+def _sse_server(buffered_attempts: int, group: int = 0):
     """A stand-in OpenAI endpoint whose streamed chats arrive all at once (as through a buffering
-    proxy) for the first `buffered_attempts` streams, then one event every 5 ms."""
+    proxy) for the first `buffered_attempts` streams, then one event every 5 ms; with `group`,
+    every stream arrives `group` events at a time (as a proxy flushing full buffers)."""
     import json
     import time
 
@@ -77,7 +78,7 @@ def _sse_server(buffered_attempts: int):
                                         "usage": {"prompt_tokens": 3, "completion_tokens": 1}})
             streams["n"] += 1
             buffered = streams["n"] <= buffered_attempts
-            events = [b'data: {"choices":[{"delta":{"content":"x"}}]}\n\n'] * 20 + [b"data: [DONE]\n\n"]
+            events = [b'data: {"choices":[{"delta":{"content":"x"}}]}\n\n'] * 64 + [b"data: [DONE]\n\n"]
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream")
             self.send_header("Transfer-Encoding", "chunked")  # as uvicorn and nginx send SSE
@@ -89,6 +90,10 @@ def _sse_server(buffered_attempts: int):
             if buffered:
                 time.sleep(0.1)
                 chunk(b"".join(events))
+            elif group:
+                for i in range(0, len(events), group):
+                    time.sleep(0.005 * group)
+                    chunk(b"".join(events[i:i + group]))
             else:
                 for e in events:
                     chunk(e)
@@ -103,10 +108,10 @@ def _sse_server(buffered_attempts: int):
     return srv, streams
 
 
-def _stream_check(buffered_attempts: int):
+def _stream_check(buffered_attempts: int, group: int = 0):
     from vllm_fleet.smoke import run_smoke
 
-    srv, streams = _sse_server(buffered_attempts)
+    srv, streams = _sse_server(buffered_attempts, group)
     try:
         res = run_smoke(f"http://127.0.0.1:{srv.server_port}", "tiny", "k", concurrency=1)
     finally:
@@ -129,3 +134,10 @@ def test_a_buffering_proxy_fails_every_attempt():
     check, n = _stream_check(buffered_attempts=99)
     assert not check["ok"] and n == 5, check
     assert "attempt 5 of 5" in check["detail"], check
+
+
+def test_a_proxy_flushing_full_buffers_fails():
+    """~20 events a flush (a 4 KB proxy buffer): spread in time, but not event by event."""
+    check, n = _stream_check(buffered_attempts=0, group=20)
+    assert not check["ok"] and n == 5, check
+    assert "65 events in 4 arrivals" in check["detail"], check

@@ -93,13 +93,23 @@ def stream_chat(base_url: str, model: str, api_key: str | None, prompt: str, max
     return {"times": times, "done": done, "text": "".join(text), "content_type": ctype, "total": time.monotonic() - t0}
 
 
-def is_incremental(times: list[float]) -> bool:
-    """Whether SSE arrival times show a stream delivered as it was generated: the first event
-    well before the last (a buffering proxy delivers them all in the same instant)."""
+def is_incremental(times: list[float], *, gap: float = 0.001) -> bool:
+    """Whether SSE arrival times show a stream delivered as it was generated.
+
+    Events read together (less than ``gap`` apart) form one arrival. A stream passed through
+    as produced arrives in about as many arrivals as events; a buffering proxy hands it over
+    one proxy buffer (4-8 KB, ~20-40 events) at a time, or all at once: so at least a quarter of
+    the events must come in arrivals of their own, and the first well before the last.
+    """
     if len(times) < 3:
         return False
+    arrivals = 1 + sum(1 for a, b in zip(times, times[1:]) if b - a > gap)
     first, last = times[0], times[-1]
-    return (last - first) > 0.02 and first < 0.7 * last
+    return arrivals >= max(3, len(times) // 4) and (last - first) > 0.02 and first < 0.7 * last
+
+
+def _arrivals(times: list[float], gap: float = 0.001) -> int:
+    return 1 + sum(1 for a, b in zip(times, times[1:]) if b - a > gap) if times else 0
 
 
 def run_smoke(base_url: str, model: str, api_key: str | None, *, prompt: str = "Say hello in one short sentence.",
@@ -148,13 +158,12 @@ def run_smoke(base_url: str, model: str, api_key: str | None, *, prompt: str = "
         _check(res, "chat", ok, f"{len(content)} chars, usage {usage}")
 
     def stream() -> None:
-        # A buffering proxy hands over every event in the same instant, on every attempt (the
-        # stream, `stream_tokens` with ignore_eos, ~200 bytes an event, fits in nginx's default
-        # proxy buffers, so a buffering nginx holds all of it). vLLM's CPU build on a saturated
-        # host sometimes sends a whole generation in one burst at its end too (measured in the
-        # lab, straight from 127.0.0.1:8000, no proxy: 3 of 6 streams at load 35 on 2 cores), so
-        # a stream that arrived at once is tried again, up to `stream_attempts` times: one
-        # spread-out stream proves nothing between here and vLLM buffers.
+        # A buffering proxy hands the stream over a proxy buffer (4-8 KB) at a time or all at
+        # once, on every attempt (is_incremental). vLLM's CPU build on a saturated host sometimes
+        # sends a whole generation in one burst at its end too (measured in the lab, straight
+        # from 127.0.0.1:8000, no proxy: 3 of 6 streams at load 35 on 2 cores), so a stream
+        # that arrived at once is tried again, up to `stream_attempts` times: one stream that
+        # arrived event by event proves nothing between here and vLLM buffers.
         seen: list[str] = []
         for attempt in range(1, stream_attempts + 1):
             st = stream_chat(base_url, model, api_key, prompt, max(max_tokens, stream_tokens), verify=verify, timeout=timeout)
@@ -165,7 +174,8 @@ def run_smoke(base_url: str, model: str, api_key: str | None, *, prompt: str = "
             if len(times) < 3:
                 raise SmokeError(f"only {len(times)} SSE events")
             first, last = times[0], times[-1]
-            seen.append(f"{len(times)} events, first at {first * 1000:.0f} ms, last at {last * 1000:.0f} ms")
+            seen.append(f"{len(times)} events in {_arrivals(times)} arrivals, first at {first * 1000:.0f} ms, "
+                        f"last at {last * 1000:.0f} ms")
             if is_incremental(times):
                 break
         detail = f"{seen[-1]} ({st['content_type']})"

@@ -95,7 +95,7 @@ def cluster(hosts, tmp_path_factory):
         RESULTS["deploy_s" if not fresh else "bare_to_healthy_s"] = round(r.elapsed, 1)
         (REPO / ".pytest_cache").mkdir(exist_ok=True)
         (REPO / ".pytest_cache" / "deploy-multinode.log").write_text(r.out)
-        assert r.returncode == 0, f"deploy failed:\n{r.stdout[-6000:]}\n{r.stderr[-3000:]}"
+        assert r.returncode == 0, "deploy failed:\n" + why(r)
         RESULTS["rss_mib"] = {head.name: rss_mib(head), worker.name: rss_mib(worker)}
         yield {"head": head, "worker": worker, "outside": hosts[2], "spec": path, "deploy": r}
     finally:
