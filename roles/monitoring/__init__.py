@@ -89,8 +89,9 @@ def _dcgm(p: dict[str, str], rendered: dict[str, Any]) -> None:
 
 def _prometheus(spec: dict[str, Any], p: dict[str, str], rendered: dict[str, Any]) -> None:
     mon = spec["monitoring"]
-    defaults = [p["prometheus_defaults"]] + ([p["blackbox_defaults"]] if p["blackbox_defaults"] in rendered else [])
-    # Listen addresses before the packages (their postinst starts the services; confold keeps these).
+    defaults = [p["prometheus_defaults"]] + ([p["blackbox_defaults"], p["blackbox_config"]] if p["blackbox_defaults"] in rendered else [])
+    # Listen addresses (and the prober's config its arguments name) before the packages: their
+    # postinst starts the services, and dpkg's --force-confold keeps these files.
     args = put_rendered(rendered, defaults)
     packages = [host.data.get("monitoring_prometheus_package")]
     if mon["health_probe"]:
@@ -106,10 +107,9 @@ def _prometheus(spec: dict[str, Any], p: dict[str, str], rendered: dict[str, Any
     systemd.service(name="Reload Prometheus (config or rules changed)", service=PROMETHEUS, reloaded=True,
                     _if=lambda: config_changed() and not args[p["prometheus_defaults"]].did_change())  # a restart reads them anyway
     if mon["health_probe"]:
-        bb = put_rendered(rendered, [p["blackbox_config"]])
         systemd.service(name="blackbox exporter running and enabled", service=BLACKBOX, running=True, enabled=True)
         systemd.service(name="Restart blackbox exporter (changed)", service=BLACKBOX, restarted=True,
-                        _if=any_changed(args[p["blackbox_defaults"]], *bb.values()))
+                        _if=any_changed(args[p["blackbox_defaults"]], args[p["blackbox_config"]]))
     if p["grafana_datasource"] in rendered:
         graf = put_rendered(rendered, [p["grafana_datasource"], p["grafana_dashboards"], p["grafana_dashboard"]])
         if host.get_fact(Which, command=GRAFANA):

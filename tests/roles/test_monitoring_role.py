@@ -53,6 +53,8 @@ def test_lab_host_listen_addresses_first_then_packages_then_promtool(harness):
     assert r.index(f"upload:{p['node_exporter_defaults']}") < r.index("install --no-install-recommends prometheus-node-exporter")
     assert r.index(f"upload:{p['prometheus_defaults']}") < r.index("install --no-install-recommends prometheus")
     assert r.index(f"upload:{p['blackbox_defaults']}") < r.index("install --no-install-recommends prometheus prometheus-blackbox-exporter")
+    # the prober's config too: its arguments name it, and the package starts it at install time
+    assert r.index(f"upload:{p['blackbox_config']}") < r.index("install --no-install-recommends prometheus prometheus-blackbox-exporter")
     assert "--web.listen-address=10.10.0.11:9100" in r.uploads[p["node_exporter_defaults"]]
     assert "--web.listen-address=10.10.0.11:9090" in r.uploads[p["prometheus_defaults"]]
     assert "--web.listen-address=127.0.0.1:9115" in r.uploads[p["blackbox_defaults"]]

@@ -273,7 +273,7 @@ def dashboard_queries() -> list[str]:
 
 def vllm_series(exprs: list[str]) -> set[str]:
     """The `vllm:` series names the expressions read (histograms as their _bucket/_sum/_count)."""
-    return {m for e in exprs for m in re.findall(r"vllm:[a-z_:]+", e)}
+    return {m for e in exprs for m in re.findall(r"vllm:[A-Za-z0-9_:]+", e)}
 
 
 def node_files(resolved: dict[str, Any], node: "_Node", all_nodes: list["_Node"], with_inventory: bool) -> dict[str, Any]:
