@@ -133,6 +133,17 @@ def test_alert_rules_loaded_and_healthy(monitored):
     assert firing == [], firing  # a healthy idle replica raises nothing
 
 
+def test_every_alert_rule_selects_real_series(monitored):
+    """A rule whose selector matches nothing can never fire: each series selector of the rendered
+    rules (read back from the host) must match series Prometheus really has."""
+    rules = monitored["host"].ssh("cat /etc/prometheus/vllm-fleet/lab-tiny.rules.yml", user="root").stdout
+    exprs = [r["expr"] for g in yaml.safe_load(rules)["groups"] for r in g["rules"]]
+    selectors = sorted({m.group(0) for e in exprs for m in re.finditer(r"[A-Za-z_:][A-Za-z0-9_:]*\{[^}]*\}", e)})
+    assert len(selectors) >= 6, selectors
+    empty = [s for s in selectors if not query(monitored["prom"], s)]
+    assert not empty, empty
+
+
 def test_listen_on_private_address_or_loopback_only(monitored):
     lab1 = monitored["host"]
     ss = lab1.ssh("ss -ltnH", user="root").stdout
