@@ -19,7 +19,7 @@ every host the deploy touches gets the node exporter.
 
 from pyinfra import host
 
-from roles.common import inventory_hosts, load_deploy_spec, rendered_for_host
+from roles.common import inventory_hosts, load_deploy_spec, preflight, rendered_for_host
 from vllm_fleet import monitoring as _monitoring, render as _render
 
 ctx = load_deploy_spec()
@@ -31,6 +31,8 @@ is_server = "servers" in groups
 p = _render.paths(spec)
 is_ray_node = p["ray_head_unit"] in rendered or p["ray_worker_unit"] in rendered
 is_proxy = "proxy" in groups and spec["proxy"]["enabled"]
+if is_server or is_ray_node or is_proxy:
+    preflight()  # root works on this host (passwordless sudo), else a clear stop
 
 if is_server or is_ray_node:
     from roles.model import install_model

@@ -72,6 +72,22 @@ def spec_problems(r: dict[str, Any], spec: Spec | None = None) -> list[Problem]:
                 f"use TP = GPUs per node ({hw['gpus_per_node']}) and PP = nodes ({par['nodes']})", "warning")
     elif par["backend"] == "native":
         add("parallel.backend", "`native` is vLLM's multi-node mode, but parallel.nodes is 1", "use `backend: mp` on one node")
+    if par["nodes"] > 1 and par["backend"] == "ray":
+        from .render import RAY_FIXED_PORTS, RAY_WORKER_PORTS
+
+        rp, lo, hi = int(par["ray_port"]), *RAY_WORKER_PORTS
+        taken = {**{v: f"Ray's {k} port (pinned for the firewall)" for k, v in RAY_FIXED_PORTS.items()},
+                 int(srv["port"]): "server.port (vLLM, on the head)"}
+        if prx["enabled"]:
+            taken[int(prx["listen"])] = "proxy.listen (nginx, on the head)"
+        if rp in taken:
+            add("parallel.ray_port", f"{rp} is also {taken[rp]}: the head's GCS could not bind it",
+                f"pick a free port outside {', '.join(str(p) for p in sorted(taken))} and {lo}-{hi} (e.g. the default 6379)")
+        elif lo <= rp <= hi:
+            add("parallel.ray_port", f"{rp} is inside Ray's worker port range {lo}-{hi}: a worker process may take it first",
+                f"pick a port outside {lo}-{hi} (e.g. the default 6379)")
+    if par["nodes"] > 1 and par["backend"] == "native" and int(par["master_port"]) == int(srv["port"]):
+        add("parallel.master_port", f"{par['master_port']} is also server.port on the head", "use different ports (default master_port 29501)")
 
     # -- engine
     mbt = e.get("max_num_batched_tokens")

@@ -50,6 +50,8 @@ RAY_TIMEOUT_STOP = 60
 LIMIT_NOFILE = 1048576
 RAY_WAIT_TIMEOUT = 600  # s wait-ray-cluster waits for all nodes (< TIMEOUT_START)
 NGINX_KEEPALIVE = 32
+#: Idle upstream connections are closed after this (s): below uvicorn's 5 s keep-alive in vLLM.
+NGINX_UPSTREAM_KEEPALIVE_TIMEOUT = 4
 #: Ray's logical memory and object store per node (bytes). Containers see the host's memory, so
 #: both are explicit; host data `ray_memory_bytes` / `ray_object_store_bytes` override them.
 RAY_MEMORY_BYTES = {"cuda": 16 * 2**30, "cpu": 2 * 2**30}
@@ -552,6 +554,7 @@ def _nginx_site(resolved: dict[str, Any], node: _Node, all_nodes: list[_Node], w
         upstream_name=f"vllm_fleet_{_safe_ident(resolved['name'])}",
         upstream_servers=_upstreams(resolved, node, all_nodes, with_inventory),
         keepalive=NGINX_KEEPALIVE,
+        keepalive_timeout=NGINX_UPSTREAM_KEEPALIVE_TIMEOUT,
         tls=tls,
         tls_certificate=p["tls_certificate"],
         tls_certificate_key=p["tls_certificate_key"],

@@ -86,6 +86,29 @@ def load_deploy_spec() -> dict[str, Any]:
     return _CACHE[path]
 
 
+def preflight() -> None:
+    """Stop before any operation when this host cannot become root the way the deploy will.
+
+    With ``_sudo`` (the usual non-root SSH user) and no ``_sudo_password``, ``sudo -n true`` runs
+    first, as the SSH user: without passwordless sudo pyinfra would ask for a password at its first
+    root fact and, without a terminal, fail with a traceback. This names the host, the user and
+    the fix instead. The deploy file runs for every host before any operation executes, so no
+    host has been changed when this raises.
+    """
+    from pyinfra.facts.server import Command
+
+    if not host.data.get("_sudo") or host.data.get("_sudo_password"):
+        return
+    user = host.data.get("ssh_user") or "the SSH user"
+    out = host.get_fact(Command, "sudo -n true 2>/dev/null && echo vllm-fleet-sudo-ok || echo vllm-fleet-sudo-no", _sudo=False)
+    if (out or "").strip() != "vllm-fleet-sudo-ok":
+        raise DeployError(
+            f"host {host.name}: user {user} cannot run sudo without a password (`sudo -n true` failed), "
+            "and every deploy step needs root. Fix: give the user passwordless sudo (a sudoers line "
+            f"`{user} ALL=(ALL) NOPASSWD: ALL`), connect as root (ssh_user: root, _sudo: False), or set "
+            "_sudo_password in the host's data; no host was changed")
+
+
 def rendered_for_host(ctx: dict[str, Any]) -> dict[str, Any]:
     return ctx["rendered"].get(host.name, {})
 
@@ -129,18 +152,63 @@ def secret_file(path: str, content: str, user: str = "root", group: str = "root"
         yield StringCommand("chmod", mode, path)
 
 
+UNIT_SUFFIXES = (".service", ".socket", ".timer", ".path", ".mount", ".target")
+
+
+@operation()
+def atomic_put(dest: str, content: str, user: str = "root", group: str = "root", mode: str = "644"):
+    """
+    Place a text file atomically: a reader (systemd, nginx, a rebooting host) sees the old file
+    or the new one, never a half-written one, even when the deploy is killed mid-way.
+
+    pyinfra's ``files.put`` with ``_sudo`` uploads to /tmp and then runs ``cp`` over the
+    destination, rewriting it in place. This uploads to ``DEST.tmp-vllm-fleet`` (same
+    directory, so the same filesystem), sets owner and mode there, then renames it over DEST.
+
+    + dest: remote path (its directory must exist)
+    + content: the file's exact text
+    + user, group, mode: ownership and permissions (mode as octal digits, e.g. "644")
+
+    Nothing happens when the content (sha256), owner, group and mode already match; when only
+    owner/mode differ they are fixed in place.
+
+    **Example:**
+
+    .. code:: python
+
+        atomic_put(name="Put /etc/systemd/system/vllm.service", dest="/etc/systemd/system/vllm.service",
+                   content=unit_text, mode="644")
+    """
+    import hashlib
+
+    want = hashlib.sha256(content.encode()).hexdigest()
+    remote = host.get_fact(File, path=dest)
+    have = host.get_fact(Sha256File, path=dest) if remote else None
+    if have != want:
+        tmp = f"{dest}.tmp-vllm-fleet"
+        yield FileUploadCommand(StringIO(content), tmp, remote_temp_filename=host.get_temp_filename(tmp))
+        if user or group:
+            yield StringCommand("chown", f"{user}:{group}" if group else user, tmp)
+        yield StringCommand("chmod", mode, tmp)
+        yield StringCommand("mv", "-f", tmp, dest)
+        return
+    # pyinfra's File fact gives the mode as the octal digits read as an int (0644 -> 644).
+    if (user and remote.get("user") != user) or (group and remote.get("group") != group):
+        yield StringCommand("chown", f"{user}:{group}" if group else user, dest)
+    if int(remote.get("mode") or 0) != int(mode):
+        yield StringCommand("chmod", mode, dest)
+
+
 def put_rendered(rendered: dict[str, Any], paths: list[str] | None = None) -> dict[str, Any]:
-    """Put rendered files (RenderedFile: content, mode, owner, group); return {path: OperationMeta}."""
+    """Put rendered files atomically (:func:`atomic_put`); return {path: OperationMeta}.
+
+    Unit files go last, after the files they name (EnvironmentFile=, ExecStartPre= scripts): a
+    deploy killed in between never leaves a unit that a reboot would start against missing files.
+    """
     out = {}
-    for path, f in sorted(rendered.items()):
+    for path, f in sorted(rendered.items(), key=lambda kv: (kv[0].endswith(UNIT_SUFFIXES), kv[0])):
         if paths is not None and path not in paths:
             continue
-        out[path] = files.put(
-            name=f"Put {path}",
-            src=StringIO(f.content),
-            dest=path,
-            user=f.owner,
-            group=f.group,
-            mode=f"{f.mode:o}",
-        )
+        out[path] = atomic_put(name=f"Put {path}", dest=path, content=f.content, user=f.owner, group=f.group,
+                               mode=f"{f.mode:o}")
     return out

@@ -12,7 +12,10 @@ Deploy function
       sha256 is computed locally into ``MANIFEST.sha256`` (sha256sum format); each file is put
       with ``files.put`` (which uploads only files whose checksum differs), owned by
       ``server.user``, mode 644 (dirs 755); files on the host that are not in the manifest are
-      removed (a stale shard would be loaded by vLLM); the manifest goes last. Only when
+      removed (a stale shard would be loaded by vLLM); the manifest goes last. Before any of
+      that (plan time): the files still to upload must fit on ``model.path``'s filesystem with
+      ``model_keep_free_bytes`` to spare, and the largest in pyinfra's temp directory
+      (``NoSpace`` names the host, the sizes and the fix). Only when
       something changed: ``sha256sum --strict -c MANIFEST.sha256`` runs on the host as the
       service user (so it also proves the files are readable by it); on a mismatch the manifest
       is removed and the host fails. (Whether anything changes is known while the plan is
@@ -50,12 +53,50 @@ from roles.common import secret_file
 
 from . import defaults as d
 from .defaults import DEFAULTS
+from .facts import FileSizes, FreeBytes
 
-__all__ = ["install_model", "local_manifest", "manifest_text", "ModelMissing", "DEFAULTS"]
+__all__ = ["install_model", "local_manifest", "manifest_text", "ModelMissing", "NoSpace", "DEFAULTS"]
 
 
 class ModelMissing(DeployError):
     """``transfer: none`` and the host has no model at ``model.path`` (the message names the host)."""
+
+
+class NoSpace(DeployError):
+    """``transfer: upload`` and the host has not enough free space for the files it still lacks
+    (at ``model.path``, or in the temp directory pyinfra uploads through); names host, bytes, fix."""
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB"
+
+
+def _check_space(spec: dict, local: Path, entries: list[tuple[str, str]]) -> None:
+    """Plan-time: the files that will be (re)written must fit, with ``model_keep_free_bytes`` to
+    spare, before any operation exists (a full disk half-way through leaves a broken model)."""
+    root = spec["model"]["path"].rstrip("/")
+    have = host.get_fact(FileSizes, root=root)
+    todo = [(rel, (local / rel).stat().st_size) for rel, _ in entries]
+    todo = [(rel, size) for rel, size in todo if have.get(rel) != size]
+    if not todo:
+        return
+    need = sum(size for _, size in todo) - sum(have.get(rel, 0) for rel, _ in todo)
+    keep = int(host.data.get("model_keep_free_bytes") or 0)
+    free = host.get_fact(FreeBytes, path=root)
+    if free is not None and free - max(need, 0) < keep:
+        raise NoSpace(
+            f"host {host.name}: not enough disk space for model.path {root}: {len(todo)} file(s) to upload, "
+            f"{_gib(max(need, 0))} more than is there now, {_gib(free)} free, and model_keep_free_bytes asks "
+            f"{_gib(keep)} to stay free. Fix: free space on that filesystem, point model.path at a larger one, "
+            "or lower model_keep_free_bytes; no host was changed")
+    temp_dir = host.data.get("_temp_dir") or "/tmp"
+    largest = max(size for _, size in todo)
+    tmp_free = host.get_fact(FreeBytes, path=temp_dir)
+    if tmp_free is not None and tmp_free < largest:
+        raise NoSpace(
+            f"host {host.name}: pyinfra uploads each file through {temp_dir} first, and the largest model file "
+            f"({_gib(largest)}) does not fit there ({_gib(tmp_free)} free). Fix: free space in {temp_dir} or set "
+            "the host's _temp_dir data to a directory on a larger filesystem; no host was changed")
 
 
 def _sha256(path: Path) -> str:
@@ -94,6 +135,7 @@ def _upload(spec: dict) -> list:
     root = m["path"].rstrip("/")
     local = Path(m["local_dir"]).expanduser()
     entries = local_manifest(local)
+    _check_space(spec, local, entries)
     fmode, dmode = host.data.get("model_file_mode"), host.data.get("model_dir_mode")
 
     ops = [files.directory(name=f"Model directory {root}", path=root, user=user, group=user, mode=dmode)]
@@ -120,11 +162,44 @@ def _upload(spec: dict) -> list:
     return ops
 
 
-_HUB_DOWNLOAD = """import os, pathlib, sys
+_HUB_DOWNLOAD = """import hashlib, os, pathlib, sys
 repo, revision, dest, marker, token_file = sys.argv[1:6]
 token = pathlib.Path(token_file).read_text().strip() if token_file else None
-from huggingface_hub import snapshot_download
-snapshot_download(repo_id=repo, revision=revision, local_dir=dest, token=token)
+from huggingface_hub import HfApi, snapshot_download
+from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError, RevisionNotFoundError
+def fail(msg):
+    print("model download: " + msg, file=sys.stderr)
+    sys.exit(3)
+try:
+    # resumes what an interrupted run left (local_dir/.cache/huggingface/download)
+    snapshot_download(repo_id=repo, revision=revision, local_dir=dest, token=token)
+    info = HfApi().model_info(repo, revision=revision, files_metadata=True, token=token)
+except RevisionNotFoundError:
+    fail(f"model.revision {revision!r} does not exist in {repo}: pin a branch, tag or commit the repo has "
+         "(its commit history on the hub lists them); nothing was marked as downloaded")
+except GatedRepoError:
+    fail(f"{repo} is gated: accept its licence on the hub with the account whose token is model.hub_token")
+except RepositoryNotFoundError:
+    fail(f"model.source {repo!r} does not exist on the hub or is private: check the id, or set model.hub_token")
+# Verified before use: every file's size, and sha256 where the hub gives one (LFS files).
+bad = []
+for f in info.siblings or []:
+    p = pathlib.Path(dest, f.rfilename)
+    lfs = getattr(f, "lfs", None)
+    size = getattr(lfs, "size", None) or f.size
+    if not p.is_file() or (size is not None and p.stat().st_size != size):
+        bad.append(f.rfilename)
+    elif lfs is not None and getattr(lfs, "sha256", None):
+        h = hashlib.sha256()
+        with open(p, "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                h.update(block)
+        if h.hexdigest() != lfs.sha256:
+            bad.append(f.rfilename)
+for rel in bad:
+    pathlib.Path(dest, rel).unlink(missing_ok=True)
+if bad:
+    fail(f"{len(bad)} file(s) did not match the hub's size/sha256 and were removed ({', '.join(bad[:5])}): run the deploy again")
 pathlib.Path(dest, marker).write_text(f"{repo}@{revision}\\n")
 """
 

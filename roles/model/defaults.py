@@ -20,6 +20,9 @@ DEFAULTS = {
     # Mode of uploaded model files and directories (the service user owns them; others may read).
     "model_file_mode": "644",
     "model_dir_mode": "755",
+    # Bytes that must stay free on model.path's filesystem after an upload (plan-time check;
+    # the deploy stops before any change when the files still to upload do not fit).
+    "model_keep_free_bytes": 1 << 30,
     # Extra environment for the hub download only (e.g. {"HF_ENDPOINT": "<a mirror>"}).
     "model_hub_env": {},
 }

@@ -27,6 +27,15 @@ DCGM_EXPORTER = "dcgm-exporter"
 GRAFANA = "grafana-server"
 
 
+def _put(rendered: dict[str, Any], paths: list[str]) -> dict[str, Any]:
+    """put_rendered, after making missing parent directories (atomic puts need them: e.g.
+    /etc/prometheus before its package exists). Existing directories are left as they are
+    (Grafana's own, for instance)."""
+    for d in sorted({os.path.dirname(path) for path in paths if path in rendered}):
+        files.directory(name=f"Directory {d}", path=d, present=True)
+    return put_rendered(rendered, paths)
+
+
 def _apt(name: str, packages: list[str]):
     return apt.packages(name=name, packages=packages, update=True, no_recommends=True,
                         cache_time=int(host.data.get("monitoring_apt_cache_time")))
@@ -54,7 +63,7 @@ def install_monitoring(spec: dict[str, Any], rendered: dict[str, Any]):
     if p["node_exporter_defaults"] in rendered:
         # The listen address first: the package starts the exporter at install time, and dpkg
         # (--force-confold) keeps this file, so it never listens on 0.0.0.0.
-        args = put_rendered(rendered, [p["node_exporter_defaults"]])
+        args = _put(rendered, [p["node_exporter_defaults"]])
         _apt("node exporter package", [host.data.get("monitoring_node_exporter_package")])
         systemd.service(name="node exporter running and enabled", service=NODE_EXPORTER, running=True, enabled=True)
         systemd.service(name="Restart node exporter (listen address changed)", service=NODE_EXPORTER, restarted=True,
@@ -80,7 +89,7 @@ def _dcgm(p: dict[str, str], rendered: dict[str, Any]) -> None:
             f"{host.name}: monitoring.dcgm_exporter is on for this GPU host but {monitoring.DCGM_BINARY} is missing: set host data "
             "`monitoring_dcgm_exporter_binary` to a dcgm-exporter binary on the control machine (NVIDIA/dcgm-exporter, `make binary`), "
             "or set monitoring.dcgm_exporter: false")
-    put = put_rendered(rendered, [p["dcgm_counters"], p["dcgm_unit"]])
+    put = _put(rendered, [p["dcgm_counters"], p["dcgm_unit"]])
     changed += put.values()
     systemd.daemon_reload(name="systemd daemon-reload (dcgm-exporter unit changed)", _if=put[p["dcgm_unit"]].did_change)
     systemd.service(name="dcgm-exporter running and enabled", service=DCGM_EXPORTER, running=True, enabled=True)
@@ -92,12 +101,12 @@ def _prometheus(spec: dict[str, Any], p: dict[str, str], rendered: dict[str, Any
     defaults = [p["prometheus_defaults"]] + ([p["blackbox_defaults"], p["blackbox_config"]] if p["blackbox_defaults"] in rendered else [])
     # Listen addresses (and the prober's config its arguments name) before the packages: their
     # postinst starts the services, and dpkg's --force-confold keeps these files.
-    args = put_rendered(rendered, defaults)
+    args = _put(rendered, defaults)
     packages = [host.data.get("monitoring_prometheus_package")]
     if mon["health_probe"]:
         packages.append(host.data.get("monitoring_blackbox_package"))
     _apt("Prometheus packages", packages)
-    config = put_rendered(rendered, [p["prometheus_config"], p["rules"]])
+    config = _put(rendered, [p["prometheus_config"], p["rules"]])
     server.shell(name="promtool check config (validate before reload)",
                  commands=[f"promtool check config {p['prometheus_config']}"], _if=any_changed(*config.values()))
     systemd.service(name="Prometheus running and enabled", service=PROMETHEUS, running=True, enabled=True)
@@ -111,7 +120,7 @@ def _prometheus(spec: dict[str, Any], p: dict[str, str], rendered: dict[str, Any
         systemd.service(name="Restart blackbox exporter (changed)", service=BLACKBOX, restarted=True,
                         _if=any_changed(args[p["blackbox_defaults"]], args[p["blackbox_config"]]))
     if p["grafana_datasource"] in rendered:
-        graf = put_rendered(rendered, [p["grafana_datasource"], p["grafana_dashboards"], p["grafana_dashboard"]])
+        graf = _put(rendered, [p["grafana_datasource"], p["grafana_dashboards"], p["grafana_dashboard"]])
         if host.get_fact(Which, command=GRAFANA):
             systemd.service(name="Restart Grafana (provisioning changed)", service=GRAFANA, restarted=True,
                             _if=any_changed(*graf.values()))

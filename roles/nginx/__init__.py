@@ -44,9 +44,8 @@ def install_nginx(spec: dict[str, Any], rendered: dict[str, Any], api_key: str |
         changed.append(files.link(name="Remove the default site", path="/etc/nginx/sites-enabled/default", present=False))
     secret_paths = {render.paths(spec)[k] for k in ("nginx_auth", "tls_certificate", "tls_certificate_key")}
     site_paths = [p for p in rendered if p.startswith("/etc/nginx/") and p not in secret_paths]
-    put = put_rendered(rendered, site_paths)
-    changed += put.values()
     paths = render.paths(spec)
+    # The auth include (and the TLS files below) before the site that names them.
     changed.append(secret_file(name="nginx auth include (0600, never shown)", path=paths["nginx_auth"],
                                content=render.nginx_auth_content(spec, api_key)))
     tls = prx["tls"]
@@ -63,6 +62,8 @@ def install_nginx(spec: dict[str, Any], rendered: dict[str, Any], api_key: str |
         else:
             changed.append(files.put(name="TLS certificate", src=os.path.expanduser(tls["certificate"]), dest=crt, mode="644"))
             changed.append(secret_file(name="TLS private key (0600, never shown)", path=key, content=tls_key or ""))
+    put = put_rendered(rendered, site_paths)
+    changed += put.values()
     server.shell(name="nginx -t (validate before reload)", commands=["nginx -t"], _if=any_changed(*changed))
     systemd.service(name="nginx running and enabled", service="nginx", running=True, enabled=True)
     systemd.service(name="Reload nginx (config changed)", service="nginx", reloaded=True, _if=any_changed(*changed))

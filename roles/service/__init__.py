@@ -92,9 +92,12 @@ def install_service(spec: dict[str, Any], rendered: dict[str, Any], api_key: str
     unit_paths = [p for p in rendered if p.startswith("/etc/systemd/system/") and p.endswith(UNIT)]
     other = [p for p in rendered if p.startswith(ins["config_dir"] + "/") and not p.endswith("/secrets.env")]
     extra = [p for p in rendered if p.startswith(ins["prefix"] + "/bin/")]
-    put = put_rendered(rendered, unit_paths + other + extra)
+    # Everything the unit names first, the unit last (a kill in between leaves no unit that
+    # points at a missing file).
+    put = put_rendered(rendered, other + extra)
     secrets_op = secret_file(name="API key (0600, never shown)", path=render.paths(spec)["secrets_env"],
                              content=render.secrets_env_content(spec, api_key) if api_key else "# no API key configured\n")
+    put.update(put_rendered(rendered, unit_paths))
     unit_ops = [put[p] for p in unit_paths]
     relevant = [*put.values(), secrets_op, *(restart_on or [])]
 

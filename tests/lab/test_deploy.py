@@ -184,7 +184,7 @@ def test_spec_change_restarts_only_vllm(server, tmp_path):
     vllm_before, nginx_before = main_pid(server, "vllm.service"), main_pid(server, "nginx.service")
     try:
         r = deploy(changed)
-        assert r.returncode == 0, r.stdout[-6000:]
+        assert r.returncode == 0, r.out[-6000:]
         ops = changed_ops(r.out)
         assert any("vllm.service" in o for o in ops) and not any(o.startswith("nginx") for o in ops), ops
         assert main_pid(server, "vllm.service") != vllm_before
@@ -193,7 +193,7 @@ def test_spec_change_restarts_only_vllm(server, tmp_path):
         assert "PASS  chat" in r.out
     finally:
         back = deploy()
-        assert back.returncode == 0, back.stdout[-4000:]
+        assert back.returncode == 0, back.out[-4000:]
     assert "--max-num-seqs 16" in server.ssh("ps -eo args", user="root").stdout
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from labkit import REPO
-from test_deploy import PYINFRA, SPEC, api_key, curl, deploy, grand_total, main_pid
+from test_deploy import PYINFRA, SPEC, api_key, changed_ops, curl, deploy, grand_total, main_pid
 
 pytestmark = pytest.mark.lab
 
@@ -149,14 +149,34 @@ def test_user_without_sudo_fails_at_the_first_root_step(server, lab_hosts, tmp_p
     try:
         r = run_pyinfra(inv, timeout=600)
         assert r.returncode != 0
-        # pyinfra asks for the sudo password (stdin is not a terminal here) and the host fails;
-        # pyinfra 3.10 prints that as a traceback from a fact (docs/hardening.md)
-        assert re.search(r"sudo password|sudo: a password is required", r.out), r.out[-3000:]
+        # roles.common.preflight: a message naming host, user and fix, not pyinfra's traceback
+        assert "host lab2: user nosudo cannot run sudo without a password" in r.out, r.out[-3000:]
+        assert "NOPASSWD" in r.out and "Traceback" not in r.out, r.out[-3000:]
         assert "Starting operation" not in r.out
         assert lab2.ssh("test -e /etc/vllm-fleet || test -e /opt/vllm-fleet || id vllm", user="root",
                         check=False).returncode != 0, "something was created on lab2"
     finally:
         lab2.ssh("userdel -r nosudo 2>/dev/null; true", user="root")
+
+
+def test_no_disk_space_for_the_model_stops_before_any_change(server, tmp_path):
+    """A model that does not fit (model_keep_free_bytes asks 1 PiB to stay free, on the host's real
+    `df`) stops the deploy at plan time, naming the host and the fix; nothing changes on lab1."""
+    import yaml
+
+    spec = yaml.safe_load(SPEC.read_text())
+    spec["model"]["path"] = "/var/lib/vllm-fleet/lab-tiny/model-elsewhere"  # nothing there yet: all to upload
+    path = tmp_path / "lab-tiny.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    inv = inventory_file(tmp_path, "servers = [('lab1', {**_by['lab1'], 'model_keep_free_bytes': 1 << 50})]\nproxy = servers\n")
+    before = fingerprint(server)
+    r = run_pyinfra(inv, spec=path, timeout=600)
+    assert r.returncode != 0
+    assert re.search(r"host lab1: not enough disk space for model\.path /var/lib/vllm-fleet/lab-tiny/model-elsewhere: "
+                     r"\d+ file\(s\) to upload, .* GiB free", r.out), r.out[-3000:]
+    assert "Starting operation" not in r.out and "Traceback" not in r.out, r.out[-3000:]
+    assert fingerprint(server) == before
+    assert server.ssh("test -e /var/lib/vllm-fleet/lab-tiny/model-elsewhere", user="root", check=False).returncode != 0
 
 
 # -- faults on a running service
@@ -247,5 +267,7 @@ def test_reboot_everything_comes_back(server):
     r = deploy()
     assert r.returncode == 0, r.out[-4000:]
     total = grand_total(r.out)
-    assert total["changed"] == "-" and total["error"] == "-", total
+    assert total["changed"] == "-" and total["error"] == "-", (
+        total, changed_ops(r.out),
+        server.ssh("systemctl status --no-pager -n 30 vllm.service nginx.service", user="root", check=False).stdout[-3000:])
     assert "PASS  chat" in r.out and "FAIL" not in r.out

@@ -23,6 +23,7 @@ API: the ``harness`` fixture (tests never import conftest: other test folders ma
     run.asked                            # [(FactClassName, kwargs)] every fact the deploy read
     run.unscripted                       # facts read but not scripted (their default() was used)
     run.uploads                          # {remote path: text} of files.put / template uploads
+                                         # (an atomic put's DEST.tmp-vllm-fleet listed as DEST)
 
 Scripting facts: ``facts`` maps a fact class (or its class name) to either the value, or a
 callable ``f(**fact_kwargs)`` returning it (``per_arg`` builds one for a fact keyed by one
@@ -196,7 +197,8 @@ def _read_ops(state: Any, the_host: Any) -> tuple[list[Op], dict[str, str]]:
         raw = list(op_data.command_generator())
         for command in raw:
             if isinstance(command, FileUploadCommand):
-                uploads[command.dest] = _upload_text(command.src)
+                # roles.common.atomic_put / secret_file upload to DEST.tmp-vllm-fleet, then mv
+                uploads[command.dest.removesuffix(".tmp-vllm-fleet")] = _upload_text(command.src)
         ops.append(Op(names[0] if names else op_hash, [_render(c) for c in raw], conditional=bool(ifs)))
     return ops, uploads
 

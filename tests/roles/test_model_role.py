@@ -16,8 +16,12 @@ from pathlib import Path
 import pytest
 from pyinfra.facts.files import Directory, File, FileContents, FindFiles, Md5File, Sha1File, Sha256File
 
-from roles.model import ModelMissing, install_model
+from roles.model import ModelMissing, NoSpace, install_model
+from roles.model.facts import FileSizes, FreeBytes
 from vllm_fleet.spec import load, resolve
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from fleetutil import require_vllm_venv  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 TOKEN = "hf_" + "s3cr3t" * 5
@@ -62,10 +66,37 @@ def remote_state(spec, local: Path):
         Sha1File: lambda path: sha1.get(path),
         Md5File: None, Sha256File: None,
         FindFiles: sorted(sha1),
+        FileSizes: {k[len(root) + 1:]: v.stat().st_size for k, v in files_.items()},
     }
 
 
 # ------------------------------------------------------------------------------------ upload
+
+GIB = 1 << 30
+
+
+def test_no_space_for_the_model_stops_before_any_operation(harness, local_model):
+    spec = lab_spec(local_dir=str(local_model))
+    size = sum(p.stat().st_size for p in local_model.rglob("*") if p.is_file())
+    # exactly the 1 GiB margin free: the files do not fit with it to spare
+    facts = {File: None, Directory: None, FindFiles: [], FileSizes: {},
+             FreeBytes: lambda path: GIB + size - 1 if path.startswith("/var/lib") else 100 * GIB}
+    with pytest.raises(NoSpace, match=r"host testhost: not enough disk space for model.path /var/lib/vllm-fleet/lab-tiny/model: "
+                                      r"4 file\(s\) to upload.*model_keep_free_bytes.*no host was changed"):
+        harness.run(install_model, spec, facts=facts)
+    facts[FreeBytes] = lambda path: GIB + size if path.startswith("/var/lib") else 100 * GIB
+    assert harness.run(install_model, spec, facts=facts).changed  # fits with exactly the margin left
+
+
+def test_files_already_there_need_no_space_and_tmp_must_hold_the_largest(harness, local_model):
+    spec = lab_spec(local_dir=str(local_model))
+    facts = remote_state(spec, local_model)
+    facts[FreeBytes] = 0  # a full disk: nothing to upload, so no check and no change
+    assert not harness.run(install_model, spec, facts=facts).changed
+    (local_model / "model.safetensors").write_text("weights " * 200)  # larger: must go through /tmp
+    facts[FreeBytes] = lambda path: 10 * GIB if path.startswith("/var/lib") else 10
+    with pytest.raises(NoSpace, match=r"uploads each file through /tmp first.*_temp_dir"):
+        harness.run(install_model, spec, facts=facts)
 
 def test_upload_fresh(harness, local_model):
     spec = lab_spec(local_dir=str(local_model))
@@ -123,8 +154,8 @@ def test_upload_missing_local_dir(harness, tmp_path):
 # --------------------------------------------------------------------------------------- hub
 
 def hub_spec(**model):
-    return lab_spec(transfer="hub", source="Qwen/Qwen2.5-7B-Instruct-AWQ", revision="a" * 40,
-                    local_dir=None, **model)
+    return lab_spec(**{"transfer": "hub", "source": "Qwen/Qwen2.5-7B-Instruct-AWQ", "revision": "a" * 40,
+                       "local_dir": None, **model})
 
 
 def test_hub_download_token_never_on_the_command_line(harness):
@@ -145,31 +176,102 @@ def test_hub_download_token_never_on_the_command_line(harness):
     assert f"chown -R {user}:{user} {spec['model']['path']}" in run.commands
 
 
-def test_hub_download_script_reads_the_token_file(harness, tmp_path):
-    """Run the download command's python with a stub huggingface_hub: it gets the token from the
-    file, the pinned revision, and writes the marker."""
-    spec = hub_spec(path=str(tmp_path / "model"))
-    spec["install"]["prefix"] = str(tmp_path / "prefix")
+def _hub_script(harness, spec, token_file=""):
+    """The download command's python argv (script and arguments) as the role would send it."""
     run = harness.run(install_model, spec, facts={FileContents: None})
     argv = shlex.split(next(c for c in run.commands if "snapshot_download" in c))
-    py = argv.index(f"{spec['install']['prefix']}/env/bin/python")
-    stub = tmp_path / "stub" / "huggingface_hub"
-    stub.mkdir(parents=True)
-    (stub / "__init__.py").write_text(
-        "import json, os\n"
-        "def snapshot_download(**kw):\n"
-        "    os.makedirs(kw['local_dir'], exist_ok=True)\n"
-        "    open(os.path.join(kw['local_dir'], 'call.json'), 'w').write(json.dumps(kw))\n")
+    args = argv[argv.index(f"{spec['install']['prefix']}/env/bin/python") + 1:]
+    args[-1] = token_file
+    return args
+
+
+def _run_hub_script(args, hub, tmp_path):
+    """Run the role's download script with the vLLM CPU venv's python (the huggingface_hub the
+    hosts get with vLLM) against the stand-in hub."""
+    py = require_vllm_venv()
+    env = {**os.environ, "HF_ENDPOINT": hub.url, "HF_HOME": str(tmp_path / "hf-home"), "HF_HUB_DISABLE_TELEMETRY": "1",
+           "HF_HUB_DISABLE_PROGRESS_BARS": "1", "HF_HUB_ETAG_TIMEOUT": "5", "HF_HUB_DOWNLOAD_TIMEOUT": "5"}
+    return subprocess.run([py, *args], env=env, capture_output=True, text=True, timeout=120)
+
+
+@pytest.fixture
+def hub(tmp_path):
+    sys.path.insert(0, str(REPO / "tests"))
+    from hubstandin import StandInHub
+
+    made = []
+
+    def make(**kw):
+        made.append(StandInHub("Qwen/Qwen2.5-7B-Instruct-AWQ", "a" * 40, HUB_FILES, **kw))
+        return made[-1]
+    yield make
+    for h in made:
+        h.close()
+
+
+HUB_FILES = {"config.json": b'{"architectures": ["Qwen2ForCausalLM"]}', "model.safetensors": bytes(range(256)) * 2000}
+
+
+def _sha(p: Path) -> str:
+    return subprocess.run(["sha256sum", str(p)], capture_output=True, text=True, check=True).stdout.split()[0]
+
+
+def test_hub_download_with_the_token_file_writes_the_marker(harness, hub, tmp_path):
+    """The real huggingface_hub against the stand-in: the token comes from the file (sent as a
+    Bearer header), the files land at model.path intact, and the marker names repo@revision."""
+    spec = hub_spec(path=str(tmp_path / "model"))
     token_file = tmp_path / "hub-token"
     token_file.write_text(TOKEN + "\n")
-    args = argv[py + 1:]
-    args[-1] = str(token_file)
-    env = dict(os.environ, PYTHONPATH=str(stub.parent))
-    subprocess.run([sys.executable, *args], check=True, env=env)
-    call = json.loads((tmp_path / "model" / "call.json").read_text())
-    assert call == {"repo_id": "Qwen/Qwen2.5-7B-Instruct-AWQ", "revision": "a" * 40,
-                    "local_dir": str(tmp_path / "model"), "token": TOKEN}
+    h = hub()
+    r = _run_hub_script(_hub_script(harness, spec, str(token_file)), h, tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    for name, data in HUB_FILES.items():
+        assert _sha(tmp_path / "model" / name) == hashlib.sha256(data).hexdigest()
     assert (tmp_path / "model" / ".vllm-fleet-hub").read_text() == f"Qwen/Qwen2.5-7B-Instruct-AWQ@{'a' * 40}\n"
+    assert {auth for _, _, auth in h.requests} == {f"Bearer {TOKEN}"}
+    assert TOKEN not in " ".join(_hub_script(harness, spec, str(token_file)))
+
+
+def test_hub_revision_that_does_not_exist_is_named_with_a_fix(harness, hub, tmp_path):
+    spec = hub_spec(path=str(tmp_path / "model"), revision="no-such-revision")
+    r = _run_hub_script(_hub_script(harness, spec), hub(), tmp_path)
+    assert r.returncode == 3, (r.returncode, r.stderr[-2000:])
+    assert ("model download: model.revision 'no-such-revision' does not exist in Qwen/Qwen2.5-7B-Instruct-AWQ: "
+            "pin a branch, tag or commit") in r.stderr, r.stderr[-2000:]
+    assert "Traceback" not in r.stderr
+    assert not (tmp_path / "model" / ".vllm-fleet-hub").exists()
+
+
+def test_hub_interrupted_download_is_resumed_and_verified(harness, hub, tmp_path):
+    """The connection drops half-way through the weights on every try of a first run (which
+    fails: no marker, so the next deploy downloads again); the second run completes the file and
+    the marker is written only then, over intact bytes."""
+    spec = hub_spec(path=str(tmp_path / "model"))
+    args = _hub_script(harness, spec)
+    h = hub(cut={"model.safetensors": 50})
+    first = _run_hub_script(args, h, tmp_path)
+    assert first.returncode != 0, first.stderr[-2000:]
+    assert not (tmp_path / "model" / ".vllm-fleet-hub").exists()
+    h.cut.clear()
+    second = _run_hub_script(args, h, tmp_path)
+    assert second.returncode == 0, second.stderr[-2000:]
+    assert _sha(tmp_path / "model" / "model.safetensors") == hashlib.sha256(HUB_FILES["model.safetensors"]).hexdigest()
+    assert (tmp_path / "model" / ".vllm-fleet-hub").exists()
+
+
+def test_hub_corrupted_file_is_removed_and_not_marked(harness, hub, tmp_path):
+    """Bytes that do not match the hub's sha256 are never marked as downloaded: the file is
+    removed, the command fails saying so, and the next run fetches it again."""
+    spec = hub_spec(path=str(tmp_path / "model"))
+    args = _hub_script(harness, spec)
+    h = hub(corrupt={"model.safetensors": 1})
+    first = _run_hub_script(args, h, tmp_path)
+    assert first.returncode == 3 and "did not match the hub's size/sha256 and were removed (model.safetensors)" in first.stderr, first.stderr[-2000:]
+    assert not (tmp_path / "model" / "model.safetensors").exists()
+    assert not (tmp_path / "model" / ".vllm-fleet-hub").exists()
+    second = _run_hub_script(args, h, tmp_path)
+    assert second.returncode == 0, second.stderr[-2000:]
+    assert _sha(tmp_path / "model" / "model.safetensors") == hashlib.sha256(HUB_FILES["model.safetensors"]).hexdigest()
 
 
 def test_hub_skipped_when_marker_matches(harness):

@@ -41,6 +41,14 @@ def run(harness, spec, inventory, facts=None, data=None, host="testhost"):
     return harness.run(install_monitoring, spec=spec, rendered=rendered, facts=f, data=data or {}), rendered
 
 
+def uploaded(r, path: str) -> str:
+    """The text uploaded for path (atomic puts upload to PATH.tmp-vllm-fleet, then rename)."""
+    for dest in (path, f"{path}.tmp-vllm-fleet"):
+        if dest in r.uploads:
+            return r.uploads[dest]
+    raise AssertionError(f"nothing uploaded for {path}: {sorted(r.uploads)}")
+
+
 def installs(r) -> list[str]:
     return [c for c in r.commands if "apt-get" in c and " install " in c]
 
@@ -55,10 +63,12 @@ def test_lab_host_listen_addresses_first_then_packages_then_promtool(harness):
     assert r.index(f"upload:{p['blackbox_defaults']}") < r.index("install --no-install-recommends prometheus prometheus-blackbox-exporter")
     # the prober's config too: its arguments name it, and the package starts it at install time
     assert r.index(f"upload:{p['blackbox_config']}") < r.index("install --no-install-recommends prometheus prometheus-blackbox-exporter")
-    assert "--web.listen-address=10.10.0.11:9100" in r.uploads[p["node_exporter_defaults"]]
-    assert "--web.listen-address=10.10.0.11:9090" in r.uploads[p["prometheus_defaults"]]
-    assert "--web.listen-address=127.0.0.1:9115" in r.uploads[p["blackbox_defaults"]]
+    assert "--web.listen-address=10.10.0.11:9100" in uploaded(r, p["node_exporter_defaults"])
+    assert "--web.listen-address=10.10.0.11:9090" in uploaded(r, p["prometheus_defaults"])
+    assert "--web.listen-address=127.0.0.1:9115" in uploaded(r, p["blackbox_defaults"])
     assert all("0.0.0.0" not in text for text in r.uploads.values())
+    # the directories atomic puts need exist first (/etc/prometheus before its package)
+    assert r.index("mkdir -p /etc/prometheus") < r.index("upload:/etc/prometheus/vllm-fleet-blackbox.yml")
     # promtool validates before the reload; both only when something changed
     check = r.op("promtool check config")
     assert check.conditional and check.commands == ["promtool check config /etc/prometheus/prometheus.yml"]
@@ -75,9 +85,9 @@ def test_second_run_changes_nothing(harness):
     import hashlib
 
     files = {path: {"user": f.owner, "group": f.group, "mode": int(f"{f.mode:o}"), "size": len(f.content)} for path, f in rendered.items()}
-    sums = {path: hashlib.sha1(f.content.encode()).hexdigest() for path, f in rendered.items()}
+    sums = {path: hashlib.sha256(f.content.encode()).hexdigest() for path, f in rendered.items()}
     pkgs = {n: ["1"] for n in ("prometheus", "prometheus-node-exporter", "prometheus-blackbox-exporter")}
-    facts = {DebPackages: pkgs, File: harness.per_arg("path", files), "Sha1File": harness.per_arg("path", sums),
+    facts = {DebPackages: pkgs, File: harness.per_arg("path", files), "Sha1File": harness.per_arg("path", {p: None for p in sums}), "Sha256File": harness.per_arg("path", sums),
              "SystemdStatus": {f"{u}.service": True for u in ("prometheus", "prometheus-node-exporter", "prometheus-blackbox-exporter")},
              "SystemdEnabled": {f"{u}.service": True for u in ("prometheus", "prometheus-node-exporter", "prometheus-blackbox-exporter")},
              "Directory": {"mode": 755, "user": "root", "group": "root"}}
@@ -95,10 +105,11 @@ def test_gpu_hosts_get_dcgm_and_the_exporter_on_the_private_address(harness, tmp
     r, rendered = run(harness, spec, GPU2, data={"monitoring_dcgm_exporter_binary": str(binary)})
     assert any("datacenter-gpu-manager" in c for c in installs(r))
     assert "upload:/usr/local/bin/dcgm-exporter" in r.commands
-    unit = r.uploads[monitoring.DCGM_UNIT]
+    unit = uploaded(r, monitoring.DCGM_UNIT)
     assert "--address 10.10.0.11:9400" in unit and "--collectors /etc/dcgm-exporter/vllm-fleet-counters.csv" in unit
-    assert "DCGM_FI_DEV_FB_USED, gauge" in r.uploads[monitoring.DCGM_COUNTERS]
+    assert "DCGM_FI_DEV_FB_USED, gauge" in uploaded(r, monitoring.DCGM_COUNTERS)
     assert r.index("upload:/etc/systemd/system/dcgm-exporter.service") < r.index("systemctl daemon-reload")
+    assert r.index("upload:/etc/dcgm-exporter/vllm-fleet-counters.csv") < r.index("upload:/etc/systemd/system/dcgm-exporter.service")
     assert "systemctl enable dcgm-exporter.service" in r.commands
     assert not r.has_op("Prometheus running")  # Prometheus runs on the monitoring host (edge) only
 
@@ -122,7 +133,7 @@ def test_dcgm_off_or_cpu_means_no_dcgm(harness):
 
 def test_monitoring_host_of_a_gpu_fleet(harness):
     r, rendered = run(harness, spec_of("2node-ray-pp2.yaml"), GPU2, host="edge")
-    cfg = r.uploads["/etc/prometheus/prometheus.yml"]
+    cfg = uploaded(r, "/etc/prometheus/prometheus.yml")
     assert "10.10.0.11:9400" in cfg and "10.10.0.12:6384" in cfg  # DCGM and Ray metrics of the nodes
     assert not r.has_op("dcgm")  # edge has no GPU role
 
@@ -130,9 +141,9 @@ def test_monitoring_host_of_a_gpu_fleet(harness):
 def test_grafana_provisioned_and_restarted_only_when_installed(harness):
     spec = spec_of("lab-tiny-monitoring.yaml", grafana={"enabled": True, "dashboards_dir": "/var/lib/grafana/dashboards/vllm-fleet"})
     r, _ = run(harness, spec, LAB, facts={Which: harness.per_arg("command", {"grafana-server": "/usr/sbin/grafana-server"})})
-    assert "upload:/etc/grafana/provisioning/datasources/vllm-fleet.yaml" in r.commands
-    assert "upload:/var/lib/grafana/dashboards/vllm-fleet/vllm-fleet.json" in r.commands
-    assert "url: http://10.10.0.11:9090" in r.uploads["/etc/grafana/provisioning/datasources/vllm-fleet.yaml"]
+    assert uploaded(r, "/etc/grafana/provisioning/datasources/vllm-fleet.yaml")
+    assert "vllm-fleet-vllm" in uploaded(r, "/var/lib/grafana/dashboards/vllm-fleet/vllm-fleet.json")
+    assert "url: http://10.10.0.11:9090" in uploaded(r, "/etc/grafana/provisioning/datasources/vllm-fleet.yaml")
     assert r.op("Restart Grafana").conditional
     r2, _ = run(harness, spec, LAB)  # Grafana not installed: the files, no restart
-    assert "upload:/etc/grafana/provisioning/dashboards/vllm-fleet.yaml" in r2.commands and not r2.has_op("Restart Grafana")
+    assert uploaded(r2, "/etc/grafana/provisioning/dashboards/vllm-fleet.yaml") and not r2.has_op("Restart Grafana")
