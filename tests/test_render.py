@@ -34,6 +34,13 @@ INVENTORY_2NODE = {
 }
 
 
+#: The lab's inventory with monitoring on: lab1 runs vLLM, nginx and Prometheus (lab2 untouched).
+INVENTORY_LAB_MONITORING = {
+    "lab1": {"address": "10.10.0.11", "groups": ["servers", "proxy", "ray_head", "monitoring"], "data": {"private_address": "10.10.0.11"}},
+    "lab2": {"address": "10.10.0.12", "groups": ["ray_workers"], "data": {"private_address": "10.10.0.12"}},
+}
+
+
 def resolved_of(name: str) -> dict:
     return spec.resolve(spec.load(REPO / "deployments" / f"{name}.yaml"))
 
@@ -41,6 +48,7 @@ def resolved_of(name: str) -> dict:
 def _golden_cases():
     cases = [(p.stem, p.stem, None) for p in DEPLOYMENTS]
     cases.append(("2node-ray-pp2+inventory", "2node-ray-pp2", INVENTORY_2NODE))
+    cases.append(("lab-tiny-monitoring+inventory", "lab-tiny-monitoring", INVENTORY_LAB_MONITORING))
     return cases
 
 

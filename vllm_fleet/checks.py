@@ -162,6 +162,22 @@ def spec_problems(r: dict[str, Any], spec: Spec | None = None) -> list[Problem]:
         if key in SECRET_ENV:
             add(f"env.{key}", f"{key} is a secret; env values are written to a readable file",
                 f"use `{SECRET_ENV[key]}` (a secret reference written to a 0600 file)")
+
+    # -- monitoring
+    mon = r.get("monitoring") or {}
+    if mon.get("enabled"):
+        ports = {"server.port": srv["port"], "proxy.listen": prx["listen"], "monitoring.prometheus_port": mon["prometheus_port"],
+                 "monitoring.node_exporter_port": mon["node_exporter_port"], "monitoring.dcgm_exporter_port": mon["dcgm_exporter_port"]}
+        seen: dict[int, str] = {}
+        for key, port in ports.items():
+            if port in seen and key.startswith("monitoring."):
+                add(key, f"port {port} is also {seen[port]}'s: both may run on one host", f"pick another port for `{key}`")
+            seen.setdefault(port, key)
+        util = e.get("gpu_memory_utilization")
+        if ins["accelerator"] == "cuda" and util and mon["alerts"]["gpu_memory_usage"] <= util:
+            add("monitoring.alerts.gpu_memory_usage",
+                f"{mon['alerts']['gpu_memory_usage']} is not above engine.gpu_memory_utilization {util}: vLLM reserves that much up front, so the alert would always fire",
+                f"set it above {util} (e.g. 0.98)", "warning")
     return out
 
 

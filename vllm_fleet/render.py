@@ -26,6 +26,7 @@ from typing import Any, Iterable
 
 import jinja2
 
+from . import monitoring
 from .command import RAY_TMPDIR, env_bin, env_python, vllm_argv, vllm_env, world_size_per_node
 from .secrets import describe as describe_secret
 
@@ -78,6 +79,7 @@ GROUP_ROLES = {
     "server": "server", "servers": "server", "head": "server", "vllm": "server",
     "worker": "worker", "workers": "worker", "ray_worker": "worker", "ray_workers": "worker",
     "proxy": "proxy", "proxies": "proxy", "nginx": "proxy",
+    "monitoring": "monitoring",  # Prometheus (with monitoring.enabled; vllm_fleet.monitoring)
 }
 #: Host data keys render reads (the deploy may fill them from facts before rendering).
 HOST_DATA_KEYS = ("socket_ifname", "cpu_count", "ray_memory_bytes", "ray_object_store_bytes")
@@ -275,6 +277,7 @@ def _layout(resolved: dict[str, Any], inventory: dict[str, dict[str, Any]] | Non
     par = resolved["parallel"]
     multi, backend = _multi(resolved), _backend(resolved)
     proxy_on = resolved["proxy"].get("enabled", True)
+    monitoring_on = bool((resolved.get("monitoring") or {}).get("enabled"))
     ray_multi = multi and backend == "ray"
     if inventory is None:
         out = [_Node("server", {"server"}, par.get("head_address") if multi else None)]
@@ -285,6 +288,8 @@ def _layout(resolved: dict[str, Any], inventory: dict[str, dict[str, Any]] | Non
             out.append(_Node("worker", {"worker"}, None, 1))
         if proxy_on:
             out.append(_Node("proxy", {"proxy"}))
+        if monitoring_on:
+            out.append(_Node("monitoring", {"monitoring"}))
         return out
 
     out: list[_Node] = []
@@ -300,6 +305,12 @@ def _layout(resolved: dict[str, Any], inventory: dict[str, dict[str, Any]] | Non
     if not proxy_on:
         for n in out:
             n.roles.discard("proxy")
+    if not monitoring_on:
+        for n in out:
+            n.roles.discard("monitoring")
+        out = [n for n in out if n.roles]
+    elif not any("monitoring" in n.roles for n in out):
+        raise RenderError("monitoring.enabled is true but no inventory host is in the `monitoring` group: add one (it runs Prometheus)")
     if multi:
         if len(servers) != 1:
             raise RenderError(f"inventory: a {par['nodes']}-node server has exactly one head host in the `server` group, found {len(servers)}: {', '.join(n.target for n in servers)}")
@@ -555,6 +566,9 @@ def _nginx_site(resolved: dict[str, Any], node: _Node, all_nodes: list[_Node], w
         read_timeout=prx["read_timeout"],
         send_timeout=prx["send_timeout"],
         metrics_allow=prx.get("metrics_allow") or [],
+        # /metrics of THIS host's vLLM when it runs one (the upstream may balance over several
+        # replicas, whose counters must not be mixed in one scrape target)
+        metrics_upstream=f"127.0.0.1:{resolved['server']['port']}" if "server" in node.roles else f"vllm_fleet_{_safe_ident(resolved['name'])}",
     )
     return RenderedFile(content, 0o644)
 
@@ -634,6 +648,8 @@ def _node_files(resolved: dict[str, Any], node: _Node, all_nodes: list[_Node], w
         _add(files, p["ray_head_unit"], _ray_unit(resolved, node), node.target)
     if "ray-worker" in node.roles:
         _add(files, p["ray_worker_unit"], _ray_unit(resolved, node), node.target)
+    for path, f in monitoring.node_files(resolved, node, all_nodes, with_inventory).items():
+        _add(files, path, f, node.target)
     if "proxy" in node.roles:
         _add(files, p["nginx_site"], _nginx_site(resolved, node, all_nodes, with_inventory), node.target)
         if resolved["proxy"].get("auth", "api_key") == "api_key":

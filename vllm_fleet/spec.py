@@ -391,6 +391,13 @@ def resolve(spec: Spec) -> dict[str, Any]:
 
     # server / proxy
     prx["tls"] = {**_schema_defaults(root["properties"]["proxy"]["properties"]["tls"]), **(prx.get("tls") or {})}
+
+    # monitoring (nested sections get their own defaults)
+    mon_props = root["properties"]["monitoring"]["properties"]
+    mon = {**_schema_defaults(root["properties"]["monitoring"]), **(raw.get("monitoring") or {})}
+    for sub in ("alerts", "grafana"):
+        mon[sub] = {**_schema_defaults(mon_props[sub]), **(mon.get(sub) or {})}
+    out["monitoring"] = mon
     srv.setdefault("host", "127.0.0.1" if prx["enabled"] and par["nodes"] == 1 else "0.0.0.0")
     return out
 

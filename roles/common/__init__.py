@@ -33,7 +33,8 @@ def inventory_hosts() -> dict[str, dict[str, Any]]:
     """The inventory as the renderers want it: {name: {address, groups, data}}."""
     out = {}
     for h in inventory:
-        out[h.name] = {"address": h.data.get("ssh_hostname") or h.name, "groups": list(h.groups), "data": {}}
+        data = {"private_address": h.data.get("private_address")} if h.data.get("private_address") else {}
+        out[h.name] = {"address": h.data.get("ssh_hostname") or h.name, "groups": list(h.groups), "data": data}
     return out
 
 

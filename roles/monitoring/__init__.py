@@ -1,0 +1,129 @@
+"""Monitoring: node exporter on every host the deploy touches, DCGM exporter on GPU hosts,
+Prometheus (+ the blackbox exporter for /health probes, + Grafana provisioning) on the hosts of
+the `monitoring` group. Every file is rendered by vllm_fleet.monitoring; this role places them,
+installs Debian's packages, validates with promtool and restarts/reloads only on change.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from pyinfra import host, logger
+from pyinfra.api import deploy
+from pyinfra.facts.files import File
+from pyinfra.facts.server import Which
+from pyinfra.operations import apt, files, server, systemd
+from pyinfra.operations.util import any_changed
+
+from roles.common import DeployError, put_rendered
+
+from .defaults import DEFAULTS
+
+PROMETHEUS = "prometheus"
+NODE_EXPORTER = "prometheus-node-exporter"
+BLACKBOX = "prometheus-blackbox-exporter"
+DCGM_EXPORTER = "dcgm-exporter"
+GRAFANA = "grafana-server"
+
+
+def _put(rendered: dict[str, Any], paths: list[str]) -> dict[str, Any]:
+    """put_rendered, after making missing parent directories (atomic puts need them: e.g.
+    /etc/prometheus before its package exists). Existing directories are left as they are
+    (Grafana's own, for instance)."""
+    for d in sorted({os.path.dirname(path) for path in paths if path in rendered}):
+        files.directory(name=f"Directory {d}", path=d, present=True)
+    return put_rendered(rendered, paths)
+
+
+def _apt(name: str, packages: list[str]):
+    return apt.packages(name=name, packages=packages, update=True, no_recommends=True,
+                        cache_time=int(host.data.get("monitoring_apt_cache_time")))
+
+
+@deploy("monitoring", data_defaults=DEFAULTS)
+def install_monitoring(spec: dict[str, Any], rendered: dict[str, Any]):
+    """
+    Install and configure what this host's rendered monitoring files call for.
+
+    + spec: the resolved deployment spec (``monitoring.enabled`` true)
+    + rendered: this host's rendered files ({path: RenderedFile}); the monitoring ones are used:
+      node exporter defaults (every host), the DCGM exporter unit (GPU hosts), Prometheus'
+      defaults, config and rules, the blackbox exporter's, Grafana's provisioning (monitoring hosts)
+
+    **Example:**
+
+    .. code:: python
+
+        install_monitoring(spec=ctx["spec"], rendered=rendered_for_host(ctx))
+    """
+    from vllm_fleet import monitoring
+
+    p = monitoring.paths(spec)
+    if p["node_exporter_defaults"] in rendered:
+        # The listen address first: the package starts the exporter at install time, and dpkg
+        # (--force-confold) keeps this file, so it never listens on 0.0.0.0.
+        args = _put(rendered, [p["node_exporter_defaults"]])
+        _apt("node exporter package", [host.data.get("monitoring_node_exporter_package")])
+        systemd.service(name="node exporter running and enabled", service=NODE_EXPORTER, running=True, enabled=True)
+        systemd.service(name="Restart node exporter (listen address changed)", service=NODE_EXPORTER, restarted=True,
+                        _if=any_changed(*args.values()))
+    if p["dcgm_unit"] in rendered:
+        _dcgm(p, rendered)
+    if p["prometheus_config"] in rendered:
+        _prometheus(spec, p, rendered)
+
+
+def _dcgm(p: dict[str, str], rendered: dict[str, Any]) -> None:
+    from vllm_fleet import monitoring
+
+    _apt("NVIDIA DCGM packages", list(host.data.get("monitoring_dcgm_packages")))
+    binary = host.data.get("monitoring_dcgm_exporter_binary")
+    changed = []
+    if binary:
+        if not os.path.isfile(os.path.expanduser(binary)):
+            raise DeployError(f"{host.name}: monitoring_dcgm_exporter_binary {binary} is not a file on this machine; no host was changed")
+        changed.append(files.put(name="dcgm-exporter binary", src=os.path.expanduser(binary), dest=monitoring.DCGM_BINARY, mode="755"))
+    elif not host.get_fact(File, path=monitoring.DCGM_BINARY):
+        raise DeployError(
+            f"{host.name}: monitoring.dcgm_exporter is on for this GPU host but {monitoring.DCGM_BINARY} is missing: set host data "
+            "`monitoring_dcgm_exporter_binary` to a dcgm-exporter binary on the control machine (NVIDIA/dcgm-exporter, `make binary`), "
+            "or set monitoring.dcgm_exporter: false")
+    put = _put(rendered, [p["dcgm_counters"], p["dcgm_unit"]])
+    changed += put.values()
+    systemd.daemon_reload(name="systemd daemon-reload (dcgm-exporter unit changed)", _if=put[p["dcgm_unit"]].did_change)
+    systemd.service(name="dcgm-exporter running and enabled", service=DCGM_EXPORTER, running=True, enabled=True)
+    systemd.service(name="Restart dcgm-exporter (changed)", service=DCGM_EXPORTER, restarted=True, _if=any_changed(*changed))
+
+
+def _prometheus(spec: dict[str, Any], p: dict[str, str], rendered: dict[str, Any]) -> None:
+    mon = spec["monitoring"]
+    defaults = [p["prometheus_defaults"]] + ([p["blackbox_defaults"], p["blackbox_config"]] if p["blackbox_defaults"] in rendered else [])
+    # Listen addresses (and the prober's config its arguments name) before the packages: their
+    # postinst starts the services, and dpkg's --force-confold keeps these files.
+    args = _put(rendered, defaults)
+    packages = [host.data.get("monitoring_prometheus_package")]
+    if mon["health_probe"]:
+        packages.append(host.data.get("monitoring_blackbox_package"))
+    _apt("Prometheus packages", packages)
+    config = _put(rendered, [p["prometheus_config"], p["rules"]])
+    server.shell(name="promtool check config (validate before reload)",
+                 commands=[f"promtool check config {p['prometheus_config']}"], _if=any_changed(*config.values()))
+    systemd.service(name="Prometheus running and enabled", service=PROMETHEUS, running=True, enabled=True)
+    systemd.service(name="Restart Prometheus (arguments changed)", service=PROMETHEUS, restarted=True,
+                    _if=args[p["prometheus_defaults"]].did_change)
+    config_changed = any_changed(*config.values())
+    systemd.service(name="Reload Prometheus (config or rules changed)", service=PROMETHEUS, reloaded=True,
+                    _if=lambda: config_changed() and not args[p["prometheus_defaults"]].did_change())  # a restart reads them anyway
+    if mon["health_probe"]:
+        systemd.service(name="blackbox exporter running and enabled", service=BLACKBOX, running=True, enabled=True)
+        systemd.service(name="Restart blackbox exporter (changed)", service=BLACKBOX, restarted=True,
+                        _if=any_changed(args[p["blackbox_defaults"]], args[p["blackbox_config"]]))
+    if p["grafana_datasource"] in rendered:
+        graf = _put(rendered, [p["grafana_datasource"], p["grafana_dashboards"], p["grafana_dashboard"]])
+        if host.get_fact(Which, command=GRAFANA):
+            systemd.service(name="Restart Grafana (provisioning changed)", service=GRAFANA, restarted=True,
+                            _if=any_changed(*graf.values()))
+        else:
+            logger.warning(f"{host.name}: monitoring.grafana.enabled but Grafana is not installed: the datasource and dashboard "
+                           "are provisioned and load when grafana-server is installed (Grafana's apt repository)")

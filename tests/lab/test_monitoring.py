@@ -1,0 +1,176 @@
+"""Monitoring on the lab: deployments/lab-tiny-monitoring.yaml (lab-tiny + Prometheus, node exporter,
+blackbox /health probe) deployed on lab1 with deploys/serve.py, read with independent tools:
+Prometheus' own HTTP API with curl from the control machine, `ss` over ssh, curl through nginx.
+
+The spec is derived for the lab at hand: /metrics allowed only from 127.0.0.1 and lab1 itself
+(so the control machine is outside proxy.metrics_allow in any lab subnet), a 2 s scrape interval.
+Teardown (also when the deploy failed): Prometheus, the node exporter and the blackbox exporter
+stopped and disabled (their packages stay installed, harmless), and deployments/lab-tiny.yaml
+deployed again, so lab1 serves lab-tiny with only its nginx site, as later lab tests expect.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import time
+import urllib.parse
+
+import pytest
+import yaml
+
+from labkit import REPO
+from test_deploy import api_key, changed_ops, curl, deploy, grand_total
+
+pytestmark = pytest.mark.lab
+
+SPEC = REPO / "deployments" / "lab-tiny-monitoring.yaml"
+SINGLE = REPO / "deployments" / "lab-tiny.yaml"
+UNITS = ("prometheus", "prometheus-node-exporter", "prometheus-blackbox-exporter")
+RESULTS: dict[str, object] = {}
+
+
+def prom(base: str, path: str, **params: str) -> dict:
+    url = f"{base}{path}" + ("?" + urllib.parse.urlencode(params) if params else "")
+    r = subprocess.run(["curl", "-s", "--max-time", "10", url], capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0, (url, r.returncode, r.stderr)
+    doc = json.loads(r.stdout)
+    assert doc["status"] == "success", doc
+    return doc["data"]
+
+
+def query(base: str, expr: str) -> list[dict]:
+    return prom(base, "/api/v1/query", query=expr)["result"]
+
+
+def wait_for(what: str, check, deadline_s: float = 60, interval: float = 1.0):
+    t0 = time.monotonic()
+    last = None
+    while time.monotonic() - t0 < deadline_s:
+        last = check()
+        if last:
+            return last, time.monotonic() - t0
+        time.sleep(interval)
+    raise AssertionError(f"{what}: not within {deadline_s} s (last: {last})")
+
+
+@pytest.fixture(scope="module")
+def monitored(lab_hosts, tmp_path_factory):
+    lab1 = lab_hosts[0]
+    spec = yaml.safe_load(SPEC.read_text())
+    spec["proxy"]["metrics_allow"] = ["127.0.0.1", f"{lab1.address}/32"]
+    spec["monitoring"]["scrape_interval"] = "2s"
+    spec["monitoring"]["evaluation_interval"] = "2s"
+    path = tmp_path_factory.mktemp("monitoring") / "lab-tiny.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    try:
+        r = deploy(path)
+        RESULTS["deploy_s"] = round(r.elapsed, 1)
+        (REPO / ".pytest_cache").mkdir(exist_ok=True)
+        (REPO / ".pytest_cache" / "deploy-monitoring.log").write_text(r.out)
+        assert r.returncode == 0, f"deploy failed:\n{r.stdout[-6000:]}\n{r.stderr[-3000:]}"
+        yield {"host": lab1, "spec": path, "prom": f"http://{lab1.address}:9090", "deploy": r}
+    finally:
+        lab1.ssh(f"systemctl disable --now {' '.join(UNITS)}", user="root", check=False)
+        back = deploy(SINGLE)
+        RESULTS["restore_s"] = round(back.elapsed, 1)
+        (REPO / ".pytest_cache").mkdir(exist_ok=True)
+        (REPO / ".pytest_cache" / "monitoring-results.json").write_text(json.dumps(RESULTS, indent=2))
+        print("\nmonitoring results:", RESULTS)
+        assert back.returncode == 0, back.out[-4000:]
+
+
+def test_every_target_up(monitored):
+    def all_up():
+        targets = prom(monitored["prom"], "/api/v1/targets")["activeTargets"]
+        return targets if targets and all(t["health"] == "up" for t in targets) else None
+
+    targets, took = wait_for("every Prometheus target up", all_up, deadline_s=90)
+    RESULTS["all_targets_up_after_s"] = round(took, 1)
+    jobs = sorted({t["labels"]["job"] for t in targets})
+    assert jobs == ["node", "prometheus", "vllm", "vllm-health"], targets
+    vllm = [t for t in targets if t["labels"]["job"] == "vllm"]
+    assert [t["scrapeUrl"] for t in vllm] == ["http://127.0.0.1:8000/metrics"]  # the local vLLM itself
+    assert vllm[0]["labels"]["replica"] == "lab1" and vllm[0]["labels"]["deployment"] == "lab-tiny"
+
+
+def test_vllm_series_carry_the_served_model(monitored):
+    res, _ = wait_for("vllm: series", lambda: query(monitored["prom"], 'vllm:num_requests_running{model_name="tiny"}'))
+    assert res[0]["metric"]["replica"] == "lab1" and res[0]["metric"]["job"] == "vllm", res
+    names = prom(monitored["prom"], "/api/v1/label/__name__/values")
+    RESULTS["vllm_series_names"] = len([n for n in names if n.startswith("vllm:")])
+    assert RESULTS["vllm_series_names"] > 30
+    assert query(monitored["prom"], 'probe_success{job="vllm-health"} == 1')  # /health probed through the blackbox exporter
+
+
+def test_a_request_through_the_proxy_moves_the_counters(monitored):
+    expr = 'sum(vllm:request_success_total{model_name="tiny"})'
+    tokens = 'sum(vllm:generation_tokens_total{model_name="tiny"})'
+    res, _ = wait_for("request counter present", lambda: query(monitored["prom"], expr))
+    time.sleep(3)  # a scrape after anything in flight
+    before = float(query(monitored["prom"], expr)[0]["value"][1])
+    tokens_before = float(query(monitored["prom"], tokens)[0]["value"][1])
+    body = json.dumps({"model": "tiny", "messages": [{"role": "user", "content": "count to five"}], "max_tokens": 16})
+    chat = curl("-H", f"Authorization: Bearer {api_key()}", "-H", "Content-Type: application/json", "-d", body,
+                f"http://{monitored['host'].address}/v1/chat/completions")
+    done = json.loads(chat.stdout)["usage"]["completion_tokens"]
+    assert done > 0
+    after, took = wait_for("request counter moved", lambda: (lambda v: v if v >= before + 1 else None)(
+        float(query(monitored["prom"], expr)[0]["value"][1])), deadline_s=30)
+    RESULTS["counter_moved_after_s"] = round(took, 1)
+    assert float(query(monitored["prom"], tokens)[0]["value"][1]) >= tokens_before + done
+
+
+def test_alert_rules_loaded_and_healthy(monitored):
+    groups = prom(monitored["prom"], "/api/v1/rules")["groups"]
+    rules = {r["name"]: r for g in groups for r in g["rules"]}
+    assert set(rules) == {"VllmReplicaDown", "VllmHealthFailing", "VllmKvCacheNearFull", "VllmWaitingRequestsGrowing",
+                          "VllmTtftP99High", "NodeExporterDown"}, sorted(rules)
+    wait_for("rules evaluated", lambda: all(r.get("lastEvaluation", "").startswith("20") for r in prom(monitored["prom"], "/api/v1/rules")["groups"][0]["rules"]), 30)
+    assert all(r["health"] == "ok" for r in prom(monitored["prom"], "/api/v1/rules")["groups"][0]["rules"])
+    firing = [a for a in prom(monitored["prom"], "/api/v1/alerts")["alerts"] if a["state"] == "firing"]
+    assert firing == [], firing  # a healthy idle replica raises nothing
+
+
+def test_every_alert_rule_selects_real_series(monitored):
+    """A rule whose selector matches nothing can never fire: each series selector of the rendered
+    rules (read back from the host) must match series Prometheus really has."""
+    rules = monitored["host"].ssh("cat /etc/prometheus/vllm-fleet/lab-tiny.rules.yml", user="root").stdout
+    exprs = [r["expr"] for g in yaml.safe_load(rules)["groups"] for r in g["rules"]]
+    selectors = sorted({m.group(0) for e in exprs for m in re.finditer(r"[A-Za-z_:][A-Za-z0-9_:]*\{[^}]*\}", e)})
+    assert len(selectors) >= 6, selectors
+    empty = [s for s in selectors if not query(monitored["prom"], s)]
+    assert not empty, empty
+
+
+def test_listen_on_private_address_or_loopback_only(monitored):
+    lab1 = monitored["host"]
+    ss = lab1.ssh("ss -ltnH", user="root").stdout
+    listen = {m.group(2): m.group(1) for m in re.finditer(r"(\S+):(9090|9100|9115)\s", ss)}
+    assert listen == {"9090": lab1.address, "9100": lab1.address, "9115": "127.0.0.1"}, ss
+
+
+def test_metrics_through_nginx_only_for_the_allow_list(monitored):
+    lab1 = monitored["host"]
+    # the control machine is outside metrics_allow (127.0.0.1 and lab1 only)
+    assert curl("-o", "/dev/null", "-w", "%{http_code}", f"http://{lab1.address}/metrics").stdout == "403"
+    body = lab1.ssh("curl -s --max-time 10 -w '\\n%{http_code}' http://127.0.0.1/metrics", user="root").stdout
+    assert body.rstrip().endswith("200") and 'vllm:num_requests_running{' in body
+
+
+def test_dashboard_series_exist_in_the_live_endpoint(monitored):
+    from vllm_fleet.monitoring import dashboard_queries, vllm_series
+
+    live = monitored["host"].ssh("curl -s --max-time 10 http://127.0.0.1:8000/metrics", user="root").stdout
+    exported = {line.split("{")[0].split(" ")[0] for line in live.splitlines() if line and not line.startswith("#")}
+    missing = sorted(vllm_series(dashboard_queries()) - exported)
+    assert not missing, missing
+
+
+def test_second_deploy_changes_nothing(monitored):
+    r = deploy(monitored["spec"])
+    assert r.returncode == 0, r.out[-4000:]
+    RESULTS["warm_deploy_s"] = round(r.elapsed, 1)
+    total = grand_total(r.out)
+    assert total["changed"] == "-" and total["error"] == "-", (changed_ops(r.out), total)

