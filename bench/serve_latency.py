@@ -56,7 +56,9 @@ try:
                                       and ":" in l.split()[1]]
 except OSError:
     pass
-help_text = subprocess.run([CFG["vllm"], "bench", "serve", "--help"], env=env, capture_output=True, text=True).stdout
+# vLLM's --help lists argument groups; --help=all lists every flag (stdout or stderr by version)
+hr = subprocess.run([CFG["vllm"], "bench", "serve", "--help=all"], env=env, capture_output=True, text=True)
+help_text = hr.stdout + hr.stderr
 info["help_has_flags"] = {{f: f in help_text for f in ("--max-concurrency", "--random-input-len", "--save-result",
                                                      "--percentile-metrics", "--num-warmups", "--result-filename")}}
 runs = []
@@ -88,6 +90,8 @@ for rep in range(CFG["repeat"]):
                          "rc": r.returncode, "wall_s": round(wall, 1), "loadavg1_before": load, "result": res,
                          "error_tail": None if res else (r.stdout[-1500:] + r.stderr[-1500:])}})
             print(f"{{target}} c={{c}} rep={{rep}} rc={{r.returncode}} {{wall:.1f}} s", file=sys.stderr, flush=True)
+import shutil
+shutil.rmtree(work, ignore_errors=True)
 print(json.dumps({{"info": info, "cmd_example": cmd, "runs": runs}}))
 """
 
