@@ -124,6 +124,7 @@ def deploy(spec: Path, servers: list[str], timeout: float = 3600) -> dict[str, A
     env = {**os.environ, "VLLM_FLEET_SPEC": str(spec), "VLLM_FLEET_LAB_SERVERS": ",".join(servers),
            "VLLM_FLEET_LAB_PROXY": "lab1", "PYTHONUNBUFFERED": "1"}
     argv = [str(BIN / "pyinfra"), "-y", "inventory/lab.py", "deploys/serve.py"]
+    load1 = os.getloadavg()[0]
     t0 = time.monotonic()
     p = subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                          stdin=subprocess.DEVNULL, bufsize=1)
@@ -146,7 +147,7 @@ def deploy(spec: Path, servers: list[str], timeout: float = 3600) -> dict[str, A
     if "smoke" in marks and "results" in marks:
         phases["smoke_s"] = round(marks["results"] - marks["smoke"], 2)
     total = grand_total(out)
-    return {"servers": servers, "rc": rc, "wall_s": round(wall, 2), "phases": phases, "grand_total": total,
+    return {"servers": servers, "rc": rc, "loadavg1_before": round(load1, 2), "wall_s": round(wall, 2), "phases": phases, "grand_total": total,
             "changed_ops": changed_ops(out), "output_tail": out[-4000:] if rc else None, "_out": out}
 
 
