@@ -26,6 +26,7 @@ import argparse
 import json
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -136,12 +137,18 @@ def main() -> int:
     assert p.stdin and p.stdout and p.stderr
     p.stdin.write(script)  # the key travels on stdin, inside the script
     p.stdin.close()
+    # stdout is drained in a thread: the final JSON can exceed the pipe's buffer while stderr
+    # (progress lines) is still open, and reading one after the other then deadlocks
+    chunks: list[str] = []
+    reader = threading.Thread(target=lambda: chunks.append(p.stdout.read()), daemon=True)
+    reader.start()
     err = []
     for line in p.stderr:
         err.append(line)
         print("  " + line.rstrip(), file=sys.stderr, flush=True)
-    stdout = p.stdout.read()
     rc = p.wait()
+    reader.join()
+    stdout = "".join(chunks)
     if rc != 0 or not stdout.strip():
         print("".join(err)[-3000:], file=sys.stderr)
         return 1
