@@ -15,7 +15,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 # nginx for `nginx -t` on rendered sites, rsync/ssh for uploads, prometheus for promtool (rules checks).
 HOST_PACKAGES := mmdebstrap systemd-container systemd iptables lxcfs zstd rsync openssh-client nginx-light openssl curl ca-certificates prometheus
 
-.PHONY: help venv host-deps vllm-cpu tiny-model lab-up lab-down deploy demo test test-unit test-lab clean
+.PHONY: help venv host-deps vllm-cpu tiny-model lab-up lab-down deploy demo test test-unit test-lab bench-deps bench clean
 
 help:
 	@echo "make demo   - lab up, deploy $(SPEC), smoke tests (from nothing)"
@@ -70,6 +70,19 @@ test: host-deps venv vllm-cpu tiny-model
 
 test-lab: host-deps venv vllm-cpu tiny-model
 	VLLM_FLEET_REQUIRE_LAB=1 VLLM_FLEET_LAB_TEST_HOSTS=3 $(BIN)/pytest tests/lab -m lab $(PYTEST_ARGS)
+
+# Benchmarks on the lab (docs/benchmarks.md): deploy times on 1 host (cold, no-op), `vllm bench serve`
+# through nginx and direct on it, the latency plot, then no-op re-deploys on BENCH_SIZES hosts.
+# They bring the lab up themselves and leave it up (`make lab-down` after). Not tests: no timed asserts.
+BENCH_SIZES ?= 3,6
+bench-deps: venv
+	$(BIN)/pip install -q -e '.[test,bench]'
+
+bench: host-deps bench-deps tiny-model
+	$(BIN)/python bench/deploy_scaling.py --sizes 1
+	$(BIN)/python bench/serve_latency.py
+	$(BIN)/python bench/plot_latency.py
+	$(BIN)/python bench/deploy_scaling.py --sizes $(BENCH_SIZES)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

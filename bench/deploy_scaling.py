@@ -1,0 +1,166 @@
+"""Deploy times on the lab: a cold deploy, a no-op re-deploy, and no-op re-deploys on 1, 3, 6 hosts.
+
+    .venv/bin/python bench/deploy_scaling.py [--sizes 1,3,6] [--repeat 3] [--out bench/results/lab-deploy-scaling.json]
+
+For each fleet size N (ascending) it grows the lab of this environment's instance to N hosts
+(`vllm-fleet lab up --hosts N`; VLLM_FLEET_LAB_DIR/_BRIDGE/_SUBNET pick the instance), runs
+`pyinfra -y inventory/lab.py deploys/serve.py` with lab1..labN in the `servers` group and nginx
+on lab1 in front of all of them (VLLM_FLEET_LAB_SERVERS), once to converge, then --repeat more
+times, which must change nothing. When lab1 has never been deployed, the first deploy at the
+smallest size is the cold deploy (bare host to smoke passed); the pip cache's size is recorded
+so the result says whether downloads were cached. The spec is deployments/lab-tiny.yaml renamed
+`lab-bench` with a small KV cache and vLLM on 0.0.0.0 (bench/labbench.py: bench_spec).
+
+Per deploy: wall time, time per pyinfra phase (load = python + inventory + the spec's checks;
+connect; prepare = facts and planning; run = operations, smoke tests included), pyinfra's grand
+total (changed must be 0 for a no-op) and which operations changed. Per size: RSS of each lab
+host, load average and available memory of the control machine. Before growing, it checks that
+the new vLLM servers fit in available memory (RSS of lab1's host after its deploy, plus a
+reserve); if not it stops there and says so. Results are merged into --out by size; prints JSON
+and a table. Not a test: numbers on a shared 2-core machine are noisy (the JSON says how busy
+the machine was).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import labbench as lb  # noqa: E402
+
+RESERVE_MIB = 3072  # left free for the machine and the other labs
+
+
+def summarize(runs: list[dict]) -> dict:
+    walls = [r["wall_s"] for r in runs]
+    phases = {}
+    for k in runs[0]["phases"] if runs else []:
+        phases[k] = round(lb.median([r["phases"].get(k) for r in runs]), 2)
+    return {"n": len(runs), "wall_median_s": round(lb.median(walls), 2), "wall_min_s": min(walls), "wall_max_s": max(walls),
+            "phases_median_s": phases, "changed_ops_max": max(r["grand_total"]["changed"] for r in runs),
+            "ops": runs[0]["grand_total"]["ops"]}
+
+
+def strip(run: dict) -> dict:
+    return {k: v for k, v in run.items() if not k.startswith("_")}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sizes", default="1,3,6", help="fleet sizes, ascending (default 1,3,6)")
+    ap.add_argument("--repeat", type=int, default=3, help="no-op re-deploys per size (default 3); the median is reported")
+    ap.add_argument("--kv-gib", type=int, default=1, help="engine.cpu_kv_cache_gib of the bench spec (default 1, the schema's minimum)")
+    ap.add_argument("--out", default=str(lb.REPO / "bench" / "results" / "lab-deploy-scaling.json"))
+    ap.add_argument("--note", default="", help="free text stored in the JSON (e.g. what else ran on the machine)")
+    ap.add_argument("--fit", action="store_true", help="when a size does not fit in memory, measure the largest that does")
+    ap.add_argument("--table", action="store_true", help="only print the table of --out")
+    args = ap.parse_args()
+    if args.table:
+        print_table(json.loads(Path(args.out).read_text()))
+        return 0
+    sizes = sorted(int(s) for s in args.sizes.split(","))
+    out_path = Path(args.out)
+    result = json.loads(out_path.read_text()) if out_path.exists() else {}
+    result.setdefault("sizes", {})
+    result["bench"] = "deploy_scaling"
+    if args.note:
+        result.setdefault("notes", []).append(args.note)
+
+    st = lb.lab_state()
+    spec = lb.bench_spec((st or {}).get("subnet") or __import__("os").environ.get("VLLM_FLEET_LAB_SUBNET", "10.10.0.0/24"),
+                         kv_gib=args.kv_gib)
+    result["spec"] = {"file": "deployments/lab-tiny.yaml, renamed lab-bench", "overrides": {
+        "engine.cpu_kv_cache_gib": args.kv_gib, "server.host": "0.0.0.0", "server.health_timeout": 1200}}
+
+    def save():
+        out_path.parent.mkdir(parents=True, exist_ok=True)
+        out_path.write_text(json.dumps(result, indent=2) + "\n")
+
+    # RSS of a host running vLLM + nginx, from an earlier size's measurement (this run or the file)
+    per_server_mib = max([e.get("host_rss_mib", {}).get("lab1") or 0 for e in result["sizes"].values()] or [0]) or None
+    for n in sizes:
+        st = lb.lab_state()
+        have = len(st["hosts"]) if st else 0
+        entry: dict = {"hosts": n, "machine_before": lb.machine()}
+        if have < n and st and per_server_mib:
+            deployed = have  # hosts 1..have run a server already
+            need = (n - deployed) * per_server_mib + RESERVE_MIB
+            avail = entry["machine_before"]["mem_available_mib"]
+            if avail < need:
+                why = (f"{n} hosts: {n - deployed} more vLLM servers need ~{(n - deployed) * per_server_mib} MiB "
+                       f"(+{RESERVE_MIB} MiB reserve), {avail} MiB available")
+                fits = deployed + max(0, (avail - RESERVE_MIB) // per_server_mib)
+                print(f"[{n}] does not fit: {why}; {fits} hosts would", flush=True)
+                result.setdefault("not_measured", {})[str(n)] = why
+                if not args.fit or fits <= max([deployed, *[int(k) for k in result["sizes"] if "noop" in result["sizes"][k]]]):
+                    save()
+                    break
+                entry["requested_hosts"], entry["memory_limited"] = n, why
+                n = int(fits)
+                entry["hosts"] = n
+        if have != n or not st:
+            entry["lab_up_s"] = lb.lab_up(n)
+            st = lb.lab_state()
+        servers = [h["name"] for h in st["hosts"]][:n]
+        bare = lb.ssh(st, "lab1", f"test -e /opt/vllm-fleet/{lb.BENCH_NAME}/env/bin/python", check=False).returncode != 0
+        entry["pip_cache_before"] = lb.pip_cache()
+        print(f"[{n}] first deploy ({'cold: lab1 bare' if bare else 'converge'}), servers {servers} ...", flush=True)
+        first = lb.deploy(spec, servers)
+        entry["first_deploy"] = {**strip(first), "kind": "cold (lab1 bare host to smoke passed)" if bare and n == 1
+                                 else ("cold on the new hosts" if bare or have < n else "converge")}
+        print(f"[{n}] first deploy rc={first['rc']} {first['wall_s']} s {first['grand_total']}", flush=True)
+        if first["rc"] != 0:
+            result["sizes"][str(n)] = entry
+            save()
+            print(first["_out"][-5000:], file=sys.stderr)
+            return 1
+        entry["pip_cache_after"] = lb.pip_cache()
+        runs = []
+        for i in range(args.repeat):
+            r = lb.deploy(spec, servers)
+            runs.append(strip(r))
+            print(f"[{n}] no-op #{i + 1}: rc={r['rc']} {r['wall_s']} s {r['grand_total']} changed={r['changed_ops']}", flush=True)
+            if r["rc"] != 0:
+                print(r["_out"][-5000:], file=sys.stderr)
+                break
+        entry["noop_runs"] = runs
+        if runs and all(r["rc"] == 0 for r in runs):
+            entry["noop"] = summarize(runs)
+            entry["noop"]["per_host_s"] = round(entry["noop"]["wall_median_s"] / n, 2)
+        entry["host_rss_mib"] = lb.host_rss_mib()
+        entry["machine_after"] = lb.machine()
+        rss = entry["host_rss_mib"].get("lab1")
+        if rss:
+            per_server_mib = max(per_server_mib or 0, rss)
+        result["sizes"][str(n)] = entry
+        save()
+        if any(r["rc"] for r in runs):
+            return 1
+
+    print(json.dumps(result, indent=2))
+    print_table(result)
+    return 0
+
+
+def print_table(result: dict) -> None:
+    print(f"\n{'hosts':>5} {'first deploy':>13} {'kind':<34} {'no-op median':>12} {'min-max':>13} {'per host':>8} "
+          f"{'changed':>7} {'ops':>4}  {'lab1 RSS':>8}  load1")
+    for n, e in sorted(result["sizes"].items(), key=lambda kv: int(kv[0])):
+        f = e.get("first_deploy", {})
+        no = e.get("noop", {})
+        rng = f"{no.get('wall_min_s', '')}-{no.get('wall_max_s', '')}"
+        print(f"{n:>5} {f.get('wall_s', ''):>11} s {f.get('kind', ''):<34} {no.get('wall_median_s', ''):>10} s {rng:>13} "
+              f"{no.get('per_host_s', ''):>6} s {no.get('changed_ops_max', ''):>7} {no.get('ops', ''):>4}  "
+              f"{e.get('host_rss_mib', {}).get('lab1', '')!s:>4} MiB  {e['machine_before']['loadavg_1_5_15'][0]}")
+    for n, why in (result.get("not_measured") or {}).items():
+        print(f"{n:>5} not measured: {why}")
+    print("(seconds; no-op = a re-deploy that changes nothing, median of the repeats; the machine is shared: see machine_* in the JSON)")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
