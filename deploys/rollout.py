@@ -7,9 +7,9 @@
     VLLM_FLEET_ROLLOUT_STEP=upstream pyinfra -y inventory/lab.py deploys/rollout.py --limit proxy
 
 Steps ($VLLM_FLEET_ROLLOUT_STEP):
-  upstream  on `proxy` hosts: the nginx site rendered with the hosts in $VLLM_FLEET_UPSTREAM_DOWN
+  upstream  on the proxy hosts: the nginx site rendered with the hosts in $VLLM_FLEET_UPSTREAM_DOWN
             marked `down`; when it changed, nginx -t, reload, wait for the old workers (bounded).
-  update    on `servers` hosts: wait until vLLM has no running/waiting request (bounded), then
+  update    on replicas (`servers`): wait until vLLM has no running/waiting request (bounded), then
             the serve deploy's server part (env, vLLM, model, unit: restarted when its inputs
             changed, then /health), then the replica's own smoke test (on the host, not through
             the proxy). Nothing of nginx is touched, also on a proxy host that is a replica.
@@ -19,16 +19,14 @@ default the spec's rollout.drain_timeout) bounds both waits. Single-node replica
 
 import os
 
-from pyinfra import host
-
 from roles.common import DeployError, load_deploy_spec, rendered_for_host
+from vllm_fleet import render
 
 ctx = load_deploy_spec()
 spec = ctx["spec"]
 rendered = rendered_for_host(ctx)
 step = os.environ.get("VLLM_FLEET_ROLLOUT_STEP", "")
 drain_timeout = float(os.environ.get("VLLM_FLEET_DRAIN_TIMEOUT") or spec["rollout"]["drain_timeout"])
-groups = set(host.groups)
 
 if spec["parallel"]["nodes"] > 1:
     raise DeployError(f"{ctx['path']}: a rolling update replaces single-node replicas (parallel.nodes is {spec['parallel']['nodes']}); "
@@ -36,12 +34,16 @@ if spec["parallel"]["nodes"] > 1:
 if step not in ("upstream", "update"):
     raise DeployError(f"VLLM_FLEET_ROLLOUT_STEP must be `upstream` or `update` (got {step!r}); `vllm-fleet rollout` sets it")
 
-if step == "upstream" and "proxy" in groups and spec["proxy"]["enabled"]:
+# Who plays which part comes from the renderer (as in serve.py's layout): a host with this
+# deployment's nginx site is a proxy (the `proxy` group, or every server when there is none), a
+# host with vllm.service is a replica.
+paths = render.paths(spec)
+if step == "upstream" and paths["nginx_site"] in rendered:
     from roles.rollout import upstream
 
     upstream(spec=spec, rendered=rendered, drain_timeout=drain_timeout)
 
-if step == "update" and "servers" in groups:
+if step == "update" and paths["vllm_unit"] in rendered:
     from roles.model import install_model
     from roles.nvidia import nvidia
     from roles.pyenv import pyenv, service_dirs
