@@ -108,7 +108,7 @@ def proxy_addresses(spec: dict[str, Any], inv: dict[str, dict[str, Any]]) -> lis
 
 
 @deploy("vLLM API port firewall", data_defaults=DEFAULTS)
-def api_firewall(spec: dict[str, Any]):
+def api_firewall(spec: dict[str, Any], proxies: list[str] | None = None):
     """
     Close vLLM's API port to everyone but the proxy hosts, when vLLM listens beyond loopback.
 
@@ -120,6 +120,7 @@ def api_firewall(spec: dict[str, Any]):
     proxy is off, or with host data ``vllm_api_firewall: false``.
 
     + spec: the resolved deployment spec
+    + proxies: the proxy hosts' addresses (default: from the inventory, as the renderer lays it out)
 
     **Example:**
 
@@ -130,7 +131,9 @@ def api_firewall(spec: dict[str, Any]):
     srv = spec["server"]
     if srv["host"] in ("127.0.0.1", "::1") or not spec["proxy"]["enabled"] or not host.data.get("vllm_api_firewall"):
         return []
-    allow = [*proxy_addresses(spec, inventory_hosts()), *(host.data.get("vllm_api_firewall_allow") or [])]
+    if proxies is None:
+        proxies = proxy_addresses(spec, inventory_hosts())
+    allow = [*proxies, *(host.data.get("vllm_api_firewall_allow") or [])]
     rules = files.put(name=f"nftables rules: port {srv['port']} only from {', '.join(allow) or 'loopback'}",
                       src=StringIO(api_firewall_rules(spec, allow)), dest=d.API_FIREWALL_FILE,
                       user="root", group="root", mode="644")
