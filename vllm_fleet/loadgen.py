@@ -8,8 +8,11 @@
 requests are in flight), alternating plain and streamed chats (``stream_every``). A request
 counts as ok only when it got HTTP 200 and a complete answer: a plain chat with content and
 usage, a stream ending in ``data: [DONE]``. Anything else is a failure with its reason (HTTP
-status and body, a connection error, a stream cut before [DONE]). There are no client retries:
-every failure the service lets through is counted. ``rate`` (requests per second over all
+status and body, a connection error, a stream cut before [DONE]). One client retry only, as the
+OpenAI SDKs do: a request whose connection was closed before any response byte (nginx closes
+idle keep-alive connections when a reload retires its old workers) is sent once more on a new
+connection and counted in ``retried`` (``retry_unanswered=False`` counts it as failed instead);
+every other failure the service lets through is counted as failed. ``rate`` (requests per second over all
 threads) bounds the load further; ``pause`` is a sleep between one thread's requests.
 
 Used by the lab's rollout test and bench/rollout.py. Only ``requests`` and the standard library.
@@ -35,6 +38,7 @@ class Record:
     ok: bool
     status: int | None
     reason: str = ""
+    retried: str = ""  # why it was sent a second time (closed before any response), or ""
 
 
 @dataclass
@@ -45,6 +49,8 @@ class Stats:
     streamed: int = 0
     seconds: float = 0.0
     reasons: dict[str, int] = field(default_factory=dict)
+    retried: int = 0  # requests sent twice because the first connection closed unanswered
+    retry_reasons: dict[str, int] = field(default_factory=dict)
     failures: list[dict[str, Any]] = field(default_factory=list)  # the first few, with times
     latency_ms: dict[str, float] = field(default_factory=dict)
 
@@ -61,9 +67,21 @@ class Stats:
         lat = ", ".join(f"{k} {v:.0f} ms" for k, v in self.latency_ms.items())
         out = (f"{self.total} requests in {self.seconds:.1f} s ({self.plain} plain, {self.streamed} streamed): "
                f"{self.ok} ok, {self.failed} failed" + (f"; latency {lat}" if lat else ""))
+        if self.retried:
+            out += f"; {self.retried} retried once (connection closed before any response)"
         if self.reasons:
             out += "; failures: " + "; ".join(f"{n}x {r}" for r, n in sorted(self.reasons.items(), key=lambda x: -x[1]))
         return out
+
+
+def _unanswered(exc: BaseException) -> bool:
+    """A connection the server closed (or reset) before sending any response byte: nginx does
+    this to idle keep-alive connections when a reload retires the old workers, racing a request
+    the client sends on one at that instant. The request was never processed, so a client may
+    send it again (the OpenAI SDKs retry connection errors); anything else is not retried."""
+    text = repr(exc)
+    return isinstance(exc, requests.ConnectionError) and ("RemoteDisconnected" in text or "ConnectionResetError" in text
+                                                          or "closed connection without response" in text)
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -78,13 +96,15 @@ class LoadGen:
 
     def __init__(self, base_url: str, model: str, api_key: str | None, *, concurrency: int = 4, max_tokens: int = 16,
                  stream_every: int = 2, rate: float | None = None, pause: float = 0.0, timeout: float = 120,
-                 prompt: str = "Count from one to ten.", verify: Any = True, keep_failures: int = 50):
+                 prompt: str = "Count from one to ten.", verify: Any = True, keep_failures: int = 50,
+                 retry_unanswered: bool = True):
         base_url = base_url.rstrip("/")
         self.base_url = base_url[:-3] if base_url.endswith("/v1") else base_url
         self.model, self.api_key = model, api_key
         self.concurrency, self.max_tokens, self.stream_every = int(concurrency), int(max_tokens), int(stream_every)
         self.rate, self.pause, self.timeout, self.prompt, self.verify = rate, pause, timeout, prompt, verify
         self.keep_failures = keep_failures
+        self.retry_unanswered = retry_unanswered
         self.records: list[Record] = []
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -100,8 +120,10 @@ class LoadGen:
         return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
 
     def _body(self, i: int, stream: bool) -> dict[str, Any]:
+        # ignore_eos (a vLLM extension): every answer is max_tokens long, so the load is even and
+        # a model that ends at once (the lab's tiny random model often does) still answers.
         return {"model": self.model, "messages": [{"role": "user", "content": f"{self.prompt} ({i})"}],
-                "max_tokens": self.max_tokens, "temperature": 0, "stream": stream}
+                "max_tokens": self.max_tokens, "temperature": 0, "stream": stream, "ignore_eos": True}
 
     def _plain(self, session: requests.Session, i: int) -> tuple[bool, int | None, str]:
         r = session.post(f"{self.base_url}/v1/chat/completions", json=self._body(i, False), headers=self._headers(),
@@ -114,8 +136,8 @@ class LoadGen:
             usage = body.get("usage") or {}
         except (ValueError, KeyError, IndexError, TypeError):
             return False, 200, f"HTTP 200 with an unreadable body: {r.text[:120]!r}"
-        if not content or not usage.get("completion_tokens"):
-            return False, 200, "HTTP 200 without content or usage"
+        if content is None or not usage.get("completion_tokens"):
+            return False, 200, f"HTTP 200 without a message or usage: {r.text[:120]!r}"
         return True, 200, ""
 
     def _stream(self, session: requests.Session, i: int) -> tuple[bool, int | None, str]:
@@ -162,13 +184,19 @@ class LoadGen:
                 self._count += 1
             stream = self.stream_every > 0 and i % self.stream_every == self.stream_every - 1
             t = time.monotonic()
-            try:
-                ok, status, reason = (self._stream if stream else self._plain)(session, i)
-            except requests.RequestException as exc:
-                ok, status, reason = False, None, f"{type(exc).__name__}: {str(exc)[:160]}"
-                session.close()
-                session = requests.Session()
-            rec = Record(round(t - self._t0, 3), round(time.monotonic() - t, 4), stream, ok, status, reason)
+            retried = ""
+            for attempt in (1, 2):
+                try:
+                    ok, status, reason = (self._stream if stream else self._plain)(session, i)
+                except requests.RequestException as exc:
+                    ok, status, reason = False, None, f"{type(exc).__name__}: {str(exc)[:160]}"
+                    session.close()
+                    session = requests.Session()
+                    if attempt == 1 and self.retry_unanswered and _unanswered(exc):
+                        retried = reason  # closed before any response: never processed; once more
+                        continue
+                break
+            rec = Record(round(t - self._t0, 3), round(time.monotonic() - t, 4), stream, ok, status, reason, retried)
             with self._lock:
                 self.records.append(rec)
             if self.pause:
@@ -201,7 +229,11 @@ class LoadGen:
         st.seconds = round(((self._t1 or time.monotonic()) - self._t0) - since, 1)
         lat: dict[str, list[float]] = {"plain": [], "stream": []}
         reasons: Counter[str] = Counter()
+        retry_reasons: Counter[str] = Counter()
         for r in recs:
+            if r.retried:
+                st.retried += 1
+                retry_reasons[r.retried] += 1
             if r.stream:
                 st.streamed += 1
             else:
@@ -215,6 +247,7 @@ class LoadGen:
                 if len(st.failures) < self.keep_failures:
                     st.failures.append(asdict(r))
         st.reasons = dict(reasons)
+        st.retry_reasons = dict(retry_reasons)
         for kind, values in lat.items():
             if values:
                 st.latency_ms[f"{kind} p50"] = round(_pct(values, 50), 1)

@@ -40,7 +40,7 @@ import shlex
 import time
 from typing import Any
 
-from pyinfra import host
+from pyinfra import host, logger
 from pyinfra.api import deploy
 from pyinfra.operations import python
 
@@ -142,6 +142,11 @@ except Exception as exc:
 '''
 
 
+def _say(text: str) -> None:
+    """What a step saw, in pyinfra's output (vllm-fleet rollout shows these lines per step)."""
+    logger.info(f"    [{host.name}] {text}")
+
+
 # ----------------------------------------------------------------------------------------------
 # Execute-time functions (python.call: run on the control machine, commands on the host)
 
@@ -155,9 +160,9 @@ def _reload_and_wait(timeout: float, interval: float) -> None:
         raise RuntimeError(f"{host.name}: nginx -t / reload failed:\n" + "\n".join(lines[-20:]))
     last = next((line for line in reversed(lines) if line.startswith(("drained", "timeout"))), "")
     if last.startswith("timeout"):
-        host.noop(f"WARNING drain: old nginx workers still running after {timeout:.0f} s ({last}); going on")
+        _say(f"WARNING drain: old nginx workers still running after {timeout:.0f} s ({last}); going on")
     else:
-        host.noop(f"nginx reloaded; old workers gone after {time.monotonic() - t0:.1f} s")
+        _say(f"nginx reloaded; old workers gone after {time.monotonic() - t0:.1f} s")
 
 
 def _wait_idle(port: int, timeout: float, interval: float) -> None:
@@ -172,15 +177,15 @@ def _wait_idle(port: int, timeout: float, interval: float) -> None:
             m = None
         if m is None:
             # vLLM is not answering (stopped, or crashed): nothing in flight there to wait for
-            host.noop(f"drain: vLLM on port {port} does not answer /metrics: nothing to drain")
+            _say(f"drain: vLLM on port {port} does not answer /metrics: nothing to drain")
             return
         busy = sum(m.values())
         if busy == 0:
-            host.noop(f"drain: no running or waiting request after {time.monotonic() - t0:.1f} s")
+            _say(f"drain: no running or waiting request after {time.monotonic() - t0:.1f} s")
             return
         last = ", ".join(f"{k.split(':')[1]} {v:g}" for k, v in m.items())
         if time.monotonic() - t0 >= timeout:
-            host.noop(f"WARNING drain: still {last} after {timeout:.0f} s; going on (those requests may be cut)")
+            _say(f"WARNING drain: still {last} after {timeout:.0f} s; going on (those requests may be cut)")
             return
         time.sleep(interval)
 
@@ -190,7 +195,7 @@ def _smoke(py: str, port: int, model: str, secrets: str, max_tokens: int, timeou
     ok, out = host.run_shell_command(" ".join(shlex.quote(a) for a in argv), _sudo=True, _timeout=int(timeout * 3) + 30)
     lines = [line for line in (getattr(out, "stdout_lines", []) or []) + (getattr(out, "stderr_lines", []) or [])]
     if ok:
-        host.noop(lines[-1] if lines else "replica smoke test passed")
+        _say(lines[-1] if lines else "replica smoke test passed")
         return
     _, j = host.run_shell_command(f"journalctl -u vllm.service -n {int(journal_lines)} --no-pager -o cat", _sudo=True)
     tail = "\n".join(getattr(j, "stdout_lines", []) or [])

@@ -7,7 +7,7 @@ installed env copied over ssh (`tar`, the same path) instead of a 3 GB pip insta
 install itself is tested by test_deploy.py; here the deploy finds vLLM in place.
 
 While `vllm-fleet rollout` changes every replica (engine.max_num_seqs 16 -> 12), a bounded load
-generator (vllm_fleet.loadgen: 3 threads, plain and streamed chats through nginx) must see no
+generator (vllm_fleet.loadgen: 2 threads, plain and streamed chats through nginx) must see no
 failed request, and every replica's running vLLM must show the new flag (its main process's
 command line, read over ssh). A broken update (an unknown vLLM flag in engine.extra_args: the
 spec is valid, vLLM refuses to start) must stop after the first batch with lab1 left out of the
@@ -80,6 +80,9 @@ def write_spec(path: Path, subnet: str, **engine) -> Path:
     spec["server"]["api_key"] = {"file": str(KEY_FILE), "generate": True}
     spec["proxy"]["metrics_allow"] = ["127.0.0.1", subnet]
     spec["engine"].update(engine)
+    # vLLM's CPU build starts in 30-100 s alone; on a 2-core host shared with other vLLMs under
+    # load a start took over 300 s here: give the update room (a crash still fails at once).
+    spec["rollout"]["health_timeout"] = 900
     path.write_text(yaml.safe_dump(spec, sort_keys=False))
     return path
 
@@ -140,7 +143,7 @@ def fleet(hosts, tmp_path_factory):
 def load(fleet):
     from vllm_fleet.loadgen import LoadGen
 
-    gen = LoadGen(f"http://{fleet['hosts'][0].address}", "tiny", KEY_FILE.read_text().strip(), concurrency=3,
+    gen = LoadGen(f"http://{fleet['hosts'][0].address}", "tiny", KEY_FILE.read_text().strip(), concurrency=2,
                   max_tokens=16, timeout=120)
     yield gen
     if not gen._stop.is_set():
@@ -185,6 +188,7 @@ def test_rollout_under_load_fails_no_request(fleet, load):
     assert "batch 1/3 (lab1)" in r.out and "batch 3/3 (lab3)" in r.out
     assert st.failed == 0, st.summary()
     assert st.ok >= 30 and st.streamed >= 10, st.summary()
+    print("\nload during the rollout:", st.summary())
     for h in hosts:
         assert "--max-num-seqs 12" in cmdline(h), h.name
     assert " down" not in hosts[0].ssh(f"cat {SITE}", user="root").stdout
