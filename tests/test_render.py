@@ -33,6 +33,13 @@ INVENTORY_2NODE = {
     "edge": {"address": "10.10.0.5", "groups": ["proxy"], "data": {}},
 }
 
+#: Three replicas, nginx on the first; lab2 out of the upstream (a rollout's batch).
+INVENTORY_REPLICAS = {
+    "lab1": {"address": "10.10.0.11", "groups": ["servers", "proxy"], "data": {}},
+    "lab2": {"address": "10.10.0.12", "groups": ["servers"], "data": {"upstream_down": True}},
+    "lab3": {"address": "10.10.0.13", "groups": ["servers"], "data": {}},
+}
+
 
 #: The lab's inventory with monitoring on: lab1 runs vLLM, nginx and Prometheus (lab2 untouched).
 INVENTORY_LAB_MONITORING = {
@@ -49,6 +56,7 @@ def _golden_cases():
     cases = [(p.stem, p.stem, None) for p in DEPLOYMENTS]
     cases.append(("2node-ray-pp2+inventory", "2node-ray-pp2", INVENTORY_2NODE))
     cases.append(("lab-tiny-monitoring+inventory", "lab-tiny-monitoring", INVENTORY_LAB_MONITORING))
+    cases.append(("lab-tiny-replicas+inventory", "lab-tiny-replicas", INVENTORY_REPLICAS))
     return cases
 
 
@@ -316,7 +324,7 @@ def test_two_node_ray_with_inventory():
     pre = [l for l in vllm_unit.splitlines() if l.startswith("ExecStartPre=")]
     assert len(pre) == 1 and "--nodes 2 --gpus 4" in pre[0] and "--expect 10.10.0.11 --expect 10.10.0.12" in pre[0]
     site = edge["/etc/nginx/conf.d/vllm-fleet-llama70b-2node.conf"].content
-    assert "server 10.10.0.11:8000;" in site  # nginx on its own host reaches the head over the network
+    assert "server 10.10.0.11:8000 max_fails=2 fail_timeout=10s;" in site  # nginx on its own host reaches the head over the network
     assert json.loads(out["client"]["~/.config/vllm-fleet/llama70b-2node/openai.json"].content)["base_url"] == "http://10.10.0.5/v1"
 
 
@@ -341,7 +349,7 @@ def test_proxy_same_host_uses_loopback_and_tls_changes_scheme():
     inv = {"lab1": {"address": "10.10.0.11", "groups": ["server", "proxy"], "data": {}}}
     out = render.render(r, inv)
     site = out["lab1"]["/etc/nginx/conf.d/vllm-fleet-lab-tiny.conf"].content
-    assert "server 127.0.0.1:8000;" in site and "listen 443 ssl default_server;" in site
+    assert "server 127.0.0.1:8000 max_fails=2 fail_timeout=10s;" in site and "listen 443 ssl default_server;" in site
     assert "ssl_certificate /etc/nginx/vllm-fleet/lab-tiny.crt;" in site
     assert json.loads(out["client"]["~/.config/vllm-fleet/lab-tiny/openai.json"].content)["base_url"] == "https://10.10.0.11/v1"
 

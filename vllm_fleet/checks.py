@@ -143,6 +143,14 @@ def spec_problems(r: dict[str, Any], spec: Spec | None = None) -> list[Problem]:
     if (tls.get("certificate") or tls.get("self_signed")) and not tls["enabled"]:
         add("proxy.tls.enabled", "TLS settings are present but TLS is off", "set `enabled: true` or remove them", "warning")
 
+    # -- rollout (resolve fills batch_size in: look at what the user wrote)
+    raw_ro = ((spec.raw.get("rollout") if spec else None) or {}) if spec else (r.get("rollout") or {})
+    if "batch_percent" in raw_ro and "batch_size" in raw_ro:
+        add("rollout.batch_percent", "both batch_size and batch_percent are set", "keep one of them")
+    if raw_ro and par["nodes"] > 1:
+        add("rollout", f"a rolling update replaces single-node replicas, but parallel.nodes is {par['nodes']}",
+            "remove the rollout section (a multi-node server is one replica: redeploy it with deploys/serve.py)")
+
     # -- install
     if ins["accelerator"] == "cpu" and hw.get("gpu") not in (None, "cpu"):
         add("hardware.gpu", f"accelerator is `cpu` but hardware.gpu is `{hw['gpu']}`",

@@ -50,7 +50,9 @@ RAY_TIMEOUT_STOP = 60
 LIMIT_NOFILE = 1048576
 RAY_WAIT_TIMEOUT = 600  # s wait-ray-cluster waits for all nodes (< TIMEOUT_START)
 NGINX_KEEPALIVE = 32
-#: Idle upstream connections are closed after this (s): below uvicorn's 5 s keep-alive in vLLM.
+#: Idle upstream connections are closed after this many seconds: below uvicorn's (vLLM's) 5 s
+#: keep-alive, so nginx never sends a request on a connection vLLM is closing (a POST that hits
+#: that race gets a 502 nginx may not retry).
 NGINX_UPSTREAM_KEEPALIVE_TIMEOUT = 4
 #: Ray's logical memory and object store per node (bytes). Containers see the host's memory, so
 #: both are explicit; host data `ray_memory_bytes` / `ray_object_store_bytes` override them.
@@ -82,7 +84,7 @@ GROUP_ROLES = {
     "monitoring": "monitoring",  # Prometheus (with monitoring.enabled; vllm_fleet.monitoring)
 }
 #: Host data keys render reads (the deploy may fill them from facts before rendering).
-HOST_DATA_KEYS = ("socket_ifname", "cpu_count", "ray_memory_bytes", "ray_object_store_bytes")
+HOST_DATA_KEYS = ("socket_ifname", "cpu_count", "ray_memory_bytes", "ray_object_store_bytes", "upstream_down")
 
 
 @dataclass(frozen=True)
@@ -521,23 +523,34 @@ def _ray_unit(resolved: dict[str, Any], node: _Node) -> RenderedFile:
     return RenderedFile(content, 0o644)
 
 
+def _upstream_params(resolved: dict[str, Any], down: bool = False) -> str:
+    """nginx `server` parameters of one replica: the passive health check, and `down` while a
+    rollout has it out of the upstream (host data ``upstream_down``)."""
+    prx = resolved["proxy"]
+    out = f" max_fails={prx['max_fails']} fail_timeout={prx['fail_timeout']}s"
+    return out + (" down" if down else "")
+
+
 def _upstreams(resolved: dict[str, Any], node: _Node, all_nodes: list[_Node], with_inventory: bool) -> list[str]:
     port = resolved["server"]["port"]
     if not with_inventory:
-        return [f"127.0.0.1:{port}"]
+        return [f"127.0.0.1:{port}" + _upstream_params(resolved)]
     out = []
     for s in all_nodes:
         if "server" not in s.roles:
             continue
+        params = _upstream_params(resolved, bool((s.data or {}).get("upstream_down")))
         if s.target == node.target:
-            out.append(f"127.0.0.1:{port}")
+            out.append(f"127.0.0.1:{port}{params}")
             continue
         if resolved["server"]["host"] in ("127.0.0.1", "localhost", "::1"):
             raise RenderError(
                 f"the proxy on {node.target} must reach vLLM on {s.target}, but server.host is {resolved['server']['host']} "
                 f"(vLLM listens only locally): set server.host: 0.0.0.0 (and firewall port {port}), or put the proxy on the server host"
             )
-        out.append(f"{s.address}:{port}")
+        out.append(f"{s.address}:{port}{params}")
+    if out and all(u.endswith(" down") for u in out):
+        raise RenderError(f"the proxy on {node.target} would have every replica marked down (upstream_down): keep at least one in")
     return out
 
 
@@ -553,8 +566,11 @@ def _nginx_site(resolved: dict[str, Any], node: _Node, all_nodes: list[_Node], w
         auth_var=_auth_var(resolved),
         upstream_name=f"vllm_fleet_{_safe_ident(resolved['name'])}",
         upstream_servers=_upstreams(resolved, node, all_nodes, with_inventory),
+        balance=prx.get("balance", "least_conn"),
         keepalive=NGINX_KEEPALIVE,
         keepalive_timeout=NGINX_UPSTREAM_KEEPALIVE_TIMEOUT,
+        next_upstream_tries=prx.get("next_upstream_tries", 3),
+        next_upstream_timeout=prx.get("next_upstream_timeout", 15),
         tls=tls,
         tls_certificate=p["tls_certificate"],
         tls_certificate_key=p["tls_certificate_key"],

@@ -345,7 +345,7 @@ def resolve(spec: Spec) -> dict[str, Any]:
     raw = copy.deepcopy(spec.raw)
     root = schema()
     out: dict[str, Any] = {"name": raw["name"], "description": raw.get("description", "")}
-    for section in ("model", "engine", "parallel", "server", "proxy", "install", "hardware", "smoke"):
+    for section in ("model", "engine", "parallel", "server", "proxy", "rollout", "install", "hardware", "smoke"):
         sec_schema = root["properties"][section]
         merged = _schema_defaults(sec_schema)
         merged.update(raw.get(section) or {})
@@ -399,6 +399,7 @@ def resolve(spec: Spec) -> dict[str, Any]:
         mon[sub] = {**_schema_defaults(mon_props[sub]), **(mon.get(sub) or {})}
     out["monitoring"] = mon
     srv.setdefault("host", "127.0.0.1" if prx["enabled"] and par["nodes"] == 1 else "0.0.0.0")
+    out["rollout"].setdefault("health_timeout", srv["health_timeout"])
     return out
 
 

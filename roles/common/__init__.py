@@ -29,11 +29,23 @@ def spec_path() -> str:
     return str(host.data.get("vllm_fleet_spec") or os.environ.get("VLLM_FLEET_SPEC") or DEFAULT_SPEC)
 
 
+#: Replicas the nginx upstream marks `down` (comma-separated host names): set by `vllm-fleet
+#: rollout` for the batch being updated; host data `upstream_down: true` does the same.
+UPSTREAM_DOWN_ENV = "VLLM_FLEET_UPSTREAM_DOWN"
+
+
+def upstream_down() -> set[str]:
+    return {n.strip() for n in os.environ.get(UPSTREAM_DOWN_ENV, "").split(",") if n.strip()}
+
+
 def inventory_hosts() -> dict[str, dict[str, Any]]:
     """The inventory as the renderers want it: {name: {address, groups, data}}."""
     out = {}
+    down = upstream_down()
     for h in inventory:
         data = {"private_address": h.data.get("private_address")} if h.data.get("private_address") else {}
+        if h.name in down or h.data.get("upstream_down"):
+            data["upstream_down"] = True
         out[h.name] = {"address": h.data.get("ssh_hostname") or h.name, "groups": list(h.groups), "data": data}
     return out
 

@@ -7,20 +7,25 @@ from __future__ import annotations
 
 import shlex
 import time
+from io import StringIO
+from pathlib import Path
 from typing import Any
 
 from pyinfra import host
 from pyinfra.facts.server import Command
 from pyinfra.api import deploy
+from pyinfra.api.exceptions import DeployError
 from pyinfra.operations import files, python, server, systemd
 from pyinfra.operations.util import any_changed
 
-from roles.common import put_rendered, secret_file
+from roles.common import inventory_hosts, put_rendered, secret_file
 from vllm_fleet import command, render
 
+from . import defaults as d
 from .defaults import DEFAULTS
 
 UNIT = "vllm.service"
+TEMPLATES = Path(__file__).resolve().parent / "templates"
 
 
 def _probe(url: str, unit: str) -> tuple[str, str, int]:
@@ -60,6 +65,87 @@ def _wait_healthy(port: int, deadline: int, interval: float, journal_lines: int,
                        f"Last {journal_lines} journal lines:\n{tail}")
 
 
+def api_firewall_rules(spec: dict[str, Any], allow: list[str]) -> str:
+    """The nftables rules file: server.port accepted only from ``allow`` (and loopback)."""
+    import ipaddress
+
+    import jinja2
+
+    addrs: list[str] = []
+    for a in allow:
+        try:
+            net = ipaddress.ip_network(str(a), strict=False)
+        except ValueError:
+            raise DeployError(f"API firewall: {a!r} is not an IPv4 address or network (give the proxy host's "
+                              "address as ssh_hostname, or list it in host data vllm_api_firewall_allow)") from None
+        if net.version != 4:
+            raise DeployError(f"vllm_api_firewall_allow: {a}: only IPv4 addresses/networks are supported")
+        text = str(net.network_address) if net.prefixlen == 32 else str(net)
+        if text not in addrs:
+            addrs.append(text)
+    if not addrs:
+        addrs = ["127.0.0.1"]
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), undefined=jinja2.StrictUndefined,
+                             keep_trailing_newline=True)
+    return env.get_template("api-firewall.nft.j2").render(
+        name=spec["name"], table=d.API_FIREWALL_TABLE, allow=addrs, port=int(spec["server"]["port"]),
+        bind=spec["server"]["host"])
+
+
+def api_firewall_unit(spec: dict[str, Any]) -> str:
+    import jinja2
+
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), undefined=jinja2.StrictUndefined,
+                             keep_trailing_newline=True)
+    return env.get_template("api-firewall.service.j2").render(name=spec["name"], table=d.API_FIREWALL_TABLE,
+                                                              rules=d.API_FIREWALL_FILE)
+
+
+def proxy_addresses(spec: dict[str, Any], inv: dict[str, dict[str, Any]]) -> list[str]:
+    """Addresses of the hosts that run this deployment's nginx (as the renderer lays it out)."""
+    roles = render.roles_of(spec, inv)
+    return [str(inv[name]["address"]) for name, r in roles.items() if "proxy" in r and name in inv]
+
+
+@deploy("vLLM API port firewall", data_defaults=DEFAULTS)
+def api_firewall(spec: dict[str, Any], proxies: list[str] | None = None):
+    """
+    Close vLLM's API port to everyone but the proxy hosts, when vLLM listens beyond loopback.
+
+    vLLM's /health and /metrics need no key, and its API checks the key itself only; replicas
+    behind a proxy on another host listen on ``server.host`` (0.0.0.0): an nftables table
+    (``inet vllm_fleet_api``, loaded by ``vllm-fleet-api-firewall.service`` before vLLM) accepts
+    ``server.port`` from loopback, the proxy hosts and host data ``vllm_api_firewall_allow``,
+    and drops it from everywhere else. Nothing is done when vLLM listens on loopback, when the
+    proxy is off, or with host data ``vllm_api_firewall: false``.
+
+    + spec: the resolved deployment spec
+    + proxies: the proxy hosts' addresses (default: from the inventory, as the renderer lays it out)
+
+    **Example:**
+
+    .. code:: python
+
+        api_firewall(spec=ctx["spec"])
+    """
+    srv = spec["server"]
+    if srv["host"] in ("127.0.0.1", "::1") or not spec["proxy"]["enabled"] or not host.data.get("vllm_api_firewall"):
+        return []
+    if proxies is None:
+        proxies = proxy_addresses(spec, inventory_hosts())
+    allow = [*proxies, *(host.data.get("vllm_api_firewall_allow") or [])]
+    rules = files.put(name=f"nftables rules: port {srv['port']} only from {', '.join(allow) or 'loopback'}",
+                      src=StringIO(api_firewall_rules(spec, allow)), dest=d.API_FIREWALL_FILE,
+                      user="root", group="root", mode="644")
+    unit = files.put(name=f"Unit {d.API_FIREWALL_UNIT}", src=StringIO(api_firewall_unit(spec)),
+                     dest=f"/etc/systemd/system/{d.API_FIREWALL_UNIT}", user="root", group="root", mode="644")
+    systemd.daemon_reload(name="systemd daemon-reload (API firewall unit)", _if=unit.did_change)
+    systemd.service(name=f"{d.API_FIREWALL_UNIT}: load the rules (they changed)", service=d.API_FIREWALL_UNIT,
+                    running=True, restarted=True, enabled=True, _if=any_changed(rules, unit))
+    systemd.service(name=f"{d.API_FIREWALL_UNIT} active and enabled", service=d.API_FIREWALL_UNIT, running=True, enabled=True)
+    return [rules, unit]
+
+
 @deploy("vLLM service", data_defaults=DEFAULTS)
 def install_service(spec: dict[str, Any], rendered: dict[str, Any], api_key: str | None, restart_on: list | None = None):
     """
@@ -88,6 +174,9 @@ def install_service(spec: dict[str, Any], rendered: dict[str, Any], api_key: str
         files.directory(name="Ray temp directory", path=render.paths(spec)["ray_tmpdir"], user=srv["user"], group=srv["user"], mode="750")
     if any(p.startswith(ins["prefix"] + "/bin/") for p in rendered):
         files.directory(name="Helper scripts directory", path=f"{ins['prefix']}/bin", user="root", group="root", mode="755")
+
+    # Replicas listening beyond loopback: only the proxy hosts may reach the port (before vLLM starts).
+    api_firewall(spec=spec)
 
     unit_paths = [p for p in rendered if p.startswith("/etc/systemd/system/") and p.endswith(UNIT)]
     other = [p for p in rendered if p.startswith(ins["config_dir"] + "/") and not p.endswith("/secrets.env")]

@@ -1,0 +1,273 @@
+"""The rollout role: the steps of one rolling-update batch that are not the serve deploy itself.
+
+Deploy functions (each runs on the hosts pyinfra is limited to; ``vllm-fleet rollout`` orders
+the batches and calls ``deploys/rollout.py`` once per step):
+
+``upstream(spec, rendered, drain_timeout)`` (proxy hosts)
+    Put this host's rendered nginx site (the batch being updated marked ``down``: rendered with
+    ``VLLM_FLEET_UPSTREAM_DOWN``), and when it changed: ``nginx -t``, reload, then wait until
+    every nginx worker that ran before the reload has exited. After a reload the old workers
+    finish their in-flight requests (and may still accept new connections for a moment, until
+    the master has started the new ones): once they are gone no request can reach a replica
+    marked down. Bounded by ``drain_timeout``; past it the step goes on and says so.
+
+``drain(spec, drain_timeout)`` (the batch's hosts)
+    Wait until vLLM on the host reports no running and no waiting request
+    (``vllm:num_requests_running`` / ``vllm:num_requests_waiting`` from its /metrics, read on
+    the host), bounded by ``drain_timeout``; past it the step goes on and says so.
+
+``smoke_replica(spec)`` (the batch's hosts)
+    The replica on its own, on the host (its port is firewalled to the proxy): /health,
+    /v1/models lists the served name, a chat with content, a streamed chat ending in [DONE].
+    The key is read from the 0600 secrets.env by a root process on the host: never in argv.
+    Fails the host with what failed and the journal tail.
+
+Host data: ``defaults.DEFAULTS`` (poll interval, smoke tokens and timeout, journal lines).
+
+Example (deploys/rollout.py)::
+
+    from roles.rollout import drain, smoke_replica, upstream
+
+    upstream(spec=spec, rendered=rendered, drain_timeout=120)      # on the proxy
+    drain(spec=spec, drain_timeout=120)                             # on the batch
+    ...  # the serve deploy's server part
+    smoke_replica(spec=spec)
+"""
+
+from __future__ import annotations
+
+import shlex
+import time
+from typing import Any
+
+from pyinfra import host, logger
+from pyinfra.api import deploy
+from pyinfra.operations import python
+
+from roles.common import put_rendered
+from vllm_fleet import command, render
+
+from .defaults import DEFAULTS
+
+__all__ = ["upstream", "drain", "smoke_replica", "reload_and_wait_script", "parse_metrics", "SMOKE_PY", "DEFAULTS"]
+
+
+# ----------------------------------------------------------------------------------------------
+# Pure helpers (tested without hosts)
+
+
+def reload_and_wait_script(timeout: float, interval: float) -> str:
+    """A bash script: remember nginx's worker PIDs, reload, wait until they have all exited.
+
+    Prints ``drained <seconds>`` or ``timeout <seconds> <pids left>``; fails when ``nginx -t``
+    does (nothing reloaded then).
+    """
+    return f"""set -e
+nginx -t -q
+master=$(cat /run/nginx.pid)
+old=$(pgrep -P "$master" | tr '\\n' ' ')
+systemctl reload nginx
+start=$(date +%s.%N)
+while :; do
+  left=""
+  for p in $old; do [ -d /proc/$p ] && left="$left $p"; done
+  now=$(date +%s.%N)
+  el=$(echo "$now - $start" | awk '{{print $1 - $3}}')
+  if [ -z "$left" ]; then echo "drained $el"; exit 0; fi
+  if awk -v e="$el" -v t={float(timeout)} 'BEGIN {{exit !(e >= t)}}'; then echo "timeout $el$left"; exit 0; fi
+  sleep {float(interval)}
+done
+"""
+
+
+def parse_metrics(text: str, names: tuple[str, ...] = ("vllm:num_requests_running", "vllm:num_requests_waiting")) -> dict[str, float]:
+    """Sum each named series over its labels in a Prometheus text exposition."""
+    out = {n: 0.0 for n in names}
+    seen = set()
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        metric = line.split("{", 1)[0].split(" ", 1)[0]
+        if metric in out:
+            try:
+                out[metric] += float(line.rsplit(" ", 1)[1])
+                seen.add(metric)
+            except ValueError:
+                continue
+    if not seen:
+        raise ValueError(f"none of {', '.join(names)} in the metrics")
+    return out
+
+
+#: Runs on the replica's host as root with the deployment's Python (stdlib only): argv is
+#: PORT MODEL SECRETS_ENV MAX_TOKENS TIMEOUT; prints what it checked; exit 1 naming the failure.
+SMOKE_PY = r'''
+import json, sys, time, urllib.request
+port, model, secrets, max_tokens, timeout = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), float(sys.argv[5])
+key = None
+for line in open(secrets):
+    if line.startswith("VLLM_API_KEY="):
+        key = line.split("=", 1)[1].strip().strip("'\"")
+base = f"http://127.0.0.1:{port}"
+hdr = {"Content-Type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {})}
+def req(path, body=None):
+    r = urllib.request.Request(base + path, data=json.dumps(body).encode() if body else None, headers=hdr)
+    return urllib.request.urlopen(r, timeout=timeout)
+def fail(msg):
+    print("FAIL " + msg); sys.exit(1)
+try:
+    with req("/health") as r:
+        if r.status != 200: fail(f"GET /health -> {r.status}")
+    with req("/v1/models") as r:
+        ids = [m["id"] for m in json.load(r)["data"]]
+    if model not in ids: fail(f"GET /v1/models: {model} not in {ids}")
+    msg = [{"role": "user", "content": "Say hello."}]
+    t0 = time.monotonic()
+    with req("/v1/chat/completions", {"model": model, "messages": msg, "max_tokens": max_tokens}) as r:
+        body = json.load(r)
+    if not body["choices"][0]["message"].get("content") or not body["usage"]["completion_tokens"]:
+        fail(f"chat: no content: {json.dumps(body)[:300]}")
+    chat_ms = (time.monotonic() - t0) * 1000
+    events, done = 0, False
+    with req("/v1/chat/completions", {"model": model, "messages": msg, "max_tokens": max_tokens, "stream": True}) as r:
+        for raw in r:
+            line = raw.decode().strip()
+            if line.startswith("data:"):
+                events += 1
+                done = done or line[5:].strip() == "[DONE]"
+    if not done: fail(f"stream: {events} events, no [DONE]")
+    print(f"PASS replica {base}: health 200, models {ids}, chat {chat_ms:.0f} ms, stream {events} events ending in [DONE]")
+except Exception as exc:
+    fail(f"{type(exc).__name__}: {exc}")
+'''
+
+
+def _say(text: str) -> None:
+    """What a step saw, in pyinfra's output (vllm-fleet rollout shows these lines per step)."""
+    logger.info(f"    [{host.name}] {text}")
+
+
+# ----------------------------------------------------------------------------------------------
+# Execute-time functions (python.call: run on the control machine, commands on the host)
+
+
+def _reload_and_wait(timeout: float, interval: float) -> None:
+    t0 = time.monotonic()
+    ok, out = host.run_shell_command(f"bash -c {shlex.quote(reload_and_wait_script(timeout, interval))}", _sudo=True,
+                                     _timeout=int(timeout) + 60)
+    lines = [line.strip() for line in (getattr(out, "stdout_lines", []) or []) + (getattr(out, "stderr_lines", []) or [])]
+    if not ok:
+        raise RuntimeError(f"{host.name}: nginx -t / reload failed:\n" + "\n".join(lines[-20:]))
+    last = next((line for line in reversed(lines) if line.startswith(("drained", "timeout"))), "")
+    if last.startswith("timeout"):
+        _say(f"WARNING drain: old nginx workers still running after {timeout:.0f} s ({last}); going on")
+    else:
+        _say(f"nginx reloaded; old workers gone after {time.monotonic() - t0:.1f} s")
+
+
+def _wait_idle(port: int, timeout: float, interval: float) -> None:
+    t0 = time.monotonic()
+    last = "no answer"
+    while True:
+        ok, out = host.run_shell_command(f"curl -s --max-time 5 http://127.0.0.1:{int(port)}/metrics", _sudo=True)
+        text = "\n".join(getattr(out, "stdout_lines", []) or [])
+        try:
+            m = parse_metrics(text) if ok else None
+        except ValueError:
+            m = None
+        if m is None:
+            # vLLM is not answering (stopped, or crashed): nothing in flight there to wait for
+            _say(f"drain: vLLM on port {port} does not answer /metrics: nothing to drain")
+            return
+        busy = sum(m.values())
+        if busy == 0:
+            _say(f"drain: no running or waiting request after {time.monotonic() - t0:.1f} s")
+            return
+        last = ", ".join(f"{k.split(':')[1]} {v:g}" for k, v in m.items())
+        if time.monotonic() - t0 >= timeout:
+            _say(f"WARNING drain: still {last} after {timeout:.0f} s; going on (those requests may be cut)")
+            return
+        time.sleep(interval)
+
+
+def _smoke(py: str, port: int, model: str, secrets: str, max_tokens: int, timeout: float, journal_lines: int) -> None:
+    argv = [py, "-c", SMOKE_PY, str(port), model, secrets, str(max_tokens), str(timeout)]
+    ok, out = host.run_shell_command(" ".join(shlex.quote(a) for a in argv), _sudo=True, _timeout=int(timeout * 3) + 30)
+    lines = [line for line in (getattr(out, "stdout_lines", []) or []) + (getattr(out, "stderr_lines", []) or [])]
+    if ok:
+        _say(lines[-1] if lines else "replica smoke test passed")
+        return
+    _, j = host.run_shell_command(f"journalctl -u vllm.service -n {int(journal_lines)} --no-pager -o cat", _sudo=True)
+    tail = "\n".join(getattr(j, "stdout_lines", []) or [])
+    raise RuntimeError(f"{host.name}: the replica's own smoke test failed: {' | '.join(lines[-5:])}\n"
+                       f"Last {journal_lines} journal lines of vllm.service:\n{tail}")
+
+
+# ----------------------------------------------------------------------------------------------
+
+
+@deploy("Rollout: nginx upstream", data_defaults=DEFAULTS)
+def upstream(spec: dict[str, Any], rendered: dict[str, Any], drain_timeout: float):
+    """
+    Put this proxy host's nginx site (replicas being updated marked ``down``); on a change:
+    ``nginx -t``, reload, wait for the old workers to exit (bounded).
+
+    + spec: the resolved deployment spec
+    + rendered: this host's rendered files (rendered with the batch marked down)
+    + drain_timeout: seconds to wait for the old nginx workers
+
+    **Example:**
+
+    .. code:: python
+
+        upstream(spec=ctx["spec"], rendered=rendered_for_host(ctx), drain_timeout=120)
+    """
+    site = render.paths(spec)["nginx_site"]
+    if site not in rendered:
+        host.noop("no nginx site of this deployment on this host")
+        return None
+    put = put_rendered(rendered, [site])[site]
+    python.call(name=f"nginx -t, reload, wait for the old workers (at most {drain_timeout:.0f} s)",
+                function=_reload_and_wait, timeout=float(drain_timeout),
+                interval=float(host.data.get("rollout_poll_interval")), _if=put.did_change)
+    return put
+
+
+@deploy("Rollout: drain the replica", data_defaults=DEFAULTS)
+def drain(spec: dict[str, Any], drain_timeout: float):
+    """
+    Wait until vLLM on this host has no running and no waiting request (bounded).
+
+    + spec: the resolved deployment spec
+    + drain_timeout: seconds to wait at most
+
+    **Example:**
+
+    .. code:: python
+
+        drain(spec=ctx["spec"], drain_timeout=120)
+    """
+    python.call(name=f"Wait for vLLM's running/waiting requests to reach 0 (at most {drain_timeout:.0f} s)",
+                function=_wait_idle, port=int(spec["server"]["port"]), timeout=float(drain_timeout),
+                interval=float(host.data.get("rollout_poll_interval")))
+
+
+@deploy("Rollout: the replica's own smoke test", data_defaults=DEFAULTS)
+def smoke_replica(spec: dict[str, Any]):
+    """
+    Smoke-test vLLM on this host directly (not through the proxy): health, models, a chat, a
+    streamed chat.
+
+    + spec: the resolved deployment spec
+
+    **Example:**
+
+    .. code:: python
+
+        smoke_replica(spec=ctx["spec"])
+    """
+    python.call(name="Smoke test of the replica itself (127.0.0.1 on the host)", function=_smoke,
+                py=command.env_python(spec), port=int(spec["server"]["port"]), model=spec["model"]["served_name"],
+                secrets=render.paths(spec)["secrets_env"], max_tokens=int(host.data.get("rollout_smoke_max_tokens")),
+                timeout=float(host.data.get("rollout_smoke_timeout")),
+                journal_lines=int(host.data.get("rollout_journal_lines")))
