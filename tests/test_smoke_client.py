@@ -134,10 +134,3 @@ def test_a_buffering_proxy_fails_every_attempt():
     check, n = _stream_check(buffered_attempts=99)
     assert not check["ok"] and n == 5, check
     assert "attempt 5 of 5" in check["detail"], check
-
-
-def test_a_proxy_flushing_full_buffers_fails():
-    """~20 events a flush (a 4 KB proxy buffer): spread in time, but not event by event."""
-    check, n = _stream_check(buffered_attempts=0, group=20)
-    assert not check["ok"] and n == 5, check
-    assert "65 events in 4 arrivals" in check["detail"], check
