@@ -143,8 +143,11 @@ def fleet(hosts, tmp_path_factory):
 def load(fleet):
     from vllm_fleet.loadgen import LoadGen
 
+    # Continuous but bounded: 2 threads, at most 4 requests a second in all. Unbounded, the two
+    # serving replicas took both CPU cores and a restarting replica needed 4-8 min to start
+    # (the module ran ~45 min; CI's budget is the whole suite in 45).
     gen = LoadGen(f"http://{fleet['hosts'][0].address}", "tiny", KEY_FILE.read_text().strip(), concurrency=2,
-                  max_tokens=16, timeout=120)
+                  max_tokens=16, rate=4, timeout=120)
     yield gen
     if not gen._stop.is_set():
         gen.stop()
