@@ -7,6 +7,13 @@ import threading
 from vllm_fleet.smoke import wait_serving
 
 
+def _serve(handler) -> http.server.ThreadingHTTPServer:
+    """A local HTTP server with ``handler`` on a free port, serving in a daemon thread."""
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    return srv
+
+
 def _server(accept_after: int, key: str):
     seen = {"n": 0}
 
@@ -22,8 +29,7 @@ def _server(accept_after: int, key: str):
         def log_message(self, *args):
             pass
 
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    srv = _serve(H)
     return srv, seen
 
 
@@ -103,8 +109,7 @@ def _sse_server(buffered_attempts: int, group: int = 0):
         def log_message(self, *args):
             pass
 
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    srv = _serve(H)
     return srv, streams
 
 
