@@ -79,6 +79,8 @@ def _sse_server(buffered_attempts: int, group: int = 0):
 
         def do_POST(self):  # noqa: N802
             req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            if self.headers.get("Authorization") != "Bearer k":
+                return self._json(401, {"error": "unauthorized"})
             if not req.get("stream"):
                 return self._json(200, {"choices": [{"message": {"content": "hi"}}],
                                         "usage": {"prompt_tokens": 3, "completion_tokens": 1}})
@@ -113,15 +115,19 @@ def _sse_server(buffered_attempts: int, group: int = 0):
     return srv, streams
 
 
-def _stream_check(buffered_attempts: int, group: int = 0):
+def _stream_check(buffered_attempts: int, group: int = 0, direct_stream=None):
     from vllm_fleet.smoke import run_smoke
 
     srv, streams = _sse_server(buffered_attempts, group)
     try:
-        res = run_smoke(f"http://127.0.0.1:{srv.server_port}", "tiny", "k", concurrency=1)
+        res = run_smoke(f"http://127.0.0.1:{srv.server_port}", "tiny", "k", concurrency=1, direct_stream=direct_stream)
     finally:
         srv.shutdown()
     return next(c for c in res.checks if c["name"] == "stream-incremental"), streams["n"]
+
+
+SPREAD = [0.01 + 0.003 * i for i in range(66)]  # one event every 3 ms, as vLLM streams when it can
+BURST = [0.18] * 66  # the whole generation in one instant, as vLLM's CPU build sometimes sends it
 
 
 def test_incremental_stream_passes_first_time():
@@ -139,3 +145,55 @@ def test_a_buffering_proxy_fails_every_attempt():
     check, n = _stream_check(buffered_attempts=99)
     assert not check["ok"] and n == 5, check
     assert "attempt 5 of 5" in check["detail"], check
+
+
+def test_a_buffering_proxy_in_front_of_a_streaming_vllm_fails_and_says_so():
+    calls = []
+    check, n = _stream_check(buffered_attempts=99, direct_stream=lambda tokens: calls.append(tokens) or SPREAD)
+    assert not check["ok"] and n == 5 and len(calls) == 5, check
+    assert "the proxy holds responses" in check["detail"] and "proxy_buffering off" in check["detail"], check
+
+
+def test_a_vllm_that_sends_bursts_makes_the_check_inconclusive_not_failed():
+    check, n = _stream_check(buffered_attempts=99, direct_stream=lambda tokens: BURST)
+    assert check["ok"] and check["warn"] and n == 5, check
+    assert check["detail"].startswith("inconclusive: 5 of 5 streams straight from vLLM"), check
+
+
+def test_a_stream_that_arrives_spread_out_never_asks_vllm_directly():
+    calls = []
+    check, n = _stream_check(buffered_attempts=0, direct_stream=lambda tokens: calls.append(tokens) or BURST)
+    assert check["ok"] and not check["warn"] and n == 1 and calls == [], check
+
+
+def test_warn_is_shown_as_warn_in_the_summary():
+    from vllm_fleet.smoke import SmokeResult, _check
+
+    res = SmokeResult("http://x")
+    _check(res, "stream-incremental", True, "inconclusive: ...", warn=True)
+    assert res.ok and "  WARN  stream-incremental: inconclusive" in res.summary()
+
+
+def test_direct_stream_script_reads_the_key_from_the_file_and_times_each_event(tmp_path):
+    """The script roles/smoke runs on a vLLM host, here against the stand-in: the key comes from
+    the secrets file (the stand-in refuses a stream without it), events arrive 5 ms apart."""
+    import json
+    import subprocess
+    import sys
+
+    from vllm_fleet.smoke import DIRECT_STREAM_PY, is_incremental
+
+    secrets = tmp_path / "secrets.env"
+    secrets.write_text("# comment\nVLLM_API_KEY=k\n")
+    srv, streams = _sse_server(buffered_attempts=0)
+    try:
+        argv = [sys.executable, "-c", DIRECT_STREAM_PY, str(srv.server_port), "tiny", str(secrets), "64", "30"]
+        out = json.loads(subprocess.run(argv, capture_output=True, text=True, timeout=60, check=True).stdout)
+        secrets.write_text("VLLM_API_KEY=wrong\n")
+        refused = json.loads(subprocess.run(argv, capture_output=True, text=True, timeout=60, check=True).stdout)
+    finally:
+        srv.shutdown()
+    assert len(out["times"]) == 65 and is_incremental(out["times"]), out
+    assert out["times"][-1] - out["times"][0] > 0.2, out  # 64 gaps of 5 ms
+    assert refused == {"error": f"POST http://127.0.0.1:{srv.server_port}/v1/chat/completions -> HTTP 401"}, refused
+    assert streams["n"] == 1

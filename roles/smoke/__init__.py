@@ -5,6 +5,10 @@ has content and usage; a streamed chat arrives incrementally and ends with [DONE
 wrong key gets 401; a few concurrent requests succeed. Any failure fails the deploy, naming the
 check and the URL. Prints TTFT and total time, and writes the client settings file.
 
+When a streamed chat through the proxy arrives all at once and this host runs vLLM too, the same
+chat is streamed straight from vLLM on the host (127.0.0.1, the key read there from secrets.env)
+to tell a buffering proxy (fail) from a vLLM that sent its stream in one burst (WARN).
+
 A smoke test is a check, not a change: it runs while pyinfra executes and, when it passes, its
 operation has no command, so an unchanged fleet reports no change (with or without `-y`).
 """
@@ -13,11 +17,14 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 from pathlib import Path
 from typing import Any
 
 from pyinfra import host, logger, state
 from pyinfra.api import FunctionCommand, deploy, operation
+
+from vllm_fleet import command
 
 from .defaults import DEFAULTS
 
@@ -32,8 +39,30 @@ def endpoint(spec: dict[str, Any], address: str) -> str:
     return f"http://{address}:{srv['port']}"
 
 
+def _direct_stream(python: str, spec: dict[str, Any], timeout: float):
+    """A ``direct_stream`` for vllm_fleet.smoke: the streamed chat straight from vLLM on this host."""
+    from vllm_fleet import render
+    from vllm_fleet.smoke import DIRECT_STREAM_PY, SmokeError
+
+    def stream(max_tokens: int) -> list[float]:
+        argv = [python, "-c", DIRECT_STREAM_PY, str(int(spec["server"]["port"])), spec["model"]["served_name"],
+                render.paths(spec)["secrets_env"], str(int(max_tokens)), str(float(timeout))]
+        ok, out = host.run_shell_command(" ".join(shlex.quote(a) for a in argv), _sudo=True, _timeout=int(timeout) + 30)
+        lines = getattr(out, "stdout_lines", []) or []
+        try:
+            result = json.loads(lines[-1])
+        except (IndexError, ValueError):
+            err = " ".join((getattr(out, "stderr_lines", []) or [])[-3:])
+            raise SmokeError(f"the direct stream on {host.name} printed no result ({err or 'no output'})") from None
+        if "error" in result:
+            raise SmokeError(f"the direct stream on {host.name}: {result['error']}")
+        return [float(t) for t in result["times"]]
+
+    return stream
+
+
 def _run(spec: dict[str, Any], base_url: str, api_key: str | None, timeout: float, settings_path: str,
-         stream_tokens: int = 64) -> None:
+         stream_tokens: int = 64, direct_python: str | None = None) -> None:
     from vllm_fleet.smoke import check_smoke, wait_healthy, wait_serving
 
     sm = spec["smoke"]
@@ -46,7 +75,8 @@ def _run(spec: dict[str, Any], base_url: str, api_key: str | None, timeout: floa
     wait_serving(base_url, api_key, deadline_s=30, verify=verify)
     res = check_smoke(base_url, spec["model"]["served_name"], api_key, prompt=sm["prompt"], max_tokens=sm["max_tokens"],
                       concurrency=sm["concurrency"], expect_auth=bool(api_key) and spec["proxy"]["auth"] != "none",
-                      verify=verify, timeout=timeout, stream_tokens=stream_tokens)
+                      verify=verify, timeout=timeout, stream_tokens=stream_tokens,
+                      direct_stream=_direct_stream(direct_python, spec, timeout) if direct_python else None)
     logger.info(res.summary())
     key_ref = spec["server"].get("api_key") or {}
     settings = {"base_url": f"{base_url}/v1", "model": spec["model"]["served_name"],
@@ -65,7 +95,7 @@ def _fail(message: str) -> None:
 
 @operation()
 def smoke_tests(spec: dict[str, Any], base_url: str, api_key: str | None, timeout: float, settings_path: str,
-                stream_tokens: int = 64):
+                stream_tokens: int = 64, direct_python: str | None = None):
     """
     Run the smoke tests against ``base_url`` from the control machine.
 
@@ -79,6 +109,8 @@ def smoke_tests(spec: dict[str, Any], base_url: str, api_key: str | None, timeou
     + timeout: seconds per request
     + settings_path: where to write the client settings JSON on the control machine
     + stream_tokens: tokens of the streamed check (ignore_eos)
+    + direct_python: vLLM's Python on this host; given, a stream through the proxy that arrives at
+      once is compared with one straight from vLLM here (buffering proxy: fail; vLLM burst: WARN)
 
     **Example:**
 
@@ -91,7 +123,7 @@ def smoke_tests(spec: dict[str, Any], base_url: str, api_key: str | None, timeou
         host.noop(f"smoke tests against {base_url} run when the deploy executes")
         return
     try:
-        _run(spec, base_url, api_key, timeout, settings_path, stream_tokens)
+        _run(spec, base_url, api_key, timeout, settings_path, stream_tokens, direct_python)
     except Exception as exc:  # SmokeError names the check and URL; anything else, say so
         yield FunctionCommand(_fail, (f"{host.name}: {exc}",), {})
 
@@ -119,4 +151,6 @@ def run_smoke(spec: dict[str, Any], api_key: str | None, address: str | None = N
                 timeout=host.data.get("smoke_timeout"),
                 settings_path=str(host.data.get("smoke_client_settings")).format(name=spec["name"]),
                 # within the model's context (half of max_model_len at most)
-                stream_tokens=max(16, min(int(host.data.get("smoke_stream_tokens")), int(spec["model"]["max_model_len"]) // 2)))
+                stream_tokens=max(16, min(int(host.data.get("smoke_stream_tokens")), int(spec["model"]["max_model_len"]) // 2)),
+                # this host runs vLLM too: a stream that arrives at once is compared with one straight from it
+                direct_python=command.env_python(spec) if "servers" in host.groups and spec["proxy"]["enabled"] else None)

@@ -181,7 +181,9 @@ def test_second_deploy_changes_nothing(server):
     TIMINGS["warm_deploy_s"] = round(r.elapsed, 1)
     total = grand_total(r.out)
     assert total["changed"] == "-" and total["error"] == "-", (changed_ops(r.out), total)
-    assert "PASS  stream-incremental" in r.out  # the smoke tests still ran
+    # the smoke tests still ran; WARN: vLLM's CPU build sent its streams in one burst straight
+    # from the host too, so the proxy could not be judged (vllm_fleet.smoke.judge_stream)
+    assert re.search(r"(PASS|WARN)  stream-incremental", r.out), r.out[-3000:]
 
 
 def test_spec_change_restarts_only_vllm(server, tmp_path):
