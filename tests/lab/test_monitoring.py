@@ -21,7 +21,7 @@ import pytest
 import yaml
 
 from labkit import REPO
-from test_deploy import api_key, changed_ops, curl, deploy, grand_total
+from test_deploy import api_key, changed_ops, curl, deploy, grand_total, why
 
 pytestmark = pytest.mark.lab
 
@@ -69,7 +69,7 @@ def monitored(lab_hosts, tmp_path_factory):
         RESULTS["deploy_s"] = round(r.elapsed, 1)
         (REPO / ".pytest_cache").mkdir(exist_ok=True)
         (REPO / ".pytest_cache" / "deploy-monitoring.log").write_text(r.out)
-        assert r.returncode == 0, f"deploy failed:\n{r.stdout[-6000:]}\n{r.stderr[-3000:]}"
+        assert r.returncode == 0, "deploy failed:\n" + why(r)
         yield {"host": lab1, "spec": path, "prom": f"http://{lab1.address}:9090", "deploy": r}
     finally:
         lab1.ssh(f"systemctl disable --now {' '.join(UNITS)}", user="root", check=False)
@@ -78,7 +78,7 @@ def monitored(lab_hosts, tmp_path_factory):
         (REPO / ".pytest_cache").mkdir(exist_ok=True)
         (REPO / ".pytest_cache" / "monitoring-results.json").write_text(json.dumps(RESULTS, indent=2))
         print("\nmonitoring results:", RESULTS)
-        assert back.returncode == 0, back.out[-4000:]
+        assert back.returncode == 0, why(back)
 
 
 def test_every_target_up(monitored):
@@ -170,7 +170,7 @@ def test_dashboard_series_exist_in_the_live_endpoint(monitored):
 
 def test_second_deploy_changes_nothing(monitored):
     r = deploy(monitored["spec"])
-    assert r.returncode == 0, r.out[-4000:]
+    assert r.returncode == 0, why(r)
     RESULTS["warm_deploy_s"] = round(r.elapsed, 1)
     total = grand_total(r.out)
     assert total["changed"] == "-" and total["error"] == "-", (changed_ops(r.out), total)
