@@ -44,22 +44,12 @@ if step == "upstream" and paths["nginx_site"] in rendered:
     upstream(spec=spec, rendered=rendered, drain_timeout=drain_timeout)
 
 if step == "update" and paths["vllm_unit"] in rendered:
-    from roles.model import install_model
-    from roles.nvidia import nvidia
-    from roles.pyenv import pyenv, service_dirs
     from roles.rollout import drain, smoke_replica
-    from roles.service import install_service
-    from roles.vllm import install_system_libraries, install_vllm
+    from roles.service import install_server_stack, install_service
 
     drain(spec=spec, drain_timeout=drain_timeout)
     # The same server part as deploys/serve.py (single node), with the rollout's health deadline.
     spec = {**spec, "server": {**spec["server"], "health_timeout": spec["rollout"]["health_timeout"]}}
-    nvidia(spec=spec)
-    service_dirs(spec=spec)
-    pyenv(spec=spec)
-    install_system_libraries(spec=spec)
-    vllm_changed = install_vllm(spec=spec)
-    model_changed = install_model(spec=spec, hub_token=ctx["secrets"]["hub_token"])
-    install_service(spec=spec, rendered=rendered, api_key=ctx["secrets"]["api_key"],
-                    restart_on=[*(vllm_changed or []), *(model_changed or [])])
+    vllm_changed, model_changed = install_server_stack(spec=spec, hub_token=ctx["secrets"]["hub_token"])
+    install_service(spec=spec, rendered=rendered, api_key=ctx["secrets"]["api_key"], restart_on=[*vllm_changed, *model_changed])
     smoke_replica(spec=spec)

@@ -35,19 +35,11 @@ if is_server or is_ray_node or is_proxy:
     preflight()  # root works on this host (passwordless sudo), else a clear stop
 
 if is_server or is_ray_node:
-    from roles.model import install_model
-    from roles.nvidia import nvidia
-    from roles.pyenv import pyenv, service_dirs
-    from roles.service import install_service
-    from roles.vllm import install_system_libraries, install_vllm
+    from roles.service import install_server_stack, install_service
 
-    nvidia(spec=spec)
-    service_dirs(spec=spec)
-    pyenv(spec=spec)
-    install_system_libraries(spec=spec)
-    vllm_changed = install_vllm(spec=spec)
-    model_changed = install_model(spec=spec, hub_token=ctx["secrets"]["hub_token"])
-    restart_on = [*(vllm_changed or []), *(model_changed or [])]
+    # driver, service user and dirs, env, system libraries, vLLM, model (as deploys/rollout.py)
+    vllm_changed, model_changed = install_server_stack(spec=spec, hub_token=ctx["secrets"]["hub_token"])
+    restart_on = [*vllm_changed, *model_changed]
     service_files = rendered
     if is_ray_node:
         from roles.ray import install_ray

@@ -146,6 +146,40 @@ def api_firewall(spec: dict[str, Any], proxies: list[str] | None = None):
     return [rules, unit]
 
 
+def install_server_stack(spec: dict[str, Any], hub_token: str | None) -> tuple[list, list]:
+    """
+    Everything vllm.service stands on, in order: the NVIDIA driver (GPU hosts), the service user
+    and directories, the Python env, vLLM's system libraries, the pinned vLLM, the model weights.
+    The one place deploys/serve.py (every vLLM host) and deploys/rollout.py (a replica's update)
+    get them from.
+
+    + spec: the resolved deployment spec
+    + hub_token: the model hub token's value (None when the model is local or public)
+
+    Returns ``(vllm_changed, model_changed)``: the operations that change vLLM and the model, for
+    ``install_service(restart_on=...)`` (and roles.ray's, which restarts Ray on vLLM changes only).
+
+    **Example:**
+
+    .. code:: python
+
+        vllm_changed, model_changed = install_server_stack(spec=spec, hub_token=ctx["secrets"]["hub_token"])
+        install_service(spec=spec, rendered=rendered, api_key=key, restart_on=[*vllm_changed, *model_changed])
+    """
+    from roles.model import install_model
+    from roles.nvidia import nvidia
+    from roles.pyenv import pyenv, service_dirs
+    from roles.vllm import install_system_libraries, install_vllm
+
+    nvidia(spec=spec)
+    service_dirs(spec=spec)
+    pyenv(spec=spec)
+    install_system_libraries(spec=spec)
+    vllm_changed = install_vllm(spec=spec)
+    model_changed = install_model(spec=spec, hub_token=hub_token)
+    return list(vllm_changed or []), list(model_changed or [])
+
+
 @deploy("vLLM service", data_defaults=DEFAULTS)
 def install_service(spec: dict[str, Any], rendered: dict[str, Any], api_key: str | None, restart_on: list | None = None):
     """
