@@ -25,7 +25,7 @@ import pytest
 import requests
 
 from fleetutil import require_vllm_venv
-from vllm_fleet import command, spec, tinymodel, vllmcpu
+from vllm_fleet import command, spec, tinymodel
 
 pytestmark = pytest.mark.vllm
 
@@ -103,7 +103,7 @@ def _rss_kib(pid: int) -> int:
     rows = subprocess.run(["ps", "-eo", "pid=,ppid=,rss="], capture_output=True, text=True,
                           check=True).stdout.split("\n")
     table = [tuple(map(int, r.split())) for r in rows if r.strip()]
-    tree, total, grew = {pid}, 0, True
+    tree, grew = {pid}, True
     while grew:
         before = len(tree)
         tree |= {p for p, pp, _ in table if pp in tree}

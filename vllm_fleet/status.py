@@ -10,7 +10,6 @@ import os
 import shlex
 import sys
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any
 
 from .inventory import InventoryError, load_inventory

@@ -14,7 +14,6 @@ from pyinfra import host, inventory, logger
 from pyinfra.api import FileUploadCommand, StringCommand, operation
 from pyinfra.api.exceptions import PyinfraError
 from pyinfra.facts.files import File, Sha256File
-from pyinfra.operations import files
 
 DEFAULT_SPEC = "deployments/lab-tiny.yaml"
 _CACHE: dict[str, Any] = {}

@@ -36,7 +36,6 @@ def install_nginx(spec: dict[str, Any], rendered: dict[str, Any], api_key: str |
     """
     from vllm_fleet import render
 
-    name = spec["name"]
     prx = spec["proxy"]
     apt.packages(name="nginx package", packages=[host.data.get("nginx_package")], update=True, cache_time=3600)
     changed = []

@@ -202,8 +202,8 @@ def install_service(spec: dict[str, Any], rendered: dict[str, Any], api_key: str
     # runs first (the model role needs them too).
     # Cache and temp directories the unit's environment names (ReadWritePaths must exist).
     state_dir = ins["state_dir"]
-    for d in sorted({v for v in command.vllm_env(spec).values() if v.startswith(state_dir + "/")}):
-        files.directory(name=f"Directory {d}", path=d, user=srv["user"], group=srv["user"], mode="750")
+    for dirpath in sorted({v for v in command.vllm_env(spec).values() if v.startswith(state_dir + "/")}):
+        files.directory(name=f"Directory {dirpath}", path=dirpath, user=srv["user"], group=srv["user"], mode="750")
     if spec["parallel"]["backend"] == "ray" and spec["parallel"]["nodes"] > 1:
         files.directory(name="Ray temp directory", path=render.paths(spec)["ray_tmpdir"], user=srv["user"], group=srv["user"], mode="750")
     if any(p.startswith(ins["prefix"] + "/bin/") for p in rendered):

@@ -67,3 +67,14 @@ def lab():
 def lab_hosts(lab) -> list[LabHost]:
     return [LabHost(h["name"], h["address"], lab["ssh_user"], lab["ssh_key"], lab["known_hosts"])
             for h in lab["hosts"]]
+
+
+@pytest.fixture(scope="session")
+def three_hosts(lab) -> list[LabHost]:
+    """lab1..lab3: the multi-node and rollout tests need a third host (outside the 2-node
+    cluster; the third replica). Grows a smaller lab to 3 hosts."""
+    if len(lab["hosts"]) < 3:
+        res = lab_cli("up", "--hosts", "3")
+        assert res.returncode == 0, res.stdout + res.stderr
+    st = nspawn.status(probe=True)
+    return [LabHost(h["name"], h["address"], st["ssh_user"], st["ssh_key"], st["known_hosts"]) for h in st["hosts"]][:3]

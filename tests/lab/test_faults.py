@@ -13,14 +13,13 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
 from labkit import REPO
-from test_deploy import PYINFRA, SPEC, api_key, changed_ops, curl, deploy, grand_total, main_pid, why
+from test_deploy import PYINFRA, SPEC, changed_ops, curl, deploy, grand_total, main_pid, why
 
 pytestmark = pytest.mark.lab
 

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from labkit import REPO, LabHost, lab_cli
+from labkit import REPO, LabHost
 from test_deploy import why
 
 pytestmark = pytest.mark.lab
@@ -66,19 +66,8 @@ def ray_status(head: LabHost, address: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def hosts(lab):
-    """lab1..lab3 (a third host, outside the cluster, is added when the lab has only two)."""
-    if len(lab["hosts"]) < 3:
-        res = lab_cli("up", "--hosts", "3")
-        assert res.returncode == 0, res.stdout + res.stderr
-    from vllm_fleet.lab import nspawn
-
-    st = nspawn.status(probe=True)
-    return [LabHost(h["name"], h["address"], st["ssh_user"], st["ssh_key"], st["known_hosts"]) for h in st["hosts"]]
-
-
-@pytest.fixture(scope="module")
-def cluster(hosts, tmp_path_factory):
+def cluster(three_hosts, tmp_path_factory):
+    hosts = three_hosts
     head, worker = hosts[0], hosts[1]
     spec = yaml.safe_load(SPEC.read_text())
     subnet = head.address.rsplit(".", 1)[0]

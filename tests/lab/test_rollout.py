@@ -32,7 +32,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from labkit import REPO, LabHost, lab_cli
+from labkit import REPO, LabHost
 
 pytestmark = pytest.mark.lab
 
@@ -88,18 +88,8 @@ def write_spec(path: Path, subnet: str, **engine) -> Path:
 
 
 @pytest.fixture(scope="module")
-def hosts(lab):
-    if len(lab["hosts"]) < 3:
-        res = lab_cli("up", "--hosts", "3")
-        assert res.returncode == 0, res.stdout + res.stderr
-    from vllm_fleet.lab import nspawn
-
-    st = nspawn.status(probe=True)
-    return [LabHost(h["name"], h["address"], st["ssh_user"], st["ssh_key"], st["known_hosts"]) for h in st["hosts"]][:3]
-
-
-@pytest.fixture(scope="module")
-def fleet(hosts, tmp_path_factory):
+def fleet(three_hosts, tmp_path_factory):
+    hosts = three_hosts
     tmp = tmp_path_factory.mktemp("rollout")
     subnet = hosts[0].address.rsplit(".", 1)[0] + ".0/24"  # the lab's own subnet (a dev lab may differ)
     specs = {"base": write_spec(tmp / "base.yaml", subnet),

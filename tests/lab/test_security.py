@@ -94,7 +94,7 @@ def test_tls_self_signed_serves_with_the_key(locked_proxy):
     # the certificate is really one: without -k curl refuses it as self-signed (not a plain-HTTP port)
     v = curl("-o", "/dev/null", "-w", "%{ssl_verify_result}", f"{base}/health")
     assert v.returncode == 60, (v.returncode, v.stderr)
-    cert = server.ssh(f"echo | openssl s_client -connect 127.0.0.1:443 2>/dev/null | openssl x509 -noout -subject "
+    cert = server.ssh("echo | openssl s_client -connect 127.0.0.1:443 2>/dev/null | openssl x509 -noout -subject "
                       "2>/dev/null || true", user="root").stdout
     RESULTS["tls_subject"] = cert.strip()
     # nothing answers plain HTTP on the old port any more

@@ -360,4 +360,4 @@ def test_upload_for_real_with_local_connector(tmp_path):
     dry = _pyinfra(tmp_path, "--dry", "--json", yes=False)
     changing = [op["name"].split(" | ")[-1] for op in json.loads(dry.stdout)["plan"]
                 if op["hosts_with_change"] or op["hosts_with_conditional_change"]]
-    assert changing == ["Model file config.json", f"Verify the model against MANIFEST.sha256 (as root)"]
+    assert changing == ["Model file config.json", "Verify the model against MANIFEST.sha256 (as root)"]
