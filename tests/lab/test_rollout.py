@@ -134,10 +134,10 @@ def load(fleet):
     from vllm_fleet.loadgen import LoadGen
 
     # Continuous but bounded: 2 threads, at most 1 request a second in all. The lab's hosts share
-    # the machine's 2 cores, and vLLM's CPU build pins every replica's worker to the same core
-    # (auto binding: core 0, core 1 "reserved"), where a serving worker spins for 1 s after each
-    # request. At 4 requests/s a restarting replica's worker got a third of that core: 440 s per
-    # replica (worker imports alone 5.5 min; CI run 2026-11-30), 22 min for the rollout.
+    # the machine's 2 cores; with vLLM's auto-binding (every replica's worker on core 0, where a
+    # serving worker spins 1 s after each request) a replica restart under 4 requests/s took
+    # 430-445 s, under 1/s 213-526 s. lab-tiny-replicas.yaml now runs the workers unbound with one
+    # OpenMP thread: 41-53 s per replica (docs/rollout.md).
     gen = LoadGen(f"http://{fleet['hosts'][0].address}", "tiny", KEY_FILE.read_text().strip(), concurrency=2,
                   max_tokens=16, rate=1, timeout=120)
     yield gen
