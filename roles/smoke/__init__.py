@@ -47,7 +47,7 @@ def _direct_stream(python: str, spec: dict[str, Any], timeout: float):
     def stream(max_tokens: int) -> list[float]:
         argv = [python, "-c", DIRECT_STREAM_PY, str(int(spec["server"]["port"])), spec["model"]["served_name"],
                 render.paths(spec)["secrets_env"], str(int(max_tokens)), str(float(timeout))]
-        ok, out = host.run_shell_command(" ".join(shlex.quote(a) for a in argv), _sudo=True, _timeout=int(timeout) + 30)
+        _, out = host.run_shell_command(" ".join(shlex.quote(a) for a in argv), _sudo=True, _timeout=int(timeout) + 30)
         lines = getattr(out, "stdout_lines", []) or []
         try:
             result = json.loads(lines[-1])
