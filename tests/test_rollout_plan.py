@@ -101,7 +101,7 @@ def test_rollout_steps_in_order(tmp_path):
     assert seq == [("upstream", "lab1", "lab3"), ("update", "lab3", "lab3"), ("upstream", "lab1", ""),
                    ("upstream", "lab1", "lab1"), ("update", "lab1", "lab1"), ("upstream", "lab1", ""),
                    ("upstream", "lab1", "lab2"), ("update", "lab2", "lab2"), ("upstream", "lab1", "")]
-    assert all(c["deploy"] == "deploys/rollout.py" and c["spec"] == str(SPEC) for c in rec.calls)
+    assert all(c["deploy"] == "vllm_fleet.deploys.rollout:rollout_step" and c["spec"] == str(SPEC) for c in rec.calls)
     # never more than the batch out of the upstream
     assert all(len([d for d in c["down"].split(",") if d]) <= 1 for c in rec.calls)
     assert "done, 3 replica(s)" in said[-1]
@@ -179,7 +179,7 @@ def test_upstream_lists_every_replica_with_health_checks():
 
 
 def test_api_firewall_rules():
-    from roles.service import api_firewall_rules
+    from vllm_fleet.roles.service import api_firewall_rules
 
     text = api_firewall_rules(_resolved(), ["10.9.0.11", "10.9.0.11", "192.168.5.0/24"])
     assert "elements = { 10.9.0.11, 192.168.5.0/24 }" in text
@@ -191,7 +191,7 @@ def test_api_firewall_rules():
 
 
 def test_rollout_role_helpers(tmp_path):
-    from roles.rollout import SMOKE_PY, parse_metrics, reload_and_wait_script
+    from vllm_fleet.roles.rollout import SMOKE_PY, parse_metrics, reload_and_wait_script
 
     text = ('# HELP vllm:num_requests_running x\nvllm:num_requests_running{model_name="tiny"} 2.0\n'
             'vllm:num_requests_waiting{model_name="tiny"} 1.0\nvllm:num_requests_running{model_name="b"} 1.0\n')

@@ -175,7 +175,7 @@ def test_warn_is_shown_as_warn_in_the_summary():
 
 
 def test_direct_stream_script_reads_the_key_from_the_file_and_times_each_event(tmp_path):
-    """The script roles/smoke runs on a vLLM host, here against the stand-in: the key comes from
+    """The script vllm_fleet/roles/smoke runs on a vLLM host, here against the stand-in: the key comes from
     the secrets file (the stand-in refuses a stream without it), events arrive 5 ms apart."""
     import json
     import subprocess

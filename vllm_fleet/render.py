@@ -60,7 +60,7 @@ RAY_MEMORY_BYTES = {"cuda": 16 * 2**30, "cpu": 2 * 2**30}
 RAY_OBJECT_STORE_BYTES = {"cuda": 4 * 2**30, "cpu": 512 * 2**20}
 
 #: Ray's ports besides the GCS port (parallel.ray_port), fixed so that a firewall can name them
-#: (Ray picks most of them at random otherwise). Ray has no authentication: roles/ray allows them
+#: (Ray picks most of them at random otherwise). Ray has no authentication: vllm_fleet/roles/ray allows them
 #: only from the cluster's own addresses. Worker processes take one port each from the range.
 RAY_FIXED_PORTS = {
     "node_manager": 6380,

@@ -2,7 +2,8 @@
 
 The replicas are the hosts of the inventory's server group (``servers``), in the inventory's
 order; batches of ``--batch-size`` (or ``--batch-percent``, or the spec's ``rollout`` section).
-For each batch, each step a run of ``deploys/rollout.py`` through pyinfra (``--limit``):
+For each batch, each step a run of the packaged deploy ``vllm_fleet.deploys.rollout:rollout_step``
+(what the checkout's ``deploys/rollout.py`` calls) through pyinfra (``--limit``):
 
 1. ``upstream`` on the proxy hosts: the batch marked ``down`` in the nginx upstream, ``nginx -t``,
    reload, wait until the old nginx workers (which finish in-flight requests, and for a moment
@@ -40,7 +41,8 @@ from typing import Any, Callable
 from .render import GROUP_ROLES
 
 STATE_DIR = "~/.cache/vllm-fleet/rollout"  # per deployment: <name>.json (replicas left out) and logs
-DEPLOY = "deploys/rollout.py"
+#: The step pyinfra runs, as a function of the installed package (works from any directory).
+DEPLOY = "vllm_fleet.deploys.rollout:rollout_step"
 
 
 class RolloutError(Exception):
@@ -188,8 +190,6 @@ class Rollout:
         self.pyinfra = pyinfra or str(Path(sys.executable).parent / "pyinfra")
         self.cwd = cwd or os.getcwd()
         self.runner = runner or self._subprocess
-        if not (Path(self.cwd) / DEPLOY).is_file():
-            raise RolloutError(f"{DEPLOY} not found under {self.cwd}: run from the repository root")
 
     # -- state of an earlier failed rollout ----------------------------------------------------
 

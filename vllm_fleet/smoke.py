@@ -152,7 +152,7 @@ def judge_stream(seen: list[str], passed: bool, direct: list[list[float]], direc
                         f"{detail}{straight}")
 
 
-# Run on a vLLM host with the service's own Python (standard library only) by roles/smoke: stream
+# Run on a vLLM host with the service's own Python (standard library only) by vllm_fleet/roles/smoke: stream
 # one chat straight from 127.0.0.1:PORT, the key read from secrets.env (never on a command line),
 # and print {"times": [seconds from the request to each SSE event]} or {"error": "..."}.
 DIRECT_STREAM_PY = r'''

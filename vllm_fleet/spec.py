@@ -24,7 +24,7 @@ import yaml
 
 from . import defaults
 
-SCHEMA_PATH = Path(__file__).resolve().parent.parent / "schemas" / "deployment.schema.json"
+SCHEMA_PATH = Path(__file__).resolve().parent / "schemas" / "deployment.schema.json"  # schemas/ at the top links here
 MAX_SPEC_BYTES = 1024 * 1024  # a spec is a page of YAML; a megabyte is certainly a mistake
 
 

@@ -20,10 +20,10 @@ Not run: roles.nvidia (the image has the driver and CUDA), roles.pyenv (the imag
 from pyinfra import host
 from pyinfra.operations import files
 
-from roles.common import load_deploy_spec, put_rendered, rendered_for_host, secret_file
-from roles.model import install_model
-from roles.pyenv import service_dirs
-from roles.vllm import install_vllm
+from vllm_fleet.roles.common import load_deploy_spec, put_rendered, rendered_for_host, secret_file
+from vllm_fleet.roles.model import install_model
+from vllm_fleet.roles.pyenv import service_dirs
+from vllm_fleet.roles.vllm import install_vllm
 from vllm_fleet import command, render
 
 ctx = load_deploy_spec()

@@ -50,7 +50,7 @@ import pytest
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 REPO = Path(__file__).resolve().parents[2]
-if str(REPO) not in sys.path:  # roles/ is a top-level folder, not part of the installed package
+if str(REPO) not in sys.path:  # the checkout, also without `pip install -e`
     sys.path.insert(0, str(REPO))
 
 

@@ -1,4 +1,4 @@
-"""roles.common.atomic_put / put_rendered through the commands they would send: a changed file
+"""vllm_fleet.roles.common.atomic_put / put_rendered through the commands they would send: a changed file
 is uploaded beside its destination and renamed over it (never rewritten in place), a converged
 file sends nothing, and unit files are put after the files they name."""
 
@@ -7,7 +7,7 @@ import hashlib
 from pyinfra.api import deploy
 from pyinfra.facts.files import File, Sha256File
 
-from roles.common import put_rendered
+from vllm_fleet.roles.common import put_rendered
 from vllm_fleet.render import RenderedFile
 
 UNIT = "/etc/systemd/system/vllm.service"

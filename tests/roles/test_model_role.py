@@ -1,4 +1,4 @@
-"""roles/model: the three transfer paths through the commands they would send (scripted facts),
+"""vllm_fleet/roles/model: the three transfer paths through the commands they would send (scripted facts),
 and the upload path for real with pyinfra's @local connector into a temporary directory,
 checked with the system's own sha256sum."""
 
@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 from pyinfra.facts.files import Directory, File, FileContents, FindFiles, Md5File, Sha1File, Sha256File
 
-from roles.model import ModelMissing, NoSpace, install_model
-from roles.model.facts import FileSizes, FreeBytes
+from vllm_fleet.roles.model import ModelMissing, NoSpace, install_model
+from vllm_fleet.roles.model.facts import FileSizes, FreeBytes
 from vllm_fleet.spec import load, resolve
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -306,7 +306,7 @@ def test_none_missing_names_the_host(harness):
 DEPLOY = """
 import json, sys
 sys.path.insert(0, {repo!r})
-from roles.model import install_model
+from vllm_fleet.roles.model import install_model
 install_model(spec=json.load(open({spec!r})))
 """
 

@@ -1,4 +1,4 @@
-"""roles/monitoring through the commands it would send (scripted facts): Debian's exporters and
+"""vllm_fleet/roles/monitoring through the commands it would send (scripted facts): Debian's exporters and
 Prometheus with their listen addresses placed before the packages start them, promtool before
 every reload, and on GPU hosts NVIDIA's DCGM + dcgm-exporter (no GPU here: the commands only)."""
 
@@ -13,7 +13,7 @@ from pyinfra.facts.deb import DebPackages
 from pyinfra.facts.files import File
 from pyinfra.facts.server import Which
 
-from roles.monitoring import install_monitoring
+from vllm_fleet.roles.monitoring import install_monitoring
 from vllm_fleet import monitoring, render
 from vllm_fleet.spec import load, resolve
 

@@ -1,4 +1,4 @@
-"""roles/nvidia, through the commands it would send (no GPU, no NVIDIA repository here).
+"""vllm_fleet/roles/nvidia, through the commands it would send (no GPU, no NVIDIA repository here).
 
 Each case scripts the host's facts (distro from real os-release files, nvidia-smi output from
 fixtures) and checks the apt sources, package names, blacklist, initramfs and reboot a reviewer
@@ -15,8 +15,8 @@ from pyinfra.facts.deb import DebPackage, DebPackages
 from pyinfra.facts.files import Directory, File
 from pyinfra.facts.server import KernelModules, KernelVersion, LinuxDistribution, Which
 
-from roles.nvidia import GpuMismatch, UnsupportedHost, nvidia
-from roles.nvidia.facts import AptComponents, NvidiaGpus, driver_branch, parse_apt_components, parse_nvidia_smi
+from vllm_fleet.roles.nvidia import GpuMismatch, UnsupportedHost, nvidia
+from vllm_fleet.roles.nvidia.facts import AptComponents, NvidiaGpus, driver_branch, parse_apt_components, parse_nvidia_smi
 from vllm_fleet.spec import load, resolve
 
 REPO = Path(__file__).resolve().parents[2]

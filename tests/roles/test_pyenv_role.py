@@ -1,4 +1,4 @@
-"""roles/pyenv, through the commands it would send (no conda channel reachable here)."""
+"""vllm_fleet/roles/pyenv, through the commands it would send (no conda channel reachable here)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from pyinfra.facts.deb import DebPackages
 from pyinfra.facts.files import Directory
 from pyinfra.facts.server import Groups, Os, Users, Which
 
-from roles.pyenv import EnvMismatch, env_python, pyenv, service_dirs
-from roles.pyenv.facts import EnvPython, MiniforgeInstall, parse_miniforge, parse_python_version
+from vllm_fleet.roles.pyenv import EnvMismatch, env_python, pyenv, service_dirs
+from vllm_fleet.roles.pyenv.facts import EnvPython, MiniforgeInstall, parse_miniforge, parse_python_version
 from vllm_fleet.spec import load, resolve
 
 REPO = Path(__file__).resolve().parents[2]

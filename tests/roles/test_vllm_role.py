@@ -1,4 +1,4 @@
-"""roles/vllm, through the commands it would send (scripted facts), plus its fact and its CPU
+"""vllm_fleet/roles/vllm, through the commands it would send (scripted facts), plus its fact and its CPU
 fix commands run for real against a throwaway venv."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from pyinfra.api.exceptions import DeployError
 
-from roles.vllm import install_vllm, requirements
-from roles.vllm.facts import DistVersions, parse_versions
+from vllm_fleet.roles.vllm import install_vllm, requirements
+from vllm_fleet.roles.vllm.facts import DistVersions, parse_versions
 from vllm_fleet.spec import load, resolve
 
 REPO = Path(__file__).resolve().parents[2]
@@ -204,7 +204,7 @@ def test_fact_and_dist_info_for_real(throwaway_env, harness):
 DEPLOY = """
 import json, sys
 sys.path.insert(0, {repo!r})
-from roles.vllm import install_vllm
+from vllm_fleet.roles.vllm import install_vllm
 install_vllm(spec=json.load(open({spec!r})))
 """
 
@@ -251,7 +251,7 @@ def test_cpu_build_gets_libnuma(harness):
     from pyinfra.facts.deb import DebPackages
     from pyinfra.facts.files import File
 
-    from roles.vllm import install_system_libraries
+    from vllm_fleet.roles.vllm import install_system_libraries
 
     run = harness.run(install_system_libraries, spec_of("lab-tiny.yaml"),
                       facts={DebPackages: {}, File: None})

@@ -26,7 +26,7 @@ Host data: ``defaults.DEFAULTS`` (poll interval, smoke tokens and timeout, journ
 
 Example (deploys/rollout.py)::
 
-    from roles.rollout import drain, smoke_replica, upstream
+    from vllm_fleet.roles.rollout import drain, smoke_replica, upstream
 
     upstream(spec=spec, rendered=rendered, drain_timeout=120)      # on the proxy
     drain(spec=spec, drain_timeout=120)                             # on the batch
@@ -44,7 +44,7 @@ from pyinfra import host, logger
 from pyinfra.api import deploy
 from pyinfra.operations import python
 
-from roles.common import put_rendered
+from vllm_fleet.roles.common import put_rendered
 from vllm_fleet import command, render
 
 from .defaults import DEFAULTS

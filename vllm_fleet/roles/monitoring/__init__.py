@@ -16,7 +16,7 @@ from pyinfra.facts.server import Which
 from pyinfra.operations import apt, files, server, systemd
 from pyinfra.operations.util import any_changed
 
-from roles.common import DeployError, put_rendered
+from vllm_fleet.roles.common import DeployError, put_rendered
 
 from .defaults import DEFAULTS
 

@@ -18,7 +18,7 @@ from pyinfra.api.exceptions import DeployError
 from pyinfra.operations import files, python, server, systemd
 from pyinfra.operations.util import any_changed
 
-from roles.common import inventory_hosts, put_rendered, secret_file
+from vllm_fleet.roles.common import inventory_hosts, put_rendered, secret_file
 from vllm_fleet import command, render
 
 from . import defaults as d
@@ -166,10 +166,10 @@ def install_server_stack(spec: dict[str, Any], hub_token: str | None) -> tuple[l
         vllm_changed, model_changed = install_server_stack(spec=spec, hub_token=ctx["secrets"]["hub_token"])
         install_service(spec=spec, rendered=rendered, api_key=key, restart_on=[*vllm_changed, *model_changed])
     """
-    from roles.model import install_model
-    from roles.nvidia import nvidia
-    from roles.pyenv import pyenv, service_dirs
-    from roles.vllm import install_system_libraries, install_vllm
+    from vllm_fleet.roles.model import install_model
+    from vllm_fleet.roles.nvidia import nvidia
+    from vllm_fleet.roles.pyenv import pyenv, service_dirs
+    from vllm_fleet.roles.vllm import install_system_libraries, install_vllm
 
     nvidia(spec=spec)
     service_dirs(spec=spec)
@@ -198,7 +198,7 @@ def install_service(spec: dict[str, Any], rendered: dict[str, Any], api_key: str
                         restart_on=[vllm_op, model_op])
     """
     ins, srv = spec["install"], spec["server"]
-    # The system user and directories come from roles.pyenv.service_dirs, which deploys/serve.py
+    # The system user and directories come from vllm_fleet.roles.pyenv.service_dirs, which deploys/serve.py
     # runs first (the model role needs them too).
     # Cache and temp directories the unit's environment names (ReadWritePaths must exist).
     state_dir = ins["state_dir"]

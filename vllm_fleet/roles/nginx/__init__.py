@@ -13,7 +13,7 @@ from pyinfra.facts.files import File
 from pyinfra.operations import apt, files, server, systemd
 from pyinfra.operations.util import any_changed
 
-from roles.common import put_rendered, secret_file
+from vllm_fleet.roles.common import put_rendered, secret_file
 
 from .defaults import DEFAULTS
 

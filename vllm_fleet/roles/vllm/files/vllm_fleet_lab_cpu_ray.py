@@ -27,7 +27,7 @@ What it changes, and nothing else (each right after vLLM's own module is importe
 
 The other two things the CPU lab needs are not patches but settings every deployment gets:
 ``GLOO_SOCKET_IFNAME`` naming the interface that holds the node's address and ``VLLM_HOST_IP``
-set to it (node.env, written by roles/ray).
+set to it (node.env, written by vllm_fleet/roles/ray).
 
 Removing: delete this file and the .pth beside it (the vllm role removes both when the spec is no
 longer cpu + ray).

@@ -22,7 +22,7 @@ Deploy functions (``spec`` is the resolved spec dict from ``vllm_fleet.spec.load
 
 Example (deploys/serve.py)::
 
-    from roles.pyenv import pyenv, service_dirs
+    from vllm_fleet.roles.pyenv import pyenv, service_dirs
 
     service_dirs(spec)
     pyenv(spec)

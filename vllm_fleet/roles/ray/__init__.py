@@ -30,11 +30,11 @@ In order (pyinfra runs each operation on every host before the next):
        left behind by a head restart would wait for a GCS that went away).
     5. On the head, when a node (re)started: wait for the whole cluster (the rendered
        wait-ray-cluster, deadline ``ray_cluster_wait_timeout``); the deploy fails naming the
-       missing nodes. vLLM starts after this (roles/service; its unit waits for the cluster too).
+       missing nodes. vLLM starts after this (vllm_fleet/roles/service; its unit waits for the cluster too).
 
 Example (deploys/serve.py)::
 
-    from roles.ray import install_ray
+    from vllm_fleet.roles.ray import install_ray
 
     ray = install_ray(spec=spec, rendered=rendered, inventory_hosts=inventory_hosts(),
                       restart_on=vllm_changed)
@@ -59,7 +59,7 @@ from pyinfra.api.exceptions import DeployError
 from pyinfra.operations import files, python, systemd
 from pyinfra.operations.util import any_changed
 
-from roles.common import put_rendered
+from vllm_fleet.roles.common import put_rendered
 from vllm_fleet import command, render
 
 from . import defaults as d

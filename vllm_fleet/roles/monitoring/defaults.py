@@ -9,7 +9,7 @@ DEFAULTS = {
     "monitoring_prometheus_package": "prometheus",
     "monitoring_node_exporter_package": "prometheus-node-exporter",
     "monitoring_blackbox_package": "prometheus-blackbox-exporter",
-    # NVIDIA DCGM on GPU hosts, from the CUDA apt repository roles/nvidia configures
+    # NVIDIA DCGM on GPU hosts, from the CUDA apt repository vllm_fleet/roles/nvidia configures
     # (DCGM 4 splits it: e.g. ["datacenter-gpu-manager-4-core", "datacenter-gpu-manager-4-cuda12"]).
     "monitoring_dcgm_packages": ["datacenter-gpu-manager"],
     # dcgm-exporter is not in the apt repositories: a binary on the control machine (built from

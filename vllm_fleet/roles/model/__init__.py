@@ -30,7 +30,7 @@ Deploy function
 
 Example (deploys/serve.py)::
 
-    from roles.model import install_model
+    from vllm_fleet.roles.model import install_model
 
     model_changed = install_model(spec=spec, hub_token=ctx["secrets"]["hub_token"])
 """
@@ -49,7 +49,7 @@ from pyinfra.api.exceptions import DeployError
 from pyinfra.facts.files import File, FileContents, FindFiles
 from pyinfra.operations import files, server
 
-from roles.common import secret_file
+from vllm_fleet.roles.common import secret_file
 
 from . import defaults as d
 from .defaults import DEFAULTS

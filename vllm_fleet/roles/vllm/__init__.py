@@ -29,7 +29,7 @@ versions ``importlib.metadata`` reports in the env)
 
 Example (deploys/serve.py)::
 
-    from roles.vllm import install_vllm
+    from vllm_fleet.roles.vllm import install_vllm
 
     vllm_changed = install_vllm(spec=spec)
     install_service(spec=spec, ..., restart_on=vllm_changed)
@@ -163,7 +163,7 @@ def install_system_libraries(spec: dict[str, Any]) -> None:
     For the CPU build: ``libnuma1``. vLLM's CPU kernels (``vllm._C``) link libnuma; without it
     the worker dies at start with "'_C' object has no attribute 'init_cpu_memory_env'" (the
     ImportError for libnuma.so.1 is logged above it). The CUDA build needs none beyond the
-    driver (roles/nvidia).
+    driver (vllm_fleet/roles/nvidia).
 
     **Example:**
 

@@ -35,7 +35,7 @@ Failures
 Example (deploys/serve.py)::
 
     from vllm_fleet.spec import load_and_check
-    from roles.nvidia import nvidia
+    from vllm_fleet.roles.nvidia import nvidia
 
     spec, _warnings = load_and_check("deployments/rtx3090-qwen7b-awq-realtime.yaml")
     nvidia(spec)
@@ -61,7 +61,7 @@ from .gpucheck import describe, gpu_mismatch
 __all__ = ["nvidia", "GpuMismatch", "UnsupportedHost", "cuda_repo_dir", "DEFAULTS"]
 
 NOUVEAU_BLACKLIST_TEXT = (
-    "# Written by vllm-fleet (roles/nvidia): the NVIDIA driver needs nouveau unloaded.\n"
+    "# Written by vllm-fleet (vllm_fleet/roles/nvidia): the NVIDIA driver needs nouveau unloaded.\n"
     "blacklist nouveau\n"
     "options nouveau modeset=0\n"
 )
@@ -83,7 +83,7 @@ def cuda_repo_dir(distro: dict, host_name: str) -> str:
             return repo
     supported = ", ".join(f"{n} {ma}" + (f".{mi:02d}" if mi is not None else "") for n, ma, mi in d.CUDA_REPO_DIRS)
     raise UnsupportedHost(
-        f"host {host_name}: {name} {major}.{minor} is not supported by roles/nvidia (supported: {supported})"
+        f"host {host_name}: {name} {major}.{minor} is not supported by vllm_fleet/roles/nvidia (supported: {supported})"
     )
 
 
