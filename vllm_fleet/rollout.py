@@ -297,7 +297,21 @@ def format_table(result: RolloutResult) -> str:
 
 
 def cmd_rollout(args: argparse.Namespace) -> int:
-    spec = args.spec or os.environ.get("VLLM_FLEET_SPEC") or "deployments/lab-tiny.yaml"
+    spec = args.spec
+    if not spec:  # the inventory's (vllm_fleet.specsource): one spec for all replicas
+        from .inventory import InventoryError, load_inventory
+        from .specsource import SpecSourceError, spec_source
+
+        try:
+            found = {spec_source(h["data"], n)[0] for n, h in load_inventory(args.inventory).items()}
+        except (InventoryError, SpecSourceError) as exc:
+            print(f"vllm-fleet rollout: {exc}; no host was changed", file=sys.stderr)
+            return 1
+        if len(found) != 1:
+            print(f"vllm-fleet rollout: the inventory's hosts name {len(found)} specs ({', '.join(sorted(found))}): "
+                  "give the one to roll out with --spec; no host was changed", file=sys.stderr)
+            return 1
+        spec = found.pop()
     try:
         ro = Rollout(args.inventory, spec, size=args.batch_size, percent=args.batch_percent,
                      drain_timeout=args.drain_timeout, say=(lambda m: print(m, file=sys.stderr)) if args.json else print)
@@ -319,7 +333,7 @@ def cmd_rollout(args: argparse.Namespace) -> int:
 def add_cli(sub: Any) -> None:
     p = sub.add_parser("rollout", help="rolling update of the replicas behind nginx, batch by batch (docs/rollout.md)")
     p.add_argument("inventory", metavar="INVENTORY", help="pyinfra inventory (.py); replicas: its `servers` group, in order")
-    p.add_argument("--spec", help="the new deployment spec (default: $VLLM_FLEET_SPEC or deployments/lab-tiny.yaml)")
+    p.add_argument("--spec", help="the new deployment spec (default: the inventory's data vllm_fleet_spec, $VLLM_FLEET_SPEC; the lab: deployments/lab-tiny.yaml)")
     g = p.add_mutually_exclusive_group()
     g.add_argument("--batch-size", type=int, help="replicas per batch (default: the spec's rollout.batch_size, 1)")
     g.add_argument("--batch-percent", type=float, help="replicas per batch as a percentage, rounded down, at least 1")

@@ -14,7 +14,6 @@ from typing import Any
 
 from .inventory import InventoryError, load_inventory
 
-DEFAULT_SPEC = "deployments/lab-tiny.yaml"
 
 
 def _probe_script(resolved: dict[str, Any]) -> str:
@@ -67,18 +66,28 @@ def probe_host(name: str, info: dict[str, Any], script: str) -> dict[str, Any]:
 
 def status_main(args: argparse.Namespace) -> int:
     from .cli import _load
+    from .specsource import SpecSourceError, spec_source
 
-    spec_path = args.spec or os.environ.get("VLLM_FLEET_SPEC") or DEFAULT_SPEC
-    resolved, _ = _load(spec_path, hardware=False)
     try:
         hosts = load_inventory(args.inventory)
     except InventoryError as exc:
         print(f"vllm-fleet status: {exc}", file=sys.stderr)
         return 1
     servers = {n: h for n, h in hosts.items() if set(h["groups"]) & {"servers", "ray_head"}} or hosts
-    script = _probe_script(resolved)
-    with ThreadPoolExecutor(max_workers=min(16, len(servers))) as pool:
-        rows = list(pool.map(lambda item: probe_host(item[0], item[1], script), servers.items()))
+    # The spec: --spec, else each host's own (vllm_fleet.specsource: data vllm_fleet_spec, $VLLM_FLEET_SPEC, the lab's)
+    scripts: dict[str, str] = {}
+    jobs = []
+    for name, info in servers.items():
+        try:
+            path = args.spec or spec_source(info["data"], name)[0]
+        except SpecSourceError as exc:
+            print(f"vllm-fleet status: {exc} (here: `vllm-fleet status INVENTORY --spec SPEC`)", file=sys.stderr)
+            return 1
+        if path not in scripts:
+            scripts[path] = _probe_script(_load(path, hardware=False)[0])
+        jobs.append((name, info, scripts[path]))
+    with ThreadPoolExecutor(max_workers=min(16, len(jobs))) as pool:
+        rows = list(pool.map(lambda job: probe_host(*job), jobs))
     if args.json:
         print(json.dumps(rows, indent=2))
     else:
