@@ -147,3 +147,19 @@ def read_secret(ref: dict[str, Any] | None, *, yaml_path: str, base_dir: Path | 
 
         warnings.warn(f"{yaml_path}: secret file {p} is readable by others (mode {oct(mode & 0o777)}); chmod 600 it", stacklevel=2)
     return value
+
+
+def host_secret_files(resolved: dict[str, Any], values: dict[str, Any]) -> dict[str, str]:
+    """{host path: content} of every file that holds a secret of the spec, as the deploy writes
+    it (0600 root): the API key's env file and nginx auth include, the TLS private key. The roles
+    write these, `vllm-fleet diff` compares their checksums (never their text)."""
+    from . import render  # late: render imports this module
+
+    p = render.paths(resolved)
+    key = values.get("api_key")
+    out = {p["secrets_env"]: render.secrets_env_content(resolved, key) if key else "# no API key configured\n",
+           p["nginx_auth"]: render.nginx_auth_content(resolved, key)}
+    tls = resolved["proxy"].get("tls") or {}
+    if tls.get("enabled") and not tls.get("self_signed") and values.get("tls_key"):
+        out[p["tls_certificate_key"]] = values["tls_key"]
+    return out

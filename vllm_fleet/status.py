@@ -31,20 +31,28 @@ def _probe_script(resolved: dict[str, Any]) -> str:
     ])
 
 
-def probe_host(name: str, info: dict[str, Any], script: str) -> dict[str, Any]:
+def connection(address: str, data: dict[str, Any]) -> Any:
+    """A fabric Connection with the inventory's SSH data (ssh_user, ssh_key, ssh_port, host-key checking)."""
     from fabric import Connection
 
-    data = info["data"]
     kwargs: dict[str, Any] = {}
     if data.get("ssh_key"):
         kwargs["key_filename"] = os.path.expanduser(data["ssh_key"])
-    conn = Connection(info["address"], user=data.get("ssh_user", "root"), port=data.get("ssh_port", 22),
+    conn = Connection(address, user=data.get("ssh_user", "root"), port=data.get("ssh_port", 22),
                       connect_timeout=10, connect_kwargs=kwargs)
     # Host keys are new on every lab bring-up; the inventory says whether to check them.
     if data.get("ssh_strict_host_key_checking", "yes") in ("no", False, "off"):
         from paramiko import AutoAddPolicy
 
         conn.client.set_missing_host_key_policy(AutoAddPolicy())
+    elif data.get("ssh_known_hosts_file") and os.path.isfile(os.path.expanduser(data["ssh_known_hosts_file"])):
+        conn.client.load_host_keys(os.path.expanduser(data["ssh_known_hosts_file"]))
+    return conn
+
+
+def probe_host(name: str, info: dict[str, Any], script: str) -> dict[str, Any]:
+    data = info["data"]
+    conn = connection(info["address"], data)
     sudo = data.get("ssh_user", "root") != "root"
     out: dict[str, Any] = {"host": name, "address": info["address"]}
     try:

@@ -53,6 +53,8 @@ def inventory_hosts() -> dict[str, dict[str, Any]]:
     Only the hosts whose spec is the current host's (each group may have its own spec): a
     deployment's layout is made of the hosts that deploy it.
     """
+    from vllm_fleet.inventory import render_entry
+
     out = {}
     down = upstream_down()
     mine = spec_path()
@@ -62,10 +64,7 @@ def inventory_hosts() -> dict[str, dict[str, Any]]:
                 continue
         except DeployError:  # a host without a spec deploys nothing of this one
             continue
-        data = {"private_address": h.data.get("private_address")} if h.data.get("private_address") else {}
-        if h.name in down or h.data.get("upstream_down"):
-            data["upstream_down"] = True
-        out[h.name] = {"address": h.data.get("ssh_hostname") or h.name, "groups": list(h.groups), "data": data}
+        out[h.name] = render_entry(h.name, list(h.groups), h.data, down=h.name in down)
     return out
 
 

@@ -38,6 +38,7 @@ def install_nginx(spec: dict[str, Any], rendered: dict[str, Any], api_key: str |
                       tls_key=ctx["secrets"]["tls_key"], tls_certificate=ctx["secrets"]["tls_certificate"])
     """
     from vllm_fleet import render
+    from vllm_fleet.secrets import host_secret_files
 
     prx = spec["proxy"]
     apt.packages(name="nginx package", packages=[host.data.get("nginx_package")], update=True, cache_time=3600)
@@ -48,8 +49,9 @@ def install_nginx(spec: dict[str, Any], rendered: dict[str, Any], api_key: str |
     site_paths = [p for p in rendered if p.startswith("/etc/nginx/") and p not in secret_paths]
     paths = render.paths(spec)
     # The auth include (and the TLS files below) before the site that names them.
+    secret_text = host_secret_files(spec, {"api_key": api_key, "tls_key": tls_key})
     changed.append(secret_file(name="nginx auth include (0600, never shown)", path=paths["nginx_auth"],
-                               content=render.nginx_auth_content(spec, api_key)))
+                               content=secret_text[paths["nginx_auth"]]))
     tls = prx["tls"]
     if tls["enabled"]:
         crt, key = paths["tls_certificate"], paths["tls_certificate_key"]
@@ -68,7 +70,7 @@ def install_nginx(spec: dict[str, Any], rendered: dict[str, Any], api_key: str |
             files.directory(name=f"Directory {render.NGINX_SECRET_DIR} (0700)", path=render.NGINX_SECRET_DIR,
                             user="root", group="root", mode="700")
             changed.append(atomic_put(name="TLS certificate", dest=crt, content=tls_certificate, mode="644"))
-            changed.append(secret_file(name="TLS private key (0600, never shown)", path=key, content=tls_key))
+            changed.append(secret_file(name="TLS private key (0600, never shown)", path=key, content=secret_text[key]))
     put = put_rendered(rendered, site_paths)
     changed += put.values()
     server.shell(name="nginx -t (validate before reload)", commands=["nginx -t"], _if=any_changed(*changed))
