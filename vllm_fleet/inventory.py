@@ -55,7 +55,7 @@ def render_entry(name: str, groups: list[str], data: dict[str, Any], down: bool 
 
     ``down``: the rollout marks this replica down in the nginx upstream (also host data ``upstream_down``).
     """
-    out: dict[str, Any] = {"private_address": data["private_address"]} if data.get("private_address") else {}
+    out: dict[str, Any] = {"private_address": data.get("private_address")} if data.get("private_address") else {}
     if down or data.get("upstream_down"):
         out["upstream_down"] = True
     return {"address": data.get("ssh_hostname") or name, "groups": list(groups), "data": out}

@@ -87,7 +87,8 @@ def test_host_data_names_the_spec_and_the_layout_has_only_its_hosts(harness, tmp
     from vllm_fleet.roles.common import _CACHE
 
     spec = _spec(tmp_path)
-    harness.run(_plan, host="gpu1", groups=["servers", "proxy"], data={"vllm_fleet_spec": str(spec)})
+    harness.run(_plan, host="gpu1", groups=["servers", "proxy"],
+                data={"vllm_fleet_spec": str(spec), "private_address": "10.0.0.5", "ssh_hostname": "192.0.2.5"})
     (ctx,) = _CACHE.values()
     assert ctx["path"] == str(spec) and set(ctx["rendered"]) == {"gpu1", "client"}
 
