@@ -321,3 +321,12 @@ def test_cli_wires_the_commands():
     r = subprocess.run([str(Path(deploycmd.pyinfra_bin()).parent / "vllm-fleet"), "--help"], capture_output=True, text=True)
     for command in ("deploy", "diff", "down", "init"):
         assert command in r.stdout
+
+
+def test_status_and_rollout_without_a_spec_say_how_to_give_one(tmp_path, capsys):
+    inv = str(_inventory(tmp_path, ONE_HOST))
+    assert main(["status", inv]) == 1
+    err = capsys.readouterr().err
+    assert "host gpu1: no deployment spec" in err and "vllm-fleet status INVENTORY --spec SPEC" in err
+    assert main(["rollout", inv]) == 1
+    assert "no deployment spec" in capsys.readouterr().err
