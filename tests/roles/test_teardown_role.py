@@ -103,3 +103,20 @@ def test_purge_removes_environment_weights_and_config(harness, replicas):
                       data={"vllm_fleet_purge": True})
     for d in dirs:
         assert f"rm -rf {d}" in run.commands
+
+
+def test_exporters_whose_configuration_was_this_deployments_are_stopped(harness):
+    """lab-tiny-monitoring on one host: Prometheus, blackbox and node exporter configs are its own
+    (they name it), so they go and the services that read them are stopped and disabled."""
+    resolved, _ = load_and_check(REPO / "deployments" / "lab-tiny-monitoring.yaml", hardware=False)
+    inv = {"lab1": {"address": "10.10.0.11", "groups": ["servers", "proxy", "monitoring"], "data": {}}}
+    files = render.render(resolved, inv)["lab1"]
+    owned = sorted(files)
+    facts = _facts(owned)
+    facts[SystemdStatus] = {**facts[SystemdStatus], "prometheus.service": True, "prometheus-node-exporter.service": True,
+                            "prometheus-blackbox-exporter.service": True}
+    facts[SystemdEnabled] = dict(facts[SystemdStatus])
+    run = harness.run(remove_deployment, spec=resolved, rendered=files, facts=facts)
+    for service in ("prometheus", "prometheus-node-exporter", "prometheus-blackbox-exporter"):
+        assert f"systemctl stop {service}.service" in run.commands and f"systemctl disable {service}.service" in run.commands
+    assert "rm -f /etc/prometheus/prometheus.yml" in run.commands and "rm -f /etc/default/prometheus-node-exporter" in run.commands
