@@ -397,7 +397,9 @@ def _schema_error_to_problems(err: jsonschema.ValidationError, spec: Spec) -> li
         return [Problem(path, f"{json.dumps(err.instance)[:60]} is not a plain absolute path on the hosts",
                         "write an absolute path of letters, digits and ._@+-/ with no `.` or `..` part (e.g. /opt/models/x)", line=line)]
     if v == "pattern":
-        return [Problem(path, f"{json.dumps(err.instance)[:60]} has the wrong form", _fix_from_description(sub, f"it must match {err.validator_value}"), line=line)]
+        desc = sub.get("description", "").split(". ")[0].rstrip(".")
+        fix = f"write {desc[0].lower() + desc[1:]}" if desc else f"it must match {err.validator_value}"
+        return [Problem(path, f"{json.dumps(err.instance)[:60]} has the wrong form", fix, line=line)]
     if v == "format":
         if err.validator_value == "ip-network":
             return [Problem(path, f"{json.dumps(err.instance)[:60]} is not an IP address or network", "write an address or CIDR such as 10.10.0.11 or 10.10.0.0/24", line=line)]
