@@ -323,7 +323,7 @@ def test_two_node_ray_with_inventory():
     assert "Requires=ray-head.service" in vllm_unit.splitlines()
     pre = [l for l in vllm_unit.splitlines() if l.startswith("ExecStartPre=")]
     # /dev/nvidia-uvm first (as root: `+`), then the cluster wait
-    assert pre[0] == "ExecStartPre=+/usr/bin/nvidia-modprobe -c0 -u"
+    assert pre[0] == "ExecStartPre=-+/usr/bin/nvidia-modprobe -c0 -u"
     assert len(pre) == 2 and "--nodes 2 --gpus 4" in pre[1] and "--expect 10.10.0.11 --expect 10.10.0.12" in pre[1]
     site = edge["/etc/nginx/conf.d/vllm-fleet-llama70b-2node.conf"].content
     assert "server 10.10.0.11:8000 max_fails=2 fail_timeout=10s;" in site  # nginx on its own host reaches the head over the network
@@ -436,8 +436,8 @@ def test_cuda_units_make_nvidia_uvm_and_keep_caches_under_the_state_dir():
     assert env["PATH"].split(":")[0] == f"{prefix}/env/bin" and "/usr/bin" in env["PATH"].split(":")
     out = {p: f for files in render.render(r).values() for p, f in files.items()}
     unit = next(f.content for p, f in out.items() if p.endswith("/vllm.service")).splitlines()
-    assert "ExecStartPre=+/usr/bin/nvidia-modprobe -c0 -u" in unit
-    assert unit.index("ExecStartPre=+/usr/bin/nvidia-modprobe -c0 -u") < next(i for i, l in enumerate(unit) if l.startswith("ExecStart="))
+    assert "ExecStartPre=-+/usr/bin/nvidia-modprobe -c0 -u" in unit
+    assert unit.index("ExecStartPre=-+/usr/bin/nvidia-modprobe -c0 -u") < next(i for i, l in enumerate(unit) if l.startswith("ExecStart="))
     assert "After=nvidia-persistenced.service nvidia-fabricmanager.service" in unit
     vllm_env_file = next(f.content for p, f in out.items() if p.endswith("/vllm.env")).splitlines()
     assert f"DG_JIT_CACHE_DIR={state}/cache/deep_gemm" in vllm_env_file
