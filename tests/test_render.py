@@ -439,6 +439,8 @@ def test_cuda_units_make_nvidia_uvm_and_keep_caches_under_the_state_dir():
     assert "ExecStartPre=-+/usr/bin/nvidia-modprobe -c0 -u" in unit
     assert unit.index("ExecStartPre=-+/usr/bin/nvidia-modprobe -c0 -u") < next(i for i, l in enumerate(unit) if l.startswith("ExecStart="))
     assert "After=nvidia-persistenced.service nvidia-fabricmanager.service" in unit
+    # the system call filter proven with CUDA on the H200 (bench/results/h200-systemd-*.json)
+    assert "SystemCallFilter=@system-service" in unit and "SystemCallErrorNumber=EPERM" in unit
     vllm_env_file = next(f.content for p, f in out.items() if p.endswith("/vllm.env")).splitlines()
     assert f"DG_JIT_CACHE_DIR={state}/cache/deep_gemm" in vllm_env_file
     # the CPU build: none of it

@@ -16,7 +16,7 @@ what=$1; CARRY=$(cd "$2" && pwd); shift 2
 SPEC=deployments/h200-systemd.yaml
 PARTS=/tmp/gpu-parts
 WH=/var/cache/vllm-fleet/wheelhouse
-W=/tmp/proof
+W=/var/tmp/vllm-fleet-proof   # not /tmp: systemd mounts a tmpfs there in its namespace
 OUT=${OUT:-$W/out}
 mkdir -p $W $OUT
 log() { echo "[$(date -u +%T)] $*"; }
@@ -26,7 +26,7 @@ systemd_pid() {  # the namespace's PID 1 (the child of `unshare`), started once 
   local sd=""
   [ -f $W/sd.pid ] && sd=$(cat $W/sd.pid) && [ -d /proc/$sd ] && [ "$(cat /proc/$sd/comm)" = systemd ] && { echo $sd; return; }
   setsid unshare --pid --fork --mount --mount-proc --propagation private \
-      /lib/systemd/systemd --system --log-target=kmsg </dev/null >/dev/null 2>&1 &
+      /usr/lib/systemd/systemd --system --log-target=kmsg </dev/null >$W/systemd.out 2>&1 &
   local u
   for _ in $(seq 40); do
     sleep 0.5
@@ -75,7 +75,13 @@ one)
   # --skip-old-files: the image's own (newer) libraries stay; only what it lacks is added
   tar --skip-old-files -xf "$CARRY/systemd-deb12.tar" -C / 2>&1 | tail -2
   if ! command -v sudo >/dev/null && ls "$CARRY"/debs/sudo_*.deb >/dev/null 2>&1; then dpkg -x "$CARRY"/debs/sudo_*.deb /; fi
-  SD=$(systemd_pid) || { log "systemd did not start"; dmesg | tail -20; exit 1; }
+  # Debian's units name /lib/systemd/...; this image's /lib is a directory of its own (not a link
+  # to /usr/lib as on Debian 12), and the tar holds the real /usr/lib paths.
+  [ -e /lib/systemd/systemd ] || { [ -d /lib/systemd ] && ! [ -L /lib/systemd ] && cp -an /lib/systemd/. /usr/lib/systemd/ && rm -rf /lib/systemd; ln -sfn /usr/lib/systemd /lib/systemd; }
+  # The same for the C library: libc.so (the linker script gcc reads) names /lib/x86_64-linux-gnu/
+  # libc.so.6, which this image's /lib lacks (Triton's launcher build failed with "ld: cannot find").
+  [ -e /lib/x86_64-linux-gnu/libc.so.6 ] || [ -e /lib/x86_64-linux-gnu ] || ln -s /usr/lib/x86_64-linux-gnu /lib/x86_64-linux-gnu
+  SD=$(systemd_pid) || { log "systemd did not start"; ls -l /usr/lib/systemd/systemd; cat $W/systemd.out; dmesg | grep -i systemd | tail -20; exit 1; }
   for _ in $(seq 30); do st=$(ns systemctl is-system-running 2>/dev/null); case $st in running|degraded) break;; esac; sleep 1; done
   log "systemd PID $SD in its namespace: $st ($(ns systemctl --version | head -1))"
   ns systemctl --failed --no-legend --no-pager | head
@@ -105,7 +111,7 @@ print(r['install']['prefix'], r['model']['path'], r['model']['architecture'])")
   rc=$?; note deploy1_s "$(( $(date +%s) - t0 ))"; note deploy1_rc "$rc"
   log "deploy 1: rc $rc in $(( $(date +%s) - t0 )) s"; grep -E "PASS|WARN|FAIL|Grand total|healthy after|Error|error:" $W/deploy1.log | tail -25
   cp $W/deploy1.log $OUT/
-  if [ $rc -ne 0 ]; then tail -60 $W/deploy1.log; ns journalctl -u vllm.service -n 60 --no-pager -o cat; exit 1; fi
+  if [ $rc -ne 0 ]; then ns systemctl status vllm.service --no-pager -n 80 | tail -c 6000; ns journalctl -u vllm.service -n 80 --no-pager -o cat | tail -c 5000; exit 1; fi
   in_root "python3 bench/gpu/systemd_proof.py deployed $SPEC $W/deploy1.log" || log "deployed step failed"
   cp /etc/systemd/system/vllm.service $OUT/rendered-vllm.service; note rendered_unit "@/etc/systemd/system/vllm.service"
   ns systemctl show -p ExecStartPre vllm.service > $W/execstartpre.txt; note exec_start_pre "@$W/execstartpre.txt"; cat $W/execstartpre.txt
