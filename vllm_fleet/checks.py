@@ -213,6 +213,19 @@ def spec_problems(r: dict[str, Any], spec: Spec | None = None) -> list[Problem]:
     if ins["accelerator"] == "cuda" and not hw.get("gpu"):
         add("hardware.gpu", "no GPU type: the memory plan and the FP8/Marlin checks cannot run",
             "set `hardware.gpu:` (see `vllm-fleet plan --list-gpus`)", "warning")
+    nv = ins.get("nvidia") or {}
+    if ins["accelerator"] == "cuda" and nv.get("min_driver_branch") and int(nv["driver_branch"]) < int(nv["min_driver_branch"]):
+        why = f"vLLM {ins['vllm_version']}'s wheels are built for CUDA {nv['vllm_cuda']}"
+        if nv["cuda_version"] != nv["vllm_cuda"]:
+            why += f" and install.nvidia.cuda_version is {nv['cuda_version']}"
+        fix = f"set `driver_branch: \"{nv['min_driver_branch']}\"` or newer (or leave it out: the default follows install.vllm_version)"
+        if nv["vllm_cuda"].startswith("13"):
+            fix += ", or pin `install.vllm_version` below 0.20 (CUDA 12.8 wheels, driver branch 570)"
+        if nv.get("source") == "distro":
+            fix += "; Debian 12's own driver is branch 535: use `source: nvidia` (NVIDIA's repository) for a newer one"
+        add("install.nvidia.driver_branch",
+            f"driver branch {nv['driver_branch']} cannot run this vLLM: {why}, which needs driver branch {nv['min_driver_branch']} or newer",
+            fix)
     if ins.get("wheelhouse") and ins.get("index_url"):
         add("install.index_url", "an offline wheelhouse and an index URL are both set: the wheelhouse installs with --no-index",
             "keep one of them")

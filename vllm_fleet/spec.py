@@ -502,6 +502,26 @@ def _schema_defaults(node: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _version_tuple(version: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in re.findall(r"[0-9]+", version)[:3])
+
+
+def vllm_cuda(vllm_version: str) -> tuple[str, str]:
+    """``(CUDA of the default wheels, minimum driver branch)`` for a vLLM release (defaults.VLLM_CUDA)."""
+    v = _version_tuple(vllm_version)
+    for first, cuda, branch in defaults.VLLM_CUDA:
+        if v >= _version_tuple(first):
+            return cuda, branch
+    return defaults.VLLM_CUDA[-1][1:]
+
+
+def cuda_min_driver(cuda_version: str) -> str:
+    """The oldest driver branch a CUDA toolkit version needs (defaults.CUDA_MIN_DRIVER)."""
+    table = defaults.CUDA_MIN_DRIVER
+    major = cuda_version.split(".")[0]
+    return table.get(cuda_version) or table.get(major) or "0"
+
+
 def resolve(spec: Spec) -> dict[str, Any]:
     """The spec with every default filled in: the single input of planner and renderers.
 
@@ -548,6 +568,14 @@ def resolve(spec: Spec) -> dict[str, Any]:
     ins.setdefault("prefix", defaults.PREFIX.format(name=name))
     ins.setdefault("ray_version", defaults.RAY_VERSION)
     nv = {**_schema_defaults(root["properties"]["install"]["properties"]["nvidia"]), **(ins.get("nvidia") or {})}
+    if acc == "cuda":
+        # The driver follows the pinned vLLM (defaults.VLLM_CUDA): its wheels' CUDA, that CUDA's
+        # oldest driver branch; an explicit branch below it is refused by vllm_fleet.checks.
+        cuda, branch = vllm_cuda(ins["vllm_version"])
+        nv.setdefault("cuda_version", cuda)
+        nv["vllm_cuda"] = cuda
+        nv["min_driver_branch"] = str(max(int(branch), int(cuda_min_driver(nv["cuda_version"]))))
+        nv.setdefault("driver_branch", nv["min_driver_branch"])
     ins["nvidia"] = nv
     ins["config_dir"] = defaults.CONFIG_DIR.format(name=name)
     ins["state_dir"] = defaults.STATE_DIR.format(name=name)
