@@ -322,7 +322,9 @@ def test_two_node_ray_with_inventory():
     vllm_unit = a["/etc/systemd/system/vllm.service"].content
     assert "Requires=ray-head.service" in vllm_unit.splitlines()
     pre = [l for l in vllm_unit.splitlines() if l.startswith("ExecStartPre=")]
-    assert len(pre) == 1 and "--nodes 2 --gpus 4" in pre[0] and "--expect 10.10.0.11 --expect 10.10.0.12" in pre[0]
+    # /dev/nvidia-uvm first (as root: `+`), then the cluster wait
+    assert pre[0] == "ExecStartPre=-+/usr/bin/nvidia-modprobe -c0 -u"
+    assert len(pre) == 2 and "--nodes 2 --gpus 4" in pre[1] and "--expect 10.10.0.11 --expect 10.10.0.12" in pre[1]
     site = edge["/etc/nginx/conf.d/vllm-fleet-llama70b-2node.conf"].content
     assert "server 10.10.0.11:8000 max_fails=2 fail_timeout=10s;" in site  # nginx on its own host reaches the head over the network
     assert json.loads(out["client"]["~/.config/vllm-fleet/llama70b-2node/openai.json"].content)["base_url"] == "http://10.10.0.5/v1"
@@ -420,3 +422,29 @@ def test_wait_ray_cluster_ready_and_timeout(tmp_path):
     assert few_gpus.returncode == 1 and "GPUs: 2 of 4" in few_gpus.stderr
     down = _wait(tmp_path, [], *args, down=True)
     assert down.returncode == 1 and "head not reachable" in down.stderr
+
+
+def test_cuda_units_make_nvidia_uvm_and_keep_caches_under_the_state_dir():
+    """A GPU vllm.service creates /dev/nvidia-uvm as root before vLLM starts, is ordered after the
+    driver's services, and every JIT cache (and HOME) is under the only writable directory."""
+    r = resolved_of("h200-qwen7b-bf16")
+    state, prefix = r["install"]["state_dir"], r["install"]["prefix"]
+    env = command.vllm_env(r)
+    for key, sub in [("HOME", ""), ("FLASHINFER_WORKSPACE_BASE", "/cache/flashinfer"), ("DG_JIT_CACHE_DIR", "/cache/deep_gemm"),
+                     ("CUDA_CACHE_PATH", "/cache/nv"), ("XDG_CACHE_HOME", "/cache"), ("TRITON_CACHE_DIR", "/cache/triton")]:
+        assert env[key] == state + sub, key
+    assert env["PATH"].split(":")[0] == f"{prefix}/env/bin" and "/usr/bin" in env["PATH"].split(":")
+    out = {p: f for files in render.render(r).values() for p, f in files.items()}
+    unit = next(f.content for p, f in out.items() if p.endswith("/vllm.service")).splitlines()
+    assert "ExecStartPre=-+/usr/bin/nvidia-modprobe -c0 -u" in unit
+    assert unit.index("ExecStartPre=-+/usr/bin/nvidia-modprobe -c0 -u") < next(i for i, l in enumerate(unit) if l.startswith("ExecStart="))
+    assert "After=nvidia-persistenced.service nvidia-fabricmanager.service" in unit
+    # the system call filter proven with CUDA on the H200 (bench/results/h200-systemd-*.json)
+    assert "SystemCallFilter=@system-service" in unit and "SystemCallErrorNumber=EPERM" in unit
+    vllm_env_file = next(f.content for p, f in out.items() if p.endswith("/vllm.env")).splitlines()
+    assert f"DG_JIT_CACHE_DIR={state}/cache/deep_gemm" in vllm_env_file
+    # the CPU build: none of it
+    cpu = resolved_of("lab-tiny")
+    assert "HOME" not in command.vllm_env(cpu) and "CUDA_CACHE_PATH" not in command.vllm_env(cpu)
+    cpu_unit = next(f.content for files in render.render(cpu).values() for p, f in files.items() if p.endswith("/vllm.service"))
+    assert "nvidia-modprobe" not in cpu_unit and "nvidia-persistenced" not in cpu_unit

@@ -85,6 +85,17 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if not args.spec:
         print("vllm-fleet plan: a SPEC is required (or --list-models / --list-gpus)", file=sys.stderr)
         return 2
+    if args.gpu is not None:
+        from . import catalog
+
+        if args.gpu.strip().lower() not in catalog.gpu_names():
+            print(f"vllm-fleet plan: --gpu {args.gpu!r} is not in the GPU catalogue; known GPUs: {', '.join(catalog.gpu_names())} "
+                  "(vllm-fleet plan --list-gpus)", file=sys.stderr)
+            return 2
+        args.gpu = args.gpu.strip().lower()
+    if args.gpus_per_node is not None and not 1 <= args.gpus_per_node <= 16:
+        print(f"vllm-fleet plan: --gpus-per-node must be 1 to 16, got {args.gpus_per_node}", file=sys.stderr)
+        return 2
     overrides = {("hardware", "gpu"): args.gpu, ("hardware", "gpus_per_node"): args.gpus_per_node}
     # The plan is the answer to "does it fit": compute it even when it does not, then say so.
     from . import checks, spec as specmod
@@ -106,12 +117,17 @@ def cmd_plan(args: argparse.Namespace) -> int:
     blocking = [p for p in problems if p.severity == "error" and not p.path.startswith(("engine.gpu_memory_utilization", "model.quantization"))]
     try:
         result = planner.plan(resolved, gpu=args.gpu, gpus_per_node=args.gpus_per_node)
-    except (KeyError, ValueError) as exc:
+    except (KeyError, ValueError, OverflowError, ZeroDivisionError) as exc:
         _print_problems(problems, args.spec)
         print(f"{args.spec}: cannot plan: {exc}", file=sys.stderr)
         return 1
     if args.json:
-        print(json.dumps(result, indent=2, sort_keys=True))
+        try:
+            text = json.dumps(result, indent=2, sort_keys=True, allow_nan=False)
+        except ValueError:  # NaN or Infinity: not JSON, and not a plan
+            print(f"{args.spec}: cannot plan: the numbers do not come out finite (check engine and model sizes)", file=sys.stderr)
+            return 1
+        print(text)
     else:
         print(planner.format_plan(result))
     _print_problems(problems, args.spec)
@@ -129,6 +145,13 @@ def cmd_render(args: argparse.Namespace) -> int:
         except InventoryError as exc:
             print(f"vllm-fleet render: {exc}", file=sys.stderr)
             return 1
+    if not args.out.strip():
+        print("vllm-fleet render: --out is empty: name the directory to render into (e.g. --out build/rendered)", file=sys.stderr)
+        return 1
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        print(f"vllm-fleet render: --out {out} exists and is not a directory: name a new or existing directory", file=sys.stderr)
+        return 1
     resolved, problems = _load(args.spec)
     _print_problems(problems, args.spec)
     try:
@@ -136,20 +159,28 @@ def cmd_render(args: argparse.Namespace) -> int:
     except render.RenderError as exc:
         print(f"{args.spec}: error: {exc}", file=sys.stderr)
         return 1
-    out = Path(args.out)
     count = 0
     manifest = []
-    for target, files in sorted(targets.items()):
-        for path, f in sorted(files.items()):
-            # Control-machine files (the client target) live under ~: write them under HOME/.
-            rel = "HOME/" + path[2:] if path.startswith("~/") else path.lstrip("/")
-            dest = out / target / rel
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            dest.write_text(f.content)
-            os.chmod(dest, f.mode)
-            manifest.append(f"{oct(f.mode)[2:]:>4} {(f.owner + ':' + f.group) if f.owner else '-':<10} {target}/{rel}")
-            count += 1
-    (out / "MANIFEST").write_text("\n".join(manifest) + "\n")
+    try:
+        top = out.resolve()
+        for target, files in sorted(targets.items()):
+            for path, f in sorted(files.items()):
+                # Control-machine files (the client target) live under ~: write them under HOME/.
+                rel = "HOME/" + path[2:] if path.startswith("~/") else path.lstrip("/")
+                dest = out / target / rel
+                if ".." in Path(target, rel).parts or not dest.resolve().is_relative_to(top):
+                    print(f"vllm-fleet render: {target}: {path} would be written outside {out}/; nothing more was written", file=sys.stderr)
+                    return 1
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                dest.write_text(f.content)
+                os.chmod(dest, f.mode)
+                manifest.append(f"{oct(f.mode)[2:]:>4} {(f.owner + ':' + f.group) if f.owner else '-':<10} {target}/{rel}")
+                count += 1
+        (out / "MANIFEST").write_text("\n".join(manifest) + "\n")
+    except OSError as exc:
+        where = exc.filename or out
+        print(f"vllm-fleet render: cannot write {where}: {exc.strerror or exc}: pass --out a directory you can write", file=sys.stderr)
+        return 1
     print(f"rendered {count} file(s) for {len(targets)} target(s) into {out}/ (modes and owners in {out}/MANIFEST)")
     for line in manifest:
         print("  " + line)
@@ -210,15 +241,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        return int(args.func(args) or 0)
+        rc = int(args.func(args) or 0)
+        sys.stdout.flush()  # inside the try: a closed pipe is reported here, not at exit
+        return rc
     except SystemExit as exc:
         return int(exc.code or 0)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
-    except BrokenPipeError:  # `vllm-fleet plan ... | head`
-        sys.stderr.close()
-        return 0
+    except BrokenPipeError:  # `vllm-fleet validate bad.yaml 2>&1 | head -1`: not all was said
+        _silence_stdio()
+        return 1
+
+
+def _silence_stdio() -> None:
+    """After a broken pipe: point stdout and stderr at /dev/null so that the interpreter's final
+    flush does not print a second traceback (the exit status says what happened)."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            os.dup2(devnull, stream.fileno())
+        except (OSError, ValueError):
+            pass
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -22,6 +22,9 @@ ARGV_ROLES = ("server", "worker")
 #: The module the CPU build is started with (see :func:`vllm_executable`).
 CPU_ENTRYPOINT_MODULE = "vllm.entrypoints.openai.api_server"
 
+#: systemd's default PATH for system services, after the env's bin on CUDA hosts.
+SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin"
+
 #: Ray's temp root on every node of a ``ray`` deployment (one Ray cluster per host).
 RAY_TMPDIR = "/var/lib/vllm-fleet/ray"
 
@@ -164,6 +167,16 @@ def vllm_env(resolved: dict[str, Any]) -> dict[str, str]:
     }
     if resolved["install"]["accelerator"] == "cpu":
         env["VLLM_CPU_KVCACHE_SPACE"] = str(resolved["engine"].get("cpu_kv_cache_gib", 1))
+    else:
+        # CUDA kernels' JIT caches that do not follow XDG_CACHE_HOME: FlashInfer's, DeepGEMM's,
+        # CUDA's own compute cache (~/.nv by default); HOME itself (the service user's home is
+        # root-owned, read-only under ProtectSystem=strict); PATH with the env's bin first
+        # (ninja, which Triton and FlashInfer's JIT call).
+        env["HOME"] = state
+        env["FLASHINFER_WORKSPACE_BASE"] = f"{state}/cache/flashinfer"
+        env["DG_JIT_CACHE_DIR"] = f"{state}/cache/deep_gemm"
+        env["CUDA_CACHE_PATH"] = f"{state}/cache/nv"
+        env["PATH"] = f"{resolved['install']['prefix']}/env/bin:{SYSTEM_PATH}"
     if resolved["parallel"].get("backend") == "ray":
         env["RAY_USAGE_STATS_ENABLED"] = "0"
         # Ray's sockets live under its temp dir; the vLLM driver on the head must reach the local

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -115,6 +116,38 @@ class EnvRef(str):
 _SAFE_ARG = re.compile(r"[A-Za-z0-9_@+=:,./-]+")
 _SAFE_ENV_VALUE = re.compile(r"[A-Za-z0-9_@+=:,./|-]*")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_SAFE_NGINX = re.compile(r"[A-Za-z0-9_@+=:,./*~-]+")
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+
+
+def _one_line(value: str, what: str) -> str:
+    if _CONTROL.search(value):
+        raise RenderError(f"{what}: {value!r} holds a control character; a value must be one line")
+    return value
+
+
+def comment_text(value: Any) -> str:
+    """User input inside a comment line: printable ASCII as is, anything else escaped (a newline
+    or CR can never end the comment and start a line of its own)."""
+    return ascii(str(value))[1:-1]
+
+
+def systemd_text(value: Any) -> str:
+    """A value for a unit setting that is free text (Description=): one line, ``%`` doubled
+    (systemd expands specifiers such as %n, %h there)."""
+    return _one_line(str(value), "unit setting").replace("%", "%%")
+
+
+def nginx_quote(value: Any) -> str:
+    """One nginx directive argument: plain tokens as they are, anything else double-quoted with
+    ``\\`` and ``"`` escaped (``;``, ``#``, ``{``, ``}`` and spaces stay inside the argument).
+    ``$`` is refused: nginx would expand it as a variable even inside quotes."""
+    s = _one_line(str(value), "nginx")
+    if _SAFE_NGINX.fullmatch(s):
+        return s
+    if "$" in s:
+        raise RenderError(f"nginx: {s!r}: a `$` would be read as an nginx variable")
+    return '"' + s.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
 def systemd_quote(arg: str) -> str:
@@ -129,6 +162,7 @@ def systemd_quote(arg: str) -> str:
     if _SAFE_ARG.fullmatch(s):
         return s
     s = s.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n").replace("\t", "\\t")
+    s = _CONTROL.sub(lambda m: "\\x%02x" % ord(m.group()) if ord(m.group()) < 0x100 else "\\u%04x" % ord(m.group()), s)
     return f'"{s}"'
 
 
@@ -138,13 +172,13 @@ def systemd_command(argv: Iterable[str]) -> str:
 
 def env_file(values: dict[str, str], comments: Iterable[str] = ()) -> str:
     """A systemd EnvironmentFile: ``KEY=value`` lines, values double-quoted when needed."""
-    lines = [f"# {c}" if c else "#" for c in comments]
+    lines = [f"# {comment_text(c)}" if c else "#" for c in comments]
     for key, value in values.items():
         if not _ENV_NAME.fullmatch(key):
             raise RenderError(f"env: {key!r} is not a valid environment variable name")
         value = str(value)
-        if "\n" in value or "\r" in value:
-            raise RenderError(f"env.{key}: a value must be one line")
+        if _CONTROL.search(value):
+            raise RenderError(f"env.{key}: a value must be one line, without control characters")
         if value == "" or not _SAFE_ENV_VALUE.fullmatch(value):
             # single quotes are verbatim for systemd and for a shell; else double quotes with
             # the escapes both read back the same way
@@ -158,7 +192,7 @@ def env_file(values: dict[str, str], comments: Iterable[str] = ()) -> str:
 
 @lru_cache(maxsize=1)
 def _jinja() -> jinja2.Environment:
-    return jinja2.Environment(
+    env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(TEMPLATES)),
         undefined=jinja2.StrictUndefined,
         trim_blocks=True,
@@ -166,6 +200,8 @@ def _jinja() -> jinja2.Environment:
         keep_trailing_newline=True,
         autoescape=False,
     )
+    env.filters.update(comment=comment_text, systemd_text=systemd_text, nginx=nginx_quote)
+    return env
 
 
 def _template(template: str, **ctx: Any) -> str:
@@ -622,7 +658,9 @@ def _client_files(resolved: dict[str, Any], nodes: list[_Node] | None) -> dict[s
     s = client_settings(resolved, nodes)
     ref = resolved["server"].get("api_key") or {}
     if "file" in ref:
-        how = f'export OPENAI_API_KEY="$(cat {ref["file"]})"'
+        f = ref["file"]
+        f = "~/" + shlex.quote(f[2:]) if f.startswith("~/") else shlex.quote(f)
+        how = f'export OPENAI_API_KEY="$(cat {f})"'
     elif "env" in ref:
         how = f'export OPENAI_API_KEY="${ref["env"]}"'
     else:

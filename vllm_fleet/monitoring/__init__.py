@@ -249,8 +249,16 @@ def _yaml(header: str, doc: dict[str, Any]) -> str:
     return f"# {header}\n" + yaml.safe_dump(doc, sort_keys=False, default_flow_style=False, width=200)
 
 
+_PLAIN_ARG = re.compile(r"[A-Za-z0-9_@+=:,./\[\]-]+")
+
+
 def _args_file(header: str, what: str, args: list[str]) -> str:
     # Debian's units run `$ARGS` unquoted: plain words only (addresses, paths, durations).
+    from ..render import RenderError
+
+    for a in args:
+        if not _PLAIN_ARG.fullmatch(a):
+            raise RenderError(f"monitoring: {a!r} is not a plain word (an address, path or duration): it cannot go into ARGS of {what.split(':')[0]}")
     return f"# {header}\n# {what}\nARGS=\"{' '.join(args)}\"\n"
 
 
