@@ -141,12 +141,36 @@ def test_rollout_refuses_bad_input_before_any_host(tmp_path):
     assert rec.calls == []
 
 
-def test_cli_dry_prints_batches(tmp_path):
+def test_cli_dry_prints_batches_and_what_each_would_change(tmp_path, monkeypatch, capsys):
+    """--dry: the batches, and per batch `vllm-fleet diff`'s files of its replicas (bare stand-in
+    hosts here: every file is new); nothing is run."""
+    import yaml
+
+    from vllm_fleet import diff as diffmod
+    from vllm_fleet.cli import main
+
     inv = _inventory(tmp_path, ["lab1", "lab2", "lab3", "lab4"])
-    r = subprocess.run([sys.executable, "-m", "vllm_fleet", "rollout", inv, "--spec", str(SPEC), "--batch-percent", "50",
-                        "--dry", "--json"], cwd=REPO, capture_output=True, text=True, timeout=60)
-    assert r.returncode == 0, r.stderr
-    assert json.loads(r.stdout)["batches"] == [["lab1", "lab2"], ["lab3", "lab4"]]
+    data = yaml.safe_load(SPEC.read_text())
+    (tmp_path / "model").mkdir()
+    data["model"]["source"] = str(tmp_path / "model")
+    data["server"]["api_key"] = {"file": str(tmp_path / "api.key"), "generate": True}
+    spec_copy = tmp_path / "replicas.yaml"
+    spec_copy.write_text(yaml.safe_dump(data))
+    read = []
+    monkeypatch.setattr(diffmod, "read_host", lambda address, data, script: read.append(address) or "")
+    assert main(["rollout", inv, "--spec", str(spec_copy), "--batch-percent", "50", "--dry", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["batches"] == [["lab1", "lab2"], ["lab3", "lab4"]]
+    assert sorted(out["changes"][1]) == ["lab3", "lab4"] and "/etc/systemd/system/vllm.service" in out["changes"][1]["lab3"]
+    assert sorted(read) == ["10.9.0.11", "10.9.0.12", "10.9.0.13", "10.9.0.14"]
+    assert main(["rollout", inv, "--spec", str(spec_copy), "--batch-percent", "50", "--dry"]) == 0
+    text = capsys.readouterr().out
+    assert "batch 2: lab3, lab4" in text and "+ /etc/systemd/system/vllm.service: new" in text
+    assert not (tmp_path / "api.key").exists()
+
+
+def test_cli_refuses_a_batch_of_every_replica(tmp_path):
+    inv = _inventory(tmp_path, ["lab1", "lab2", "lab3", "lab4"])
     r = subprocess.run([sys.executable, "-m", "vllm_fleet", "rollout", inv, "--spec", str(SPEC), "--batch-size", "4"],
                        cwd=REPO, capture_output=True, text=True, timeout=60)
     assert r.returncode == 1 and "every replica" in r.stderr and "no host was changed" in r.stderr

@@ -222,11 +222,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("status", help="per host: unit state, vLLM version, served model, health")
     p.add_argument("inventory", metavar="INVENTORY")
-    p.add_argument("--spec", help="the deployment spec (default: the VLLM_FLEET_SPEC env var or deployments/lab-tiny.yaml)")
+    p.add_argument("--spec", help="the deployment spec (default: each host's data vllm_fleet_spec, $VLLM_FLEET_SPEC; "
+                   "the lab inventory: deployments/lab-tiny.yaml)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_status)
 
-    for module in ("lab", "tinymodel", "rollout"):
+    for module in ("lab", "tinymodel", "rollout", "deploycmd", "diff", "down", "init"):
         try:
             mod = __import__(f"vllm_fleet.{module}", fromlist=["add_cli"])
         except ImportError:

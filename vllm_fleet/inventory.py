@@ -48,3 +48,14 @@ def load_inventory(path: str | Path) -> dict[str, dict[str, Any]]:
     if not hosts:
         raise InventoryError(f"inventory {p}: no hosts found (module-level lists of host names)")
     return hosts
+
+
+def render_entry(name: str, groups: list[str], data: dict[str, Any], down: bool = False) -> dict[str, Any]:
+    """One host as the renderers read it: {"address", "groups", "data"} (only the data they use).
+
+    ``down``: the rollout marks this replica down in the nginx upstream (also host data ``upstream_down``).
+    """
+    out: dict[str, Any] = {"private_address": data.get("private_address")} if data.get("private_address") else {}
+    if down or data.get("upstream_down"):
+        out["upstream_down"] = True
+    return {"address": data.get("ssh_hostname") or name, "groups": list(groups), "data": out}

@@ -297,7 +297,21 @@ def format_table(result: RolloutResult) -> str:
 
 
 def cmd_rollout(args: argparse.Namespace) -> int:
-    spec = args.spec or os.environ.get("VLLM_FLEET_SPEC") or "deployments/lab-tiny.yaml"
+    spec = args.spec
+    if not spec:  # the inventory's (vllm_fleet.specsource): one spec for all replicas
+        from .inventory import InventoryError, load_inventory
+        from .specsource import SpecSourceError, spec_source
+
+        try:
+            found = {spec_source(h["data"], n)[0] for n, h in load_inventory(args.inventory).items()}
+        except (InventoryError, SpecSourceError) as exc:
+            print(f"vllm-fleet rollout: {exc}; no host was changed", file=sys.stderr)
+            return 1
+        if len(found) != 1:
+            print(f"vllm-fleet rollout: the inventory's hosts name {len(found)} specs ({', '.join(sorted(found))}): "
+                  "give the one to roll out with --spec; no host was changed", file=sys.stderr)
+            return 1
+        spec = found.pop()
     try:
         ro = Rollout(args.inventory, spec, size=args.batch_size, percent=args.batch_percent,
                      drain_timeout=args.drain_timeout, say=(lambda m: print(m, file=sys.stderr)) if args.json else print)
@@ -305,9 +319,7 @@ def cmd_rollout(args: argparse.Namespace) -> int:
         print(f"vllm-fleet rollout: {exc}; no host was changed", file=sys.stderr)
         return 1
     if args.dry:
-        print(json.dumps({"replicas": ro.servers, "proxies": ro.proxies, "batches": ro.batches}, indent=2) if args.json else
-              "\n".join(f"batch {i}: {', '.join(b)}" for i, b in enumerate(ro.batches, start=1)))
-        return 0
+        return _dry(ro, args)
     result = ro.run()
     if args.json:
         print(json.dumps(result.as_dict(), indent=2))
@@ -316,14 +328,37 @@ def cmd_rollout(args: argparse.Namespace) -> int:
     return 0 if result.ok else 1
 
 
+def _dry(ro: Rollout, args: argparse.Namespace) -> int:
+    """The batches, and per batch what its update would change on its replicas (`vllm-fleet diff`'s
+    files and units, read over SSH; nothing is changed)."""
+    from .deploycmd import PlanError, plan
+    from .diff import diff_files, format_diff
+
+    try:
+        deployments, _ = plan(ro.inventory, ro.spec_path)
+    except PlanError as exc:
+        print("\n".join(f"vllm-fleet rollout: {line}" for line in exc.lines), file=sys.stderr)
+        return 1
+    per_batch = [diff_files(deployments, hosts=b) for b in ro.batches]
+    if args.json:
+        print(json.dumps({"replicas": ro.servers, "proxies": ro.proxies, "batches": ro.batches,
+                          "changes": [{hd.host: sorted({f.path for f in hd.files}) + hd.units for hd in diffs} for diffs in per_batch]},
+                         indent=2))
+    else:
+        for i, (b, diffs) in enumerate(zip(ro.batches, per_batch), start=1):
+            print(f"batch {i}: {', '.join(b)}")
+            print("  " + format_diff(diffs).replace("\n", "\n  "))
+    return 2 if any(hd.error for diffs in per_batch for hd in diffs) else 0
+
+
 def add_cli(sub: Any) -> None:
     p = sub.add_parser("rollout", help="rolling update of the replicas behind nginx, batch by batch (docs/rollout.md)")
     p.add_argument("inventory", metavar="INVENTORY", help="pyinfra inventory (.py); replicas: its `servers` group, in order")
-    p.add_argument("--spec", help="the new deployment spec (default: $VLLM_FLEET_SPEC or deployments/lab-tiny.yaml)")
+    p.add_argument("--spec", help="the new deployment spec (default: the inventory's data vllm_fleet_spec, $VLLM_FLEET_SPEC; the lab: deployments/lab-tiny.yaml)")
     g = p.add_mutually_exclusive_group()
     g.add_argument("--batch-size", type=int, help="replicas per batch (default: the spec's rollout.batch_size, 1)")
     g.add_argument("--batch-percent", type=float, help="replicas per batch as a percentage, rounded down, at least 1")
     p.add_argument("--drain-timeout", type=float, help="seconds to wait for in-flight requests (default: rollout.drain_timeout)")
-    p.add_argument("--dry", action="store_true", help="print the batches and stop (no host is touched)")
+    p.add_argument("--dry", action="store_true", help="print the batches and what each would change (vllm-fleet diff's files; nothing is changed)")
     p.add_argument("--json", action="store_true", help="print the result as JSON (progress goes to stderr)")
     p.set_defaults(func=cmd_rollout)

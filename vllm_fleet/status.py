@@ -14,7 +14,6 @@ from typing import Any
 
 from .inventory import InventoryError, load_inventory
 
-DEFAULT_SPEC = "deployments/lab-tiny.yaml"
 
 
 def _probe_script(resolved: dict[str, Any]) -> str:
@@ -32,20 +31,28 @@ def _probe_script(resolved: dict[str, Any]) -> str:
     ])
 
 
-def probe_host(name: str, info: dict[str, Any], script: str) -> dict[str, Any]:
+def connection(address: str, data: dict[str, Any]) -> Any:
+    """A fabric Connection with the inventory's SSH data (ssh_user, ssh_key, ssh_port, host-key checking)."""
     from fabric import Connection
 
-    data = info["data"]
     kwargs: dict[str, Any] = {}
     if data.get("ssh_key"):
         kwargs["key_filename"] = os.path.expanduser(data["ssh_key"])
-    conn = Connection(info["address"], user=data.get("ssh_user", "root"), port=data.get("ssh_port", 22),
+    conn = Connection(address, user=data.get("ssh_user", "root"), port=data.get("ssh_port", 22),
                       connect_timeout=10, connect_kwargs=kwargs)
     # Host keys are new on every lab bring-up; the inventory says whether to check them.
     if data.get("ssh_strict_host_key_checking", "yes") in ("no", False, "off"):
         from paramiko import AutoAddPolicy
 
         conn.client.set_missing_host_key_policy(AutoAddPolicy())
+    elif data.get("ssh_known_hosts_file") and os.path.isfile(os.path.expanduser(data["ssh_known_hosts_file"])):
+        conn.client.load_host_keys(os.path.expanduser(data["ssh_known_hosts_file"]))
+    return conn
+
+
+def probe_host(name: str, info: dict[str, Any], script: str) -> dict[str, Any]:
+    data = info["data"]
+    conn = connection(info["address"], data)
     sudo = data.get("ssh_user", "root") != "root"
     out: dict[str, Any] = {"host": name, "address": info["address"]}
     try:
@@ -67,18 +74,28 @@ def probe_host(name: str, info: dict[str, Any], script: str) -> dict[str, Any]:
 
 def status_main(args: argparse.Namespace) -> int:
     from .cli import _load
+    from .specsource import SpecSourceError, spec_source
 
-    spec_path = args.spec or os.environ.get("VLLM_FLEET_SPEC") or DEFAULT_SPEC
-    resolved, _ = _load(spec_path, hardware=False)
     try:
         hosts = load_inventory(args.inventory)
     except InventoryError as exc:
         print(f"vllm-fleet status: {exc}", file=sys.stderr)
         return 1
     servers = {n: h for n, h in hosts.items() if set(h["groups"]) & {"servers", "ray_head"}} or hosts
-    script = _probe_script(resolved)
-    with ThreadPoolExecutor(max_workers=min(16, len(servers))) as pool:
-        rows = list(pool.map(lambda item: probe_host(item[0], item[1], script), servers.items()))
+    # The spec: --spec, else each host's own (vllm_fleet.specsource: data vllm_fleet_spec, $VLLM_FLEET_SPEC, the lab's)
+    scripts: dict[str, str] = {}
+    jobs = []
+    for name, info in servers.items():
+        try:
+            path = args.spec or spec_source(info["data"], name)[0]
+        except SpecSourceError as exc:
+            print(f"vllm-fleet status: {exc} (here: `vllm-fleet status INVENTORY --spec SPEC`)", file=sys.stderr)
+            return 1
+        if path not in scripts:
+            scripts[path] = _probe_script(_load(path, hardware=False)[0])
+        jobs.append((name, info, scripts[path]))
+    with ThreadPoolExecutor(max_workers=min(16, len(jobs))) as pool:
+        rows = list(pool.map(lambda job: probe_host(*job), jobs))
     if args.json:
         print(json.dumps(rows, indent=2))
     else:

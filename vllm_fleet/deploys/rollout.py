@@ -13,14 +13,14 @@ Steps ($VLLM_FLEET_ROLLOUT_STEP):
             the serve deploy's server part (env, vLLM, model, unit: restarted when its inputs
             changed, then /health), then the replica's own smoke test (on the host, not through
             the proxy). Nothing of nginx is touched, also on a proxy host that is a replica.
-The spec comes from $VLLM_FLEET_SPEC (as deploys/serve.py); $VLLM_FLEET_DRAIN_TIMEOUT (seconds,
+The spec comes from where deploys/serve.py takes it (vllm_fleet/specsource.py); $VLLM_FLEET_DRAIN_TIMEOUT (seconds,
 default the spec's rollout.drain_timeout) bounds both waits. Single-node replicas only.
 """
 
 import os
 
 from vllm_fleet import render
-from vllm_fleet.roles.common import DeployError, load_deploy_spec, rendered_for_host
+from vllm_fleet.roles.common import DeployError, load_deploy_spec, rendered_for_host, write_generated_secrets
 
 
 def rollout_step() -> None:
@@ -41,6 +41,8 @@ def rollout_step() -> None:
     # deployment's nginx site is a proxy (the `proxy` group, or every server when there is none), a
     # host with vllm.service is a replica.
     paths = render.paths(spec)
+    if paths["nginx_site"] in rendered or paths["vllm_unit"] in rendered:
+        write_generated_secrets(ctx)
     if step == "upstream" and paths["nginx_site"] in rendered:
         from vllm_fleet.roles.rollout import upstream
 

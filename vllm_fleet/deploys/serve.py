@@ -3,10 +3,14 @@
     pyinfra -y inventory/lab.py deploys/serve.py                      # the lab's tiny CPU model
     VLLM_FLEET_SPEC=deployments/x.yaml pyinfra -y inventory/fleet.py deploys/serve.py
 
-The spec comes from host data `vllm_fleet_spec`, else $VLLM_FLEET_SPEC, else
-deployments/lab-tiny.yaml. It is validated (schema, semantic and hardware checks), its secrets
-are read and its files rendered once, before any operation exists: a bad spec stops here and no
-host is changed. Runs from any directory (vllm_fleet.roles is part of the installed package).
+The spec comes from pyinfra data `vllm_fleet_spec` (`--data`, host or group data: each group
+may have its own), else $VLLM_FLEET_SPEC; only the lab inventory falls back to
+deployments/lab-tiny.yaml (vllm_fleet/specsource.py). It is validated (schema, semantic and
+hardware checks), its secrets are read (vllm_fleet.secrets.SPEC_SECRETS) and its files rendered
+once, before any operation exists: a bad spec stops here and no host is changed. A secret file
+to generate is written on the control machine only when the deploy executes (not with --dry).
+`vllm-fleet deploy` does the same checks before pyinfra connects to any host. Runs from any
+directory (vllm_fleet.roles is part of the installed package).
 
 Groups: `servers` run vLLM (single node); `proxy` runs nginx and the smoke tests go through it.
 A multi-node spec (parallel.nodes > 1, backend ray): the one `servers` host is the Ray head and
@@ -20,7 +24,7 @@ every host the deploy touches gets the node exporter.
 from pyinfra import host
 
 from vllm_fleet import monitoring as _monitoring, render as _render
-from vllm_fleet.roles.common import inventory_hosts, load_deploy_spec, preflight, rendered_for_host
+from vllm_fleet.roles.common import inventory_hosts, load_deploy_spec, preflight, rendered_for_host, write_generated_secrets
 
 
 def serve() -> None:
@@ -36,6 +40,7 @@ def serve() -> None:
     is_proxy = "proxy" in groups and spec["proxy"]["enabled"]
     if is_server or is_ray_node or is_proxy:
         preflight()  # root works on this host (passwordless sudo), else a clear stop
+        write_generated_secrets(ctx)  # a new API key file on this machine, before it reaches a host
 
     if is_server or is_ray_node:
         from vllm_fleet.roles.service import install_server_stack, install_service
@@ -57,7 +62,8 @@ def serve() -> None:
         from vllm_fleet.roles.nginx import install_nginx
         from vllm_fleet.roles.smoke import run_smoke
 
-        install_nginx(spec=spec, rendered=rendered, api_key=ctx["secrets"]["api_key"])
+        install_nginx(spec=spec, rendered=rendered, api_key=ctx["secrets"]["api_key"],
+                      tls_key=ctx["secrets"]["tls_key"], tls_certificate=ctx["secrets"]["tls_certificate"])
         run_smoke(spec=spec, api_key=ctx["secrets"]["api_key"])
 
     # Monitoring last (monitoring.enabled): exporters on every host above, Prometheus on `monitoring` hosts.

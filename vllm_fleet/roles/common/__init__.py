@@ -15,7 +15,6 @@ from pyinfra.api import FileUploadCommand, StringCommand, operation
 from pyinfra.api.exceptions import PyinfraError
 from pyinfra.facts.files import File, Sha256File
 
-DEFAULT_SPEC = "deployments/lab-tiny.yaml"
 _CACHE: dict[str, Any] = {}
 
 
@@ -23,9 +22,20 @@ class DeployError(PyinfraError):
     """A problem found before any host is touched (bad spec, missing secret)."""
 
 
-def spec_path() -> str:
-    """The spec a deploy uses: host data `vllm_fleet_spec`, else $VLLM_FLEET_SPEC, else the lab's."""
-    return str(host.data.get("vllm_fleet_spec") or os.environ.get("VLLM_FLEET_SPEC") or DEFAULT_SPEC)
+def spec_path(h: Any = None) -> str:
+    """The spec a host's deploy uses (:mod:`vllm_fleet.specsource`: data `vllm_fleet_spec`, else
+    $VLLM_FLEET_SPEC, else the lab's own for the lab inventory); no spec: a DeployError saying how."""
+    from vllm_fleet.specsource import SpecSourceError, spec_source
+
+    h = h or host
+    try:
+        return spec_source(h.data, h.name)[0]
+    except SpecSourceError as exc:
+        raise DeployError(f"{exc}; no host was changed") from None
+
+
+def _same_spec(a: str, b: str) -> bool:
+    return os.path.abspath(os.path.expanduser(a)) == os.path.abspath(os.path.expanduser(b))
 
 
 #: Replicas the nginx upstream marks `down` (comma-separated host names): set by `vllm-fleet
@@ -38,14 +48,23 @@ def upstream_down() -> set[str]:
 
 
 def inventory_hosts() -> dict[str, dict[str, Any]]:
-    """The inventory as the renderers want it: {name: {address, groups, data}}."""
+    """The inventory as the renderers want it: {name: {address, groups, data}}.
+
+    Only the hosts whose spec is the current host's (each group may have its own spec): a
+    deployment's layout is made of the hosts that deploy it.
+    """
+    from vllm_fleet.inventory import render_entry
+
     out = {}
     down = upstream_down()
+    mine = spec_path()
     for h in inventory:
-        data = {"private_address": h.data.get("private_address")} if h.data.get("private_address") else {}
-        if h.name in down or h.data.get("upstream_down"):
-            data["upstream_down"] = True
-        out[h.name] = {"address": h.data.get("ssh_hostname") or h.name, "groups": list(h.groups), "data": data}
+        try:
+            if not _same_spec(spec_path(h), mine):
+                continue
+        except DeployError:  # a host without a spec deploys nothing of this one
+            continue
+        out[h.name] = render_entry(h.name, list(h.groups), h.data, down=h.name in down)
     return out
 
 
@@ -59,7 +78,7 @@ def load_deploy_spec() -> dict[str, Any]:
     if path in _CACHE:
         return _CACHE[path]
     from vllm_fleet import checks, render, spec as specmod
-    from vllm_fleet.secrets import SecretError, read_secret
+    from vllm_fleet.secrets import SecretError, read_spec_secrets
 
     try:
         spec = specmod.load(path)
@@ -80,10 +99,13 @@ def load_deploy_spec() -> dict[str, Any]:
         raise DeployError(f"{path}: invalid spec ({len([p for p in exc.problems if p.severity == 'error'])} error(s), listed above); no host was changed") from None
     for p in problems:
         logger.warning(f"{path}: {p.format()}")
-    secrets = {}
+    # Every secret of the spec (vllm_fleet.secrets.SPEC_SECRETS), read on this machine. A
+    # `generate: true` file that is missing gets its value now but is written only when the
+    # deploy executes (write_generated_secrets): a --dry run writes nothing here.
+    generated: dict[Path, str] = {}
     try:
-        secrets["api_key"] = read_secret(resolved["server"].get("api_key"), yaml_path="server.api_key", base_dir=spec.base_dir)
-        secrets["hub_token"] = read_secret(resolved["model"].get("hub_token"), yaml_path="model.hub_token", base_dir=spec.base_dir)
+        secrets = read_spec_secrets(resolved, spec.base_dir, generated)
+        secrets["tls_certificate"] = _tls_certificate(resolved, spec.base_dir)
     except SecretError as exc:
         raise DeployError(f"{path}: {exc}; no host was changed") from None
     if resolved["model"]["transfer"] == "upload" and not Path(resolved["model"]["local_dir"]).is_dir():
@@ -93,8 +115,44 @@ def load_deploy_spec() -> dict[str, Any]:
         rendered = render.render(resolved, inventory_hosts())
     except render.RenderError as exc:  # e.g. an inventory with no host in a server group
         raise DeployError(f"{path}: {exc}; no host was changed") from None
-    _CACHE[path] = {"path": path, "spec": resolved, "secrets": secrets, "rendered": rendered, "base_dir": spec.base_dir}
+    _CACHE[path] = {"path": path, "spec": resolved, "secrets": secrets, "rendered": rendered, "base_dir": spec.base_dir,
+                    "generated": generated}
     return _CACHE[path]
+
+
+def _tls_certificate(resolved: dict[str, Any], base_dir: Path) -> str | None:
+    """proxy.tls.certificate's text (a file on the control machine, relative to the spec)."""
+    from vllm_fleet.secrets import SecretError
+
+    tls = resolved["proxy"].get("tls") or {}
+    if not (tls.get("enabled") and tls.get("certificate")) or tls.get("self_signed"):
+        return None
+    p = Path(os.path.expanduser(tls["certificate"]))
+    p = p if p.is_absolute() else base_dir / p
+    try:
+        text = p.read_text()
+    except OSError as exc:
+        raise SecretError(f"proxy.tls.certificate: cannot read {p}: {exc.strerror}") from None
+    if "-----BEGIN" not in text:
+        raise SecretError(f"proxy.tls.certificate: {p} is not a PEM file (no -----BEGIN line)")
+    return text
+
+
+def _write_generated(generated: dict[Path, str]) -> None:
+    from vllm_fleet.secrets import write_generated
+
+    for p in write_generated(generated):
+        logger.info(f"vllm-fleet: generated secret file {p} (mode 0600)")
+
+
+def write_generated_secrets(ctx: dict[str, Any]) -> None:
+    """The first operation on every host when the deploy generated a secret: write its file on
+    the control machine at execute time, before the value reaches any host (never with --dry)."""
+    from pyinfra.operations import python
+
+    if ctx.get("generated"):
+        python.call(name="Write generated secret files on the control machine (0600)",
+                    function=_write_generated, generated=ctx["generated"])
 
 
 def preflight() -> None:

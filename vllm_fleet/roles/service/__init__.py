@@ -218,8 +218,11 @@ def install_service(spec: dict[str, Any], rendered: dict[str, Any], api_key: str
     # Everything the unit names first, the unit last (a kill in between leaves no unit that
     # points at a missing file).
     put = put_rendered(rendered, other + extra)
-    secrets_op = secret_file(name="API key (0600, never shown)", path=render.paths(spec)["secrets_env"],
-                             content=render.secrets_env_content(spec, api_key) if api_key else "# no API key configured\n")
+    from vllm_fleet.secrets import host_secret_files
+
+    secrets_env = render.paths(spec)["secrets_env"]
+    secrets_op = secret_file(name="API key (0600, never shown)", path=secrets_env,
+                             content=host_secret_files(spec, {"api_key": api_key})[secrets_env])
     put.update(put_rendered(rendered, unit_paths))
     unit_ops = [put[p] for p in unit_paths]
     relevant = [*put.values(), secrets_op, *(restart_on or [])]
