@@ -28,34 +28,14 @@ def _print_problems(problems: Sequence[Problem], source: str, stream=None) -> No
 
 
 def _load(path: str, *, hardware: bool = True, overrides: dict[str, Any] | None = None) -> tuple[dict[str, Any], list[Problem]]:
-    """Load + check a spec; print problems and exit 1 on errors."""
-    from . import checks, spec as specmod
+    """Load + check a spec (vllm_fleet.pipeline); print every problem and exit 1 on errors."""
+    from .pipeline import check
 
-    try:
-        spec = specmod.load(path)
-        problems = specmod.schema_problems(spec)
-        if any(p.severity == "error" for p in problems):
-            raise SpecError(problems, path)
-        resolved = specmod.resolve(spec)
-        for (section, key), value in (overrides or {}).items():
-            if value is not None:
-                resolved[section][key] = value
-        _apply_model_facts(resolved)
-        problems += checks.run(resolved, spec, hardware=hardware)
-        if any(p.severity == "error" for p in problems):
-            raise SpecError(problems, path)
-    except SpecError as exc:
-        _print_problems(exc.problems, path)
-        raise SystemExit(1) from None
-    return resolved, problems
-
-
-def _apply_model_facts(resolved: dict[str, Any]) -> None:
-    try:
-        from .hwchecks import apply_model_facts
-    except ImportError:  # pragma: no cover
-        return
-    apply_model_facts(resolved)
+    c = check(path, hardware=hardware, overrides=overrides)
+    if not c.ok:
+        _print_problems(c.problems, path)
+        raise SystemExit(1)
+    return c.resolved, c.problems
 
 
 # ---------------------------------------------------------------------------------------------
@@ -87,22 +67,14 @@ def cmd_plan(args: argparse.Namespace) -> int:
         return 2
     overrides = {("hardware", "gpu"): args.gpu, ("hardware", "gpus_per_node"): args.gpus_per_node}
     # The plan is the answer to "does it fit": compute it even when it does not, then say so.
-    from . import checks, spec as specmod
+    from .pipeline import check
 
-    try:
-        spec = specmod.load(args.spec)
-        problems = specmod.schema_problems(spec)
-        if any(p.severity == "error" for p in problems):
-            raise SpecError(problems, args.spec)
-        resolved = specmod.resolve(spec)
-        for (section, key), value in overrides.items():
-            if value is not None:
-                resolved[section][key] = value
-        _apply_model_facts(resolved)
-        problems += checks.run(resolved, spec, hardware=True)
-    except SpecError as exc:
-        _print_problems(exc.problems, args.spec)
+    c = check(args.spec, hardware=True, overrides=overrides)
+    problems = c.problems
+    if c.resolved is None:  # not loadable, or schema errors: nothing to plan
+        _print_problems(problems, args.spec)
         return 1
+    resolved = c.resolved
     blocking = [p for p in problems if p.severity == "error" and not p.path.startswith(("engine.gpu_memory_utilization", "model.quantization"))]
     try:
         result = planner.plan(resolved, gpu=args.gpu, gpus_per_node=args.gpus_per_node)

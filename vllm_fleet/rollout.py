@@ -157,11 +157,12 @@ class Rollout:
                  drain_timeout: float | None = None, pyinfra: str | None = None, cwd: str | None = None,
                  state_dir: str = STATE_DIR, say: Callable[[str], None] = print,
                  runner: Callable[[list[str], dict[str, str]], tuple[int, str]] | None = None):
-        from .spec import SpecError, load_and_check
+        from .pipeline import load_checked
+        from .spec import SpecError
 
         self.inventory, self.spec_path, self.say = inventory, spec_path, say
         try:
-            self.spec, _ = load_and_check(spec_path)
+            self.spec, _, _ = load_checked(spec_path)
         except SpecError as exc:
             text = "\n".join(f"  {p.format()}" for p in exc.problems if p.severity == "error")
             raise RolloutError(f"{spec_path}: the spec has errors:\n{text}") from None

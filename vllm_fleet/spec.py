@@ -404,20 +404,11 @@ def resolve(spec: Spec) -> dict[str, Any]:
 
 
 def load_and_check(path: str | os.PathLike[str], *, hardware: bool = True) -> tuple[dict[str, Any], list[Problem]]:
-    """Load, validate and resolve; return (resolved spec, warnings). Raise SpecError on errors."""
-    from . import checks  # late: checks imports this module
+    """Load, validate and resolve; return (resolved spec, warnings). Raise SpecError on errors.
 
-    spec = load(path)
-    problems = schema_problems(spec)
-    if any(p.severity == "error" for p in problems):
-        raise SpecError(problems, str(path))
-    resolved = resolve(spec)
-    if hardware:
-        from .hwchecks import apply_model_facts
+    The stages live in :mod:`vllm_fleet.pipeline` (one place); this keeps the short name.
+    """
+    from .pipeline import load_checked  # late: the pipeline imports this module
 
-        apply_model_facts(resolved)
-    problems += checks.run(resolved, spec, hardware=hardware)
-    errors = [p for p in problems if p.severity == "error"]
-    if errors:
-        raise SpecError(problems, str(path))
+    resolved, problems, _ = load_checked(str(path), hardware=hardware)
     return resolved, problems

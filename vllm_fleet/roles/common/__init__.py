@@ -58,26 +58,16 @@ def load_deploy_spec() -> dict[str, Any]:
     path = spec_path()
     if path in _CACHE:
         return _CACHE[path]
-    from vllm_fleet import checks, render, spec as specmod
+    from vllm_fleet import render
+    from vllm_fleet.pipeline import check
     from vllm_fleet.secrets import SecretError, read_secret
 
-    try:
-        spec = specmod.load(path)
-        problems = specmod.schema_problems(spec)
-        if not any(p.severity == "error" for p in problems):
-            resolved = specmod.resolve(spec)
-            try:
-                from vllm_fleet.hwchecks import apply_model_facts
-                apply_model_facts(resolved)
-            except ImportError:  # pragma: no cover
-                pass
-            problems += checks.run(resolved, spec)
-        if any(p.severity == "error" for p in problems):
-            raise specmod.SpecError(problems, path)
-    except specmod.SpecError as exc:
-        text = "\n".join(f"  {p.format()}" for p in exc.problems)
+    checked = check(path)
+    if not checked.ok:
+        text = "\n".join(f"  {p.format()}" for p in checked.problems)
         print(f"vllm-fleet: {path}: the spec has errors; no host was changed\n{text}", file=sys.stderr)
-        raise DeployError(f"{path}: invalid spec ({len([p for p in exc.problems if p.severity == 'error'])} error(s), listed above); no host was changed") from None
+        raise DeployError(f"{path}: invalid spec ({len(checked.errors)} error(s), listed above); no host was changed")
+    resolved, problems, spec = checked.resolved, checked.problems, checked.spec
     for p in problems:
         logger.warning(f"{path}: {p.format()}")
     secrets = {}
