@@ -345,7 +345,7 @@ def resolve(spec: Spec) -> dict[str, Any]:
     raw = copy.deepcopy(spec.raw)
     root = schema()
     out: dict[str, Any] = {"name": raw["name"], "description": raw.get("description", "")}
-    for section in ("model", "engine", "parallel", "server", "proxy", "rollout", "install", "hardware", "smoke"):
+    for section in ("model", "engine", "parallel", "server", "proxy", "replicas", "rollout", "install", "hardware", "smoke"):
         sec_schema = root["properties"][section]
         merged = _schema_defaults(sec_schema)
         merged.update(raw.get(section) or {})

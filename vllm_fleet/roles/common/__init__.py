@@ -23,13 +23,23 @@ class DeployError(PyinfraError):
     """A problem found before any host is touched (bad spec, missing secret)."""
 
 
+def spec_paths() -> list[str]:
+    """The specs a deploy uses: host data `vllm_fleet_spec` (a path or a list), else
+    $VLLM_FLEET_SPEC (paths separated by ``:``, like PATH), else the lab's."""
+    value = host.data.get("vllm_fleet_spec") or os.environ.get("VLLM_FLEET_SPEC") or DEFAULT_SPEC
+    if isinstance(value, (list, tuple)):
+        return [str(v) for v in value]
+    return [p for p in str(value).split(os.pathsep) if p]
+
+
 def spec_path() -> str:
-    """The spec a deploy uses: host data `vllm_fleet_spec`, else $VLLM_FLEET_SPEC, else the lab's."""
-    return str(host.data.get("vllm_fleet_spec") or os.environ.get("VLLM_FLEET_SPEC") or DEFAULT_SPEC)
+    """The first spec (see :func:`spec_paths`)."""
+    return spec_paths()[0]
 
 
-#: Replicas the nginx upstream marks `down` (comma-separated host names): set by `vllm-fleet
-#: rollout` for the batch being updated; host data `upstream_down: true` does the same.
+#: Replicas the nginx upstream marks `down`: instance ids (``HOST:N``) or host names (all of
+#: that host's), comma-separated: set by `vllm-fleet rollout` for the batch being updated; host
+#: data `upstream_down: true` does the same for a host.
 UPSTREAM_DOWN_ENV = "VLLM_FLEET_UPSTREAM_DOWN"
 
 
@@ -38,53 +48,105 @@ def upstream_down() -> set[str]:
 
 
 def inventory_hosts() -> dict[str, dict[str, Any]]:
-    """The inventory as the renderers want it: {name: {address, groups, data}}."""
+    """The inventory as the layout wants it: {name: {address, groups, data}} (the host data the
+    layout reads: vllm_fleet.layout's docstring)."""
+    from vllm_fleet.layout import HOST_DATA_DEFAULTS
+    from vllm_fleet.render import HOST_DATA_KEYS
+
     out = {}
-    down = upstream_down()
     for h in inventory:
-        data = {"private_address": h.data.get("private_address")} if h.data.get("private_address") else {}
-        if h.name in down or h.data.get("upstream_down"):
+        data = {k: h.data.get(k) for k in (*HOST_DATA_KEYS, *HOST_DATA_DEFAULTS) if h.data.get(k) is not None}
+        data.pop("upstream_down", None)
+        if h.data.get("upstream_down"):
             data["upstream_down"] = True
         out[h.name] = {"address": h.data.get("ssh_hostname") or h.name, "groups": list(h.groups), "data": data}
     return out
 
 
+def _detect_ifnames(layout: Any, hosts: dict[str, dict[str, Any]]) -> bool:
+    """Multi-node nodes without a configured interface: the one holding the node's private
+    address (a fact of that host), into its data. True when anything was filled in."""
+    from vllm_fleet.layout import SERVICE_PARTS
+    from vllm_fleet.roles.ray import detect_ifname
+    from vllm_fleet.roles.ray.facts import Ipv4Interfaces
+
+    filled = False
+    for dep, r in layout.deployments.items():
+        if int(r["parallel"]["nodes"]) < 2 or r["parallel"].get("socket_ifname"):
+            continue
+        for node in layout.nodes(dep):
+            data = hosts[node.target].setdefault("data", {})
+            if not node.roles & SERVICE_PARTS or data.get("socket_ifname"):
+                continue
+            interfaces = inventory.get_host(node.target).get_fact(Ipv4Interfaces)
+            ifname = detect_ifname(interfaces or {}, str(node.private))
+            if not ifname:
+                raise DeployError(f"{node.target}: no single interface holds the node address {node.private} "
+                                  f"(IPv4 interfaces: {interfaces or 'none read'}); set parallel.socket_ifname or host data socket_ifname; "
+                                  "no host was changed")
+            data["socket_ifname"] = ifname
+            filled = True
+    return filled
+
+
 def load_deploy_spec() -> dict[str, Any]:
-    """Validate, resolve and render the spec once per deploy (the deploy file runs per host).
+    """Check every spec, read their secrets and build the fleet's layout once per deploy (the
+    deploy file runs per host).
 
     Every problem is printed with its YAML path and fix, and the deploy stops before any
-    operation exists, so no host is changed.
+    operation exists, so no host is changed. Returns ``{"layout", "specs": {name: resolved},
+    "secrets": {name: {...}}, "paths": {name: spec file}}`` plus, for the first spec, the
+    single-deployment keys ``spec``, ``secrets``, ``rendered`` ({host: files}) and ``path``.
     """
-    path = spec_path()
-    if path in _CACHE:
-        return _CACHE[path]
-    from vllm_fleet import render
+    paths = spec_paths()
+    key = os.pathsep.join(paths) + "|" + os.environ.get(UPSTREAM_DOWN_ENV, "")
+    if key in _CACHE:
+        return _CACHE[key]
+    from vllm_fleet.layout import LayoutError, build
     from vllm_fleet.pipeline import check
     from vllm_fleet.secrets import SecretError, read_secret
 
-    checked = check(path)
-    if not checked.ok:
-        text = "\n".join(f"  {p.format()}" for p in checked.problems)
-        print(f"vllm-fleet: {path}: the spec has errors; no host was changed\n{text}", file=sys.stderr)
-        raise DeployError(f"{path}: invalid spec ({len(checked.errors)} error(s), listed above); no host was changed")
-    resolved, problems, spec = checked.resolved, checked.problems, checked.spec
-    for p in problems:
-        logger.warning(f"{path}: {p.format()}")
-    secrets = {}
+    specs: dict[str, dict[str, Any]] = {}
+    secrets: dict[str, dict[str, Any]] = {}
+    sources: dict[str, str] = {}
+    for path in paths:
+        checked = check(path)
+        if not checked.ok:
+            text = "\n".join(f"  {p.format()}" for p in checked.problems)
+            print(f"vllm-fleet: {path}: the spec has errors; no host was changed\n{text}", file=sys.stderr)
+            raise DeployError(f"{path}: invalid spec ({len(checked.errors)} error(s), listed above); no host was changed")
+        resolved, problems, spec = checked.resolved, checked.problems, checked.spec
+        for p in problems:
+            logger.warning(f"{path}: {p.format()}")
+        try:
+            sec = {"api_key": read_secret(resolved["server"].get("api_key"), yaml_path="server.api_key", base_dir=spec.base_dir),
+                   "hub_token": read_secret(resolved["model"].get("hub_token"), yaml_path="model.hub_token", base_dir=spec.base_dir)}
+        except SecretError as exc:
+            raise DeployError(f"{path}: {exc}; no host was changed") from None
+        if resolved["model"]["transfer"] == "upload" and not Path(resolved["model"]["local_dir"]).is_dir():
+            raise DeployError(f"{path}: model.source: {resolved['model']['local_dir']} is not a directory on this machine "
+                              "(for the lab: `vllm-fleet tiny-model`); no host was changed")
+        if resolved["name"] in specs:
+            raise DeployError(f"{path}: deployment {resolved['name']} is also in {sources[resolved['name']]}: each spec needs its own name; no host was changed")
+        specs[resolved["name"]], secrets[resolved["name"]], sources[resolved["name"]] = resolved, sec, path
+    hosts = inventory_hosts()
     try:
-        secrets["api_key"] = read_secret(resolved["server"].get("api_key"), yaml_path="server.api_key", base_dir=spec.base_dir)
-        secrets["hub_token"] = read_secret(resolved["model"].get("hub_token"), yaml_path="model.hub_token", base_dir=spec.base_dir)
-    except SecretError as exc:
-        raise DeployError(f"{path}: {exc}; no host was changed") from None
-    if resolved["model"]["transfer"] == "upload" and not Path(resolved["model"]["local_dir"]).is_dir():
-        raise DeployError(f"{path}: model.source: {resolved['model']['local_dir']} is not a directory on this machine "
-                          "(for the lab: `vllm-fleet tiny-model`); no host was changed")
-    try:
-        rendered = render.render(resolved, inventory_hosts())
-    except render.RenderError as exc:  # e.g. an inventory with no host in a server group
-        raise DeployError(f"{path}: {exc}; no host was changed") from None
-    _CACHE[path] = {"path": path, "spec": resolved, "secrets": secrets, "rendered": rendered, "base_dir": spec.base_dir}
-    return _CACHE[path]
+        layout = build(list(specs.values()), hosts, down=upstream_down(), sources=sources)
+        if _detect_ifnames(layout, hosts):  # facts first, then the one layout the deploy uses
+            layout = build(list(specs.values()), hosts, down=upstream_down(), sources=sources)
+    except LayoutError as exc:  # e.g. an inventory with no host in the `servers` group
+        text = "\n".join(f"  {line}" for line in exc.problems)
+        print(f"vllm-fleet: the fleet layout has errors; no host was changed\n{text}", file=sys.stderr)
+        raise DeployError(f"{', '.join(paths)}: {exc.problems[0]}; no host was changed") from None
+    first = next(iter(specs))
+    _CACHE[key] = {"layout": layout, "specs": specs, "all_secrets": secrets, "paths": sources,
+                   "path": paths[0], "spec": specs[first], "secrets": secrets[first], "rendered": layout.files()}
+    return _CACHE[key]
+
+
+def host_layout(ctx: dict[str, Any]) -> Any:
+    """This host's part of the layout (None: the deploy has nothing for it)."""
+    return ctx["layout"].hosts.get(host.name)
 
 
 def preflight() -> None:
@@ -111,7 +173,9 @@ def preflight() -> None:
 
 
 def rendered_for_host(ctx: dict[str, Any]) -> dict[str, Any]:
-    return ctx["rendered"].get(host.name, {})
+    """Every file the layout places on this host ({path: RenderedFile})."""
+    h = host_layout(ctx)
+    return dict(h.files) if h else {}
 
 
 @operation()
