@@ -344,8 +344,10 @@ def _instance_env_file(resolved: dict[str, Any], inst: Instance) -> RenderedFile
         if inst.cpus is not None and resolved["install"]["accelerator"] == "cpu":
             values["VLLM_CPU_OMP_THREADS_BIND"] = inst.cpus
     values.update(state_env(inst.state_dir))
-    user = {k: v for k, v in (resolved.get("env") or {}).items() if k in values}
-    values.update(user)  # the spec's own env wins, as in vllm.env
+    # The spec's own env wins, as in vllm.env, except over the layout's split of the host's cores
+    # between replicas and ranks (sharing cores is what the split is there to prevent).
+    user = {k: v for k, v in (resolved.get("env") or {}).items() if k in values and k != "VLLM_CPU_OMP_THREADS_BIND"}
+    values.update(user)
     comments = [HEADER.format(name=resolved["name"]),
                 f"Replica {inst.index} ({inst.unit}, port {inst.port}): its own devices or cores and state directories; read after vllm.env and node.env."]
     return RenderedFile(env_file(values, comments), 0o640, "root", resolved["server"]["user"])
