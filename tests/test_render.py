@@ -48,6 +48,16 @@ INVENTORY_LAB_MONITORING = {
 }
 
 
+#: The 8xH100 examples (docs/replicas.md): four TP-2 replicas on one host; TP 8 on two hosts
+#: whose management (ssh) and cluster (private) addresses differ, nginx on a third.
+INVENTORY_8XH100 = {"h100-a": {"address": "10.20.0.11", "groups": ["servers", "proxy"], "data": {}}}
+INVENTORY_2X8XH100 = {
+    "h100-a": {"address": "mgmt-a.example", "groups": ["servers"], "data": {"private_address": "10.20.0.11"}},
+    "h100-b": {"address": "mgmt-b.example", "groups": ["servers"], "data": {"private_address": "10.20.0.12"}},
+    "edge": {"address": "10.20.0.5", "groups": ["proxy"], "data": {"private_address": "10.20.0.5"}},
+}
+
+
 def resolved_of(name: str) -> dict:
     return spec.resolve(spec.load(REPO / "deployments" / f"{name}.yaml"))
 
@@ -57,6 +67,8 @@ def _golden_cases():
     cases.append(("2node-ray-pp2+inventory", "2node-ray-pp2", INVENTORY_2NODE))
     cases.append(("lab-tiny-monitoring+inventory", "lab-tiny-monitoring", INVENTORY_LAB_MONITORING))
     cases.append(("lab-tiny-replicas+inventory", "lab-tiny-replicas", INVENTORY_REPLICAS))
+    cases.append(("8xh100-qwen7b-tp2x4+inventory", "8xh100-qwen7b-tp2x4", INVENTORY_8XH100))
+    cases.append(("2x8xh100-llama70b-tp8+inventory", "2x8xh100-llama70b-tp8", INVENTORY_2X8XH100))
     return cases
 
 
