@@ -5,7 +5,6 @@ then wait until /health answers, with a deadline and the journal tail in the err
 
 from __future__ import annotations
 
-import re
 import shlex
 import time
 from io import StringIO
@@ -211,7 +210,7 @@ def install_service(spec: dict[str, Any], node: Any, rendered: dict[str, Any], a
     # Units the layout no longer has: an older release's vllm.service of this deployment, and
     # replicas above the current count. Stopped and removed before the new ones start.
     stale = [LEGACY_UNIT] if (host.get_fact(Command, _legacy_unit_script(name)) or "").strip() == "yes" else []
-    listed = host.get_fact(Command, f"ls -1 {render.SYSTEMD_DIR} 2>/dev/null | grep -E {shlex.quote('^vllm-' + re.escape(name) + '-[0-9]+[.]service$')} || true") or ""
+    listed = host.get_fact(Command, f"ls -1 {render.SYSTEMD_DIR} 2>/dev/null | grep -E {shlex.quote('^vllm-' + name.replace('.', '[.]') + '-[0-9]+[.]service$')} || true") or ""
     stale += sorted(u for u in listed.split() if u not in {i.unit for i in node.instances})
     removed = []
     for unit in stale:
