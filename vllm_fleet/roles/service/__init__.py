@@ -90,6 +90,8 @@ def api_firewall(rendered: dict[str, Any]):
     rules_path, unit_path = render.API_FIREWALL_FILE, f"{render.SYSTEMD_DIR}/{render.API_FIREWALL_UNIT}"
     if rules_path not in rendered:
         return []
+    # Before the install (deploys/serve.py calls this first on a host): its directory may not exist yet.
+    files.directory(name=f"Directory {Path(rules_path).parent}", path=str(Path(rules_path).parent), user="root", group="root", mode="755")
     put = put_rendered(rendered, [rules_path, unit_path])
     rules, unit = put[rules_path], put[unit_path]
     systemd.daemon_reload(name="systemd daemon-reload (API firewall unit)", _if=unit.did_change)
