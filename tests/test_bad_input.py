@@ -166,7 +166,7 @@ def test_inventory_without_a_server_group_is_a_message_not_a_traceback(tmp_path)
     out = r.stdout + r.stderr
     assert r.returncode != 0
     assert "Traceback" not in out, out[-3000:]
-    assert "no host in a server group" in out and "no host was changed" in out, out[-3000:]
+    assert "put a host in the `servers` group" in out and "no host was changed" in out, out[-3000:]
 
 
 # -- issue 12: inputs that blocked, exhausted memory or crashed; the command line's own mistakes

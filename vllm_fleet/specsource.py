@@ -35,18 +35,32 @@ class SpecSourceError(Exception):
 
 
 def spec_source(data: Mapping[str, Any], host: str = "", env: Mapping[str, str] | None = None) -> tuple[str, str]:
-    """(spec path, where it came from) for a host with this pyinfra data."""
+    """(the first spec path, where it came from) for a host with this pyinfra data."""
+    paths, where = spec_sources(data, host, env)
+    return paths[0], where
+
+
+def _split(value: Any) -> list[str]:
+    if isinstance(value, (list, tuple)):
+        return [str(v) for v in value if str(v)]
+    return [p for p in str(value).split(os.pathsep) if p]
+
+
+def spec_sources(data: Mapping[str, Any], host: str = "", env: Mapping[str, str] | None = None) -> tuple[list[str], str]:
+    """([spec paths], where they came from) for a host with this pyinfra data. Several
+    deployments on one host: data ``vllm_fleet_spec`` as a list, or paths separated by ``:``
+    (like PATH) in the data or in $VLLM_FLEET_SPEC."""
     env = os.environ if env is None else env
     who = f"host {host}" if host else "this host"
     value = data.get(DATA_KEY)
-    if value:
-        return str(value), f"data {DATA_KEY}"
+    if value and _split(value):
+        return _split(value), f"data {DATA_KEY}"
     typos = [k for k in LIKELY_TYPOS if data.get(k)]
     if typos:
         raise SpecSourceError(f"{who}: data `{typos[0]}` is set ({typos[0]}={data[typos[0]]!r}) but vllm-fleet reads "
                               f"`{DATA_KEY}`: use `--data {DATA_KEY}={data[typos[0]]}` (or rename the inventory key)")
-    if env.get(ENV):
-        return str(env[ENV]), f"${ENV}"
+    if env.get(ENV) and _split(env[ENV]):
+        return _split(env[ENV]), f"${ENV}"
     if data.get("lab_kind"):
-        return LAB_SPEC, "the lab inventory's default"
+        return [LAB_SPEC], "the lab inventory's default"
     raise SpecSourceError(f"{who}: no deployment spec: {HOW}")

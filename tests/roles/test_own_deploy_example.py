@@ -38,6 +38,6 @@ def test_the_documented_own_deploy_runs(harness, tmp_path, monkeypatch):
                              "Which": lambda command=None: f"/usr/bin/{command}"})
     names = [op.name for op in run.ops]
     first = lambda text: next(i for i, n in enumerate(names) if text in n)  # noqa: E731
-    assert first("Write generated secret files") < first("Our own tools") < first("Put /etc/systemd/system/vllm.service") \
+    assert first("Write generated secret files") < first("Our own tools") < first("Put /etc/systemd/system/vllm-lab-tiny-0.service") \
         < first("nginx") < first("Smoke tests")
     assert not (tmp_path / "api.key").exists()  # planning wrote nothing

@@ -43,17 +43,17 @@ def _facts(owned: list[str], nginx_active: bool = True, dirs: list[str] = ()):
 def test_removes_units_files_site_and_firewall_of_this_deployment(harness, replicas):
     spec, rendered = replicas
     files = rendered["lab1"]
-    owned = sorted([*files, "/etc/vllm-fleet/api-firewall.nft", "/etc/systemd/system/vllm-fleet-api-firewall.service"])
+    owned = sorted({*files, "/etc/vllm-fleet/api-firewall.nft", "/etc/systemd/system/vllm-fleet-api-firewall.service"})
     run = harness.run(remove_deployment, spec=spec, rendered=files, facts=_facts(owned))
     units = [p for p in owned if p.startswith("/etc/systemd/system/")]
-    assert {Path(u).name for u in units} == {"vllm.service", "vllm-fleet-api-firewall.service"}  # names from the files
+    assert {Path(u).name for u in units} == {"vllm-lab-tiny-replicas-0.service", "vllm-fleet-api-firewall.service"}  # names from the files
     for u in units:  # stopped and disabled before their files go
         op = run.op(f"Stop and disable {Path(u).name}")
         assert any("systemctl stop" in c for c in op.commands) and any("systemctl disable" in c for c in op.commands)
         assert run.index(f"systemctl stop {Path(u).name}") < run.index(f"rm -f {u}")
     for p in owned:
         assert f"rm -f {p}" in run.commands
-    assert run.index("rm -f /etc/systemd/system/vllm.service") < run.index("systemctl daemon-reload")
+    assert run.index("rm -f /etc/systemd/system/vllm-lab-tiny-replicas-0.service") < run.index("systemctl daemon-reload")
     assert "nft delete table inet vllm_fleet_api" in " ".join(run.commands)
     site = "/etc/nginx/conf.d/vllm-fleet-lab-tiny-replicas.conf"
     assert run.index(f"rm -f {site}") < run.index("nginx -t") < run.index("systemctl reload nginx")

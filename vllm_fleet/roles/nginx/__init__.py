@@ -46,8 +46,9 @@ def install_nginx(spec: dict[str, Any], rendered: dict[str, Any], api_key: str |
     if host.data.get("nginx_remove_default_site"):
         changed.append(files.link(name="Remove the default site", path="/etc/nginx/sites-enabled/default", present=False))
     secret_paths = {render.paths(spec)[k] for k in ("nginx_auth", "tls_certificate", "tls_certificate_key")}
-    site_paths = [p for p in rendered if p.startswith("/etc/nginx/") and p not in secret_paths]
     paths = render.paths(spec)
+    # This deployment's site only (a host's rendered files hold every deployment's).
+    site_paths = [p for p in rendered if p == paths["nginx_site"] and p not in secret_paths]
     # The auth include (and the TLS files below) before the site that names them.
     secret_text = host_secret_files(spec, {"api_key": api_key, "tls_key": tls_key})
     changed.append(secret_file(name="nginx auth include (0600, never shown)", path=paths["nginx_auth"],
