@@ -33,10 +33,10 @@ from vllm_fleet.smoke import run_smoke  # noqa: E402
 from vllm_fleet.spec import load_and_check  # noqa: E402
 
 STATE = Path("/var/tmp/vllm-fleet-proof/state.json")
-UNIT = "vllm.service"
+UNIT = "vllm-h200-systemd-0.service"  # the layout's unit for deployments/h200-systemd.yaml (the recorded run: vllm.service)
 BENCH = [(1, 8), (16, 64)]  # (concurrency, prompts)
 IN_LEN, OUT_LEN = 512, 256
-DROPIN = Path("/etc/systemd/system/vllm.service.d/zz-proof.conf")
+DROPIN = Path(f"/etc/systemd/system/{UNIT}.d/zz-proof.conf")
 
 
 def state() -> dict:

@@ -14,6 +14,9 @@ set -uo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd); ROOT=$(cd "$HERE/../.." && pwd)
 what=$1; CARRY=$(cd "$2" && pwd); shift 2
 SPEC=deployments/h200-systemd.yaml
+# The unit the layout renders for that spec (vllm-NAME-N.service, issue 14); the recorded run used
+# the earlier release's vllm.service.
+UNIT=vllm-h200-systemd-0.service
 PARTS=/tmp/gpu-parts
 WH=/var/cache/vllm-fleet/wheelhouse
 W=/var/tmp/vllm-fleet-proof   # not /tmp: systemd mounts a tmpfs there in its namespace
@@ -111,10 +114,10 @@ print(r['install']['prefix'], r['model']['path'], r['model']['architecture'])")
   rc=$?; note deploy1_s "$(( $(date +%s) - t0 ))"; note deploy1_rc "$rc"
   log "deploy 1: rc $rc in $(( $(date +%s) - t0 )) s"; grep -E "PASS|WARN|FAIL|Grand total|healthy after|Error|error:" $W/deploy1.log | tail -25
   cp $W/deploy1.log $OUT/
-  if [ $rc -ne 0 ]; then ns systemctl status vllm.service --no-pager -n 80 | tail -c 6000; ns journalctl -u vllm.service -n 80 --no-pager -o cat | tail -c 5000; exit 1; fi
+  if [ $rc -ne 0 ]; then ns systemctl status $UNIT --no-pager -n 80 | tail -c 6000; ns journalctl -u $UNIT -n 80 --no-pager -o cat | tail -c 5000; exit 1; fi
   in_root "python3 bench/gpu/systemd_proof.py deployed $SPEC $W/deploy1.log" || log "deployed step failed"
-  cp /etc/systemd/system/vllm.service $OUT/rendered-vllm.service; note rendered_unit "@/etc/systemd/system/vllm.service"
-  ns systemctl show -p ExecStartPre vllm.service > $W/execstartpre.txt; note exec_start_pre "@$W/execstartpre.txt"; cat $W/execstartpre.txt
+  cp /etc/systemd/system/$UNIT $OUT/rendered-$UNIT; note rendered_unit "@/etc/systemd/system/$UNIT"
+  ns systemctl show -p ExecStartPre $UNIT > $W/execstartpre.txt; note exec_start_pre "@$W/execstartpre.txt"; cat $W/execstartpre.txt
 
   # -- deploy 2: nothing may change
   t0=$(date +%s)
@@ -128,13 +131,13 @@ print(r['install']['prefix'], r['model']['path'], r['model']['architecture'])")
 two)
   T0=$(date +%s)
   SD=$(systemd_pid) || exit 1
-  log "systemd PID $SD ($(ns systemctl is-active vllm.service nginx.service | tr '\n' ' '))"
+  log "systemd PID $SD ($(ns systemctl is-active $UNIT nginx.service | tr '\n' ' '))"
   for step in "$@"; do
     in_root "PYTHONUNBUFFERED=1 timeout 420 python3 bench/gpu/systemd_proof.py $step $SPEC" 2>&1 | tail -15
     log "$step done ($(( $(date +%s) - T0 )) s)"
   done
   cp $W/security-rendered.txt $OUT/ 2>/dev/null
   in_root "python3 bench/gpu/systemd_proof.py report $SPEC $OUT/h200-systemd-h200-systemd.json"
-  ns journalctl -u vllm.service --no-pager -o cat > $W/vllm-journal.txt 2>&1; tail -c 4000000 $W/vllm-journal.txt > $OUT/vllm-journal.txt
+  ns journalctl -u $UNIT --no-pager -o cat > $W/vllm-journal.txt 2>&1; tail -c 4000000 $W/vllm-journal.txt > $OUT/vllm-journal.txt
   log "call two done in $(( $(date +%s) - T0 )) s" ;;
 esac
