@@ -383,7 +383,7 @@ def _schema_error_to_problems(err: jsonschema.ValidationError, spec: Spec) -> li
     if v == "type":
         want = err.validator_value
         want = " or ".join(want) if isinstance(want, list) else want
-        return [Problem(path, f"expected {want}, got {_type_name(err.instance)} {json.dumps(err.instance, default=str)[:60]}", _fix_from_description(sub, f"write a {want}"), line=line)]
+        return [Problem(path, f"expected {want}, got {_type_name(err.instance)} {json.dumps(err.instance, default=str)[:60]}", _fix_from_description(sub, f"write {'an' if want[:1] in 'aeiou' else 'a'} {want}"), line=line)]
     if v == "enum":
         choices = [c for c in err.validator_value]
         shown = ", ".join("null" if c is None else str(c) for c in choices)
