@@ -196,6 +196,8 @@ def apply(req):
         os.replace(tmp, path)
         changed.append(path)
     t1 = time.monotonic()
+    if not changed and not req.get("force") and _get(f"http://127.0.0.1:{port}/health", timeout=3)[0] == 200:
+        return {"ok": True, "changed": [], "restarted": False, "drain_s": round(drain_s, 1), "restart_s": 0.0}
     subprocess.run(["systemctl", "daemon-reload"], check=True)
     r = subprocess.run(["systemctl", "restart", unit], capture_output=True, text=True)
     if r.returncode != 0:
@@ -205,7 +207,8 @@ def apply(req):
     while time.monotonic() < deadline:
         status, _ = _get(f"http://127.0.0.1:{port}/health", timeout=3)
         if status == 200:
-            return {"ok": True, "changed": changed, "drain_s": round(drain_s, 1), "restart_s": round(time.monotonic() - t1, 1)}
+            return {"ok": True, "changed": changed, "restarted": True, "drain_s": round(drain_s, 1),
+                    "restart_s": round(time.monotonic() - t1, 1)}
         st = subprocess.run(["systemctl", "is-active", unit], capture_output=True, text=True).stdout.strip()
         if st == "failed":
             break

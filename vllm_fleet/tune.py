@@ -579,7 +579,7 @@ class Tuner:
         self.say(f"  {p['id']} {_label(p['settings'])}: restart")
         ans = sess.call("apply", files=self.files_for(p["resolved"]), unit=self.rep.unit, port=self.rep.port,
                         health_timeout=self.health_timeout, drain_timeout=60)
-        p["times"] = {"drain_s": ans.get("drain_s"), "restart_s": ans.get("restart_s")}
+        p["times"] = {"drain_s": ans.get("drain_s"), "restart_s": ans.get("restart_s"), "restarted": ans.get("restarted")}
         if not ans.get("ok"):
             p.update(status="failed", reason=f"did not start: {ans.get('error')}; journal: {(ans.get('journal') or '')[-600:]}")
             self.say(f"  {p['id']} FAILED to start: {ans.get('error')}")
