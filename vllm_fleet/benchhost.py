@@ -37,14 +37,18 @@ KEEP = ("completed", "failed", "duration", "total_input_tokens", "total_output_t
         "mean_tpot_ms", "p50_tpot_ms", "p90_tpot_ms", "p99_tpot_ms", "p50_itl_ms", "p99_itl_ms", "p50_e2el_ms",
         "p99_e2el_ms", "max_concurrency", "request_rate", "num_prompts")
 
-if "CFG" not in globals():  # run by hand: python benchhost.py < cfg.json
-    CFG = json.loads(sys.stdin.readline())
+CFG: dict = globals().get("CFG") or {}
+WORK = ""
+ENV: dict = {}
 
-WORK = tempfile.mkdtemp(prefix="vllm-fleet-bench-")
-ENV = {**os.environ, "OPENAI_API_KEY": CFG.get("key") or "", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-       "VLLM_NO_USAGE_STATS": "1", "VLLM_CACHE_ROOT": os.path.join(WORK, "cache"), "HOME": WORK}
-os.environ.update({k: v for k, v in ENV.items() if k != "OPENAI_API_KEY"})
-os.environ["OPENAI_API_KEY"] = ENV["OPENAI_API_KEY"]
+
+def setup():
+    """The environment of every benchmark: the key, offline hub, caches in a private temp dir."""
+    global WORK, ENV
+    WORK = tempfile.mkdtemp(prefix="vllm-fleet-bench-")
+    ENV = {**os.environ, "OPENAI_API_KEY": CFG.get("key") or "", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+           "VLLM_NO_USAGE_STATS": "1", "VLLM_CACHE_ROOT": os.path.join(WORK, "cache"), "HOME": WORK}
+    os.environ.update(ENV)
 
 
 def say(msg):
@@ -241,4 +245,8 @@ def serve():
     shutil.rmtree(WORK, ignore_errors=True)
 
 
-serve()
+if __name__ in ("benchhost", "__main__"):  # sent over SSH (benchcmd.BOOTSTRAP) or run by hand; never on import
+    if not CFG:
+        CFG = json.loads(sys.stdin.readline())  # by hand: the config as the first line on stdin
+    setup()
+    serve()

@@ -13,6 +13,7 @@ through nginx sees zero failed requests; afterwards nginx's site on lab1 has no 
 lab2's running vLLM has its own command line again (/proc/PID/cmdline over ssh) and takes requests
 through the proxy again (its own /metrics counter grows); report.html and overlay.yaml exist, the
 overlay's settings are the winner's, and `vllm-fleet validate` accepts the merged spec.
+Before the tune, `vllm-fleet bench` runs on lab2 through nginx and direct at concurrency 1 and 2.
 """
 
 from __future__ import annotations
@@ -108,6 +109,30 @@ def fleet(three_hosts, tmp_path_factory):
         print("\ntune results:", json.dumps(RESULTS))
         back = deploy(SINGLE, servers=None)
         assert back.returncode == 0, back.out[-4000:]
+
+
+def test_bench_through_the_proxy_and_direct(fleet):
+    import hashlib
+
+    out = fleet["tmp"] / "bench"
+    r = run([sys.executable, "-m", "vllm_fleet", "bench", "inventory/lab.py", "--spec", str(fleet["spec"]), "--host", "lab2",
+             "--concurrency", "1,2", "--input-len", "32", "--output-len", "16", "--min-prompts", "4", "--prompts-per-level", "2",
+             "--warmups", "1", "--out", str(out)], {"VLLM_FLEET_LAB_SERVERS": SERVERS}, timeout=900)
+    RESULTS["bench_s"] = round(r.elapsed, 1)
+    print(r.out[-3000:])
+    assert r.returncode == 0, r.out[-4000:]
+    data = json.loads((out / "bench.json").read_text())
+    assert data["spec_sha256"] == hashlib.sha256(fleet["spec"].read_bytes()).hexdigest()
+    assert data["host_info"]["vllm_version"].startswith("vllm") and not data["host_info"]["gpus"]
+    assert "no GPU" in data["host_info"]["accelerator_note"]
+    assert data["targets"]["proxy"] == f"http://{fleet['hosts'][0].address}:80" and data["targets"]["direct"] == "http://127.0.0.1:8000"
+    runs = {(x["target"], x["concurrency"]): x["result"] for x in data["runs"]}
+    assert set(runs) == {("proxy", 1), ("proxy", 2), ("direct", 1), ("direct", 2)}
+    for res in runs.values():
+        assert res["completed"] == 4 and res["failed"] == 0 and res["p99_tpot_ms"] > 0 and res["output_throughput"] > 0
+    assert "c=2" in r.stdout and "proxy" in r.stdout
+    html = (out / "report.html").read_text()
+    assert html.count("<svg") == 4 and "no GPU" in html
 
 
 def test_tune_sweeps_one_replica_while_the_other_serves(fleet):
