@@ -266,6 +266,8 @@ def test_sweep_end_to_end_with_a_fake_host(tmp_path, monkeypatch):
     st = t.run()
     assert steps == [("upstream", "lab2", "lab1"), ("upstream", "", "lab1")]  # out, then back in
     assert FakeSession.applied[-1] == "orig"  # its own unit back, last
+    # p00 (max_num_seqs 16, the spec's) is measured last: the replica then ends on its own files
+    assert [u.split("--max-num-seqs ")[1].split()[0] for u in FakeSession.applied[:-1]] == ["4", "8", "16"]
     statuses = {p["id"]: p["status"] for p in st["points"]}
     assert list(statuses.values()).count("measured") == 3 and list(statuses.values()).count("skipped") == 3
     # ttft <= 100 -> concurrency <= 5; tpot 1 + c/seqs <= 2 -> c <= seqs: seqs 4 -> 4, 8 and 16 -> 5

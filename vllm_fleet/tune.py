@@ -511,6 +511,10 @@ class Tuner:
         done = self.prepare_results()
         t_start = time.monotonic()
         pending = [p for p in self.points if p["status"] == "pending" and settings_key(p["settings"]) not in done]
+        if not self.budget_s:
+            # p00 (what the replica runs) last: it then ends on its own files and the way back needs no
+            # restart. With a budget it goes first, so that a cut sweep still has the baseline.
+            pending.sort(key=lambda p: p["id"] == "p00")
         for p in self.points:
             row = done.get(settings_key(p["settings"]))
             if row:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -154,6 +155,8 @@ def test_tune_sweeps_one_replica_while_the_other_serves(fleet):
         st = gen.stop()
     (REPO / ".pytest_cache").mkdir(exist_ok=True)
     (REPO / ".pytest_cache" / "tune.log").write_text(r.out)
+    if out.is_dir():  # kept after pytest prunes its temp dirs: the report, tune.json, the overlay
+        shutil.copytree(out, REPO / ".pytest_cache" / "tune-out", dirs_exist_ok=True)
     RESULTS["tune_s"] = round(r.elapsed, 1)
     RESULTS["load"] = st.as_dict()
     print(r.out[-6000:])
