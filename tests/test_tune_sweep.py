@@ -318,3 +318,14 @@ def test_only_replica_is_refused(tmp_path, monkeypatch):
     inv.write_text('servers = [("lab1", {})]\nproxy = [("lab1", {})]\n')
     with pytest.raises(tune.TuneError, match="only replica"):
         tune.Tuner(str(inv), str(REPO / "deployments" / "lab-tiny.yaml"), {"ttft_p99_ms": 1}, str(tmp_path / "o"), dry=True)
+
+
+@pytest.mark.parametrize("argv,msg", [
+    (["tune", "inventory/lab.py", "--target", "bogus=1"], "unknown metric 'bogus'"),
+    (["tune", "/nope.py", "--target", "ttft_p99_ms=1"], "inventory /nope.py: no such file"),
+    (["bench", "/nope.py"], "inventory /nope.py: no such file"),
+    (["tune", "inventory/lab.py", "--target", "ttft_p99_ms=1", "--grid", "swap_space=4"], "KEY one of"),
+])
+def test_cli_bad_input_is_one_line_and_exit_1(argv, msg):
+    r = subprocess.run([sys.executable, "-m", "vllm_fleet", *argv], capture_output=True, text=True, cwd=REPO)
+    assert r.returncode == 1 and msg in r.stderr and "Traceback" not in r.stderr, r.stderr
