@@ -227,7 +227,7 @@ class FakeSession:
                 self.seqs = int(unit[0].split("--max-num-seqs ")[1].split()[0])
             return {"ok": True, "restart_s": 1.0, "drain_s": 0.0}
         if op == "bench":
-            c = req["concurrency"]
+            c = req.get("concurrency") or req["rate"]
             return {"result": {"p99_ttft_ms": 20.0 * c, "p99_tpot_ms": 1.0 + c / self.seqs, "output_throughput": 50.0 * min(c, self.seqs),
                                "completed": req["num_prompts"], "failed": 0}, "wall_s": 0.1}
         raise AssertionError(op)
@@ -329,3 +329,18 @@ def test_only_replica_is_refused(tmp_path, monkeypatch):
 def test_cli_bad_input_is_one_line_and_exit_1(argv, msg):
     r = subprocess.run([sys.executable, "-m", "vllm_fleet", *argv], capture_output=True, text=True, cwd=REPO)
     assert r.returncode == 1 and msg in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+def test_search_by_request_rate(tmp_path, monkeypatch):
+    FakeSession.applied = []
+    t, _ = make_tuner(tmp_path, monkeypatch, load_kind="rate", max_load=16, max_probes=8)
+    st = t.run()
+    # ttft 20 ms x rate <= 100 -> rate <= 5; tpot 1 + rate / seqs <= 2 -> rate <= seqs: the limit is
+    # 4 for max_num_seqs 4, 5 for 8 and 16; the geometric bisection lands within 15 % below it
+    best = {p["settings"]["max_num_seqs"]: p["best_load"] for p in st["points"] if p["status"] == "measured"}
+    for seqs, b in best.items():
+        limit = min(5, seqs)
+        assert limit / 1.15 < b <= limit, best
+    assert "# evidence: rate " in (tmp_path / "out" / "overlay.yaml").read_text()
+    with pytest.raises(tune.TuneError, match="another workload"):
+        make_tuner(tmp_path, monkeypatch, resume=True)[0].run()  # a concurrency search cannot resume a rate search

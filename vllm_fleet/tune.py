@@ -404,7 +404,8 @@ class Tuner:
     def __init__(self, inventory: str, spec_path: str, target: dict[str, float], out: str, *, grid: dict[str, list[Any]] | None = None,
                  host: str | None = None, budget_min: float | None = None, resume: bool = False, in_place: bool = False,
                  input_len: int = 128, output_len: int = 128, prompts_per_stream: int = 4, min_prompts: int = 8,
-                 max_probes: int = 5, max_load: int | None = None, warmup_prompts: int = 4, health_timeout: float = 900, dry: bool = False,
+                 max_probes: int = 5, max_load: float | None = None, warmup_prompts: int = 4, health_timeout: float = 900, dry: bool = False,
+                 load_kind: str = "concurrency",
                  say: Callable[[str], None] = print, runner: Callable[[list[str], dict[str, str]], tuple[int, str]] | None = None):
         from .benchcmd import BenchError, load_fleet
 
@@ -433,6 +434,9 @@ class Tuner:
         self.workload = {"dataset": "random", "input_len": input_len, "output_len": output_len}
         self.prompts_per_stream, self.min_prompts, self.max_probes = prompts_per_stream, min_prompts, max_probes
         self.max_load, self.warmup_prompts, self.health_timeout = max_load, warmup_prompts, health_timeout
+        if load_kind not in ("concurrency", "rate"):
+            raise TuneError(f"--search {load_kind}: use concurrency or rate")
+        self.load_kind = load_kind
         self.grid = grid or default_grid(self.resolved, self._gpu())
         self.points = prune(self.spec, points(self.grid, base_settings(self.resolved, self.grid)), input_len + output_len)
         self.runner = runner or self._subprocess
@@ -484,7 +488,7 @@ class Tuner:
         from .benchcmd import spec_digest
 
         return {"kind": "header", "deployment": self.resolved["name"], "spec_file": os.path.abspath(self.spec_path),
-                "spec_sha256": spec_digest(self.spec_path), "target": self.target, "workload": self.workload,
+                "spec_sha256": spec_digest(self.spec_path), "target": self.target, "workload": {**self.workload, "search": self.load_kind},
                 "host": self.rep.host, "grid": self.grid}
 
     def prepare_results(self) -> dict[str, dict[str, Any]]:
@@ -602,7 +606,8 @@ class Tuner:
         def measure(load: float) -> dict[str, Any] | None:
             seed[0] += 1
             n = max(self.min_prompts, int(self.prompts_per_stream * load))
-            r = sess.call("bench", base=base, concurrency=int(load), num_prompts=n, input_len=self.workload["input_len"],
+            how = {"concurrency": int(load)} if self.load_kind == "concurrency" else {"rate": load}
+            r = sess.call("bench", base=base, **how, num_prompts=n, input_len=self.workload["input_len"],
                           output_len=self.workload["output_len"], seed=seed[0], warmups=0)
             m = r.get("result")
             self.say(f"    load {load:g}: " + (f"TTFT p99 {m['p99_ttft_ms']:.1f} ms, TPOT p99 {m['p99_tpot_ms']:.2f} ms, "
@@ -611,8 +616,12 @@ class Tuner:
             return m
 
         t1 = time.monotonic()
-        hi = self.max_load or int(p["resolved"]["engine"]["max_num_seqs"])
-        best, probes = search(measure, lambda m: meets(m, self.target), lo=1, hi=hi, max_probes=self.max_probes)
+        if self.load_kind == "concurrency":
+            hi = self.max_load or int(p["resolved"]["engine"]["max_num_seqs"])
+            best, probes = search(measure, lambda m: meets(m, self.target), lo=1, hi=int(hi), max_probes=self.max_probes)
+        else:  # requests/s, from 0.5 up to --max-load (default 64), bisected geometrically
+            best, probes = search(measure, lambda m: meets(m, self.target), lo=0.5, hi=float(self.max_load or 64),
+                                  max_probes=self.max_probes, integer=False)
         p["times"]["search_s"] = round(time.monotonic() - t1, 1)
         p["probes"] = probes
         p["best_load"] = best
@@ -635,7 +644,7 @@ class Tuner:
         win = winner(front, lat_key)
         gpu = (", ".join(g["name"] for g in info.get("gpus") or []) + f" (driver {info.get('driver')})") if info.get("gpus") else info.get("accelerator_note")
         state = {"deployment": self.resolved["name"], "host": self.rep.host, "target": self.target, "workload": self.workload,
-                 "spec_file": os.path.abspath(self.spec_path), "spec_sha256": self.header()["spec_sha256"], "load_kind": "concurrency",
+                 "spec_file": os.path.abspath(self.spec_path), "spec_sha256": self.header()["spec_sha256"], "load_kind": self.load_kind,
                  "started": (header or {}).get("started", _now()), "vllm_version": info.get("vllm_version"), "gpu": gpu,
                  "points": [_row(p) for p in self.points], "front": [_row(p) for p in front], "winner": _row(win) if win else None,
                  "seconds": round(seconds, 1), "overlay_file": None, "tuned_spec": None, "closest": None}
@@ -695,7 +704,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
         out = args.out or f"tune-{Path(spec).stem}"
         tuner = Tuner(args.inventory, spec, target, out, grid=grid, host=args.host, budget_min=args.budget, resume=args.resume,
                       in_place=args.in_place, input_len=args.input_len, output_len=args.output_len, max_probes=args.max_probes,
-                      max_load=args.max_load, prompts_per_stream=args.prompts_per_stream, min_prompts=args.min_prompts, dry=args.dry)
+                      max_load=args.max_load, prompts_per_stream=args.prompts_per_stream, min_prompts=args.min_prompts, dry=args.dry,
+                      load_kind=args.search)
         if args.dry:
             for p in tuner.points:
                 print(f"{p['id']} {p['status']:<8} {_label(p['settings'])}" + (f"  ({p['reason']})" if p["reason"] else ""))
@@ -723,7 +733,9 @@ def add_cli(sub: Any) -> None:
     p.add_argument("--input-len", type=int, default=128, help="random prompt tokens (default 128)")
     p.add_argument("--output-len", type=int, default=128, help="output tokens per request (default 128)")
     p.add_argument("--max-probes", type=int, default=5, help="benchmark runs per point in the load search (default 5)")
-    p.add_argument("--max-load", type=int, help="highest concurrency tried (default: the point's max_num_seqs)")
+    p.add_argument("--search", choices=("concurrency", "rate"), default="concurrency",
+                   help="search the highest --max-concurrency (default) or request rate (requests/s) meeting the target")
+    p.add_argument("--max-load", type=float, help="highest load tried (default: the point's max_num_seqs; rate: 64/s)")
     p.add_argument("--prompts-per-stream", type=int, default=4, help="prompts per probe = max(--min-prompts, this x concurrency)")
     p.add_argument("--min-prompts", type=int, default=8)
     p.add_argument("--dry", action="store_true", help="print the grid after pruning and stop (no host is touched)")
