@@ -516,8 +516,9 @@ class Tuner:
         t_start = time.monotonic()
         pending = [p for p in self.points if p["status"] == "pending" and settings_key(p["settings"]) not in done]
         if not self.budget_s:
-            # p00 (what the replica runs) last: it then ends on its own files and the way back needs no
-            # restart. With a budget it goes first, so that a cut sweep still has the baseline.
+            # p00 (the spec's own settings) last: the replica ends on its own files (the way back is
+            # then a no-op; the restart moves to p00, the count is the same). With a budget it goes
+            # first, so that a cut sweep still has the baseline.
             pending.sort(key=lambda p: p["id"] == "p00")
         for p in self.points:
             row = done.get(settings_key(p["settings"]))
