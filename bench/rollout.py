@@ -54,8 +54,8 @@ def main() -> int:
     key = read_secret(r["server"]["api_key"], yaml_path="server.api_key", base_dir=spec.base_dir)
     from vllm_fleet.rollout import server_order
 
-    servers, proxies, hosts = server_order(a.inventory)
-    proxy = proxies[0] if proxies else servers[0]
+    servers, proxies, hosts = server_order(a.inventory, r)
+    proxy = proxies[0] if proxies else servers[0].rsplit(":", 1)[0]
     base_url = f"http://{hosts[proxy]['address']}" + ("" if r["proxy"]["listen"] == 80 else f":{r['proxy']['listen']}")
     if a.deploy:
         d = subprocess.run([str(Path(sys.executable).parent / "pyinfra"), "-y", a.inventory, "deploys/serve.py"], cwd=REPO,

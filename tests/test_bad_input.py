@@ -13,6 +13,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -165,4 +166,73 @@ def test_inventory_without_a_server_group_is_a_message_not_a_traceback(tmp_path)
     out = r.stdout + r.stderr
     assert r.returncode != 0
     assert "Traceback" not in out, out[-3000:]
-    assert "no host in a server group" in out and "no host was changed" in out, out[-3000:]
+    assert "put a host in the `servers` group" in out and "no host was changed" in out, out[-3000:]
+
+
+# -- issue 12: inputs that blocked, exhausted memory or crashed; the command line's own mistakes
+
+
+def _timed_cli(args: list[str], timeout: float) -> subprocess.CompletedProcess:
+    try:
+        return subprocess.run([sys.executable, "-m", "vllm_fleet", *args], cwd=REPO, capture_output=True, text=True,
+                              timeout=timeout, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"vllm-fleet {' '.join(args)} still running after {timeout} s")
+
+
+def test_a_fifo_is_refused_without_waiting_for_a_writer(tmp_path):
+    fifo = tmp_path / "spec.yaml"
+    os.mkfifo(fifo)
+    r = _timed_cli(["validate", str(fifo)], 15)
+    assert r.returncode == 1 and "not a regular file" in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("device", ["/dev/zero", "/dev/urandom"])
+def test_a_device_is_refused_without_reading_it(device):
+    r = _timed_cli(["validate", device], 15)
+    assert r.returncode == 1 and "not a regular file" in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+def test_a_big_flow_map_is_refused_fast_and_small(tmp_path):
+    """Under the size limit, a flow map of 18,000 entries: refused by the node budget after its
+    first values (was 30 s and 555 MB at 1 MB). Time and peak memory read from /usr/bin/time-like
+    getrusage of the child."""
+    import resource
+
+    f = tmp_path / "flow.yaml"
+    f.write_text("{" + ",".join(f"k{i}: {i}" for i in range(18000)) + "}\n")
+    assert f.stat().st_size < 256 * 1024
+    t0 = time.monotonic()
+    r = _timed_cli(["validate", str(f)], 15)
+    took = time.monotonic() - t0
+    peak_mib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+    assert r.returncode == 1 and "more than 10000 values" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert took < 5 and peak_mib < 200, (took, peak_mib)
+
+
+def test_render_out_mistakes_are_messages(tmp_path):
+    spec = str(REPO / "deployments" / "lab-tiny.yaml")
+    a_file = tmp_path / "f"
+    a_file.write_text("x")
+    cases = {"": "--out is empty", str(a_file): "not a directory", "/proc/vllm-fleet-render": "cannot write",
+             str(a_file / "sub"): "cannot write"}
+    for out, text in cases.items():
+        r = run_cli("render", spec, "--out", out, cwd=tmp_path)
+        assert r.returncode == 1 and text in r.stderr and "Traceback" not in r.stderr, (out, r.stderr)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["f"]  # "" did not render into the cwd
+
+
+def test_plan_with_an_unknown_gpu_is_a_usage_error():
+    r = run_cli("plan", str(REPO / "deployments" / "lab-tiny.yaml"), "--gpu", "no-such-gpu")
+    assert r.returncode == 2 and "h200" in r.stderr and "rtx3090" in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+def test_a_broken_pipe_is_not_success():
+    """`validate SPEC | head -1` exited 0 when the pipe closed: the BrokenPipeError was turned
+    into success. Here stdout is a pipe whose reader is gone before the `valid` line."""
+    rd, wr = os.pipe()
+    os.close(rd)
+    p = subprocess.run([sys.executable, "-m", "vllm_fleet", "validate", str(REPO / "deployments" / "lab-tiny.yaml")],
+                       cwd=REPO, stdout=wr, stderr=subprocess.PIPE, text=True, timeout=60)
+    os.close(wr)
+    assert p.returncode == 1 and "Traceback" not in p.stderr and "Exception ignored" not in p.stderr, p.stderr

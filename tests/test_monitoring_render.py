@@ -31,7 +31,7 @@ PROMTOOL_TESTS = Path(__file__).resolve().parent / "promtool"
 LAB1 = {"lab1": {"address": "10.10.0.11", "groups": ["servers", "proxy", "ray_head", "monitoring"], "data": {"private_address": "10.10.0.11"}},
         "lab2": {"address": "10.10.0.12", "groups": ["ray_workers"], "data": {"private_address": "10.10.0.12"}}}
 GPU2 = {
-    "gpu-a": {"address": "10.10.0.11", "groups": ["server"], "data": {}},
+    "gpu-a": {"address": "10.10.0.11", "groups": ["servers"], "data": {}},
     "gpu-b": {"address": "10.10.0.12", "groups": ["workers"], "data": {}},
     "edge": {"address": "10.10.0.5", "groups": ["proxy", "monitoring"], "data": {}},
 }

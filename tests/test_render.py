@@ -28,7 +28,7 @@ DEPLOYMENTS = sorted((REPO / "deployments").glob("*.yaml"))
 
 #: The 2-node example on a small fleet: head, one worker, nginx on its own host.
 INVENTORY_2NODE = {
-    "gpu-a": {"address": "10.10.0.11", "groups": ["server"], "data": {}},
+    "gpu-a": {"address": "10.10.0.11", "groups": ["servers"], "data": {}},
     "gpu-b": {"address": "10.10.0.12", "groups": ["workers"], "data": {}},
     "edge": {"address": "10.10.0.5", "groups": ["proxy"], "data": {}},
 }
@@ -48,6 +48,16 @@ INVENTORY_LAB_MONITORING = {
 }
 
 
+#: The 8xH100 examples (docs/replicas.md): four TP-2 replicas on one host; TP 8 on two hosts
+#: whose management (ssh) and cluster (private) addresses differ, nginx on a third.
+INVENTORY_8XH100 = {"h100-a": {"address": "10.20.0.11", "groups": ["servers", "proxy"], "data": {}}}
+INVENTORY_2X8XH100 = {
+    "h100-a": {"address": "mgmt-a.example", "groups": ["servers"], "data": {"private_address": "10.20.0.11"}},
+    "h100-b": {"address": "mgmt-b.example", "groups": ["servers"], "data": {"private_address": "10.20.0.12"}},
+    "edge": {"address": "10.20.0.5", "groups": ["proxy"], "data": {"private_address": "10.20.0.5"}},
+}
+
+
 def resolved_of(name: str) -> dict:
     return spec.resolve(spec.load(REPO / "deployments" / f"{name}.yaml"))
 
@@ -57,6 +67,8 @@ def _golden_cases():
     cases.append(("2node-ray-pp2+inventory", "2node-ray-pp2", INVENTORY_2NODE))
     cases.append(("lab-tiny-monitoring+inventory", "lab-tiny-monitoring", INVENTORY_LAB_MONITORING))
     cases.append(("lab-tiny-replicas+inventory", "lab-tiny-replicas", INVENTORY_REPLICAS))
+    cases.append(("8xh100-qwen7b-tp2x4+inventory", "8xh100-qwen7b-tp2x4", INVENTORY_8XH100))
+    cases.append(("2x8xh100-llama70b-tp8+inventory", "2x8xh100-llama70b-tp8", INVENTORY_2X8XH100))
     return cases
 
 
@@ -204,11 +216,11 @@ def test_vllm_env():
 def test_cpu_tp2_binds_one_cpu_range_per_rank():
     r = resolved_of("lab-tiny")
     r["parallel"]["tensor"] = 2
-    node_env = render.render(r)["server"]["/etc/vllm-fleet/lab-tiny/node.env"].content
-    assert "VLLM_CPU_OMP_THREADS_BIND=0|1" in node_env.splitlines()
-    inv = {"lab1": {"address": "10.10.0.11", "groups": ["server"], "data": {"cpu_count": 8}}}
-    node_env = render.render(r, inv)["lab1"]["/etc/vllm-fleet/lab-tiny/node.env"].content
-    assert "VLLM_CPU_OMP_THREADS_BIND=0-3|4-7" in node_env.splitlines()
+    env = render.render(r)["server"]["/etc/vllm-fleet/lab-tiny/replica-0.env"].content
+    assert "VLLM_CPU_OMP_THREADS_BIND=0|1" in env.splitlines()
+    inv = {"lab1": {"address": "10.10.0.11", "groups": ["servers"], "data": {"cpu_count": 8}}}
+    env = render.render(r, inv)["lab1"]["/etc/vllm-fleet/lab-tiny/replica-0.env"].content
+    assert "VLLM_CPU_OMP_THREADS_BIND=0-3|4-7" in env.splitlines()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -280,18 +292,19 @@ def test_modes_and_owners():
     srv = out["server"]
     assert (srv["/etc/vllm-fleet/lab-tiny/secrets.env"].mode, srv["/etc/vllm-fleet/lab-tiny/secrets.env"].owner) == (0o600, "root")
     assert srv["/etc/vllm-fleet/lab-tiny/vllm.env"].mode == 0o640 and srv["/etc/vllm-fleet/lab-tiny/vllm.env"].group == "vllm"
-    assert srv["/etc/systemd/system/vllm.service"].mode == 0o644
+    assert srv["/etc/systemd/system/vllm-lab-tiny-0.service"].mode == 0o644
     assert out["proxy"]["/etc/nginx/vllm-fleet/lab-tiny-auth.conf"].mode == 0o600
     with pytest.raises(Exception):
-        srv["/etc/systemd/system/vllm.service"].mode = 0o777  # frozen
+        srv["/etc/systemd/system/vllm-lab-tiny-0.service"].mode = 0o777  # frozen
 
 
 def test_unit_runs_the_rendered_command_as_the_service_user():
     r = resolved_of("lab-tiny")
-    unit = render.render(r)["server"]["/etc/systemd/system/vllm.service"].content
+    unit = render.render(r)["server"]["/etc/systemd/system/vllm-lab-tiny-0.service"].content
     assert f"ExecStart={render.systemd_command(command.vllm_argv(r))}" in unit.splitlines()
     for line in ("User=vllm", "Group=vllm", "EnvironmentFile=/etc/vllm-fleet/lab-tiny/secrets.env", "Restart=on-failure",
-                 "TimeoutStartSec=900", "ProtectSystem=strict", "ReadWritePaths=/var/lib/vllm-fleet/lab-tiny", "NoNewPrivileges=yes"):
+                 "TimeoutStartSec=900", "ProtectSystem=strict", "ReadWritePaths=/var/lib/vllm-fleet/lab-tiny", "NoNewPrivileges=yes",
+                 "WorkingDirectory=/var/lib/vllm-fleet/lab-tiny/replica-0", "EnvironmentFile=/etc/vllm-fleet/lab-tiny/replica-0.env"):
         assert line in unit.splitlines()
     assert "MemoryDenyWriteExecute=" not in unit  # torch JIT and Triton write code
 
@@ -310,8 +323,8 @@ def test_two_node_ray_with_inventory():
     out = render.render(resolved_of("2node-ray-pp2"), copy.deepcopy(INVENTORY_2NODE))
     assert sorted(out) == ["client", "edge", "gpu-a", "gpu-b"]
     a, b, edge = out["gpu-a"], out["gpu-b"], out["edge"]
-    assert {"/etc/systemd/system/vllm.service", "/etc/systemd/system/ray-head.service"} <= set(a)
-    assert "/etc/systemd/system/vllm.service" not in b and "/etc/systemd/system/ray-worker.service" in b
+    assert {"/etc/systemd/system/vllm-llama70b-2node-0.service", "/etc/systemd/system/ray-head.service"} <= set(a)
+    assert not [p for p in b if p.startswith("/etc/systemd/system/vllm-llama70b")] and "/etc/systemd/system/ray-worker.service" in b
     assert "/etc/vllm-fleet/llama70b-2node/secrets.env" not in b  # only where the API is served
     assert "VLLM_HOST_IP=10.10.0.12" in b["/etc/vllm-fleet/llama70b-2node/node.env"].content.splitlines()
     assert "VLLM_HOST_IP=10.10.0.11" in a["/etc/vllm-fleet/llama70b-2node/node.env"].content.splitlines()
@@ -319,10 +332,12 @@ def test_two_node_ray_with_inventory():
     worker_unit = b["/etc/systemd/system/ray-worker.service"].content
     assert "--address 10.10.0.11:6379" in worker_unit and "--node-ip-address ${NODE_IP}" in worker_unit
     assert "EnvironmentFile=/etc/vllm-fleet/llama70b-2node/node.env" in worker_unit.splitlines()
-    vllm_unit = a["/etc/systemd/system/vllm.service"].content
+    vllm_unit = a["/etc/systemd/system/vllm-llama70b-2node-0.service"].content
     assert "Requires=ray-head.service" in vllm_unit.splitlines()
     pre = [l for l in vllm_unit.splitlines() if l.startswith("ExecStartPre=")]
-    assert len(pre) == 1 and "--nodes 2 --gpus 4" in pre[0] and "--expect 10.10.0.11 --expect 10.10.0.12" in pre[0]
+    # /dev/nvidia-uvm first (as root: `+`), then the cluster wait
+    assert pre[0] == "ExecStartPre=-+/usr/bin/nvidia-modprobe -c0 -u"
+    assert len(pre) == 2 and "--nodes 2 --gpus 4" in pre[1] and "--expect 10.10.0.11 --expect 10.10.0.12" in pre[1]
     site = edge["/etc/nginx/conf.d/vllm-fleet-llama70b-2node.conf"].content
     assert "server 10.10.0.11:8000 max_fails=2 fail_timeout=10s;" in site  # nginx on its own host reaches the head over the network
     assert json.loads(out["client"]["~/.config/vllm-fleet/llama70b-2node/openai.json"].content)["base_url"] == "http://10.10.0.5/v1"
@@ -337,7 +352,7 @@ def test_inventory_mistakes_are_reported():
     one_node = {k: v for k, v in copy.deepcopy(INVENTORY_2NODE).items() if k != "gpu-b"}
     with pytest.raises(render.RenderError, match="parallel.nodes is 2"):
         render.render(r, one_node)
-    local_only = {"s": {"address": "10.0.0.2", "groups": ["server"]}, "p": {"address": "10.0.0.3", "groups": ["proxy"]}}
+    local_only = {"s": {"address": "10.0.0.2", "groups": ["servers"]}, "p": {"address": "10.0.0.3", "groups": ["proxy"]}}
     with pytest.raises(render.RenderError, match="server.host"):
         render.render(resolved_of("lab-tiny"), local_only)
 
@@ -346,7 +361,7 @@ def test_proxy_same_host_uses_loopback_and_tls_changes_scheme():
     r = resolved_of("lab-tiny")
     r["proxy"]["tls"]["enabled"] = True
     r["proxy"]["listen"] = 443
-    inv = {"lab1": {"address": "10.10.0.11", "groups": ["server", "proxy"], "data": {}}}
+    inv = {"lab1": {"address": "10.10.0.11", "groups": ["servers", "proxy"], "data": {}}}
     out = render.render(r, inv)
     site = out["lab1"]["/etc/nginx/conf.d/vllm-fleet-lab-tiny.conf"].content
     assert "server 127.0.0.1:8000 max_fails=2 fail_timeout=10s;" in site and "listen 443 ssl default_server;" in site
@@ -420,3 +435,33 @@ def test_wait_ray_cluster_ready_and_timeout(tmp_path):
     assert few_gpus.returncode == 1 and "GPUs: 2 of 4" in few_gpus.stderr
     down = _wait(tmp_path, [], *args, down=True)
     assert down.returncode == 1 and "head not reachable" in down.stderr
+
+
+def test_cuda_units_make_nvidia_uvm_and_keep_caches_under_the_state_dir():
+    """A GPU vllm.service creates /dev/nvidia-uvm as root before vLLM starts, is ordered after the
+    driver's services, and every JIT cache (and HOME) is under the only writable directory."""
+    r = resolved_of("h200-qwen7b-bf16")
+    state, prefix = r["install"]["state_dir"], r["install"]["prefix"]
+    env = command.vllm_env(r)
+    for key, sub in [("HOME", ""), ("FLASHINFER_WORKSPACE_BASE", "/cache/flashinfer"), ("DG_JIT_CACHE_DIR", "/cache/deep_gemm"),
+                     ("CUDA_CACHE_PATH", "/cache/nv")]:
+        assert env[key] == state + sub, key
+    # XDG/Triton caches are per replica (issue 14): under the replica's state dir, also writable
+    rep = command.state_env(f"{state}/replica-0")
+    assert rep["XDG_CACHE_HOME"].startswith(state + "/") and rep["TRITON_CACHE_DIR"].startswith(state + "/")
+    assert env["PATH"].split(":")[0] == f"{prefix}/env/bin" and "/usr/bin" in env["PATH"].split(":")
+    out = {p: f for files in render.render(r).values() for p, f in files.items()}
+    unit = next(f.content for p, f in out.items() if p.startswith("/etc/systemd/system/vllm-") and p.endswith(".service")).splitlines()
+    assert "ExecStartPre=-+/usr/bin/nvidia-modprobe -c0 -u" in unit
+    assert unit.index("ExecStartPre=-+/usr/bin/nvidia-modprobe -c0 -u") < next(i for i, l in enumerate(unit) if l.startswith("ExecStart="))
+    assert "After=nvidia-persistenced.service nvidia-fabricmanager.service" in unit
+    # the system call filter proven with CUDA on the H200 (bench/results/h200-systemd-*.json)
+    assert "SystemCallFilter=@system-service" in unit and "SystemCallErrorNumber=EPERM" in unit
+    vllm_env_file = next(f.content for p, f in out.items() if p.endswith("/vllm.env")).splitlines()
+    assert f"DG_JIT_CACHE_DIR={state}/cache/deep_gemm" in vllm_env_file
+    # the CPU build: none of it
+    cpu = resolved_of("lab-tiny")
+    assert "HOME" not in command.vllm_env(cpu) and "CUDA_CACHE_PATH" not in command.vllm_env(cpu)
+    cpu_unit = next(f.content for files in render.render(cpu).values() for p, f in files.items()
+                    if p.startswith("/etc/systemd/system/vllm-") and p.endswith(".service"))
+    assert "nvidia-modprobe" not in cpu_unit and "nvidia-persistenced" not in cpu_unit

@@ -32,7 +32,7 @@ from vllm_fleet import render, spec
 REPO = Path(__file__).resolve().parent.parent
 DEPLOYMENTS = sorted((REPO / "deployments").glob("*.yaml"))
 INVENTORY_2NODE = {
-    "gpu-a": {"address": "10.10.0.11", "groups": ["server"], "data": {}},
+    "gpu-a": {"address": "10.10.0.11", "groups": ["servers"], "data": {}},
     "gpu-b": {"address": "10.10.0.12", "groups": ["workers"], "data": {}},
     "edge": {"address": "10.10.0.5", "groups": ["proxy"], "data": {}},
 }
@@ -123,7 +123,7 @@ def test_systemd_analyze_verify(tmp_path, vid, target, files, others):
 def test_verify_catches_a_broken_unit(tmp_path):
     """The check above can fail: an unknown key (RestartSteps= is systemd >= 254) and a missing binary."""
     r = resolved_of("lab-tiny")
-    unit = render.render(r)["server"]["/etc/systemd/system/vllm.service"].content
+    unit = render.render(r)["server"]["/etc/systemd/system/vllm-lab-tiny-0.service"].content
     root = systemd_root(tmp_path, [])
     (root / "etc/systemd/system/vllm.service").write_text(unit.replace("Restart=on-failure", "Restart=on-failure\nRestartSteps=5"))
     out = subprocess.run(["systemd-analyze", f"--root={root}", "verify", "/etc/systemd/system/vllm.service"], capture_output=True, text=True)

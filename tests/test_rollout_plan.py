@@ -83,6 +83,7 @@ class Recorder:
     def __call__(self, argv, env):
         limit = [argv[i + 1] for i, a in enumerate(argv) if a == "--limit"]
         call = {"step": env["VLLM_FLEET_ROLLOUT_STEP"], "limit": limit, "down": env["VLLM_FLEET_UPSTREAM_DOWN"],
+                "update": env["VLLM_FLEET_UPDATE"],
                 "deploy": argv[3], "spec": env["VLLM_FLEET_SPEC"]}
         self.calls.append(call)
         if self.fail_on and (call["step"], ",".join(limit)) == self.fail_on:
@@ -94,13 +95,13 @@ def test_rollout_steps_in_order(tmp_path):
     rec, said = Recorder(), []
     ro = Rollout(_inventory(tmp_path, ["lab3", "lab1", "lab2"]), str(SPEC), cwd=str(REPO), state_dir=str(tmp_path / "st"),
                  runner=rec, say=said.append)
-    assert ro.batches == [["lab3"], ["lab1"], ["lab2"]]  # the servers group's order
+    assert ro.batches == [["lab3:0"], ["lab1:0"], ["lab2:0"]]  # the servers group's order; instances HOST:N
     res = ro.run()
     assert res.ok and res.failed_batch is None
-    seq = [(c["step"], ",".join(c["limit"]), c["down"]) for c in rec.calls]
-    assert seq == [("upstream", "lab1", "lab3"), ("update", "lab3", "lab3"), ("upstream", "lab1", ""),
-                   ("upstream", "lab1", "lab1"), ("update", "lab1", "lab1"), ("upstream", "lab1", ""),
-                   ("upstream", "lab1", "lab2"), ("update", "lab2", "lab2"), ("upstream", "lab1", "")]
+    seq = [(c["step"], ",".join(c["limit"]), c["down"], c["update"]) for c in rec.calls]
+    assert seq == [("upstream", "lab1", "lab3:0", ""), ("update", "lab3", "lab3:0", "lab3:0"), ("upstream", "lab1", "", ""),
+                   ("upstream", "lab1", "lab1:0", ""), ("update", "lab1", "lab1:0", "lab1:0"), ("upstream", "lab1", "", ""),
+                   ("upstream", "lab1", "lab2:0", ""), ("update", "lab2", "lab2:0", "lab2:0"), ("upstream", "lab1", "", "")]
     assert all(c["deploy"] == "vllm_fleet.deploys.rollout:rollout_step" and c["spec"] == str(SPEC) for c in rec.calls)
     # never more than the batch out of the upstream
     assert all(len([d for d in c["down"].split(",") if d]) <= 1 for c in rec.calls)
@@ -112,20 +113,20 @@ def test_rollout_stops_at_the_first_failed_batch_and_says_what_to_do(tmp_path):
     inv = _inventory(tmp_path, ["lab1", "lab2", "lab3"])
     ro = Rollout(inv, str(SPEC), cwd=str(REPO), state_dir=str(tmp_path / "st"), runner=rec, say=said.append)
     res = ro.run()
-    assert not res.ok and res.failed_batch == 2 and res.left_out == ["lab2"]
+    assert not res.ok and res.failed_batch == 2 and res.left_out == ["lab2:0"]
     # lab3 untouched; lab2 not put back
-    assert [(c["step"], ",".join(c["limit"]), c["down"]) for c in rec.calls][-1] == ("update", "lab2", "lab2")
+    assert [(c["step"], ",".join(c["limit"]), c["down"]) for c in rec.calls][-1] == ("update", "lab2", "lab2:0")
     assert not any("lab3" in c["limit"] for c in rec.calls)
     text = said[-1]
-    assert "lab2: left OUT of the nginx upstream" in text
-    assert "not yet updated, old configuration: lab3" in text and "updated: lab1" in text
-    assert "journalctl -u vllm.service" in text and "10.9.0.12" in text
+    assert "lab2:0: left OUT of the nginx upstream" in text
+    assert "not yet updated, old configuration: lab3:0" in text and "updated: lab1:0" in text
+    assert "journalctl -u vllm-lab-tiny-replicas-0.service" in text and "10.9.0.12" in text
     assert f"vllm-fleet rollout {inv} --spec {SPEC}" in text
     assert "not healthy after 31 s" in text
     # the next rollout (the fix) starts with lab2, which is out already
     rec2 = Recorder()
     ro2 = Rollout(inv, str(SPEC), cwd=str(REPO), state_dir=str(tmp_path / "st"), runner=rec2, say=said.append)
-    assert ro2.batches == [["lab2"], ["lab1"], ["lab3"]]
+    assert ro2.batches == [["lab2:0"], ["lab1:0"], ["lab3:0"]]
     assert ro2.run().ok
     assert not (tmp_path / "st" / "lab-tiny-replicas.json").exists()
 
@@ -141,12 +142,37 @@ def test_rollout_refuses_bad_input_before_any_host(tmp_path):
     assert rec.calls == []
 
 
-def test_cli_dry_prints_batches(tmp_path):
+def test_cli_dry_prints_batches_and_what_each_would_change(tmp_path, monkeypatch, capsys):
+    """--dry: the batches, and per batch `vllm-fleet diff`'s files of its replicas (bare stand-in
+    hosts here: every file is new); nothing is run."""
+    import yaml
+
+    from vllm_fleet import diff as diffmod
+    from vllm_fleet.cli import main
+
     inv = _inventory(tmp_path, ["lab1", "lab2", "lab3", "lab4"])
-    r = subprocess.run([sys.executable, "-m", "vllm_fleet", "rollout", inv, "--spec", str(SPEC), "--batch-percent", "50",
-                        "--dry", "--json"], cwd=REPO, capture_output=True, text=True, timeout=60)
-    assert r.returncode == 0, r.stderr
-    assert json.loads(r.stdout)["batches"] == [["lab1", "lab2"], ["lab3", "lab4"]]
+    data = yaml.safe_load(SPEC.read_text())
+    (tmp_path / "model").mkdir()
+    data["model"]["source"] = str(tmp_path / "model")
+    data["server"]["api_key"] = {"file": str(tmp_path / "api.key"), "generate": True}
+    spec_copy = tmp_path / "replicas.yaml"
+    spec_copy.write_text(yaml.safe_dump(data))
+    read = []
+    monkeypatch.setattr(diffmod, "read_host", lambda address, data, script: read.append(address) or "")
+    assert main(["rollout", inv, "--spec", str(spec_copy), "--batch-percent", "50", "--dry", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["batches"] == [["lab1:0", "lab2:0"], ["lab3:0", "lab4:0"]]
+    unit = f"/etc/systemd/system/vllm-{data['name']}-0.service"
+    assert sorted(out["changes"][1]) == ["lab3", "lab4"] and unit in out["changes"][1]["lab3"]
+    assert sorted(read) == ["10.9.0.11", "10.9.0.12", "10.9.0.13", "10.9.0.14"]
+    assert main(["rollout", inv, "--spec", str(spec_copy), "--batch-percent", "50", "--dry"]) == 0
+    text = capsys.readouterr().out
+    assert "batch 2: lab3:0, lab4:0" in text and f"+ {unit}: new" in text
+    assert not (tmp_path / "api.key").exists()
+
+
+def test_cli_refuses_a_batch_of_every_replica(tmp_path):
+    inv = _inventory(tmp_path, ["lab1", "lab2", "lab3", "lab4"])
     r = subprocess.run([sys.executable, "-m", "vllm_fleet", "rollout", inv, "--spec", str(SPEC), "--batch-size", "4"],
                        cwd=REPO, capture_output=True, text=True, timeout=60)
     assert r.returncode == 1 and "every replica" in r.stderr and "no host was changed" in r.stderr
@@ -179,15 +205,16 @@ def test_upstream_lists_every_replica_with_health_checks():
 
 
 def test_api_firewall_rules():
-    from vllm_fleet.roles.service import api_firewall_rules
-
-    text = api_firewall_rules(_resolved(), ["10.9.0.11", "10.9.0.11", "192.168.5.0/24"])
+    inv = {"lab1": {"address": "10.9.0.11", "groups": ["servers", "proxy"], "data": {}},
+           "lab2": {"address": "10.9.0.12", "groups": ["servers"], "data": {"vllm_api_firewall_allow": ["10.9.0.11", "192.168.5.0/24"],
+                                                                            "replicas_per_host": 2}}}
+    text = render.render(_resolved(), inv)["lab2"]["/etc/vllm-fleet/api-firewall.nft"].content
     assert "elements = { 10.9.0.11, 192.168.5.0/24 }" in text
-    assert "ip saddr @api_peers_v4 tcp dport 8000 accept" in text and "tcp dport 8000 drop" in text
-    from pyinfra.api.exceptions import DeployError
-
-    with pytest.raises(DeployError, match="not an IPv4"):
-        api_firewall_rules(_resolved(), ["proxy.example"])
+    # every instance of the host: server.port + its index
+    assert "ip saddr @api_peers_v4 tcp dport { 8000, 8001 } accept" in text and "tcp dport { 8000, 8001 } drop" in text
+    inv["lab2"]["data"]["vllm_api_firewall_allow"] = ["proxy.example"]
+    with pytest.raises(render.RenderError, match="not an IPv4"):
+        render.render(_resolved(), inv)
 
 
 def test_rollout_role_helpers(tmp_path):
@@ -254,7 +281,8 @@ def test_nginx_spreads_skips_down_and_retries_refused(tmp_path):
     r["proxy"]["auth"] = "none"
     inv = {"p": {"address": "127.0.0.1", "groups": ["proxy"], "data": {}}}
     for n, port in (("a", pa), ("b", pb), ("down", pc), ("gone", refused)):
-        inv[n] = {"address": "127.0.0.1", "groups": ["servers"], "data": {"upstream_down": n == "down"}}
+        # four "hosts" on this machine: their own ssh names, one private address (the upstream's)
+        inv[n] = {"address": f"{n}.invalid", "groups": ["servers"], "data": {"upstream_down": n == "down", "private_address": "127.0.0.1"}}
     site = render.render(r, inv)["p"]["/etc/nginx/conf.d/vllm-fleet-lab-tiny-replicas.conf"].content
     # every replica has the same port in a spec: give each fake its own (the upstream lines are in order)
     lines = iter([pa, pb, pc, refused])

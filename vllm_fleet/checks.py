@@ -8,9 +8,15 @@ and says what to do.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
-from .spec import Problem, Spec
+from .spec import HOST_PATH, Problem, Spec
+
+#: The schema's pattern for model.served_name (the name taken from `source` must fit it too).
+SERVED_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}\Z")
+#: vLLM flags that read more arguments from a file (any owned flag could hide there).
+CONFIG_FLAGS = {"--config"}
 
 # vLLM flags that vllm-fleet renders from their own spec keys: setting them again through
 # engine.extra_args would contradict the spec (or, for the key, leak a secret into argv).
@@ -50,6 +56,26 @@ REMOVED_FLAGS = {
 SECRET_ENV = {"VLLM_API_KEY": "server.api_key", "HF_TOKEN": "model.hub_token", "HUGGING_FACE_HUB_TOKEN": "model.hub_token"}
 
 
+def _flag(arg: str) -> str:
+    """The flag an extra argument means to vLLM: `--api_key=x` is `--api-key` (vLLM's parser
+    turns `_` into `-` in a long option's name and splits `--flag=value`)."""
+    name = arg.split("=", 1)[0]
+    if not name.startswith("--"):
+        return name
+    name = "--" + name[2:].split(".", 1)[0].replace("_", "-")
+    # argparse also takes an unambiguous abbreviation (`--tensor-parallel` for
+    # `--tensor-parallel-size`): a prefix of exactly one owned flag is read as that flag.
+    if name not in OWNED_FLAGS and name not in CONFIG_FLAGS and len(name) > 4:
+        longer = [f for f in OWNED_FLAGS if f.startswith(name)]
+        if len(longer) == 1:
+            return longer[0]
+    return name
+
+
+def raw_model_keys(spec: Spec | None) -> dict[str, Any]:
+    return ((spec.raw.get("model") if spec else None) or {}) if spec else {}
+
+
 def spec_problems(r: dict[str, Any], spec: Spec | None = None) -> list[Problem]:
     """Checks that need only the resolved spec."""
     out: list[Problem] = []
@@ -80,6 +106,14 @@ def spec_problems(r: dict[str, Any], spec: Spec | None = None) -> list[Problem]:
                  int(srv["port"]): "server.port (vLLM, on the head)"}
         if prx["enabled"]:
             taken[int(prx["listen"])] = "proxy.listen (nginx, on the head)"
+        ray_own = {v: k for k, v in RAY_FIXED_PORTS.items()}
+        for key, port in (("server.port", int(srv["port"])), ("proxy.listen", int(prx["listen"]) if prx["enabled"] else None)):
+            if port in ray_own:
+                add(key, f"{port} is also Ray's {ray_own[port]} port (pinned for the firewall) on every Ray node: one of the two cannot bind it",
+                    f"pick a port outside Ray's ports ({', '.join(str(p) for p in sorted(ray_own))}) and {lo}-{hi}")
+            elif port is not None and lo <= port <= hi:
+                add(key, f"{port} is inside Ray's worker port range {lo}-{hi}: a Ray worker process may take it first",
+                    f"pick a port outside {lo}-{hi} (e.g. 8000 for vLLM, 80 or 443 for nginx)")
         if rp in taken:
             add("parallel.ray_port", f"{rp} is also {taken[rp]}: the head's GCS could not bind it",
                 f"pick a free port outside {', '.join(str(p) for p in sorted(taken))} and {lo}-{hi} (e.g. the default 6379)")
@@ -99,17 +133,24 @@ def spec_problems(r: dict[str, Any], spec: Spec | None = None) -> list[Problem]:
         add("engine.max_num_seqs", f"{e['max_num_seqs']} sequences at once with the realtime profile: latency grows with the batch",
             "keep realtime max_num_seqs in 16-32, or use `profile: batch`", "warning")
     for i, arg in enumerate(e["extra_args"]):
-        flag = arg.split("=", 1)[0]
+        flag = _flag(arg)
         path = f"engine.extra_args[{i}]"
-        if flag in REMOVED_FLAGS:
+        if flag in CONFIG_FLAGS:
+            add(path, f"`{arg.split('=', 1)[0]}` reads vLLM's arguments from a file, where any flag vllm-fleet owns (and the API key) could be set again",
+                "delete it; set each option in its own spec key, or list the other flags here one by one")
+        elif flag in REMOVED_FLAGS:
             add(path, f"`{flag}` was {REMOVED_FLAGS[flag]}", f"delete `{arg}`")
         elif flag == "--api-key":
             add(path, "an API key in the command line is visible to every user of the host (ps, /proc, the journal)",
                 "delete it (and its value) here; set `server.api_key: {file: PATH}`: the key goes to a 0600 EnvironmentFile as VLLM_API_KEY")
         elif flag in OWNED_FLAGS:
-            add(path, f"`{flag}` is rendered by vllm-fleet from `{OWNED_FLAGS[flag]}`", f"delete it here and set `{OWNED_FLAGS[flag]}` instead")
+            spelled = arg.split("=", 1)[0]
+            also = f" (vLLM reads `{spelled}` as `{flag}`)" if spelled != flag else ""
+            add(path, f"`{flag}` is rendered by vllm-fleet from `{OWNED_FLAGS[flag]}`{also}", f"delete it here and set `{OWNED_FLAGS[flag]}` instead")
 
     # -- model transfer
+    if m["transfer"] == "none" and "revision" in raw_model_keys(spec):
+        add("model.revision", "a revision is set but the weights are not downloaded (transfer: none)", "remove it", "warning")
     if m["transfer"] == "hub" and not m.get("revision"):
         add("model.revision", "no revision pinned: a re-deploy may download different weights",
             "set `revision:` to a commit hash of the model repository", "warning")
@@ -117,6 +158,13 @@ def spec_problems(r: dict[str, Any], spec: Spec | None = None) -> list[Problem]:
         add("model.hub_token", f"a hub token is set but the weights are not downloaded (transfer: {m['transfer']})", "remove it", "warning")
     if m["transfer"] != "none" and m.get("local_dir") is None and m["source"].startswith(("/", "./", "../", "~")):
         add("model.transfer", "a path source cannot be downloaded from the hub", "use `transfer: upload` (copy from this machine) or `transfer: none` (already on the hosts)")
+    raw_model = ((spec.raw.get("model") if spec else None) or {}) if spec else {}
+    if m["transfer"] == "none" and "path" not in raw_model and not HOST_PATH.search(str(m.get("path", ""))):
+        add("model.source", f"with `transfer: none` the weights are read at `source` on every host, but {m['source']!r} is not a plain absolute path there",
+            "set `source:` (or `path:`) to the absolute directory of the weights on the hosts (e.g. /srv/models/x), or use `transfer: hub` for a hub id")
+    if "served_name" not in raw_model and spec is not None and not SERVED_NAME.search(str(m.get("served_name", ""))):
+        add("model.served_name", f"the name taken from `source` ({m['served_name']!r}) is not a plain model name",
+            "set `served_name:` (letters, digits and ._:/-, starting with a letter or digit)")
 
     # -- server / proxy
     if prx["enabled"] and prx["auth"] == "api_key" and not srv.get("api_key"):
@@ -125,9 +173,13 @@ def spec_problems(r: dict[str, Any], spec: Spec | None = None) -> list[Problem]:
     if not srv.get("api_key"):
         add("server.api_key", "no API key: anyone who reaches the port can use the model",
             "set `api_key: {file: PATH, generate: true}`", "warning")
-    if prx["enabled"] and par["nodes"] == 1 and prx["listen"] == srv["port"]:
-        add("proxy.listen", f"nginx and vLLM both want port {srv['port']} on the same host",
+    if prx["enabled"] and prx["listen"] == srv["port"]:
+        where = "the same host" if par["nodes"] == 1 else "the head (nginx runs there unless the inventory has a proxy group)"
+        add("proxy.listen", f"nginx and vLLM both want port {srv['port']} on {where}",
             "use different ports (e.g. proxy.listen 80 or 443, server.port 8000)")
+    if int(srv["port"]) < 1024:
+        add("server.port", f"{srv['port']} is a privileged port, but vLLM runs as `{srv['user']}` without capabilities (CapabilityBoundingSet= is empty): it cannot bind it",
+            "use a port of 1024 or above (default 8000); put nginx (proxy.listen) on 80 or 443")
     if prx["enabled"] and srv["host"] not in ("127.0.0.1", "0.0.0.0") and par["nodes"] == 1:
         add("server.host", f"vLLM binds {srv['host']} while nginx proxies to it on this host via 127.0.0.1",
             "leave server.host unset (127.0.0.1 with the proxy on the same host)")
@@ -161,6 +213,19 @@ def spec_problems(r: dict[str, Any], spec: Spec | None = None) -> list[Problem]:
     if ins["accelerator"] == "cuda" and not hw.get("gpu"):
         add("hardware.gpu", "no GPU type: the memory plan and the FP8/Marlin checks cannot run",
             "set `hardware.gpu:` (see `vllm-fleet plan --list-gpus`)", "warning")
+    nv = ins.get("nvidia") or {}
+    if ins["accelerator"] == "cuda" and nv.get("min_driver_branch") and int(nv["driver_branch"]) < int(nv["min_driver_branch"]):
+        why = f"vLLM {ins['vllm_version']}'s wheels are built for CUDA {nv['vllm_cuda']}"
+        if nv["cuda_version"] != nv["vllm_cuda"]:
+            why += f" and install.nvidia.cuda_version is {nv['cuda_version']}"
+        fix = f"set `driver_branch: \"{nv['min_driver_branch']}\"` or newer (or leave it out: the default follows install.vllm_version)"
+        if nv["vllm_cuda"].startswith("13"):
+            fix += ", or pin `install.vllm_version` below 0.20 (CUDA 12.8 wheels, driver branch 570)"
+        if nv.get("source") == "distro":
+            fix += "; Debian 12's own driver is branch 535: use `source: nvidia` (NVIDIA's repository) for a newer one"
+        add("install.nvidia.driver_branch",
+            f"driver branch {nv['driver_branch']} cannot run this vLLM: {why}, which needs driver branch {nv['min_driver_branch']} or newer",
+            fix)
     if ins.get("wheelhouse") and ins.get("index_url"):
         add("install.index_url", "an offline wheelhouse and an index URL are both set: the wheelhouse installs with --no-index",
             "keep one of them")

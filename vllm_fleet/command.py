@@ -22,6 +22,9 @@ ARGV_ROLES = ("server", "worker")
 #: The module the CPU build is started with (see :func:`vllm_executable`).
 CPU_ENTRYPOINT_MODULE = "vllm.entrypoints.openai.api_server"
 
+#: systemd's default PATH for system services, after the env's bin on CUDA hosts.
+SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin"
+
 #: Ray's temp root on every node of a ``ray`` deployment (one Ray cluster per host).
 RAY_TMPDIR = "/var/lib/vllm-fleet/ray"
 
@@ -142,6 +145,18 @@ def world_size_per_node(resolved: dict[str, Any]) -> int:
     return max(1, world // max(1, int(par.get("nodes", 1))))
 
 
+def state_env(state: str) -> dict[str, str]:
+    """Caches and temporary files under ``state`` (the deployment's state dir in vllm.env; a
+    replica's own ``state_dir/replica-N`` in its replica-N.env, which the unit reads after)."""
+    return {
+        "VLLM_CACHE_ROOT": f"{state}/cache/vllm",
+        "HF_HOME": f"{state}/cache/huggingface",
+        "XDG_CACHE_HOME": f"{state}/cache",
+        "TRITON_CACHE_DIR": f"{state}/cache/triton",
+        "TMPDIR": f"{state}/tmp",
+    }
+
+
 def vllm_env(resolved: dict[str, Any]) -> dict[str, str]:
     """The non-secret environment of the vLLM service (written to ``{config_dir}/vllm.env``).
 
@@ -151,19 +166,25 @@ def vllm_env(resolved: dict[str, Any]) -> dict[str, str]:
     ``VLLM_CPU_OMP_THREADS_BIND`` for CPU TP/PP > 1 depends on each host's cores and is written
     per host into ``node.env`` (see :mod:`vllm_fleet.render`).
     """
-    state = resolved["install"]["state_dir"]
     env: dict[str, str] = {
         "HF_HUB_OFFLINE": "1",
         "VLLM_NO_USAGE_STATS": "1",
         "DO_NOT_TRACK": "1",
-        "VLLM_CACHE_ROOT": f"{state}/cache/vllm",
-        "HF_HOME": f"{state}/cache/huggingface",
-        "XDG_CACHE_HOME": f"{state}/cache",
-        "TRITON_CACHE_DIR": f"{state}/cache/triton",
-        "TMPDIR": f"{state}/tmp",
+        **state_env(resolved["install"]["state_dir"]),
     }
     if resolved["install"]["accelerator"] == "cpu":
         env["VLLM_CPU_KVCACHE_SPACE"] = str(resolved["engine"].get("cpu_kv_cache_gib", 1))
+    else:
+        # CUDA kernels' JIT caches that do not follow XDG_CACHE_HOME: FlashInfer's, DeepGEMM's,
+        # CUDA's own compute cache (~/.nv by default); HOME itself (the service user's home is
+        # root-owned, read-only under ProtectSystem=strict); PATH with the env's bin first
+        # (ninja, which Triton and FlashInfer's JIT call). Shared by the deployment's replicas.
+        state = resolved["install"]["state_dir"]
+        env["HOME"] = state
+        env["FLASHINFER_WORKSPACE_BASE"] = f"{state}/cache/flashinfer"
+        env["DG_JIT_CACHE_DIR"] = f"{state}/cache/deep_gemm"
+        env["CUDA_CACHE_PATH"] = f"{state}/cache/nv"
+        env["PATH"] = f"{resolved['install']['prefix']}/env/bin:{SYSTEM_PATH}"
     if resolved["parallel"].get("backend") == "ray":
         env["RAY_USAGE_STATS_ENABLED"] = "0"
         # Ray's sockets live under its temp dir; the vLLM driver on the head must reach the local

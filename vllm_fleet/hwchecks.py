@@ -80,13 +80,17 @@ def hardware_problems(resolved: dict[str, Any], spec: Spec | None = None) -> lis
         add("hardware.gpu", "install.accelerator is cuda but hardware.gpu is cpu", "name the GPU model (e.g. rtx3090), or set install.accelerator: cpu")
     cc = g.get("compute_capability") if g else None
 
-    # -- GPU count: every GPU of every node is one rank of TP x PP x DP
+    # -- GPU count: every GPU of every node is one rank of TP x PP x DP of one replica
+    # (replicas.per_host replicas on a node split its GPUs; vllm_fleet.layout gives each its own)
     if g is not None and not cpu:
+        reps = int((resolved.get("replicas") or {}).get("per_host", 1))
         want = hw.get("gpus_per_node", 1) * par.get("nodes", 1)
-        if tp * pp * dp != want:
+        if tp * pp * dp * reps != want:
+            times = f" x replicas.per_host {reps}" if reps > 1 else ""
             add("parallel.tensor",
-                f"tensor {tp} x pipeline {pp} x data {dp} = {tp * pp * dp} GPUs, but hardware.gpus_per_node {hw.get('gpus_per_node', 1)} x parallel.nodes {par.get('nodes', 1)} = {want}",
-                "make them equal: usually tensor = GPUs per node and pipeline = nodes (the 004 article); use data for extra replicas")
+                f"tensor {tp} x pipeline {pp} x data {dp}{times} = {tp * pp * dp * reps} GPUs, but hardware.gpus_per_node {hw.get('gpus_per_node', 1)} x parallel.nodes {par.get('nodes', 1)} = {want}",
+                "make them equal: usually tensor = GPUs per node and pipeline = nodes (the 004 article); "
+                "replicas.per_host for more replicas on one host (each its own GPUs), data for replicas inside one server")
 
     # -- precision against the GPU generation
     if cc is not None:

@@ -17,7 +17,8 @@ class InventoryError(Exception):
 
 
 def load_inventory(path: str | Path) -> dict[str, dict[str, Any]]:
-    """Return {host: {"address": str, "groups": [str], "data": dict}} in file order."""
+    """Return {host: {"address": str, "groups": [str], "data": dict, "order": {group: position}}}
+    in file order."""
     p = Path(path)
     if not p.is_file():
         raise InventoryError(f"inventory {p}: no such file (pass a pyinfra inventory .py file)")
@@ -34,7 +35,7 @@ def load_inventory(path: str | Path) -> dict[str, dict[str, Any]]:
             value, group_data = value
         if not isinstance(value, list):
             continue
-        for entry in value:
+        for position, entry in enumerate(value):
             if isinstance(entry, str):
                 name, data = entry, {}
             elif isinstance(entry, tuple) and len(entry) == 2 and isinstance(entry[0], str) and isinstance(entry[1], dict):
@@ -43,8 +44,26 @@ def load_inventory(path: str | Path) -> dict[str, dict[str, Any]]:
                 continue
             h = hosts.setdefault(name, {"address": name, "groups": [], "data": {}})
             h["groups"].append(group)
+            h.setdefault("order", {})[group] = position  # a host's place in each group (rollout batches)
             h["data"] = {**group_data, **h["data"], **data}
             h["address"] = h["data"].get("ssh_hostname", name)
     if not hosts:
         raise InventoryError(f"inventory {p}: no hosts found (module-level lists of host names)")
     return hosts
+
+
+def render_entry(name: str, groups: list[str], data: dict[str, Any], down: bool = False) -> dict[str, Any]:
+    """One host as the layout reads it: {"address", "groups", "data"} (only the host data the
+    layout and renderers use: :data:`vllm_fleet.render.HOST_DATA_KEYS` and
+    :data:`vllm_fleet.layout.HOST_DATA_DEFAULTS`).
+
+    ``down``: the rollout marks this replica down in the nginx upstream (also host data ``upstream_down``).
+    """
+    from .layout import HOST_DATA_DEFAULTS
+    from .render import HOST_DATA_KEYS
+
+    out = {k: data.get(k) for k in (*HOST_DATA_KEYS, *HOST_DATA_DEFAULTS) if data.get(k) is not None}
+    out.pop("upstream_down", None)
+    if down or data.get("upstream_down"):
+        out["upstream_down"] = True
+    return {"address": data.get("ssh_hostname") or name, "groups": list(groups), "data": out}

@@ -1,12 +1,15 @@
 """Render every file a deploy places on the hosts, from the resolved spec (and an inventory).
 
-    render(resolved) -> {target: {absolute path: RenderedFile}}
+    render(resolved, inventory=None) -> {target: {absolute path: RenderedFile}}
+    render_many([resolved, ...], inventory) -> the same for several deployments on one fleet
 
-Without an inventory a target is a role (``server``, ``worker``, ``ray-head``, ``ray-worker``,
-``proxy``, ``client``); with one (``{host: {"address": ..., "groups": [...], "data": {...}}}``,
-as :func:`vllm_fleet.inventory.load_inventory` returns) a target is a host name and gets the files
-of every role it plays. The roles put these files as they are (content, mode, owner, group);
-no role builds a unit, an env file or an nginx config itself.
+The files view of the per-host layout (:mod:`vllm_fleet.layout`, which says which host plays
+which part): without an inventory a target is a part (``server``, ``worker``, ``ray-head``,
+``ray-worker``, ``proxy``, ``monitoring``, ``client``); with one (``{host: {"address": ...,
+"groups": [...], "data": {...}}}``, as :func:`vllm_fleet.inventory.load_inventory` returns) a
+target is a host name and gets every file the deploy places there (units, env files, nginx
+sites, firewall rules). The roles put these files as they are (content, mode, owner, group);
+no role builds a unit, an env file, an nginx config or a firewall rule itself.
 
 Secrets are never rendered: ``secrets.env`` and the nginx auth include come out as placeholders
 naming the secret reference; the deploy writes the real ones with :func:`secrets_env_content`
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -27,7 +31,8 @@ from typing import Any, Iterable
 import jinja2
 
 from . import monitoring
-from .command import RAY_TMPDIR, env_bin, env_python, vllm_argv, vllm_env, world_size_per_node
+from .command import RAY_TMPDIR, env_bin, env_python, state_env, vllm_argv, vllm_env, world_size_per_node
+from .layout import HOST_DATA_DEFAULTS, SERVICE_PARTS, HostLayout, Instance, Layout, Node, Secret, _cpu_sets, firewall_addresses
 from .secrets import describe as describe_secret
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
@@ -74,17 +79,20 @@ RAY_FIXED_PORTS = {
 }
 RAY_WORKER_PORTS = (10002, 10999)
 
+#: nftables tables (one per host, over every deployment there), their rules files and the units
+#: that load them at boot, before vLLM / Ray.
+API_FIREWALL_TABLE = "vllm_fleet_api"
+API_FIREWALL_FILE = "/etc/vllm-fleet/api-firewall.nft"
+API_FIREWALL_UNIT = "vllm-fleet-api-firewall.service"
+RAY_FIREWALL_TABLE = "vllm_fleet_ray"
+RAY_FIREWALL_FILE = "/etc/vllm-fleet/ray-firewall.nft"
+RAY_FIREWALL_UNIT = "vllm-fleet-ray-firewall.service"
+
 HEADER = "Rendered by vllm-fleet for deployment {name}: edit the spec, not this file (the next deploy overwrites it)."
 
-#: Inventory group names (pyinfra group = module-level list name) -> role.
-GROUP_ROLES = {
-    "server": "server", "servers": "server", "head": "server", "vllm": "server",
-    "worker": "worker", "workers": "worker", "ray_worker": "worker", "ray_workers": "worker",
-    "proxy": "proxy", "proxies": "proxy", "nginx": "proxy",
-    "monitoring": "monitoring",  # Prometheus (with monitoring.enabled; vllm_fleet.monitoring)
-}
 #: Host data keys render reads (the deploy may fill them from facts before rendering).
-HOST_DATA_KEYS = ("socket_ifname", "cpu_count", "ray_memory_bytes", "ray_object_store_bytes", "upstream_down")
+HOST_DATA_KEYS = ("socket_ifname", "cpu_count", "ray_memory_bytes", "ray_object_store_bytes", "upstream_down",
+                  "replicas_per_host", "deployments", "private_address")
 
 
 @dataclass(frozen=True)
@@ -115,6 +123,38 @@ class EnvRef(str):
 _SAFE_ARG = re.compile(r"[A-Za-z0-9_@+=:,./-]+")
 _SAFE_ENV_VALUE = re.compile(r"[A-Za-z0-9_@+=:,./|-]*")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_SAFE_NGINX = re.compile(r"[A-Za-z0-9_@+=:,./*~-]+")
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+
+
+def _one_line(value: str, what: str) -> str:
+    if _CONTROL.search(value):
+        raise RenderError(f"{what}: {value!r} holds a control character; a value must be one line")
+    return value
+
+
+def comment_text(value: Any) -> str:
+    """User input inside a comment line: printable ASCII as is, anything else escaped (a newline
+    or CR can never end the comment and start a line of its own)."""
+    return ascii(str(value))[1:-1]
+
+
+def systemd_text(value: Any) -> str:
+    """A value for a unit setting that is free text (Description=): one line, ``%`` doubled
+    (systemd expands specifiers such as %n, %h there)."""
+    return _one_line(str(value), "unit setting").replace("%", "%%")
+
+
+def nginx_quote(value: Any) -> str:
+    """One nginx directive argument: plain tokens as they are, anything else double-quoted with
+    ``\\`` and ``"`` escaped (``;``, ``#``, ``{``, ``}`` and spaces stay inside the argument).
+    ``$`` is refused: nginx would expand it as a variable even inside quotes."""
+    s = _one_line(str(value), "nginx")
+    if _SAFE_NGINX.fullmatch(s):
+        return s
+    if "$" in s:
+        raise RenderError(f"nginx: {s!r}: a `$` would be read as an nginx variable")
+    return '"' + s.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
 def systemd_quote(arg: str) -> str:
@@ -129,6 +169,7 @@ def systemd_quote(arg: str) -> str:
     if _SAFE_ARG.fullmatch(s):
         return s
     s = s.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n").replace("\t", "\\t")
+    s = _CONTROL.sub(lambda m: "\\x%02x" % ord(m.group()) if ord(m.group()) < 0x100 else "\\u%04x" % ord(m.group()), s)
     return f'"{s}"'
 
 
@@ -138,13 +179,13 @@ def systemd_command(argv: Iterable[str]) -> str:
 
 def env_file(values: dict[str, str], comments: Iterable[str] = ()) -> str:
     """A systemd EnvironmentFile: ``KEY=value`` lines, values double-quoted when needed."""
-    lines = [f"# {c}" if c else "#" for c in comments]
+    lines = [f"# {comment_text(c)}" if c else "#" for c in comments]
     for key, value in values.items():
         if not _ENV_NAME.fullmatch(key):
             raise RenderError(f"env: {key!r} is not a valid environment variable name")
         value = str(value)
-        if "\n" in value or "\r" in value:
-            raise RenderError(f"env.{key}: a value must be one line")
+        if _CONTROL.search(value):
+            raise RenderError(f"env.{key}: a value must be one line, without control characters")
         if value == "" or not _SAFE_ENV_VALUE.fullmatch(value):
             # single quotes are verbatim for systemd and for a shell; else double quotes with
             # the escapes both read back the same way
@@ -158,7 +199,7 @@ def env_file(values: dict[str, str], comments: Iterable[str] = ()) -> str:
 
 @lru_cache(maxsize=1)
 def _jinja() -> jinja2.Environment:
-    return jinja2.Environment(
+    env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(TEMPLATES)),
         undefined=jinja2.StrictUndefined,
         trim_blocks=True,
@@ -166,6 +207,8 @@ def _jinja() -> jinja2.Environment:
         keep_trailing_newline=True,
         autoescape=False,
     )
+    env.filters.update(comment=comment_text, systemd_text=systemd_text, nginx=nginx_quote)
+    return env
 
 
 def _template(template: str, **ctx: Any) -> str:
@@ -186,7 +229,7 @@ def paths(resolved: dict[str, Any]) -> dict[str, str]:
     ins = resolved["install"]
     cfg = ins["config_dir"]
     return {
-        "vllm_unit": f"{SYSTEMD_DIR}/vllm.service",
+        "legacy_unit": f"{SYSTEMD_DIR}/vllm.service",  # an older release's one unit per host
         "ray_head_unit": f"{SYSTEMD_DIR}/ray-head.service",
         "ray_worker_unit": f"{SYSTEMD_DIR}/ray-worker.service",
         "vllm_env": f"{cfg}/vllm.env",
@@ -200,6 +243,10 @@ def paths(resolved: dict[str, Any]) -> dict[str, str]:
         "client_json": f"{CLIENT_DIR.format(name=name)}/openai.json",
         "client_env": f"{CLIENT_DIR.format(name=name)}/openai.env",
         "ray_tmpdir": RAY_TMPDIR,
+        "api_firewall_rules": API_FIREWALL_FILE,
+        "api_firewall_unit": f"{SYSTEMD_DIR}/{API_FIREWALL_UNIT}",
+        "ray_firewall_rules": RAY_FIREWALL_FILE,
+        "ray_firewall_unit": f"{SYSTEMD_DIR}/{RAY_FIREWALL_UNIT}",
     }
 
 
@@ -223,7 +270,7 @@ def _check_key(api_key: str) -> str:
 def secrets_env_content(resolved: dict[str, Any], api_key: str | None) -> str:
     """``secrets.env`` (0600 root:root). ``api_key=None`` gives the placeholder :func:`render` emits."""
     ref = describe_secret(resolved["server"].get("api_key"))
-    header = [HEADER.format(name=resolved["name"]), "Secret environment of vllm.service (mode 0600 root:root). vLLM reads VLLM_API_KEY."]
+    header = [HEADER.format(name=resolved["name"]), "Secret environment of the vLLM units of this deployment (mode 0600 root:root). vLLM reads VLLM_API_KEY."]
     if api_key is None:
         return env_file({}, header + [
             f"VLLM_API_KEY=<secret: {ref}>",
@@ -245,19 +292,6 @@ def nginx_auth_content(resolved: dict[str, Any], api_key: str | None) -> str:
     )
 
 
-# ---------------------------------------------------------------------------------------------
-# Layout: which target plays which role, with which address and rank
-
-
-@dataclass
-class _Node:
-    target: str
-    roles: set[str]
-    address: str | None = None  # None: unknown until deploy (role mode)
-    node_rank: int = 0
-    data: dict[str, Any] | None = None
-
-
 def _multi(resolved: dict[str, Any]) -> bool:
     return int(resolved["parallel"].get("nodes", 1)) > 1
 
@@ -266,86 +300,12 @@ def _backend(resolved: dict[str, Any]) -> str:
     return resolved["parallel"].get("backend", "mp")
 
 
-def _host_roles(host: str, groups: Iterable[str]) -> set[str]:
-    roles = set()
-    for g in groups:
-        role = GROUP_ROLES.get(g.replace("-", "_"))
-        if role:
-            roles.add(role)
-    return roles
-
-
-def _layout(resolved: dict[str, Any], inventory: dict[str, dict[str, Any]] | None) -> list[_Node]:
-    par = resolved["parallel"]
-    multi, backend = _multi(resolved), _backend(resolved)
-    proxy_on = resolved["proxy"].get("enabled", True)
-    monitoring_on = bool((resolved.get("monitoring") or {}).get("enabled"))
-    ray_multi = multi and backend == "ray"
-    if inventory is None:
-        out = [_Node("server", {"server"}, par.get("head_address") if multi else None)]
-        if ray_multi:
-            out.append(_Node("ray-head", {"ray-head"}, par.get("head_address")))
-            out.append(_Node("ray-worker", {"ray-worker"}, None, 1))
-        elif multi:
-            out.append(_Node("worker", {"worker"}, None, 1))
-        if proxy_on:
-            out.append(_Node("proxy", {"proxy"}))
-        if monitoring_on:
-            out.append(_Node("monitoring", {"monitoring"}))
-        return out
-
-    out: list[_Node] = []
-    known = ", ".join(sorted(GROUP_ROLES))
-    for host, h in inventory.items():
-        roles = _host_roles(host, h.get("groups", []))
-        if roles:
-            out.append(_Node(host, roles, str(h.get("address") or host), 0, dict(h.get("data") or {})))
-    servers = [n for n in out if "server" in n.roles]
-    workers = [n for n in out if "worker" in n.roles]
-    if not servers:
-        raise RenderError(f"inventory: no host in a server group (groups that give roles: {known})")
-    if not proxy_on:
-        for n in out:
-            n.roles.discard("proxy")
-    if not monitoring_on:
-        for n in out:
-            n.roles.discard("monitoring")
-        out = [n for n in out if n.roles]
-    elif not any("monitoring" in n.roles for n in out):
-        raise RenderError("monitoring.enabled is true but no inventory host is in the `monitoring` group: add one (it runs Prometheus)")
-    if multi:
-        if len(servers) != 1:
-            raise RenderError(f"inventory: a {par['nodes']}-node server has exactly one head host in the `server` group, found {len(servers)}: {', '.join(n.target for n in servers)}")
-        head = servers[0]
-        if head.address != par.get("head_address"):
-            raise RenderError(f"parallel.head_address is {par.get('head_address')} but the server host {head.target} has address {head.address}: make them the same (VLLM_HOST_IP must be the address Ray registered)")
-        if 1 + len(workers) != int(par["nodes"]):
-            raise RenderError(f"parallel.nodes is {par['nodes']} but the inventory has 1 server and {len(workers)} worker host(s): list {int(par['nodes']) - 1} host(s) in the `workers` group")
-        if ray_multi:
-            head.roles.add("ray-head")
-        for rank, w in enumerate(workers, start=1):
-            w.node_rank = rank
-            if "server" in w.roles:
-                raise RenderError(f"inventory: host {w.target} is both the server and a worker")
-            if ray_multi:
-                w.roles.discard("worker")
-                w.roles.add("ray-worker")
-    else:
-        # A single-node spec leaves hosts that are only in a workers group alone (an inventory,
-        # such as the lab's, may list workers for other, multi-node deployments).
-        for w in workers:
-            w.roles.discard("worker")
-    if proxy_on and not any("proxy" in n.roles for n in out):
-        for s in servers:  # no proxy group: nginx runs on each server host
-            s.roles.add("proxy")
-    return out
-
-
 # ---------------------------------------------------------------------------------------------
 # File builders
 
 
 def _common(resolved: dict[str, Any]) -> dict[str, Any]:
+    """Template values every unit of the deployment shares."""
     ins, srv = resolved["install"], resolved["server"]
     return {
         "header": HEADER.format(name=resolved["name"]),
@@ -373,25 +333,17 @@ def _vllm_env_file(resolved: dict[str, Any]) -> RenderedFile:
     return RenderedFile(content, 0o640, "root", resolved["server"]["user"])
 
 
-def _omp_bind(cpu_count: int | None, ranks: int) -> str:
-    """VLLM_CPU_OMP_THREADS_BIND: one CPU range per rank, '|'-separated (e.g. "0-3|4-7")."""
-    if not cpu_count or cpu_count < ranks:
-        return "|".join(str(i) for i in range(ranks))
-    per = cpu_count // ranks
-    return "|".join(f"{i * per}-{(i + 1) * per - 1}" if per > 1 else str(i * per) for i in range(ranks))
-
-
-def _node_env_file(resolved: dict[str, Any], node: _Node) -> RenderedFile:
+def _node_env_file(resolved: dict[str, Any], node: Node) -> RenderedFile:
     par, data = resolved["parallel"], node.data or {}
     comments = [HEADER.format(name=resolved["name"]), f"Per-host environment ({node.target})."]
     values: dict[str, str] = {}
     if _multi(resolved):
-        if node.address:
-            values["NODE_IP"] = node.address
-            values["VLLM_HOST_IP"] = node.address
+        if node.private:
+            values["NODE_IP"] = node.private
+            values["VLLM_HOST_IP"] = node.private
         else:
             comments += [
-                "NODE_IP=<this node's private address: written by the deploy from inventory host data `address`>",
+                "NODE_IP=<this node's private address: written by the deploy from inventory host data `private_address`>",
                 "VLLM_HOST_IP=<the same address: unique per node, equal to what Ray registers>",
             ]
         ifname = data.get("socket_ifname") or par.get("socket_ifname")
@@ -403,32 +355,56 @@ def _node_env_file(resolved: dict[str, Any], node: _Node) -> RenderedFile:
                 "GLOO_SOCKET_IFNAME=<detected by the deploy: the one interface holding NODE_IP (or set parallel.socket_ifname)>",
                 "NCCL_SOCKET_IFNAME=<the same interface>",
             ]
-    ranks = world_size_per_node(resolved)
-    if resolved["install"]["accelerator"] == "cpu" and ranks > 1 and node.roles & {"server", "worker", "ray-head", "ray-worker"}:
-        cpus = data.get("cpu_count")
-        values["VLLM_CPU_OMP_THREADS_BIND"] = _omp_bind(int(cpus) if cpus else None, ranks)
-        if not cpus:
-            comments.append("VLLM_CPU_OMP_THREADS_BIND: one core per rank (host data `cpu_count` gives an even split)")
+        # Multi-node: one instance per node, and every node's processes (Ray workers too) need
+        # the binding when the node starts, so it is per host here, not per instance.
+        inst = node.instances[0] if node.instances else None
+        ranks = world_size_per_node(resolved)
+        if resolved["install"]["accelerator"] == "cpu" and ranks > 1 and node.roles & SERVICE_PARTS:
+            cpus = data.get("cpu_count")
+            values["VLLM_CPU_OMP_THREADS_BIND"] = inst.cpus if inst and inst.cpus else _cpu_sets(int(cpus) if cpus else None, 1, ranks)[0]
+            if not cpus:
+                comments.append("VLLM_CPU_OMP_THREADS_BIND: one core per rank (host data `cpu_count` gives an even split)")
+        if inst and inst.gpu_ids:
+            values["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in inst.gpu_ids)
     if not values and len(comments) == 2:
-        comments.append("Single node: nothing host-specific.")
+        comments.append("Single node: nothing host-specific (each replica's own settings are in its replica-N.env).")
     return RenderedFile(env_file(values, comments), 0o640, "root", resolved["server"]["user"])
 
 
-def _expected_addresses(nodes: list[_Node]) -> list[str]:
+def _instance_env_file(resolved: dict[str, Any], inst: Instance) -> RenderedFile:
+    """``replica-N.env``: what one instance has to itself: its GPUs or cores and state dirs."""
+    values: dict[str, str] = {}
+    if not _multi(resolved):
+        if inst.gpu_ids is not None:
+            values["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in inst.gpu_ids)
+        if inst.cpus is not None and resolved["install"]["accelerator"] == "cpu":
+            values["VLLM_CPU_OMP_THREADS_BIND"] = inst.cpus
+    values.update(state_env(inst.state_dir))
+    # The spec's own env wins, as in vllm.env, except over the layout's split of the host's cores
+    # between replicas and ranks (sharing cores is what the split is there to prevent).
+    user = {k: v for k, v in (resolved.get("env") or {}).items() if k in values and k != "VLLM_CPU_OMP_THREADS_BIND"}
+    values.update(user)
+    comments = [HEADER.format(name=resolved["name"]),
+                f"Replica {inst.index} ({inst.unit}, port {inst.port}): its own devices or cores and state directories; read after vllm.env and node.env."]
+    return RenderedFile(env_file(values, comments), 0o640, "root", resolved["server"]["user"])
+
+
+def _expected_addresses(nodes: list[Node]) -> list[str]:
     out: list[str] = []
     for n in nodes:
-        if n.address and n.roles & {"ray-head", "ray-worker"} and n.address not in out:
-            out.append(n.address)
+        if n.private and n.roles & {"ray-head", "ray-worker"} and n.private not in out:
+            out.append(n.private)
     return out
 
 
-def _vllm_unit(resolved: dict[str, Any], node: _Node, all_nodes: list[_Node]) -> tuple[RenderedFile, RenderedFile | None]:
+def _vllm_unit(resolved: dict[str, Any], node: Node, inst: Instance, all_nodes: list[Node]) -> tuple[RenderedFile, RenderedFile | None]:
     p = paths(resolved)
     par = resolved["parallel"]
-    worker = "worker" in node.roles and "server" not in node.roles
-    argv = vllm_argv(resolved, role="worker" if worker else "server", node_rank=node.node_rank)
+    worker = inst.role == "worker"
+    mine = {**resolved, "server": {**resolved["server"], "port": inst.port}}
+    argv = vllm_argv(mine, role="worker" if worker else "server", node_rank=inst.node_rank)
     ray_head = _multi(resolved) and _backend(resolved) == "ray" and not worker
-    env_files = [p["vllm_env"], p["node_env"]]
+    env_files = [p["vllm_env"], p["node_env"], inst.env_file]
     if not worker:
         env_files.append(p["secrets_env"])
     after, requires, pre, environment = [], [], [], []
@@ -446,14 +422,15 @@ def _vllm_unit(resolved: dict[str, Any], node: _Node, all_nodes: list[_Node]) ->
         pre.append(systemd_command(cmd))
         wait = RenderedFile((TEMPLATES / "wait-ray-cluster.py").read_text(), 0o755)
     if worker:
-        role_text = f"headless node rank {node.node_rank} of {par['nodes']}"
+        role_text = f"headless node rank {inst.node_rank} of {par['nodes']}"
     elif _multi(resolved):
         role_text = f"API server, node rank 0 of {par['nodes']} ({_backend(resolved)})"
     else:
-        role_text = "API server"
+        role_text = f"API server, replica {inst.index} on port {inst.port}"
     content = _template(
         "vllm.service.j2",
         **_common(resolved),
+        working_directory=inst.state_dir,
         served_name=resolved["model"]["served_name"],
         role_text=role_text,
         after=after,
@@ -465,7 +442,7 @@ def _vllm_unit(resolved: dict[str, Any], node: _Node, all_nodes: list[_Node]) ->
         restart_always=ray_head,
         timeout_start=TIMEOUT_START,
         timeout_stop=TIMEOUT_STOP,
-        syslog_identifier=f"vllm-{resolved['name']}",
+        syslog_identifier=inst.unit.removesuffix(".service"),
         read_write_paths=_read_write_paths(resolved),
     )
     return RenderedFile(content, 0o644), wait
@@ -479,7 +456,7 @@ def ray_ports(resolved: dict[str, Any]) -> list[str]:
     return [str(p) for p in ports] + [f"{lo}-{hi}"]
 
 
-def _ray_unit(resolved: dict[str, Any], node: _Node) -> RenderedFile:
+def _ray_unit(resolved: dict[str, Any], node: Node) -> RenderedFile:
     p = paths(resolved)
     par, acc = resolved["parallel"], resolved["install"]["accelerator"]
     data = node.data or {}
@@ -515,6 +492,7 @@ def _ray_unit(resolved: dict[str, Any], node: _Node) -> RenderedFile:
         ray_role="head" if head else "worker",
         environment_files=[p["vllm_env"], p["node_env"]],
         exec_start=systemd_command(argv),
+        before=[i.unit for i in node.instances],
         timeout_start=RAY_TIMEOUT_START,
         timeout_stop=RAY_TIMEOUT_STOP,
         syslog_identifier=f"ray-{'head' if head else 'worker'}-{resolved['name']}",
@@ -531,30 +509,31 @@ def _upstream_params(resolved: dict[str, Any], down: bool = False) -> str:
     return out + (" down" if down else "")
 
 
-def _upstreams(resolved: dict[str, Any], node: _Node, all_nodes: list[_Node], with_inventory: bool) -> list[str]:
-    port = resolved["server"]["port"]
-    if not with_inventory:
-        return [f"127.0.0.1:{port}" + _upstream_params(resolved)]
+def _upstreams(resolved: dict[str, Any], node: Node, all_nodes: list[Node], with_inventory: bool) -> list[str]:
+    """Every instance of the deployment on every host: local ones at 127.0.0.1, the others at
+    their host's private address."""
     out = []
+    loopback = resolved["server"]["host"] in ("127.0.0.1", "localhost", "::1")
     for s in all_nodes:
-        if "server" not in s.roles:
-            continue
-        params = _upstream_params(resolved, bool((s.data or {}).get("upstream_down")))
-        if s.target == node.target:
-            out.append(f"127.0.0.1:{port}{params}")
-            continue
-        if resolved["server"]["host"] in ("127.0.0.1", "localhost", "::1"):
-            raise RenderError(
-                f"the proxy on {node.target} must reach vLLM on {s.target}, but server.host is {resolved['server']['host']} "
-                f"(vLLM listens only locally): set server.host: 0.0.0.0 (and firewall port {port}), or put the proxy on the server host"
-            )
-        out.append(f"{s.address}:{port}{params}")
+        for inst in s.instances:
+            if inst.role != "server":
+                continue
+            params = _upstream_params(resolved, inst.down)
+            if not with_inventory or s.target == node.target:
+                out.append(f"127.0.0.1:{inst.port}{params}")
+                continue
+            if loopback:
+                raise RenderError(
+                    f"the proxy on {node.target} must reach vLLM on {s.target}, but server.host is {resolved['server']['host']} "
+                    f"(vLLM listens only locally): set server.host: 0.0.0.0 (and firewall port {inst.port}), or put the proxy on the server host"
+                )
+            out.append(f"{inst.address}:{inst.port}{params}")
     if out and all(u.endswith(" down") for u in out):
-        raise RenderError(f"the proxy on {node.target} would have every replica marked down (upstream_down): keep at least one in")
+        raise RenderError(f"the proxy on {node.target} would have every replica marked down (upstream_down; deployment {resolved['name']}): keep at least one in")
     return out
 
 
-def _nginx_site(resolved: dict[str, Any], node: _Node, all_nodes: list[_Node], with_inventory: bool) -> RenderedFile:
+def _nginx_site(resolved: dict[str, Any], node: Node, all_nodes: list[Node], with_inventory: bool) -> RenderedFile:
     prx, p = resolved["proxy"], paths(resolved)
     tls = bool((prx.get("tls") or {}).get("enabled"))
     content = _template(
@@ -584,12 +563,12 @@ def _nginx_site(resolved: dict[str, Any], node: _Node, all_nodes: list[_Node], w
         metrics_allow=prx.get("metrics_allow") or [],
         # /metrics of THIS host's vLLM when it runs one (the upstream may balance over several
         # replicas, whose counters must not be mixed in one scrape target)
-        metrics_upstream=f"127.0.0.1:{resolved['server']['port']}" if "server" in node.roles else f"vllm_fleet_{_safe_ident(resolved['name'])}",
+        metrics_upstream=f"127.0.0.1:{node.instances[0].port}" if "server" in node.roles and node.instances else f"vllm_fleet_{_safe_ident(resolved['name'])}",
     )
     return RenderedFile(content, 0o644)
 
 
-def client_settings(resolved: dict[str, Any], nodes: list[_Node] | None = None) -> dict[str, Any]:
+def client_settings(resolved: dict[str, Any], nodes: list[Node] | None = None) -> dict[str, Any]:
     """OpenAI-compatible client settings (base_url, model, where the key is), as a dict."""
     prx, srv = resolved["proxy"], resolved["server"]
     nodes = nodes or []
@@ -617,12 +596,14 @@ def client_settings(resolved: dict[str, Any], nodes: list[_Node] | None = None) 
     }
 
 
-def _client_files(resolved: dict[str, Any], nodes: list[_Node] | None) -> dict[str, RenderedFile]:
+def _client_files(resolved: dict[str, Any], nodes: list[Node] | None) -> dict[str, RenderedFile]:
     p = paths(resolved)
     s = client_settings(resolved, nodes)
     ref = resolved["server"].get("api_key") or {}
     if "file" in ref:
-        how = f'export OPENAI_API_KEY="$(cat {ref["file"]})"'
+        f = ref["file"]
+        f = "~/" + shlex.quote(f[2:]) if f.startswith("~/") else shlex.quote(f)
+        how = f'export OPENAI_API_KEY="$(cat {f})"'
     elif "env" in ref:
         how = f'export OPENAI_API_KEY="${ref["env"]}"'
     else:
@@ -646,16 +627,16 @@ def _add(files: dict[str, RenderedFile], path: str, f: RenderedFile, target: str
     files[path] = f
 
 
-def _node_files(resolved: dict[str, Any], node: _Node, all_nodes: list[_Node], with_inventory: bool) -> dict[str, RenderedFile]:
+def _node_files(resolved: dict[str, Any], node: Node, all_nodes: list[Node], with_inventory: bool) -> dict[str, RenderedFile]:
     p = paths(resolved)
     files: dict[str, RenderedFile] = {}
-    service_roles = node.roles & {"server", "worker", "ray-head", "ray-worker"}
-    if service_roles:
+    if node.roles & SERVICE_PARTS:
         _add(files, p["vllm_env"], _vllm_env_file(resolved), node.target)
         _add(files, p["node_env"], _node_env_file(resolved, node), node.target)
-    if node.roles & {"server", "worker"}:
-        unit, wait = _vllm_unit(resolved, node, all_nodes)
-        _add(files, p["vllm_unit"], unit, node.target)
+    for inst in node.instances:
+        unit, wait = _vllm_unit(resolved, node, inst, all_nodes)
+        _add(files, f"{SYSTEMD_DIR}/{inst.unit}", unit, node.target)
+        _add(files, inst.env_file, _instance_env_file(resolved, inst), node.target)
         if wait:
             _add(files, p["wait_ray"], wait, node.target)
     if "server" in node.roles:
@@ -673,23 +654,97 @@ def _node_files(resolved: dict[str, Any], node: _Node, all_nodes: list[_Node], w
     return files
 
 
+# ---------------------------------------------------------------------------------------------
+# Per-host files over every deployment there: the firewalls
+
+
+def _data(h: HostLayout, key: str) -> Any:
+    return h.data.get(key, HOST_DATA_DEFAULTS[key])
+
+
+def api_firewall_files(layout: Layout, h: HostLayout) -> dict[str, RenderedFile]:
+    """vLLM listening beyond loopback behind a proxy: its ports only from the proxy hosts (their
+    private addresses), loopback and host data ``vllm_api_firewall_allow``; one nftables table."""
+    ports: list[int] = []
+    allow: list[str] = []
+    names: list[str] = []
+    for dep, node in h.parts.items():
+        r = layout.deployments[dep]
+        srv = r["server"]
+        if not node.instances or srv["host"] in ("127.0.0.1", "::1", "localhost") or not r["proxy"]["enabled"]:
+            continue
+        names.append(dep)
+        ports += [i.port for i in node.instances if i.role == "server"]
+        allow += [str(layout.hosts[name].private_address) for name in layout.hosts_with("proxy", dep)]
+    if not ports or not layout.with_inventory or not _data(h, "vllm_api_firewall"):
+        return {}
+    addrs = firewall_addresses([*allow, *(_data(h, "vllm_api_firewall_allow") or [])], f"{h.name}: API firewall") or ["127.0.0.1"]
+    header = HEADER.format(name=", ".join(names))
+    rules = _template("api-firewall.nft.j2", header=header, table=API_FIREWALL_TABLE, allow=addrs, ports=sorted(set(ports)))
+    units = [i.unit for i in h.instances]
+    unit = _template("api-firewall.service.j2", header=header, table=API_FIREWALL_TABLE, rules=API_FIREWALL_FILE, before=units)
+    return {API_FIREWALL_FILE: RenderedFile(rules, 0o644), f"{SYSTEMD_DIR}/{API_FIREWALL_UNIT}": RenderedFile(unit, 0o644)}
+
+
+def ray_firewall_files(layout: Layout, h: HostLayout) -> dict[str, RenderedFile]:
+    """Ray's ports (no authentication) only from the cluster's own private addresses (+ host
+    data ``ray_firewall_allow``)."""
+    deps = [dep for dep, n in h.parts.items() if n.roles & {"ray-head", "ray-worker"}]
+    if not deps or not layout.with_inventory or not _data(h, "ray_firewall"):
+        return {}
+    r = layout.deployments[deps[0]]
+    cluster = [str(n.private) for n in layout.nodes(deps[0]) if n.roles & {"ray-head", "ray-worker"}]
+    addrs = firewall_addresses([*cluster, *(_data(h, "ray_firewall_allow") or [])], f"{h.name}: Ray firewall")
+    header = HEADER.format(name=r["name"])
+    rules = _template("ray-firewall.nft.j2", header=header, table=RAY_FIREWALL_TABLE, allow=addrs, ports=ray_ports(r))
+    unit = _template("ray-firewall.service.j2", header=header, table=RAY_FIREWALL_TABLE, rules=RAY_FIREWALL_FILE)
+    return {RAY_FIREWALL_FILE: RenderedFile(rules, 0o644), f"{SYSTEMD_DIR}/{RAY_FIREWALL_UNIT}": RenderedFile(unit, 0o644)}
+
+
+def fill_files(layout: Layout) -> None:
+    """Every host's files and secrets, and the control machine's (called by layout.build)."""
+    for h in layout.hosts.values():
+        files: dict[str, RenderedFile] = {}
+        for dep, node in h.parts.items():
+            r = layout.deployments[dep]
+            nodes = layout.nodes(dep)
+            for path, f in _node_files(r, node, nodes, layout.with_inventory).items():
+                _add(files, path, f, h.name)
+            p = paths(r)
+            if "server" in node.roles and r["server"].get("api_key"):
+                h.secrets.append(Secret(dep, "api_key", (p["secrets_env"],)))
+            if "proxy" in node.roles and r["proxy"].get("auth", "api_key") == "api_key":
+                h.secrets.append(Secret(dep, "api_key", (p["nginx_auth"],)))
+            if node.roles & SERVICE_PARTS and r["model"].get("hub_token"):
+                h.secrets.append(Secret(dep, "hub_token"))
+        for path, f in {**api_firewall_files(layout, h), **ray_firewall_files(layout, h)}.items():
+            _add(files, path, f, h.name)
+        h.files = files
+    for dep, r in layout.deployments.items():
+        for path, f in _client_files(r, layout.nodes(dep) if layout.with_inventory else None).items():
+            _add(layout.client, path, f, "client")
+
+
+def render_many(specs: list[dict[str, Any]], inventory_hosts: dict[str, dict[str, Any]] | None = None, **kw: Any) -> dict[str, dict[str, RenderedFile]]:
+    """:func:`render` of several deployments on one fleet (checked against each other)."""
+    from .layout import LayoutError, build
+
+    try:
+        return build(specs, inventory_hosts, **kw).files()
+    except LayoutError as exc:
+        raise RenderError(str(exc)) from None
+
+
 def render(resolved: dict[str, Any], inventory_hosts: dict[str, dict[str, Any]] | None = None) -> dict[str, dict[str, RenderedFile]]:
-    """Every file of the deployment, per role (no inventory) or per host (with one).
+    """Every file of the deployment, per part (no inventory) or per host (with one).
 
     The ``client`` target (files for the control machine) is always present.
     """
-    nodes = _layout(resolved, inventory_hosts)
-    out: dict[str, dict[str, RenderedFile]] = {}
-    for node in nodes:
-        files = _node_files(resolved, node, nodes, inventory_hosts is not None)
-        if files:
-            out[node.target] = files
-    if "client" in out:
-        raise RenderError("inventory: `client` is reserved for the control machine's files; rename that host")
-    out["client"] = _client_files(resolved, nodes if inventory_hosts is not None else None)
-    return out
+    return render_many([resolved], inventory_hosts)
 
 
 def roles_of(resolved: dict[str, Any], inventory_hosts: dict[str, dict[str, Any]]) -> dict[str, list[str]]:
-    """{host: sorted roles} as render sees the inventory (for the deploy scripts and docs)."""
-    return {n.target: sorted(n.roles) for n in _layout(resolved, inventory_hosts)}
+    """{host: sorted parts} of one deployment, as the layout sees the inventory."""
+    from .layout import build
+
+    return {name: sorted(h.roles(resolved["name"])) for name, h in build([resolved], inventory_hosts).hosts.items() if h.parts}

@@ -1,16 +1,17 @@
 """Rolling update of the replicas behind one nginx: `vllm-fleet rollout INVENTORY --spec SPEC`.
 
-The replicas are the hosts of the inventory's server group (``servers``), in the inventory's
-order; batches of ``--batch-size`` (or ``--batch-percent``, or the spec's ``rollout`` section).
+The replicas are the deployment's vLLM instances as the layout (:mod:`vllm_fleet.layout`) puts
+them on the inventory: ``HOST:N``, hosts in inventory order, then by index; batches of
+``--batch-size`` instances (or ``--batch-percent``, or the spec's ``rollout`` section).
 For each batch, each step a run of the packaged deploy ``vllm_fleet.deploys.rollout:rollout_step``
 (what the checkout's ``deploys/rollout.py`` calls) through pyinfra (``--limit``):
 
 1. ``upstream`` on the proxy hosts: the batch marked ``down`` in the nginx upstream, ``nginx -t``,
    reload, wait until the old nginx workers (which finish in-flight requests, and for a moment
    still take new ones) have exited;
-2. ``update`` on the batch: wait until vLLM reports no running/waiting request, then the serve
-   deploy's server part (restart when something changed, wait for /health), then a smoke test
-   of the replica itself;
+2. ``update`` on the batch's hosts (only the batch's instances are restarted): wait until each
+   reports no running/waiting request, then the serve deploy's server part (restart when what it
+   runs changed, wait for /health), then a smoke test of each instance itself;
 3. ``upstream`` on the proxy hosts: the batch back in.
 
 The first failed step stops the rollout: the batch stays out of the upstream, the replicas not
@@ -30,7 +31,6 @@ import json
 import math
 import os
 import re
-import runpy
 import subprocess
 import sys
 import time
@@ -38,7 +38,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from .render import GROUP_ROLES
 
 STATE_DIR = "~/.cache/vllm-fleet/rollout"  # per deployment: <name>.json (replicas left out) and logs
 #: The step pyinfra runs, as a function of the installed package (works from any directory).
@@ -82,28 +81,23 @@ def plan_batches(servers: list[str], size: int, first: list[str] | None = None) 
     return batches
 
 
-def server_order(inventory_path: str) -> tuple[list[str], list[str], dict[str, dict[str, Any]]]:
-    """(servers in the inventory's order, proxy hosts, {host: {address, groups, data}})."""
+def server_order(inventory_path: str, spec: dict[str, Any] | None = None) -> tuple[list[str], list[str], dict[str, dict[str, Any]]]:
+    """(instance ids ``HOST:N`` in the layout's order, proxy hosts, {host: {address, groups, data}})."""
     from .inventory import load_inventory
+    from .layout import LayoutError, build
 
     hosts = load_inventory(inventory_path)
-    module = runpy.run_path(inventory_path)
-    servers: list[str] = []
-    proxies: list[str] = []
-    for group, value in module.items():
-        if group.startswith("_"):
-            continue
-        if isinstance(value, tuple) and len(value) == 2 and isinstance(value[0], list):
-            value = value[0]
-        if not isinstance(value, list):
-            continue
-        role = GROUP_ROLES.get(group.replace("-", "_"))
-        names = [e if isinstance(e, str) else e[0] for e in value if isinstance(e, (str, tuple))]
-        if role == "server":
-            servers += [n for n in names if n not in servers]
-        elif role == "proxy":
-            proxies += [n for n in names if n not in proxies]
-    return servers, proxies, hosts
+    if spec is None:
+        raise RolloutError("server_order needs the resolved spec")
+    try:
+        layout = build([spec], hosts)
+    except LayoutError as exc:
+        raise RolloutError(f"{inventory_path}: {exc}") from None
+    return [i.id for i in layout.instances(spec["name"]) if i.role == "server"], layout.hosts_with("proxy", spec["name"]), hosts
+
+
+def _host_of(instance: str) -> str:
+    return instance.rsplit(":", 1)[0]
 
 
 @dataclass
@@ -157,11 +151,12 @@ class Rollout:
                  drain_timeout: float | None = None, pyinfra: str | None = None, cwd: str | None = None,
                  state_dir: str = STATE_DIR, say: Callable[[str], None] = print,
                  runner: Callable[[list[str], dict[str, str]], tuple[int, str]] | None = None):
-        from .spec import SpecError, load_and_check
+        from .pipeline import load_checked
+        from .spec import SpecError
 
         self.inventory, self.spec_path, self.say = inventory, spec_path, say
         try:
-            self.spec, _ = load_and_check(spec_path)
+            self.spec, _, _ = load_checked(spec_path)
         except SpecError as exc:
             text = "\n".join(f"  {p.format()}" for p in exc.problems if p.severity == "error")
             raise RolloutError(f"{spec_path}: the spec has errors:\n{text}") from None
@@ -171,13 +166,13 @@ class Rollout:
         if not self.spec["proxy"]["enabled"]:
             raise RolloutError(f"{spec_path}: proxy.enabled is false: a rollout takes replicas out of the nginx upstream, there is none")
         try:
-            self.servers, self.proxies, self.hosts = server_order(inventory)
+            self.servers, self.proxies, self.hosts = server_order(inventory, self.spec)
+        except RolloutError:
+            raise
         except Exception as exc:  # InventoryError, or a user file that fails
             raise RolloutError(str(exc)) from None
         if not self.servers:
-            raise RolloutError(f"{inventory}: no host in a server group (`servers`)")
-        if not self.proxies:
-            self.proxies = list(self.servers)  # no proxy group: nginx runs on each server host
+            raise RolloutError(f"{inventory}: no vLLM instance of {self.spec['name']} (a host in the `servers` group)")
         if size is None and percent is None:
             percent = ro.get("batch_percent")
             size = None if percent is not None else ro["batch_size"]
@@ -214,9 +209,11 @@ class Rollout:
         r = subprocess.run(argv, cwd=self.cwd, env=env, capture_output=True, text=True, stdin=subprocess.DEVNULL)
         return r.returncode, r.stdout + r.stderr
 
-    def _step(self, result: RolloutResult, index: int, step: str, limit: list[str], down: list[str], log: Path) -> Step:
+    def _step(self, result: RolloutResult, index: int, step: str, limit: list[str], down: list[str], log: Path,
+              update: list[str] | None = None) -> Step:
         env = {**os.environ, "VLLM_FLEET_SPEC": os.path.abspath(self.spec_path), "VLLM_FLEET_ROLLOUT_STEP": step,
-               "VLLM_FLEET_UPSTREAM_DOWN": ",".join(down), "VLLM_FLEET_DRAIN_TIMEOUT": str(self.drain_timeout)}
+               "VLLM_FLEET_UPSTREAM_DOWN": ",".join(down), "VLLM_FLEET_UPDATE": ",".join(update or []),
+               "VLLM_FLEET_DRAIN_TIMEOUT": str(self.drain_timeout)}
         argv = [self.pyinfra, "-y", self.inventory, DEPLOY]
         for h in limit:
             argv += ["--limit", h]
@@ -245,9 +242,10 @@ class Rollout:
                  f"drain at most {self.drain_timeout:.0f} s; log {log}")
         for i, batch in enumerate(self.batches, start=1):
             label = f"batch {i}/{n} ({', '.join(batch)})"
-            for step, limit, down in (("upstream", self.proxies, batch), ("update", batch, batch), ("upstream", self.proxies, [])):
+            batch_hosts = list(dict.fromkeys(_host_of(b) for b in batch))
+            for step, limit, down in (("upstream", self.proxies, batch), ("update", batch_hosts, batch), ("upstream", self.proxies, [])):
                 what = {"upstream": "out of the upstream" if down else "back into the upstream", "update": "drain, update, check"}[step]
-                s = self._step(result, i, step, limit, down, log)
+                s = self._step(result, i, step, limit, down, log, update=batch if step == "update" else None)
                 self.say(f"  {label}: {what}: {'ok' if s.ok else 'FAILED'} in {s.seconds:.1f} s"
                          + (f" ({s.detail})" if s.ok and s.detail else ""))
                 if not s.ok:
@@ -279,8 +277,8 @@ class Rollout:
         lines += [f"  serving: {', '.join(serving) or 'nothing!'} (updated: {', '.join(done) or 'none'}; "
                   f"not yet updated, old configuration: {', '.join(untouched) or 'none'})",
                   "  look:",
-                  *(f"    ssh {self.hosts.get(h, {}).get('address', h)} sudo journalctl -u vllm.service -n 100 --no-pager" for h in batch),
-                  f"    ssh {self.hosts.get(batch[0], {}).get('address', batch[0])} curl -s 127.0.0.1:{port}/health; full log: {log}",
+                  *(f"    ssh {self.hosts.get(_host_of(h), {}).get('address', _host_of(h))} sudo journalctl -u vllm-{result.name}-{h.rsplit(':', 1)[-1]}.service -n 100 --no-pager" for h in batch),
+                  f"    ssh {self.hosts.get(_host_of(batch[0]), {}).get('address', _host_of(batch[0]))} curl -s 127.0.0.1:{port + int(batch[0].rsplit(':', 1)[-1])}/health; full log: {log}",
                   "  then either:",
                   f"    fix the spec and run again:  vllm-fleet rollout {inv} --spec {spec}",
                   f"    (it updates {', '.join(batch)} first; they stay out of the upstream until they pass)",
@@ -297,7 +295,21 @@ def format_table(result: RolloutResult) -> str:
 
 
 def cmd_rollout(args: argparse.Namespace) -> int:
-    spec = args.spec or os.environ.get("VLLM_FLEET_SPEC") or "deployments/lab-tiny.yaml"
+    spec = args.spec
+    if not spec:  # the inventory's (vllm_fleet.specsource): one spec for all replicas
+        from .inventory import InventoryError, load_inventory
+        from .specsource import SpecSourceError, spec_source
+
+        try:
+            found = {spec_source(h["data"], n)[0] for n, h in load_inventory(args.inventory).items()}
+        except (InventoryError, SpecSourceError) as exc:
+            print(f"vllm-fleet rollout: {exc}; no host was changed", file=sys.stderr)
+            return 1
+        if len(found) != 1:
+            print(f"vllm-fleet rollout: the inventory's hosts name {len(found)} specs ({', '.join(sorted(found))}): "
+                  "give the one to roll out with --spec; no host was changed", file=sys.stderr)
+            return 1
+        spec = found.pop()
     try:
         ro = Rollout(args.inventory, spec, size=args.batch_size, percent=args.batch_percent,
                      drain_timeout=args.drain_timeout, say=(lambda m: print(m, file=sys.stderr)) if args.json else print)
@@ -305,9 +317,7 @@ def cmd_rollout(args: argparse.Namespace) -> int:
         print(f"vllm-fleet rollout: {exc}; no host was changed", file=sys.stderr)
         return 1
     if args.dry:
-        print(json.dumps({"replicas": ro.servers, "proxies": ro.proxies, "batches": ro.batches}, indent=2) if args.json else
-              "\n".join(f"batch {i}: {', '.join(b)}" for i, b in enumerate(ro.batches, start=1)))
-        return 0
+        return _dry(ro, args)
     result = ro.run()
     if args.json:
         print(json.dumps(result.as_dict(), indent=2))
@@ -316,14 +326,38 @@ def cmd_rollout(args: argparse.Namespace) -> int:
     return 0 if result.ok else 1
 
 
+def _dry(ro: Rollout, args: argparse.Namespace) -> int:
+    """The batches, and per batch what its update would change on its replicas (`vllm-fleet diff`'s
+    files and units, read over SSH; nothing is changed)."""
+    from .deploycmd import PlanError, plan
+    from .diff import diff_files, format_diff
+
+    try:
+        deployments, _ = plan(ro.inventory, ro.spec_path)
+    except PlanError as exc:
+        print("\n".join(f"vllm-fleet rollout: {line}" for line in exc.lines), file=sys.stderr)
+        return 1
+    # a batch is instances (HOST:N): the diff is of their hosts
+    per_batch = [diff_files(deployments, hosts=sorted({i.rsplit(':', 1)[0] for i in b})) for b in ro.batches]
+    if args.json:
+        print(json.dumps({"replicas": ro.servers, "proxies": ro.proxies, "batches": ro.batches,
+                          "changes": [{hd.host: sorted({f.path for f in hd.files}) + hd.units for hd in diffs} for diffs in per_batch]},
+                         indent=2))
+    else:
+        for i, (b, diffs) in enumerate(zip(ro.batches, per_batch), start=1):
+            print(f"batch {i}: {', '.join(b)}")
+            print("  " + format_diff(diffs).replace("\n", "\n  "))
+    return 2 if any(hd.error for diffs in per_batch for hd in diffs) else 0
+
+
 def add_cli(sub: Any) -> None:
     p = sub.add_parser("rollout", help="rolling update of the replicas behind nginx, batch by batch (docs/rollout.md)")
-    p.add_argument("inventory", metavar="INVENTORY", help="pyinfra inventory (.py); replicas: its `servers` group, in order")
-    p.add_argument("--spec", help="the new deployment spec (default: $VLLM_FLEET_SPEC or deployments/lab-tiny.yaml)")
+    p.add_argument("inventory", metavar="INVENTORY", help="pyinfra inventory (.py); replicas: the deployment's instances on its `servers` hosts, in order")
+    p.add_argument("--spec", help="the new deployment spec (default: the inventory's data vllm_fleet_spec, $VLLM_FLEET_SPEC; the lab: deployments/lab-tiny.yaml)")
     g = p.add_mutually_exclusive_group()
-    g.add_argument("--batch-size", type=int, help="replicas per batch (default: the spec's rollout.batch_size, 1)")
+    g.add_argument("--batch-size", type=int, help="instances per batch (default: the spec's rollout.batch_size, 1)")
     g.add_argument("--batch-percent", type=float, help="replicas per batch as a percentage, rounded down, at least 1")
     p.add_argument("--drain-timeout", type=float, help="seconds to wait for in-flight requests (default: rollout.drain_timeout)")
-    p.add_argument("--dry", action="store_true", help="print the batches and stop (no host is touched)")
+    p.add_argument("--dry", action="store_true", help="print the batches and what each would change (vllm-fleet diff's files; nothing is changed)")
     p.add_argument("--json", action="store_true", help="print the result as JSON (progress goes to stderr)")
     p.set_defaults(func=cmd_rollout)

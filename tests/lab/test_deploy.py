@@ -87,7 +87,7 @@ def _timings():
 def server(lab_hosts):
     """lab1 after a deploy from whatever state it is in (cold on a fresh lab)."""
     host = lab_hosts[0]
-    fresh = host.ssh("test -e /etc/systemd/system/vllm.service", user="root", check=False).returncode != 0
+    fresh = host.ssh("test -e /etc/systemd/system/vllm-lab-tiny-0.service", user="root", check=False).returncode != 0
     r = deploy()
     TIMINGS["cold_deploy_s" if fresh else "first_deploy_s"] = round(r.elapsed, 1)
     assert r.returncode == 0, "deploy failed:\n" + why(r)
@@ -97,10 +97,10 @@ def server(lab_hosts):
 
 
 def test_units_active_and_enabled(server):
-    for unit in ("vllm.service", "nginx.service"):
+    for unit in ("vllm-lab-tiny-0.service", "nginx.service"):
         assert server.ssh(f"systemctl is-active {unit}", user="root").stdout.strip() == "active"
         assert server.ssh(f"systemctl is-enabled {unit}", user="root").stdout.strip() == "enabled"
-    assert server.ssh("systemctl show -p User --value vllm.service", user="root").stdout.strip() == "vllm"
+    assert server.ssh("systemctl show -p User --value vllm-lab-tiny-0.service", user="root").stdout.strip() == "vllm"
     ps = server.ssh("ps -o user= -C python3,python | sort -u", user="root").stdout.split()
     assert "vllm" in ps
 
@@ -163,7 +163,7 @@ def test_api_key_is_nowhere_it_should_not_be(server):
     key = max(re.findall(r"[A-Za-z0-9]+", api_key()), key=len)
     assert len(key) >= 8
     assert key not in server.ssh("ps -eo args", user="root").stdout
-    assert key not in server.ssh("cat /etc/systemd/system/vllm.service /etc/vllm-fleet/lab-tiny/vllm.env", user="root").stdout
+    assert key not in server.ssh("cat /etc/systemd/system/vllm-lab-tiny-0.service /etc/vllm-fleet/lab-tiny/vllm.env", user="root").stdout
     assert key not in server.ssh("journalctl --no-pager -o cat", user="root", timeout=300).stdout
     # Every file holding the key is root-owned and not readable by anyone else.
     found = server.ssh(f"grep -rlF -- {key} /etc /opt /var/lib /run /tmp 2>/dev/null | xargs -r stat -c '%a %U %n'",
@@ -192,13 +192,13 @@ def test_spec_change_restarts_only_vllm(server, tmp_path):
     # (model.source and the key file are ~ paths: they resolve the same from any directory)
     changed = tmp_path / "lab-tiny.yaml"
     changed.write_text(yaml.safe_dump(spec))
-    vllm_before, nginx_before = main_pid(server, "vllm.service"), main_pid(server, "nginx.service")
+    vllm_before, nginx_before = main_pid(server, "vllm-lab-tiny-0.service"), main_pid(server, "nginx.service")
     try:
         r = deploy(changed)
         assert r.returncode == 0, why(r)
         ops = changed_ops(r.out)
-        assert any("vllm.service" in o for o in ops) and not any(o.startswith("nginx") for o in ops), ops
-        assert main_pid(server, "vllm.service") != vllm_before
+        assert any("vllm-lab-tiny-0.service" in o for o in ops) and not any(o.startswith("nginx") for o in ops), ops
+        assert main_pid(server, "vllm-lab-tiny-0.service") != vllm_before
         assert main_pid(server, "nginx.service") == nginx_before
         assert "--max-num-seqs 8" in server.ssh("ps -eo args", user="root").stdout
         assert "PASS  chat" in r.out
@@ -211,15 +211,15 @@ def test_spec_change_restarts_only_vllm(server, tmp_path):
 def test_bad_spec_touches_no_host(server, tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text(SPEC.read_text().replace("max_model_len: 512", "max_model_len: 512\n  servd_name: typo"))
-    before = server.ssh("sha256sum /etc/systemd/system/vllm.service /etc/vllm-fleet/lab-tiny/*.env; "
-                        "systemctl show -p MainPID --value vllm.service", user="root").stdout
+    before = server.ssh("sha256sum /etc/systemd/system/vllm-lab-tiny-0.service /etc/vllm-fleet/lab-tiny/*.env; "
+                        "systemctl show -p MainPID --value vllm-lab-tiny-0.service", user="root").stdout
     r = deploy(bad)
     assert r.returncode != 0
     out = r.stdout + r.stderr
     assert "model.servd_name" in out and "did you mean `served_name`" in out and "no host was changed" in out
     assert "Starting operation" not in out
-    after = server.ssh("sha256sum /etc/systemd/system/vllm.service /etc/vllm-fleet/lab-tiny/*.env; "
-                       "systemctl show -p MainPID --value vllm.service", user="root").stdout
+    after = server.ssh("sha256sum /etc/systemd/system/vllm-lab-tiny-0.service /etc/vllm-fleet/lab-tiny/*.env; "
+                       "systemctl show -p MainPID --value vllm-lab-tiny-0.service", user="root").stdout
     assert before == after
 
 

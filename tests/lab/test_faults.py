@@ -25,7 +25,7 @@ pytestmark = pytest.mark.lab
 
 TIMINGS: dict[str, float] = {}
 HEALTH_BOUND_S = 240  # restart-to-healthy on a busy 2-core machine (RestartSec=10 + the tiny model's start)
-FILES = ("/etc/systemd/system/vllm.service /etc/vllm-fleet/lab-tiny/vllm.env /etc/vllm-fleet/lab-tiny/secrets.env "
+FILES = ("/etc/systemd/system/vllm-lab-tiny-0.service /etc/vllm-fleet/lab-tiny/vllm.env /etc/vllm-fleet/lab-tiny/secrets.env "
          "/etc/nginx/conf.d/vllm-fleet-lab-tiny.conf /etc/nginx/vllm-fleet/lab-tiny-auth.conf")
 
 
@@ -46,7 +46,7 @@ def server(lab_hosts):
 
 
 def fingerprint(host) -> str:
-    return host.ssh(f"sha256sum {FILES}; systemctl show -p MainPID --value vllm.service nginx.service",
+    return host.ssh(f"sha256sum {FILES}; systemctl show -p MainPID --value vllm-lab-tiny-0.service nginx.service",
                     user="root").stdout
 
 
@@ -181,7 +181,7 @@ def test_no_disk_space_for_the_model_stops_before_any_change(server, tmp_path):
 # -- faults on a running service
 
 def test_killed_vllm_is_restarted_and_healthy_within_a_bound(server):
-    pid = main_pid(server, "vllm.service")
+    pid = main_pid(server, "vllm-lab-tiny-0.service")
     assert pid not in ("", "0")
     t0 = time.monotonic()
     server.ssh(f"kill -KILL {pid}", user="root")
@@ -193,15 +193,15 @@ def test_killed_vllm_is_restarted_and_healthy_within_a_bound(server):
     wait_healthy(server, HEALTH_BOUND_S)
     took = time.monotonic() - t0  # from the kill to the first 200
     TIMINGS["kill9_to_healthy_s"] = round(took, 1)
-    new = main_pid(server, "vllm.service")
+    new = main_pid(server, "vllm-lab-tiny-0.service")
     assert new not in ("", "0", pid)
-    assert server.ssh("systemctl show -p NRestarts --value vllm.service", user="root").stdout.strip() != "0"
+    assert server.ssh("systemctl show -p NRestarts --value vllm-lab-tiny-0.service", user="root").stdout.strip() != "0"
     assert took < HEALTH_BOUND_S
 
 
 def unit_references_exist(host) -> None:
     """Every file the unit names (EnvironmentFile, ExecStart's program, WorkingDirectory) exists."""
-    text = host.ssh("cat /etc/systemd/system/vllm.service", user="root").stdout
+    text = host.ssh("cat /etc/systemd/system/vllm-lab-tiny-0.service", user="root").stdout
     paths = re.findall(r"^EnvironmentFile=-?(\S+)", text, re.M)
     paths += [re.search(r"^ExecStart=(\S+)", text, re.M).group(1)]
     paths += re.findall(r"^WorkingDirectory=(\S+)", text, re.M)
@@ -260,7 +260,7 @@ def test_reboot_everything_comes_back(server):
         raise AssertionError("lab1 did not come back within 300 s")
     wait_healthy(server, 600)
     TIMINGS["reboot_to_healthy_s"] = round(time.monotonic() - t0, 1)
-    for unit in ("vllm.service", "nginx.service"):
+    for unit in ("vllm-lab-tiny-0.service", "nginx.service"):
         assert server.ssh(f"systemctl is-enabled {unit}", user="root").stdout.strip() == "enabled"
         assert server.ssh(f"systemctl is-active {unit}", user="root").stdout.strip() == "active"
     r = deploy()
@@ -268,5 +268,5 @@ def test_reboot_everything_comes_back(server):
     total = grand_total(r.out)
     assert total["changed"] == "-" and total["error"] == "-", (
         total, changed_ops(r.out),
-        server.ssh("systemctl status --no-pager -n 30 vllm.service nginx.service", user="root", check=False).stdout[-3000:])
+        server.ssh("systemctl status --no-pager -n 30 vllm-lab-tiny-0.service nginx.service", user="root", check=False).stdout[-3000:])
     assert "PASS  chat" in r.out and "FAIL" not in r.out

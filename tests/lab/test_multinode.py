@@ -7,7 +7,7 @@ closed from outside the cluster (lab3 when the lab has it, and the control machi
 faults: the worker's Ray unit stopped (unhealthy within a bound, healthy again when it is back),
 the head started without the worker (the cluster wait fails naming the missing node).
 
-lab1 runs the single-node deployment of test_deploy.py before this module (same vllm.service,
+lab1 runs the single-node deployment of test_deploy.py before this module (its own vllm-lab-tiny-0.service,
 nginx default server): the module sets it aside first and deploys lab-tiny again at the end.
 """
 
@@ -78,6 +78,9 @@ def cluster(three_hosts, tmp_path_factory):
     # One deployment per host: set lab-tiny's nginx site aside (both claim the default server).
     had_single = head.ssh("test -e /etc/nginx/conf.d/vllm-fleet-lab-tiny.conf", user="root", check=False).returncode == 0
     head.ssh("rm -f /etc/nginx/conf.d/vllm-fleet-lab-tiny.conf", user="root")
+    # ...and its vLLM (its own unit now, on the port the head's vLLM takes); lab-tiny's redeploy
+    # at the end starts it again.
+    head.ssh("systemctl disable --now vllm-lab-tiny-0.service", user="root", check=False)
     fresh = worker.ssh("test -e /opt/vllm-fleet/lab-tiny-pp2/env/bin/ray", user="root", check=False).returncode != 0
     try:
         r = deploy(path)
@@ -90,7 +93,7 @@ def cluster(three_hosts, tmp_path_factory):
     finally:
         # Teardown, also when the deploy above failed: the 2-node service off, lab-tiny back on
         # lab1 as test_deploy left it (later lab tests deploy lab-tiny and expect its site alone).
-        head.ssh("systemctl disable --now vllm.service ray-head.service vllm-fleet-ray-firewall.service; "
+        head.ssh("systemctl disable --now vllm-lab-tiny-pp2-0.service ray-head.service vllm-fleet-ray-firewall.service; "
                  "rm -f /etc/nginx/conf.d/vllm-fleet-lab-tiny-pp2.conf; systemctl reload nginx || true", user="root", check=False)
         worker.ssh("systemctl disable --now ray-worker.service vllm-fleet-ray-firewall.service", user="root", check=False)
         (REPO / ".pytest_cache").mkdir(exist_ok=True)
@@ -176,25 +179,25 @@ def test_worker_down_unhealthy_then_recovers(cluster):
 
 def test_head_without_worker_times_out_naming_it(cluster):
     head, worker = cluster["head"], cluster["worker"]
-    drop_in = "/run/systemd/system/vllm.service.d/zz-test-short-wait.conf"
+    drop_in = "/run/systemd/system/vllm-lab-tiny-pp2-0.service.d/zz-test-short-wait.conf"
     worker.ssh("systemctl stop ray-worker.service", user="root")
     try:
         # The unit's own ExecStartPre with a 30 s deadline instead of 600 s (a runtime drop-in).
-        pre = head.ssh("systemctl show -p ExecStartPre --value vllm.service", user="root").stdout
+        pre = head.ssh("systemctl show -p ExecStartPre --value vllm-lab-tiny-pp2-0.service", user="root").stdout
         argv = pre.split("argv[]=", 1)[1].split(";", 1)[0].strip()
         assert "--timeout 600" in argv
         short = argv.replace("--timeout 600", "--timeout 30")
         head.ssh(f"mkdir -p {os.path.dirname(drop_in)} && printf '[Service]\\nExecStartPre=\\nExecStartPre={short}\\n"
                  f"Restart=no\\n' > {drop_in} && systemctl daemon-reload && systemctl restart ray-head.service", user="root")
-        head.ssh("systemctl start vllm.service", user="root", check=False, timeout=240)
-        state = head.ssh("systemctl is-active vllm.service", user="root", check=False).stdout.strip()
-        log = head.ssh("journalctl -u vllm.service -n 40 --no-pager -o cat", user="root").stdout
+        head.ssh("systemctl start vllm-lab-tiny-pp2-0.service", user="root", check=False, timeout=240)
+        state = head.ssh("systemctl is-active vllm-lab-tiny-pp2-0.service", user="root", check=False).stdout.strip()
+        log = head.ssh("journalctl -u vllm-lab-tiny-pp2-0.service -n 40 --no-pager -o cat", user="root").stdout
         assert state != "active", log
         assert "timed out after 30 s" in log and f"missing node(s): {worker.address}" in log, log
     finally:
-        head.ssh(f"rm -f {drop_in} && systemctl daemon-reload && systemctl reset-failed vllm.service || true", user="root")
+        head.ssh(f"rm -f {drop_in} && systemctl daemon-reload && systemctl reset-failed vllm-lab-tiny-pp2-0.service || true", user="root")
         worker.ssh("systemctl start ray-worker.service", user="root")
-        head.ssh("systemctl start --no-block vllm.service", user="root")
+        head.ssh("systemctl start --no-block vllm-lab-tiny-pp2-0.service", user="root")
     t0 = time.monotonic()
     while curl_code(f"http://{head.address}/health") != "200":
         assert time.monotonic() - t0 < RECOVER_WITHIN

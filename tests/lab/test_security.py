@@ -41,7 +41,7 @@ def server(lab_hosts):
 
 
 def test_vllm_unit_exposure_score(server):
-    out = server.ssh("systemd-analyze security --no-pager vllm.service", user="root").stdout
+    out = server.ssh("systemd-analyze security --no-pager vllm-lab-tiny-0.service", user="root").stdout
     m = re.search(r"Overall exposure level for vllm\.service: ([0-9.]+) (\w+)", out)
     assert m, out[-2000:]
     RESULTS["exposure"] = float(m.group(1))
@@ -54,7 +54,7 @@ def test_vllm_unit_exposure_score(server):
 
 
 def test_vllm_runs_unprivileged(server):
-    pid = server.ssh("systemctl show -p MainPID --value vllm.service", user="root").stdout.strip()
+    pid = server.ssh("systemctl show -p MainPID --value vllm-lab-tiny-0.service", user="root").stdout.strip()
     status = server.ssh(f"grep -E '^(Uid|CapEff|NoNewPrivs):' /proc/{pid}/status", user="root").stdout
     uid = re.search(r"Uid:\s+(\d+)", status).group(1)
     assert uid != "0"

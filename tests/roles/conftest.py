@@ -13,7 +13,8 @@ API: the ``harness`` fixture (tests never import conftest: other test folders ma
         run = harness.run(nvidia, spec,            # deploy function and its arguments
                           facts={LinuxDistribution: harness.distro("debian-12"), NvidiaGpus: [],
                                  File: harness.per_arg("path", {"/etc/x": {...}}, default=None)},
-                          host="gpu1", data={"nvidia_reboot_timeout": 5}, strict=False)
+                          host="gpu1", data={"nvidia_reboot_timeout": 5}, strict=False,
+                          groups=["servers"])     # inventory groups of the host (default none)
     run.ops                    # [Op(name, commands: list[str], conditional: bool)] in deploy order
     run.commands               # every command, flattened, in order
     run.changed                # any operation with a command (a second deploy must be False)
@@ -137,11 +138,11 @@ def _render(command: Any) -> str:
 
 def run_deploy(deploy_func: Callable[..., Any], *args: Any, facts: dict | None = None,
                host: str = "testhost", data: dict | None = None, strict: bool = False,
-               **kwargs: Any) -> DeployRun:
+               groups: list[str] | None = None, **kwargs: Any) -> DeployRun:
     from pyinfra.api import Config, Inventory, State
     from pyinfra.api.deploy import add_deploy
     from pyinfra.api.host import Host
-    from pyinfra.context import ctx_host, ctx_state
+    from pyinfra.context import ctx_host, ctx_inventory, ctx_state
 
     scripted = {(k if isinstance(k, str) else k.__name__): v for k, v in (facts or {}).items()}
     asked: list[tuple[str, dict]] = []
@@ -163,16 +164,18 @@ def run_deploy(deploy_func: Callable[..., Any], *args: Any, facts: dict | None =
         unscripted.append(name)
         return cls.default() if hasattr(cls, "default") else None
 
-    inventory = Inventory(([(host, dict(data or {}))], {}))  # never connected: facts are scripted
+    # never connected: facts are scripted; ``groups``: inventory groups the host is in
+    inventory = Inventory(([(host, dict(data or {}))], {}), **{g: ([host], {}) for g in groups or []})
     state = State(inventory, Config())
     state.cwd = os.getcwd()
     original = Host.get_fact
     Host.get_fact = fake_get_fact  # type: ignore[assignment]
     try:
         the_host = inventory.get_host(host)
-        add_deploy(state, deploy_func, *args, host=the_host, **kwargs)
-        with ctx_state.use(state), ctx_host.use(the_host):  # generators read the context host
-            ops, uploads = _read_ops(state, the_host)
+        with ctx_inventory.use(inventory):  # deploys may read `pyinfra.inventory`
+            add_deploy(state, deploy_func, *args, host=the_host, **kwargs)
+            with ctx_state.use(state), ctx_host.use(the_host):  # generators read the context host
+                ops, uploads = _read_ops(state, the_host)
     finally:
         Host.get_fact = original  # type: ignore[assignment]
     return DeployRun(host=host, ops=ops, asked=asked, unscripted=unscripted, uploads=uploads)

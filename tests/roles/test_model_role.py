@@ -171,14 +171,14 @@ def test_hub_download_token_never_on_the_command_line(harness):
     py = argv.index(f"{spec['install']['prefix']}/env/bin/python")
     assert "HF_HUB_OFFLINE=0" in argv[:py]
     assert argv[py + 3:] == ["Qwen/Qwen2.5-7B-Instruct-AWQ", "a" * 40, spec["model"]["path"],
-                             ".vllm-fleet-hub", token_path]
+                             ".vllm-fleet-hub", '["original/*", "*.pth"]', str(1 << 30), token_path]
     user = spec["server"]["user"]
     assert f"chown -R {user}:{user} {spec['model']['path']}" in run.commands
 
 
-def _hub_script(harness, spec, token_file=""):
+def _hub_script(harness, spec, token_file="", data=None):
     """The download command's python argv (script and arguments) as the role would send it."""
-    run = harness.run(install_model, spec, facts={FileContents: None})
+    run = harness.run(install_model, spec, facts={FileContents: None}, data=data)
     argv = shlex.split(next(c for c in run.commands if "snapshot_download" in c))
     args = argv[argv.index(f"{spec['install']['prefix']}/env/bin/python") + 1:]
     args[-1] = token_file
@@ -209,7 +209,10 @@ def hub(tmp_path):
         h.close()
 
 
-HUB_FILES = {"config.json": b'{"architectures": ["Qwen2ForCausalLM"]}', "model.safetensors": bytes(range(256)) * 2000}
+HUB_FILES = {"config.json": b'{"architectures": ["Qwen2ForCausalLM"]}', "model.safetensors": bytes(range(256)) * 2000,
+             # as in Llama repositories: what vLLM never loads (not downloaded)
+             "original/consolidated.00.pth": b"\0" * 4096, "original/params.json": b"{}"}
+WANTED = {k: v for k, v in HUB_FILES.items() if not k.startswith("original/")}
 
 
 def _sha(p: Path) -> str:
@@ -225,11 +228,33 @@ def test_hub_download_with_the_token_file_writes_the_marker(harness, hub, tmp_pa
     h = hub()
     r = _run_hub_script(_hub_script(harness, spec, str(token_file)), h, tmp_path)
     assert r.returncode == 0, r.stderr[-2000:]
-    for name, data in HUB_FILES.items():
+    for name, data in WANTED.items():
         assert _sha(tmp_path / "model" / name) == hashlib.sha256(data).hexdigest()
+    assert not (tmp_path / "model" / "original").exists()  # original/* and *.pth are skipped
     assert (tmp_path / "model" / ".vllm-fleet-hub").read_text() == f"Qwen/Qwen2.5-7B-Instruct-AWQ@{'a' * 40}\n"
     assert {auth for _, _, auth in h.requests} == {f"Bearer {TOKEN}"}
     assert TOKEN not in " ".join(_hub_script(harness, spec, str(token_file)))
+
+
+def test_hub_download_stops_before_anything_when_the_disk_is_too_small(harness, hub, tmp_path):
+    """The repository's file sizes (from the hub, before any download) against the free space at
+    model.path less model_keep_free_bytes: a clear stop, nothing downloaded, no marker."""
+    spec = hub_spec(path=str(tmp_path / "model"))
+    import shutil as _sh
+
+    free = _sh.disk_usage(tmp_path).free
+    args = _hub_script(harness, spec, data={"model_keep_free_bytes": free + (64 << 30)})  # cannot fit, however free space moves
+    r = _run_hub_script(args, hub(), tmp_path)
+    assert r.returncode == 3, (r.returncode, r.stderr[-2000:])
+    assert "model download: not enough disk space at" in r.stderr and "model_keep_free_bytes" in r.stderr, r.stderr[-2000:]
+    assert "nothing was downloaded" in r.stderr and "Traceback" not in r.stderr
+    assert not (tmp_path / "model" / "model.safetensors").exists()
+    assert not (tmp_path / "model" / ".vllm-fleet-hub").exists()
+
+
+def test_hub_ignore_patterns_are_on_the_command_line(harness):
+    args = _hub_script(harness, hub_spec())
+    assert json.loads(args[-3]) == ["original/*", "*.pth"] and args[-2] == str(1 << 30)
 
 
 def test_hub_revision_that_does_not_exist_is_named_with_a_fix(harness, hub, tmp_path):

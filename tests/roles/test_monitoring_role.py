@@ -20,7 +20,7 @@ from vllm_fleet.spec import load, resolve
 REPO = Path(__file__).resolve().parents[2]
 LAB = {"testhost": {"address": "10.10.0.11", "groups": ["servers", "proxy", "monitoring"], "data": {"private_address": "10.10.0.11"}}}
 GPU2 = {
-    "testhost": {"address": "10.10.0.11", "groups": ["server"], "data": {}},
+    "testhost": {"address": "10.10.0.11", "groups": ["servers"], "data": {}},
     "gpu-b": {"address": "10.10.0.12", "groups": ["workers"], "data": {}},
     "edge": {"address": "10.10.0.5", "groups": ["proxy", "monitoring"], "data": {}},
 }

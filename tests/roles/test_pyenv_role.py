@@ -85,7 +85,8 @@ def test_conda_fresh_checksum_before_installer(harness):
 
 def test_conda_present_no_changes(harness):
     spec = spec_of("rtx3090-qwen7b-awq-realtime.yaml")
-    facts = {Directory: directory(755), MiniforgeInstall: {"conda": True, "version": "26.3.2-3"}, EnvPython: "3.12"}
+    facts = {Directory: directory(755), MiniforgeInstall: {"conda": True, "version": "26.3.2-3"}, EnvPython: "3.12",
+             DebPackages: {"gcc": ["4:12.2.0-3"]}}
     run = harness.run(pyenv, spec, facts=facts, strict=True)
     assert not run.changed, run
 
@@ -133,3 +134,25 @@ def test_service_dirs_present_no_changes(harness):
              Which: harness.per_arg("command", {"useradd": "/usr/sbin/useradd"})}
     run = harness.run(service_dirs, spec, facts=facts)
     assert not run.changed, run
+
+
+def test_cuda_venv_gets_python_headers_and_a_c_compiler(harness):
+    """Triton builds its launcher against Python.h with the system cc at vLLM's first start."""
+    spec = spec_of("h200-qwen7b-bf16.yaml")  # accelerator cuda, env_manager venv
+    run = harness.run(pyenv, spec, facts={DebPackages: {}, Directory: None, EnvPython: None})
+    install = [c for c in run.op("python3-venv").commands if " install " in c]
+    assert install and install[0].endswith("install python3-venv python3-dev gcc")
+    # installed: nothing
+    have = {p: ["1"] for p in ("python3-venv", "python3-dev", "gcc")}
+    again = harness.run(pyenv, spec, facts={DebPackages: have, Directory: directory(755), EnvPython: "3.12"})
+    assert not again.changed
+    # the CPU venv (lab) stays without them
+    cpu = harness.run(pyenv, spec_of("lab-tiny.yaml"), facts={DebPackages: {}, Directory: None, EnvPython: None})
+    assert "python3-dev" not in "\n".join(cpu.commands)
+
+
+def test_cuda_conda_env_gets_a_c_compiler(harness):
+    spec = spec_of("rtx3090-qwen7b-awq-realtime.yaml")  # conda (the default)
+    assert spec["install"]["env_manager"] == "conda"
+    run = harness.run(pyenv, spec, facts={DebPackages: {}, Directory: None, EnvPython: None, MiniforgeInstall: None})
+    assert any(c.endswith("install gcc") for c in run.op("C compiler").commands)

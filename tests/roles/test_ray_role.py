@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from pyinfra.api.exceptions import DeployError
 
-import vllm_fleet.roles.ray as rayrole
-from vllm_fleet.roles.ray import compare_versions, detect_ifname, firewall_rules, install_ray
+from vllm_fleet.layout import build
+from vllm_fleet.roles.ray import compare_versions, detect_ifname, install_ray
 from vllm_fleet.roles.ray.facts import Ipv4Interfaces, SystemdActive, parse_ipv4_interfaces
 from vllm_fleet.roles.vllm import CPU_RAY_FILES, cpu_ray_adaptation_files, install_vllm
 from vllm_fleet.roles.vllm.facts import DistVersions, SitePackagesFiles
@@ -35,13 +35,6 @@ INVENTORY = {
 }
 
 
-@pytest.fixture(autouse=True)
-def _fresh_cluster_registry():
-    rayrole._reset_for_tests()
-    yield
-    rayrole._reset_for_tests()
-
-
 def spec_of(name: str) -> dict:
     spec = copy.deepcopy(resolve(load(REPO / "deployments" / name)))
     spec["install"].pop("wheelhouse", None)  # a control-machine directory the GPU proof specs name
@@ -54,11 +47,14 @@ def run_node(harness, host: str, inventory=INVENTORY, facts=None, data=None, spe
     if host != "testhost":  # the harness's host is always called testhost
         inv["lab1"] = inv.pop("testhost")
         inv["testhost"] = inv.pop(host)
-    rendered = render.render(spec, copy.deepcopy(inv))["testhost"]
-    f = {Ipv4Interfaces: parse_ipv4_interfaces([line.replace("10.10.0.11", inv["testhost"]["address"]) for line in IP_ADDR]),
-         SystemdActive: "inactive"}
+    for h in inv.values():  # the deploy detects the interface before it builds the layout (roles.common)
+        h.setdefault("data", {}).setdefault("socket_ifname", "host0")
+    inv["testhost"]["data"].update(data or {})
+    layout = build([spec], inv)  # a new layout per run: a fresh cluster registry (Layout.shared)
+    f = {SystemdActive: "inactive"}
     f.update(facts or {})
-    return harness.run(install_ray, spec, rendered, inv, facts=f, data=data or {})
+    h = layout.hosts["testhost"]
+    return harness.run(install_ray, spec, h.parts[spec["name"]], layout, h.files, facts=f, data=data or {})
 
 
 def env_values(text: str) -> dict[str, str]:
@@ -90,7 +86,9 @@ def test_version_mismatch_names_nodes_and_versions():
 
 def test_firewall_rules_name_ray_ports_and_only_cluster_addresses():
     spec = spec_of("lab-tiny-pp2.yaml")
-    text = firewall_rules(spec, ["10.10.0.11", "10.10.0.12"], ["10.10.0.0/28"])
+    inv = copy.deepcopy(INVENTORY)
+    inv["testhost"]["data"]["ray_firewall_allow"] = ["10.10.0.0/28"]
+    text = render.render(spec, inv)["testhost"]["/etc/vllm-fleet/ray-firewall.nft"].content
     assert "elements = { 10.10.0.11, 10.10.0.12, 10.10.0.0/28 }" in text
     ports = text.split("tcp dport {", 1)[1].split("}", 1)[0]
     # every port the rendered Ray units pin (and the GCS port) is in the drop rule
@@ -102,8 +100,9 @@ def test_firewall_rules_name_ray_ports_and_only_cluster_addresses():
         assert port in listed, (port, listed)
     lo, hi = argv[argv.index("--min-worker-port") + 1], argv[argv.index("--max-worker-port") + 1]
     assert f"{lo}-{hi}" in listed
-    with pytest.raises(DeployError):
-        firewall_rules(spec, ["10.10.0.11"], ["fd00::1"])
+    inv["testhost"]["data"]["ray_firewall_allow"] = ["fd00::1"]
+    with pytest.raises(render.RenderError, match="IPv4"):
+        render.render(spec, inv)
 
 
 # ------------------------------------------------------------------------------------- head
@@ -115,7 +114,7 @@ def test_head_node_files_order_and_firewall(harness):
     assert node_env["GLOO_SOCKET_IFNAME"] == node_env["NCCL_SOCKET_IFNAME"] == "host0"  # detected
     assert "/etc/systemd/system/ray-head.service" in run.uploads
     assert "/etc/systemd/system/ray-worker.service" not in run.uploads
-    assert "/etc/systemd/system/vllm.service" not in run.uploads  # the service role's
+    assert not [p for p in run.uploads if p.startswith("/etc/systemd/system/vllm-lab-tiny-pp2-")]  # the service role's
     assert "/opt/vllm-fleet/lab-tiny-pp2/bin/wait-ray-cluster" in run.uploads
     rules = run.uploads["/etc/vllm-fleet/ray-firewall.nft"]
     assert "elements = { 10.10.0.11, 10.10.0.12 }" in rules
@@ -128,15 +127,53 @@ def test_head_node_files_order_and_firewall(harness):
     assert run.op("Restart ray-head.service").conditional
 
 
-def test_configured_ifname_wins_and_no_fact_is_read(harness):
-    run = run_node(harness, "testhost", data={"socket_ifname": "ens5"}, facts={Ipv4Interfaces: {}})
-    assert env_values(run.uploads["/etc/vllm-fleet/lab-tiny-pp2/node.env"])["GLOO_SOCKET_IFNAME"] == "ens5"
-    assert "Ipv4Interfaces" not in [name for name, _ in run.asked]
+def _detect(spec, inv, interfaces):
+    """roles.common's detection (before the layout is built) with scripted interfaces per host."""
+    import vllm_fleet.roles.common as common
+
+    class FakeHost:
+        def __init__(self, name):
+            self.name = name
+
+        def get_fact(self, cls):
+            return interfaces[self.name]
+
+    class FakeInventory:
+        def get_host(self, name):
+            return FakeHost(name)
+
+    old = common.inventory
+    common.inventory = FakeInventory()
+    try:
+        layout = build([spec], inv)
+        common._detect_ifnames(layout, inv)
+    finally:
+        common.inventory = old
+    return {n: h["data"].get("socket_ifname") for n, h in inv.items()}
 
 
-def test_no_interface_holds_the_address_is_an_error(harness):
-    with pytest.raises(DeployError, match="no single interface holds the node address 10.10.0.11"):
-        run_node(harness, "testhost", facts={Ipv4Interfaces: {"lo": ["127.0.0.1"], "eth0": ["192.168.0.4"]}})
+def test_ifname_detected_per_node_before_the_layout():
+    spec, inv = spec_of("lab-tiny-pp2.yaml"), copy.deepcopy(INVENTORY)
+    got = _detect(spec, inv, {"testhost": parse_ipv4_interfaces(IP_ADDR),
+                              "lab2": parse_ipv4_interfaces([l.replace("10.10.0.11", "10.10.0.12").replace("host0", "eth7") for l in IP_ADDR])})
+    assert got == {"testhost": "host0", "lab2": "eth7"}
+    node_env = render.render(spec, inv)["lab2"]["/etc/vllm-fleet/lab-tiny-pp2/node.env"].content
+    assert "GLOO_SOCKET_IFNAME=eth7" in node_env.splitlines()
+
+
+def test_configured_ifname_wins_and_no_fact_is_read():
+    spec, inv = spec_of("lab-tiny-pp2.yaml"), copy.deepcopy(INVENTORY)
+    for h in inv.values():
+        h["data"]["socket_ifname"] = "ens5"
+    assert _detect(spec, inv, {}) == {"testhost": "ens5", "lab2": "ens5"}  # {} : any fact read would fail
+
+
+def test_no_interface_holds_the_address_is_an_error():
+    spec, inv = spec_of("lab-tiny-pp2.yaml"), copy.deepcopy(INVENTORY)
+    import vllm_fleet.roles.common as common
+
+    with pytest.raises(common.DeployError, match="no single interface holds the node address 10.10.0.11"):
+        _detect(spec, inv, {"testhost": {"lo": ["127.0.0.1"], "eth0": ["192.168.0.4"]}, "lab2": parse_ipv4_interfaces(IP_ADDR)})
 
 
 def test_firewall_off(harness):
@@ -150,6 +187,7 @@ def test_worker_node(harness):
     run = run_node(harness, "lab2")
     node_env = env_values(run.uploads["/etc/vllm-fleet/lab-tiny-pp2/node.env"])
     assert node_env["VLLM_HOST_IP"] == "10.10.0.12" and node_env["GLOO_SOCKET_IFNAME"] == "host0"
+    assert "elements = { 10.10.0.11, 10.10.0.12 }" in run.uploads["/etc/vllm-fleet/ray-firewall.nft"]
     unit = run.uploads["/etc/systemd/system/ray-worker.service"]
     assert "--address 10.10.0.11:6379" in unit
     assert not run.has_op("Wait for the Ray cluster") and "/etc/systemd/system/ray-head.service" not in run.uploads
@@ -158,8 +196,9 @@ def test_worker_node(harness):
 
 def test_single_node_spec_is_left_alone(harness):
     spec = spec_of("lab-tiny.yaml")
-    rendered = render.render(spec, copy.deepcopy(INVENTORY))["testhost"]
-    run = harness.run(install_ray, spec, rendered, INVENTORY, facts={}, strict=True)
+    layout = build([spec], copy.deepcopy(INVENTORY))
+    h = layout.hosts["testhost"]
+    run = harness.run(install_ray, spec, h.parts[spec["name"]], layout, h.files, facts={}, strict=True)
     assert run.ops == [] and run.asked == []
 
 

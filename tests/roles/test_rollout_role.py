@@ -21,17 +21,25 @@ def _spec(host: str = "0.0.0.0") -> dict:
     return s
 
 
+def _fleet(data=None) -> dict:
+    return {"lab1": {"address": "10.10.0.11", "groups": ["proxy"], "data": {}},
+            "testhost": {"address": "10.10.0.12", "groups": ["servers"], "data": dict(data or {})}}
+
+
 def test_api_firewall_when_listening_beyond_loopback(harness):
-    run = harness.run(api_firewall, _spec(), ["10.10.0.11"], facts={}, data={"vllm_api_firewall_allow": ["10.10.0.50"]})
+    rendered = render.render(_spec(), _fleet({"vllm_api_firewall_allow": ["10.10.0.50"]}))["testhost"]
+    run = harness.run(api_firewall, rendered, facts={})
     rules = run.uploads["/etc/vllm-fleet/api-firewall.nft"]
-    assert "elements = { 10.10.0.11, 10.10.0.50 }" in rules and "tcp dport 8000 drop" in rules
+    assert "elements = { 10.10.0.11, 10.10.0.50 }" in rules and "tcp dport { 8000 } drop" in rules
     assert "/etc/systemd/system/vllm-fleet-api-firewall.service" in run.uploads
     assert run.op("load the rules").conditional and run.has_op("active and enabled")
 
 
 def test_no_api_firewall_on_loopback_or_when_off(harness):
-    assert not harness.run(api_firewall, _spec("127.0.0.1"), ["10.10.0.11"], facts={}).ops
-    assert not harness.run(api_firewall, _spec(), ["10.10.0.11"], facts={}, data={"vllm_api_firewall": False}).ops
+    spec = _spec("127.0.0.1")
+    spec["proxy"]["enabled"] = False  # loopback only, nothing in front
+    assert not harness.run(api_firewall, render.render(spec, _fleet())["testhost"], facts={}).ops
+    assert not harness.run(api_firewall, render.render(_spec(), _fleet({"vllm_api_firewall": False}))["testhost"], facts={}).ops
 
 
 def test_upstream_puts_the_site_and_reloads_only_on_change(harness):

@@ -2,57 +2,73 @@
 
     VLLM_FLEET_ROLLOUT_STEP=upstream VLLM_FLEET_UPSTREAM_DOWN=lab2 \
         pyinfra -y inventory/lab.py deploys/rollout.py --limit proxy      # lab2 out, drained at nginx
-    VLLM_FLEET_ROLLOUT_STEP=update VLLM_FLEET_UPSTREAM_DOWN=lab2 \
-        pyinfra -y inventory/lab.py deploys/rollout.py --limit lab2       # drain, update, check lab2
+    VLLM_FLEET_ROLLOUT_STEP=update VLLM_FLEET_UPSTREAM_DOWN=lab2:0 VLLM_FLEET_UPDATE=lab2:0 \
+        pyinfra -y inventory/lab.py deploys/rollout.py --limit lab2       # drain, update, check lab2:0
     VLLM_FLEET_ROLLOUT_STEP=upstream pyinfra -y inventory/lab.py deploys/rollout.py --limit proxy
 
 Steps ($VLLM_FLEET_ROLLOUT_STEP):
   upstream  on the proxy hosts: the nginx site rendered with the hosts in $VLLM_FLEET_UPSTREAM_DOWN
             marked `down`; when it changed, nginx -t, reload, wait for the old workers (bounded).
-  update    on replicas (`servers`): wait until vLLM has no running/waiting request (bounded), then
-            the serve deploy's server part (env, vLLM, model, unit: restarted when its inputs
-            changed, then /health), then the replica's own smoke test (on the host, not through
-            the proxy). Nothing of nginx is touched, also on a proxy host that is a replica.
-The spec comes from $VLLM_FLEET_SPEC (as deploys/serve.py); $VLLM_FLEET_DRAIN_TIMEOUT (seconds,
+  update    on the hosts of the batch's instances ($VLLM_FLEET_UPDATE: HOST:N ids): wait until each
+            has no running/waiting request (bounded), then the serve deploy's server part (env,
+            vLLM, model, units: the batch's instances restarted when what they run changed, then
+            /health; the host's other instances are left running), then each instance's own
+            smoke test (on the host, not through the proxy). Nothing of nginx is touched.
+The spec comes from where deploys/serve.py takes it (vllm_fleet/specsource.py); $VLLM_FLEET_DRAIN_TIMEOUT (seconds,
 default the spec's rollout.drain_timeout) bounds both waits. Single-node replicas only.
 """
 
 import os
 
-from vllm_fleet import render
-from vllm_fleet.roles.common import DeployError, load_deploy_spec, rendered_for_host
+from pyinfra import host
+
+from vllm_fleet.roles.common import DeployError, host_layout, load_deploy_spec, write_generated_secrets
+
+#: The instances of the batch being updated (``HOST:N``, comma-separated; a host name: all of its).
+UPDATE_ENV = "VLLM_FLEET_UPDATE"
 
 
 def rollout_step() -> None:
     """One rollout step on the current host ($VLLM_FLEET_ROLLOUT_STEP)."""
     ctx = load_deploy_spec()
     spec = ctx["spec"]
-    rendered = rendered_for_host(ctx)
+    h = host_layout(ctx)
+    node = h.parts.get(spec["name"]) if h else None
+    rendered = dict(h.files) if h else {}
     step = os.environ.get("VLLM_FLEET_ROLLOUT_STEP", "")
     drain_timeout = float(os.environ.get("VLLM_FLEET_DRAIN_TIMEOUT") or spec["rollout"]["drain_timeout"])
+    batch = {i.strip() for i in os.environ.get(UPDATE_ENV, "").split(",") if i.strip()}
 
     if spec["parallel"]["nodes"] > 1:
         raise DeployError(f"{ctx['path']}: a rolling update replaces single-node replicas (parallel.nodes is {spec['parallel']['nodes']}); "
                           "redeploy a multi-node server with deploys/serve.py; no host was changed")
     if step not in ("upstream", "update"):
         raise DeployError(f"VLLM_FLEET_ROLLOUT_STEP must be `upstream` or `update` (got {step!r}); `vllm-fleet rollout` sets it")
+    if node is None:
+        host.noop(f"no part of {spec['name']} on this host")
+        return
 
-    # Who plays which part comes from the renderer (as in serve.py's layout): a host with this
-    # deployment's nginx site is a proxy (the `proxy` group, or every server when there is none), a
-    # host with vllm.service is a replica.
-    paths = render.paths(spec)
-    if step == "upstream" and paths["nginx_site"] in rendered:
+    if node.roles & {"proxy"} or node.instances:
+        write_generated_secrets(ctx)  # a new API key file on this machine, before it reaches a host
+    # Who plays which part comes from the layout: a proxy of this deployment puts its site; a
+    # host with instances of it updates those of the batch ($VLLM_FLEET_UPDATE: HOST:N ids).
+    if step == "upstream" and "proxy" in node.roles:
         from vllm_fleet.roles.rollout import upstream
 
         upstream(spec=spec, rendered=rendered, drain_timeout=drain_timeout)
 
-    if step == "update" and paths["vllm_unit"] in rendered:
+    mine = [i for i in node.instances if i.id in batch or host.name in batch]
+    if step == "update" and mine:
         from vllm_fleet.roles.rollout import drain, smoke_replica
-        from vllm_fleet.roles.service import install_server_stack, install_service
+        from vllm_fleet.roles.service import api_firewall, install_server_stack, install_service
 
-        drain(spec=spec, drain_timeout=drain_timeout)
+        for inst in mine:
+            drain(spec=spec, drain_timeout=drain_timeout, port=inst.port)
         # The same server part as deploys/serve.py (single node), with the rollout's health deadline.
         spec = {**spec, "server": {**spec["server"], "health_timeout": spec["rollout"]["health_timeout"]}}
         vllm_changed, model_changed = install_server_stack(spec=spec, hub_token=ctx["secrets"]["hub_token"])
-        install_service(spec=spec, rendered=rendered, api_key=ctx["secrets"]["api_key"], restart_on=[*vllm_changed, *model_changed])
-        smoke_replica(spec=spec)
+        api_firewall(rendered=rendered)
+        install_service(spec=spec, node=node, rendered=rendered, api_key=ctx["secrets"]["api_key"],
+                        restart_on=[*vllm_changed, *model_changed], only=[i.index for i in mine])
+        for inst in mine:
+            smoke_replica(spec=spec, port=inst.port, unit=inst.unit)

@@ -3,65 +3,87 @@
     pyinfra -y inventory/lab.py deploys/serve.py                      # the lab's tiny CPU model
     VLLM_FLEET_SPEC=deployments/x.yaml pyinfra -y inventory/fleet.py deploys/serve.py
 
-The spec comes from host data `vllm_fleet_spec`, else $VLLM_FLEET_SPEC, else
-deployments/lab-tiny.yaml. It is validated (schema, semantic and hardware checks), its secrets
-are read and its files rendered once, before any operation exists: a bad spec stops here and no
-host is changed. Runs from any directory (vllm_fleet.roles is part of the installed package).
+The specs come from pyinfra data `vllm_fleet_spec` (`--data`, host or group data: each group
+may have its own; a path or a list), else $VLLM_FLEET_SPEC (paths separated by `:`); only the
+lab inventory falls back to deployments/lab-tiny.yaml (vllm_fleet/specsource.py). They are
+validated (schema, semantic and hardware checks), their secrets read
+(vllm_fleet.secrets.SPEC_SECRETS) and the fleet's layout (vllm_fleet.layout: which host runs
+which instances, Ray nodes, nginx, monitoring, and every file each gets) built once, before any
+operation exists: a bad spec or a layout that does not fit stops here and no host is changed.
+A secret file to generate is written on the control machine only when the deploy executes (not
+with --dry). `vllm-fleet deploy` does the same checks before pyinfra connects to any host. Runs
+from any directory (vllm_fleet.roles is part of the installed package).
 
-Groups: `servers` run vLLM (single node); `proxy` runs nginx and the smoke tests go through it.
-A multi-node spec (parallel.nodes > 1, backend ray): the one `servers` host is the Ray head and
-runs vLLM, hosts in `ray_workers` (or `workers`) are Ray worker nodes; every node gets the same
-env, vLLM, Ray and model weights (at the same path) before any Ray node starts (vllm_fleet/roles/ray:
-head, then workers, then the cluster wait; then vLLM on the head). A host in no such group is
-left alone. With monitoring.enabled, hosts in `monitoring` run Prometheus (vllm_fleet/roles/monitoring), and
-every host the deploy touches gets the node exporter.
+What each host does comes from the layout only (its groups mean what vllm_fleet.layout says):
+per deployment on the host, in spec order: the install stack (driver, user and dirs, env, vLLM,
+model), its Ray node (multi-node `ray` specs: head, then workers, then the cluster wait), its
+vLLM instances (one unit per replica; an older release's vllm.service of the deployment is
+removed); then nginx and the smoke tests for every deployment the host proxies; monitoring last.
+A host with no part is left alone.
 """
 
 from pyinfra import host
 
-from vllm_fleet import monitoring as _monitoring, render as _render
-from vllm_fleet.roles.common import inventory_hosts, load_deploy_spec, preflight, rendered_for_host
+from vllm_fleet import monitoring as _monitoring
+from vllm_fleet.layout import SERVICE_PARTS
+from vllm_fleet.roles.common import host_layout, load_deploy_spec, preflight, write_generated_secrets
 
 
 def serve() -> None:
     """Converge the current host (pyinfra runs this once per inventory host)."""
     ctx = load_deploy_spec()
-    spec = ctx["spec"]
-    rendered = rendered_for_host(ctx)
-    groups = set(host.groups)
-    is_server = "servers" in groups
-    # Ray nodes (head and workers) as the renderer laid them out: only for multi-node ray specs.
-    p = _render.paths(spec)
-    is_ray_node = p["ray_head_unit"] in rendered or p["ray_worker_unit"] in rendered
-    is_proxy = "proxy" in groups and spec["proxy"]["enabled"]
-    if is_server or is_ray_node or is_proxy:
-        preflight()  # root works on this host (passwordless sudo), else a clear stop
+    h = host_layout(ctx)
+    if h is None or not h.parts:
+        host.noop("no part of the layout on this host")
+        return
+    rendered = dict(h.files)
+    preflight()  # root works on this host (passwordless sudo), else a clear stop
+    write_generated_secrets(ctx)  # a new API key file on this machine, before it reaches a host
 
-    if is_server or is_ray_node:
+    # vLLM beyond loopback: one firewall over every deployment's instances here, before they start
+    if any(n.instances for n in h.parts.values()):
+        from vllm_fleet.roles.service import api_firewall
+
+        api_firewall(rendered=rendered)
+    for name, node in h.parts.items():
+        if not node.roles & SERVICE_PARTS:
+            continue
         from vllm_fleet.roles.service import install_server_stack, install_service
 
+        spec, secrets = ctx["specs"][name], ctx["all_secrets"][name]
         # driver, service user and dirs, env, system libraries, vLLM, model (as deploys/rollout.py)
-        vllm_changed, model_changed = install_server_stack(spec=spec, hub_token=ctx["secrets"]["hub_token"])
+        vllm_changed, model_changed = install_server_stack(spec=spec, hub_token=secrets["hub_token"])
         restart_on = [*vllm_changed, *model_changed]
         service_files = rendered
-        if is_ray_node:
+        if node.roles & {"ray-head", "ray-worker"}:
             from vllm_fleet.roles.ray import install_ray
 
-            ray = install_ray(spec=spec, rendered=rendered, inventory_hosts=inventory_hosts(), restart_on=vllm_changed)
+            ray = install_ray(spec=spec, node=node, layout=ctx["layout"], rendered=rendered, restart_on=vllm_changed)
             service_files = {path: f for path, f in rendered.items() if path not in ray.owned}
             restart_on += [*ray.env_ops, ray.cluster_restarted]
-        if is_server:
-            install_service(spec=spec, rendered=service_files, api_key=ctx["secrets"]["api_key"], restart_on=restart_on)
+        if node.instances:
+            install_service(spec=spec, node=node, rendered=service_files, api_key=secrets["api_key"], restart_on=restart_on)
 
-    if is_proxy:
+    for name, node in h.parts.items():
+        if "proxy" not in node.roles:
+            continue
         from vllm_fleet.roles.nginx import install_nginx
+
+        sec = ctx["all_secrets"][name]
+        install_nginx(spec=ctx["specs"][name], rendered=rendered, api_key=sec["api_key"],
+                      tls_key=sec["tls_key"], tls_certificate=sec["tls_certificate"])
+    for name, node in h.parts.items():  # after every site is in: each deployment's own checks
+        if "proxy" not in node.roles:
+            continue
         from vllm_fleet.roles.smoke import run_smoke
 
-        install_nginx(spec=spec, rendered=rendered, api_key=ctx["secrets"]["api_key"])
-        run_smoke(spec=spec, api_key=ctx["secrets"]["api_key"])
+        local = [i.port for i in node.instances if i.role == "server"]
+        run_smoke(spec=ctx["specs"][name], api_key=ctx["all_secrets"][name]["api_key"], local_port=local[0] if local else None)
 
     # Monitoring last (monitoring.enabled): exporters on every host above, Prometheus on `monitoring` hosts.
-    if spec["monitoring"]["enabled"] and set(rendered) & set(_monitoring.paths(spec).values()):
-        from vllm_fleet.roles.monitoring import install_monitoring
+    for name in h.parts:
+        spec = ctx["specs"][name]
+        if spec["monitoring"]["enabled"] and set(rendered) & set(_monitoring.paths(spec).values()):
+            from vllm_fleet.roles.monitoring import install_monitoring
 
-        install_monitoring(spec=spec, rendered=rendered)
+            install_monitoring(spec=spec, rendered=rendered)

@@ -27,8 +27,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-RECIPE = REPO_ROOT / "lab" / "rootfs.sh"
+REPO_ROOT = Path(__file__).resolve().parents[2]  # the checkout, or site-packages of an installed wheel
+RECIPE = Path(__file__).resolve().parent / "rootfs.sh"  # packaged (the checkout's lab/rootfs.sh links it)
 HOST_PACKAGES = ["mmdebstrap", "systemd-container", "iptables", "lxcfs", "zstd", "openssh-client", "iproute2", "fuse3"]
 HOST_COMMANDS = {"mmdebstrap": "mmdebstrap", "systemd-nspawn": "systemd-container", "iptables": "iptables",
                  "lxcfs": "lxcfs", "zstd": "zstd", "ssh": "openssh-client", "ssh-keygen": "openssh-client",

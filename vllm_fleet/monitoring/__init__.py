@@ -32,7 +32,7 @@ import jinja2
 import yaml
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..render import _Node
+    from ..layout import Node as _Node
 
 HERE = Path(__file__).resolve().parent
 DASHBOARD = HERE / "dashboard.json"
@@ -120,13 +120,15 @@ def vllm_targets(resolved: dict[str, Any], mon_node: "_Node", all_nodes: list["_
     loopback = srv["host"] in ("127.0.0.1", "localhost", "::1")
     mon_addr = private_address(mon_node, with_inventory)
     out = []
-    for s in all_nodes:
-        if "server" not in s.roles:
-            continue
-        target = {"replica": s.target, "scheme": "http", "address": f"127.0.0.1:{srv['port']}", "tls": None}
+    for s, inst in ((s, i) for s in all_nodes if "server" in s.roles for i in (s.instances or [None])):
+        port = inst.port if inst else srv["port"]
+        replica = s.target if not inst or len(s.instances) == 1 else inst.id
+        target = {"replica": replica, "scheme": "http", "address": f"127.0.0.1:{port}", "tls": None}
         if with_inventory and s.target != mon_node.target:
             if not loopback:
-                target["address"] = f"{private_address(s, True)}:{srv['port']}"
+                target["address"] = f"{private_address(s, True)}:{port}"
+            elif "proxy" in s.roles and inst and inst.index > 0:
+                continue  # that host's nginx serves /metrics of its replica 0 only (vLLM listens on loopback)
             elif "proxy" in s.roles:
                 if not _allowed(mon_addr, prx.get("metrics_allow") or []):
                     raise RenderError(
@@ -249,8 +251,16 @@ def _yaml(header: str, doc: dict[str, Any]) -> str:
     return f"# {header}\n" + yaml.safe_dump(doc, sort_keys=False, default_flow_style=False, width=200)
 
 
+_PLAIN_ARG = re.compile(r"[A-Za-z0-9_@+=:,./\[\]-]+")
+
+
 def _args_file(header: str, what: str, args: list[str]) -> str:
     # Debian's units run `$ARGS` unquoted: plain words only (addresses, paths, durations).
+    from ..render import RenderError
+
+    for a in args:
+        if not _PLAIN_ARG.fullmatch(a):
+            raise RenderError(f"monitoring: {a!r} is not a plain word (an address, path or duration): it cannot go into ARGS of {what.split(':')[0]}")
     return f"# {header}\n# {what}\nARGS=\"{' '.join(args)}\"\n"
 
 

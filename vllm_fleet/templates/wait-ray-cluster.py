@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# Installed by vllm-fleet (ExecStartPre of vllm.service on a Ray head). Do not edit on the host.
+# Installed by vllm-fleet (ExecStartPre of the vLLM unit on a Ray head). Do not edit on the host.
 """Wait until the Ray cluster has the expected nodes and GPUs, or fail naming what is missing.
 
     wait-ray-cluster --address HEAD:PORT --nodes N --gpus G [--expect ADDR ...] [--timeout S]

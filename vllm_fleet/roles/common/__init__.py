@@ -15,7 +15,6 @@ from pyinfra.api import FileUploadCommand, StringCommand, operation
 from pyinfra.api.exceptions import PyinfraError
 from pyinfra.facts.files import File, Sha256File
 
-DEFAULT_SPEC = "deployments/lab-tiny.yaml"
 _CACHE: dict[str, Any] = {}
 
 
@@ -23,13 +22,50 @@ class DeployError(PyinfraError):
     """A problem found before any host is touched (bad spec, missing secret)."""
 
 
-def spec_path() -> str:
-    """The spec a deploy uses: host data `vllm_fleet_spec`, else $VLLM_FLEET_SPEC, else the lab's."""
-    return str(host.data.get("vllm_fleet_spec") or os.environ.get("VLLM_FLEET_SPEC") or DEFAULT_SPEC)
+def spec_paths(h: Any = None) -> list[str]:
+    """The specs a host's deploy uses (:mod:`vllm_fleet.specsource`: data `vllm_fleet_spec`, a
+    path or a list, else $VLLM_FLEET_SPEC, paths separated by ``:``, else the lab's own for the lab
+    inventory); no spec: a DeployError saying how."""
+    from vllm_fleet.specsource import SpecSourceError, spec_sources
+
+    h = h or host
+    try:
+        return spec_sources(h.data, h.name)[0]
+    except SpecSourceError as exc:
+        raise DeployError(f"{exc}; no host was changed") from None
 
 
-#: Replicas the nginx upstream marks `down` (comma-separated host names): set by `vllm-fleet
-#: rollout` for the batch being updated; host data `upstream_down: true` does the same.
+def spec_path(h: Any = None) -> str:
+    """The first spec (see :func:`spec_paths`)."""
+    return spec_paths(h)[0]
+
+
+def _norm(p: str) -> str:
+    return os.path.abspath(os.path.expanduser(p))
+
+
+def fleet_spec_paths() -> tuple[list[str], dict[str, list[str] | None]]:
+    """Every spec any inventory host names, in first-seen order (this host's first), and each
+    host's own list (None: a host with no spec, which deploys nothing)."""
+    mine = spec_paths()
+    per_host: dict[str, list[str] | None] = {}
+    order: list[str] = list(mine)
+    for h in inventory:
+        try:
+            paths = spec_paths(h)
+        except DeployError:
+            per_host[h.name] = None
+            continue
+        per_host[h.name] = paths
+        for path in paths:
+            if all(_norm(path) != _norm(o) for o in order):
+                order.append(path)
+    return order, per_host
+
+
+#: Replicas the nginx upstream marks `down`: instance ids (``HOST:N``) or host names (all of
+#: that host's), comma-separated: set by `vllm-fleet rollout` for the batch being updated; host
+#: data `upstream_down: true` does the same for a host.
 UPSTREAM_DOWN_ENV = "VLLM_FLEET_UPSTREAM_DOWN"
 
 
@@ -38,63 +74,146 @@ def upstream_down() -> set[str]:
 
 
 def inventory_hosts() -> dict[str, dict[str, Any]]:
-    """The inventory as the renderers want it: {name: {address, groups, data}}."""
-    out = {}
-    down = upstream_down()
-    for h in inventory:
-        data = {"private_address": h.data.get("private_address")} if h.data.get("private_address") else {}
-        if h.name in down or h.data.get("upstream_down"):
-            data["upstream_down"] = True
-        out[h.name] = {"address": h.data.get("ssh_hostname") or h.name, "groups": list(h.groups), "data": data}
-    return out
+    """The inventory as the layout wants it: {name: {address, groups, data}} (the host data the
+    layout reads: vllm_fleet.layout's docstring; vllm_fleet.inventory.render_entry)."""
+    from vllm_fleet.inventory import render_entry
+
+    return {h.name: render_entry(h.name, list(h.groups), h.data) for h in inventory}
+
+
+def _detect_ifnames(layout: Any, hosts: dict[str, dict[str, Any]]) -> bool:
+    """Multi-node nodes without a configured interface: the one holding the node's private
+    address (a fact of that host), into its data. True when anything was filled in."""
+    from vllm_fleet.layout import SERVICE_PARTS
+    from vllm_fleet.roles.ray import detect_ifname
+    from vllm_fleet.roles.ray.facts import Ipv4Interfaces
+
+    filled = False
+    for dep, r in layout.deployments.items():
+        if int(r["parallel"]["nodes"]) < 2 or r["parallel"].get("socket_ifname"):
+            continue
+        for node in layout.nodes(dep):
+            data = hosts[node.target].setdefault("data", {})
+            if not node.roles & SERVICE_PARTS or data.get("socket_ifname"):
+                continue
+            interfaces = inventory.get_host(node.target).get_fact(Ipv4Interfaces)
+            ifname = detect_ifname(interfaces or {}, str(node.private))
+            if not ifname:
+                raise DeployError(f"{node.target}: no single interface holds the node address {node.private} "
+                                  f"(IPv4 interfaces: {interfaces or 'none read'}); set parallel.socket_ifname or host data socket_ifname; "
+                                  "no host was changed")
+            data["socket_ifname"] = ifname
+            filled = True
+    return filled
 
 
 def load_deploy_spec() -> dict[str, Any]:
-    """Validate, resolve and render the spec once per deploy (the deploy file runs per host).
+    """Check every spec, read their secrets and build the fleet's layout once per deploy (the
+    deploy file runs per host).
 
     Every problem is printed with its YAML path and fix, and the deploy stops before any
-    operation exists, so no host is changed.
+    operation exists, so no host is changed. Returns ``{"layout", "specs": {name: resolved},
+    "secrets": {name: {...}}, "paths": {name: spec file}}`` plus, for the first spec, the
+    single-deployment keys ``spec``, ``secrets``, ``rendered`` ({host: files}) and ``path``.
     """
-    path = spec_path()
-    if path in _CACHE:
-        return _CACHE[path]
-    from vllm_fleet import checks, render, spec as specmod
-    from vllm_fleet.secrets import SecretError, read_secret
+    paths, per_host = fleet_spec_paths()
+    key = os.pathsep.join(_norm(p) for p in paths) + "|" + os.environ.get(UPSTREAM_DOWN_ENV, "")
+    if key in _CACHE:
+        return _CACHE[key]
+    from vllm_fleet.layout import LayoutError, build
+    from vllm_fleet.pipeline import check
+    from vllm_fleet.secrets import SecretError, read_spec_secrets
 
+    specs: dict[str, dict[str, Any]] = {}
+    secrets: dict[str, dict[str, Any]] = {}
+    sources: dict[str, str] = {}
+    names: dict[str, str] = {}  # normalised spec path -> deployment name
+    generated: dict[Path, str] = {}
+    for path in paths:
+        checked = check(path)
+        if not checked.ok:
+            text = "\n".join(f"  {p.format()}" for p in checked.problems)
+            print(f"vllm-fleet: {path}: the spec has errors; no host was changed\n{text}", file=sys.stderr)
+            raise DeployError(f"{path}: invalid spec ({len(checked.errors)} error(s), listed above); no host was changed")
+        resolved, problems, spec = checked.resolved, checked.problems, checked.spec
+        for p in problems:
+            logger.warning(f"{path}: {p.format()}")
+        # Every secret of the spec (vllm_fleet.secrets.SPEC_SECRETS), read on this machine. A
+        # `generate: true` file that is missing gets its value now but is written only when the
+        # deploy executes (write_generated_secrets): a --dry run writes nothing here.
+        try:
+            sec = read_spec_secrets(resolved, spec.base_dir, generated)
+            sec["tls_certificate"] = _tls_certificate(resolved, spec.base_dir)
+        except SecretError as exc:
+            raise DeployError(f"{path}: {exc}; no host was changed") from None
+        if resolved["model"]["transfer"] == "upload" and not Path(resolved["model"]["local_dir"]).is_dir():
+            raise DeployError(f"{path}: model.source: {resolved['model']['local_dir']} is not a directory on this machine "
+                              "(for the lab: `vllm-fleet tiny-model`); no host was changed")
+        if resolved["name"] in specs:
+            raise DeployError(f"{path}: deployment {resolved['name']} is also in {sources[resolved['name']]}: each spec needs its own name; no host was changed")
+        specs[resolved["name"]], secrets[resolved["name"]], sources[resolved["name"]] = resolved, sec, path
+        names[_norm(path)] = resolved["name"]
+    hosts = inventory_hosts()
+    if len({tuple(_norm(p) for p in v) if v else None for v in per_host.values()}) > 1:
+        # Hosts (groups) with their own specs: each deployment's layout is made of the hosts
+        # that name it (host data `deployments`, unless the inventory sets it itself).
+        for name, own in per_host.items():
+            data = hosts[name].setdefault("data", {})
+            if data.get("deployments") is None:
+                data["deployments"] = [names[_norm(p)] for p in own or []]
     try:
-        spec = specmod.load(path)
-        problems = specmod.schema_problems(spec)
-        if not any(p.severity == "error" for p in problems):
-            resolved = specmod.resolve(spec)
-            try:
-                from vllm_fleet.hwchecks import apply_model_facts
-                apply_model_facts(resolved)
-            except ImportError:  # pragma: no cover
-                pass
-            problems += checks.run(resolved, spec)
-        if any(p.severity == "error" for p in problems):
-            raise specmod.SpecError(problems, path)
-    except specmod.SpecError as exc:
-        text = "\n".join(f"  {p.format()}" for p in exc.problems)
-        print(f"vllm-fleet: {path}: the spec has errors; no host was changed\n{text}", file=sys.stderr)
-        raise DeployError(f"{path}: invalid spec ({len([p for p in exc.problems if p.severity == 'error'])} error(s), listed above); no host was changed") from None
-    for p in problems:
-        logger.warning(f"{path}: {p.format()}")
-    secrets = {}
+        layout = build(list(specs.values()), hosts, down=upstream_down(), sources=sources)
+        if _detect_ifnames(layout, hosts):  # facts first, then the one layout the deploy uses
+            layout = build(list(specs.values()), hosts, down=upstream_down(), sources=sources)
+    except LayoutError as exc:  # e.g. an inventory with no host in the `servers` group
+        text = "\n".join(f"  {line}" for line in exc.problems)
+        print(f"vllm-fleet: the fleet layout has errors; no host was changed\n{text}", file=sys.stderr)
+        raise DeployError(f"{', '.join(paths)}: {exc.problems[0]}; no host was changed") from None
+    first = next(iter(specs))
+    _CACHE[key] = {"layout": layout, "specs": specs, "all_secrets": secrets, "paths": sources,
+                   "path": paths[0], "spec": specs[first], "secrets": secrets[first], "rendered": layout.files(),
+                   "generated": generated}
+    return _CACHE[key]
+
+
+def host_layout(ctx: dict[str, Any]) -> Any:
+    """This host's part of the layout (None: the deploy has nothing for it)."""
+    return ctx["layout"].hosts.get(host.name)
+
+
+def _tls_certificate(resolved: dict[str, Any], base_dir: Path) -> str | None:
+    """proxy.tls.certificate's text (a file on the control machine, relative to the spec)."""
+    from vllm_fleet.secrets import SecretError
+
+    tls = resolved["proxy"].get("tls") or {}
+    if not (tls.get("enabled") and tls.get("certificate")) or tls.get("self_signed"):
+        return None
+    p = Path(os.path.expanduser(tls["certificate"]))
+    p = p if p.is_absolute() else base_dir / p
     try:
-        secrets["api_key"] = read_secret(resolved["server"].get("api_key"), yaml_path="server.api_key", base_dir=spec.base_dir)
-        secrets["hub_token"] = read_secret(resolved["model"].get("hub_token"), yaml_path="model.hub_token", base_dir=spec.base_dir)
-    except SecretError as exc:
-        raise DeployError(f"{path}: {exc}; no host was changed") from None
-    if resolved["model"]["transfer"] == "upload" and not Path(resolved["model"]["local_dir"]).is_dir():
-        raise DeployError(f"{path}: model.source: {resolved['model']['local_dir']} is not a directory on this machine "
-                          "(for the lab: `vllm-fleet tiny-model`); no host was changed")
-    try:
-        rendered = render.render(resolved, inventory_hosts())
-    except render.RenderError as exc:  # e.g. an inventory with no host in a server group
-        raise DeployError(f"{path}: {exc}; no host was changed") from None
-    _CACHE[path] = {"path": path, "spec": resolved, "secrets": secrets, "rendered": rendered, "base_dir": spec.base_dir}
-    return _CACHE[path]
+        text = p.read_text()
+    except OSError as exc:
+        raise SecretError(f"proxy.tls.certificate: cannot read {p}: {exc.strerror}") from None
+    if "-----BEGIN" not in text:
+        raise SecretError(f"proxy.tls.certificate: {p} is not a PEM file (no -----BEGIN line)")
+    return text
+
+
+def _write_generated(generated: dict[Path, str]) -> None:
+    from vllm_fleet.secrets import write_generated
+
+    for p in write_generated(generated):
+        logger.info(f"vllm-fleet: generated secret file {p} (mode 0600)")
+
+
+def write_generated_secrets(ctx: dict[str, Any]) -> None:
+    """The first operation on every host when the deploy generated a secret: write its file on
+    the control machine at execute time, before the value reaches any host (never with --dry)."""
+    from pyinfra.operations import python
+
+    if ctx.get("generated"):
+        python.call(name="Write generated secret files on the control machine (0600)",
+                    function=_write_generated, generated=ctx["generated"])
 
 
 def preflight() -> None:
@@ -121,7 +240,9 @@ def preflight() -> None:
 
 
 def rendered_for_host(ctx: dict[str, Any]) -> dict[str, Any]:
-    return ctx["rendered"].get(host.name, {})
+    """Every file the layout places on this host ({path: RenderedFile})."""
+    h = host_layout(ctx)
+    return dict(h.files) if h else {}
 
 
 @operation()

@@ -21,7 +21,11 @@ Deploy function
       is removed and the host fails. (Whether anything changes is known while the plan is
       built, from the same facts ``files.put`` uses: a converged host gets no operation.)
     - ``hub``: ``huggingface_hub.snapshot_download(source, revision=..., local_dir=model.path)``
-      with the env's python (vLLM brings huggingface_hub). The token, when given, is written to
+      with the env's python (vLLM brings huggingface_hub), leaving out ``model_hub_ignore``
+      (``original/*``, ``*.pth``: Llama repositories' consolidated checkpoints, which vLLM never
+      loads, about as large again as the safetensors). Before it downloads anything it compares
+      the repository's file sizes (what is already there counts) with the free space at
+      ``model.path`` less ``model_keep_free_bytes``, and stops naming both when they do not fit. The token, when given, is written to
       ``{config_dir}/hub-token`` (root:root 0600, never shown) and only its path is on the
       command line. Skipped when ``model.path/.vllm-fleet-hub`` already says
       ``<source>@<revision>``. Then the tree is chowned to the service user.
@@ -38,6 +42,7 @@ Example (deploys/serve.py)::
 from __future__ import annotations
 
 import hashlib
+import json
 import shlex
 from io import StringIO
 from pathlib import Path
@@ -162,18 +167,36 @@ def _upload(spec: dict) -> list:
     return ops
 
 
-_HUB_DOWNLOAD = """import hashlib, os, pathlib, sys
-repo, revision, dest, marker, token_file = sys.argv[1:6]
+_HUB_DOWNLOAD = """import fnmatch, hashlib, json, os, pathlib, shutil, sys
+repo, revision, dest, marker, ignore_json, keep, token_file = sys.argv[1:8]
 token = pathlib.Path(token_file).read_text().strip() if token_file else None
+ignore = json.loads(ignore_json)
 from huggingface_hub import HfApi, snapshot_download
 from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError, RevisionNotFoundError
 def fail(msg):
     print("model download: " + msg, file=sys.stderr)
     sys.exit(3)
+def size_of(f):
+    lfs = getattr(f, "lfs", None)
+    return getattr(lfs, "size", None) or f.size
 try:
-    # resumes what an interrupted run left (local_dir/.cache/huggingface/download)
-    snapshot_download(repo_id=repo, revision=revision, local_dir=dest, token=token)
     info = HfApi().model_info(repo, revision=revision, files_metadata=True, token=token)
+    # What vLLM never loads (Llama repositories' original/ consolidated.*.pth) is not downloaded.
+    wanted = [f for f in info.siblings or [] if not any(fnmatch.fnmatch(f.rfilename, p) for p in ignore)]
+    # Free space first, against the repository's own file sizes (what is already there counts).
+    need = 0
+    for f in wanted:
+        p, size = pathlib.Path(dest, f.rfilename), size_of(f) or 0
+        need += max(size - (p.stat().st_size if p.is_file() else 0), 0)
+    pathlib.Path(dest).mkdir(parents=True, exist_ok=True)
+    free = shutil.disk_usage(dest).free
+    if free - need < int(keep):
+        gib = lambda n: f"{n / 2**30:.2f} GiB"
+        fail(f"not enough disk space at {dest}: {repo}@{revision} needs {gib(need)} more, {gib(free)} are free and "
+             f"model_keep_free_bytes asks {gib(int(keep))} to stay free. Fix: free space there, point model.path at a larger "
+             "filesystem, or lower model_keep_free_bytes; nothing was downloaded")
+    # resumes what an interrupted run left (local_dir/.cache/huggingface/download)
+    snapshot_download(repo_id=repo, revision=revision, local_dir=dest, token=token, ignore_patterns=ignore or None)
 except RevisionNotFoundError:
     fail(f"model.revision {revision!r} does not exist in {repo}: pin a branch, tag or commit the repo has "
          "(its commit history on the hub lists them); nothing was marked as downloaded")
@@ -183,10 +206,10 @@ except RepositoryNotFoundError:
     fail(f"model.source {repo!r} does not exist on the hub or is private: check the id, or set model.hub_token")
 # Verified before use: every file's size, and sha256 where the hub gives one (LFS files).
 bad = []
-for f in info.siblings or []:
+for f in wanted:
     p = pathlib.Path(dest, f.rfilename)
     lfs = getattr(f, "lfs", None)
-    size = getattr(lfs, "size", None) or f.size
+    size = size_of(f)
     if not p.is_file() or (size is not None and p.stat().st_size != size):
         bad.append(f.rfilename)
     elif lfs is not None and getattr(lfs, "sha256", None):
@@ -221,7 +244,9 @@ def _hub(spec: dict, hub_token: str | None) -> list:
     env = {"HF_HUB_OFFLINE": "0", "HF_HUB_DISABLE_PROGRESS_BARS": "1",
            "HF_HUB_DISABLE_TELEMETRY": "1", **(host.data.get("model_hub_env") or {})}
     argv = ["env", *(f"{k}={v}" for k, v in sorted(env.items())), _env_python(spec), "-c",
-            _HUB_DOWNLOAD, m["source"], revision, root, d.HUB_MARKER, token_path]
+            _HUB_DOWNLOAD, m["source"], revision, root, d.HUB_MARKER,
+            json.dumps(list(host.data.get("model_hub_ignore") or [])), str(int(host.data.get("model_keep_free_bytes") or 0)),
+            token_path]
     q = " ".join(shlex.quote(a) for a in argv)
     op = server.shell(name=f"Download {want} from the hub into {root}", commands=[
         f"mkdir -p {shlex.quote(root)}",

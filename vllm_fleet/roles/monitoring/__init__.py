@@ -25,6 +25,10 @@ NODE_EXPORTER = "prometheus-node-exporter"
 BLACKBOX = "prometheus-blackbox-exporter"
 DCGM_EXPORTER = "dcgm-exporter"
 GRAFANA = "grafana-server"
+#: The packaged service each monitoring file configures (vllm_fleet.monitoring.paths keys): what
+#: the teardown role stops when it removes a deployment's file (units like DCGM's are rendered).
+SERVICE_OF = {"node_exporter_defaults": NODE_EXPORTER, "prometheus_defaults": PROMETHEUS, "prometheus_config": PROMETHEUS,
+              "blackbox_defaults": BLACKBOX, "blackbox_config": BLACKBOX}
 
 
 def _put(rendered: dict[str, Any], paths: list[str]) -> dict[str, Any]:

@@ -4,7 +4,6 @@ secret), TLS when configured; `nginx -t` before every reload; reload, never rest
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from pyinfra import host
@@ -13,28 +12,33 @@ from pyinfra.facts.files import File
 from pyinfra.operations import apt, files, server, systemd
 from pyinfra.operations.util import any_changed
 
-from vllm_fleet.roles.common import put_rendered, secret_file
+from vllm_fleet.roles.common import DeployError, atomic_put, put_rendered, secret_file
 
 from .defaults import DEFAULTS
 
 
 @deploy("nginx proxy", data_defaults=DEFAULTS)
-def install_nginx(spec: dict[str, Any], rendered: dict[str, Any], api_key: str | None, tls_key: str | None = None):
+def install_nginx(spec: dict[str, Any], rendered: dict[str, Any], api_key: str | None, tls_key: str | None = None,
+                  tls_certificate: str | None = None):
     """
     Install nginx and the vllm-fleet site for this deployment.
 
     + spec: the resolved deployment spec
     + rendered: this host's rendered files ({path: RenderedFile}); the /etc/nginx ones are used
     + api_key: the API key (for the auth include, 0600 root; nginx reads it as root at start)
-    + tls_key: the TLS private key's value when proxy.tls.certificate_key is set
+    + tls_key: the TLS private key's value when proxy.tls.certificate_key is set (0600 root, never shown)
+    + tls_certificate: the certificate's text when proxy.tls.certificate is set (both are read on the
+      control machine by ``load_deploy_spec``: ``ctx["secrets"]["tls_key"]``, ``["tls_certificate"]``)
 
     **Example:**
 
     .. code:: python
 
-        install_nginx(spec=ctx["spec"], rendered=rendered_for_host(ctx), api_key=ctx["secrets"]["api_key"])
+        install_nginx(spec=ctx["spec"], rendered=rendered_for_host(ctx), api_key=ctx["secrets"]["api_key"],
+                      tls_key=ctx["secrets"]["tls_key"], tls_certificate=ctx["secrets"]["tls_certificate"])
     """
     from vllm_fleet import render
+    from vllm_fleet.secrets import host_secret_files
 
     prx = spec["proxy"]
     apt.packages(name="nginx package", packages=[host.data.get("nginx_package")], update=True, cache_time=3600)
@@ -42,11 +46,13 @@ def install_nginx(spec: dict[str, Any], rendered: dict[str, Any], api_key: str |
     if host.data.get("nginx_remove_default_site"):
         changed.append(files.link(name="Remove the default site", path="/etc/nginx/sites-enabled/default", present=False))
     secret_paths = {render.paths(spec)[k] for k in ("nginx_auth", "tls_certificate", "tls_certificate_key")}
-    site_paths = [p for p in rendered if p.startswith("/etc/nginx/") and p not in secret_paths]
     paths = render.paths(spec)
+    # This deployment's site only (a host's rendered files hold every deployment's).
+    site_paths = [p for p in rendered if p == paths["nginx_site"] and p not in secret_paths]
     # The auth include (and the TLS files below) before the site that names them.
+    secret_text = host_secret_files(spec, {"api_key": api_key, "tls_key": tls_key})
     changed.append(secret_file(name="nginx auth include (0600, never shown)", path=paths["nginx_auth"],
-                               content=render.nginx_auth_content(spec, api_key)))
+                               content=secret_text[paths["nginx_auth"]]))
     tls = prx["tls"]
     if tls["enabled"]:
         crt, key = paths["tls_certificate"], paths["tls_certificate_key"]
@@ -59,8 +65,13 @@ def install_nginx(spec: dict[str, Any], rendered: dict[str, Any], api_key: str |
                               f"-keyout {key} -out {crt} && chmod 600 {key}"],
                 ))
         else:
-            changed.append(files.put(name="TLS certificate", src=os.path.expanduser(tls["certificate"]), dest=crt, mode="644"))
-            changed.append(secret_file(name="TLS private key (0600, never shown)", path=key, content=tls_key or ""))
+            if not tls_certificate or not tls_key:
+                raise DeployError(f"{host.name}: proxy.tls: the certificate and its key were not read on the control machine "
+                                  "(pass tls_certificate= and tls_key= from load_deploy_spec's ctx); no host was changed")
+            files.directory(name=f"Directory {render.NGINX_SECRET_DIR} (0700)", path=render.NGINX_SECRET_DIR,
+                            user="root", group="root", mode="700")
+            changed.append(atomic_put(name="TLS certificate", dest=crt, content=tls_certificate, mode="644"))
+            changed.append(secret_file(name="TLS private key (0600, never shown)", path=key, content=secret_text[key]))
     put = put_rendered(rendered, site_paths)
     changed += put.values()
     server.shell(name="nginx -t (validate before reload)", commands=["nginx -t"], _if=any_changed(*changed))

@@ -9,28 +9,40 @@ Deploy function
 
 What it does, decided from facts while the plan is built
     - ``install.accelerator: cpu``: nothing.
-    - The driver branch already loaded (nvidia-smi answers with ``<branch>.x``) and the toolkit
-      installed (or not wanted): nothing but the GPU check.
-    - Otherwise, source ``nvidia``: NVIDIA's CUDA apt repository via its keyring package
-      (Debian also gets ``contrib``), the branch pinning package ``nvidia-driver-pinning-<branch>``,
-      then ``nvidia-open`` (open kernel modules) or ``cuda-drivers``, and ``cuda-toolkit-X-Y``.
-      Source ``distro``: Debian's ``nvidia-driver`` (+ ``nvidia-open-kernel-dkms`` or
-      ``nvidia-kernel-dkms``, ``firmware-misc-nonfree``; contrib/non-free/non-free-firmware
-      enabled; Debian 12 ships branch 535 only) or Ubuntu's ``nvidia-driver-<branch>[-server][-open]``,
-      and ``nvidia-cuda-toolkit``.
-    - A new driver: ``dkms`` + ``linux-headers-$(uname -r)`` first (the module is rebuilt for every
-      later kernel), nouveau blacklisted in /etc/modprobe.d/blacklist-nouveau.conf
-      (``update-initramfs -u`` only when that file changed), then a reboot (pyinfra's
-      ``server.reboot``, which waits for the host) and a check that nvidia-smi reports the branch
-      and the spec's GPUs. A reboot also happens when nouveau is loaded. No reboot when only the
-      toolkit was missing.
+    - ``driver_branch`` is a minimum (default: what the pinned vLLM's CUDA needs, see
+      ``vllm_fleet.defaults.VLLM_CUDA``): nvidia-smi answering with that branch or a newer one,
+      the toolkit installed (or not wanted) and, on NVSwitch boards, the fabric manager present:
+      nothing but the GPU check, no reboot.
+    - Otherwise, before anything is installed: Secure Boot on (``SecureBoot`` fact) without host
+      data ``nvidia_secure_boot_mok`` stops the host (an unsigned DKMS module never loads).
+    - Source ``nvidia``: NVIDIA's CUDA apt repository via its keyring package (Debian also gets
+      ``contrib``), the branch pinning package ``nvidia-driver-pinning-<branch>``, then the
+      driver with ``latest`` (an installed older branch is upgraded to the pinned one):
+      compute-only packages by default (``nvidia_compute_only``; Debian ``nvidia-driver-cuda`` +
+      the kernel module package, Ubuntu the compute libraries / DKMS module / utils), else
+      ``nvidia-open`` / ``cuda-drivers``; and ``cuda-toolkit-X-Y``. Source ``distro``: Debian's
+      packages (contrib/non-free/non-free-firmware enabled; Debian 12 ships branch 535 only, a
+      higher minimum is refused) or Ubuntu's ``nvidia-headless-<branch>[-server][-open]``, and
+      ``nvidia-cuda-toolkit``. ``nvidia-modprobe`` with every source (the vLLM unit's
+      ``ExecStartPre=+nvidia-modprobe -c0 -u`` creates /dev/nvidia-uvm with it).
+    - A new driver: ``dkms``, the running kernel's headers and the headers meta-package of its
+      flavour (so DKMS builds for the next kernel), nouveau blacklisted (``update-initramfs -u``
+      only when that file changed), nvidia-persistenced enabled with persistence mode; then a
+      reboot (``server.reboot``, which waits) when no driver answered, nouveau was loaded, or the
+      install changed something; then a check that nvidia-smi reports the branch (or newer) and
+      the spec's GPUs. ``nvidia_reboot: false`` stops the host instead of rebooting, with a
+      message (``RebootNeeded``). No reboot when only the toolkit was missing.
+    - NVSwitch boards (``NvSwitches`` fact, from the PCI bus): ``nvidia-fabricmanager`` of the
+      running (or installed) branch, enabled.
 
 Failures
     ``GpuMismatch`` (a ``DeployError``, raised while the plan is built, so no host is touched)
     names the host when its GPUs do not match ``hardware.gpu`` x ``hardware.gpus_per_node``;
     after a fresh install the same check runs on the host after the reboot and fails that host.
-    ``UnsupportedHost`` for a distribution without a CUDA repository entry, or
-    ``source: distro`` with a branch Debian does not ship.
+    ``UnsupportedHost`` for a distribution without a CUDA repository entry, ``source: distro``
+    with a branch Debian does not ship, Debian's own packages on an NVSwitch board, or Secure
+    Boot without an enrolled DKMS key. ``RebootNeeded`` (at execute time) with ``nvidia_reboot``
+    off.
 
 Example (deploys/serve.py)::
 
@@ -51,14 +63,15 @@ from pyinfra.api import deploy
 from pyinfra.api.exceptions import DeployError
 from pyinfra.facts.deb import DebPackages
 from pyinfra.facts.server import KernelModules, KernelVersion, LinuxDistribution
-from pyinfra.operations import apt, files, python, server
+from pyinfra.operations import apt, files, python, server, systemd
+from pyinfra.operations.util import any_changed
 
 from . import defaults as d
 from .defaults import DEFAULTS
-from .facts import NVIDIA_SMI_COMMAND, AptComponents, NvidiaGpus, driver_branch
+from .facts import NVIDIA_SMI_COMMAND, AptComponents, NvidiaGpus, NvSwitches, SecureBoot, driver_branch
 from .gpucheck import describe, gpu_mismatch
 
-__all__ = ["nvidia", "GpuMismatch", "UnsupportedHost", "cuda_repo_dir", "DEFAULTS"]
+__all__ = ["nvidia", "GpuMismatch", "UnsupportedHost", "RebootNeeded", "cuda_repo_dir", "kernel_flavour", "DEFAULTS"]
 
 NOUVEAU_BLACKLIST_TEXT = (
     "# Written by vllm-fleet (vllm_fleet/roles/nvidia): the NVIDIA driver needs nouveau unloaded.\n"
@@ -73,6 +86,35 @@ class GpuMismatch(DeployError):
 
 class UnsupportedHost(DeployError):
     """A distribution or source/branch combination this role cannot install."""
+
+
+class RebootNeeded(DeployError):
+    """A new driver needs a reboot and host data ``nvidia_reboot`` is off (the message names the host)."""
+
+
+def kernel_flavour(kernel: str) -> str:
+    """The headers meta-package's flavour of a kernel release: ``amd64`` for ``6.1.0-27-amd64``,
+    ``cloud-amd64`` for ``6.1.0-27-cloud-amd64``, ``generic`` for ``6.8.0-49-generic``."""
+    parts = kernel.split("-")
+    rest = [p for p in parts[1:] if not p.isdigit()]
+    return "-".join(rest) or "generic"
+
+
+def _branch_suffix(distro_name: str, branch: str) -> str:
+    """``-580`` in NVIDIA's Ubuntu package names up to 580, nothing from 590 on (and on Debian)."""
+    if distro_name == "Ubuntu" and int(branch) < d.UBUNTU_UNSUFFIXED_FROM:
+        return f"-{branch}"
+    return ""
+
+
+def _fabricmanager_package(source: str, distro_name: str, branch: str, host_name: str) -> str:
+    if source == "nvidia":
+        return d.CUDA_REPO_FABRICMANAGER[distro_name].format(sfx=_branch_suffix(distro_name, branch))
+    if distro_name == "Ubuntu":
+        return d.UBUNTU_DISTRO_FABRICMANAGER.format(branch=branch)
+    raise UnsupportedHost(
+        f"host {host_name}: this board has NVSwitches (CUDA needs nvidia-fabricmanager there), and Debian's own "
+        "packages have no fabric manager. Fix: install.nvidia.source: nvidia (NVIDIA's repository has it for every branch).")
 
 
 def cuda_repo_dir(distro: dict, host_name: str) -> str:
@@ -113,7 +155,7 @@ def _check_gpus_now(state, host, branch: str, hardware: dict) -> None:  # noqa: 
     the GPUs match the spec."""
     gpus = host.get_fact(NvidiaGpus)
     loaded = driver_branch(gpus)
-    if loaded != branch:
+    if loaded is None or int(loaded) < int(branch):
         raise GpuMismatch(
             f"host {host.name}: after installing driver branch {branch} and rebooting, "
             f"nvidia-smi reports {describe(gpus)} (driver branch {loaded}). "
@@ -124,6 +166,13 @@ def _check_gpus_now(state, host, branch: str, hardware: dict) -> None:  # noqa: 
         raise GpuMismatch(problem)
 
 
+def _reboot_needed(state, host, branch: str) -> None:  # noqa: ARG001
+    """Runs on the host when a reboot is needed and ``nvidia_reboot`` is off: stop this host."""
+    raise RebootNeeded(
+        f"host {host.name}: NVIDIA driver branch {branch} is installed but not loaded, and host data nvidia_reboot "
+        f"is false. Fix: reboot {host.name}, then deploy again (or set nvidia_reboot: true to let the deploy reboot it).")
+
+
 @deploy("NVIDIA driver and CUDA", data_defaults=DEFAULTS)
 def nvidia(spec: dict) -> None:
     ins, hw = spec["install"], spec["hardware"]
@@ -132,27 +181,32 @@ def nvidia(spec: dict) -> None:
         host.noop("install.accelerator is not cuda: no NVIDIA driver")
         return
 
-    branch = str(nv["driver_branch"])
+    branch = str(nv["driver_branch"])  # the oldest branch accepted
     source = nv["source"]
     open_modules = bool(nv["open_kernel_modules"])
+    compute_only = bool(host.data.get("nvidia_compute_only"))
     distro = host.get_fact(LinuxDistribution)
     repo_dir = cuda_repo_dir(distro, host.name)
     is_debian = distro["name"] == "Debian"
-
-    if source == "distro" and is_debian and d.DEBIAN_DISTRO_BRANCH.get(distro["major"]) != branch:
-        raise UnsupportedHost(
-            f"host {host.name}: Debian {distro['major']} ships NVIDIA driver branch "
-            f"{d.DEBIAN_DISTRO_BRANCH.get(distro['major'])}, the spec asks for {branch}. "
-            "Fix: install.nvidia.source: nvidia (NVIDIA's repository), or "
-            f"install.nvidia.driver_branch: \"{d.DEBIAN_DISTRO_BRANCH.get(distro['major'])}\"."
-        )
 
     gpus = host.get_fact(NvidiaGpus)
     if gpus:
         problem = gpu_mismatch(gpus, hw, host.name)
         if problem:
             raise GpuMismatch(problem)
-    driver_ok = driver_branch(gpus) == branch
+    loaded = driver_branch(gpus)
+    # A minimum: the branch or a newer one loaded is left alone (no install, no reboot).
+    driver_ok = loaded is not None and int(loaded) >= int(branch)
+
+    if not driver_ok and source == "distro" and is_debian:
+        shipped = d.DEBIAN_DISTRO_BRANCH.get(distro["major"])
+        if shipped is None or int(shipped) < int(branch):
+            raise UnsupportedHost(
+                f"host {host.name}: Debian {distro['major']} ships NVIDIA driver branch {shipped}, the spec needs "
+                f"{branch} or newer (install.nvidia.driver_branch; vLLM {ins['vllm_version']} needs "
+                f"{nv.get('min_driver_branch', branch)}). Fix: install.nvidia.source: nvidia (NVIDIA's repository)"
+                + (f", or install.nvidia.driver_branch: \"{shipped}\" with a vLLM that runs on it." if shipped else ".")
+            )
 
     if source == "nvidia":
         major, minor = nv["cuda_version"].split(".")
@@ -160,11 +214,26 @@ def nvidia(spec: dict) -> None:
     else:
         toolkit = d.DISTRO_TOOLKIT
     want_toolkit = bool(host.data.get("nvidia_install_toolkit"))
-    toolkit_ok = not want_toolkit or toolkit in host.get_fact(DebPackages)
+    # NVSwitch boards need the fabric manager of the branch that runs (the loaded one when it is
+    # kept, else the one installed now).
+    nvswitches = host.get_fact(NvSwitches) if host.data.get("nvidia_fabricmanager") else 0
+    fabricmanager = _fabricmanager_package(source, distro["name"], loaded if driver_ok else branch, host.name) if nvswitches else None
+    packages = host.get_fact(DebPackages) if (want_toolkit or fabricmanager) else {}
+    toolkit_ok = not want_toolkit or toolkit in packages
+    fabricmanager_ok = fabricmanager is None or fabricmanager in packages
 
-    if driver_ok and toolkit_ok:
-        host.noop(f"NVIDIA driver branch {branch} loaded ({describe(gpus)}); toolkit present")
+    if driver_ok and toolkit_ok and fabricmanager_ok:
+        host.noop(f"NVIDIA driver branch {loaded} loaded ({describe(gpus)}; {branch} or newer wanted); toolkit present"
+                  + (f"; {fabricmanager} present" if fabricmanager else ""))
         return
+
+    # Secure Boot with an unsigned DKMS module: the driver would install and never load.
+    if not driver_ok and host.get_fact(SecureBoot) and not host.data.get("nvidia_secure_boot_mok"):
+        raise UnsupportedHost(
+            f"host {host.name}: UEFI Secure Boot is on, and the NVIDIA kernel module DKMS builds is not signed with a key "
+            "the firmware trusts, so it would never load. Nothing was installed. Fix: turn Secure Boot off in the "
+            "firmware, or enroll DKMS's signing key (mokutil --import /var/lib/dkms/mok.pub, confirm at the next boot) "
+            "and set host data nvidia_secure_boot_mok: true.")
 
     codename = distro["release_meta"].get("VERSION_CODENAME", "")
 
@@ -186,12 +255,13 @@ def nvidia(spec: dict) -> None:
         _ensure_debian_components(codename, d.DEBIAN_COMPONENTS)
     apt.update(name="Update apt package lists")
 
-    # 2. Driver: DKMS + headers, nouveau blacklist, pinned driver packages.
+    # 2. Driver: DKMS + headers, nouveau blacklist, the branch's driver packages.
+    driver_changes = []
     if not driver_ok:
         kernel = host.get_fact(KernelVersion)
         apt.packages(
-            name="DKMS and headers of the running kernel",
-            packages=[p.format(kernel=kernel) for p in d.DKMS_PACKAGES],
+            name="DKMS and kernel headers (running kernel + meta-package)",
+            packages=[p.format(kernel=kernel, flavour=kernel_flavour(kernel)) for p in d.DKMS_PACKAGES],
             no_recommends=True,
         )
         blacklist = files.put(
@@ -200,42 +270,69 @@ def nvidia(spec: dict) -> None:
             dest=d.NOUVEAU_BLACKLIST,
             mode="0644",
         )
+        driver_changes.append(blacklist)
         server.shell(
             name="Rebuild the initramfs without nouveau",
             commands=["update-initramfs -u"],
             _if=blacklist.did_change,
         )
         if source == "nvidia":
-            apt.packages(
+            # The pinning package first (NVIDIA: "install the pinning package prior to the
+            # driver"), then the driver with latest=True: an installed older branch is upgraded
+            # to the pinned one, not left in place (apt.packages would see it present).
+            driver_changes.append(apt.packages(
                 name=f"Pin apt to NVIDIA driver branch {branch}",
                 packages=[d.CUDA_REPO_PINNING.format(branch=branch)],
-            )
-            driver_packages = [d.CUDA_REPO_DRIVER[open_modules]]
+            ))
+            if compute_only:
+                sfx = _branch_suffix(distro["name"], branch)
+                driver_packages = [p.format(sfx=sfx) for p in d.CUDA_REPO_COMPUTE[distro["name"]][open_modules]]
+            else:
+                driver_packages = list(d.CUDA_REPO_DRIVER[open_modules])
         elif is_debian:
-            driver_packages = list(d.DEBIAN_DISTRO_DRIVER[open_modules])
+            driver_packages = list((d.DEBIAN_DISTRO_COMPUTE if compute_only else d.DEBIAN_DISTRO_DRIVER)[open_modules])
         else:
             flavour = "-server" if host.data.get("nvidia_ubuntu_server_flavour") else ""
-            driver_packages = [
-                d.UBUNTU_DISTRO_DRIVER.format(branch=branch, server=flavour, open="-open" if open_modules else "")
-            ]
-        apt.packages(name=f"NVIDIA driver {branch} ({'open' if open_modules else 'proprietary'} kernel modules)",
-                     packages=driver_packages)
+            names = d.UBUNTU_DISTRO_COMPUTE if compute_only else [d.UBUNTU_DISTRO_DRIVER]
+            driver_packages = [n.format(branch=branch, server=flavour, open="-open" if open_modules else "") for n in names]
+        driver_changes.append(apt.packages(
+            name=f"NVIDIA driver {branch} ({'open' if open_modules else 'proprietary'} kernel modules, "
+                 f"{'compute only' if compute_only else 'full'})",
+            packages=driver_packages, latest=True))
+        # Persistence mode (NVIDIA's Ansible role does the same): the GPUs stay initialised.
+        files.put(name="nvidia-persistenced with persistence mode", src=StringIO(d.PERSISTENCED_OVERRIDE_TEXT),
+                  dest=d.PERSISTENCED_OVERRIDE, mode="0644")
+        systemd.service(name="nvidia-persistenced enabled", service="nvidia-persistenced", enabled=True,
+                        daemon_reload=True)
 
-    # 3. Toolkit.
+    # 3. Toolkit, fabric manager.
     if want_toolkit and not toolkit_ok:
         apt.packages(name=f"CUDA toolkit ({toolkit})", packages=[toolkit], no_recommends=True)
+    if fabricmanager:
+        fm = apt.packages(name=f"NVSwitch fabric manager ({fabricmanager}, {nvswitches} NVSwitches)",
+                          packages=[fabricmanager], latest=not driver_ok)
+        driver_changes.append(fm)
+        systemd.service(name="nvidia-fabricmanager running and enabled", service="nvidia-fabricmanager",
+                        running=driver_ok, enabled=True)
 
-    # 4. Reboot into the new driver (or away from nouveau), then verify on the host.
+    # 4. Reboot into the new driver (or away from nouveau), then verify on the host. Without a
+    #    driver answering (or with nouveau loaded) always; with an older branch loaded only when
+    #    the install changed something (otherwise the check below names what is loaded).
     nouveau_loaded = "nouveau" in host.get_fact(KernelModules)
     if driver_ok and not nouveau_loaded:
         return
+    condition = None if (loaded is None or nouveau_loaded) else any_changed(*driver_changes)
     if not host.data.get("nvidia_reboot"):
-        logger.warning(f"{host.name}: NVIDIA driver installed; reboot the host (nvidia_reboot is off)")
+        python.call(name="Stop: the new driver loads only after a restart, which this host data forbids", function=_reboot_needed, branch=branch,
+                    _if=condition)
         return
     server.reboot(
         name="Reboot into the NVIDIA driver",
         delay=host.data.get("nvidia_reboot_delay"),
         reboot_timeout=host.data.get("nvidia_reboot_timeout"),
+        _if=condition,
     )
-    server.shell(name="nvidia-smi answers", commands=[NVIDIA_SMI_COMMAND])
+    server.shell(name="nvidia-smi answers", commands=[NVIDIA_SMI_COMMAND], _if=condition)
+    # Always: after a reboot it reads the new driver; without one (an older branch loaded and the
+    # install changed nothing) it stops the host naming the branch that is still loaded.
     python.call(name="GPUs match the spec", function=_check_gpus_now, branch=branch, hardware=dict(hw))

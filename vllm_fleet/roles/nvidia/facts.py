@@ -129,3 +129,53 @@ class AptComponents(FactBase[set]):
 
     def process(self, output: list[str]) -> set[str]:
         return parse_apt_components(output, self._suite)
+
+
+def parse_pci_classes(lines: list[str]) -> int:
+    """NVSwitches among ``<vendor> <class>`` lines (one PCI device a line, from sysfs): NVIDIA's
+    vendor id 0x10de with PCI class 0x0680xx ("Bridge: other", as lspci shows an NVSwitch).
+    GPUs are 0x0300xx / 0x0302xx."""
+    count = 0
+    for line in lines:
+        words = line.split()
+        if len(words) == 2 and words[0].lower() == "0x10de" and words[1].lower().startswith("0x0680"):
+            count += 1
+    return count
+
+
+class NvSwitches(FactBase[int]):
+    """How many NVIDIA NVSwitch devices the PCI bus has (HGX/DGX A100, H100, H200 boards: CUDA
+    needs nvidia-fabricmanager there). Read from sysfs, so it works before any driver is installed."""
+
+    def command(self) -> str:
+        return ('for d in /sys/bus/pci/devices/*; do [ -r "$d/class" ] && '
+                'echo "$(cat "$d/vendor") $(cat "$d/class")"; done 2>/dev/null; true')
+
+    @staticmethod
+    def default() -> int:
+        return 0
+
+    def process(self, output: list[str]) -> int:
+        return parse_pci_classes(output)
+
+
+def parse_secure_boot(lines: list[str]) -> bool:
+    """``od -An -tu1`` of the SecureBoot EFI variable: 4 attribute bytes then the value; 1 = on."""
+    values = " ".join(lines).split()
+    return bool(values) and values[-1] == "1"
+
+
+class SecureBoot(FactBase[bool]):
+    """Whether UEFI Secure Boot is on (False without EFI or without the variable)."""
+
+    def command(self) -> str:
+        from .defaults import SECURE_BOOT_EFIVAR
+
+        return f"od -An -tu1 {SECURE_BOOT_EFIVAR} 2>/dev/null || true"
+
+    @staticmethod
+    def default() -> bool:
+        return False
+
+    def process(self, output: list[str]) -> bool:
+        return parse_secure_boot(output)

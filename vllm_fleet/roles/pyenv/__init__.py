@@ -9,9 +9,11 @@ Deploy functions (``spec`` is the resolved spec dict from ``vllm_fleet.spec.load
     The service role calls it too; both calls converge to the same state.
 
     ``pyenv(spec)``: ``install.env_manager``
-      - ``venv``: apt ``python3-venv``, then ``python3 -m venv {prefix}/env`` unless that env's
-        python already runs (the system python3's version; install.python is not used).
-      - ``conda``: Miniforge ``pyenv_miniforge_version`` at ``pyenv_miniforge_root`` (default
+      - ``venv``: apt ``python3-venv`` (with ``install.accelerator: cuda`` also ``python3-dev`` and
+        ``gcc``: Triton compiles its launcher against Python.h when vLLM starts), then
+        ``python3 -m venv {prefix}/env`` unless that env's python already runs (the system
+        python3's version; install.python is not used).
+      - ``conda``: (cuda: apt ``gcc`` first, the env has its own headers) Miniforge ``pyenv_miniforge_version`` at ``pyenv_miniforge_root`` (default
         /opt/miniforge3), installed only when absent or recorded at another version: download to a
         ``.part`` file, ``sha256sum --check`` against the pinned sha256, and only then run the
         installer (``bash … -b -p ROOT``, ``-u`` to update an existing root). Then
@@ -81,8 +83,12 @@ def service_dirs(spec: dict) -> None:
                     mode=d.STATE_DIR_MODE)
 
 
-def _venv(env: str) -> None:
-    apt.packages(name="python3-venv", packages=list(host.data.get("pyenv_venv_packages")))
+def _venv(env: str, cuda: bool) -> None:
+    packages = list(host.data.get("pyenv_venv_packages"))
+    if cuda:
+        packages += [p for p in host.data.get("pyenv_cuda_venv_packages") if p not in packages]
+    apt.packages(name="python3-venv" + (" and the headers + C compiler Triton builds with" if cuda else ""),
+                 packages=packages)
     if host.get_fact(EnvPython, env=env) is None:
         server.shell(name=f"venv at {env}", commands=[f"python3 -m venv {shlex.quote(env)}"])
 
@@ -138,7 +144,10 @@ def pyenv(spec: dict) -> None:
     ins = spec["install"]
     env = env_dir(spec)
     files.directory(name="Install prefix", path=ins["prefix"], user="root", group="root", mode=d.PREFIX_MODE)
+    cuda = ins["accelerator"] == "cuda"
     if ins["env_manager"] == "venv":
-        _venv(env)
+        _venv(env, cuda)
     else:
+        if cuda and host.data.get("pyenv_cuda_conda_packages"):
+            apt.packages(name="C compiler Triton builds with", packages=list(host.data.get("pyenv_cuda_conda_packages")))
         _conda_env(env, str(ins["python"]))

@@ -26,6 +26,11 @@ DEFAULTS = {
     "pyenv_conda_channel": "conda-forge",
     # apt packages for a venv of the system python3 (the lab uses this).
     "pyenv_venv_packages": ["python3-venv"],
+    # With install.accelerator cuda: what vLLM compiles at start needs. Triton builds its CUDA
+    # launcher (a C extension) against Python.h with the system C compiler the first time vLLM
+    # starts: python3-dev for a venv (a conda env has its own headers), a C compiler for both.
+    "pyenv_cuda_venv_packages": ["python3-dev", "gcc"],
+    "pyenv_cuda_conda_packages": ["gcc"],
 }
 
 # Modes of the directories created by ``service_dirs``.

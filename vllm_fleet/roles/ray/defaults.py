@@ -4,27 +4,23 @@ Host data (``@deploy`` data_defaults): override per host or group in the invento
 """
 
 DEFAULTS = {
-    # The interface Gloo/NCCL use between nodes (GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME in
-    # node.env). None: parallel.socket_ifname from the spec, else detected on each host: the one
-    # interface holding the node's address (`ip -o -4 addr show`).
-    "socket_ifname": None,
+    # socket_ifname (host data, read by the layout): the interface Gloo/NCCL use between nodes
+    # (GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME in node.env). Unset: parallel.socket_ifname from
+    # the spec, else detected on each host before the layout is built: the one interface holding
+    # the node's private address (`ip -o -4 addr show`).
     # Seconds the deploy waits, after (re)starting Ray nodes, for the head to see every node
     # (the rendered wait-ray-cluster, run on the head). On timeout the deploy fails naming the
     # missing node addresses.
     "ray_cluster_wait_timeout": 180,
-    # nftables: allow Ray's ports only from the cluster's own addresses (plus these extra
-    # addresses/CIDRs, e.g. a monitoring host). False: leave the host's firewall alone (then
-    # put Ray's ports behind your own firewall: they have no authentication).
-    "ray_firewall": True,
-    "ray_firewall_allow": [],
+    # ray_firewall / ray_firewall_allow (host data, read by the layout, which renders the rules;
+    # defaults in vllm_fleet.layout.HOST_DATA_DEFAULTS): Ray's ports only from the cluster's own
+    # private addresses (plus these). False: leave the host's firewall alone.
     # Compare Python, Ray and vLLM versions across all Ray nodes before anything (re)starts.
     "ray_version_check": True,
 }
 
 #: The firewall's nftables table, its rules file and the unit that loads it at boot.
-FIREWALL_TABLE = "vllm_fleet_ray"
-FIREWALL_FILE = "/etc/vllm-fleet/ray-firewall.nft"
-FIREWALL_UNIT = "vllm-fleet-ray-firewall.service"
+from vllm_fleet.render import RAY_FIREWALL_FILE as FIREWALL_FILE, RAY_FIREWALL_TABLE as FIREWALL_TABLE, RAY_FIREWALL_UNIT as FIREWALL_UNIT  # noqa: E402,F401
 SYSTEMD_DIR = "/etc/systemd/system"
 
 #: What the version check compares on every node (distribution names; "python" is the

@@ -190,17 +190,18 @@ def _wait_idle(port: int, timeout: float, interval: float) -> None:
         time.sleep(interval)
 
 
-def _smoke(py: str, port: int, model: str, secrets: str, max_tokens: int, timeout: float, journal_lines: int) -> None:
+def _smoke(py: str, port: int, model: str, secrets: str, max_tokens: int, timeout: float, journal_lines: int,
+           unit: str = "vllm.service") -> None:
     argv = [py, "-c", SMOKE_PY, str(port), model, secrets, str(max_tokens), str(timeout)]
     ok, out = host.run_shell_command(" ".join(shlex.quote(a) for a in argv), _sudo=True, _timeout=int(timeout * 3) + 30)
     lines = [line for line in (getattr(out, "stdout_lines", []) or []) + (getattr(out, "stderr_lines", []) or [])]
     if ok:
         _say(lines[-1] if lines else "replica smoke test passed")
         return
-    _, j = host.run_shell_command(f"journalctl -u vllm.service -n {int(journal_lines)} --no-pager -o cat", _sudo=True)
+    _, j = host.run_shell_command(f"journalctl -u {shlex.quote(unit)} -n {int(journal_lines)} --no-pager -o cat", _sudo=True)
     tail = "\n".join(getattr(j, "stdout_lines", []) or [])
     raise RuntimeError(f"{host.name}: the replica's own smoke test failed: {' | '.join(lines[-5:])}\n"
-                       f"Last {journal_lines} journal lines of vllm.service:\n{tail}")
+                       f"Last {journal_lines} journal lines of {unit}:\n{tail}")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -234,12 +235,13 @@ def upstream(spec: dict[str, Any], rendered: dict[str, Any], drain_timeout: floa
 
 
 @deploy("Rollout: drain the replica", data_defaults=DEFAULTS)
-def drain(spec: dict[str, Any], drain_timeout: float):
+def drain(spec: dict[str, Any], drain_timeout: float, port: int | None = None):
     """
-    Wait until vLLM on this host has no running and no waiting request (bounded).
+    Wait until a vLLM instance on this host has no running and no waiting request (bounded).
 
     + spec: the resolved deployment spec
     + drain_timeout: seconds to wait at most
+    + port: the instance's port (from the layout; default server.port)
 
     **Example:**
 
@@ -247,18 +249,21 @@ def drain(spec: dict[str, Any], drain_timeout: float):
 
         drain(spec=ctx["spec"], drain_timeout=120)
     """
-    python.call(name=f"Wait for vLLM's running/waiting requests to reach 0 (at most {drain_timeout:.0f} s)",
-                function=_wait_idle, port=int(spec["server"]["port"]), timeout=float(drain_timeout),
+    port = int(port or spec["server"]["port"])
+    python.call(name=f"Wait for vLLM's running/waiting requests on port {port} to reach 0 (at most {drain_timeout:.0f} s)",
+                function=_wait_idle, port=port, timeout=float(drain_timeout),
                 interval=float(host.data.get("rollout_poll_interval")))
 
 
 @deploy("Rollout: the replica's own smoke test", data_defaults=DEFAULTS)
-def smoke_replica(spec: dict[str, Any]):
+def smoke_replica(spec: dict[str, Any], port: int | None = None, unit: str = "vllm.service"):
     """
-    Smoke-test vLLM on this host directly (not through the proxy): health, models, a chat, a
-    streamed chat.
+    Smoke-test a vLLM instance on this host directly (not through the proxy): health, models, a
+    chat, a streamed chat.
 
     + spec: the resolved deployment spec
+    + port: the instance's port (from the layout; default server.port)
+    + unit: its unit (for the journal tail on failure)
 
     **Example:**
 
@@ -266,8 +271,9 @@ def smoke_replica(spec: dict[str, Any]):
 
         smoke_replica(spec=ctx["spec"])
     """
-    python.call(name="Smoke test of the replica itself (127.0.0.1 on the host)", function=_smoke,
-                py=command.env_python(spec), port=int(spec["server"]["port"]), model=spec["model"]["served_name"],
+    port = int(port or spec["server"]["port"])
+    python.call(name=f"Smoke test of the replica itself (127.0.0.1:{port} on the host)", function=_smoke,
+                py=command.env_python(spec), port=port, model=spec["model"]["served_name"], unit=unit,
                 secrets=render.paths(spec)["secrets_env"], max_tokens=int(host.data.get("rollout_smoke_max_tokens")),
                 timeout=float(host.data.get("rollout_smoke_timeout")),
                 journal_lines=int(host.data.get("rollout_journal_lines")))

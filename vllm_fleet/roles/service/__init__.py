@@ -7,25 +7,23 @@ from __future__ import annotations
 
 import shlex
 import time
-from io import StringIO
 from pathlib import Path
 from typing import Any
 
 from pyinfra import host
 from pyinfra.facts.server import Command
 from pyinfra.api import deploy
-from pyinfra.api.exceptions import DeployError
 from pyinfra.operations import files, python, server, systemd
 from pyinfra.operations.util import any_changed
 
-from vllm_fleet.roles.common import inventory_hosts, put_rendered, secret_file
+from vllm_fleet.roles.common import put_rendered, secret_file
 from vllm_fleet import command, render
+from vllm_fleet.layout import LEGACY_UNIT
 
 from . import defaults as d
 from .defaults import DEFAULTS
 
-UNIT = "vllm.service"
-TEMPLATES = Path(__file__).resolve().parent / "templates"
+UNIT = LEGACY_UNIT  # the default name of _wait_healthy's unit (callers pass an instance's)
 
 
 def _probe(url: str, unit: str) -> tuple[str, str, int]:
@@ -39,7 +37,7 @@ def _probe(url: str, unit: str) -> tuple[str, str, int]:
     return lines[0], lines[1], restarts
 
 
-def _wait_healthy(port: int, deadline: int, interval: float, journal_lines: int, unit: str = UNIT) -> None:
+def _wait_healthy(port: int, deadline: int, interval: float, journal_lines: int, unit: str = UNIT) -> None:  # noqa: D401
     """Runs on the host at execute time: poll /health there until 200.
 
     Fails early, with the journal tail, when the unit fails or systemd restarts it (a crash
@@ -65,80 +63,35 @@ def _wait_healthy(port: int, deadline: int, interval: float, journal_lines: int,
                        f"Last {journal_lines} journal lines:\n{tail}")
 
 
-def api_firewall_rules(spec: dict[str, Any], allow: list[str]) -> str:
-    """The nftables rules file: server.port accepted only from ``allow`` (and loopback)."""
-    import ipaddress
-
-    import jinja2
-
-    addrs: list[str] = []
-    for a in allow:
-        try:
-            net = ipaddress.ip_network(str(a), strict=False)
-        except ValueError:
-            raise DeployError(f"API firewall: {a!r} is not an IPv4 address or network (give the proxy host's "
-                              "address as ssh_hostname, or list it in host data vllm_api_firewall_allow)") from None
-        if net.version != 4:
-            raise DeployError(f"vllm_api_firewall_allow: {a}: only IPv4 addresses/networks are supported")
-        text = str(net.network_address) if net.prefixlen == 32 else str(net)
-        if text not in addrs:
-            addrs.append(text)
-    if not addrs:
-        addrs = ["127.0.0.1"]
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), undefined=jinja2.StrictUndefined,
-                             keep_trailing_newline=True)
-    return env.get_template("api-firewall.nft.j2").render(
-        name=spec["name"], table=d.API_FIREWALL_TABLE, allow=addrs, port=int(spec["server"]["port"]),
-        bind=spec["server"]["host"])
-
-
-def api_firewall_unit(spec: dict[str, Any]) -> str:
-    import jinja2
-
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), undefined=jinja2.StrictUndefined,
-                             keep_trailing_newline=True)
-    return env.get_template("api-firewall.service.j2").render(name=spec["name"], table=d.API_FIREWALL_TABLE,
-                                                              rules=d.API_FIREWALL_FILE)
-
-
-def proxy_addresses(spec: dict[str, Any], inv: dict[str, dict[str, Any]]) -> list[str]:
-    """Addresses of the hosts that run this deployment's nginx (as the renderer lays it out)."""
-    roles = render.roles_of(spec, inv)
-    return [str(inv[name]["address"]) for name, r in roles.items() if "proxy" in r and name in inv]
-
-
 @deploy("vLLM API port firewall", data_defaults=DEFAULTS)
-def api_firewall(spec: dict[str, Any], proxies: list[str] | None = None):
+def api_firewall(rendered: dict[str, Any]):
     """
-    Close vLLM's API port to everyone but the proxy hosts, when vLLM listens beyond loopback.
+    Close vLLM's API ports to everyone but the proxy hosts, when vLLM listens beyond loopback.
 
     vLLM's /health and /metrics need no key, and its API checks the key itself only; replicas
-    behind a proxy on another host listen on ``server.host`` (0.0.0.0): an nftables table
-    (``inet vllm_fleet_api``, loaded by ``vllm-fleet-api-firewall.service`` before vLLM) accepts
-    ``server.port`` from loopback, the proxy hosts and host data ``vllm_api_firewall_allow``,
-    and drops it from everywhere else. Nothing is done when vLLM listens on loopback, when the
-    proxy is off, or with host data ``vllm_api_firewall: false``.
+    behind a proxy on another host listen on ``server.host`` (0.0.0.0). The layout renders one
+    nftables table per host over every deployment there (``inet vllm_fleet_api``, rules in
+    ``/etc/vllm-fleet/api-firewall.nft``, loaded by ``vllm-fleet-api-firewall.service`` before
+    vLLM) that accepts the instances' ports from loopback, the proxy hosts' private addresses and
+    host data ``vllm_api_firewall_allow``, and drops them from everywhere else. This puts those
+    files and loads them when they changed; nothing when the layout rendered none (loopback only,
+    no proxy, or host data ``vllm_api_firewall: false``).
 
-    + spec: the resolved deployment spec
-    + proxies: the proxy hosts' addresses (default: from the inventory, as the renderer lays it out)
+    + rendered: this host's rendered files ({path: RenderedFile})
 
     **Example:**
 
     .. code:: python
 
-        api_firewall(spec=ctx["spec"])
+        api_firewall(rendered=rendered_for_host(ctx))
     """
-    srv = spec["server"]
-    if srv["host"] in ("127.0.0.1", "::1") or not spec["proxy"]["enabled"] or not host.data.get("vllm_api_firewall"):
+    rules_path, unit_path = render.API_FIREWALL_FILE, f"{render.SYSTEMD_DIR}/{render.API_FIREWALL_UNIT}"
+    if rules_path not in rendered:
         return []
-    if proxies is None:
-        proxies = proxy_addresses(spec, inventory_hosts())
-    allow = [*proxies, *(host.data.get("vllm_api_firewall_allow") or [])]
-    rules = files.put(name=f"nftables rules: port {srv['port']} only from {', '.join(allow) or 'loopback'}",
-                      src=StringIO(api_firewall_rules(spec, allow)), dest=d.API_FIREWALL_FILE,
-                      user="root", group="root", mode="644")
-    unit = files.put(name=f"Unit {d.API_FIREWALL_UNIT}", src=StringIO(api_firewall_unit(spec)),
-                     dest=f"/etc/systemd/system/{d.API_FIREWALL_UNIT}", user="root", group="root", mode="644")
+    # Before the install (deploys/serve.py calls this first on a host): its directory may not exist yet.
+    files.directory(name=f"Directory {Path(rules_path).parent}", path=str(Path(rules_path).parent), user="root", group="root", mode="755")
+    put = put_rendered(rendered, [rules_path, unit_path])
+    rules, unit = put[rules_path], put[unit_path]
     systemd.daemon_reload(name="systemd daemon-reload (API firewall unit)", _if=unit.did_change)
     systemd.service(name=f"{d.API_FIREWALL_UNIT}: load the rules (they changed)", service=d.API_FIREWALL_UNIT,
                     running=True, restarted=True, enabled=True, _if=any_changed(rules, unit))
@@ -148,7 +101,7 @@ def api_firewall(spec: dict[str, Any], proxies: list[str] | None = None):
 
 def install_server_stack(spec: dict[str, Any], hub_token: str | None) -> tuple[list, list]:
     """
-    Everything vllm.service stands on, in order: the NVIDIA driver (GPU hosts), the service user
+    Everything the vLLM units stand on, in order: the NVIDIA driver (GPU hosts), the service user
     and directories, the Python env, vLLM's system libraries, the pinned vLLM, the model weights.
     The one place deploys/serve.py (every vLLM host) and deploys/rollout.py (a replica's update)
     get them from.
@@ -180,67 +133,126 @@ def install_server_stack(spec: dict[str, Any], hub_token: str | None) -> tuple[l
     return list(vllm_changed or []), list(model_changed or [])
 
 
+def applied_token(spec: dict[str, Any], rendered: dict[str, Any], inst: Any, api_key: str | None) -> str:
+    """What an instance runs with, as one hash: its unit, the deployment's files on this host
+    (env files, helper scripts), the key (hashed), the install and model sections. Written to
+    ``replica-N.applied`` after the instance was healthy; an instance whose token differs is
+    restarted even when this run changed none of its files (another instance's update on the
+    same host, e.g. an earlier rollout batch, already wrote them)."""
+    import hashlib
+    import json
+
+    cfg = spec["install"]["config_dir"] + "/"
+    mine = {p: f.content for p, f in rendered.items()
+            if p == f"{render.SYSTEMD_DIR}/{inst.unit}" or (p.startswith(cfg) and not p.endswith(".applied"))
+            or p.startswith(spec["install"]["prefix"] + "/bin/")}
+    doc = {"files": mine, "key": hashlib.sha256((api_key or "").encode()).hexdigest(),
+           "install": spec["install"], "model": spec["model"]}
+    return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _legacy_unit_script(name: str) -> str:
+    """Whether the older release's one ``vllm.service`` here belongs to deployment ``name``."""
+    legacy = f"{render.SYSTEMD_DIR}/{LEGACY_UNIT}"
+    return (f"test -f {legacy} && grep -qx {shlex.quote('Description=vLLM ' + name + ':.*')} {legacy} "
+            "&& echo yes || echo no")
+
+
 @deploy("vLLM service", data_defaults=DEFAULTS)
-def install_service(spec: dict[str, Any], rendered: dict[str, Any], api_key: str | None, restart_on: list | None = None):
+def install_service(spec: dict[str, Any], node: Any, rendered: dict[str, Any], api_key: str | None,
+                    restart_on: list | None = None, only: list[int] | None = None):
     """
-    Install and (re)start the vLLM service from the rendered files.
+    Install and (re)start this host's vLLM instances of one deployment from the layout.
 
     + spec: the resolved deployment spec
+    + node: this deployment's part of the host's layout (``vllm_fleet.layout.Node``: its instances)
     + rendered: this host's rendered files ({path: RenderedFile})
     + api_key: the API key's value (written only to ``{config_dir}/secrets.env``, 0600 root)
     + restart_on: operation results (vLLM install, model) whose change must restart vLLM
+    + only: instance indexes to (re)start (a rollout's batch); the others are left as they run
+
+    Units of this deployment that the layout no longer has (fewer replicas) and an older
+    release's ``vllm.service`` of this deployment are stopped, disabled and removed first, so
+    that their ports are free before the new instances start.
 
     **Example:**
 
     .. code:: python
 
-        install_service(spec=ctx["spec"], rendered=rendered_for_host(ctx), api_key=ctx["secrets"]["api_key"],
-                        restart_on=[vllm_op, model_op])
+        install_service(spec=spec, node=host_layout(ctx).parts[spec["name"]], rendered=rendered_for_host(ctx),
+                        api_key=ctx["secrets"]["api_key"], restart_on=[vllm_op, model_op])
     """
-    ins, srv = spec["install"], spec["server"]
+    ins, srv, name = spec["install"], spec["server"], spec["name"]
+    p = render.paths(spec)
     # The system user and directories come from vllm_fleet.roles.pyenv.service_dirs, which deploys/serve.py
-    # runs first (the model role needs them too).
-    # Cache and temp directories the unit's environment names (ReadWritePaths must exist).
-    state_dir = ins["state_dir"]
-    for dirpath in sorted({v for v in command.vllm_env(spec).values() if v.startswith(state_dir + "/")}):
+    # runs first (the model role needs them too). Each instance's own state dir and the cache
+    # and temp directories its environment names (ReadWritePaths must exist).
+    dirs = sorted({v for v in command.vllm_env(spec).values() if v.startswith(ins["state_dir"] + "/")})
+    for inst in node.instances:
+        dirs += [inst.state_dir, *sorted(command.state_env(inst.state_dir).values())]
+    for dirpath in sorted(set(dirs), key=lambda x: (x.count("/"), x)):
         files.directory(name=f"Directory {dirpath}", path=dirpath, user=srv["user"], group=srv["user"], mode="750")
     if spec["parallel"]["backend"] == "ray" and spec["parallel"]["nodes"] > 1:
-        files.directory(name="Ray temp directory", path=render.paths(spec)["ray_tmpdir"], user=srv["user"], group=srv["user"], mode="750")
-    if any(p.startswith(ins["prefix"] + "/bin/") for p in rendered):
+        files.directory(name="Ray temp directory", path=p["ray_tmpdir"], user=srv["user"], group=srv["user"], mode="750")
+    if any(path.startswith(ins["prefix"] + "/bin/") for path in rendered):
         files.directory(name="Helper scripts directory", path=f"{ins['prefix']}/bin", user="root", group="root", mode="755")
 
-    # Replicas listening beyond loopback: only the proxy hosts may reach the port (before vLLM starts).
-    api_firewall(spec=spec)
-
-    unit_paths = [p for p in rendered if p.startswith("/etc/systemd/system/") and p.endswith(UNIT)]
-    other = [p for p in rendered if p.startswith(ins["config_dir"] + "/") and not p.endswith("/secrets.env")]
-    extra = [p for p in rendered if p.startswith(ins["prefix"] + "/bin/")]
-    # Everything the unit names first, the unit last (a kill in between leaves no unit that
+    units = {inst.index: f"{render.SYSTEMD_DIR}/{inst.unit}" for inst in node.instances}
+    other = [path for path in rendered if path.startswith(ins["config_dir"] + "/") and not path.endswith("/secrets.env")]
+    extra = [path for path in rendered if path.startswith(ins["prefix"] + "/bin/")]
+    # Everything the units name first, the units last (a kill in between leaves no unit that
     # points at a missing file).
     put = put_rendered(rendered, other + extra)
-    secrets_op = secret_file(name="API key (0600, never shown)", path=render.paths(spec)["secrets_env"],
-                             content=render.secrets_env_content(spec, api_key) if api_key else "# no API key configured\n")
-    put.update(put_rendered(rendered, unit_paths))
-    unit_ops = [put[p] for p in unit_paths]
-    relevant = [*put.values(), secrets_op, *(restart_on or [])]
+    from vllm_fleet.secrets import host_secret_files
 
-    systemd.daemon_reload(name="systemd daemon-reload", _if=any_changed(*unit_ops))
-    # A unit that hit its start limit (StartLimitBurst) refuses `restart` until reset.
-    # A unit that is failed (e.g. it hit StartLimitBurst in an earlier crash loop) refuses to
-    # start until reset: reset it when it is failed now or when it is about to restart.
-    failed_now = (host.get_fact(Command, f"systemctl is-failed {UNIT} || true") or "").strip() == "failed"
-    server.shell(name=f"Clear {UNIT}'s failed state before (re)starting", commands=[f"if systemctl is-failed --quiet {UNIT}; then systemctl reset-failed {UNIT}; fi"],
-                 _if=(lambda: True) if failed_now else any_changed(*relevant))
-    restart = systemd.service(name=f"Restart {UNIT} (its inputs changed)", service=UNIT, running=True, restarted=True,
-                              enabled=True, _if=any_changed(*relevant))
-    running = systemd.service(name=f"{UNIT} running and enabled", service=UNIT, running=True, enabled=True)
-    python.call(
-        name=f"Wait for {UNIT} /health (deadline {srv['health_timeout']} s)",
-        function=_wait_healthy,
-        port=srv["port"],
-        deadline=srv["health_timeout"],
-        interval=host.data.get("vllm_fleet_health_interval"),
-        journal_lines=host.data.get("vllm_fleet_journal_lines"),
-        _if=any_changed(restart, running, *relevant),
-    )
-    return restart
+    secrets_op = secret_file(name="API key (0600, never shown)", path=p["secrets_env"],
+                             content=host_secret_files(spec, {"api_key": api_key})[p["secrets_env"]])
+    put.update(put_rendered(rendered, list(units.values())))
+
+    # Units the layout no longer has: an older release's vllm.service of this deployment, and
+    # replicas above the current count. Stopped and removed before the new ones start.
+    stale = [LEGACY_UNIT] if (host.get_fact(Command, _legacy_unit_script(name)) or "").strip() == "yes" else []
+    listed = host.get_fact(Command, f"ls -1 {render.SYSTEMD_DIR} 2>/dev/null | grep -E {shlex.quote('^vllm-' + name.replace('.', '[.]') + '-[0-9]+[.]service$')} || true") or ""
+    stale += sorted(u for u in listed.split() if u not in {i.unit for i in node.instances})
+    removed = []
+    for unit in stale:
+        systemd.service(name=f"Stop and disable {unit} (not in the layout any more)", service=unit, running=False, enabled=False)
+        removed.append(files.file(name=f"Remove {render.SYSTEMD_DIR}/{unit}", path=f"{render.SYSTEMD_DIR}/{unit}", present=False))
+    systemd.daemon_reload(name="systemd daemon-reload", _if=any_changed(*(put[u] for u in units.values()), *removed))
+
+    shared = [secrets_op, *(put[path] for path in other + extra if not path.endswith(".env") or path in (p["vllm_env"], p["node_env"])),
+              *(restart_on or [])]
+    restarts = []
+    for inst in node.instances:
+        if only is not None and inst.index not in only:
+            continue
+        unit = inst.unit
+        own = [put[units[inst.index]], *([put[inst.env_file]] if inst.env_file in put else [])]
+        token = applied_token(spec, rendered, inst, api_key)
+        stamp = f"{ins['config_dir']}/replica-{inst.index}.applied"
+        have = (host.get_fact(Command, f"cat {shlex.quote(stamp)} 2>/dev/null || true") or "").strip()
+        relevant = [*own, *shared]
+        stale_now = have != token
+        when = (lambda: True) if stale_now else any_changed(*relevant)
+        # A unit that is failed (e.g. it hit StartLimitBurst in an earlier crash loop) refuses to
+        # start until reset: reset it when it is failed now or when it is about to restart.
+        failed_now = (host.get_fact(Command, f"systemctl is-failed {unit} || true") or "").strip() == "failed"
+        server.shell(name=f"Clear {unit}'s failed state before (re)starting", commands=[f"if systemctl is-failed --quiet {unit}; then systemctl reset-failed {unit}; fi"],
+                     _if=(lambda: True) if failed_now else when)
+        why = "its inputs changed" if not stale_now else "it runs an older configuration"
+        restart = systemd.service(name=f"Restart {unit} ({why})", service=unit, running=True, restarted=True, enabled=True, _if=when)
+        running = systemd.service(name=f"{unit} running and enabled", service=unit, running=True, enabled=True)
+        python.call(
+            name=f"Wait for {unit} /health on port {inst.port} (deadline {srv['health_timeout']} s)",
+            function=_wait_healthy,
+            port=inst.port,
+            deadline=srv["health_timeout"],
+            interval=host.data.get("vllm_fleet_health_interval"),
+            journal_lines=host.data.get("vllm_fleet_journal_lines"),
+            unit=unit,
+            _if=any_changed(restart, running, *relevant) if not stale_now else (lambda: True),
+        )
+        # Healthy with this configuration: remember it (0600: a hash of the key is in it).
+        secret_file(name=f"{unit}: record the configuration it runs", path=stamp, content=token + "\n")
+        restarts.append(restart)
+    return restarts

@@ -39,13 +39,13 @@ def endpoint(spec: dict[str, Any], address: str) -> str:
     return f"http://{address}:{srv['port']}"
 
 
-def _direct_stream(python: str, spec: dict[str, Any], timeout: float):
+def _direct_stream(python: str, spec: dict[str, Any], timeout: float, port: int):
     """A ``direct_stream`` for vllm_fleet.smoke: the streamed chat straight from vLLM on this host."""
     from vllm_fleet import render
     from vllm_fleet.smoke import DIRECT_STREAM_PY, SmokeError
 
     def stream(max_tokens: int) -> list[float]:
-        argv = [python, "-c", DIRECT_STREAM_PY, str(int(spec["server"]["port"])), spec["model"]["served_name"],
+        argv = [python, "-c", DIRECT_STREAM_PY, str(int(port)), spec["model"]["served_name"],
                 render.paths(spec)["secrets_env"], str(int(max_tokens)), str(float(timeout))]
         _, out = host.run_shell_command(" ".join(shlex.quote(a) for a in argv), _sudo=True, _timeout=int(timeout) + 30)
         lines = getattr(out, "stdout_lines", []) or []
@@ -62,7 +62,7 @@ def _direct_stream(python: str, spec: dict[str, Any], timeout: float):
 
 
 def _run(spec: dict[str, Any], base_url: str, api_key: str | None, timeout: float, settings_path: str,
-         stream_tokens: int = 64, direct_python: str | None = None) -> None:
+         stream_tokens: int = 64, direct_python: str | None = None, direct_port: int | None = None) -> None:
     from vllm_fleet.smoke import check_smoke, wait_healthy, wait_serving
 
     sm = spec["smoke"]
@@ -76,7 +76,7 @@ def _run(spec: dict[str, Any], base_url: str, api_key: str | None, timeout: floa
     res = check_smoke(base_url, spec["model"]["served_name"], api_key, prompt=sm["prompt"], max_tokens=sm["max_tokens"],
                       concurrency=sm["concurrency"], expect_auth=bool(api_key) and spec["proxy"]["auth"] != "none",
                       verify=verify, timeout=timeout, stream_tokens=stream_tokens,
-                      direct_stream=_direct_stream(direct_python, spec, timeout) if direct_python else None)
+                      direct_stream=_direct_stream(direct_python, spec, timeout, direct_port or spec["server"]["port"]) if direct_python else None)
     logger.info(res.summary())
     key_ref = spec["server"].get("api_key") or {}
     settings = {"base_url": f"{base_url}/v1", "model": spec["model"]["served_name"],
@@ -95,7 +95,7 @@ def _fail(message: str) -> None:
 
 @operation()
 def smoke_tests(spec: dict[str, Any], base_url: str, api_key: str | None, timeout: float, settings_path: str,
-                stream_tokens: int = 64, direct_python: str | None = None):
+                stream_tokens: int = 64, direct_python: str | None = None, direct_port: int | None = None):
     """
     Run the smoke tests against ``base_url`` from the control machine.
 
@@ -111,6 +111,7 @@ def smoke_tests(spec: dict[str, Any], base_url: str, api_key: str | None, timeou
     + stream_tokens: tokens of the streamed check (ignore_eos)
     + direct_python: vLLM's Python on this host; given, a stream through the proxy that arrives at
       once is compared with one straight from vLLM here (buffering proxy: fail; vLLM burst: WARN)
+    + direct_port: the port of that local vLLM instance (default server.port)
 
     **Example:**
 
@@ -123,19 +124,21 @@ def smoke_tests(spec: dict[str, Any], base_url: str, api_key: str | None, timeou
         host.noop(f"smoke tests against {base_url} run when the deploy executes")
         return
     try:
-        _run(spec, base_url, api_key, timeout, settings_path, stream_tokens, direct_python)
+        _run(spec, base_url, api_key, timeout, settings_path, stream_tokens, direct_python, direct_port)
     except Exception as exc:  # SmokeError names the check and URL; anything else, say so
         yield FunctionCommand(_fail, (f"{host.name}: {exc}",), {})
 
 
 @deploy("Smoke tests", data_defaults=DEFAULTS)
-def run_smoke(spec: dict[str, Any], api_key: str | None, address: str | None = None):
+def run_smoke(spec: dict[str, Any], api_key: str | None, address: str | None = None, local_port: int | None = None):
     """
     Smoke-test the deployment through this host's proxy (or vLLM itself when the proxy is off).
 
     + spec: the resolved deployment spec
     + api_key: the API key's value
     + address: the address to reach this host at (default: its ssh_hostname or name)
+    + local_port: the port of a vLLM instance of this deployment on this host (from the layout),
+      for the direct-stream comparison; None: none runs here
 
     **Example:**
 
@@ -153,4 +156,5 @@ def run_smoke(spec: dict[str, Any], api_key: str | None, address: str | None = N
                 # within the model's context (half of max_model_len at most)
                 stream_tokens=max(16, min(int(host.data.get("smoke_stream_tokens")), int(spec["model"]["max_model_len"]) // 2)),
                 # this host runs vLLM too: a stream that arrives at once is compared with one straight from it
-                direct_python=command.env_python(spec) if "servers" in host.groups and spec["proxy"]["enabled"] else None)
+                direct_python=command.env_python(spec) if local_port and spec["proxy"]["enabled"] else None,
+                direct_port=local_port)

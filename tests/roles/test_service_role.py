@@ -1,0 +1,77 @@
+"""vllm_fleet/roles/service.install_service through the operations it would run (scripted facts):
+one unit per replica from the layout, the previous release's vllm.service and surplus replicas
+stopped and removed before the new ones start, and only a rollout batch's instances restarted."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+from pyinfra.facts.files import File, Sha256File
+from pyinfra.facts.server import Command
+
+from vllm_fleet.layout import build
+from vllm_fleet.roles.service import applied_token, install_service
+from vllm_fleet.spec import load, resolve
+
+REPO = Path(__file__).resolve().parents[2]
+INV = {"testhost": {"address": "10.10.0.11", "groups": ["servers", "proxy"], "data": {"replicas_per_host": 2}}}
+
+
+def _run(harness, legacy="no", listed="", stamps=None, only=None):
+    spec = resolve(load(REPO / "deployments" / "lab-tiny-replicas.yaml"))
+    layout = build([spec], copy.deepcopy(INV))
+    h = layout.hosts["testhost"]
+    node = h.parts[spec["name"]]
+
+    def command(**kw):
+        cmd = kw["_args"][0]
+        if "vllm.service" in cmd and "grep -qx" in cmd:
+            return legacy
+        if cmd.startswith("ls -1"):
+            return listed
+        if cmd.startswith("cat "):
+            return (stamps or {}).get(cmd.split()[1], "")
+        return ""
+
+    facts = {Command: command, File: lambda path: None, Sha256File: lambda path: None}
+    return spec, node, h, harness.run(install_service, spec, node, h.files, "k3y", facts=facts, only=only)
+
+
+def test_one_unit_per_replica_and_the_old_unit_removed_first(harness):
+    spec, node, h, run = _run(harness, legacy="yes", listed="vllm-lab-tiny-replicas-0.service vllm-lab-tiny-replicas-5.service")
+    names = [op.name.split(" | ", 1)[-1] for op in run.ops]
+    for i in (0, 1):
+        assert f"/etc/systemd/system/vllm-lab-tiny-replicas-{i}.service" in run.uploads
+        assert f"/etc/vllm-fleet/lab-tiny-replicas/replica-{i}.env" in run.uploads
+    stop_old = names.index("Stop and disable vllm.service (not in the layout any more)")
+    stop_5 = names.index("Stop and disable vllm-lab-tiny-replicas-5.service (not in the layout any more)")
+    assert "Remove /etc/systemd/system/vllm.service" in names
+    first_restart = min(i for i, n in enumerate(names) if n.startswith("Restart vllm-lab-tiny-replicas-"))
+    assert stop_old < first_restart and stop_5 < first_restart  # port 8000 free before replica 0 starts
+    assert not any("Stop and disable vllm-lab-tiny-replicas-0" in n for n in names)  # a current unit stays
+    # never started before (no record): both start, wait for /health on their own ports, are recorded
+    assert "Wait for vllm-lab-tiny-replicas-1.service /health on port 8001 (deadline 300 s)" in names
+    assert run.uploads["/etc/vllm-fleet/lab-tiny-replicas/replica-1.applied"].strip() == applied_token(spec, h.files, node.instances[1], "k3y")
+    assert "k3y" not in run.uploads["/etc/vllm-fleet/lab-tiny-replicas/replica-1.applied"]
+
+
+def test_nothing_to_remove_and_a_rollout_batch_restarts_only_its_instance(harness):
+    spec, node, h, run = _run(harness, only=[1])
+    names = [op.name.split(" | ", 1)[-1] for op in run.ops]
+    assert not any(n.startswith("Stop and disable") for n in names)
+    assert any(n.startswith("Restart vllm-lab-tiny-replicas-1.service") for n in names)
+    assert not any(n.startswith("Restart vllm-lab-tiny-replicas-0.service") for n in names)
+    assert not any("vllm-lab-tiny-replicas-0.service /health" in n for n in names)
+
+
+def test_a_recorded_instance_restarts_only_on_a_change(harness):
+    spec = resolve(load(REPO / "deployments" / "lab-tiny-replicas.yaml"))
+    layout = build([spec], copy.deepcopy(INV))
+    h = layout.hosts["testhost"]
+    stamps = {f"/etc/vllm-fleet/lab-tiny-replicas/replica-{i.index}.applied": applied_token(spec, h.files, i, "k3y")
+              for i in h.parts[spec["name"]].instances}
+    _, _, _, run = _run(harness, stamps=stamps)
+    restart = [op for op in run.ops if "| Restart vllm-lab-tiny-replicas-" in op.name]
+    assert len(restart) == 2 and all(op.conditional for op in restart)
+    assert all("(its inputs changed)" in op.name for op in restart)

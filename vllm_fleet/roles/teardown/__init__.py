@@ -1,0 +1,138 @@
+"""Remove one deployment from a host: its units stopped, disabled and removed, its files, its
+nginx site (then `nginx -t` and reload), its API firewall table, its exporters' configuration;
+environments and weights stay unless purged. Other deployments on the host are left alone.
+"""
+
+from __future__ import annotations
+
+import shlex
+from typing import Any
+
+from pyinfra import host
+from pyinfra.api import deploy
+from pyinfra.facts.server import Command
+from pyinfra.operations import files, server, systemd
+from pyinfra.operations.util import any_changed
+
+from .defaults import DEFAULTS
+
+UNIT_DIR = "/etc/systemd/system/"
+UNIT_SUFFIXES = (".service", ".socket", ".timer", ".path", ".mount", ".target")
+
+
+def marker(name: str) -> str:
+    """The text every file of deployment ``name`` carries (the renderer's header, the roles' own);
+    the colon keeps `lab-tiny` from matching `lab-tiny-replicas`'s files."""
+    return f"for deployment {name}:"
+
+
+def candidates(spec: dict[str, Any], rendered: dict[str, Any]) -> list[str]:
+    """Every path this deployment may have placed on the host: its rendered files, the TLS files
+    of its nginx site, and the role-placed API firewall (rules and unit)."""
+    from vllm_fleet import render
+
+    p = render.paths(spec)
+    out = set(rendered)
+    if p["nginx_site"] in rendered:
+        out |= {p["tls_certificate"], p["tls_certificate_key"]}
+    if any(x.startswith(UNIT_DIR) for x in rendered):
+        out |= {f for f, _, _ in firewalls()}
+        out |= {u for _, u, _ in firewalls()}
+    return sorted(out)
+
+
+def firewalls() -> list[tuple[str, str, str]]:
+    """(rules file, unit path, nftables table) of the firewalls the roles place beside the
+    rendered units (roles.service: the API port; roles.ray: Ray's ports)."""
+    from vllm_fleet.roles.ray import defaults as ray_defaults
+    from vllm_fleet.roles.service import defaults as service_defaults
+
+    return [(service_defaults.API_FIREWALL_FILE, f"{UNIT_DIR}{service_defaults.API_FIREWALL_UNIT}", service_defaults.API_FIREWALL_TABLE),
+            (ray_defaults.FIREWALL_FILE, f"{UNIT_DIR}{ray_defaults.FIREWALL_UNIT}", ray_defaults.FIREWALL_TABLE)]
+
+
+def owned_script(spec: dict[str, Any], paths: list[str]) -> str:
+    """Prints the paths that exist and belong to this deployment: they name it (marker), or they
+    are in its own directories (install.prefix, install.config_dir) or its TLS files."""
+    from vllm_fleet import render
+
+    ins, p = spec["install"], render.paths(spec)
+    own_dirs = (ins["prefix"].rstrip("/") + "/", ins["config_dir"].rstrip("/") + "/")
+    lines = []
+    for path in paths:
+        q = shlex.quote(path)
+        if path.startswith(own_dirs) or path in (p["tls_certificate"], p["tls_certificate_key"]):
+            lines.append(f"[ -f {q} ] && echo {q}")
+        else:
+            lines.append(f"[ -f {q} ] && grep -qsF {shlex.quote(marker(spec['name']))} {q} && echo {q}")
+    return "; ".join(lines) + "; true"
+
+
+@deploy("Remove the deployment", data_defaults=DEFAULTS)
+def remove_deployment(spec: dict[str, Any], rendered: dict[str, Any], purge: bool | None = None):
+    """
+    Remove this deployment from the host; what to remove comes from its rendered files.
+
+    + spec: the resolved deployment spec
+    + rendered: this host's rendered files ({path: RenderedFile}); a file is removed only when
+      the host's copy names this deployment (another deployment's file is left alone)
+    + purge: also remove the environment, weights, caches and config directory (default: host
+      data ``vllm_fleet_purge``)
+
+    Idempotent: a second run finds nothing of the deployment and changes nothing.
+
+    **Example:**
+
+    .. code:: python
+
+        ctx = load_deploy_spec()
+        remove_deployment(spec=ctx["spec"], rendered=rendered_for_host(ctx))
+    """
+    from vllm_fleet import monitoring, render
+    from vllm_fleet.roles.monitoring import SERVICE_OF
+
+    purge = host.data.get("vllm_fleet_purge") if purge is None else purge
+    purge = purge in (True, "true", "True", "1", 1, "yes")
+    p = render.paths(spec)
+    paths = candidates(spec, rendered)
+    owned = [line.strip() for line in (host.get_fact(Command, owned_script(spec, paths)) or "").splitlines() if line.strip()]
+    units = [x for x in owned if x.startswith(UNIT_DIR) and x.endswith(UNIT_SUFFIXES)]
+
+    # 1. units: stopped and disabled before their files go (the firewall unit's stop deletes its table)
+    for unit_path in units:
+        unit = unit_path[len(UNIT_DIR):]
+        systemd.service(name=f"Stop and disable {unit}", service=unit, running=False, enabled=False)
+    # 2. exporters and Prometheus whose configuration is this deployment's: stopped, disabled
+    mon = monitoring.paths(spec)
+    for key, service in SERVICE_OF.items():
+        if mon.get(key) in owned:
+            systemd.service(name=f"Stop and disable {service} (its configuration was {spec['name']}'s)",
+                            service=service, running=False, enabled=False)
+    # 3. the files
+    removed = {x: files.file(name=f"Remove {x}", path=x, present=False) for x in owned}
+    if units:
+        systemd.daemon_reload(name="systemd daemon-reload (units removed)", _if=any_changed(*(removed[u] for u in units)))
+    for _, unit_path, table in firewalls():
+        if unit_path in owned:  # its stop deleted the table, unless it was not running
+            server.shell(name=f"Delete nftables table inet {table}",
+                         commands=[f"if nft list table inet {table} >/dev/null 2>&1; then nft delete table inet {table}; fi"])
+    # 4. nginx without the site: validated, then reloaded (never restarted)
+    if p["nginx_site"] in owned:
+        site = removed[p["nginx_site"]]
+        active = (host.get_fact(Command, "systemctl is-active nginx 2>/dev/null || true") or "").strip() == "active"
+        server.shell(name="nginx -t (validate before reload)", commands=["nginx -t"], _if=site.did_change)
+        if active:
+            systemd.service(name="Reload nginx (site removed)", service="nginx", reloaded=True, _if=site.did_change)
+    # 5. --purge: environment, weights, caches, config directory (the deployment's own directories)
+    cfg = spec["install"]["config_dir"].rstrip("/")
+    in_cfg = [r for x, r in removed.items() if x.startswith(cfg + "/")]
+    if purge:
+        ins = spec["install"]
+        for d in sorted({ins["prefix"], ins["state_dir"], spec["model"]["path"], cfg}):
+            files.directory(name=f"Remove {d} (purge)", path=d, present=False)
+    elif in_cfg:  # it held only this deployment's rendered files
+        server.shell(name=f"Remove {cfg} if empty", commands=[f"rmdir --ignore-fail-on-non-empty {shlex.quote(cfg)}"],
+                     _if=any_changed(*in_cfg))
+    if not owned and not purge:
+        host.noop(f"nothing of deployment {spec['name']} on this host")
+
