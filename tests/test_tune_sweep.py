@@ -262,9 +262,9 @@ def make_tuner(tmp_path, monkeypatch, **kw):
 def test_sweep_end_to_end_with_a_fake_host(tmp_path, monkeypatch):
     FakeSession.applied = []
     t, steps = make_tuner(tmp_path, monkeypatch)
-    assert t.rep.host == "lab2"  # the replica that is not the proxy
+    assert t.rep.id == "lab2:0" and t.rep.unit == "vllm-lab-tiny-replicas-0.service"  # the replica not on the proxy host
     st = t.run()
-    assert steps == [("upstream", "lab2", "lab1"), ("upstream", "", "lab1")]  # out, then back in
+    assert steps == [("upstream", "lab2:0", "lab1"), ("upstream", "", "lab1")]  # out by instance id, then back in
     assert FakeSession.applied[-1] == "orig"  # its own unit back, last
     # p00 (max_num_seqs 16, the spec's) is measured last: the replica then ends on its own files
     assert [u.split("--max-num-seqs ")[1].split()[0] for u in FakeSession.applied[:-1]] == ["4", "8", "16"]
@@ -344,3 +344,65 @@ def test_search_by_request_rate(tmp_path, monkeypatch):
     assert "# evidence: rate " in (tmp_path / "out" / "overlay.yaml").read_text()
     with pytest.raises(tune.TuneError, match="another workload"):
         make_tuner(tmp_path, monkeypatch, resume=True)[0].run()  # a concurrency search cannot resume a rate search
+
+
+# ---------------------------------------------------------------------------------------------
+# the layout: replicas are instances (issue 14), a tune restarts one of them
+
+
+INV2 = """
+servers = [("lab1", {"ssh_hostname": "10.10.0.11", "ssh_user": "lab"}),
+           ("lab2", {"ssh_hostname": "10.10.0.12", "ssh_user": "lab", "replicas_per_host": 2, "cpu_count": 2})]
+proxy = [("lab1", {"ssh_hostname": "10.10.0.11", "ssh_user": "lab"})]
+"""
+
+
+def test_fleet_view_replicas_are_layout_instances(tmp_path):
+    from vllm_fleet.benchcmd import targets
+    from vllm_fleet.fleetview import fleet_view
+    from vllm_fleet.inventory import load_inventory
+    from vllm_fleet.spec import load_and_check
+
+    (tmp_path / "inv.py").write_text(INV2)
+    resolved, _ = load_and_check(str(REPO / "deployments" / "lab-tiny-replicas.yaml"))
+    v = fleet_view(resolved, load_inventory(str(tmp_path / "inv.py")))
+    port = int(resolved["server"]["port"])
+    assert [(r.id, r.unit, r.port) for r in v.replicas] == [
+        ("lab1:0", "vllm-lab-tiny-replicas-0.service", port),
+        ("lab2:0", "vllm-lab-tiny-replicas-0.service", port), ("lab2:1", "vllm-lab-tiny-replicas-1.service", port + 1)]
+    assert v.proxies == ["lab1"]
+    r = v.replica("lab2:1")
+    assert r.env_file.endswith("/replica-1.env") and f"/etc/systemd/system/{r.unit}" in r.files and r.env_file in r.files
+    assert not any(p.endswith("replica-0.env") or p.endswith("-0.service") for p in r.files)
+    assert r.shared and v.replica("lab1").shared == ()  # vllm.env/node.env: shared only with a sibling
+    assert v.replica("lab2") is v.replica("lab2:0")
+    assert targets(v, "lab2:1") == {"proxy": "http://10.10.0.11:%d" % resolved["proxy"]["listen"], "direct": f"http://127.0.0.1:{port + 1}"}
+
+
+def test_tune_takes_one_instance_out_and_restarts_only_its_unit(tmp_path, monkeypatch):
+    FakeSession.applied = []
+    calls = []
+    orig_call = FakeSession.call
+
+    def call(self, op, **req):
+        calls.append((op, req))
+        return orig_call(self, op, **req)
+
+    monkeypatch.setattr(FakeSession, "call", call)
+    t, steps = make_tuner(tmp_path, monkeypatch)
+    (tmp_path / "inv.py").write_text(INV2)
+    t2 = tune.Tuner(str(tmp_path / "inv.py"), t.spec_path, t.target, str(tmp_path / "out2"), say=lambda m: None,
+                    grid={"max_num_seqs": [4, 16], "cpu_kv_cache_gib": [1, 2]}, runner=t.runner, max_probes=3)
+    assert t2.rep.id == "lab2:1"  # the last instance not on the proxy host
+    skipped = {p["id"]: p["reason"] for p in t2.points if p["status"] == "skipped"}
+    # cpu_kv_cache_gib goes into vllm.env, which lab2:0 reads too: not tuned on this instance
+    assert any("vllm.env" in r and "other replica" in r for r in skipped.values()), skipped
+    t2.run()
+    assert steps[-2:] == [("upstream", "lab2:1", "lab1"), ("upstream", "", "lab1")]
+    applies = [req for op, req in calls if op == "apply"]
+    assert applies and all(req["unit"] == "vllm-lab-tiny-replicas-1.service" and req["port"] == t2.rep.port for req in applies)
+    for req in applies[:-1]:  # a point's files: this instance's unit and env file only, no shared file changed
+        assert set(req["files"]) <= set(t2.rep.files)
+        assert "/etc/systemd/system/vllm-lab-tiny-replicas-0.service" not in req["files"]
+    reads = [req for op, req in calls if op == "read"]
+    assert reads and set(reads[0]["paths"]) == set(t2.rep.files)

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from . import command
-from .fleetview import FleetView, fleet_view, remote
+from .fleetview import FleetView, fleet_view, remote, spec_for
 
 HOST_SCRIPT = Path(__file__).with_name("benchhost.py")
 BOOTSTRAP = ("import json,sys; d=json.loads(sys.stdin.readline()); "
@@ -87,8 +87,8 @@ def spec_digest(path: str) -> str:
 
 def load_fleet(inventory: str, spec_path: str, need_key: bool = True) -> tuple[dict[str, Any], Any, FleetView, str | None]:
     """(resolved spec, Spec, view, API key or None when not ``need_key``): every problem as BenchError, nothing touched."""
-    from . import render
     from .inventory import InventoryError, load_inventory
+    from .layout import LayoutError
     from .secrets import SecretError, read_secret
     from .spec import SpecError, load, load_and_check
 
@@ -101,10 +101,10 @@ def load_fleet(inventory: str, spec_path: str, need_key: bool = True) -> tuple[d
     try:
         inv = load_inventory(inventory)
         view = fleet_view(resolved, inv)
-    except (InventoryError, render.RenderError) as exc:
+    except (InventoryError, LayoutError) as exc:
         raise BenchError(str(exc)) from None
     if not view.replicas:
-        raise BenchError(f"{inventory}: no replica of {resolved['name']} (no host in a server group)")
+        raise BenchError(f"{inventory}: no replica of {resolved['name']} (no host in the `servers` group runs it)")
     if not need_key:
         return resolved, spec, view, None
     try:
@@ -115,9 +115,10 @@ def load_fleet(inventory: str, spec_path: str, need_key: bool = True) -> tuple[d
 
 
 def targets(view: FleetView, host: str) -> dict[str, str]:
-    """Base URLs as seen from ``host``: the proxy (when it runs there, or a proxy host's address) and
-    the replica on ``host`` itself."""
+    """Base URLs as seen from the host of instance ``host`` (``HOST:N``, or a host's first
+    instance): the proxy (when it runs there, or a proxy host's address) and that instance's port."""
     rep = view.replica(host)
+    host = rep.host if rep else host
     out = {}
     if view.proxy_listen is not None and view.proxies:
         where = "127.0.0.1" if host in view.proxies else (view.hosts.get(view.proxies[0]) or {}).get("address", view.proxies[0])
@@ -155,10 +156,11 @@ def run_bench(inventory: str, spec_path: str, *, host: str | None = None, concur
               min_prompts: int = 16, warmups: int = 2, dataset: str | None = None, only: list[str] | None = None,
               say: Callable[[str], None] = print) -> dict[str, Any]:
     resolved, _, view, key = load_fleet(inventory, spec_path)
-    host = host or next((r.host for r in view.replicas if r.host not in view.proxies), view.replicas[0].host)
-    if not view.replica(host):
-        raise BenchError(f"--host {host}: not a replica of {resolved['name']} (replicas: {', '.join(r.host for r in view.replicas)})")
-    tg = targets(view, host)
+    rep = view.replica(host) if host else next((r for r in view.replicas if r.host not in view.proxies), view.replicas[0])
+    if not rep:
+        raise BenchError(f"--host {host}: not a replica of {resolved['name']} (replicas: {', '.join(r.id for r in view.replicas)})")
+    tg = targets(view, rep.id)
+    host = rep.host
     if only:
         tg = {k: v for k, v in tg.items() if k in only}
     levels: list[tuple[str, float]] = [("concurrency", c) for c in (concurrency or [])] + [("rate", r) for r in (rates or [])]
@@ -194,7 +196,7 @@ def run_bench(inventory: str, spec_path: str, *, host: str | None = None, concur
         sess.close()
     return {"kind": "vllm-fleet bench", "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "spec_file": os.path.abspath(spec_path), "spec_sha256": spec_digest(spec_path), "spec": resolved,
-            "deployment": resolved["name"], "host": host, "targets": tg, "host_info": info,
+            "deployment": resolved["name"], "host": host, "replica": rep.id, "unit": rep.unit, "targets": tg, "host_info": info,
             "dataset": {"file": dataset} if dataset else {"name": "random", "input_len": input_len, "output_len": output_len},
             "levels": [{kind: v} for kind, v in levels], "runs": runs, "seconds": round(time.monotonic() - t0, 1)}
 
@@ -202,7 +204,11 @@ def run_bench(inventory: str, spec_path: str, *, host: str | None = None, concur
 def cmd_bench(args: argparse.Namespace) -> int:
     from . import report
 
-    spec = args.spec or os.environ.get("VLLM_FLEET_SPEC") or "deployments/lab-tiny.yaml"
+    try:
+        spec = spec_for(args.inventory, args.spec)
+    except ValueError as exc:
+        print(f"vllm-fleet bench: {exc}", file=sys.stderr)
+        return 1
     conc = [int(c) for c in args.concurrency.split(",")] if args.concurrency else None
     rates = [float(r) for r in args.rate.split(",")] if args.rate else None
     try:
@@ -224,11 +230,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
 def add_cli(sub: Any) -> None:
     p = sub.add_parser("bench", help="vLLM's own serving benchmark on a server host, through the proxy and direct (docs/tuning.md)")
     p.add_argument("inventory", metavar="INVENTORY")
-    p.add_argument("--spec", help="the deployed spec (default: $VLLM_FLEET_SPEC or deployments/lab-tiny.yaml)")
+    p.add_argument("--spec", help="the deployed spec (default: the inventory's data vllm_fleet_spec, $VLLM_FLEET_SPEC; the lab: deployments/lab-tiny.yaml)")
     g = p.add_mutually_exclusive_group()
     g.add_argument("--concurrency", help="comma-separated --max-concurrency levels (default 1,4,16)")
     g.add_argument("--rate", help="comma-separated request rates (requests/s) instead of concurrencies")
-    p.add_argument("--host", help="the replica host that runs the benchmark (default: a replica that is not the proxy)")
+    p.add_argument("--host", help="the replica (HOST:N, or HOST for its first instance) whose host runs the benchmark and whose port is the direct path (default: one not on a proxy host)")
     p.add_argument("--dataset", help="a dataset file ON that host (vLLM's `custom` JSONL format); default random prompts")
     p.add_argument("--input-len", type=int, default=128, help="random prompt tokens (default 128)")
     p.add_argument("--output-len", type=int, default=128, help="output tokens per request (default 128)")

@@ -210,7 +210,7 @@ def check_point(spec: Any, settings: dict[str, Any], workload_tokens: int) -> tu
         return None, "checks: " + "; ".join(f"{p.path}: {p.message}" for p in errors[:2])
     try:
         plan = planner.plan(resolved)
-    except (KeyError, ValueError) as exc:
+    except (KeyError, ValueError):
         return resolved, None  # nothing to plan against (no GPU named): run it
     if plan.get("fits") is False:
         return None, "planner: does not fit: " + ("; ".join(plan.get("notes") or []) or "no KV cache left")
@@ -419,13 +419,13 @@ class Tuner:
             rep = v.replica(host)
             if not rep:
                 raise TuneError(f"--host {host}: not a replica of {self.resolved['name']} in {inventory} "
-                                f"(replicas: {', '.join(r.host for r in v.replicas)})")
+                                f"(replicas: {', '.join(r.id for r in v.replicas)})")
         else:
             rep = next((r for r in reversed(v.replicas) if r.host not in v.proxies), v.replicas[-1])
         self.rep = rep
         self.upstream = bool(v.proxies) and not in_place
         if self.upstream and len(v.replicas) < 2:
-            raise TuneError(f"{rep.host} is the only replica: taking it out of the upstream stops the service. Add a replica, "
+            raise TuneError(f"{rep.id} ({rep.unit}) is the only replica: taking it out of the upstream stops the service. Add a replica, "
                             "or pass --in-place (the tune restarts it while clients use it)")
         self.out = Path(out)
         self.results = self.out / "tune.jsonl"
@@ -439,6 +439,7 @@ class Tuner:
         self.load_kind = load_kind
         self.grid = grid or default_grid(self.resolved, self._gpu())
         self.points = prune(self.spec, points(self.grid, base_settings(self.resolved, self.grid)), input_len + output_len)
+        self._prune_layout()
         self.runner = runner or self._subprocess
         self.pyinfra = str(Path(sys.executable).parent / "pyinfra")
 
@@ -475,12 +476,33 @@ class Tuner:
                             f"{', '.join(self.view.proxies)} failed:\n{_tail(text)}")
         return time.monotonic() - t0
 
-    def files_for(self, resolved: dict[str, Any]) -> dict[str, dict[str, Any]]:
-        from . import render
+    def _prune_layout(self) -> None:
+        """Skip, with the reason, a point that does not lay out on the inventory (e.g. TP over more
+        GPUs than this instance holds) or that changes a file the replica's siblings on its host
+        read too (vllm.env, node.env): the tune restarts one instance, the others keep theirs."""
+        from .fleetview import instance_files
+        from .layout import LayoutError
 
-        files = render.render(resolved, self.view.hosts)[self.rep.host]
-        return {p: {"content": files[p].content, "mode": files[p].mode, "owner": files[p].owner, "group": files[p].group}
-                for p in self.rep.files if p in files}
+        base = instance_files(self.resolved, self.view.hosts, self.rep)
+        for p in self.points:
+            if p["status"] != "pending":
+                continue
+            try:
+                files = instance_files(p["resolved"], self.view.hosts, self.rep)
+            except LayoutError as exc:
+                p.update(status="skipped", reason=f"layout: {str(exc).splitlines()[0]}", resolved=None)
+                continue
+            changed = [path for path in self.rep.shared if (files.get(path) and files[path].content) != (base.get(path) and base[path].content)]
+            if changed:
+                p.update(status="skipped", resolved=None,
+                         reason=f"changes {', '.join(changed)}, which the other replica(s) of {self.rep.host} read too: "
+                                "tune on a host with one replica (--host)")
+
+    def files_for(self, resolved: dict[str, Any]) -> dict[str, dict[str, Any]]:
+        from .fleetview import instance_files
+
+        files = instance_files(resolved, self.view.hosts, self.rep)
+        return {p: {"content": f.content, "mode": f.mode, "owner": f.owner, "group": f.group} for p, f in files.items()}
 
     # -- the sweep --------------------------------------------------------------------------
 
@@ -489,7 +511,7 @@ class Tuner:
 
         return {"kind": "header", "deployment": self.resolved["name"], "spec_file": os.path.abspath(self.spec_path),
                 "spec_sha256": spec_digest(self.spec_path), "target": self.target, "workload": {**self.workload, "search": self.load_kind},
-                "host": self.rep.host, "grid": self.grid}
+                "host": self.rep.host, "replica": self.rep.id, "grid": self.grid}
 
     def prepare_results(self) -> dict[str, dict[str, Any]]:
         """{settings key: finished row} from an earlier run (--resume), after checking it matches."""
@@ -528,7 +550,7 @@ class Tuner:
                 self.say(f"  {p['id']} skipped: {_label(p['settings'])}: {p['reason']}")
                 append(self.results, _row(p))
         self.say(f"tune {self.resolved['name']}: {len(self.points)} point(s), {sum(p['status'] == 'skipped' for p in self.points)} skipped, "
-                 f"{len(done)} done before, {len(pending)} to run on {self.rep.host} ({self.rep.unit}, port {self.rep.port}); "
+                 f"{len(done)} done before, {len(pending)} to run on {self.rep.id} ({self.rep.unit}, port {self.rep.port}); "
                  f"target {', '.join(f'{k} <= {v:g}' for k, v in self.target.items())}; results {self.results}")
         info: dict[str, Any] = {}
         if pending:
@@ -551,9 +573,9 @@ class Tuner:
                     raise TuneError(f"{self.rep.host}: {', '.join(missing)} missing: is {self.resolved['name']} deployed there?")
                 orig_file.write_text(json.dumps(original))
             if self.upstream:
-                s = self.set_upstream([self.rep.host])
+                s = self.set_upstream([self.rep.id])
                 out_of_upstream = True
-                self.say(f"  {self.rep.host}: out of the upstream on {', '.join(self.view.proxies)} ({s:.1f} s)")
+                self.say(f"  {self.rep.id}: out of the upstream on {', '.join(self.view.proxies)} ({s:.1f} s)")
             times: list[float] = []
             for p in pending:
                 elapsed = time.monotonic() - t_start
@@ -568,20 +590,20 @@ class Tuner:
         finally:
             try:
                 if orig_file.exists():
-                    self.say(f"  {self.rep.host}: back to its own configuration")
+                    self.say(f"  {self.rep.id} ({self.rep.unit}): back to its own configuration")
                     back = sess.call("apply", files=json.loads(orig_file.read_text()), unit=self.rep.unit, port=self.rep.port,
                                      health_timeout=self.health_timeout, drain_timeout=60)
                     if not back.get("ok"):
-                        raise TuneError(f"{self.rep.host}: its own configuration did not come back healthy: {back.get('error')}\n"
+                        raise TuneError(f"{self.rep.id} ({self.rep.unit}): its own configuration did not come back healthy: {back.get('error')}\n"
                                         f"{back.get('journal', '')[-1500:]}\n  it stays OUT of the upstream; "
                                         f"look: journalctl -u {self.rep.unit}; then redeploy it (deploys/serve.py or vllm-fleet rollout)")
-                    self.say(f"  {self.rep.host}: healthy again ({back.get('restart_s', 0):.0f} s)")
+                    self.say(f"  {self.rep.id}: healthy again ({back.get('restart_s', 0):.0f} s)")
                     orig_file.unlink()
             finally:
                 sess.close()
             if out_of_upstream:
                 s = self.set_upstream([])
-                self.say(f"  {self.rep.host}: back in the upstream ({s:.1f} s)")
+                self.say(f"  {self.rep.id}: back in the upstream ({s:.1f} s)")
         return info
 
     def run_point(self, sess: Any, p: dict[str, Any]) -> None:
@@ -644,7 +666,7 @@ class Tuner:
         front = pareto(measured, lat_key)
         win = winner(front, lat_key)
         gpu = (", ".join(g["name"] for g in info.get("gpus") or []) + f" (driver {info.get('driver')})") if info.get("gpus") else info.get("accelerator_note")
-        state = {"deployment": self.resolved["name"], "host": self.rep.host, "target": self.target, "workload": self.workload,
+        state = {"deployment": self.resolved["name"], "host": self.rep.host, "replica": self.rep.id, "target": self.target, "workload": self.workload,
                  "spec_file": os.path.abspath(self.spec_path), "spec_sha256": self.header()["spec_sha256"], "load_kind": self.load_kind,
                  "started": (header or {}).get("started", _now()), "vllm_version": info.get("vllm_version"), "gpu": gpu,
                  "points": [_row(p) for p in self.points], "front": [_row(p) for p in front], "winner": _row(win) if win else None,
@@ -698,8 +720,13 @@ def format_table(state: dict[str, Any]) -> str:
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
-    spec = args.spec or os.environ.get("VLLM_FLEET_SPEC") or "deployments/lab-tiny.yaml"
+    from .fleetview import spec_for
+
     try:
+        try:
+            spec = spec_for(args.inventory, args.spec)
+        except ValueError as exc:
+            raise TuneError(str(exc)) from None
         target = parse_target(args.target)
         grid = parse_grid(args.grid) if args.grid else None
         out = args.out or f"tune-{Path(spec).stem}"
@@ -723,12 +750,12 @@ def cmd_tune(args: argparse.Namespace) -> int:
 def add_cli(sub: Any) -> None:
     p = sub.add_parser("tune", help="sweep engine settings on one replica against a latency target; write the winner as an overlay (docs/tuning.md)")
     p.add_argument("inventory", metavar="INVENTORY")
-    p.add_argument("--spec", help="the deployed spec (default: $VLLM_FLEET_SPEC or deployments/lab-tiny.yaml)")
+    p.add_argument("--spec", help="the deployed spec (default: the inventory's data vllm_fleet_spec, $VLLM_FLEET_SPEC; the lab: deployments/lab-tiny.yaml)")
     p.add_argument("--target", required=True, help="limits in ms, e.g. ttft_p99_ms=500,tpot_p99_ms=50 (ttft/tpot/itl/e2el, p50/p90/p99)")
     p.add_argument("--grid", help="instead of the default grid: KEY=V1,V2;KEY=... with KEY one of " + ", ".join(TUNABLE))
     p.add_argument("--budget", type=float, metavar="MIN", help="stop before a point that would end past this many minutes")
     p.add_argument("--resume", action="store_true", help="go on with the results in --out (points done are not run again)")
-    p.add_argument("--host", help="the replica to tune (default: the last replica that is not a proxy)")
+    p.add_argument("--host", help="the replica to tune: HOST:N, or HOST for its first instance (default: the last replica not on a proxy host)")
     p.add_argument("--in-place", action="store_true", help="do not take the replica out of the upstream (e.g. the only replica)")
     p.add_argument("--out", metavar="DIR", help="results, report, overlay (default ./tune-SPECNAME)")
     p.add_argument("--input-len", type=int, default=128, help="random prompt tokens (default 128)")
