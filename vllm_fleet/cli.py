@@ -251,7 +251,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_status)
 
-    for module in ("lab", "tinymodel", "rollout", "deploycmd", "diff", "down", "init"):
+    for module in ("lab", "tinymodel", "rollout", "deploycmd", "diff", "down", "init",
+                   "benchcmd", "tune"):
         try:
             mod = __import__(f"vllm_fleet.{module}", fromlist=["add_cli"])
         except ImportError:
