@@ -20,7 +20,6 @@ Requests ({"op": ...}):
 """
 
 import contextlib
-import io
 import json
 import os
 import pwd
