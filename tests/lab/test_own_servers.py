@@ -142,15 +142,15 @@ def test_the_whole_flow_from_a_wheel(tool, lab_hosts):
 
     r = fleet(tool, "deploy", "inventory.py", "-y", step="deploy (the change)")
     assert r.returncode == 0, r.out[-4000:]
-    assert "--max-num-seqs 8" in lab1.ssh("systemctl show -p ExecStart --value vllm.service").stdout
+    assert "--max-num-seqs 8" in lab1.ssh("systemctl show -p ExecStart --value vllm-lab-tiny-0.service").stdout
 
     r = fleet(tool, "down", "inventory.py", "-y", step="down")
     assert r.returncode == 0, r.out[-4000:]
-    for path in ("/etc/systemd/system/vllm.service", "/etc/vllm-fleet/lab-tiny", "/etc/nginx/conf.d/vllm-fleet-lab-tiny.conf",
+    for path in ("/etc/systemd/system/vllm-lab-tiny-0.service", "/etc/vllm-fleet/lab-tiny", "/etc/nginx/conf.d/vllm-fleet-lab-tiny.conf",
                  "/etc/nginx/vllm-fleet/lab-tiny-auth.conf"):
         assert lab1.ssh(f"test -e {path}", user="root", check=False).returncode == 1, path
-    assert lab1.ssh("systemctl is-active vllm.service", user="root", check=False).stdout.strip() in ("inactive", "unknown")
-    assert "vllm.service" not in lab1.ssh("systemctl list-unit-files --no-legend vllm.service", user="root", check=False).stdout
+    assert lab1.ssh("systemctl is-active vllm-lab-tiny-0.service", user="root", check=False).stdout.strip() in ("inactive", "unknown")
+    assert "vllm-lab-tiny-0.service" not in lab1.ssh("systemctl list-unit-files --no-legend 'vllm-lab-tiny-*'", user="root", check=False).stdout
     assert lab1.ssh("nginx -t", user="root", check=False).returncode == 0
     assert lab1.ssh("systemctl is-active nginx", user="root").stdout.strip() == "active"
     assert "vllm_fleet" not in lab1.ssh("nft list ruleset", user="root", check=False).stdout
@@ -165,5 +165,5 @@ def test_the_whole_flow_from_a_wheel(tool, lab_hosts):
 
     r = fleet(tool, "diff", "inventory.py", "--files-only", step="diff (after down)")
     assert r.returncode == 1, r.out[-3000:]
-    assert "+ /etc/systemd/system/vllm.service: new" in r.out and "+ /etc/nginx/conf.d/vllm-fleet-lab-tiny.conf: new" in r.out
+    assert "+ /etc/systemd/system/vllm-lab-tiny-0.service: new" in r.out and "+ /etc/nginx/conf.d/vllm-fleet-lab-tiny.conf: new" in r.out
     assert "+ /etc/vllm-fleet/lab-tiny/secrets.env: new (secret, content not shown)" in r.out and key not in r.out

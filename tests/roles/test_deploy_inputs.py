@@ -25,6 +25,7 @@ def _fresh_cache(monkeypatch):
     from vllm_fleet.roles import common
 
     monkeypatch.setattr(common, "_CACHE", {})
+    monkeypatch.setattr(common, "_GENERATED", {})
     monkeypatch.delenv("VLLM_FLEET_SPEC", raising=False)
 
 

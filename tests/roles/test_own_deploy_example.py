@@ -22,6 +22,7 @@ def test_the_documented_own_deploy_runs(harness, tmp_path, monkeypatch):
     from vllm_fleet.roles import common
 
     monkeypatch.setattr(common, "_CACHE", {})
+    monkeypatch.setattr(common, "_GENERATED", {})
     code = _example()
     assert code.rstrip().endswith("my_inference_host()")
     ns: dict = {}

@@ -44,7 +44,8 @@ def test_removes_units_files_site_and_firewall_of_this_deployment(harness, repli
     spec, rendered = replicas
     files = rendered["lab1"]
     owned = sorted({*files, "/etc/vllm-fleet/api-firewall.nft", "/etc/systemd/system/vllm-fleet-api-firewall.service"})
-    run = harness.run(remove_deployment, spec=spec, rendered=files, facts=_facts(owned))
+    stamp = "/etc/vllm-fleet/lab-tiny-replicas/replica-0.applied"  # written by the service role, not rendered
+    run = harness.run(remove_deployment, spec=spec, rendered=files, facts=_facts([*owned, stamp]))
     units = [p for p in owned if p.startswith("/etc/systemd/system/")]
     assert {Path(u).name for u in units} == {"vllm-lab-tiny-replicas-0.service", "vllm-fleet-api-firewall.service"}  # names from the files
     for u in units:  # stopped and disabled before their files go
@@ -53,6 +54,8 @@ def test_removes_units_files_site_and_firewall_of_this_deployment(harness, repli
         assert run.index(f"systemctl stop {Path(u).name}") < run.index(f"rm -f {u}")
     for p in owned:
         assert f"rm -f {p}" in run.commands
+    # the service role's record of the instance's configuration goes too (the config dir can go)
+    assert f"rm -f {stamp}" in run.commands
     assert run.index("rm -f /etc/systemd/system/vllm-lab-tiny-replicas-0.service") < run.index("systemctl daemon-reload")
     assert "nft delete table inet vllm_fleet_api" in " ".join(run.commands)
     site = "/etc/nginx/conf.d/vllm-fleet-lab-tiny-replicas.conf"

@@ -16,6 +16,7 @@ from pyinfra.api.exceptions import PyinfraError
 from pyinfra.facts.files import File, Sha256File
 
 _CACHE: dict[str, Any] = {}
+_GENERATED: dict[Path, str] = {}  # generate: true secrets planned this run ({path: value}), written at execute time
 
 
 class DeployError(PyinfraError):
@@ -128,7 +129,10 @@ def load_deploy_spec() -> dict[str, Any]:
     secrets: dict[str, dict[str, Any]] = {}
     sources: dict[str, str] = {}
     names: dict[str, str] = {}  # normalised spec path -> deployment name
-    generated: dict[Path, str] = {}
+    # One value per generated secret for the whole run: pyinfra loads the deploy for its hosts
+    # in parallel greenlets, and a load that waits on another host's facts (_detect_ifnames) lets
+    # the next one in before _CACHE is set; both must plan (and write) the same key.
+    generated = _GENERATED
     for path in paths:
         checked = check(path)
         if not checked.ok:

@@ -125,6 +125,11 @@ def remove_deployment(spec: dict[str, Any], rendered: dict[str, Any], purge: boo
             systemd.service(name="Reload nginx (site removed)", service="nginx", reloaded=True, _if=site.did_change)
     # 5. --purge: environment, weights, caches, config directory (the deployment's own directories)
     cfg = spec["install"]["config_dir"].rstrip("/")
+    # the service role's record of what each instance runs (replica-N.applied beside its replica-N.env)
+    for x in sorted(owned):
+        if x.startswith(cfg + "/replica-") and x.endswith(".env"):
+            stamp = x[: -len(".env")] + ".applied"
+            removed[stamp] = files.file(name=f"Remove {stamp}", path=stamp, present=False)
     in_cfg = [r for x, r in removed.items() if x.startswith(cfg + "/")]
     if purge:
         ins = spec["install"]
