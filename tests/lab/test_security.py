@@ -42,7 +42,7 @@ def server(lab_hosts):
 
 def test_vllm_unit_exposure_score(server):
     out = server.ssh("systemd-analyze security --no-pager vllm-lab-tiny-0.service", user="root").stdout
-    m = re.search(r"Overall exposure level for vllm\.service: ([0-9.]+) (\w+)", out)
+    m = re.search(r"Overall exposure level for vllm-lab-tiny-0\.service: ([0-9.]+) (\w+)", out)
     assert m, out[-2000:]
     RESULTS["exposure"] = float(m.group(1))
     RESULTS["exposure_level"] = m.group(2)
