@@ -183,14 +183,23 @@ def summary(deployments: list[Deployment]) -> str:
     return "; ".join(f"{d.resolved['name']} ({os.path.relpath(d.path)}) on {', '.join(d.hosts)}" for d in deployments)
 
 
-def cmd_deploy(args: argparse.Namespace, runner: Callable[[list[str]], int] | None = None) -> int:
+def checked_plan(args: argparse.Namespace, command: str, nothing: str) -> tuple[list[Deployment], list[str]] | None:
+    """:func:`plan` for a command's arguments; on bad input every problem printed, then
+    ``vllm-fleet COMMAND: NOTHING; no host was contacted``, and None (exit EXIT_INPUT)."""
     try:
-        deployments, data = plan(args.inventory, args.spec, args.data or [], args.limit or [])
+        return plan(args.inventory, args.spec, args.data or [], args.limit or [])
     except PlanError as exc:
         for line in exc.lines:
-            print(f"vllm-fleet deploy: {line}", file=sys.stderr)
-        print("vllm-fleet deploy: nothing was deployed; no host was contacted", file=sys.stderr)
+            print(f"vllm-fleet {command}: {line}", file=sys.stderr)
+        print(f"vllm-fleet {command}: {nothing}; no host was contacted", file=sys.stderr)
+        return None
+
+
+def cmd_deploy(args: argparse.Namespace, runner: Callable[[list[str]], int] | None = None) -> int:
+    planned = checked_plan(args, "deploy", "nothing was deployed")
+    if planned is None:
         return EXIT_INPUT
+    deployments, data = planned
     for d in deployments:
         for w in d.warnings:
             print(f"vllm-fleet deploy: {w}", file=sys.stderr)

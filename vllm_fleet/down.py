@@ -17,19 +17,16 @@ import argparse
 import sys
 from typing import Any, Callable
 
-from .deploycmd import EXIT_INPUT, EXIT_OK, EXIT_PYINFRA, PlanError, plan, pyinfra_argv, run_pyinfra, summary
+from .deploycmd import EXIT_INPUT, EXIT_OK, EXIT_PYINFRA, checked_plan, pyinfra_argv, run_pyinfra, summary
 
 DOWN = "vllm_fleet.deploys.down.down"
 
 
 def cmd_down(args: argparse.Namespace, runner: Callable[[list[str]], int] | None = None) -> int:
-    try:
-        deployments, data = plan(args.inventory, args.spec, args.data or [], args.limit or [])
-    except PlanError as exc:
-        for line in exc.lines:
-            print(f"vllm-fleet down: {line}", file=sys.stderr)
-        print("vllm-fleet down: nothing was removed; no host was contacted", file=sys.stderr)
+    planned = checked_plan(args, "down", "nothing was removed")
+    if planned is None:
         return EXIT_INPUT
+    deployments, data = planned
     if args.purge:
         data = [*data, "vllm_fleet_purge=true"]
     print(f"vllm-fleet down: removing {summary(deployments)}"
