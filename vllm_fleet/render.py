@@ -742,9 +742,3 @@ def render(resolved: dict[str, Any], inventory_hosts: dict[str, dict[str, Any]] 
     """
     return render_many([resolved], inventory_hosts)
 
-
-def roles_of(resolved: dict[str, Any], inventory_hosts: dict[str, dict[str, Any]]) -> dict[str, list[str]]:
-    """{host: sorted parts} of one deployment, as the layout sees the inventory."""
-    from .layout import build
-
-    return {name: sorted(h.roles(resolved["name"])) for name, h in build([resolved], inventory_hosts).hosts.items() if h.parts}
