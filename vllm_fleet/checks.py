@@ -24,6 +24,7 @@ OWNED_FLAGS = {
     "--api-key": "server.api_key",
     "--host": "server.host",
     "--port": "server.port",
+    "--shutdown-timeout": "server.shutdown_timeout",
     "--served-model-name": "model.served_name",
     "--model": "model.source",
     "--dtype": "model.dtype",

@@ -135,6 +135,9 @@ def vllm_argv(resolved: dict[str, Any], *, role: str = "server", node_rank: int 
 
     if role == "server":
         argv += ["--host", srv["host"], "--port", str(srv["port"])]
+        # Drain instead of abort on SIGTERM (vLLM's default 0 aborts in-flight requests); the
+        # unit's TimeoutStopSec= is above it (render.timeout_stop).
+        argv += ["--shutdown-timeout", str(srv["shutdown_timeout"])]
     argv += [str(a) for a in e.get("extra_args") or []]
     return argv
 

@@ -49,7 +49,7 @@ RESTART_SEC = 10
 START_LIMIT_INTERVAL = 900  # s: window for START_LIMIT_BURST failed starts
 START_LIMIT_BURST = 5
 TIMEOUT_START = 900  # big models take 5-10 minutes; also bounds the Ray cluster wait
-TIMEOUT_STOP = 120
+STOP_MARGIN = 90  # s: TimeoutStopSec= above server.shutdown_timeout (vLLM's engine exit, GPU memory freed)
 RAY_TIMEOUT_START = 120
 RAY_TIMEOUT_STOP = 60
 LIMIT_NOFILE = 1048576
@@ -441,7 +441,7 @@ def _vllm_unit(resolved: dict[str, Any], node: Node, inst: Instance, all_nodes: 
         exec_start=systemd_command(argv),
         restart_always=ray_head,
         timeout_start=TIMEOUT_START,
-        timeout_stop=TIMEOUT_STOP,
+        timeout_stop=resolved["server"]["shutdown_timeout"] + STOP_MARGIN,
         syslog_identifier=inst.unit.removesuffix(".service"),
         read_write_paths=_read_write_paths(resolved),
     )

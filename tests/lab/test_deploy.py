@@ -149,6 +149,49 @@ def test_stream_arrives_incrementally_through_nginx(server):
         raise AssertionError(f"every stream arrived at once (first, last event in s): {seen}")
 
 
+def test_restart_drains_an_in_flight_stream(server):
+    """`systemctl restart` while a stream is being generated: vLLM drains it (--shutdown-timeout
+    from server.shutdown_timeout, TimeoutStopSec= above it) instead of aborting it, so the client
+    gets every token and [DONE]; the journal shows SIGTERM arrived while the stream still ran."""
+    unit = "vllm-lab-tiny-0.service"
+    unit_text = server.ssh(f"systemctl cat {unit}", user="root").stdout
+    assert "--shutdown-timeout 30" in unit_text and "TimeoutStopSec=120" in unit_text, unit_text
+    before = main_pid(server, unit)
+    body = json.dumps({"model": "tiny", "messages": [{"role": "user", "content": "count"}], "max_tokens": 480,
+                       "stream": True, "ignore_eos": True})
+    p = subprocess.Popen(["curl", "-sN", "--max-time", "300", "-H", f"Authorization: Bearer {api_key()}",
+                          "-H", "Content-Type: application/json", "-d", body, f"http://{server.address}/v1/chat/completions"],
+                         stdout=subprocess.PIPE, text=True, bufsize=1)
+    since = time.time() - 1
+    events, last, restart = 0, "", None
+    for line in p.stdout:
+        if line.startswith("data:"):
+            events += 1
+            last = line.strip()
+            if events == 5 and restart is None:
+                restart = subprocess.Popen([*server.ssh_argv("root"), f"systemctl restart {unit}"],
+                                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    ended = time.time()
+    p.wait(timeout=60)
+    assert restart is not None, f"the stream ended after {events} events: {last}"
+    out, _ = restart.communicate(timeout=300)
+    assert restart.returncode == 0, out
+    assert last == "data: [DONE]", f"the stream was cut after {events} events: {last!r}"
+    assert events > 400, events  # 480 tokens: one event per token (+ role and [DONE])
+    journal = server.ssh(f"journalctl -u {unit} -o short-unix --no-pager --since @{since:.0f}", user="root").stdout
+    trig = [float(ln.split()[0]) for ln in journal.splitlines() if "shutdown triggered" in ln]
+    assert trig, journal[-3000:]
+    assert trig[0] < ended, f"SIGTERM at {trig[0]:.2f} came after the stream ended at {ended:.2f}: nothing was drained"
+    assert "mode=drain" in journal, journal[-3000:]
+    assert main_pid(server, unit) != before
+    for _ in range(120):  # back up for the tests after this one
+        if server.ssh("curl -s -o /dev/null -w '%{http_code}' http://127.0.0.1:8000/health", check=False).stdout == "200":
+            break
+        time.sleep(2)
+    else:
+        raise AssertionError(f"{unit} not healthy 240 s after the restart")
+
+
 def test_vllm_listens_on_loopback_only(server, lab_hosts):
     listen = server.ssh("ss -ltnH 'sport = :8000'", user="root").stdout
     assert "127.0.0.1:8000" in listen and "0.0.0.0:8000" not in listen and "*:8000" not in listen

@@ -37,6 +37,20 @@ def _probe(url: str, unit: str) -> tuple[str, str, int]:
     return lines[0], lines[1], restarts
 
 
+def _start_to_healthy(unit: str) -> str:
+    """How long the unit's process took from its start to a healthy /health (systemd's
+    ExecMainStartTimestampMonotonic against the host's monotonic clock): what a rollout waits
+    per replica on top of the drain, whoever started the process (this deploy or systemd)."""
+    _, out = host.run_shell_command(
+        f"systemctl show -p ExecMainStartTimestampMonotonic --value {unit}; cut -d' ' -f1 /proc/uptime", _sudo=True)
+    lines = [line.strip() for line in getattr(out, "stdout_lines", [])] + ["", ""]
+    try:
+        secs = float(lines[1]) - int(lines[0]) / 1e6
+    except ValueError:
+        return "start to healthy: unknown"
+    return f"start to healthy {secs:.1f} s"
+
+
 def _wait_healthy(port: int, deadline: int, interval: float, journal_lines: int, unit: str = UNIT) -> None:  # noqa: D401
     """Runs on the host at execute time: poll /health there until 200.
 
@@ -50,7 +64,7 @@ def _wait_healthy(port: int, deadline: int, interval: float, journal_lines: int,
     while time.monotonic() - t0 < deadline:
         code, state, restarts = _probe(url, unit)
         if code == "200":
-            host.noop(f"{unit} healthy after {time.monotonic() - t0:.0f} s")
+            host.noop(f"{unit} healthy after {time.monotonic() - t0:.0f} s of waiting; {_start_to_healthy(unit)}")
             return
         last = f"/health -> {code or 'no answer'}, unit {state}"
         if state == "failed" or restarts > restarts0:
