@@ -410,3 +410,38 @@ def test_tune_takes_one_instance_out_and_restarts_only_its_unit(tmp_path, monkey
         assert "/etc/systemd/system/vllm-lab-tiny-replicas-0.service" not in req["files"]
     reads = [req for op, req in calls if op == "read"]
     assert reads and set(reads[0]["paths"]) == set(t2.rep.files)
+
+
+
+def test_host_session_on_local_runs_without_ssh(tmp_path):
+    """An @local host (pyinfra's local connector: a GPU machine deploying to itself, no sshd) gets
+    the host helper through a local shell, for real: its answers come from this machine."""
+    from vllm_fleet.benchcmd import HostSession
+    from vllm_fleet.fleetview import fleet_view
+
+    spec = yaml.safe_load((REPO / "deployments" / "lab-tiny.yaml").read_text())
+    spec["install"]["prefix"] = str(tmp_path / "prefix")
+    (tmp_path / "prefix" / "env" / "bin").mkdir(parents=True)
+    (tmp_path / "prefix" / "env" / "bin" / "python").symlink_to(sys.executable)
+    sp = tmp_path / "spec.yaml"
+    sp.write_text(yaml.safe_dump(spec))
+    resolved, _ = load_and_check(sp)
+    view = fleet_view(resolved, {"@local": {"address": "127.0.0.1", "groups": ["servers"], "data": {"ssh_hostname": "127.0.0.1"}}})
+    assert view.replicas[0].host == "@local" and view.ssh_argv("@local") == ["sh", "-c"]
+    seen = []
+
+    def popen(argv, **kw):
+        seen.append(argv)
+        return subprocess.Popen(argv, **kw)
+
+    probe = tmp_path / "probe.txt"
+    probe.write_text("on this machine")
+    sess = HostSession(view, "@local", resolved, "k" * 32, say=lambda m: None, popen=popen)
+    try:
+        info = sess.call("info")
+        got = sess.call("read", paths=[str(probe)])
+    finally:
+        sess.close()
+    assert seen[0][:2] == ["sh", "-c"] and "ssh" not in seen[0]
+    assert info["hostname"] == __import__("os").uname().nodename
+    assert got["files"][str(probe)]["content"] == "on this machine"
