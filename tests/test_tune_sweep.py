@@ -413,6 +413,15 @@ def test_tune_takes_one_instance_out_and_restarts_only_its_unit(tmp_path, monkey
 
 
 
+def test_bench_uses_the_servers_tokenizer():
+    from vllm_fleet.benchcmd import served_tokenizer
+
+    r, _ = load_and_check(H200)  # --tokenizer MODEL/tokenizer in engine.extra_args
+    assert served_tokenizer(r) == "/var/lib/vllm-fleet/h200-qwen7b-bf16/model/tokenizer"
+    lab, _ = load_and_check(REPO / "deployments" / "lab-tiny.yaml")
+    assert served_tokenizer(lab) == lab["model"]["path"]
+
+
 def test_host_session_on_local_runs_without_ssh(tmp_path):
     """An @local host (pyinfra's local connector: a GPU machine deploying to itself, no sshd) gets
     the host helper through a local shell, for real: its answers come from this machine."""
