@@ -253,8 +253,9 @@ def make_tuner(tmp_path, monkeypatch, **kw):
 
     import vllm_fleet.benchcmd as bc
     monkeypatch.setattr(bc, "HostSession", FakeSession)
-    t = tune.Tuner(str(inv), str(sp), {"ttft_p99_ms": 100, "tpot_p99_ms": 2}, str(tmp_path / "out"), say=lambda m: None,
-                   grid={"max_num_seqs": [4, 8, 16], "gpu_memory_utilization": [0.9, 0.95]}, runner=runner,
+    target = kw.pop("target", {"ttft_p99_ms": 100, "tpot_p99_ms": 2})
+    grid = kw.pop("grid", {"max_num_seqs": [4, 8, 16], "gpu_memory_utilization": [0.9, 0.95]})
+    t = tune.Tuner(str(inv), str(sp), target, str(tmp_path / "out"), say=lambda m: None, grid=grid, runner=runner,
                    **{"max_probes": 6, **kw})
     return t, steps
 
@@ -411,6 +412,24 @@ def test_tune_takes_one_instance_out_and_restarts_only_its_unit(tmp_path, monkey
     reads = [req for op, req in calls if op == "read"]
     assert reads and set(reads[0]["paths"]) == set(t2.rep.files)
 
+
+def test_default_probes_reach_the_highest_load():
+    assert tune.default_probes(1, 16) == 7 and tune.default_probes(1, 128) == 10 and tune.default_probes(1, 1) == 3
+    # a point with max_num_seqs 128 that meets the target at every load is judged at 128, not at 16
+    calls = []
+    best, pr = tune.search(fake_measure(1e9, calls), lambda m: True, lo=1, hi=128, max_probes=tune.default_probes(1, 128))
+    assert best == 128 and calls == [1, 2, 4, 8, 16, 32, 64, 128]
+
+
+def test_sweep_default_probes_find_the_load_of_a_big_gpu(tmp_path, monkeypatch):
+    """Without --max-probes the search of each point reaches its max_num_seqs (the fake host
+    meets the target up to concurrency 5 x max_num_seqs / 4: more than the old cap of 5 probes)."""
+    FakeSession.applied = []
+    t, _ = make_tuner(tmp_path, monkeypatch, max_probes=None, grid={"max_num_seqs": [32, 64]},
+                      target={"tpot_p99_ms": 2})
+    st = t.run()
+    best = {p["settings"]["max_num_seqs"]: p["best_load"] for p in st["points"] if p["status"] == "measured"}
+    assert best == {16: 16, 32: 32, 64: 64}
 
 
 def test_bench_uses_the_servers_tokenizer():
