@@ -413,6 +413,18 @@ def test_tune_takes_one_instance_out_and_restarts_only_its_unit(tmp_path, monkey
     assert reads and set(reads[0]["paths"]) == set(t2.rep.files)
 
 
+def test_default_grid_token_budget_differs_from_vllms_own_default():
+    """vLLM's API server already runs 8192 batched tokens on an H200 (2048 on a 3090): the grid's
+    other value must be another setting, not the same one restarted twice."""
+    from vllm_fleet import catalog
+
+    h200, _ = load_and_check(H200)
+    assert tune.default_grid(h200, catalog.gpu("h200"))["max_num_batched_tokens"] == [None, 16384]
+    rtx, _ = load_and_check(RTX)
+    assert tune.default_grid(rtx, catalog.gpu("rtx3090"))["max_num_batched_tokens"] == [None, 8192]
+    assert tune.default_grid(rtx, catalog.gpu("a100-80gb"))["max_num_batched_tokens"] == [None, 8192]
+
+
 def test_default_probes_reach_the_highest_load():
     assert tune.default_probes(1, 16) == 7 and tune.default_probes(1, 128) == 10 and tune.default_probes(1, 1) == 3
     # a point with max_num_seqs 128 that meets the target at every load is judged at 128, not at 16

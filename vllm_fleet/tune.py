@@ -138,7 +138,11 @@ def default_grid(resolved: dict[str, Any], gpu: dict[str, Any] | None = None) ->
         grid["enable_prefix_caching"] = [True, False]
         grid["max_num_batched_tokens"] = [None, 2 * int(resolved["model"]["max_model_len"])]
         return grid
-    grid["max_num_batched_tokens"] = [None, 8192]
+    # None = vLLM's own default for its API server, which depends on the GPU (vllm/engine/arg_utils.py,
+    # 0.20-0.32): 8192 on GPUs of 70 GiB or more other than A100s, 2048 below (0.32: 16384 from 160 GiB).
+    # The other value is one above it: the same number twice would be one setting restarted twice.
+    big = bool(gpu) and float(gpu.get("cuda_total_gib") or 0) >= 70 and "a100" not in str(gpu.get("name", ""))
+    grid["max_num_batched_tokens"] = [None, 16384 if big else 8192]
     grid["gpu_memory_utilization"] = sorted({float(e["gpu_memory_utilization"]), 0.90, 0.95})
     grid["enable_prefix_caching"] = [True]
     grid["enable_chunked_prefill"] = [True]
