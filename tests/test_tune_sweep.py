@@ -253,8 +253,9 @@ def make_tuner(tmp_path, monkeypatch, **kw):
 
     import vllm_fleet.benchcmd as bc
     monkeypatch.setattr(bc, "HostSession", FakeSession)
-    t = tune.Tuner(str(inv), str(sp), {"ttft_p99_ms": 100, "tpot_p99_ms": 2}, str(tmp_path / "out"), say=lambda m: None,
-                   grid={"max_num_seqs": [4, 8, 16], "gpu_memory_utilization": [0.9, 0.95]}, runner=runner,
+    target = kw.pop("target", {"ttft_p99_ms": 100, "tpot_p99_ms": 2})
+    grid = kw.pop("grid", {"max_num_seqs": [4, 8, 16], "gpu_memory_utilization": [0.9, 0.95]})
+    t = tune.Tuner(str(inv), str(sp), target, str(tmp_path / "out"), say=lambda m: None, grid=grid, runner=runner,
                    **{"max_probes": 6, **kw})
     return t, steps
 
@@ -410,3 +411,77 @@ def test_tune_takes_one_instance_out_and_restarts_only_its_unit(tmp_path, monkey
         assert "/etc/systemd/system/vllm-lab-tiny-replicas-0.service" not in req["files"]
     reads = [req for op, req in calls if op == "read"]
     assert reads and set(reads[0]["paths"]) == set(t2.rep.files)
+
+
+def test_default_grid_token_budget_differs_from_vllms_own_default():
+    """vLLM's API server already runs 8192 batched tokens on an H200 (2048 on a 3090): the grid's
+    other value must be another setting, not the same one restarted twice."""
+    from vllm_fleet import catalog
+
+    h200, _ = load_and_check(H200)
+    assert tune.default_grid(h200, catalog.gpu("h200"))["max_num_batched_tokens"] == [None, 16384]
+    rtx, _ = load_and_check(RTX)
+    assert tune.default_grid(rtx, catalog.gpu("rtx3090"))["max_num_batched_tokens"] == [None, 8192]
+    assert tune.default_grid(rtx, catalog.gpu("a100-80gb"))["max_num_batched_tokens"] == [None, 8192]
+
+
+def test_default_probes_reach_the_highest_load():
+    assert tune.default_probes(1, 16) == 7 and tune.default_probes(1, 128) == 10 and tune.default_probes(1, 1) == 3
+    # a point with max_num_seqs 128 that meets the target at every load is judged at 128, not at 16
+    calls = []
+    best, pr = tune.search(fake_measure(1e9, calls), lambda m: True, lo=1, hi=128, max_probes=tune.default_probes(1, 128))
+    assert best == 128 and calls == [1, 2, 4, 8, 16, 32, 64, 128]
+
+
+def test_sweep_default_probes_find_the_load_of_a_big_gpu(tmp_path, monkeypatch):
+    """Without --max-probes the search of each point reaches its max_num_seqs (the fake host
+    meets the target up to concurrency 5 x max_num_seqs / 4: more than the old cap of 5 probes)."""
+    FakeSession.applied = []
+    t, _ = make_tuner(tmp_path, monkeypatch, max_probes=None, grid={"max_num_seqs": [32, 64]},
+                      target={"tpot_p99_ms": 2})
+    st = t.run()
+    best = {p["settings"]["max_num_seqs"]: p["best_load"] for p in st["points"] if p["status"] == "measured"}
+    assert best == {16: 16, 32: 32, 64: 64}
+
+
+def test_bench_uses_the_servers_tokenizer():
+    from vllm_fleet.benchcmd import served_tokenizer
+
+    r, _ = load_and_check(H200)  # --tokenizer MODEL/tokenizer in engine.extra_args
+    assert served_tokenizer(r) == "/var/lib/vllm-fleet/h200-qwen7b-bf16/model/tokenizer"
+    lab, _ = load_and_check(REPO / "deployments" / "lab-tiny.yaml")
+    assert served_tokenizer(lab) == lab["model"]["path"]
+
+
+def test_host_session_on_local_runs_without_ssh(tmp_path):
+    """An @local host (pyinfra's local connector: a GPU machine deploying to itself, no sshd) gets
+    the host helper through a local shell, for real: its answers come from this machine."""
+    from vllm_fleet.benchcmd import HostSession
+    from vllm_fleet.fleetview import fleet_view
+
+    spec = yaml.safe_load((REPO / "deployments" / "lab-tiny.yaml").read_text())
+    spec["install"]["prefix"] = str(tmp_path / "prefix")
+    (tmp_path / "prefix" / "env" / "bin").mkdir(parents=True)
+    (tmp_path / "prefix" / "env" / "bin" / "python").symlink_to(sys.executable)
+    sp = tmp_path / "spec.yaml"
+    sp.write_text(yaml.safe_dump(spec))
+    resolved, _ = load_and_check(sp)
+    view = fleet_view(resolved, {"@local": {"address": "127.0.0.1", "groups": ["servers"], "data": {"ssh_hostname": "127.0.0.1"}}})
+    assert view.replicas[0].host == "@local" and view.ssh_argv("@local") == ["sh", "-c"]
+    seen = []
+
+    def popen(argv, **kw):
+        seen.append(argv)
+        return subprocess.Popen(argv, **kw)
+
+    probe = tmp_path / "probe.txt"
+    probe.write_text("on this machine")
+    sess = HostSession(view, "@local", resolved, "k" * 32, say=lambda m: None, popen=popen)
+    try:
+        info = sess.call("info")
+        got = sess.call("read", paths=[str(probe)])
+    finally:
+        sess.close()
+    assert seen[0][:2] == ["sh", "-c"] and "ssh" not in seen[0]
+    assert info["hostname"] == __import__("os").uname().nodename
+    assert got["files"][str(probe)]["content"] == "on this machine"

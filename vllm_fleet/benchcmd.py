@@ -43,7 +43,7 @@ class HostSession:
 
     def __init__(self, view: FleetView, host: str, resolved: dict[str, Any], key: str | None,
                  say: Callable[[str], None] = print, popen: Callable[..., Any] = subprocess.Popen):
-        cfg = {"key": key, "model": resolved["model"]["served_name"], "tokenizer": resolved["model"]["path"],
+        cfg = {"key": key, "model": resolved["model"]["served_name"], "tokenizer": served_tokenizer(resolved),
                "vllm": command.env_bin(resolved, "vllm")}
         argv = [*view.ssh_argv(host), remote([*view.sudo(host), command.env_python(resolved), "-u", "-c", BOOTSTRAP])]
         self.host, self.say = host, say
@@ -79,6 +79,21 @@ class HostSession:
             self.p.wait(timeout=30)
         except Exception:
             self.p.kill()
+
+
+def served_tokenizer(resolved: dict[str, Any]) -> str:
+    """The tokenizer the server runs with: its command line's ``--tokenizer`` (e.g. from
+    ``engine.extra_args``), else the model directory. The benchmark counts prompt and output
+    tokens with it, so it must be the server's (a model directory without a tokenizer of its own
+    fails there: the H200 specs keep theirs in ``MODEL/tokenizer``)."""
+    argv = command.vllm_argv(resolved)
+    found = resolved["model"]["path"]
+    for i, a in enumerate(argv):  # the last one wins, as in vLLM's argument parser
+        if a == "--tokenizer" and i + 1 < len(argv):
+            found = argv[i + 1]
+        elif a.startswith("--tokenizer="):
+            found = a.split("=", 1)[1]
+    return found
 
 
 def spec_digest(path: str) -> str:

@@ -22,6 +22,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
+#: pyinfra's local connector: the host is the machine the command runs on
+LOCAL = "@local"
+
+
 @dataclass(frozen=True)
 class Replica:
     host: str
@@ -56,6 +60,11 @@ class FleetView:
         return next((r for r in self.replicas if r.host == name), None)
 
     def ssh_argv(self, host: str) -> list[str]:
+        """The argv prefix that runs one command line on ``host``: OpenSSH, or a local shell for
+        pyinfra's ``@local`` (the control machine is that host, e.g. a GPU machine deploying to
+        itself: it may have no sshd, and the deploy reached it without one)."""
+        if host == LOCAL:
+            return ["sh", "-c"]
         return ssh_argv(self.hosts.get(host) or {"address": host, "data": {}})
 
     def sudo(self, host: str) -> list[str]:

@@ -138,7 +138,11 @@ def default_grid(resolved: dict[str, Any], gpu: dict[str, Any] | None = None) ->
         grid["enable_prefix_caching"] = [True, False]
         grid["max_num_batched_tokens"] = [None, 2 * int(resolved["model"]["max_model_len"])]
         return grid
-    grid["max_num_batched_tokens"] = [None, 8192]
+    # None = vLLM's own default for its API server, which depends on the GPU (vllm/engine/arg_utils.py,
+    # 0.20-0.32): 8192 on GPUs of 70 GiB or more other than A100s, 2048 below (0.32: 16384 from 160 GiB).
+    # The other value is one above it: the same number twice would be one setting restarted twice.
+    big = bool(gpu) and float(gpu.get("cuda_total_gib") or 0) >= 70 and "a100" not in str(gpu.get("name", ""))
+    grid["max_num_batched_tokens"] = [None, 16384 if big else 8192]
     grid["gpu_memory_utilization"] = sorted({float(e["gpu_memory_utilization"]), 0.90, 0.95})
     grid["enable_prefix_caching"] = [True]
     grid["enable_chunked_prefill"] = [True]
@@ -284,6 +288,16 @@ def search(measure: Callable[[float], dict[str, Any] | None], ok: Callable[[dict
     return best, probes
 
 
+def default_probes(lo: float, hi: float) -> int:
+    """Enough probes for :func:`search` to double from ``lo`` up to ``hi``, plus 2 bisection
+    steps: a cap that cannot reach ``hi`` would judge every point at the same load (on a GPU with
+    max_num_seqs 128, five probes from 1 stop at 16)."""
+    steps, load = 0, lo
+    while load < hi:
+        load, steps = load * 2, steps + 1
+    return steps + 1 + 2
+
+
 def pareto(measured: list[dict[str, Any]], latency_key: str) -> list[dict[str, Any]]:
     """Points not dominated in (higher output throughput, lower latency), by latency."""
     pts = [p for p in measured if p.get("best") and p["best"].get("output_throughput") is not None
@@ -404,7 +418,7 @@ class Tuner:
     def __init__(self, inventory: str, spec_path: str, target: dict[str, float], out: str, *, grid: dict[str, list[Any]] | None = None,
                  host: str | None = None, budget_min: float | None = None, resume: bool = False, in_place: bool = False,
                  input_len: int = 128, output_len: int = 128, prompts_per_stream: int = 4, min_prompts: int = 8,
-                 max_probes: int = 5, max_load: float | None = None, warmup_prompts: int = 4, health_timeout: float = 900, dry: bool = False,
+                 max_probes: int | None = None, max_load: float | None = None, warmup_prompts: int = 4, health_timeout: float = 900, dry: bool = False,
                  load_kind: str = "concurrency",
                  say: Callable[[str], None] = print, runner: Callable[[list[str], dict[str, str]], tuple[int, str]] | None = None):
         from .benchcmd import BenchError, load_fleet
@@ -641,10 +655,12 @@ class Tuner:
         t1 = time.monotonic()
         if self.load_kind == "concurrency":
             hi = self.max_load or int(p["resolved"]["engine"]["max_num_seqs"])
-            best, probes = search(measure, lambda m: meets(m, self.target), lo=1, hi=int(hi), max_probes=self.max_probes)
+            best, probes = search(measure, lambda m: meets(m, self.target), lo=1, hi=int(hi),
+                                  max_probes=self.max_probes or default_probes(1, int(hi)))
         else:  # requests/s, from 0.5 up to --max-load (default 64), bisected geometrically
-            best, probes = search(measure, lambda m: meets(m, self.target), lo=0.5, hi=float(self.max_load or 64),
-                                  max_probes=self.max_probes, integer=False)
+            hi = float(self.max_load or 64)
+            best, probes = search(measure, lambda m: meets(m, self.target), lo=0.5, hi=hi,
+                                  max_probes=self.max_probes or default_probes(0.5, hi), integer=False)
         p["times"]["search_s"] = round(time.monotonic() - t1, 1)
         p["probes"] = probes
         p["best_load"] = best
@@ -760,7 +776,8 @@ def add_cli(sub: Any) -> None:
     p.add_argument("--out", metavar="DIR", help="results, report, overlay (default ./tune-SPECNAME)")
     p.add_argument("--input-len", type=int, default=128, help="random prompt tokens (default 128)")
     p.add_argument("--output-len", type=int, default=128, help="output tokens per request (default 128)")
-    p.add_argument("--max-probes", type=int, default=5, help="benchmark runs per point in the load search (default 5)")
+    p.add_argument("--max-probes", type=int, help="benchmark runs per point in the load search (default: enough to double up to "
+                   "the highest load, + 2 bisection steps: 7 for max_num_seqs 16, 10 for 128)")
     p.add_argument("--search", choices=("concurrency", "rate"), default="concurrency",
                    help="search the highest --max-concurrency (default) or request rate (requests/s) meeting the target")
     p.add_argument("--max-load", type=float, help="highest load tried (default: the point's max_num_seqs; rate: 64/s)")
