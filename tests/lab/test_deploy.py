@@ -245,6 +245,10 @@ def test_spec_change_restarts_only_vllm(server, tmp_path):
         assert main_pid(server, "nginx.service") == nginx_before
         assert "--max-num-seqs 8" in server.ssh("ps -eo args", user="root").stdout
         assert "PASS  chat" in r.out
+        # the restart's cost is printed for the user: the unit's process start to a healthy /health
+        m = re.search(r"vllm-lab-tiny-0\.service healthy after \d+ s of waiting; start to healthy ([0-9.]+) s", r.out)
+        assert m and 1 < float(m.group(1)) < 600, r.out[-3000:]
+        TIMINGS["restart_start_to_healthy_s"] = float(m.group(1))
     finally:
         back = deploy()
         assert back.returncode == 0, why(back)

@@ -64,7 +64,8 @@ def _wait_healthy(port: int, deadline: int, interval: float, journal_lines: int,
     while time.monotonic() - t0 < deadline:
         code, state, restarts = _probe(url, unit)
         if code == "200":
-            host.noop(f"{unit} healthy after {time.monotonic() - t0:.0f} s of waiting; {_start_to_healthy(unit)}")
+            # printed at pyinfra's default verbosity (host.noop only with -v): what a restart costs
+            host.log(f"{unit} healthy after {time.monotonic() - t0:.0f} s of waiting; {_start_to_healthy(unit)}")
             return
         last = f"/health -> {code or 'no answer'}, unit {state}"
         if state == "failed" or restarts > restarts0:
