@@ -27,6 +27,24 @@ from pyinfra import host
 from vllm_fleet import monitoring as _monitoring
 from vllm_fleet.layout import SERVICE_PARTS
 from vllm_fleet.roles.common import host_layout, load_deploy_spec, preflight, write_generated_secrets
+from vllm_fleet.roles.common.state import Query, load_host_state
+
+
+def state_query(ctx: dict, h) -> Query:
+    """What the roles serve() runs on this host compare against (vllm_fleet.roles.common.state)."""
+    from vllm_fleet.roles import nginx, service
+
+    rendered = dict(h.files)
+    q = service.api_firewall_query(rendered) if any(n.instances for n in h.parts.values()) else Query()
+    for name, node in h.parts.items():
+        spec = ctx["specs"][name]
+        if node.roles & SERVICE_PARTS:
+            q = q | service.server_stack_query(spec)
+            if node.instances:
+                q = q | service.state_query(spec, node, rendered)
+        if "proxy" in node.roles:
+            q = q | nginx.state_query(spec, rendered)
+    return q
 
 
 def serve() -> None:
@@ -39,6 +57,9 @@ def serve() -> None:
     rendered = dict(h.files)
     preflight()  # root works on this host (passwordless sudo), else a clear stop
     write_generated_secrets(ctx)  # a new API key file on this machine, before it reaches a host
+    # Everything the roles below compare against, read in one round trip; they then create
+    # operations only where this host differs (a converged host: none).
+    load_host_state(state_query(ctx, h))
 
     # vLLM beyond loopback: one firewall over every deployment's instances here, before they start
     if any(n.instances for n in h.parts.values()):

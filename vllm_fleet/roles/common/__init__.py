@@ -335,16 +335,113 @@ def atomic_put(dest: str, content: str, user: str = "root", group: str = "root",
         yield StringCommand("chmod", mode, dest)
 
 
+def _sha256(text: str) -> str:
+    import hashlib
+
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
 def put_rendered(rendered: dict[str, Any], paths: list[str] | None = None) -> dict[str, Any]:
-    """Put rendered files atomically (:func:`atomic_put`); return {path: OperationMeta}.
+    """Put rendered files atomically (:func:`atomic_put`); return {path: OperationMeta}, where a
+    file the host's snapshot (vllm_fleet.roles.common.state) shows in place gets no operation
+    but a :class:`~vllm_fleet.roles.common.state.Converged` stand-in.
 
     Unit files go last, after the files they name (EnvironmentFile=, ExecStartPre= scripts): a
     deploy killed in between never leaves a unit that a reboot would start against missing files.
     """
+    from .state import Converged, host_state
+
+    snap = host_state()
     out = {}
     for path, f in sorted(rendered.items(), key=lambda kv: (kv[0].endswith(UNIT_SUFFIXES), kv[0])):
         if paths is not None and path not in paths:
             continue
+        if snap.file_ok(path, _sha256(f.content), f.owner, f.group, f"{f.mode:o}"):
+            out[path] = Converged(path)
+            continue
         out[path] = atomic_put(name=f"Put {path}", dest=path, content=f.content, user=f.owner, group=f.group,
                                mode=f"{f.mode:o}")
     return out
+
+
+def put_secret(name: str, path: str, content: str, user: str = "root", group: str = "root", mode: str = "600") -> Any:
+    """:func:`secret_file`, or a Converged stand-in when the host's snapshot shows it in place."""
+    from .state import Converged, host_state
+
+    if host_state().file_ok(path, _sha256(content), user, group, mode):
+        return Converged(path)
+    return secret_file(name=name, path=path, content=content, user=user, group=group, mode=mode)
+
+
+def rendered_query(rendered: dict[str, Any], paths: list[str] | None = None) -> Any:
+    """The snapshot :class:`~vllm_fleet.roles.common.state.Query` of rendered files (and other
+    paths, e.g. secrets) that :func:`put_rendered` / :func:`put_secret` compare against."""
+    from .state import Query
+
+    wanted = [p for p in rendered if paths is None or p in paths] + [p for p in paths or [] if p not in rendered]
+    return Query(stat=tuple(wanted), sha=tuple(wanted))
+
+
+# ------------------------------------------------------------------------------------------------
+# pyinfra's operations, created only where the host differs (vllm_fleet.roles.common.state)
+
+
+def directory(name: str, path: str, user: str | None = None, group: str | None = None, mode: Any = None) -> Any:
+    """``files.directory``, or a Converged stand-in when the snapshot shows it with that owner and mode."""
+    from pyinfra.operations import files
+
+    from .state import Converged, host_state
+
+    if host_state().directory_ok(path, user, group, mode):
+        return Converged(path)
+    return files.directory(name=name, path=path, user=user, group=group, mode=mode)
+
+
+def packages(name: str, packages: list[str], **kwargs: Any) -> Any:
+    """
+    ``apt.packages`` for packages that are missing, and nothing at all when every one is installed.
+
+    pyinfra's ``apt.packages(update=True, cache_time=N)`` refreshes apt's lists (reaching the
+    network) whenever they are older than N seconds, before it looks at what is installed: a
+    re-deploy hours later was no longer a no-op. Here what is installed is read first (the host's
+    snapshot, else pyinfra's DebPackages fact), and only a missing package brings the lists
+    refresh and the install (``update=True, cache_time=3600`` unless given).
+
+    + name: the operation's name
+    + packages: Debian package names
+    + kwargs: further ``apt.packages`` arguments
+
+    **Example:**
+
+    .. code:: python
+
+        packages(name="nginx package", packages=["nginx"])
+    """
+    from pyinfra.facts.deb import DebPackages
+    from pyinfra.operations import apt
+
+    from .state import Converged, host_state
+
+    names = list(packages)
+    if host_state().debs_installed(names):
+        return Converged(", ".join(names))
+    installed = host.get_fact(DebPackages) or {}
+    if installed and all(n in installed for n in names):
+        host.noop(f"{', '.join(names)} installed")
+        return Converged(", ".join(names))
+    kwargs.setdefault("update", True)
+    kwargs.setdefault("cache_time", 3600)
+    return apt.packages(name=name, packages=names, **kwargs)
+
+
+def service_running(name: str, service: str, running: bool = True, enabled: bool = True) -> Any:
+    """``systemd.service(running, enabled)``, or a Converged stand-in when the snapshot shows the
+    unit so (active and enabled)."""
+    from pyinfra.operations import systemd
+
+    from .state import Converged, host_state
+
+    unit = service if "." in service else f"{service}.service"
+    if host_state().unit_ok(unit, running=running, enabled=enabled):
+        return Converged(unit)
+    return systemd.service(name=name, service=service, running=running, enabled=enabled)

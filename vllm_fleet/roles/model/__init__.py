@@ -54,7 +54,8 @@ from pyinfra.api.exceptions import DeployError
 from pyinfra.facts.files import File, FileContents, FindFiles
 from pyinfra.operations import files, server
 
-from vllm_fleet.roles.common import secret_file
+from vllm_fleet.roles.common import directory, secret_file
+from vllm_fleet.roles.common.state import Converged, Query, host_state
 
 from . import defaults as d
 from .defaults import DEFAULTS
@@ -80,7 +81,8 @@ def _check_space(spec: dict, local: Path, entries: list[tuple[str, str]]) -> Non
     """Plan-time: the files that will be (re)written must fit, with ``model_keep_free_bytes`` to
     spare, before any operation exists (a full disk half-way through leaves a broken model)."""
     root = spec["model"]["path"].rstrip("/")
-    have = host.get_fact(FileSizes, root=root)
+    have = host_state().files_under(root)
+    have = have if have is not None else host.get_fact(FileSizes, root=root)
     todo = [(rel, (local / rel).stat().st_size) for rel, _ in entries]
     todo = [(rel, size) for rel, size in todo if have.get(rel) != size]
     if not todo:
@@ -112,19 +114,42 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
+_MANIFESTS: dict[tuple, list[tuple[str, str]]] = {}
+
+
 def local_manifest(local_dir: str | Path) -> list[tuple[str, str]]:
     """``[(relative posix path, sha256)]`` of every file under local_dir, sorted (the manifest
-    itself and the hub marker excluded)."""
+    itself and the hub marker excluded). Hashed once per deploy process for an unchanged tree
+    (same paths, sizes and mtimes)."""
     root = Path(local_dir).expanduser()
     if not root.is_dir():
         raise DeployError(f"model.source: {root} is not a directory on this machine "
                           "(for the lab: `vllm-fleet tiny-model`)")
-    out = []
-    for p in sorted(root.rglob("*")):
-        rel = p.relative_to(root).as_posix()
-        if p.is_file() and rel not in (d.MANIFEST, d.HUB_MARKER):
-            out.append((rel, _sha256(p)))
-    return out
+    files_ = [(p, p.relative_to(root).as_posix()) for p in sorted(root.rglob("*"))]
+    files_ = [(p, rel) for p, rel in files_ if p.is_file() and rel not in (d.MANIFEST, d.HUB_MARKER)]
+    key = (str(root), tuple((rel, p.stat().st_size, p.stat().st_mtime_ns) for p, rel in files_))
+    if key not in _MANIFESTS:
+        _MANIFESTS[key] = [(rel, _sha256(p)) for p, rel in files_]
+    return list(_MANIFESTS[key])
+
+
+def state_query(spec: dict) -> Query:
+    """What install_model compares against (vllm_fleet.roles.common.state): for ``upload`` every
+    file, directory and the manifest at model.path (stat, sha256, the files there); for ``hub``
+    the marker; for ``none`` config.json."""
+    m = spec["model"]
+    root = m["path"].rstrip("/")
+    if m["transfer"] == "upload":
+        local = Path(m["local_dir"]).expanduser()
+        if not local.is_dir():
+            return Query()
+        entries = local_manifest(local)
+        files_ = [f"{root}/{rel}" for rel, _ in entries] + [f"{root}/{d.MANIFEST}"]
+        dirs = [root] + [f"{root}/{sub}" for sub in sorted({str(Path(rel).parent) for rel, _ in entries} - {"."})]
+        return Query(stat=tuple(dirs + files_), sha=tuple(files_), find=(root,))
+    if m["transfer"] == "hub":
+        return Query(read=(f"{root}/{d.HUB_MARKER}",))
+    return Query(stat=(f"{root}/config.json",))
 
 
 def manifest_text(entries: list[tuple[str, str]]) -> str:
@@ -143,19 +168,29 @@ def _upload(spec: dict) -> list:
     _check_space(spec, local, entries)
     fmode, dmode = host.data.get("model_file_mode"), host.data.get("model_dir_mode")
 
-    ops = [files.directory(name=f"Model directory {root}", path=root, user=user, group=user, mode=dmode)]
+    snap = host_state()
+    ops = [directory(name=f"Model directory {root}", path=root, user=user, group=user, mode=dmode)]
     subdirs = sorted({str(Path(rel).parent) for rel, _ in entries} - {"."})
     for sub in subdirs:
-        ops.append(files.directory(name=f"Model directory {root}/{sub}", path=f"{root}/{sub}",
-                                   user=user, group=user, mode=dmode))
+        ops.append(directory(name=f"Model directory {root}/{sub}", path=f"{root}/{sub}",
+                             user=user, group=user, mode=dmode))
     wanted = {f"{root}/{rel}" for rel, _ in entries} | {f"{root}/{d.MANIFEST}"}
-    for stale in sorted(set(host.get_fact(FindFiles, path=root) or []) - wanted):
+    there = snap.files_under(root)
+    there = [f"{root}/{rel}" for rel in there] if there is not None else host.get_fact(FindFiles, path=root)
+    for stale in sorted(set(there or []) - wanted):
         ops.append(files.file(name=f"Remove {stale} (not in the manifest)", path=stale, present=False))
-    for rel, _ in entries:
+    for rel, sha in entries:
+        if snap.file_ok(f"{root}/{rel}", sha, user, user, fmode):
+            ops.append(Converged(rel))
+            continue
         ops.append(files.put(name=f"Model file {rel}", src=str(local / rel), dest=f"{root}/{rel}",
                              user=user, group=user, mode=fmode, add_deploy_dir=False))
-    ops.append(files.put(name=f"Model manifest {d.MANIFEST}", src=StringIO(manifest_text(entries)),
-                         dest=f"{root}/{d.MANIFEST}", user=user, group=user, mode=fmode))
+    text = manifest_text(entries)
+    if snap.file_ok(f"{root}/{d.MANIFEST}", hashlib.sha256(text.encode()).hexdigest(), user, user, fmode):
+        ops.append(Converged(d.MANIFEST))
+    else:
+        ops.append(files.put(name=f"Model manifest {d.MANIFEST}", src=StringIO(text),
+                             dest=f"{root}/{d.MANIFEST}", user=user, group=user, mode=fmode))
     check = (f"cd {shlex.quote(root)} && "
              f"runuser -u {shlex.quote(user)} -- sha256sum --quiet --strict -c {d.MANIFEST} "
              f"|| {{ rm -f {d.MANIFEST}; echo 'model upload: checksum mismatch on the host' >&2; exit 1; }}")
@@ -237,7 +272,8 @@ def _hub(spec: dict, hub_token: str | None) -> list:
     if hub_token:
         token_path = f"{ins['config_dir'].rstrip('/')}/{d.HUB_TOKEN_FILE}"
         ops.append(secret_file(name="Hub token (0600 root)", path=token_path, content=hub_token + "\n"))
-    have = host.get_fact(FileContents, path=f"{root}/{d.HUB_MARKER}")
+    known, text = host_state().content(f"{root}/{d.HUB_MARKER}")
+    have = (text.splitlines() if text else None) if known else host.get_fact(FileContents, path=f"{root}/{d.HUB_MARKER}")
     if have and have[0].strip() == want:
         host.noop(f"model {want} already at {root}")
         return []
@@ -259,7 +295,9 @@ def _hub(spec: dict, hub_token: str | None) -> list:
 
 def _none(spec: dict) -> list:
     root = spec["model"]["path"].rstrip("/")
-    if not host.get_fact(File, path=f"{root}/config.json"):
+    snap = host_state()
+    present = snap.stats.get(f"{root}/config.json") if snap._asked("stat", f"{root}/config.json") else host.get_fact(File, path=f"{root}/config.json")
+    if not present:
         raise ModelMissing(
             f"host {host.name}: model.transfer is none but {root}/config.json does not exist. "
             f"Put the weights at {root} on this host, or set model.transfer: upload (with "

@@ -9,12 +9,16 @@ from typing import Any
 from pyinfra import host
 from pyinfra.api import deploy
 from pyinfra.facts.files import File
-from pyinfra.operations import apt, files, server, systemd
+from pyinfra.operations import files, server, systemd
 from pyinfra.operations.util import any_changed
 
-from vllm_fleet.roles.common import DeployError, atomic_put, put_rendered, secret_file
+from vllm_fleet.roles.common import (DeployError, atomic_put, packages, put_rendered, put_secret, rendered_query,
+                                     service_running)
+from vllm_fleet.roles.common.state import Query, host_state, pending
 
 from .defaults import DEFAULTS
+
+DEFAULT_SITE = "/etc/nginx/sites-enabled/default"
 
 
 @deploy("nginx proxy", data_defaults=DEFAULTS)
@@ -41,18 +45,20 @@ def install_nginx(spec: dict[str, Any], rendered: dict[str, Any], api_key: str |
     from vllm_fleet.secrets import host_secret_files
 
     prx = spec["proxy"]
-    apt.packages(name="nginx package", packages=[host.data.get("nginx_package")], update=True, cache_time=3600)
+    # no apt lists refresh (network) when nginx is installed: roles.common.packages
+    packages(name="nginx package", packages=[host.data.get("nginx_package")], update=True, cache_time=3600)
+    snap = host_state()
     changed = []
-    if host.data.get("nginx_remove_default_site"):
-        changed.append(files.link(name="Remove the default site", path="/etc/nginx/sites-enabled/default", present=False))
+    if host.data.get("nginx_remove_default_site") and not snap.absent(DEFAULT_SITE):
+        changed.append(files.link(name="Remove the default site", path=DEFAULT_SITE, present=False))
     secret_paths = {render.paths(spec)[k] for k in ("nginx_auth", "tls_certificate", "tls_certificate_key")}
     paths = render.paths(spec)
     # This deployment's site only (a host's rendered files hold every deployment's).
     site_paths = [p for p in rendered if p == paths["nginx_site"] and p not in secret_paths]
     # The auth include (and the TLS files below) before the site that names them.
     secret_text = host_secret_files(spec, {"api_key": api_key, "tls_key": tls_key})
-    changed.append(secret_file(name="nginx auth include (0600, never shown)", path=paths["nginx_auth"],
-                               content=secret_text[paths["nginx_auth"]]))
+    changed.append(put_secret(name="nginx auth include (0600, never shown)", path=paths["nginx_auth"],
+                              content=secret_text[paths["nginx_auth"]]))
     tls = prx["tls"]
     if tls["enabled"]:
         crt, key = paths["tls_certificate"], paths["tls_certificate_key"]
@@ -71,9 +77,25 @@ def install_nginx(spec: dict[str, Any], rendered: dict[str, Any], api_key: str |
             files.directory(name=f"Directory {render.NGINX_SECRET_DIR} (0700)", path=render.NGINX_SECRET_DIR,
                             user="root", group="root", mode="700")
             changed.append(atomic_put(name="TLS certificate", dest=crt, content=tls_certificate, mode="644"))
-            changed.append(secret_file(name="TLS private key (0600, never shown)", path=key, content=secret_text[key]))
+            changed.append(put_secret(name="TLS private key (0600, never shown)", path=key, content=secret_text[key]))
     put = put_rendered(rendered, site_paths)
     changed += put.values()
-    server.shell(name="nginx -t (validate before reload)", commands=["nginx -t"], _if=any_changed(*changed))
-    systemd.service(name="nginx running and enabled", service="nginx", running=True, enabled=True)
-    systemd.service(name="Reload nginx (config changed)", service="nginx", reloaded=True, _if=any_changed(*changed))
+    # (operations only where something differs: a converged proxy gets none, vllm_fleet.roles.common.state)
+    if pending(*changed):
+        server.shell(name="nginx -t (validate before reload)", commands=["nginx -t"], _if=any_changed(*changed))
+    service_running(name="nginx running and enabled", service="nginx", running=True, enabled=True)
+    if pending(*changed):
+        systemd.service(name="Reload nginx (config changed)", service="nginx", reloaded=True, _if=any_changed(*changed))
+
+
+def state_query(spec: dict[str, Any], rendered: dict[str, Any]) -> Query:
+    """What install_nginx compares against (vllm_fleet.roles.common.state): the package, the
+    default site, this deployment's site, auth include and TLS files, nginx's unit."""
+    from vllm_fleet import render
+
+    paths = render.paths(spec)
+    files_ = [p for p in rendered if p == paths["nginx_site"]] + [paths["nginx_auth"]]
+    if spec["proxy"]["tls"]["enabled"]:
+        files_ += [paths["tls_certificate"], paths["tls_certificate_key"]]
+    pkg = host.data.get("nginx_package") or DEFAULTS["nginx_package"]
+    return rendered_query(rendered, files_) | Query(stat=(DEFAULT_SITE,), debs=(pkg,), units=("nginx.service",))

@@ -40,13 +40,16 @@ from pathlib import PurePosixPath
 from pyinfra import host
 from pyinfra.api import deploy
 from pyinfra.api.exceptions import DeployError
-from pyinfra.operations import apt, files, server
+from pyinfra.operations import apt, server
+
+from vllm_fleet.roles.common import directory, packages as common_packages
+from vllm_fleet.roles.common.state import Query, host_state
 
 from . import defaults as d
 from .defaults import DEFAULTS
 from .facts import MINIFORGE_MARKER, EnvPython, MiniforgeInstall
 
-__all__ = ["pyenv", "service_dirs", "env_dir", "env_python", "EnvMismatch", "DEFAULTS"]
+__all__ = ["pyenv", "service_dirs", "state_query", "env_dir", "env_python", "EnvMismatch", "DEFAULTS"]
 
 
 class EnvMismatch(DeployError):
@@ -64,6 +67,30 @@ def env_python(spec: dict) -> str:
 @deploy("Service user and directories", data_defaults=DEFAULTS)
 def service_dirs(spec: dict) -> None:
     ins, user = spec["install"], spec["server"]["user"]
+    home = str(PurePosixPath(ins["state_dir"]).parent)
+    if host_state().user_ok(user, home=home, shell=d.SERVICE_SHELL):
+        host.noop(f"system user {user} exists")
+    else:
+        _user(user, home)
+    directory(name="Install prefix", path=ins["prefix"], user="root", group="root", mode=d.PREFIX_MODE)
+    directory(name="Config directory", path=ins["config_dir"], user="root", group=user, mode=d.CONFIG_DIR_MODE)
+    directory(name="State directory", path=ins["state_dir"], user=user, group=user, mode=d.STATE_DIR_MODE)
+
+
+def state_query(spec: dict) -> Query:
+    """What service_dirs and pyenv compare against (vllm_fleet.roles.common.state): the user,
+    the directories, the venv packages and the env's python (probed with the vllm role's)."""
+    ins = spec["install"]
+    q = Query(stat=(ins["prefix"], ins["config_dir"], ins["state_dir"]), users=(spec["server"]["user"],))
+    if ins["env_manager"] == "venv":
+        packages = list(host.data.get("pyenv_venv_packages") or DEFAULTS["pyenv_venv_packages"])
+        if ins["accelerator"] == "cuda":
+            packages += list(host.data.get("pyenv_cuda_venv_packages") or DEFAULTS["pyenv_cuda_venv_packages"])
+        q = q | Query(debs=tuple(packages), envs=((env_python(spec), ()),))
+    return q
+
+
+def _user(user: str, home: str) -> None:
     server.user(
         name=f"System user {user}",
         user=user,
@@ -71,25 +98,22 @@ def service_dirs(spec: dict) -> None:
         # One system user may serve several deployments on a host (e.g. a single-node and a
         # multi-node spec in turn): its home is their common parent, never one deployment's
         # state dir (usermod cannot move the home of a user with running processes).
-        home=str(PurePosixPath(ins["state_dir"]).parent),
+        home=home,
         shell=d.SERVICE_SHELL,
         ensure_home=False,
         create_home=False,
     )
-    files.directory(name="Install prefix", path=ins["prefix"], user="root", group="root", mode=d.PREFIX_MODE)
-    files.directory(name="Config directory", path=ins["config_dir"], user="root", group=user,
-                    mode=d.CONFIG_DIR_MODE)
-    files.directory(name="State directory", path=ins["state_dir"], user=user, group=user,
-                    mode=d.STATE_DIR_MODE)
 
 
 def _venv(env: str, cuda: bool) -> None:
     packages = list(host.data.get("pyenv_venv_packages"))
     if cuda:
         packages += [p for p in host.data.get("pyenv_cuda_venv_packages") if p not in packages]
-    apt.packages(name="python3-venv" + (" and the headers + C compiler Triton builds with" if cuda else ""),
-                 packages=packages)
-    if host.get_fact(EnvPython, env=env) is None:
+    common_packages(name="python3-venv" + (" and the headers + C compiler Triton builds with" if cuda else ""),
+                    packages=packages, update=False)
+    probed = host_state().env(f"{env}/bin/python")
+    have = probed["python"] if probed is not None else host.get_fact(EnvPython, env=env)
+    if have is None:
         server.shell(name=f"venv at {env}", commands=[f"python3 -m venv {shlex.quote(env)}"])
 
 
@@ -143,7 +167,7 @@ def _conda_env(env: str, python: str) -> None:
 def pyenv(spec: dict) -> None:
     ins = spec["install"]
     env = env_dir(spec)
-    files.directory(name="Install prefix", path=ins["prefix"], user="root", group="root", mode=d.PREFIX_MODE)
+    directory(name="Install prefix", path=ins["prefix"], user="root", group="root", mode=d.PREFIX_MODE)
     cuda = ins["accelerator"] == "cuda"
     if ins["env_manager"] == "venv":
         _venv(env, cuda)

@@ -5,6 +5,7 @@ then wait until /health answers, with a deadline and the journal tail in the err
 
 from __future__ import annotations
 
+import re
 import shlex
 import time
 from pathlib import Path
@@ -16,7 +17,8 @@ from pyinfra.api import deploy
 from pyinfra.operations import files, python, server, systemd
 from pyinfra.operations.util import any_changed
 
-from vllm_fleet.roles.common import put_rendered, secret_file
+from vllm_fleet.roles.common import directory, put_rendered, put_secret, rendered_query, service_running
+from vllm_fleet.roles.common.state import Converged, Query, host_state, pending
 from vllm_fleet import command, render
 from vllm_fleet.layout import LEGACY_UNIT
 
@@ -104,14 +106,26 @@ def api_firewall(rendered: dict[str, Any]):
     if rules_path not in rendered:
         return []
     # Before the install (deploys/serve.py calls this first on a host): its directory may not exist yet.
-    files.directory(name=f"Directory {Path(rules_path).parent}", path=str(Path(rules_path).parent), user="root", group="root", mode="755")
+    directory(name=f"Directory {Path(rules_path).parent}", path=str(Path(rules_path).parent), user="root", group="root", mode="755")
     put = put_rendered(rendered, [rules_path, unit_path])
     rules, unit = put[rules_path], put[unit_path]
-    systemd.daemon_reload(name="systemd daemon-reload (API firewall unit)", _if=unit.did_change)
-    systemd.service(name=f"{d.API_FIREWALL_UNIT}: load the rules (they changed)", service=d.API_FIREWALL_UNIT,
-                    running=True, restarted=True, enabled=True, _if=any_changed(rules, unit))
-    systemd.service(name=f"{d.API_FIREWALL_UNIT} active and enabled", service=d.API_FIREWALL_UNIT, running=True, enabled=True)
+    # (operations only where something differs: a converged host gets none, vllm_fleet.roles.common.state)
+    if pending(unit):
+        systemd.daemon_reload(name="systemd daemon-reload (API firewall unit)", _if=unit.did_change)
+    if pending(rules, unit):
+        systemd.service(name=f"{d.API_FIREWALL_UNIT}: load the rules (they changed)", service=d.API_FIREWALL_UNIT,
+                        running=True, restarted=True, enabled=True, _if=any_changed(rules, unit))
+    service_running(name=f"{d.API_FIREWALL_UNIT} active and enabled", service=d.API_FIREWALL_UNIT, running=True, enabled=True)
     return [rules, unit]
+
+
+def api_firewall_query(rendered: dict[str, Any]) -> Query:
+    """What api_firewall compares against (vllm_fleet.roles.common.state)."""
+    rules_path, unit_path = render.API_FIREWALL_FILE, f"{render.SYSTEMD_DIR}/{render.API_FIREWALL_UNIT}"
+    if rules_path not in rendered:
+        return Query()
+    return (rendered_query(rendered, [rules_path, unit_path])
+            | Query(stat=(str(Path(rules_path).parent),), units=(d.API_FIREWALL_UNIT,)))
 
 
 def install_server_stack(spec: dict[str, Any], hub_token: str | None) -> tuple[list, list]:
@@ -148,6 +162,14 @@ def install_server_stack(spec: dict[str, Any], hub_token: str | None) -> tuple[l
     return list(vllm_changed or []), list(model_changed or [])
 
 
+def server_stack_query(spec: dict[str, Any]) -> Query:
+    """What install_server_stack's roles compare against (vllm_fleet.roles.common.state): the
+    service user and directories, the env, vLLM's system libraries and distributions, the model."""
+    from vllm_fleet.roles import model, pyenv, vllm
+
+    return pyenv.state_query(spec) | vllm.state_query(spec) | model.state_query(spec)
+
+
 def applied_token(spec: dict[str, Any], rendered: dict[str, Any], inst: Any, api_key: str | None) -> str:
     """What an instance runs with, as one hash: its unit, the deployment's files on this host
     (env files, helper scripts), the key (hashed), the install and model sections. Written to
@@ -164,6 +186,29 @@ def applied_token(spec: dict[str, Any], rendered: dict[str, Any], inst: Any, api
     doc = {"files": mine, "key": hashlib.sha256((api_key or "").encode()).hexdigest(),
            "install": spec["install"], "model": spec["model"]}
     return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _instance_dirs(spec: dict[str, Any], node: Any) -> list[str]:
+    """The state, cache and temp directories the instances' environment names (parents first)."""
+    ins = spec["install"]
+    dirs = sorted({v for v in command.vllm_env(spec).values() if v.startswith(ins["state_dir"] + "/")})
+    for inst in node.instances:
+        dirs += [inst.state_dir, *sorted(command.state_env(inst.state_dir).values())]
+    return sorted(set(dirs), key=lambda x: (x.count("/"), x))
+
+
+def state_query(spec: dict[str, Any], node: Any, rendered: dict[str, Any]) -> Query:
+    """What install_service compares against (vllm_fleet.roles.common.state): its directories,
+    files (rendered, the key's env file), units and their state, the recorded configurations,
+    the older release's unit and the unit directory's listing (replicas no longer in the layout)."""
+    ins, p = spec["install"], render.paths(spec)
+    dirs = _instance_dirs(spec, node) + [p["ray_tmpdir"], f"{ins['prefix']}/bin"]
+    mine = [path for path in rendered if path.startswith((ins["config_dir"] + "/", ins["prefix"] + "/bin/"))
+            or path in {f"{render.SYSTEMD_DIR}/{i.unit}" for i in node.instances}]
+    stamps = [f"{ins['config_dir']}/replica-{i.index}.applied" for i in node.instances]
+    return (rendered_query(rendered, mine + [p["secrets_env"], *stamps])
+            | Query(stat=tuple(dirs), read=(f"{render.SYSTEMD_DIR}/{LEGACY_UNIT}", *stamps), ls=(render.SYSTEMD_DIR,),
+                    units=tuple(i.unit for i in node.instances)))
 
 
 def _legacy_unit_script(name: str) -> str:
@@ -202,15 +247,12 @@ def install_service(spec: dict[str, Any], node: Any, rendered: dict[str, Any], a
     # The system user and directories come from vllm_fleet.roles.pyenv.service_dirs, which deploys/serve.py
     # runs first (the model role needs them too). Each instance's own state dir and the cache
     # and temp directories its environment names (ReadWritePaths must exist).
-    dirs = sorted({v for v in command.vllm_env(spec).values() if v.startswith(ins["state_dir"] + "/")})
-    for inst in node.instances:
-        dirs += [inst.state_dir, *sorted(command.state_env(inst.state_dir).values())]
-    for dirpath in sorted(set(dirs), key=lambda x: (x.count("/"), x)):
-        files.directory(name=f"Directory {dirpath}", path=dirpath, user=srv["user"], group=srv["user"], mode="750")
+    for dirpath in _instance_dirs(spec, node):
+        directory(name=f"Directory {dirpath}", path=dirpath, user=srv["user"], group=srv["user"], mode="750")
     if spec["parallel"]["backend"] == "ray" and spec["parallel"]["nodes"] > 1:
-        files.directory(name="Ray temp directory", path=p["ray_tmpdir"], user=srv["user"], group=srv["user"], mode="750")
+        directory(name="Ray temp directory", path=p["ray_tmpdir"], user=srv["user"], group=srv["user"], mode="750")
     if any(path.startswith(ins["prefix"] + "/bin/") for path in rendered):
-        files.directory(name="Helper scripts directory", path=f"{ins['prefix']}/bin", user="root", group="root", mode="755")
+        directory(name="Helper scripts directory", path=f"{ins['prefix']}/bin", user="root", group="root", mode="755")
 
     units = {inst.index: f"{render.SYSTEMD_DIR}/{inst.unit}" for inst in node.instances}
     other = [path for path in rendered if path.startswith(ins["config_dir"] + "/") and not path.endswith("/secrets.env")]
@@ -220,20 +262,32 @@ def install_service(spec: dict[str, Any], node: Any, rendered: dict[str, Any], a
     put = put_rendered(rendered, other + extra)
     from vllm_fleet.secrets import host_secret_files
 
-    secrets_op = secret_file(name="API key (0600, never shown)", path=p["secrets_env"],
-                             content=host_secret_files(spec, {"api_key": api_key})[p["secrets_env"]])
+    secrets_op = put_secret(name="API key (0600, never shown)", path=p["secrets_env"],
+                            content=host_secret_files(spec, {"api_key": api_key})[p["secrets_env"]])
     put.update(put_rendered(rendered, list(units.values())))
 
     # Units the layout no longer has: an older release's vllm.service of this deployment, and
     # replicas above the current count. Stopped and removed before the new ones start.
-    stale = [LEGACY_UNIT] if (host.get_fact(Command, _legacy_unit_script(name)) or "").strip() == "yes" else []
-    listed = host.get_fact(Command, f"ls -1 {render.SYSTEMD_DIR} 2>/dev/null | grep -E {shlex.quote('^vllm-' + name.replace('.', '[.]') + '-[0-9]+[.]service$')} || true") or ""
+    snap = host_state()
+    known, legacy_text = snap.content(f"{render.SYSTEMD_DIR}/{LEGACY_UNIT}")
+    if known:
+        mine = re.compile(re.escape(f"Description=vLLM {name}:") + ".*")
+        stale = [LEGACY_UNIT] if any(mine.fullmatch(line) for line in (legacy_text or "").splitlines()) else []
+    else:
+        stale = [LEGACY_UNIT] if (host.get_fact(Command, _legacy_unit_script(name)) or "").strip() == "yes" else []
+    pattern = "^vllm-" + name.replace(".", "[.]") + "-[0-9]+[.]service$"
+    entries = snap.listing(render.SYSTEMD_DIR)
+    if entries is not None:
+        listed = " ".join(u for u in entries if re.search(pattern, u))
+    else:
+        listed = host.get_fact(Command, f"ls -1 {render.SYSTEMD_DIR} 2>/dev/null | grep -E {shlex.quote(pattern)} || true") or ""
     stale += sorted(u for u in listed.split() if u not in {i.unit for i in node.instances})
     removed = []
     for unit in stale:
         systemd.service(name=f"Stop and disable {unit} (not in the layout any more)", service=unit, running=False, enabled=False)
         removed.append(files.file(name=f"Remove {render.SYSTEMD_DIR}/{unit}", path=f"{render.SYSTEMD_DIR}/{unit}", present=False))
-    systemd.daemon_reload(name="systemd daemon-reload", _if=any_changed(*(put[u] for u in units.values()), *removed))
+    if pending(*(put[u] for u in units.values()), *removed):
+        systemd.daemon_reload(name="systemd daemon-reload", _if=any_changed(*(put[u] for u in units.values()), *removed))
 
     shared = [secrets_op, *(put[path] for path in other + extra if not path.endswith(".env") or path in (p["vllm_env"], p["node_env"])),
               *(restart_on or [])]
@@ -245,29 +299,39 @@ def install_service(spec: dict[str, Any], node: Any, rendered: dict[str, Any], a
         own = [put[units[inst.index]], *([put[inst.env_file]] if inst.env_file in put else [])]
         token = applied_token(spec, rendered, inst, api_key)
         stamp = f"{ins['config_dir']}/replica-{inst.index}.applied"
-        have = (host.get_fact(Command, f"cat {shlex.quote(stamp)} 2>/dev/null || true") or "").strip()
+        known, text = snap.content(stamp)
+        have = ((text or "") if known else (host.get_fact(Command, f"cat {shlex.quote(stamp)} 2>/dev/null || true") or "")).strip()
         relevant = [*own, *shared]
         stale_now = have != token
         when = (lambda: True) if stale_now else any_changed(*relevant)
         # A unit that is failed (e.g. it hit StartLimitBurst in an earlier crash loop) refuses to
         # start until reset: reset it when it is failed now or when it is about to restart.
-        failed_now = (host.get_fact(Command, f"systemctl is-failed {unit} || true") or "").strip() == "failed"
-        server.shell(name=f"Clear {unit}'s failed state before (re)starting", commands=[f"if systemctl is-failed --quiet {unit}; then systemctl reset-failed {unit}; fi"],
-                     _if=(lambda: True) if failed_now else when)
+        seen = snap.unit(unit)
+        if seen is not None:
+            failed_now = seen.get("ActiveState") == "failed"
+        else:
+            failed_now = (host.get_fact(Command, f"systemctl is-failed {unit} || true") or "").strip() == "failed"
+        # Operations only where something may change (vllm_fleet.roles.common.state): a converged
+        # instance gets none of these.
+        if failed_now or stale_now or pending(*relevant):
+            server.shell(name=f"Clear {unit}'s failed state before (re)starting", commands=[f"if systemctl is-failed --quiet {unit}; then systemctl reset-failed {unit}; fi"],
+                         _if=(lambda: True) if failed_now else when)
         why = "its inputs changed" if not stale_now else "it runs an older configuration"
-        restart = systemd.service(name=f"Restart {unit} ({why})", service=unit, running=True, restarted=True, enabled=True, _if=when)
-        running = systemd.service(name=f"{unit} running and enabled", service=unit, running=True, enabled=True)
-        python.call(
-            name=f"Wait for {unit} /health on port {inst.port} (deadline {srv['health_timeout']} s)",
-            function=_wait_healthy,
-            port=inst.port,
-            deadline=srv["health_timeout"],
-            interval=host.data.get("vllm_fleet_health_interval"),
-            journal_lines=host.data.get("vllm_fleet_journal_lines"),
-            unit=unit,
-            _if=any_changed(restart, running, *relevant) if not stale_now else (lambda: True),
-        )
+        restart = (systemd.service(name=f"Restart {unit} ({why})", service=unit, running=True, restarted=True, enabled=True, _if=when)
+                   if stale_now or pending(*relevant) else Converged(f"restart {unit}"))
+        running = service_running(name=f"{unit} running and enabled", service=unit, running=True, enabled=True)
+        if stale_now or pending(restart, running, *relevant):
+            python.call(
+                name=f"Wait for {unit} /health on port {inst.port} (deadline {srv['health_timeout']} s)",
+                function=_wait_healthy,
+                port=inst.port,
+                deadline=srv["health_timeout"],
+                interval=host.data.get("vllm_fleet_health_interval"),
+                journal_lines=host.data.get("vllm_fleet_journal_lines"),
+                unit=unit,
+                _if=any_changed(restart, running, *relevant) if not stale_now else (lambda: True),
+            )
         # Healthy with this configuration: remember it (0600: a hash of the key is in it).
-        secret_file(name=f"{unit}: record the configuration it runs", path=stamp, content=token + "\n")
+        put_secret(name=f"{unit}: record the configuration it runs", path=stamp, content=token + "\n")
         restarts.append(restart)
     return restarts

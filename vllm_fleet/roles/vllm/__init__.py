@@ -45,7 +45,10 @@ from typing import Any
 
 from pyinfra import host
 from pyinfra.api import deploy
-from pyinfra.operations import apt, files, server
+from pyinfra.operations import files, server
+
+from vllm_fleet.roles.common import packages
+from vllm_fleet.roles.common.state import Query, host_state
 
 from vllm_fleet.vllmcpu import dist_info_files
 
@@ -172,7 +175,20 @@ def install_system_libraries(spec: dict[str, Any]) -> None:
         install_system_libraries(spec=spec)
     """
     if spec["install"]["accelerator"] == "cpu":
-        apt.packages(name="CPU build's system libraries", packages=list(d.CPU_APT_PACKAGES), update=True, cache_time=3600)
+        # no apt lists refresh (network) when the packages are installed: roles.common.packages
+        packages(name="CPU build's system libraries", packages=list(d.CPU_APT_PACKAGES), update=True, cache_time=3600)
+
+
+def state_query(spec: dict[str, Any]) -> Query:
+    """What install_system_libraries and install_vllm compare against (vllm_fleet.roles.common.state):
+    the system libraries, the env's distributions and (cpu + ray) the adaptation's files."""
+    probes = [f"dist:{n}" for n in probe_names(spec)]
+    if cpu_ray_adaptation_wanted(spec):
+        probes += [f"file:{n}" for n in CPU_RAY_FILES]
+    q = Query(envs=((env_python(spec), tuple(probes)),))
+    if spec["install"]["accelerator"] == "cpu":
+        q = q | Query(debs=tuple(d.CPU_APT_PACKAGES))
+    return q
 
 
 @deploy("vLLM", data_defaults=DEFAULTS)
@@ -192,7 +208,9 @@ def install_vllm(spec: dict[str, Any]) -> list:
     """
     ins = spec["install"]
     py = env_python(spec)
-    installed = host.get_fact(DistVersions, python=py, names=tuple(probe_names(spec)))
+    probed = host_state().env(py)
+    installed = ({n: probed["dist"].get(n) for n in probe_names(spec)} if probed is not None
+                 else host.get_fact(DistVersions, python=py, names=tuple(probe_names(spec))))
     reqs = missing(spec, installed)
     fixes = cpu_fixes_needed(spec, installed)
     if not reqs and not fixes:
@@ -264,7 +282,9 @@ def _cpu_ray_adaptation(spec: dict) -> list:
     if not cpu_ray_adaptation_wanted(spec):
         return []
     py = env_python(spec)
-    have = host.get_fact(SitePackagesFiles, python=py, names=CPU_RAY_FILES)
+    probed = host_state().env(py)
+    have = ({n: probed["file"].get(n) for n in CPU_RAY_FILES} if probed is not None and all(n in probed["file"] for n in CPU_RAY_FILES)
+            else host.get_fact(SitePackagesFiles, python=py, names=CPU_RAY_FILES))
     want = cpu_ray_adaptation_files()
     if all(have.get(n) == hashlib.sha256(t.encode()).hexdigest() for n, t in want.items()):
         return []

@@ -1,0 +1,197 @@
+"""vllm_fleet/roles/common/state: one read of a host's state, and roles that create operations only
+where the host differs.
+
+- host_state.sh run for real (sh, on this machine) against a temporary tree: what it prints is
+  checked with Python's own os.stat / hashlib / pwd (independent readers);
+- a converged proxy and service (the snapshot shows every file, package and unit in place) get no
+  operation at all; one file that differs gets its put and what follows from it, nothing else;
+- with no snapshot (a role called on its own) the operations are those of before;
+- packages: installed packages bring no apt operation (no lists refresh), a missing one does.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import os
+import pwd
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from pyinfra.api import deploy
+from pyinfra.facts.deb import DebPackages
+
+from vllm_fleet.roles.common.state import HostState, Query, Snapshot, load_host_state
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def run_script(query: Query) -> list[str]:
+    cmd = HostState().command(query).get_raw_value()
+    r = subprocess.run(["sh", "-c", cmd], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    return r.stdout.splitlines()
+
+
+def test_the_script_reads_files_dirs_users_and_an_env(tmp_path):
+    (tmp_path / "d" / "sub").mkdir(parents=True)
+    f = tmp_path / "d" / "a.txt"
+    f.write_text("hello\n")
+    f.chmod(0o640)
+    (tmp_path / "d" / "sub" / "b.bin").write_bytes(b"\0" * 10)
+    me = pwd.getpwuid(os.getuid())
+    q = Query(stat=(str(f), str(tmp_path / "d"), str(tmp_path / "nope")), sha=(str(f), str(tmp_path / "nope")),
+              read=(str(f), str(tmp_path / "nope")), ls=(str(tmp_path / "d"), str(tmp_path / "nope")),
+              find=(str(tmp_path / "d"),), users=(me.pw_name, "no-such-user-vf"),
+              envs=((sys.executable, ("dist:pyinfra", "dist:no-such-dist-vf", "file:no-such.pth")),
+                    (str(tmp_path / "no-env" / "python"), ("dist:x",))))
+    lines = run_script(q)
+    assert lines[-1] == "end"
+    s = Snapshot.parse(lines)
+    s.query = q
+    st = os.stat(f)
+    assert s.stats[str(f)] == {"type": "file", "user": me.pw_name, "group": s.stats[str(f)]["group"], "mode": 0o640, "size": 6}
+    assert s.shas[str(f)] == hashlib.sha256(b"hello\n").hexdigest() and st.st_size == 6
+    assert s.file_ok(str(f), hashlib.sha256(b"hello\n").hexdigest(), me.pw_name, None, "640")
+    assert not s.file_ok(str(f), hashlib.sha256(b"hello\n").hexdigest(), me.pw_name, None, "644")  # mode differs
+    assert s.directory_ok(str(tmp_path / "d"), me.pw_name) and s.absent(str(tmp_path / "nope"))
+    assert s.content(str(f)) == (True, "hello\n") and s.content(str(tmp_path / "nope")) == (True, None)
+    assert s.content("/etc/not-asked") == (False, None)  # not asked: unknown, never "absent"
+    assert sorted(s.listing(str(tmp_path / "d"))) == ["a.txt", "sub"] and s.listing(str(tmp_path / "nope")) == []
+    assert s.files_under(str(tmp_path / "d")) == {"a.txt": 6, "sub/b.bin": 10}
+    assert s.user_ok(me.pw_name, home=me.pw_dir) and not s.user_ok("no-such-user-vf")
+    env = s.env(sys.executable)
+    from importlib.metadata import version
+
+    assert env["python"] == ".".join(map(str, sys.version_info[:3]))
+    assert env["dist"] == {"pyinfra": version("pyinfra"), "no-such-dist-vf": None} and env["file"] == {"no-such.pth": None}
+    assert s.env(str(tmp_path / "no-env" / "python")) == {"python": None, "dist": {}, "file": {}, "done": True}
+
+
+def test_units_and_packages_parse_and_an_unfinished_read_knows_nothing():
+    lines = ["unit\tId=nginx.service", "unit\tLoadState=loaded", "unit\tActiveState=active", "unit\tUnitFileState=enabled",
+             "unit\t", "unit\tLoadState=not-found", "unit\tId=x.service", "unit\tActiveState=failed", "unit\tUnitFileState=",
+             "unit\t", "deb\tnginx\tii \t1.22", "deb\tlibnuma1\trc \t2.0", "end"]
+    s = Snapshot.parse(lines)
+    s.query = Query(units=("nginx.service", "x.service", "y.service"), debs=("nginx", "libnuma1", "curl"))
+    assert s.unit_ok("nginx.service") and not s.unit_ok("x.service") and s.unit("x.service")["ActiveState"] == "failed"
+    assert s.unit("y.service") is None or not s.unit_ok("y.service")
+    assert s.debs_installed(["nginx"]) and not s.debs_installed(["libnuma1"]) and not s.debs_installed(["curl"])
+    cut = Snapshot.parse(lines[:-1])  # no `end`: the script did not finish
+    cut.query = s.query
+    assert not cut.known and not cut.unit_ok("nginx.service") and not cut.debs_installed(["nginx"])
+
+
+def test_queries_merge_without_repeats():
+    a = Query(stat=("/a", "/b"), envs=(("/py", ("dist:x",)),))
+    b = Query(stat=("/b", "/c"), units=("u",), envs=(("/py", ("dist:x", "dist:y")), ("/py2", ())))
+    m = a | b
+    assert m.stat == ("/a", "/b", "/c") and m.units == ("u",)
+    assert m.envs == (("/py", ("dist:x", "dist:y")), ("/py2", ()))
+
+
+# -- roles against a snapshot -------------------------------------------------------------------
+
+
+def _lab(replicas: bool = False):
+    from vllm_fleet.layout import build
+    from vllm_fleet.spec import load, resolve
+
+    spec = resolve(load(REPO / "deployments" / "lab-tiny.yaml"))
+    layout = build([spec], copy.deepcopy({"testhost": {"address": "10.10.0.11", "groups": ["servers", "proxy"], "data": {}}}))
+    h = layout.hosts["testhost"]
+    return spec, h, h.parts[spec["name"]]
+
+
+def converged_lines(spec, h, node, api_key: str, *, drift: str | None = None) -> list[str]:
+    """host_state.sh's output for a host where the service and nginx roles' state is in place
+    (``drift``: one path whose content differs)."""
+    from vllm_fleet import render
+    from vllm_fleet.roles.service import applied_token
+    from vllm_fleet.secrets import host_secret_files
+
+    files = {p: (f.content, f.owner, f.group, f"{f.mode:o}") for p, f in h.files.items()}
+    for p, text in host_secret_files(spec, {"api_key": api_key}).items():
+        files[p] = (text, "root", "root", "600")
+    for inst in node.instances:
+        files[f"{spec['install']['config_dir']}/replica-{inst.index}.applied"] = (applied_token(spec, h.files, inst, api_key) + "\n", "root", "root", "600")
+    out = []
+    for p, (text, user, group, mode) in files.items():
+        sha = hashlib.sha256(("changed" if p == drift else text).encode()).hexdigest()
+        out += [f"stat\t{p}\tregular file\t{user}\t{group}\t{mode}\t{len(text)}", f"sha\t{p}\t{sha}"]
+        if p.endswith(".applied"):
+            import base64
+
+            out.append(f"read\t{p}\t{base64.b64encode(text.encode()).decode()}")
+    from vllm_fleet.roles.service import _instance_dirs
+
+    user = spec["server"]["user"]
+    for d in _instance_dirs(spec, node):
+        out.append(f"stat\t{d}\tdirectory\t{user}\t{user}\t750\t4096")
+    out += ["stat\t/etc/nginx/sites-enabled/default\t-", f"read\t{render.SYSTEMD_DIR}/vllm.service\t-",
+            f"ls\t{render.SYSTEMD_DIR}\t.", *(f"ls\t{render.SYSTEMD_DIR}\t{i.unit}" for i in node.instances),
+            "deb\tnginx\tii \t1.22.1"]
+    for unit in ["nginx.service", *(i.unit for i in node.instances)]:
+        out += [f"unit\tId={unit}", "unit\tLoadState=loaded", "unit\tActiveState=active", "unit\tUnitFileState=enabled", "unit\t"]
+    return out + ["end"]
+
+
+@deploy("service and nginx from a snapshot")
+def _service_and_nginx(spec, h, node, api_key):
+    from vllm_fleet.roles import nginx, service
+
+    load_host_state(service.state_query(spec, node, h.files) | nginx.state_query(spec, h.files))
+    service.install_service(spec=spec, node=node, rendered=h.files, api_key=api_key)
+    nginx.install_nginx(spec=spec, rendered=h.files, api_key=api_key)
+
+
+def test_a_converged_host_gets_no_operation(harness):
+    spec, h, node = _lab()
+    lines = converged_lines(spec, h, node, "k3y")
+    run = harness.run(_service_and_nginx, spec, h, node, "k3y", facts={HostState: lambda query: Snapshot.parse(lines)}, strict=True)
+    assert run.ops == []
+    assert [name for name, _ in run.asked] == ["HostState"]  # one read, no other fact
+
+
+def test_one_file_that_differs_gets_its_put_and_the_restart_it_needs(harness):
+    spec, h, node = _lab()
+    env = next(p for p in h.files if p.endswith("/vllm.env"))
+    lines = converged_lines(spec, h, node, "k3y", drift=env)
+    from pyinfra.facts.files import File, Sha256File
+    from pyinfra.facts.systemd import SystemdEnabled, SystemdStatus
+
+    run = harness.run(_service_and_nginx, spec, h, node, "k3y",
+                      facts={HostState: lambda query: Snapshot.parse(lines), File: {"user": "root"}, Sha256File: "x",
+                             SystemdStatus: {}, SystemdEnabled: {}})
+    names = [op.name.rsplit(" | ", 1)[-1] for op in run.ops]
+    unit = node.instances[0].unit
+    assert names[0] == f"Put {env}"
+    assert f"Restart {unit} (its inputs changed)" in names and any(n.startswith(f"Wait for {unit} /health") for n in names)
+    assert not any("nginx" in n.lower() for n in names)  # the proxy is in place: nothing of it
+    assert not any(n.startswith("Directory ") or n.startswith("Put /etc/systemd") for n in names)
+
+
+def test_without_a_snapshot_every_operation_is_created(harness):
+    from vllm_fleet.roles import nginx
+
+    spec, h, node = _lab()
+    run = harness.run(nginx.install_nginx, spec=spec, rendered=h.files, api_key="k3y", facts={DebPackages: {}})
+    names = [op.name.rsplit(" | ", 1)[-1] for op in run.ops]
+    assert {"nginx package", "Remove the default site", "nginx running and enabled", "Reload nginx (config changed)"} <= set(names)
+
+
+@pytest.mark.parametrize("installed,expect_op", [({"libnuma1": ["2.0.16"]}, False), ({}, True)])
+def test_installed_packages_bring_no_apt_operation(harness, installed, expect_op):
+    """No lists refresh (`apt-get update` reaches the network) when the package is installed,
+    however old the lists are; a missing package is installed after one."""
+    from vllm_fleet.roles.vllm import install_system_libraries
+
+    spec, _, _ = _lab()
+    run = harness.run(install_system_libraries, spec, facts={DebPackages: installed, "AptUpdateTime": None})
+    assert run.has_op("system libraries") == expect_op
+    if expect_op:
+        assert any("apt-get" in c and "update" in c for c in run.commands) and any("libnuma1" in c for c in run.commands)
+    else:
+        assert not any("apt-get" in c for c in run.commands)

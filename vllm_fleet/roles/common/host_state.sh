@@ -1,0 +1,66 @@
+# host_state.sh: everything a vllm-fleet deploy compares against on one host, in one round trip.
+#
+# Run by the HostState fact (vllm_fleet/roles/common/state.py) as root:
+#     sh -c "$(cat host_state.sh)" host-state KIND VALUE [KIND VALUE]...
+# Prints one tab-separated line per answer, then `end`:
+#   stat PATH TYPE USER GROUP MODE SIZE   (TYPE as stat's %F; `stat PATH -` when absent)
+#   sha PATH SHA256                       (`-` when not a regular file)
+#   read PATH BASE64                      (a small file's content; `-` when absent)
+#   ls DIR .  then  ls DIR NAME           (one line per entry; no `.` line when DIR is absent)
+#   find DIR .  then  find DIR SIZE RELPATH   (regular files under DIR)
+#   user NAME PASSWD-LINE                 (getent passwd; `-` when absent)
+#   deb NAME STATUS VERSION               (dpkg-query; packages dpkg does not know print nothing)
+#   unit KEY=VALUE / unit (blank)         (systemctl show Id/LoadState/ActiveState/UnitFileState)
+#   py PYTHON LINE / py PYTHON .          (an env's probe: `py PYTHON`, `pycode CODE`, `pyargs ARGS`)
+# Reads only; changes nothing.
+set -f
+TAB=$(printf '\t')
+debs="" units="" py="" code=""
+while [ $# -ge 2 ]; do
+  k=$1 v=$2
+  shift 2
+  case $k in
+    stat)
+      if [ -e "$v" ] || [ -L "$v" ]; then
+        printf 'stat\t%s\t%s\n' "$v" "$(stat -c "%F$TAB%U$TAB%G$TAB%a$TAB%s" -- "$v")"
+      else
+        printf 'stat\t%s\t-\n' "$v"
+      fi ;;
+    sha)
+      if [ -f "$v" ] && s=$(sha256sum -- "$v"); then printf 'sha\t%s\t%s\n' "$v" "${s%% *}"; else printf 'sha\t%s\t-\n' "$v"; fi ;;
+    read)
+      if [ -f "$v" ]; then printf 'read\t%s\t%s\n' "$v" "$(base64 -w0 -- "$v")"; else printf 'read\t%s\t-\n' "$v"; fi ;;
+    ls)
+      if [ -d "$v" ]; then
+        printf 'ls\t%s\t.\n' "$v"
+        ls -1A -- "$v" | while IFS= read -r n; do printf 'ls\t%s\t%s\n' "$v" "$n"; done
+      fi ;;
+    find)
+      if [ -d "$v" ]; then
+        printf 'find\t%s\t.\n' "$v"
+        find "$v" -type f -printf '%s %P\n' | while IFS= read -r n; do printf 'find\t%s\t%s\n' "$v" "$n"; done
+      fi ;;
+    user)
+      if l=$(getent passwd -- "$v"); then printf 'user\t%s\t%s\n' "$v" "$l"; else printf 'user\t%s\t-\n' "$v"; fi ;;
+    deb) debs="$debs $v" ;;
+    unit) units="$units $v" ;;
+    py) py=$v ;;
+    pycode) code=$v ;;
+    pyargs)
+      if [ -x "$py" ]; then
+        # shellcheck disable=SC2086  (ARGS are words: distribution and file names)
+        "$py" -c "$code" $v 2>/dev/null | while IFS= read -r l; do printf 'py\t%s\t%s\n' "$py" "$l"; done
+      fi
+      printf 'py\t%s\t.\n' "$py" ;;
+  esac
+done
+if [ -n "$debs" ] && command -v dpkg-query >/dev/null 2>&1; then
+  # shellcheck disable=SC2086
+  dpkg-query -W -f='deb\t${Package}\t${db:Status-Abbrev}\t${Version}\n' $debs 2>/dev/null
+fi
+if [ -n "$units" ] && command -v systemctl >/dev/null 2>&1; then
+  # shellcheck disable=SC2086
+  systemctl show --property=Id,LoadState,ActiveState,UnitFileState -- $units 2>/dev/null |
+    while IFS= read -r l; do printf 'unit\t%s\n' "$l"; done
+fi
+echo end

@@ -1,0 +1,297 @@
+"""One read of a host's state per deploy: what every role compares against, in one round trip.
+
+pyinfra's operations each read their own facts (a directory: one ``sudo sh -c`` round trip; a
+file: two; a unit: two; a user: three), and each operation's generator runs twice, once while
+the plan is built and once when it executes: a no-op deploy of one lab host was 86 round trips.
+Here the deploy (vllm_fleet/deploys/serve.py) first asks each role what it will compare
+(``state_query`` of pyenv, vllm, model, service, nginx), reads all of it with one
+:class:`HostState` fact (the script beside this file, ``host_state.sh``), and the roles then
+create an operation only where the state differs. A converged host gets no operation (so also
+no fact and no command when the plan executes); a host that differs gets pyinfra's own
+operation, which reads its facts and converges as it always did.
+
+Without a loaded snapshot (a role called on its own: an own deploy, the role tests, a rollout)
+nothing is known and every operation is created as before. A snapshot is read while the plan is
+built and is not refreshed: an operation decides once, from the state the plan saw.
+
+Example::
+
+    from vllm_fleet.roles.common.state import Query, host_state, load_host_state
+
+    load_host_state(Query(stat=("/etc/x",), sha=("/etc/x",), units=("nginx.service",)))
+    if not host_state().unit_ok("nginx.service", running=True, enabled=True):
+        systemd.service(name="nginx running and enabled", service="nginx", running=True, enabled=True)
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from pyinfra import host
+from pyinfra.api import FactBase, QuoteString, StringCommand
+
+SCRIPT = Path(__file__).with_name("host_state.sh")
+ENV_PROBE = Path(__file__).resolve().parents[1] / "vllm" / "env_probe.py"
+
+_TYPES = {"regular file": "file", "regular empty file": "file", "directory": "directory", "symbolic link": "link"}
+
+
+@dataclass(frozen=True)
+class Query:
+    """What to read: paths to stat / hash / read, directories to list (``ls``) or walk for files
+    (``find``), users, Debian packages, systemd units, and Python envs to probe
+    (``{python: (dist:NAME | file:RELPATH, ...)}`` as tuples of pairs)."""
+
+    stat: tuple[str, ...] = ()
+    sha: tuple[str, ...] = ()
+    read: tuple[str, ...] = ()
+    ls: tuple[str, ...] = ()
+    find: tuple[str, ...] = ()
+    users: tuple[str, ...] = ()
+    debs: tuple[str, ...] = ()
+    units: tuple[str, ...] = ()
+    envs: tuple[tuple[str, tuple[str, ...]], ...] = ()
+
+    def __or__(self, other: "Query") -> "Query":
+        merged = {}
+        for f in fields(self):
+            if f.name == "envs":
+                envs: dict[str, list[str]] = {}
+                for py, args in (*self.envs, *other.envs):
+                    envs.setdefault(py, [])
+                    envs[py] += [a for a in args if a not in envs[py]]
+                merged["envs"] = tuple((py, tuple(a)) for py, a in envs.items())
+            else:
+                merged[f.name] = tuple(dict.fromkeys((*getattr(self, f.name), *getattr(other, f.name))))
+        return Query(**merged)
+
+    def argv(self) -> list[str]:
+        """host_state.sh's arguments (KIND VALUE pairs)."""
+        out: list[str] = []
+        for kind, values in (("stat", self.stat), ("sha", self.sha), ("read", self.read), ("ls", self.ls),
+                             ("find", self.find), ("user", self.users), ("deb", self.debs), ("unit", self.units)):
+            for v in values:
+                out += [kind, v]
+        code = ENV_PROBE.read_text() if self.envs else ""
+        for py, args in self.envs:
+            out += ["py", py, "pycode", code, "pyargs", " ".join(args) or "-"]
+        return out
+
+
+class HostState(FactBase):
+    """
+    Everything a :class:`Query` asks, read in one command (``host_state.sh`` beside this file):
+    ``host.get_fact(HostState, query=Query(stat=("/etc/x",), units=("nginx.service",)))`` ->
+    a :class:`Snapshot` (an empty one, where nothing is known, when the script did not finish).
+    """
+
+    def command(self, query: Query) -> StringCommand:
+        return StringCommand("sh", "-c", QuoteString(SCRIPT.read_text()), "host-state",
+                             *(QuoteString(a) for a in query.argv()))
+
+    @staticmethod
+    def default() -> "Snapshot":
+        return Snapshot()
+
+    def process(self, output: list[str]) -> "Snapshot":
+        return Snapshot.parse(output)
+
+
+class Snapshot:
+    """A host's state as :class:`HostState` read it. Every question answers "converged" only
+    when the snapshot knows and the state matches; unknown (not asked, not read) answers no, so
+    the caller creates pyinfra's own operation, which then decides from its own facts."""
+
+    def __init__(self) -> None:
+        self.known = False
+        self.stats: dict[str, dict | None] = {}
+        self.shas: dict[str, str | None] = {}
+        self.reads: dict[str, str | None] = {}
+        self.lists: dict[str, list[str]] = {}
+        self.finds: dict[str, dict[str, int]] = {}
+        self.users: dict[str, dict | None] = {}
+        self.debs: dict[str, dict] = {}
+        self.units: dict[str, dict] = {}
+        self.envs: dict[str, dict] = {}
+        self.query = Query()
+
+    @classmethod
+    def parse(cls, lines: list[str]) -> "Snapshot":
+        s = cls()
+        unit: dict[str, str] = {}
+        for line in lines:
+            kind, _, rest = line.partition("\t")
+            key, _, value = rest.partition("\t")
+            if kind == "end":
+                s.known = True
+            elif kind == "stat":
+                parts = value.split("\t")
+                s.stats[key] = None if value == "-" or len(parts) < 5 else {
+                    "type": _TYPES.get(parts[0], parts[0]), "user": parts[1], "group": parts[2],
+                    "mode": int(parts[3], 8), "size": int(parts[4]) if parts[4].isdigit() else None}
+            elif kind == "sha":
+                s.shas[key] = None if value == "-" else value
+            elif kind == "read":
+                try:
+                    s.reads[key] = None if value == "-" else base64.b64decode(value).decode()
+                except (binascii.Error, UnicodeDecodeError):
+                    s.reads[key] = None
+            elif kind == "ls":
+                s.lists.setdefault(key, [])
+                if value != ".":
+                    s.lists[key].append(value)
+            elif kind == "find":
+                s.finds.setdefault(key, {})
+                size, _, rel = value.partition(" ")
+                if value != "." and size.isdigit() and rel:
+                    s.finds[key][rel] = int(size)
+            elif kind == "user":
+                f = value.split(":")
+                s.users[key] = None if value == "-" or len(f) < 7 else {"uid": f[2], "gid": f[3], "home": f[5], "shell": f[6]}
+            elif kind == "deb":
+                status, _, version = value.partition("\t")
+                s.debs[key] = {"installed": status.startswith("ii"), "version": version}
+            elif kind == "unit":
+                if not rest:
+                    unit = {}
+                    continue
+                k, _, v = rest.partition("=")
+                unit[k] = v
+                if "Id" in unit:
+                    s.units[unit["Id"]] = unit
+            elif kind == "py":
+                env = s.envs.setdefault(key, {"python": None, "dist": {}, "file": {}, "done": False})
+                if value == ".":
+                    env["done"] = True
+                elif value.startswith("python "):
+                    env["python"] = value.split()[1]
+                else:
+                    what, _, pair = value.partition(" ")
+                    name, _, v = pair.partition("=")
+                    if what in ("dist", "file"):
+                        env[what][name] = v or None
+        return s
+
+    # -- questions (True only when known and matching) -------------------------------------
+    def _asked(self, field: str, value: str) -> bool:
+        return self.known and value in getattr(self.query, field)
+
+    def directory_ok(self, path: str, user: str | None = None, group: str | None = None, mode: Any = None) -> bool:
+        st = self.stats.get(path) if self._asked("stat", path) else None
+        return bool(st and st["type"] == "directory" and _owner_mode_ok(st, user, group, mode))
+
+    def file_ok(self, path: str, sha256: str, user: str | None = None, group: str | None = None, mode: Any = None) -> bool:
+        st = self.stats.get(path) if self._asked("stat", path) else None
+        return bool(st and st["type"] == "file" and self._asked("sha", path) and self.shas.get(path) == sha256
+                    and _owner_mode_ok(st, user, group, mode))
+
+    def absent(self, path: str) -> bool:
+        return self._asked("stat", path) and self.stats.get(path) is None
+
+    def user_ok(self, name: str, home: str | None = None, shell: str | None = None) -> bool:
+        u = self.users.get(name) if self._asked("users", name) else None
+        return bool(u and (home is None or u["home"] == home) and (shell is None or u["shell"] == shell))
+
+    def debs_installed(self, names: list[str] | tuple[str, ...]) -> bool:
+        return all(self._asked("debs", n) and self.debs.get(n, {}).get("installed") for n in names)
+
+    def unit(self, name: str) -> dict | None:
+        """``{"LoadState", "ActiveState", "UnitFileState"}`` of a unit, or None when not read."""
+        return self.units.get(name) if self._asked("units", name) else None
+
+    def unit_ok(self, name: str, running: bool = True, enabled: bool = True) -> bool:
+        u = self.unit(name)
+        return bool(u and u.get("LoadState") == "loaded"
+                    and (u.get("ActiveState") == "active") == running
+                    and (u.get("UnitFileState") == "enabled") == enabled)
+
+    def content(self, path: str) -> tuple[bool, str | None]:
+        """``(known, text or None when absent)`` of a file asked with ``read``."""
+        if not self._asked("read", path):
+            return False, None
+        return True, self.reads.get(path)
+
+    def listing(self, directory: str) -> list[str] | None:
+        """Entries of a directory asked with ``ls`` ([] when absent), or None when not read."""
+        return self.lists.get(directory, []) if self._asked("ls", directory) else None
+
+    def files_under(self, root: str) -> dict[str, int] | None:
+        """``{relpath: size}`` of the regular files under ``root`` ({} when absent), or None."""
+        return self.finds.get(root, {}) if self._asked("find", root) else None
+
+    def env(self, python: str) -> dict | None:
+        """``{"python": "3.11.2" | None, "dist": {name: version|None}, "file": {rel: sha|None}}``
+        of an env asked with ``envs``, or None when not read (the python absent: versions None)."""
+        e = self.envs.get(python)
+        return e if e and e["done"] and self.known else None
+
+
+def _owner_mode_ok(st: dict, user: str | None, group: str | None, mode: Any) -> bool:
+    if user and st["user"] != user:
+        return False
+    if group and st["group"] != group:
+        return False
+    if mode is not None and st["mode"] != int(str(mode).removeprefix("0o") or "0", 8):
+        return False
+    return True
+
+
+class Converged:
+    """Stands in for an operation that was not created because the state already matched:
+    ``did_change()`` is False, so ``any_changed``/``_if`` treat it as an unchanged operation."""
+
+    changed = False
+    will_change = False
+
+    def __init__(self, what: str = "") -> None:
+        self.what = what
+
+    def did_change(self) -> bool:
+        return False
+
+    def did_not_change(self) -> bool:
+        return True
+
+    def did_succeed(self, _raise_if_not_complete: bool = True) -> bool:
+        return True
+
+    def __repr__(self) -> str:
+        return f"Converged({self.what!r})"
+
+
+def pending(*ops: Any) -> list:
+    """The operations among ``ops`` that exist (not :class:`Converged`, not None)."""
+    return [op for op in ops if op is not None and not isinstance(op, Converged)]
+
+
+_SNAPSHOTS: dict[tuple[int, str], tuple[Any, Snapshot]] = {}
+
+
+def _key() -> tuple[Any, tuple[int, str]]:
+    from pyinfra.context import ctx_state
+
+    st = ctx_state.get()
+    return st, (id(st), host.name)
+
+
+def host_state() -> Snapshot:
+    """This host's snapshot for this deploy, or an empty one (nothing known) when none was loaded."""
+    st, key = _key()
+    found = _SNAPSHOTS.get(key)
+    return found[1] if found and found[0] is st else Snapshot()
+
+
+def load_host_state(query: Query) -> Snapshot:
+    """Read ``query`` on this host in one round trip (the HostState fact) and keep it for this
+    deploy's roles (:func:`host_state`)."""
+    st, key = _key()
+    snap = host.get_fact(HostState, query=query)
+    if not isinstance(snap, Snapshot):  # a scripted or failed fact: nothing known
+        snap = Snapshot()
+    snap.query = query
+    _SNAPSHOTS[key] = (st, snap)
+    return snap
