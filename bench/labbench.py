@@ -117,13 +117,16 @@ PHASES = (("connect", "--> Connecting to hosts"), ("prepare", "--> Preparing ope
           ("run", "--> Beginning operation run"), ("results", "--> Results"))
 
 
-def deploy(spec: Path, servers: list[str], timeout: float = 3600) -> dict[str, Any]:
+def deploy(spec: Path, servers: list[str], timeout: float = 3600, count_commands: bool = False) -> dict[str, Any]:
     """One `pyinfra -y inventory/lab.py deploys/serve.py` with `servers` in the servers group
     (the proxy stays on lab1). Wall time, time per phase (from pyinfra's own headings, read as
-    they arrive), pyinfra's grand total and the operations that changed something."""
+    they arrive), pyinfra's grand total and the operations that changed something.
+    ``count_commands``: with `-vv`, pyinfra prints every command it sends (`[host] >>> ...`,
+    facts included): their number per host is recorded (the printing slows the run a little,
+    so such a run is not one of the timed ones)."""
     env = {**os.environ, "VLLM_FLEET_SPEC": str(spec), "VLLM_FLEET_LAB_SERVERS": ",".join(servers),
            "VLLM_FLEET_LAB_PROXY": "lab1", "PYTHONUNBUFFERED": "1"}
-    argv = [str(BIN / "pyinfra"), "-y", "inventory/lab.py", "deploys/serve.py"]
+    argv = [str(BIN / "pyinfra"), "-y", *(["-vv"] if count_commands else []), "inventory/lab.py", "deploys/serve.py"]
     load1 = os.getloadavg()[0]
     t0 = time.monotonic()
     p = subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -147,8 +150,21 @@ def deploy(spec: Path, servers: list[str], timeout: float = 3600) -> dict[str, A
     if "smoke" in marks and "results" in marks:
         phases["smoke_s"] = round(marks["results"] - marks["smoke"], 2)
     total = grand_total(out)
-    return {"servers": servers, "rc": rc, "loadavg1_before": round(load1, 2), "wall_s": round(wall, 2), "phases": phases, "grand_total": total,
-            "changed_ops": changed_ops(out), "output_tail": out[-4000:] if rc else None, "_out": out}
+    result = {"servers": servers, "rc": rc, "loadavg1_before": round(load1, 2), "wall_s": round(wall, 2), "phases": phases, "grand_total": total,
+              "changed_ops": changed_ops(out), "output_tail": out[-4000:] if rc else None, "_out": out}
+    if count_commands:
+        result["remote_commands"] = remote_commands(out)
+    return result
+
+
+def remote_commands(out: str) -> dict[str, int]:
+    """{host: commands pyinfra sent it} from `-vv` output (`[lab1] >>> sudo -H -n sh -c '...'`)."""
+    counts: dict[str, int] = {}
+    for line in out.splitlines():
+        m = re.match(r"^\s*\[([^\]]+)\]\s+>>> ", line)
+        if m:
+            counts[m.group(1)] = counts.get(m.group(1), 0) + 1
+    return dict(sorted(counts.items()))
 
 
 def grand_total(out: str) -> dict[str, int] | None:
@@ -188,6 +204,12 @@ def pip_cache() -> dict[str, Any]:
                 files += 1
                 size += f.stat().st_size
     return {"dir": str(d), "mib": round(size / 2**20), "files": files}
+
+
+def git_commit() -> str | None:
+    r = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO, capture_output=True, text=True).stdout.strip()
+    return (r.stdout.strip() + ("+changes" if dirty else "")) if r.returncode == 0 else None
 
 
 def which(name: str) -> str | None:

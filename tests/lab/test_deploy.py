@@ -27,10 +27,10 @@ PYINFRA = str(Path(sys.executable).parent / "pyinfra")
 TIMINGS: dict[str, float] = {}
 
 
-def deploy(spec: Path | str = SPEC, timeout: float = 1800) -> subprocess.CompletedProcess:
+def deploy(spec: Path | str = SPEC, timeout: float = 1800, *flags: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "VLLM_FLEET_SPEC": str(spec)}
     t0 = time.monotonic()
-    r = subprocess.run([PYINFRA, "-y", "inventory/lab.py", "deploys/serve.py"], cwd=REPO, env=env,
+    r = subprocess.run([PYINFRA, "-y", *flags, "inventory/lab.py", "deploys/serve.py"], cwd=REPO, env=env,
                        capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
     r.elapsed = time.monotonic() - t0  # type: ignore[attr-defined]
     r.out = r.stdout + r.stderr  # type: ignore[attr-defined]  (pyinfra logs its table to stderr)
@@ -227,6 +227,31 @@ def test_second_deploy_changes_nothing(server):
     # the smoke tests still ran; WARN: vLLM's CPU build sent its streams in one burst straight
     # from the host too, so the proxy could not be judged (vllm_fleet.smoke.judge_stream)
     assert re.search(r"(PASS|WARN)  stream-incremental", r.out), r.out[-3000:]
+
+
+APT_TIMES = ("stat -c '%n %Y' /var/lib/apt/periodic/update-success-stamp /var/lib/apt/lists /var/lib/apt/lists/* "
+             "/var/lib/apt/lists/partial 2>/dev/null | sort")
+
+
+def test_a_noop_hours_later_refreshes_no_apt_lists(server):
+    """A re-deploy hours after the last apt update is still a no-op: every package is installed,
+    so apt's lists are not refreshed (no network). apt's timestamps are aged by 3 hours (past the
+    roles' cache_time of 1 h); pyinfra's own -vv listing of every command it sent is the reader of
+    what ran, and the lists' and the stamp's mtimes (apt-get update, and pyinfra after it, write
+    them) that nothing refreshed them."""
+    server.ssh("mkdir -p /var/lib/apt/periodic && touch -d '3 hours ago' /var/lib/apt/periodic/update-success-stamp "
+               "/var/lib/apt/lists /var/lib/apt/lists/* /var/lib/apt/lists/partial", user="root")
+    before = server.ssh(APT_TIMES, user="root").stdout
+    assert "update-success-stamp" in before
+    r = deploy(SPEC, 600, "-vv")
+    assert r.returncode == 0, why(r)
+    total = grand_total(r.out)
+    assert total["changed"] == "-" and total["error"] == "-", (changed_ops(r.out), total)
+    sent = [ln for ln in r.out.splitlines() if re.match(rf"^\s*\[{server.name}\]\s+>>> ", ln)]
+    assert sent, r.out[-3000:]  # -vv lists what was sent: the preflight and the state read at least
+    assert not [ln for ln in sent if re.search(r"apt-get|\bapt (update|install)", ln)], sent
+    assert server.ssh(APT_TIMES, user="root").stdout == before
+    TIMINGS["noop_remote_commands"] = len(sent)
 
 
 def test_spec_change_restarts_only_vllm(server, tmp_path):
