@@ -13,10 +13,10 @@ from pyinfra import host, logger
 from pyinfra.api import deploy
 from pyinfra.facts.files import File
 from pyinfra.facts.server import Which
-from pyinfra.operations import apt, files, server, systemd
+from pyinfra.operations import files, server, systemd
 from pyinfra.operations.util import any_changed
 
-from vllm_fleet.roles.common import DeployError, put_rendered
+from vllm_fleet.roles.common import DeployError, packages as common_packages, put_rendered
 
 from .defaults import DEFAULTS
 
@@ -41,8 +41,9 @@ def _put(rendered: dict[str, Any], paths: list[str]) -> dict[str, Any]:
 
 
 def _apt(name: str, packages: list[str]):
-    return apt.packages(name=name, packages=packages, update=True, no_recommends=True,
-                        cache_time=int(host.data.get("monitoring_apt_cache_time")))
+    # installed packages: no operation, so no apt lists refresh hours later (roles.common.packages)
+    return common_packages(name=name, packages=packages, update=True, no_recommends=True,
+                           cache_time=int(host.data.get("monitoring_apt_cache_time")))
 
 
 @deploy("monitoring", data_defaults=DEFAULTS)
