@@ -189,6 +189,12 @@ class Snapshot:
         return bool(st and st["type"] == "file" and self._asked("sha", path) and self.shas.get(path) == sha256
                     and _owner_mode_ok(st, user, group, mode))
 
+    def path(self, path: str) -> tuple[bool, dict | None]:
+        """``(known, {"type", "user", "group", "mode", "size"} or None when absent)`` of a path asked with ``stat``."""
+        if not self._asked("stat", path):
+            return False, None
+        return True, self.stats.get(path)
+
     def absent(self, path: str) -> bool:
         return self._asked("stat", path) and self.stats.get(path) is None
 

@@ -295,8 +295,8 @@ def _hub(spec: dict, hub_token: str | None) -> list:
 
 def _none(spec: dict) -> list:
     root = spec["model"]["path"].rstrip("/")
-    snap = host_state()
-    present = snap.stats.get(f"{root}/config.json") if snap._asked("stat", f"{root}/config.json") else host.get_fact(File, path=f"{root}/config.json")
+    known, present = host_state().path(f"{root}/config.json")
+    present = present if known else host.get_fact(File, path=f"{root}/config.json")
     if not present:
         raise ModelMissing(
             f"host {host.name}: model.transfer is none but {root}/config.json does not exist. "
