@@ -160,7 +160,7 @@ def deploy(spec: Path, servers: list[str], timeout: float = 3600, count_commands
 def remote_commands(out: str) -> dict[str, int]:
     """{host: commands pyinfra sent it} from `-vv` output (`[lab1] >>> sudo -H -n sh -c '...'`)."""
     counts: dict[str, int] = {}
-    for line in out.splitlines():
+    for line in re.sub(r"\x1b\[[0-9;]*m", "", out).splitlines():
         m = re.match(r"^\s*\[([^\]]+)\]\s+>>> ", line)
         if m:
             counts[m.group(1)] = counts.get(m.group(1), 0) + 1
