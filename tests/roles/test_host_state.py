@@ -195,3 +195,14 @@ def test_installed_packages_bring_no_apt_operation(harness, installed, expect_op
         assert any("apt-get" in c and "update" in c for c in run.commands) and any("libnuma1" in c for c in run.commands)
     else:
         assert not any("apt-get" in c for c in run.commands)
+
+
+def test_a_fresh_nginx_install_still_removes_the_default_site_it_brings(harness):
+    """The snapshot, read before nginx is installed, shows no default site; the package brings
+    one, so its removal must still be planned (and decided by pyinfra's own operation)."""
+    spec, h, node = _lab()
+    lines = [ln for ln in converged_lines(spec, h, node, "k3y") if not ln.startswith("deb\tnginx")]
+    run = harness.run(_service_and_nginx, spec, h, node, "k3y",
+                      facts={HostState: lambda query: Snapshot.parse(lines), DebPackages: {}, "Link": {"link_target": "x"}})
+    names = [op.name.rsplit(" | ", 1)[-1] for op in run.ops]
+    assert names[:2] == ["nginx package", "Remove the default site"], names

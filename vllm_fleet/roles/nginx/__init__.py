@@ -46,10 +46,11 @@ def install_nginx(spec: dict[str, Any], rendered: dict[str, Any], api_key: str |
 
     prx = spec["proxy"]
     # no apt lists refresh (network) when nginx is installed: roles.common.packages
-    packages(name="nginx package", packages=[host.data.get("nginx_package")], update=True, cache_time=3600)
+    package = packages(name="nginx package", packages=[host.data.get("nginx_package")], update=True, cache_time=3600)
     snap = host_state()
     changed = []
-    if host.data.get("nginx_remove_default_site") and not snap.absent(DEFAULT_SITE):
+    # The package installs the default site: the snapshot's "absent" holds only when nginx was installed already.
+    if host.data.get("nginx_remove_default_site") and (pending(package) or not snap.absent(DEFAULT_SITE)):
         changed.append(files.link(name="Remove the default site", path=DEFAULT_SITE, present=False))
     secret_paths = {render.paths(spec)[k] for k in ("nginx_auth", "tls_certificate", "tls_certificate_key")}
     paths = render.paths(spec)
