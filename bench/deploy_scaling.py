@@ -1,6 +1,6 @@
 """Deploy times on the lab: a cold deploy, a no-op re-deploy, and no-op re-deploys on 1, 3, 6 hosts.
 
-    .venv/bin/python bench/deploy_scaling.py [--sizes 1,3,6] [--repeat 3] [--out bench/results/lab-deploy-scaling.json]
+    .venv/bin/python bench/deploy_scaling.py [--sizes 1,3,6] [--repeat 5] [--spec SPEC] [--label LABEL] [--out bench/results/lab-deploy-scaling.json]
 
 For each fleet size N (ascending) it grows the lab of this environment's instance to N hosts
 (`vllm-fleet lab up --hosts N`; VLLM_FLEET_LAB_DIR/_BRIDGE/_SUBNET pick the instance), runs
@@ -62,7 +62,7 @@ def main() -> int:
     ap.add_argument("--sizes", default="1,3,6", help="fleet sizes, ascending (default 1,3,6)")
     ap.add_argument("--repeat", type=int, default=5, help="no-op re-deploys per size (default 5); median, min and max are reported")
     ap.add_argument("--label", default="", help="a name for this measurement (e.g. before/after a change): results go under "
-                    "result['runs'][LABEL] instead of result['sizes'], so two labels sit side by side in --out")
+                    "result['labels'][LABEL]['sizes'] instead of result['sizes'], so two labels sit side by side in --out")
     ap.add_argument("--spec", default="", help="deploy this spec instead of the bench spec (1 host: its servers on lab1 "
                     "only, e.g. deployments/lab-tiny.yaml; several servers behind one nginx need vLLM on 0.0.0.0)")
     ap.add_argument("--kv-gib", type=int, default=1, help="engine.cpu_kv_cache_gib of the bench spec (default 1, the schema's minimum)")
@@ -81,9 +81,9 @@ def main() -> int:
     if args.label:
         block = result.setdefault("labels", {}).setdefault(args.label, {"sizes": {}})
         block["commit"] = lb.git_commit()
-        sizes = block["sizes"]
+        store = block["sizes"]
     else:
-        sizes = result["sizes"]
+        store = result["sizes"]
     result["bench"] = "deploy_scaling"
     if args.note:
         result.setdefault("notes", []).append(args.note)
@@ -107,7 +107,7 @@ def main() -> int:
         out_path.write_text(json.dumps(result, indent=2) + "\n")
 
     # RSS of a host running vLLM + nginx, from an earlier size's measurement (this run or the file)
-    per_server_mib = max([e.get("host_rss_mib", {}).get("lab1") or 0 for e in sizes.values()] or [0]) or None
+    per_server_mib = max([e.get("host_rss_mib", {}).get("lab1") or 0 for e in store.values()] or [0]) or None
     for n in sizes:
         st = lb.lab_state()
         have = len(st["hosts"]) if st else 0
@@ -122,7 +122,7 @@ def main() -> int:
                 fits = deployed + max(0, (avail - RESERVE_MIB) // per_server_mib)
                 print(f"[{n}] does not fit: {why}; {fits} hosts would", flush=True)
                 result.setdefault("not_measured", {})[str(n)] = why
-                if not args.fit or fits <= max([deployed, *[int(k) for k in sizes if "noop" in sizes[k]]]):
+                if not args.fit or fits <= max([deployed, *[int(k) for k in store if "noop" in store[k]]]):
                     save()
                     break
                 entry["requested_hosts"], entry["memory_limited"] = n, why
@@ -140,7 +140,7 @@ def main() -> int:
                                  else ("cold on the new hosts" if bare or have < n else "converge")}
         print(f"[{n}] first deploy rc={first['rc']} {first['wall_s']} s {first['grand_total']}", flush=True)
         if first["rc"] != 0:
-            sizes[str(n)] = entry
+            store[str(n)] = entry
             save()
             print(first["_out"][-5000:], file=sys.stderr)
             return 1
@@ -167,7 +167,7 @@ def main() -> int:
         rss = entry["host_rss_mib"].get("lab1")
         if rss:
             per_server_mib = max(per_server_mib or 0, rss)
-        sizes[str(n)] = entry
+        store[str(n)] = entry
         save()
         if any(r["rc"] for r in runs):
             return 1
