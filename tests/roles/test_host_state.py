@@ -206,3 +206,56 @@ def test_a_fresh_nginx_install_still_removes_the_default_site_it_brings(harness)
                       facts={HostState: lambda query: Snapshot.parse(lines), DebPackages: {}, "Link": {"link_target": "x"}})
     names = [op.name.rsplit(" | ", 1)[-1] for op in run.ops]
     assert names[:2] == ["nginx package", "Remove the default site"], names
+
+
+@deploy("model from a snapshot")
+def _model(spec):
+    from vllm_fleet.roles import model
+
+    load_host_state(model.state_query(spec))
+    model.install_model(spec=spec)
+
+
+def _model_lines(spec, local: Path, drift: str | None = None) -> list[str]:
+    """host_state.sh's output for model.path holding the upload (sha256sum of the local files,
+    as the system's tool computes them: an independent reader)."""
+    root, user = spec["model"]["path"], spec["server"]["user"]
+    rels = sorted(p.relative_to(local).as_posix() for p in local.rglob("*") if p.is_file())
+    manifest = subprocess.run(["sha256sum", *rels], cwd=local, capture_output=True, text=True, check=True).stdout
+    shas = {rel: line.split()[0] for rel, line in zip(rels, manifest.splitlines())}
+    shas["MANIFEST.sha256"] = hashlib.sha256(manifest.encode()).hexdigest()
+    sizes = {rel: (local / rel).stat().st_size for rel in rels} | {"MANIFEST.sha256": len(manifest)}
+    out = [f"stat\t{root}\tdirectory\t{user}\t{user}\t755\t4096", f"stat\t{root}/sub\tdirectory\t{user}\t{user}\t755\t4096",
+           f"find\t{root}\t."]
+    for rel, sha in shas.items():
+        out += [f"stat\t{root}/{rel}\tregular file\t{user}\t{user}\t644\t{sizes[rel]}",
+                f"sha\t{root}/{rel}\t{'0' * 64 if rel == drift else sha}", f"find\t{root}\t{sizes[rel]} {rel}"]
+    return out + ["end"]
+
+
+def _local_model(tmp_path: Path) -> Path:
+    d = tmp_path / "tiny"
+    (d / "sub").mkdir(parents=True)
+    (d / "config.json").write_text('{"architectures": ["LlamaForCausalLM"]}')
+    (d / "model.safetensors").write_text("weights " * 100)
+    (d / "sub" / "extra.txt").write_text("x")
+    return d
+
+
+def test_a_model_in_place_gets_no_operation_and_a_changed_file_only_its_upload(harness, tmp_path):
+    from vllm_fleet.roles.model import local_manifest
+
+    local = _local_model(tmp_path)
+    spec = copy.deepcopy(_lab()[0])
+    spec["model"].update(local_dir=str(local), transfer="upload")
+    assert [rel for rel, _ in local_manifest(local)] == ["config.json", "model.safetensors", "sub/extra.txt"]
+    lines = _model_lines(spec, local)
+    run = harness.run(_model, spec, facts={HostState: lambda query: Snapshot.parse(lines)}, strict=True)
+    assert run.ops == []
+    lines = _model_lines(spec, local, drift="model.safetensors")
+    from pyinfra.facts.files import File, Sha1File
+
+    run = harness.run(_model, spec, facts={HostState: lambda query: Snapshot.parse(lines), "FreeBytes": 1 << 40,
+                                           File: {"user": "vllm"}, Sha1File: "x"})
+    names = [op.name.rsplit(" | ", 1)[-1] for op in run.ops]
+    assert names == ["Model file model.safetensors", "Verify the model against MANIFEST.sha256 (as vllm)"], names
