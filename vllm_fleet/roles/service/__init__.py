@@ -40,14 +40,16 @@ def _probe(url: str, unit: str) -> tuple[str, str, int]:
 
 
 def _start_to_healthy(unit: str) -> str:
-    """How long the unit's process took from its start to a healthy /health (systemd's
-    ExecMainStartTimestampMonotonic against the host's monotonic clock): what a rollout waits
-    per replica on top of the drain, whoever started the process (this deploy or systemd)."""
+    """How long the unit's process took from its start to a healthy /health: systemd's
+    ExecMainStartTimestamp (wall clock, microseconds) against the host's clock now. What a
+    rollout waits per replica on top of the drain, whoever started the process (this deploy or
+    systemd). Not /proc/uptime against the monotonic timestamp: containers (lxcfs) virtualise it."""
     _, out = host.run_shell_command(
-        f"systemctl show -p ExecMainStartTimestampMonotonic --value {unit}; cut -d' ' -f1 /proc/uptime", _sudo=True)
+        f"t=$(systemctl show -p ExecMainStartTimestamp --value --timestamp=us+utc {unit}) && "
+        "date -u -d \"$t\" +%s.%N && date -u +%s.%N", _sudo=True)
     lines = [line.strip() for line in getattr(out, "stdout_lines", [])] + ["", ""]
     try:
-        secs = float(lines[1]) - int(lines[0]) / 1e6
+        secs = float(lines[1]) - float(lines[0])
     except ValueError:
         return "start to healthy: unknown"
     return f"start to healthy {secs:.1f} s"
