@@ -30,6 +30,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -43,7 +44,25 @@ class WheelhouseError(RuntimeError):
 
 
 def cache_root() -> Path:
+    """``$VLLM_FLEET_WHEELHOUSE``, else ``$VLLM_FLEET_CACHE/wheelhouse`` (default /var/cache/vllm-fleet)."""
+    if os.environ.get("VLLM_FLEET_WHEELHOUSE"):
+        return Path(os.environ["VLLM_FLEET_WHEELHOUSE"])
     return Path(os.environ.get("VLLM_FLEET_CACHE", "/var/cache/vllm-fleet")) / "wheelhouse"
+
+
+# pyinfra plans every host in its own greenlet: they wait for one another on this lock (made when
+# first needed, so that it is gevent's cooperative lock once pyinfra has patched threading; an
+# OS-level flock alone would block the one thread all greenlets share). The flock in ensure()
+# is for other processes.
+_locks: dict[str, threading.Lock] = {}
+_locks_guard: list[threading.Lock] = []
+
+
+def _lock(name: str) -> threading.Lock:
+    if not _locks_guard:
+        _locks_guard.append(threading.Lock())
+    with _locks_guard[0]:
+        return _locks.setdefault(name, threading.Lock())
 
 
 def platform_tags(glibc: str, machine: str) -> list[str]:
@@ -100,7 +119,7 @@ def ensure(requirements: list[str], target: dict, *, index_url: str | None = Non
     if (dest / COMPLETE_MARKER).exists():
         return dest
     root.mkdir(parents=True, exist_ok=True)
-    with open(root / f".{k}.lock", "w") as lock:
+    with _lock(f"ensure:{dest}"), open(root / f".{k}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if (dest / COMPLETE_MARKER).exists():
             return dest
@@ -145,6 +164,11 @@ def serve(directory: Path, address: str) -> int:
     """Serve ``directory`` (read-only, listings included) on ``address`` at a free port for the
     rest of this process; returns the port. One server per (directory, address), stopped by PID
     when this process exits (and it stops itself when its parent is gone)."""
+    with _lock(f"serve:{directory}:{address}"):
+        return _serve(directory, address)
+
+
+def _serve(directory: Path, address: str) -> int:
     k = (str(directory), address)
     running = _servers.get(k)
     if running and running[0].poll() is None:
