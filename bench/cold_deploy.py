@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -195,6 +196,7 @@ def main() -> int:
                 result["installers"] = {"host": "lab1", "runs": installer_runs(st, installers, args.repeat, spec),
                                         "machine": lb.machine()}
                 save()
+            shutil.rmtree(house, ignore_errors=True)  # ~0.9 GB per size
     finally:
         if not args.keep:
             lab_down()
