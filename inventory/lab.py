@@ -7,7 +7,8 @@ Groups: servers, proxy, ray_head, monitoring (default lab1) and ray_workers (def
 override any with a comma-separated env var, e.g. VLLM_FLEET_LAB_SERVERS=lab1,lab2,lab3.
 Host data: ssh_hostname, ssh_user (lab, passwordless sudo), ssh_key, ssh_known_hosts_file,
 ssh_strict_host_key_checking, private_address (the host's lab address), pip_cache_dir (the shared
-pip cache, the same path on every host and on the control machine), lab_kind.
+pip cache, the same path on every host and on the control machine), vllm_wheel_serve_address (the
+bridge's address: the fleet wheelhouse is served to the hosts there), lab_kind.
 """
 
 import sys as _sys

@@ -31,6 +31,7 @@ def test_the_documented_own_deploy_runs(harness, tmp_path, monkeypatch):
     (tmp_path / "model").mkdir()
     data["model"]["source"] = str(tmp_path / "model")
     data["server"]["api_key"] = {"file": str(tmp_path / "api.key"), "generate": True}
+    data["install"]["wheels"] = "host"  # no fleet wheelhouse download while testing (test_vllm_fleet_wheels.py)
     spec = tmp_path / "spec.yaml"
     spec.write_text(yaml.safe_dump(data))
     run = harness.run(ns["my_inference_host"], host="gpu1", groups=["servers", "proxy"],

@@ -38,6 +38,7 @@ INVENTORY = {
 def spec_of(name: str) -> dict:
     spec = copy.deepcopy(resolve(load(REPO / "deployments" / name)))
     spec["install"].pop("wheelhouse", None)  # a control-machine directory the GPU proof specs name
+    spec["install"]["wheels"] = "host"  # no fleet wheelhouse download while testing (test_vllm_fleet_wheels.py)
     return spec
 
 

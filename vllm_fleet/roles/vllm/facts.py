@@ -69,3 +69,21 @@ class SitePackagesFiles(FactBase):
 
     def process(self, output):
         return parse_versions(output)
+
+
+class PythonTarget(FactBase):
+    """``{"python": "3.11", "glibc": "2.36", "machine": "x86_64"}``: what the host's wheels must
+    fit (the system python3's version, the C library, the CPU), for the fleet wheelhouse
+    (``install.wheels: fleet``). Read only when something is to be installed. A value the host
+    does not report is absent (no python3: no ``python``)."""
+
+    def command(self) -> str:
+        return ("echo machine=$(uname -m); echo glibc=$(getconf GNU_LIBC_VERSION 2>/dev/null | cut -d' ' -f2); "
+                "command -v python3 >/dev/null && python3 -c 'import sys; print(\"python=%d.%d\" % sys.version_info[:2])' || true")
+
+    @staticmethod
+    def default() -> dict:
+        return {}
+
+    def process(self, output):
+        return {k: v for k, v in parse_versions(output).items() if v}

