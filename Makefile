@@ -83,6 +83,7 @@ bench: host-deps bench-deps tiny-model
 	$(BIN)/python bench/serve_latency.py
 	$(BIN)/python bench/plot_latency.py
 	$(BIN)/python bench/deploy_scaling.py --sizes $(BENCH_SIZES)
+	$(BIN)/python bench/cold_deploy.py --sizes 1,3 --installers pip,uv --out bench/results/lab-cold-deploy.json
 	$(BIN)/python bench/summary.py
 
 # A longer `vllm-fleet tune` by hand (docs/tuning.md): 3 replicas, the default CPU grid, 60 min budget;

@@ -2,7 +2,7 @@
 
 Reads the JSON files the benchmarks wrote under bench/results/ (whichever exist):
   lab-deploy-scaling.json  bench/deploy_scaling.py: cold deploy and no-op re-deploys per fleet size
-  lab-cold-fleet.json      bench/cold_fleet.py: cold deploys of N bare hosts, pip vs uv
+  lab-cold-deploy.json     bench/cold_deploy.py: cold deploys of N bare hosts, pip vs uv
   lab-serve-latency.json   bench/serve_latency.py: `vllm bench serve` through nginx and direct
 and prints one row per measurement: what, hosts, median, min, max, n, and the load average
 before the run (the lab shares 2 cores with the control machine: a loaded machine explains a
@@ -62,9 +62,21 @@ def deploy_rows(d: dict) -> list[dict]:
 
 def cold_rows(d: dict) -> list[dict]:
     rows = []
-    for r in d.get("runs", []):
-        what = f"cold deploy, {r.get('installer', '?')}" + (f", {r['source']}" if r.get("source") else "")
-        rows.append(_row(what, r.get("hosts"), [r.get("wall_s")], r.get("loadavg1_before")))
+    for size, s in sorted(d.get("sizes", {}).items(), key=lambda kv: int(kv[0])):
+        dep, ins = s.get("deploy") or {}, s.get("install") or {}
+        if dep.get("rc") == 0:
+            what = f"cold deploy of bare hosts (wheels {ins.get('wheels', '?')}, {ins.get('installer', '?')})"
+            rows.append(_row(what, s["hosts"], [dep.get("wall_s")], dep.get("loadavg1_before", _load1(s.get("machine_before")))))
+        fill = s.get("wheelhouse_fill") or {}
+        if fill.get("seconds") is not None:
+            rows.append(_row("  of it: the fleet wheelhouse's one download", s["hosts"], [fill["seconds"]], None))
+    by: dict[str, list[dict]] = {}
+    for r in (d.get("installers") or {}).get("runs", []):
+        if r.get("rc") == 0:
+            by.setdefault(r["installer"], []).append(r)
+    for installer, runs in sorted(by.items()):
+        rows.append(_row(f"vLLM install into a fresh env, {installer}", 1, [r["seconds"] for r in runs],
+                         _span([r["loadavg1_before"] for r in runs if r.get("loadavg1_before") is not None])))
     return rows
 
 
@@ -83,7 +95,7 @@ def serve_rows(d: dict) -> list[dict]:
     return rows
 
 
-READERS = {"lab-deploy-scaling.json": deploy_rows, "lab-cold-fleet.json": cold_rows, "lab-serve-latency.json": serve_rows}
+READERS = {"lab-deploy-scaling.json": deploy_rows, "lab-cold-deploy.json": cold_rows, "lab-serve-latency.json": serve_rows}
 
 
 def collect(results: Path) -> tuple[list[dict], list[str]]:
