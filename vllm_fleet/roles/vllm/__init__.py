@@ -137,22 +137,25 @@ def pip_install_command(spec: dict, reqs: list[str], *, cache_dir: str | None,
     or ``http://`` URL holding every wheel (``--no-index``; pip's cache is not used, the wheels
     are at hand); ``trusted_host``: the wheel server's address (pip ignores plain-http
     find-links on any other host than localhost without it)."""
-    ins = spec["install"]
     argv = []
     if cache_dir and not wheelhouse:
         argv += ["env", f"PIP_CACHE_DIR={cache_dir}"]
     argv += [env_python(spec), "-m", "pip", "install", "--no-input", "--disable-pip-version-check",
              "--progress-bar", "off", "--timeout", str(timeout)]
+    argv += _source_args(spec, find_links=find_links, wheelhouse=wheelhouse)
     if wheelhouse:
-        argv += ["--no-index", "--no-cache-dir", "--find-links", wheelhouse]
-        if trusted_host:
-            argv += ["--trusted-host", trusted_host]
-    elif ins.get("index_url"):
-        argv += ["--index-url", ins["index_url"]]
-    if find_links and not wheelhouse:
-        argv += ["--find-links", find_links]
+        argv += ["--no-cache-dir", *(["--trusted-host", trusted_host] if trusted_host else [])]
     argv += reqs
     return " ".join(shlex.quote(a) for a in argv)
+
+
+def _source_args(spec: dict, *, find_links: str | None, wheelhouse: str | None) -> list[str]:
+    """Where pip and uv take the wheels from (the same flags for both): the wheelhouse alone
+    (``--no-index``), else the index (``install.index_url``) plus extra find-links."""
+    if wheelhouse:
+        return ["--no-index", "--find-links", wheelhouse]
+    argv = ["--index-url", spec["install"]["index_url"]] if spec["install"].get("index_url") else []
+    return argv + (["--find-links", find_links] if find_links else [])
 
 
 def uv_install_command(spec: dict, reqs: list[str], *, find_links: str | None = None,
@@ -166,12 +169,7 @@ def uv_install_command(spec: dict, reqs: list[str], *, find_links: str | None = 
     argv = ["env", f"UV_CACHE_DIR={prefix}/{d.UV_CACHE_SUBDIR}", f"UV_HTTP_TIMEOUT={timeout}",
             f"{prefix}/env/bin/uv", "pip", "install", "--no-progress", "--python", env_python(spec),
             "--compile-bytecode"]
-    if wheelhouse:
-        argv += ["--no-index", "--find-links", wheelhouse]
-    elif ins.get("index_url"):
-        argv += ["--index-url", ins["index_url"]]
-    if find_links and not wheelhouse:
-        argv += ["--find-links", find_links]
+    argv += _source_args(spec, find_links=find_links, wheelhouse=wheelhouse)
     argv += reqs
     return " ".join(shlex.quote(a) for a in argv)
 
