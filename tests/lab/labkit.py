@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -39,3 +41,14 @@ def lab_cli(*args: str, timeout: float = 1800) -> subprocess.CompletedProcess:
     """Run `python -m vllm_fleet.lab ARGS` (the same code as `vllm-fleet lab ARGS`)."""
     return subprocess.run([sys.executable, "-m", "vllm_fleet.lab", *args], cwd=REPO, capture_output=True,
                           text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+
+
+def run(argv: list[str], env: dict | None = None, timeout: float = 1800) -> subprocess.CompletedProcess:
+    """A command as a user runs it, from the checkout, no stdin: .elapsed (s) and .out (stdout +
+    stderr: pyinfra logs its table to stderr) added."""
+    t0 = time.monotonic()
+    r = subprocess.run(argv, cwd=REPO, env={**os.environ, **(env or {})}, capture_output=True, text=True,
+                       timeout=timeout, stdin=subprocess.DEVNULL)
+    r.elapsed = time.monotonic() - t0  # type: ignore[attr-defined]
+    r.out = r.stdout + r.stderr  # type: ignore[attr-defined]
+    return r

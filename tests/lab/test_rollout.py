@@ -38,7 +38,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from labkit import REPO, LabHost
+from labkit import REPO, LabHost, run
 
 pytestmark = pytest.mark.lab
 
@@ -53,15 +53,6 @@ KEY_B = Path(os.path.expanduser("~/.config/vllm-fleet/lab-tiny-b.key"))
 STATE_FILE = Path(os.path.expanduser("~/.cache/vllm-fleet/rollout/lab-tiny.json"))
 RESULTS: dict[str, object] = {}
 UNIT0, UNIT1 = "vllm-lab-tiny-0.service", "vllm-lab-tiny-1.service"
-
-
-def run(argv: list[str], env: dict | None = None, timeout: float = 1800) -> subprocess.CompletedProcess:
-    t0 = time.monotonic()
-    r = subprocess.run(argv, cwd=REPO, env={**os.environ, **(env or {})}, capture_output=True, text=True,
-                       timeout=timeout, stdin=subprocess.DEVNULL)
-    r.elapsed = time.monotonic() - t0  # type: ignore[attr-defined]
-    r.out = r.stdout + r.stderr  # type: ignore[attr-defined]
-    return r
 
 
 def inventory(tmp: Path, name: str, body: str) -> Path:

@@ -37,7 +37,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from labkit import REPO, LabHost
+from labkit import REPO, LabHost, run
 
 pytestmark = [pytest.mark.lab,
               pytest.mark.skipif(os.environ.get("VLLM_FLEET_LAB_TUNE") != "1",
@@ -55,15 +55,6 @@ INSTANCE = "lab2:0"
 GRID = "max_num_seqs=4,8,16;enable_prefix_caching=true,false;gpu_memory_utilization=0.9,0.95"
 TARGET = "ttft_p99_ms=5000,tpot_p99_ms=500"
 RESULTS: dict[str, object] = {}
-
-
-def run(argv: list[str], env: dict | None = None, timeout: float = 1800) -> subprocess.CompletedProcess:
-    t0 = time.monotonic()
-    r = subprocess.run(argv, cwd=REPO, env={**os.environ, **(env or {})}, capture_output=True, text=True,
-                       timeout=timeout, stdin=subprocess.DEVNULL)
-    r.elapsed = time.monotonic() - t0  # type: ignore[attr-defined]
-    r.out = r.stdout + r.stderr  # type: ignore[attr-defined]
-    return r
 
 
 def deploy(spec: Path, servers: str | None = SERVERS) -> subprocess.CompletedProcess:
