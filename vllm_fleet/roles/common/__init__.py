@@ -220,6 +220,28 @@ def write_generated_secrets(ctx: dict[str, Any]) -> None:
                     function=_write_generated, generated=ctx["generated"])
 
 
+def as_root() -> dict[str, Any]:
+    """The privilege arguments (``_sudo``, ``_su_user``, ``_doas`` ...) this host's operations
+    run with, resolved the way pyinfra resolves them for an operation (the deploy's arguments,
+    then host data, then the config: ``--sudo``), for a python callback's
+    ``host.run_shell_command``. Not a fixed ``_sudo=True``: a host reached as root
+    (``ssh_user: root`` or ``@local`` as root, ``_sudo`` unset) may have no sudo at all (minimal
+    Debian images, the GPU machine), and ``sudo`` missing made every such command fail.
+
+    Example:
+
+    .. code:: python
+
+        ok, out = host.run_shell_command("systemctl is-active nginx", **as_root())
+    """
+    from pyinfra import state
+    from pyinfra.api.arguments import pop_global_arguments
+
+    args, _ = pop_global_arguments(state, host, {})
+    return {k: v for k, v in args.items()
+            if k.startswith(("_sudo", "_use_sudo", "_preserve_sudo", "_su_", "_use_su", "_preserve_su", "_doas", "_dzdo"))}
+
+
 def preflight() -> None:
     """Stop before any operation when this host cannot become root the way the deploy will.
 

@@ -57,7 +57,7 @@ from pyinfra.api.exceptions import DeployError
 from pyinfra.operations import files, python, systemd
 from pyinfra.operations.util import any_changed
 
-from vllm_fleet.roles.common import put_rendered
+from vllm_fleet.roles.common import as_root, put_rendered
 from vllm_fleet import command, render
 
 from . import defaults as d
@@ -155,7 +155,7 @@ def _wait_cluster(py: str, script: str, user: str, env: dict[str, str], args: li
     argv = ["runuser", "-u", user, "--", "env", *[f"{k}={v}" for k, v in env.items()], py, script, *args,
             "--timeout", str(timeout), "--interval", "3"]
     t0 = time.monotonic()
-    ok, out = host.run_shell_command(" ".join(shlex.quote(a) for a in argv) + " 2>&1", _sudo=True,
+    ok, out = host.run_shell_command(" ".join(shlex.quote(a) for a in argv) + " 2>&1", **as_root(),
                                      _timeout=timeout + 120)
     text = "\n".join(getattr(out, "stdout_lines", []) or [])
     if not ok:

@@ -44,7 +44,7 @@ from pyinfra import host, logger
 from pyinfra.api import deploy
 from pyinfra.operations import python
 
-from vllm_fleet.roles.common import put_rendered
+from vllm_fleet.roles.common import as_root, put_rendered
 from vllm_fleet import command, render
 
 from .defaults import DEFAULTS
@@ -153,7 +153,7 @@ def _say(text: str) -> None:
 
 def _reload_and_wait(timeout: float, interval: float) -> None:
     t0 = time.monotonic()
-    ok, out = host.run_shell_command(f"bash -c {shlex.quote(reload_and_wait_script(timeout, interval))}", _sudo=True,
+    ok, out = host.run_shell_command(f"bash -c {shlex.quote(reload_and_wait_script(timeout, interval))}", **as_root(),
                                      _timeout=int(timeout) + 60)
     lines = [line.strip() for line in (getattr(out, "stdout_lines", []) or []) + (getattr(out, "stderr_lines", []) or [])]
     if not ok:
@@ -169,7 +169,7 @@ def _wait_idle(port: int, timeout: float, interval: float) -> None:
     t0 = time.monotonic()
     last = "no answer"
     while True:
-        ok, out = host.run_shell_command(f"curl -s --max-time 5 http://127.0.0.1:{int(port)}/metrics", _sudo=True)
+        ok, out = host.run_shell_command(f"curl -s --max-time 5 http://127.0.0.1:{int(port)}/metrics", **as_root())
         text = "\n".join(getattr(out, "stdout_lines", []) or [])
         try:
             m = parse_metrics(text) if ok else None
@@ -193,12 +193,12 @@ def _wait_idle(port: int, timeout: float, interval: float) -> None:
 def _smoke(py: str, port: int, model: str, secrets: str, max_tokens: int, timeout: float, journal_lines: int,
            unit: str = "vllm.service") -> None:
     argv = [py, "-c", SMOKE_PY, str(port), model, secrets, str(max_tokens), str(timeout)]
-    ok, out = host.run_shell_command(" ".join(shlex.quote(a) for a in argv), _sudo=True, _timeout=int(timeout * 3) + 30)
+    ok, out = host.run_shell_command(" ".join(shlex.quote(a) for a in argv), **as_root(), _timeout=int(timeout * 3) + 30)
     lines = [line for line in (getattr(out, "stdout_lines", []) or []) + (getattr(out, "stderr_lines", []) or [])]
     if ok:
         _say(lines[-1] if lines else "replica smoke test passed")
         return
-    _, j = host.run_shell_command(f"journalctl -u {shlex.quote(unit)} -n {int(journal_lines)} --no-pager -o cat", _sudo=True)
+    _, j = host.run_shell_command(f"journalctl -u {shlex.quote(unit)} -n {int(journal_lines)} --no-pager -o cat", **as_root())
     tail = "\n".join(getattr(j, "stdout_lines", []) or [])
     raise RuntimeError(f"{host.name}: the replica's own smoke test failed: {' | '.join(lines[-5:])}\n"
                        f"Last {journal_lines} journal lines of {unit}:\n{tail}")

@@ -17,7 +17,7 @@ from pyinfra.api import deploy
 from pyinfra.operations import files, python, server, systemd
 from pyinfra.operations.util import any_changed
 
-from vllm_fleet.roles.common import directory, put_rendered, put_secret, rendered_query, service_running
+from vllm_fleet.roles.common import as_root, directory, put_rendered, put_secret, rendered_query, service_running
 from vllm_fleet.roles.common.state import Converged, Query, host_state, pending
 from vllm_fleet import command, render
 from vllm_fleet.layout import LEGACY_UNIT
@@ -32,7 +32,7 @@ def _probe(url: str, unit: str) -> tuple[str, str, int]:
     ok, out = host.run_shell_command(
         f"curl -s -o /dev/null -w '%{{http_code}}' --max-time 5 {shlex.quote(url)}; echo; "
         f"systemctl is-active {unit} || true; systemctl show -p NRestarts --value {unit}",
-        _sudo=True,
+        **as_root(),
     )
     lines = [line.strip() for line in getattr(out, "stdout_lines", [])] + ["", "", ""]
     restarts = int(lines[2]) if lines[2].isdigit() else 0
@@ -46,7 +46,7 @@ def _start_to_healthy(unit: str) -> str:
     systemd). Not /proc/uptime against the monotonic timestamp: containers (lxcfs) virtualise it."""
     _, out = host.run_shell_command(
         f"t=$(systemctl show -p ExecMainStartTimestamp --value --timestamp=us+utc {unit}) && "
-        "date -u -d \"$t\" +%s.%N && date -u +%s.%N", _sudo=True)
+        "date -u -d \"$t\" +%s.%N && date -u +%s.%N", **as_root())
     lines = [line.strip() for line in getattr(out, "stdout_lines", [])] + ["", ""]
     try:
         secs = float(lines[1]) - float(lines[0])
@@ -76,7 +76,7 @@ def _wait_healthy(port: int, deadline: int, interval: float, journal_lines: int,
             last += f", the unit crashed while starting (restarts {restarts0} -> {restarts})"
             break
         time.sleep(interval)
-    _, out = host.run_shell_command(f"journalctl -u {unit} -n {journal_lines} --no-pager -o cat", _sudo=True)
+    _, out = host.run_shell_command(f"journalctl -u {unit} -n {journal_lines} --no-pager -o cat", **as_root())
     tail = "\n".join(getattr(out, "stdout_lines", []))
     raise RuntimeError(f"{host.name}: {unit} not healthy after {time.monotonic() - t0:.0f} s (deadline {deadline} s; {last}).\n"
                        f"Last {journal_lines} journal lines:\n{tail}")

@@ -25,6 +25,7 @@ from pyinfra import host, logger, state
 from pyinfra.api import FunctionCommand, deploy, operation
 
 from vllm_fleet import command
+from vllm_fleet.roles.common import as_root
 
 from .defaults import DEFAULTS
 
@@ -47,7 +48,7 @@ def _direct_stream(python: str, spec: dict[str, Any], timeout: float, port: int)
     def stream(max_tokens: int) -> list[float]:
         argv = [python, "-c", DIRECT_STREAM_PY, str(int(port)), spec["model"]["served_name"],
                 render.paths(spec)["secrets_env"], str(int(max_tokens)), str(float(timeout))]
-        _, out = host.run_shell_command(" ".join(shlex.quote(a) for a in argv), _sudo=True, _timeout=int(timeout) + 30)
+        _, out = host.run_shell_command(" ".join(shlex.quote(a) for a in argv), **as_root(), _timeout=int(timeout) + 30)
         lines = getattr(out, "stdout_lines", []) or []
         try:
             result = json.loads(lines[-1])
