@@ -110,8 +110,11 @@ deploy)
     [ "$oname" = "$name" ] || [ -n "$LOCAL" ] || ns systemctl stop "vllm-$oname-0.service" 2>/dev/null
   done
   how="-y"; [ -n "$LOCAL" ] && how="--dry"  # --dry without -y: pyinfra plans every operation (-y would skip that)
-  in_root "VLLM_FLEET_PROOF_NO_DEB='$(cat $W/no_deb 2>/dev/null)' PYTHONUNBUFFERED=1 $PY -m vllm_fleet deploy $INV --spec $spec $how" > $W/deploy-$name.log 2>&1
+  # bounded well inside a device call's 600 s, so that a hung deploy still returns its log and the
+  # journal (issue 17's first try: a wait that could not succeed ran into the call's limit)
+  in_root "VLLM_FLEET_PROOF_NO_DEB='$(cat $W/no_deb 2>/dev/null)' PYTHONUNBUFFERED=1 timeout ${TUNE_PROOF_DEPLOY_TIMEOUT:-420} $PY -m vllm_fleet deploy $INV --spec $spec $how" > $W/deploy-$name.log 2>&1
   rc=$?
+  [ $rc -eq 124 ] && log "deploy $name: stopped after ${TUNE_PROOF_DEPLOY_TIMEOUT:-420} s"
   cp $W/deploy-$name.log $OUT/
   log "deploy $name: rc $rc in $(( $(date +%s) - T0 )) s"; grep -E "PASS|WARN|FAIL|Grand total|healthy after|rror" $W/deploy-$name.log | tail -20
   [ $rc -eq 0 ] || [ -n "$LOCAL" ] || { ns journalctl -u "vllm-$name-0.service" -n 60 --no-pager -o cat | tail -c 5000; exit 1; }
