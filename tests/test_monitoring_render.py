@@ -122,13 +122,33 @@ def test_remote_replica_behind_its_own_nginx_is_scraped_through_it():
     r = resolved("lab-tiny-monitoring.yaml")
     files = render.render(r, copy.deepcopy(inv))
     t = scrape_targets(files["mon"][monitoring.PROMETHEUS_CONFIG].content)
-    assert t["vllm"] == [("10.10.0.12", {"deployment": "lab-tiny", "replica": "lab2", "scheme": "http"})]  # port 80: nginx
-    assert [x[0] for x in t["vllm-health"]] == ["http://10.10.0.12/health"]
+    assert t["vllm"] == [("10.10.0.12", {"deployment": "lab-tiny", "replica": "lab2", "scheme": "http",  # port 80: nginx
+                                         "__metrics_path__": "/metrics/0"})]
+    assert [x[0] for x in t["vllm-health"]] == ["http://10.10.0.12/health/0"]
     assert sorted(x[0] for x in t["node"]) == ["10.10.0.12:9100", "10.10.0.9:9100"]
     # ... which needs the monitoring host in proxy.metrics_allow
     r["proxy"]["metrics_allow"] = ["127.0.0.1"]
     with pytest.raises(render.RenderError, match=r"add 10\.10\.0\.9 .*proxy\.metrics_allow"):
         render.render(r, copy.deepcopy(inv))
+
+
+def test_every_replica_of_a_remote_host_is_scraped_through_its_nginx():
+    """Two replicas on lab2 (vLLM on loopback), the monitoring host elsewhere: one target per
+    replica, each at its own /metrics/N and /health/N, which lab2's nginx routes to that replica's
+    port alone (before: replica 1 was not scraped at all)."""
+    inv = {"mon": {"address": "10.10.0.9", "groups": ["monitoring"], "data": {}},
+           "lab2": {"address": "10.10.0.12", "groups": ["servers", "proxy"], "data": {}}}
+    r = resolved("lab-tiny-monitoring.yaml")
+    r["replicas"]["per_host"] = 2
+    files = render.render(r, copy.deepcopy(inv))
+    t = scrape_targets(files["mon"][monitoring.PROMETHEUS_CONFIG].content)
+    assert sorted((x[1]["replica"], x[1]["__metrics_path__"]) for x in t["vllm"]) == [("lab2:0", "/metrics/0"), ("lab2:1", "/metrics/1")]
+    assert sorted(x[0] for x in t["vllm-health"]) == ["http://10.10.0.12/health/0", "http://10.10.0.12/health/1"]
+    site = files["lab2"]["/etc/nginx/conf.d/vllm-fleet-lab-tiny.conf"].content
+    for n in (0, 1):
+        for what in ("metrics", "health"):
+            block = re.search(rf"location = /{what}/{n} \{{(.*?)\}}", site, re.S).group(1)
+            assert f"proxy_pass http://127.0.0.1:{8000 + n}/{what};" in block and "deny all;" in block and "allow 10.10.0.0/24;" in block
 
 
 def test_remote_replica_with_tls_self_signed():
@@ -307,3 +327,100 @@ def test_every_vllm_series_of_the_dashboard_and_rules_is_exported_by_the_lab_vll
 def test_fixture_has_the_served_model_label():
     text = FIXTURE.read_text()
     assert re.search(r'^vllm:num_requests_running\{[^}]*model_name="tiny"', text, re.M), text[:2000]
+
+
+# --------------------------------------------------------------------------- real nginx + Prometheus
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_prometheus_scrapes_each_replica_through_the_hosts_nginx(tmp_path):
+    """End to end with the real programs: a host with 2 replicas (fake vLLMs on loopback, each
+    exporting its own value), that host's rendered nginx site, and Prometheus running the
+    monitoring host's rendered vllm job: both replicas are up, each series carries its replica
+    label and its own replica's value (not the upstream's balance, not replica 0 twice)."""
+    import http.server
+    import threading
+    import time
+    import urllib.request
+
+    nginx = shutil.which("nginx") or ("/usr/sbin/nginx" if Path("/usr/sbin/nginx").exists() else None)
+    prom = shutil.which("prometheus")
+    if not nginx or not prom:
+        if os.environ.get("VLLM_FLEET_REQUIRE_LAB") == "1":
+            pytest.fail("nginx and prometheus are needed (make host-deps)", pytrace=False)
+        pytest.skip("nginx or prometheus not installed")
+    base, listen, prom_port = _free_port(), _free_port(), _free_port()
+    r = resolved("lab-tiny-monitoring.yaml")
+    r["replicas"]["per_host"] = 2
+    r["server"]["port"] = base
+    r["proxy"]["listen"] = listen
+    r["proxy"]["metrics_allow"] = ["127.0.0.0/8"]
+    r["proxy"]["auth"] = "none"
+    inv = {"mon": {"address": "127.0.0.2", "groups": ["monitoring"], "data": {}},
+           "web": {"address": "127.0.0.1", "groups": ["servers", "proxy"], "data": {}}}
+    files = render.render(r, copy.deepcopy(inv))
+
+    servers = []
+    for n in (0, 1):
+        class Replica(http.server.BaseHTTPRequestHandler):
+            value = 10 + n
+
+            def do_GET(self):  # noqa: N802
+                body = (f"vllm:num_requests_running {self.value}\n".encode() if self.path == "/metrics" else b"")
+                self.send_response(200 if self.path in ("/metrics", "/health") else 404)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *a):
+                pass
+
+        srv = http.server.ThreadingHTTPServer(("127.0.0.1", base + n), Replica)
+        threading.Thread(target=srv.serve_forever, daemon=True).start()
+        servers.append(srv)
+
+    site = files["web"]["/etc/nginx/conf.d/vllm-fleet-lab-tiny.conf"].content
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "site.conf").write_text(site)
+    (tmp_path / "nginx.conf").write_text(
+        f"pid {tmp_path}/nginx.pid;\nerror_log {tmp_path}/logs/error.log;\ndaemon off;\nevents {{}}\n"
+        f"http {{\n  access_log {tmp_path}/logs/access.log;\n  client_body_temp_path {tmp_path}/body;\n"
+        f"  proxy_temp_path {tmp_path}/proxy;\n  include {tmp_path}/site.conf;\n}}\n")
+    cfg = yaml.safe_load(files["mon"][monitoring.PROMETHEUS_CONFIG].content)
+    jobs = [j for j in cfg["scrape_configs"] if j["job_name"].startswith("vllm") and j["job_name"] != "vllm-health"]
+    (tmp_path / "prom.yml").write_text(yaml.safe_dump({"global": {"scrape_interval": "1s", "scrape_timeout": "1s"}, "scrape_configs": jobs}))
+    procs = [subprocess.Popen([nginx, "-p", str(tmp_path), "-c", str(tmp_path / "nginx.conf"), "-e", str(tmp_path / "logs/error.log")],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE),
+             subprocess.Popen([prom, f"--config.file={tmp_path / 'prom.yml'}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+                               f"--web.listen-address=127.0.0.1:{prom_port}"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
+    try:
+        def query(q: str) -> list:
+            url = f"http://127.0.0.1:{prom_port}/api/v1/query?query={urllib.request.quote(q)}"
+            with urllib.request.urlopen(url, timeout=5) as resp:
+                return json.load(resp)["data"]["result"]
+
+        seen: dict[str, float] = {}
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and len(seen) < 2:
+            time.sleep(1)
+            try:
+                seen = {s["metric"]["replica"]: float(s["value"][1]) for s in query('vllm:num_requests_running{job="vllm"}')}
+            except OSError:
+                continue
+        assert seen == {"web:0": 10.0, "web:1": 11.0}, f"series per replica: {seen}; nginx: {procs[0].poll()}"
+        up = {s["metric"]["replica"]: s["value"][1] for s in query('up{job="vllm"}')}
+        assert up == {"web:0": "1", "web:1": "1"}, up
+    finally:
+        for p in procs:
+            p.terminate()
+            p.wait(timeout=15)
+        for s in servers:
+            s.shutdown()
+            s.server_close()

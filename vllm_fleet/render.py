@@ -564,6 +564,10 @@ def _nginx_site(resolved: dict[str, Any], node: Node, all_nodes: list[Node], wit
         # /metrics of THIS host's vLLM when it runs one (the upstream may balance over several
         # replicas, whose counters must not be mixed in one scrape target)
         metrics_upstream=f"127.0.0.1:{node.instances[0].port}" if "server" in node.roles and node.instances else f"vllm_fleet_{_safe_ident(resolved['name'])}",
+        # /metrics/N and /health/N: replica N of THIS host alone, for a monitoring host elsewhere
+        # (vLLM listens on loopback; /metrics is replica 0's, /health the upstream's)
+        replica_upstreams=[(i.index, f"127.0.0.1:{i.port}") for i in node.instances if i.role == "server"]
+        if "server" in node.roles and node.instances else [],
     )
     return RenderedFile(content, 0o644)
 

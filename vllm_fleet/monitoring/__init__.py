@@ -112,7 +112,10 @@ def _allowed(address: str, allow: list[str]) -> bool:
 def vllm_targets(resolved: dict[str, Any], mon_node: "_Node", all_nodes: list["_Node"], with_inventory: bool) -> list[dict[str, Any]]:
     """How the monitoring host reads each API server's /metrics and /health.
 
-    [{"replica", "scheme", "address", "tls": {...} or None}] for every node with the server role.
+    [{"replica", "scheme", "address", "metrics_path", "health_path", "tls": {...} or None}] for
+    every replica of every node with the server role. Through a host's nginx (vLLM on loopback,
+    the monitoring host elsewhere) replica N is read at /metrics/N and /health/N: that host's
+    replica alone, not the upstream's balance over all of them.
     """
     from ..render import RenderError
 
@@ -123,12 +126,11 @@ def vllm_targets(resolved: dict[str, Any], mon_node: "_Node", all_nodes: list["_
     for s, inst in ((s, i) for s in all_nodes if "server" in s.roles for i in (s.instances or [None])):
         port = inst.port if inst else srv["port"]
         replica = s.target if not inst or len(s.instances) == 1 else inst.id
-        target = {"replica": replica, "scheme": "http", "address": f"127.0.0.1:{port}", "tls": None}
+        target = {"replica": replica, "scheme": "http", "address": f"127.0.0.1:{port}", "metrics_path": "/metrics",
+                  "health_path": "/health", "tls": None}
         if with_inventory and s.target != mon_node.target:
             if not loopback:
                 target["address"] = f"{private_address(s, True)}:{port}"
-            elif "proxy" in s.roles and inst and inst.index > 0:
-                continue  # that host's nginx serves /metrics of its replica 0 only (vLLM listens on loopback)
             elif "proxy" in s.roles:
                 if not _allowed(mon_addr, prx.get("metrics_allow") or []):
                     raise RenderError(
@@ -139,6 +141,8 @@ def vllm_targets(resolved: dict[str, Any], mon_node: "_Node", all_nodes: list["_
                 port = prx["listen"]
                 default = 443 if tls["enabled"] else 80
                 target["address"] = s.address if port == default else f"{s.address}:{port}"
+                n = inst.index if inst else 0
+                target["metrics_path"], target["health_path"] = f"/metrics/{n}", f"/health/{n}"
                 if tls["enabled"]:
                     target["tls"] = {"insecure_skip_verify": True} if tls["self_signed"] else (
                         {"server_name": prx["server_name"]} if prx.get("server_name", "_") != "_" else {})
@@ -166,7 +170,10 @@ def prometheus_config(resolved: dict[str, Any], mon_node: "_Node", all_nodes: li
     by_kind: dict[tuple[str, str], list[tuple[str, dict[str, str]]]] = {}
     for t in vllm:
         key = (t["scheme"], json.dumps(t["tls"], sort_keys=True))
-        by_kind.setdefault(key, []).append((t["address"], {"deployment": name, "replica": t["replica"]}))
+        labels = {"deployment": name, "replica": t["replica"]}
+        if t["metrics_path"] != "/metrics":  # Prometheus reads a target's own path from this label
+            labels["__metrics_path__"] = t["metrics_path"]
+        by_kind.setdefault(key, []).append((t["address"], labels))
     for i, ((scheme, tls), targets) in enumerate(sorted(by_kind.items())):
         extra: dict[str, Any] = {"scheme": scheme, "metrics_path": "/metrics"}
         if json.loads(tls) is not None:
@@ -178,7 +185,7 @@ def prometheus_config(resolved: dict[str, Any], mon_node: "_Node", all_nodes: li
         scrapes.append(job)
 
     if mon["health_probe"]:
-        urls = [(f"{t['scheme']}://{t['address']}/health", {"deployment": name, "replica": t["replica"]}) for t in vllm]
+        urls = [(f"{t['scheme']}://{t['address']}{t['health_path']}", {"deployment": name, "replica": t["replica"]}) for t in vllm]
         scrapes.append(_scrape("vllm-health", urls, metrics_path="/probe", params={"module": ["vllm_health"]}) | {
             "relabel_configs": [
                 {"source_labels": ["__address__"], "target_label": "__param_target"},
