@@ -267,9 +267,22 @@ def ensure(repo: str, revision: str, *, token: str | None = None, ignore: list[s
     Raises :class:`HubError` with a message for the user (the YAML path, the fix)."""
     root = root or cache_root()
     ignore = sorted(ignore)
+    ep = endpoint(endpoint_url)
+    # every host of a deploy calls this: the first resolves and fills, the others wait and reuse
+    with wh._lock(f"hub:{root}:{ep}:{repo}@{revision}:{ignore}"):
+        memo = (str(root), ep, repo, revision, tuple(ignore))
+        if memo not in _resolved or not (_resolved[memo] / COMPLETE_MARKER).exists():
+            _resolved[memo] = _ensure(repo, revision, token, ignore, ep, root, log, use_library)
+        return _resolved[memo]
+
+
+#: (root, endpoint, repo, revision, ignore) -> the complete directory, for this process
+_resolved: dict[tuple, Path] = {}
+
+
+def _ensure(repo, revision, token, ignore, ep, root, log, use_library) -> Path:
     if COMMIT.fullmatch(revision) and (root / key(repo, revision, ignore) / COMPLETE_MARKER).exists():
         return root / key(repo, revision, ignore)
-    ep = endpoint(endpoint_url)
     try:
         client = _client(ep, token, use_library)
         commit, files = client.info(repo, revision)

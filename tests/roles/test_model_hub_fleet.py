@@ -112,6 +112,7 @@ def test_three_hosts_one_download_and_every_host_gets_the_files_as_upload_does(h
     # the hub sent each wanted file once, for three hosts, and nothing it was told to leave out
     assert sorted(h.file_requests()) == sorted(WANTED)
     assert h.served_bytes == sum(len(v) for v in WANTED.values())
+    assert len(h.requests) == 1 + len(WANTED)  # the revision's file list once, each file once
     for run in runs:
         assert not any("snapshot_download" in c for c in run.commands)  # no host asks the hub
         assert all(TOKEN not in c for c in run.commands) and all(
@@ -174,6 +175,9 @@ def test_a_branch_is_cached_by_its_commit(hub, tmp_path):
     asked = len(h.requests)
     assert hubcache.ensure(SOURCE, h.commit, ignore=IGNORE) == by_branch  # the commit: no request at all
     assert len(h.requests) == asked
+    assert hubcache.ensure(SOURCE, "main", ignore=IGNORE) == by_branch
+    assert len(h.requests) == asked  # the same process: resolved once
+    hubcache._resolved.clear()  # as a new deploy process
     assert hubcache.ensure(SOURCE, "main", ignore=IGNORE) == by_branch  # the branch: asked for its commit only
     assert len(h.requests) == asked + 1 and h.file_requests() == sorted(WANTED, key=list(FILES).index)
 
