@@ -370,3 +370,14 @@ def test_deploy_for_real_with_local_connector(hub, tmp_path, monkeypatch):
         "model.hub_fetch: host" in out, out[-3000:]
     assert "Traceback" not in out
     assert {p: p.stat().st_mtime_ns for p in dest.rglob("*")} == before
+
+
+def test_hub_fetch_on_a_spec_that_does_not_download_is_a_warning(tmp_path):
+    from fleetutil import run_cli
+
+    (tmp_path / "m").mkdir()
+    (tmp_path / "s.yaml").write_text("name: x\nmodel: {source: ./m, hub_fetch: host}\nserver: {api_key: {env: K}}\n")
+    r = run_cli("validate", str(tmp_path / "s.yaml"), env={"K": "k"})
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "warning: model.hub_fetch (line 2): set but the weights are not downloaded from the hub (transfer: upload)" \
+        in r.stdout + r.stderr
