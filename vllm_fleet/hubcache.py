@@ -289,6 +289,11 @@ def _ensure(repo, revision, token, ignore, ep, root, log, use_library) -> Path:
     except (_Refused, _Unreachable) as exc:
         raise HubError(_message(exc, repo, revision, ep, token)) from None
     wanted = [f for f in files if not any(fnmatch.fnmatch(f["name"], p) for p in ignore)]
+    unsafe = [f["name"] for f in wanted if f["name"].startswith("/") or ".." in f["name"].split("/")
+              or f["name"] in ("", COMPLETE_MARKER)]
+    if unsafe:  # a file name must stay inside the cache directory (and model.path on the hosts)
+        raise HubError(f"model.source {repo!r}: the hub at {ep} lists file names outside the repository "
+                       f"({', '.join(map(repr, unsafe[:3]))}); nothing was downloaded, no host was changed")
     k = key(repo, commit, ignore)
 
     def fill(part: Path) -> dict:

@@ -381,3 +381,14 @@ def test_hub_fetch_on_a_spec_that_does_not_download_is_a_warning(tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
     assert "warning: model.hub_fetch (line 2): set but the weights are not downloaded from the hub (transfer: upload)" \
         in r.stdout + r.stderr
+
+
+def test_a_file_name_outside_the_repository_is_refused(hub, tmp_path):
+    hub()
+    evil = StandInHub(SOURCE, COMMIT, {"config.json": b"{}", "../../escape.txt": b"x"})
+    try:
+        with pytest.raises(hubcache.HubError, match=r"lists file names outside the repository \('../../escape.txt'\)"):
+            hubcache.ensure(SOURCE, COMMIT, endpoint_url=evil.url)
+    finally:
+        evil.close()
+    assert not list(tmp_path.rglob("escape.txt"))
