@@ -152,9 +152,14 @@ def spec_problems(r: dict[str, Any], spec: Spec | None = None) -> list[Problem]:
     # -- model transfer
     if m["transfer"] == "none" and "revision" in raw_model_keys(spec):
         add("model.revision", "a revision is set but the weights are not downloaded (transfer: none)", "remove it", "warning")
-    if m["transfer"] == "hub" and not m.get("revision"):
+    if m["transfer"] == "hub" and not m.get("revision") and m["hub_fetch"] == "fleet":
+        add("model.revision", "not set: with `hub_fetch: fleet` the control machine caches the weights by revision",
+            "set `revision:` to a commit hash of the model repository (or a branch or tag), or set `model.hub_fetch: host`")
+    elif m["transfer"] == "hub" and not m.get("revision"):
         add("model.revision", "no revision pinned: a re-deploy may download different weights",
             "set `revision:` to a commit hash of the model repository", "warning")
+    if "hub_fetch" in raw_model_keys(spec) and m["transfer"] != "hub":
+        add("model.hub_fetch", f"set but the weights are not downloaded from the hub (transfer: {m['transfer']})", "remove it", "warning")
     if m.get("hub_token") and m["transfer"] != "hub":
         add("model.hub_token", f"a hub token is set but the weights are not downloaded (transfer: {m['transfer']})", "remove it", "warning")
     if m["transfer"] != "none" and m.get("local_dir") is None and m["source"].startswith(("/", "./", "../", "~")):

@@ -108,13 +108,13 @@ def key(requirements: list[str], target: dict, *, index_url: str | None = None,
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def ensure(requirements: list[str], target: dict, *, index_url: str | None = None,
-           find_links: str | None = None, root: Path | None = None,
-           python: str | None = None, log=None) -> Path:
-    """The filled wheelhouse directory for these requirements and target (downloaded once;
-    later calls return the same directory without touching the network)."""
-    root = root or cache_root()
-    k = key(requirements, target, index_url=index_url, find_links=find_links)
+def fill_once(root: Path, k: str, fill) -> Path:
+    """``root/k``, filled once: unless it is complete (holds ``COMPLETE_MARKER``), ``fill(part)``
+    fills ``root/k.part`` (kept when a fill is interrupted, so the next one can resume what is
+    there) and returns the record to write into the marker; then ``part`` is renamed to
+    ``root/k``. Concurrent callers wait: pyinfra's greenlets on a cooperative lock, other
+    processes on an flock. The fleet wheelhouse and the fleet hub cache
+    (:mod:`vllm_fleet.hubcache`) are both filled this way."""
     dest = root / k
     if (dest / COMPLETE_MARKER).exists():
         return dest
@@ -124,6 +124,24 @@ def ensure(requirements: list[str], target: dict, *, index_url: str | None = Non
         if (dest / COMPLETE_MARKER).exists():
             return dest
         part = root / f"{k}.part"
+        record = fill(part)
+        (part / COMPLETE_MARKER).write_text(json.dumps(record, indent=1) + "\n")
+        if dest.exists():
+            shutil.rmtree(dest)
+        part.rename(dest)
+        return dest
+
+
+def ensure(requirements: list[str], target: dict, *, index_url: str | None = None,
+           find_links: str | None = None, root: Path | None = None,
+           python: str | None = None, log=None) -> Path:
+    """The filled wheelhouse directory for these requirements and target (downloaded once;
+    later calls return the same directory without touching the network)."""
+    root = root or cache_root()
+    k = key(requirements, target, index_url=index_url, find_links=find_links)
+    dest = root / k
+
+    def fill(part: Path) -> dict:
         argv = download_argv(python or sys.executable, requirements, part, target,
                              index_url=index_url, find_links=find_links)
         if log:
@@ -139,14 +157,11 @@ def ensure(requirements: list[str], target: dict, *, index_url: str | None = Non
                 "give a complete wheelhouse (install.wheelhouse), or let every host download for itself "
                 "(install.wheels: host)")
         wheels = sorted(p.name for p in part.glob("*.whl"))
-        (part / COMPLETE_MARKER).write_text(json.dumps(
-            {"requirements": requirements, "target": target, "index_url": index_url,
-             "seconds": round(time.monotonic() - t0, 1), "wheels": len(wheels),
-             "bytes": sum((part / w).stat().st_size for w in wheels)}, indent=1) + "\n")
-        if dest.exists():
-            shutil.rmtree(dest)
-        part.rename(dest)
-        return dest
+        return {"requirements": requirements, "target": target, "index_url": index_url,
+                "seconds": round(time.monotonic() - t0, 1), "wheels": len(wheels),
+                "bytes": sum((part / w).stat().st_size for w in wheels)}
+
+    return fill_once(root, k, fill)
 
 
 def info(directory: Path) -> dict:

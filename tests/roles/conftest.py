@@ -185,7 +185,10 @@ def _upload_text(src: Any) -> str:
     if hasattr(src, "getvalue"):
         value = src.getvalue()
         return value.decode() if isinstance(value, bytes) else value
-    return Path(src).read_text()
+    try:
+        return Path(src).read_text()
+    except UnicodeDecodeError:  # a binary file (model weights): its bytes
+        return Path(src).read_bytes()
 
 
 def _read_ops(state: Any, the_host: Any) -> tuple[list[Op], dict[str, str]]:

@@ -154,8 +154,9 @@ def test_upload_missing_local_dir(harness, tmp_path):
 # --------------------------------------------------------------------------------------- hub
 
 def hub_spec(**model):
+    """``hub_fetch: host``: every host downloads for itself (the fleet cache: test_model_hub_fleet.py)."""
     return lab_spec(**{"transfer": "hub", "source": "Qwen/Qwen2.5-7B-Instruct-AWQ", "revision": "a" * 40,
-                       "local_dir": None, **model})
+                       "local_dir": None, "hub_fetch": "host", **model})
 
 
 def test_hub_download_token_never_on_the_command_line(harness):

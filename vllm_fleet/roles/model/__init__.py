@@ -3,8 +3,8 @@
 Deploy function
     ``install_model(spec, hub_token=None)``: ``spec`` is the resolved spec dict
     (``vllm_fleet.spec.load_and_check``); ``hub_token`` the token's value (read on the control
-    machine from ``model.hub_token``), or None. Reads ``model.{transfer, local_dir, source,
-    revision, path}``, ``server.user``, ``install.{prefix, config_dir}``; host data in
+    machine from ``model.hub_token``), or None. Reads ``model.{transfer, hub_fetch, local_dir,
+    source, revision, path}``, ``server.user``, ``install.{prefix, config_dir}``; host data in
     ``defaults.DEFAULTS``. Returns the operations whose change must restart vLLM.
 
 ``model.transfer``
@@ -20,7 +20,16 @@ Deploy function
       service user (so it also proves the files are readable by it); on a mismatch the manifest
       is removed and the host fails. (Whether anything changes is known while the plan is
       built, from the same facts ``files.put`` uses: a converged host gets no operation.)
-    - ``hub``: ``huggingface_hub.snapshot_download(source, revision=..., local_dir=model.path)``
+    - ``hub`` with ``model.hub_fetch: fleet`` (the schema's default): the control machine
+      downloads ``source`` at ``revision`` once per fleet into its hub cache
+      (:mod:`vllm_fleet.hubcache`: keyed by repo@commit, ``model_hub_ignore`` left out, every
+      file checked against the hub's size and hash; the token stays there), then the files go
+      to the host exactly as for ``upload`` (manifest, ``files.put``, ``sha256sum -c``), after
+      which ``model.path/.vllm-fleet-hub`` is written. Skipped, with no hub access, when that
+      marker already says ``<source>@<revision>``. A fill that fails raises ``DeployError``
+      while the plan is built (no host is changed).
+    - ``hub`` with ``model.hub_fetch: host``:
+      ``huggingface_hub.snapshot_download(source, revision=..., local_dir=model.path)``
       with the env's python (vLLM brings huggingface_hub), leaving out ``model_hub_ignore``
       (``original/*``, ``*.pth``: Llama repositories' consolidated checkpoints, which vLLM never
       loads, about as large again as the safetensors). Before it downloads anything it compares
@@ -161,10 +170,17 @@ def _env_python(spec: dict) -> str:
 
 
 def _upload(spec: dict) -> list:
+    local = Path(spec["model"]["local_dir"]).expanduser()
+    return _put_tree(spec, local, local_manifest(local))
+
+
+def _put_tree(spec: dict, local: Path, entries: list[tuple[str, str]], marker: str | None = None) -> list:
+    """Put the files ``entries`` (``[(relative path, sha256)]``) of the control machine's
+    directory ``local`` at model.path as ``upload`` does. ``marker`` (the fleet hub cache's
+    ``<source>@<revision>``): the hub marker is written after the verification, which then
+    always runs (a stale marker is removed first, with the other files not in the manifest)."""
     m, user = spec["model"], spec["server"]["user"]
     root = m["path"].rstrip("/")
-    local = Path(m["local_dir"]).expanduser()
-    entries = local_manifest(local)
     _check_space(spec, local, entries)
     fmode, dmode = host.data.get("model_file_mode"), host.data.get("model_dir_mode")
 
@@ -194,11 +210,17 @@ def _upload(spec: dict) -> list:
     check = (f"cd {shlex.quote(root)} && "
              f"runuser -u {shlex.quote(user)} -- sha256sum --quiet --strict -c {d.MANIFEST} "
              f"|| {{ rm -f {d.MANIFEST}; echo 'model upload: checksum mismatch on the host' >&2; exit 1; }}")
+    commands = [check]
+    if marker:
+        mark = shlex.quote(f"{root}/{d.HUB_MARKER}")
+        commands += [f"printf '%s\\n' {shlex.quote(marker)} > {mark}",
+                     f"chown {shlex.quote(user)}:{shlex.quote(user)} {mark}"]
     # Decided while the plan is built (will_change runs each operation's checks now), not with
     # _if: a converged host then has no operation at all, and a `--dry --json` plan shows none
     # (an _if-guarded operation is always listed as a conditional change there).
-    if any(op.will_change for op in ops):
-        server.shell(name=f"Verify the model against {d.MANIFEST} (as {user})", commands=[check])
+    if marker or any(op.will_change for op in ops):
+        server.shell(name=f"Verify the model against {d.MANIFEST} (as {user})"
+                     + (f" and mark it {marker}" if marker else ""), commands=commands)
     return ops
 
 
@@ -262,6 +284,28 @@ pathlib.Path(dest, marker).write_text(f"{repo}@{revision}\\n")
 """
 
 
+def _hub_fleet(spec: dict, hub_token: str | None, revision: str, want: str) -> list:
+    """``hub_fetch: fleet``: the control machine's hub cache (filled once, vllm_fleet.hubcache),
+    then the files put on this host as ``upload`` does, and the marker written after the check."""
+    from pyinfra import logger
+
+    from vllm_fleet import hubcache
+
+    m = spec["model"]
+    if not m.get("revision"):
+        raise DeployError(f"host {host.name}: model.revision is not set: model.hub_fetch: fleet caches the weights "
+                          "by revision on the control machine. Fix: set model.revision to a commit hash (or a branch "
+                          "or tag), or set model.hub_fetch: host; no host was changed")
+    try:
+        directory = hubcache.ensure(m["source"], revision, token=hub_token,
+                                    ignore=list(host.data.get("model_hub_ignore") or []),
+                                    endpoint_url=(host.data.get("model_hub_env") or {}).get("HF_ENDPOINT"),
+                                    log=logger.info)
+    except hubcache.HubError as exc:
+        raise DeployError(str(exc)) from None
+    return _put_tree(spec, directory, hubcache.manifest(directory), marker=want)
+
+
 def _hub(spec: dict, hub_token: str | None) -> list:
     m, ins, user = spec["model"], spec["install"], spec["server"]["user"]
     root = m["path"].rstrip("/")
@@ -269,7 +313,7 @@ def _hub(spec: dict, hub_token: str | None) -> list:
     want = f"{m['source']}@{revision}"
     token_path = ""
     ops = []
-    if hub_token:
+    if hub_token and m["hub_fetch"] == "host":  # fleet: the token stays on the control machine
         token_path = f"{ins['config_dir'].rstrip('/')}/{d.HUB_TOKEN_FILE}"
         ops.append(secret_file(name="Hub token (0600 root)", path=token_path, content=hub_token + "\n"))
     known, text = host_state().content(f"{root}/{d.HUB_MARKER}")
@@ -277,6 +321,8 @@ def _hub(spec: dict, hub_token: str | None) -> list:
     if have and have[0].strip() == want:
         host.noop(f"model {want} already at {root}")
         return []
+    if m["hub_fetch"] == "fleet":
+        return _hub_fleet(spec, hub_token, revision, want)
     env = {"HF_HUB_OFFLINE": "0", "HF_HUB_DISABLE_PROGRESS_BARS": "1",
            "HF_HUB_DISABLE_TELEMETRY": "1", **(host.data.get("model_hub_env") or {})}
     argv = ["env", *(f"{k}={v}" for k, v in sorted(env.items())), _env_python(spec), "-c",
