@@ -152,11 +152,8 @@ def spec_problems(r: dict[str, Any], spec: Spec | None = None) -> list[Problem]:
     # -- model transfer
     if m["transfer"] == "none" and "revision" in raw_model_keys(spec):
         add("model.revision", "a revision is set but the weights are not downloaded (transfer: none)", "remove it", "warning")
-    if m["transfer"] == "hub" and not m.get("revision") and m["hub_fetch"] == "fleet":
-        add("model.revision", "not set: with `hub_fetch: fleet` the control machine caches the weights by revision",
-            "set `revision:` to a commit hash of the model repository (or a branch or tag), or set `model.hub_fetch: host`")
-    elif m["transfer"] == "hub" and not m.get("revision"):
-        add("model.revision", "no revision pinned: a re-deploy may download different weights",
+    if m["transfer"] == "hub" and not m.get("revision"):
+        add("model.revision", "no revision pinned: the hub's `main` is downloaded, and a re-deploy may download different weights",
             "set `revision:` to a commit hash of the model repository", "warning")
     if "hub_fetch" in raw_model_keys(spec) and m["transfer"] != "hub":
         add("model.hub_fetch", f"set but the weights are not downloaded from the hub (transfer: {m['transfer']})", "remove it", "warning")

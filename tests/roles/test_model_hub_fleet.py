@@ -242,13 +242,15 @@ def test_revision_that_does_not_exist(harness, hub):
         harness.run(install_model, fleet_spec(revision="v9"), facts=bare_host())
 
 
-def test_revision_not_set(harness, hub):
-    h = hub()
+def test_revision_not_set_is_the_hubs_main(harness, hub):
+    """No model.revision: the hub's `main` (as hub_fetch: host and huggingface_hub do), cached by
+    the commit it resolves to; the spec check warns that it is not pinned."""
+    h = hub(revision="main")
     spec = fleet_spec()
     del spec["model"]["revision"]
-    with pytest.raises(DeployError, match=r"host testhost: model.revision is not set.*model.hub_fetch: host"):
-        harness.run(install_model, spec, facts=bare_host())
-    assert h.requests == []
+    run = harness.run(install_model, spec, facts=bare_host())
+    assert run.has_op("Verify the model")
+    assert any("/revision/main" in path for _, path, _ in h.requests), h.requests
 
 
 def test_repo_that_does_not_exist(harness, hub):

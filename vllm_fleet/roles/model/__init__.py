@@ -292,10 +292,6 @@ def _hub_fleet(spec: dict, hub_token: str | None, revision: str, want: str) -> l
     from vllm_fleet import hubcache
 
     m = spec["model"]
-    if not m.get("revision"):
-        raise DeployError(f"host {host.name}: model.revision is not set: model.hub_fetch: fleet caches the weights "
-                          "by revision on the control machine. Fix: set model.revision to a commit hash (or a branch "
-                          "or tag), or set model.hub_fetch: host; no host was changed")
     try:
         directory = hubcache.ensure(m["source"], revision, token=hub_token,
                                     ignore=list(host.data.get("model_hub_ignore") or []),
