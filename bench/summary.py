@@ -42,19 +42,28 @@ def _row(what: str, hosts: Any, values: list[float], load1: Any, unit: str = "s"
 
 
 def deploy_rows(d: dict) -> list[dict]:
+    """The unlabelled sizes, then each ``--label``'s (``labels``: e.g. before/after a change)."""
+    rows = _deploy_size_rows(d.get("sizes", {}), "")
+    for label, block in (d.get("labels") or {}).items():
+        rows += _deploy_size_rows(block.get("sizes", {}), f"[{label}] ")
+    return rows
+
+
+def _deploy_size_rows(sizes: dict, prefix: str) -> list[dict]:
     rows = []
-    for size, s in sorted(d.get("sizes", {}).items(), key=lambda kv: int(kv[0])):
+    for size, s in sorted(sizes.items(), key=lambda kv: int(kv[0])):
         fd = s.get("first_deploy") or {}
         if fd.get("wall_s") is not None:
-            rows.append(_row(f"deploy: {fd.get('kind', 'first deploy')}", s["hosts"], [fd["wall_s"]], _load1(s.get("machine_before"))))
+            failed = f" (failed, rc {fd['rc']})" if fd.get("rc") else ""
+            rows.append(_row(f"{prefix}deploy: {fd.get('kind', 'first deploy')}{failed}", s["hosts"], [fd["wall_s"]], _load1(s.get("machine_before"))))
         runs = [r for r in s.get("noop_runs", []) if r.get("rc") == 0]
         if runs:
             loads = [r.get("loadavg1_before") for r in runs if r.get("loadavg1_before") is not None]
             load = _span(loads) if loads else _load1(s.get("machine_before"))
-            rows.append(_row("deploy: no-op re-deploy (whole run)", s["hosts"], [r["wall_s"] for r in runs], load))
+            rows.append(_row(f"{prefix}deploy: no-op re-deploy (whole run)", s["hosts"], [r["wall_s"] for r in runs], load))
             smoke = [(r.get("phases") or {}).get("smoke_s") for r in runs]
             if any(v is not None for v in smoke):
-                rows.append(_row("  of it: smoke tests", s["hosts"], smoke, load))
+                rows.append(_row(f"{prefix}  of it: smoke tests", s["hosts"], smoke, load))
         for label, v in sorted((s.get("restart_to_healthy_s") or {}).items()):
             rows.append(_row(f"vLLM start to healthy ({label})", s["hosts"], v if isinstance(v, list) else [v], None))
     return rows

@@ -10,7 +10,8 @@ Steps ($VLLM_FLEET_ROLLOUT_STEP):
   upstream  on the proxy hosts: the nginx site rendered with the hosts in $VLLM_FLEET_UPSTREAM_DOWN
             marked `down`; when it changed, nginx -t, reload, wait for the old workers (bounded).
   update    on the hosts of the batch's instances ($VLLM_FLEET_UPDATE: HOST:N ids): wait until each
-            has no running/waiting request (bounded), then the serve deploy's server part (env,
+            has no running/waiting request (bounded), then the serve deploy's server part (the host
+            read once, as deploys/serve.py does: operations only where it differs; env,
             vLLM, model, units: the batch's instances restarted when what they run changed, then
             /health; the host's other instances are left running), then each instance's own
             smoke test (on the host, not through the proxy). Nothing of nginx is touched.
@@ -23,9 +24,19 @@ import os
 from pyinfra import host
 
 from vllm_fleet.roles.common import DeployError, host_layout, load_deploy_spec, write_generated_secrets
+from vllm_fleet.roles.common.state import Query, load_host_state
 
 #: The instances of the batch being updated (``HOST:N``, comma-separated; a host name: all of its).
 UPDATE_ENV = "VLLM_FLEET_UPDATE"
+
+
+def update_query(spec: dict, node, rendered: dict) -> Query:
+    """What the update step's server part compares against (vllm_fleet.roles.common.state): the
+    firewall, the install stack and the service, as deploys/serve.py reads them (nginx not: the
+    update step leaves it alone)."""
+    from vllm_fleet.roles import service
+
+    return service.api_firewall_query(rendered) | service.server_stack_query(spec) | service.state_query(spec, node, rendered)
 
 
 def rollout_step() -> None:
@@ -62,6 +73,11 @@ def rollout_step() -> None:
         from vllm_fleet.roles.rollout import drain, smoke_replica
         from vllm_fleet.roles.service import api_firewall, install_server_stack, install_service
 
+        # One read of what the server part compares against; it then creates operations only
+        # where this host differs (deploys/serve.py does the same). Safe here because each step
+        # is its own pyinfra run (vllm_fleet.rollout): the next batch reads the host afresh, and an
+        # instance whose inputs an earlier batch already changed restarts on its applied token.
+        load_host_state(update_query(spec, node, rendered))
         for inst in mine:
             drain(spec=spec, drain_timeout=drain_timeout, port=inst.port)
         # The same server part as deploys/serve.py (single node), with the rollout's health deadline.

@@ -3,16 +3,16 @@
 pyinfra's operations each read their own facts (a directory: one ``sudo sh -c`` round trip; a
 file: two; a unit: two; a user: three), and each operation's generator runs twice, once while
 the plan is built and once when it executes: a no-op deploy of one lab host was 86 round trips.
-Here the deploy (vllm_fleet/deploys/serve.py) first asks each role what it will compare
-(``state_query`` of pyenv, vllm, model, service, nginx), reads all of it with one
+Here the deploy (vllm_fleet/deploys/serve.py; the rollout's update step too) first asks each
+role what it will compare (``state_query`` of pyenv, vllm, model, service, nginx), reads all of it with one
 :class:`HostState` fact (the script beside this file, ``host_state.sh``), and the roles then
 create an operation only where the state differs. A converged host gets no operation (so also
 no fact and no command when the plan executes); a host that differs gets pyinfra's own
 operation, which reads its facts and converges as it always did.
 
-Without a loaded snapshot (a role called on its own: an own deploy, the role tests, a rollout)
-nothing is known and every operation is created as before. A snapshot is read while the plan is
-built and is not refreshed: an operation decides once, from the state the plan saw.
+Without a loaded snapshot (a role called on its own: an own deploy, the role tests) nothing is
+known and every operation is created as before. A snapshot is read while the plan is built and
+is not refreshed: an operation decides once, from the state the plan saw.
 
 Example::
 
