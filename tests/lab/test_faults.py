@@ -211,8 +211,8 @@ def unit_references_exist(host) -> None:
 
 def test_interrupted_deploy_then_converges(server, tmp_path):
     """SIGKILL pyinfra in the middle of a deploy that changes the unit and restarts vLLM; the next
-    run converges, a third changes nothing; no temp file is left and the unit names only files
-    that exist."""
+    run converges (as root on a host without sudo), a third changes nothing; no temp file is left
+    and the unit names only files that exist."""
     import yaml
 
     spec = yaml.safe_load(SPEC.read_text())
@@ -237,11 +237,21 @@ def test_interrupted_deploy_then_converges(server, tmp_path):
     assert any("Starting operation: vLLM service | systemd daemon-reload" in s for s in seen), "".join(seen)[-3000:]
     assert not any("Restart vllm-lab-tiny-0.service" in s for s in seen), "".join(seen)[-3000:]
     unit_references_exist(server)  # the new unit is on disk, not yet loaded: its files exist
-    r = deploy()
+    # The converging run connects as root to a host without sudo (a minimal Debian image): the
+    # /health wait after its restart and the smoke tests run their commands with the host's own
+    # privilege arguments (roles.common.as_root). With a fixed _sudo=True every probe failed with
+    # "sudo: not found" and the wait ran out its deadline with vLLM healthy (the H200 machine).
+    server.ssh("p=$(command -v sudo) && mv $p /root/sudo.hidden-by-test", user="root")
+    try:
+        r = deploy(SPEC, 1800, "--data", "ssh_user=root", "--data", "_sudo=False")
+    finally:
+        server.ssh("test -e /root/sudo.hidden-by-test && mv /root/sudo.hidden-by-test /usr/bin/sudo; true", user="root")
     assert r.returncode == 0, why(r)
+    assert re.search(r"vllm-lab-tiny-0\.service healthy after \d+ s of waiting", r.out), r.out[-3000:]
+    assert "sudo: not found" not in r.out and "sudo: command not found" not in r.out, r.out[-3000:]
     again = deploy()
     total = grand_total(again.out)
-    assert total["changed"] == "-" and total["error"] == "-", total
+    assert total["changed"] == "-" and total["error"] == "-", (total, changed_ops(again.out), again.out[-4000:])
     assert "--max-num-seqs 16" in server.ssh("ps -eo args", user="root").stdout
     unit_references_exist(server)
     leftovers = server.ssh("find /etc/vllm-fleet /etc/systemd/system /etc/nginx -name '*tmp*'", user="root").stdout.split()
