@@ -311,3 +311,55 @@ def test_nginx_site_behaviour(tmp_path):
         proc.terminate()
         proc.wait(timeout=10)
         upstream.shutdown()
+
+
+@needs_nginx
+def test_smoke_tests_reach_their_own_site_on_a_shared_port(tmp_path):
+    """Two deployments on one nginx port, told apart by proxy.server_name (allowed by the
+    layout): the smoke tests go to the host's address, so they must send the site's name as
+    Host, or nginx answers with the port's default site (the other deployment's model)."""
+    from vllm_fleet import smoke
+    from vllm_fleet.roles.smoke import host_header_for
+
+    listen = _free_port()
+    sites, upstreams = [], []
+    for name, server_name in (("dep-a", "_"), ("dep-b", "b.example")):
+        r = resolved_of("lab-tiny")
+        r["name"], r["model"]["served_name"] = name, f"model-{name}"
+        r["server"]["port"] = _free_port()
+        r["proxy"].update(auth="none", server_name=server_name)
+        sites.append(render.render(r)["proxy"][f"/etc/nginx/conf.d/vllm-fleet-{name}.conf"].content)
+
+        class Fake(_FakeVllm):
+            served = f"model-{name}"
+
+            def do_GET(self):  # noqa: N802
+                if self.path == "/v1/models":
+                    self._send(200, json.dumps({"data": [{"id": self.served}]}).encode())
+                else:
+                    super().do_GET()
+
+        up = http.server.ThreadingHTTPServer(("127.0.0.1", r["server"]["port"]), Fake)
+        threading.Thread(target=up.serve_forever, daemon=True).start()
+        upstreams.append(up)
+        if name == "dep-b":
+            spec_b = r
+    prefix = _nginx_prefix(tmp_path, "\n".join(sites), None, port=listen)
+    proc = subprocess.Popen([NGINX, "-p", str(prefix), "-c", str(prefix / "nginx.conf"), "-e", str(prefix / "logs/error.log")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        base = f"http://127.0.0.1:{listen}"
+        smoke.wait_healthy(f"{base}/health", deadline_s=10, interval=0.1)
+        assert host_header_for(spec_b) == "b.example"
+        with_name = smoke.run_smoke(base, "model-dep-b", None, expect_auth=False, host_header=host_header_for(spec_b),
+                                    timeout=10, stream_attempts=1)
+        without = smoke.run_smoke(base, "model-dep-b", None, expect_auth=False, timeout=10, stream_attempts=1)
+        got, other = (next(c for c in res.checks if c["name"] == "models") for res in (with_name, without))
+        assert got["ok"], got
+        assert not other["ok"] and "model-dep-a" in other["detail"], other  # the default site answered
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+        for up in upstreams:
+            up.shutdown()
+            up.server_close()

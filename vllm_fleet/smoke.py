@@ -61,13 +61,15 @@ def _check(result: SmokeResult, name: str, ok: bool, detail: str, *, warn: bool 
     result.checks.append({"name": name, "ok": bool(ok), "warn": bool(warn), "detail": detail})
 
 
-def stream_chat(base_url: str, model: str, api_key: str | None, prompt: str, max_tokens: int, *, verify: Any = True, timeout: float = 120) -> dict[str, Any]:
+def stream_chat(base_url: str, model: str, api_key: str | None, prompt: str, max_tokens: int, *, verify: Any = True, timeout: float = 120,
+                host_header: str | None = None) -> dict[str, Any]:
     """POST a streamed chat completion; return the arrival time of every SSE event.
 
     The response is read as it arrives (chunk by chunk), so a proxy that buffers the whole
-    stream shows up as all events arriving at once.
+    stream shows up as all events arriving at once. ``host_header``: the ``Host`` sent (a proxy
+    whose site is chosen by ``server_name``; the URL names the host's address).
     """
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    headers = {**({"Authorization": f"Bearer {api_key}"} if api_key else {}), **({"Host": host_header} if host_header else {})}
     body = {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
             "stream": True, "temperature": 0, "ignore_eos": True}
     t0 = time.monotonic()
@@ -198,12 +200,14 @@ except (OSError, http.client.HTTPException) as exc:
 def run_smoke(base_url: str, model: str, api_key: str | None, *, prompt: str = "Say hello in one short sentence.",
               max_tokens: int = 32, concurrency: int = 4, expect_auth: bool = True, verify: Any = True,
               timeout: float = 120, stream_attempts: int = 5, stream_tokens: int = 64,
-              direct_stream: Callable[[int], list[float]] | None = None) -> SmokeResult:
+              direct_stream: Callable[[int], list[float]] | None = None, host_header: str | None = None) -> SmokeResult:
     """Run every check; never raises for a failed check (see :func:`check_smoke`).
 
     ``direct_stream(max_tokens)``, when given, streams the same chat straight from vLLM (on its
     host, bypassing the proxy) and returns the SSE arrival times: it tells a proxy that holds
     responses from a vLLM that sent its stream in one burst (see :func:`judge_stream`).
+    ``host_header``: the ``Host`` every request sends (``proxy.server_name``: several sites on
+    one nginx port are told apart by it, and the URL names the host's address, not the name).
     """
     base_url = base_url.rstrip("/")
     if base_url.endswith("/v1"):
@@ -212,6 +216,8 @@ def run_smoke(base_url: str, model: str, api_key: str | None, *, prompt: str = "
     auth = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     s = requests.Session()
     s.verify = verify
+    if host_header:
+        s.headers["Host"] = host_header
     # requests lets REQUESTS_CA_BUNDLE / CURL_CA_BUNDLE override a Session's verify=False (only a
     # request's own verify wins): pass it with every request, or self-signed TLS fails the smoke tests.
     s.request = functools.partial(s.request, verify=verify)  # type: ignore[method-assign]
@@ -259,7 +265,7 @@ def run_smoke(base_url: str, model: str, api_key: str | None, *, prompt: str = "
         direct_errors: list[str] = []
         tokens = max(max_tokens, stream_tokens)
         for attempt in range(1, stream_attempts + 1):
-            st = stream_chat(base_url, model, api_key, prompt, tokens, verify=verify, timeout=timeout)
+            st = stream_chat(base_url, model, api_key, prompt, tokens, verify=verify, timeout=timeout, host_header=host_header)
             times = st["times"]
             out.stream_events = len(times)
             out.ttft_s = times[0] if times else None
@@ -287,7 +293,7 @@ def run_smoke(base_url: str, model: str, api_key: str | None, *, prompt: str = "
         # what is proven is that the endpoint serves several requests at once: one token each
         # (several replicas generating at once on shared cores was most of a lab smoke test)
         def one(i: int) -> int:
-            r = requests.post(f"{base_url}/v1/chat/completions", headers=auth, timeout=timeout, verify=verify,
+            r = requests.post(f"{base_url}/v1/chat/completions", headers={**auth, **({"Host": host_header} if host_header else {})}, timeout=timeout, verify=verify,
                               json={"model": model, "messages": [{"role": "user", "content": f"{prompt} ({i})"}],
                                     "max_tokens": CONCURRENT_TOKENS})
             return r.status_code
@@ -326,13 +332,14 @@ def check_smoke(*args: Any, **kwargs: Any) -> SmokeResult:
     return res
 
 
-def wait_healthy(url: str, deadline_s: float, *, verify: Any = True, interval: float = 2.0) -> float:
-    """Poll ``url`` until it answers 200; return seconds waited; raise TimeoutError."""
+def wait_healthy(url: str, deadline_s: float, *, verify: Any = True, interval: float = 2.0, host_header: str | None = None) -> float:
+    """Poll ``url`` until it answers 200; return seconds waited; raise TimeoutError.
+    ``host_header``: the ``Host`` sent (see :func:`run_smoke`)."""
     t0 = time.monotonic()
     last = "no answer"
     while time.monotonic() - t0 < deadline_s:
         try:
-            r = requests.get(url, timeout=5, verify=verify)
+            r = requests.get(url, timeout=5, verify=verify, headers={"Host": host_header} if host_header else None)
             if r.status_code == 200:
                 return time.monotonic() - t0
             last = f"HTTP {r.status_code}"
@@ -342,7 +349,8 @@ def wait_healthy(url: str, deadline_s: float, *, verify: Any = True, interval: f
     raise TimeoutError(f"{url} not healthy after {deadline_s:.0f} s (last: {last})")
 
 
-def wait_serving(base_url: str, api_key: str | None, deadline_s: float, *, verify: Any = True, interval: float = 0.5) -> bool:
+def wait_serving(base_url: str, api_key: str | None, deadline_s: float, *, verify: Any = True, interval: float = 0.5,
+                 host_header: str | None = None) -> bool:
     """Poll an authenticated ``GET /v1/models`` on fresh connections until it answers 200.
 
     After ``nginx -s reload`` the master starts new workers asynchronously; until they run, the
@@ -350,7 +358,7 @@ def wait_serving(base_url: str, api_key: str | None, deadline_s: float, *, verif
     only an authenticated request shows that the new configuration is live. Returns whether it
     got there; the checks that follow report what is wrong when it did not.
     """
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    headers = {**({"Authorization": f"Bearer {api_key}"} if api_key else {}), **({"Host": host_header} if host_header else {})}
     t0 = time.monotonic()
     while time.monotonic() - t0 < deadline_s:
         try:

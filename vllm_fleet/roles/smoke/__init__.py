@@ -40,6 +40,14 @@ def endpoint(spec: dict[str, Any], address: str) -> str:
     return f"http://{address}:{srv['port']}"
 
 
+def host_header_for(spec: dict[str, Any]) -> str | None:
+    """The ``Host`` the smoke tests send through the proxy: ``proxy.server_name`` when it is a
+    name (not ``_``), else none (the URL's own host)."""
+    prx = spec["proxy"]
+    name = prx.get("server_name", "_")
+    return name if prx["enabled"] and name != "_" else None
+
+
 def _direct_stream(python: str, spec: dict[str, Any], timeout: float, port: int):
     """A ``direct_stream`` for vllm_fleet.smoke: the streamed chat straight from vLLM on this host."""
     from vllm_fleet import render
@@ -68,16 +76,21 @@ def _run(spec: dict[str, Any], base_url: str, api_key: str | None, timeout: floa
 
     sm = spec["smoke"]
     verify = False if spec["proxy"]["tls"]["self_signed"] else True
+    # several deployments may share one nginx port, told apart by proxy.server_name: the URL
+    # names the host's address, so the name goes in the Host header (else nginx answers with
+    # the port's default site, another deployment's)
+    host_header = host_header_for(spec)
     # nginx reloads gracefully: old workers finish with the old config for a moment. Wait until
     # the endpoint answers /health (fresh connections) before judging it.
-    wait_healthy(f"{base_url}/health", deadline_s=30, verify=verify, interval=0.5)
+    wait_healthy(f"{base_url}/health", deadline_s=30, verify=verify, interval=0.5, host_header=host_header)
     # /health answers on old and new nginx workers alike: wait until the key is accepted (the new
     # site is live) before judging; a real auth problem still fails the checks below.
-    wait_serving(base_url, api_key, deadline_s=30, verify=verify)
+    wait_serving(base_url, api_key, deadline_s=30, verify=verify, host_header=host_header)
     res = check_smoke(base_url, spec["model"]["served_name"], api_key, prompt=sm["prompt"], max_tokens=sm["max_tokens"],
                       concurrency=sm["concurrency"], expect_auth=bool(api_key) and spec["proxy"]["auth"] != "none",
                       verify=verify, timeout=timeout, stream_tokens=stream_tokens,
-                      direct_stream=_direct_stream(direct_python, spec, timeout, direct_port or spec["server"]["port"]) if direct_python else None)
+                      direct_stream=_direct_stream(direct_python, spec, timeout, direct_port or spec["server"]["port"]) if direct_python else None,
+                      host_header=host_header)
     logger.info(res.summary())
     key_ref = spec["server"].get("api_key") or {}
     settings = {"base_url": f"{base_url}/v1", "model": spec["model"]["served_name"],
