@@ -159,11 +159,27 @@ def _read_stream(proc: subprocess.Popen, got: dict) -> None:
     proc.wait()
 
 
+# Runs on the host: poll vLLM's own gauge there every 50 ms and restart the unit as soon as every
+# stream's request is running (30 s at most; a request that reaches vLLM after SIGTERM is refused,
+# as it should be, so the restart waits for all of them). From the control machine each poll was an ssh round trip,
+# slower under CI's load than the tiny model's whole 480-token generation (~2 s): CI saw the
+# streams end ~30 s before SIGTERM in 3 attempts of 3.
+_WATCH_AND_RESTART = (
+    "echo watching; for i in $(seq 600); do "
+    "n=$(curl -s --max-time 1 http://127.0.0.1:8000/metrics | awk '/^vllm:num_requests_running/ {s+=$NF} END {printf \"%d\", s}'); "
+    "[ \"${n:-0}\" -ge STREAMS ] && break; sleep 0.05; done; echo \"running=${n:-0}\"; systemctl restart UNIT")
+
+
 def _drain_attempt(server, unit: str, streams: int = 4) -> tuple[list[dict], list[float], str]:
     body = json.dumps({"model": "tiny", "messages": [{"role": "user", "content": "count"}], "max_tokens": 480,
                        "stream": True, "ignore_eos": True})
     since = time.time() - 1
     got: list[dict] = [{} for _ in range(streams)]
+    # Restart once vLLM itself has all the requests running (its own gauge, read on the host), not
+    # on the client's events: the CPU build may send a whole generation in one burst.
+    watcher = subprocess.Popen([*server.ssh_argv("root"), _WATCH_AND_RESTART.replace("UNIT", unit).replace("STREAMS", str(streams))],
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert watcher.stdout.readline().strip() == "watching", "the restart watcher did not start on the host"
     procs, readers = [], []
     for g in got:
         proc = subprocess.Popen(["curl", "-sN", "--max-time", "300", "-H", f"Authorization: Bearer {api_key()}",
@@ -172,16 +188,8 @@ def _drain_attempt(server, unit: str, streams: int = 4) -> tuple[list[dict], lis
         procs.append(proc)
         readers.append(threading.Thread(target=_read_stream, args=(proc, g), daemon=True))
         readers[-1].start()
-    # Restart once vLLM itself has the requests running (its own gauge), not on the client's
-    # events: the CPU build may send a whole generation in one burst.
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < 30:
-        m = server.ssh("curl -s http://127.0.0.1:8000/metrics | grep -E '^vllm:num_requests_running' || true", user="root").stdout
-        if sum(float(x.split()[-1]) for x in m.splitlines() if x.strip()) >= 1:
-            break
-        time.sleep(0.1)
-    restart = subprocess.run([*server.ssh_argv("root"), f"systemctl restart {unit}"], capture_output=True, text=True, timeout=300)
-    assert restart.returncode == 0, restart.stdout + restart.stderr
+    out, _ = watcher.communicate(timeout=300)
+    assert watcher.returncode == 0, out
     for r in readers:
         r.join(timeout=300)
     journal = server.ssh(f"journalctl -u {unit} -o short-unix --no-pager --since @{since:.0f}", user="root").stdout
