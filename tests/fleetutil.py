@@ -30,3 +30,29 @@ def require_vllm_venv():
             pytest.fail(msg + " and VLLM_FLEET_REQUIRE_VLLM is set")
         pytest.skip(msg)
     return vllmcpu.venv_python()
+
+
+_MODEL_DEPLOY = """
+import json, sys
+sys.path.insert(0, {repo!r})
+from vllm_fleet.roles.model import install_model
+install_model(spec=json.load(open({spec!r})))
+"""
+
+
+def write_model_deploy(tmp_path: Path, spec: dict) -> None:
+    """A pyinfra deploy file in ``tmp_path`` that runs the model role with ``spec`` (tests of the
+    model role through pyinfra's @local connector, for real)."""
+    import json
+
+    (tmp_path / "spec.json").write_text(json.dumps(spec))
+    (tmp_path / "deploy.py").write_text(_MODEL_DEPLOY.format(repo=str(REPO), spec=str(tmp_path / "spec.json")))
+
+
+def pyinfra_local(tmp_path: Path, *extra: str, yes: bool = True) -> subprocess.CompletedProcess:
+    """``pyinfra [-y] EXTRA @local tmp_path/deploy.py``. -y also turns pyinfra's change detection
+    off (a --dry --json plan then shows no change whatever the state), so a plan is asked for
+    with ``yes=False``."""
+    exe = Path(sys.executable).parent / "pyinfra"
+    return subprocess.run([str(exe), *(["-y"] if yes else []), *extra, "@local", str(tmp_path / "deploy.py")],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=300)

@@ -30,7 +30,7 @@ from vllm_fleet.spec import load, resolve
 from vllm_fleet.tinymodel import DEFAULT_OUT
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from fleetutil import require_vllm_venv  # noqa: E402
+from fleetutil import pyinfra_local, require_vllm_venv, write_model_deploy  # noqa: E402
 from hubstandin import StandInHub  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
@@ -322,20 +322,6 @@ def test_with_huggingface_hub_the_same_cache(hub, tmp_path):
 
 # -------------------------------------------------------------- a deploy for real with @local
 
-DEPLOY = """
-import json, sys
-sys.path.insert(0, {repo!r})
-from vllm_fleet.roles.model import install_model
-install_model(spec=json.load(open({spec!r})))
-"""
-
-
-def _pyinfra(tmp_path, *extra, yes=True):
-    exe = Path(sys.executable).parent / "pyinfra"
-    return subprocess.run([str(exe), *(["-y"] if yes else []), *extra, "@local", str(tmp_path / "deploy.py")],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=300)
-
-
 def test_deploy_for_real_with_local_connector(hub, tmp_path, monkeypatch):
     """pyinfra @local into a temporary directory: the files land intact (the system's sha256sum),
     the marker is written; a second deploy asks the hub nothing and plans no change; a hub the
@@ -344,10 +330,9 @@ def test_deploy_for_real_with_local_connector(hub, tmp_path, monkeypatch):
     dest = tmp_path / "host" / "model"
     spec = fleet_spec(path=str(dest))
     spec["server"]["user"] = "root"  # a user this machine has
-    (tmp_path / "spec.json").write_text(json.dumps(spec))
-    (tmp_path / "deploy.py").write_text(DEPLOY.format(repo=str(REPO), spec=str(tmp_path / "spec.json")))
+    write_model_deploy(tmp_path, spec)
 
-    first = _pyinfra(tmp_path)
+    first = pyinfra_local(tmp_path)
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
     check = subprocess.run(["sha256sum", "--strict", "-c", "MANIFEST.sha256"], cwd=dest, capture_output=True, text=True)
     assert check.returncode == 0 and check.stdout.count(": OK") == len(WANTED), check.stdout + check.stderr
@@ -355,7 +340,7 @@ def test_deploy_for_real_with_local_connector(hub, tmp_path, monkeypatch):
     assert not (dest / "original").exists()
     asked = len(h.requests)
 
-    dry = _pyinfra(tmp_path, "--dry", "--json", yes=False)
+    dry = pyinfra_local(tmp_path, "--dry", "--json", yes=False)
     assert dry.returncode == 0, dry.stderr[-3000:]
     changing = [op["name"] for op in json.loads(dry.stdout)["plan"]
                 if op["hosts_with_change"] or op["hosts_with_conditional_change"]]
@@ -366,7 +351,7 @@ def test_deploy_for_real_with_local_connector(hub, tmp_path, monkeypatch):
     (tmp_path / "spec.json").write_text(json.dumps(spec))
     monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")
     before = {p: p.stat().st_mtime_ns for p in dest.rglob("*")}
-    third = _pyinfra(tmp_path)
+    third = pyinfra_local(tmp_path)
     out = third.stdout + third.stderr
     assert third.returncode != 0 and "cannot reach the hub at http://127.0.0.1:9" in out and \
         "model.hub_fetch: host" in out, out[-3000:]

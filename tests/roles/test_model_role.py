@@ -21,7 +21,7 @@ from vllm_fleet.roles.model.facts import FileSizes, FreeBytes
 from vllm_fleet.spec import load, resolve
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from fleetutil import require_vllm_venv  # noqa: E402
+from fleetutil import pyinfra_local, require_vllm_venv, write_model_deploy  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 TOKEN = "hf_" + "s3cr3t" * 5
@@ -329,22 +329,6 @@ def test_none_missing_names_the_host(harness):
 
 # --------------------------------------------------------------- upload for real with @local
 
-DEPLOY = """
-import json, sys
-sys.path.insert(0, {repo!r})
-from vllm_fleet.roles.model import install_model
-install_model(spec=json.load(open({spec!r})))
-"""
-
-
-def _pyinfra(tmp_path, *extra, yes=True):
-    # -y also turns pyinfra's change detection off (a --dry --json plan then shows no change
-    # whatever the state), so the plan is asked for without it
-    exe = Path(sys.executable).parent / "pyinfra"
-    return subprocess.run([str(exe), *(["-y"] if yes else []), *extra, "@local", str(tmp_path / "deploy.py")],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=300)
-
-
 def test_upload_for_real_with_local_connector(tmp_path):
     local = tmp_path / "local-model"
     (local / "sub").mkdir(parents=True)
@@ -354,10 +338,9 @@ def test_upload_for_real_with_local_connector(tmp_path):
     dest = tmp_path / "host" / "model"
     spec = lab_spec(local_dir=str(local), path=str(dest))
     spec["server"]["user"] = "root"  # a user this machine has
-    (tmp_path / "spec.json").write_text(json.dumps(spec))
-    (tmp_path / "deploy.py").write_text(DEPLOY.format(repo=str(REPO), spec=str(tmp_path / "spec.json")))
+    write_model_deploy(tmp_path, spec)
 
-    first = _pyinfra(tmp_path)
+    first = pyinfra_local(tmp_path)
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
     check = subprocess.run(["sha256sum", "--strict", "-c", "MANIFEST.sha256"], cwd=dest,
                            capture_output=True, text=True)
@@ -369,13 +352,13 @@ def test_upload_for_real_with_local_connector(tmp_path):
     # a corrupted weight file and a stale shard on the host are both repaired
     (dest / "model.safetensors").write_bytes(b"corrupt")
     (dest / "model-00002-of-00002.safetensors").write_bytes(b"stale")
-    second = _pyinfra(tmp_path)
+    second = pyinfra_local(tmp_path)
     assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
     assert (dest / "model.safetensors").read_bytes() == (local / "model.safetensors").read_bytes()
     assert not (dest / "model-00002-of-00002.safetensors").exists()
 
     # converged: the plan of a third deploy changes nothing
-    dry = _pyinfra(tmp_path, "--dry", "--json", yes=False)
+    dry = pyinfra_local(tmp_path, "--dry", "--json", yes=False)
     assert dry.returncode == 0, dry.stderr[-3000:]
     plan = json.loads(dry.stdout)["plan"]
     changing = [op["name"].split(" | ")[-1] for op in plan
@@ -383,7 +366,7 @@ def test_upload_for_real_with_local_connector(tmp_path):
     assert changing == []
     # the same plan sees a change when there is one
     (dest / "config.json").write_text("{}")
-    dry = _pyinfra(tmp_path, "--dry", "--json", yes=False)
+    dry = pyinfra_local(tmp_path, "--dry", "--json", yes=False)
     changing = [op["name"].split(" | ")[-1] for op in json.loads(dry.stdout)["plan"]
                 if op["hosts_with_change"] or op["hosts_with_conditional_change"]]
     assert changing == ["Model file config.json", "Verify the model against MANIFEST.sha256 (as root)"]
