@@ -269,7 +269,7 @@ def ensure(repo: str, revision: str, *, token: str | None = None, ignore: list[s
     ignore = sorted(ignore)
     ep = endpoint(endpoint_url)
     # every host of a deploy calls this: the first resolves and fills, the others wait and reuse
-    with wh._lock(f"hub:{root}:{ep}:{repo}@{revision}:{ignore}"):
+    with wh.named_lock(f"hub:{root}:{ep}:{repo}@{revision}:{ignore}"):
         memo = (str(root), ep, repo, revision, tuple(ignore))
         if memo not in _resolved or not (_resolved[memo] / COMPLETE_MARKER).exists():
             _resolved[memo] = _ensure(repo, revision, token, ignore, ep, root, log, use_library)

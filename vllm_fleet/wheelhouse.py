@@ -58,7 +58,9 @@ _locks: dict[str, threading.Lock] = {}
 _locks_guard: list[threading.Lock] = []
 
 
-def _lock(name: str) -> threading.Lock:
+def named_lock(name: str) -> threading.Lock:
+    """One lock per name for this deploy process (pyinfra's host greenlets and threads alike):
+    what fills a cache once while every host waits (the wheelhouse, vllm_fleet.hubcache)."""
     if not _locks_guard:
         _locks_guard.append(threading.Lock())
     with _locks_guard[0]:
@@ -119,7 +121,7 @@ def fill_once(root: Path, k: str, fill) -> Path:
     if (dest / COMPLETE_MARKER).exists():
         return dest
     root.mkdir(parents=True, exist_ok=True)
-    with _lock(f"ensure:{dest}"), open(root / f".{k}.lock", "w") as lock:
+    with named_lock(f"ensure:{dest}"), open(root / f".{k}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if (dest / COMPLETE_MARKER).exists():
             return dest
@@ -179,7 +181,7 @@ def serve(directory: Path, address: str) -> int:
     """Serve ``directory`` (read-only, listings included) on ``address`` at a free port for the
     rest of this process; returns the port. One server per (directory, address), stopped by PID
     when this process exits (and it stops itself when its parent is gone)."""
-    with _lock(f"serve:{directory}:{address}"):
+    with named_lock(f"serve:{directory}:{address}"):
         return _serve(directory, address)
 
 
