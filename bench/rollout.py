@@ -7,7 +7,7 @@ were served and failed during it. Prints JSON and a short table.
 Needs the lab up with the replicas deployed from --spec (`pyinfra -y inventory/lab.py
 deploys/serve.py` with VLLM_FLEET_SPEC and VLLM_FLEET_LAB_SERVERS; --deploy does it first).
 The update changes engine.max_num_seqs (16 <-> 12, read from what runs now: a second run goes
-back) so that every replica restarts; the load is vllm_fleet.loadgen (bounded threads, plain and
+back) so that every replica restarts; the load is vllm_fleet.serving.loadgen (bounded threads, plain and
 streamed chats through the proxy, no client retries). The new spec is a temporary copy; the
 committed spec is not changed, so afterwards the fleet runs the copy's setting until the next
 deploy or rollout of --spec.
@@ -31,10 +31,10 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from vllm_fleet.loadgen import LoadGen  # noqa: E402
-from vllm_fleet.rollout import format_table  # noqa: E402,F401
-from vllm_fleet.secrets import read_secret  # noqa: E402
-from vllm_fleet.spec import load, resolve  # noqa: E402
+from vllm_fleet.serving.loadgen import LoadGen  # noqa: E402
+from vllm_fleet.commands.rollout import format_table  # noqa: E402,F401
+from vllm_fleet.render.secrets import read_secret  # noqa: E402
+from vllm_fleet.spec.load import load, resolve  # noqa: E402
 
 
 def main() -> int:
@@ -52,7 +52,7 @@ def main() -> int:
     spec = load(spec_path)
     r = resolve(spec)
     key = read_secret(r["server"]["api_key"], yaml_path="server.api_key", base_dir=spec.base_dir)
-    from vllm_fleet.rollout import server_order
+    from vllm_fleet.commands.rollout import server_order
 
     servers, proxies, hosts = server_order(a.inventory, r)
     proxy = proxies[0] if proxies else servers[0].rsplit(":", 1)[0]

@@ -33,9 +33,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import labbench as lb  # noqa: E402
-from vllm_fleet import render  # noqa: E402
-from vllm_fleet.secrets import read_secret  # noqa: E402
-from vllm_fleet.spec import load, resolve  # noqa: E402
+from vllm_fleet.render import files as render  # noqa: E402
+from vllm_fleet.render.secrets import read_secret  # noqa: E402
+from vllm_fleet.spec.load import load, resolve  # noqa: E402
 
 KEEP = ("completed", "failed", "duration", "total_input_tokens", "total_output_tokens", "request_throughput",
         "output_throughput", "total_token_throughput", "mean_ttft_ms", "p50_ttft_ms", "p90_ttft_ms", "p99_ttft_ms",

@@ -21,11 +21,11 @@ def require_vllm_venv():
     """The vLLM CPU venv's python; skip (or fail under VLLM_FLEET_REQUIRE_VLLM) when not built."""
     import pytest
 
-    from vllm_fleet import vllmcpu
+    from vllm_fleet.lab import vllmcpu
 
     if not vllmcpu.is_built():
         msg = (f"vLLM CPU venv not built at {vllmcpu.venv_dir()} "
-               "(python -m vllm_fleet.vllmcpu ensure)")
+               "(python -m vllm_fleet.lab.vllmcpu ensure)")
         if os.environ.get("VLLM_FLEET_REQUIRE_VLLM"):
             pytest.fail(msg + " and VLLM_FLEET_REQUIRE_VLLM is set")
         pytest.skip(msg)

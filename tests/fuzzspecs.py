@@ -42,7 +42,11 @@ import yaml
 
 from hypothesis import strategies as st
 
-from vllm_fleet import cli, render, spec as specmod
+from vllm_fleet.commands import cli
+
+from vllm_fleet.render import files as render
+
+from vllm_fleet.spec import load as specmod
 
 REPO = Path(__file__).resolve().parent.parent
 BASES = {p.stem: yaml.safe_load(p.read_text()) for p in sorted((REPO / "deployments").glob("*.yaml"))}

@@ -4,7 +4,7 @@
 No model hub is reachable from the test machines; this lets the hub download script run with
 the library vLLM brings (the same version the hosts get) against an endpoint whose answers
 the test controls: a revision that does not exist, a connection cut mid-file, a corrupted file,
-a gated repo. The control machine's fleet hub cache (vllm_fleet/hubcache.py) is tested against it
+a gated repo. The control machine's fleet hub cache (vllm_fleet/fetch/hubcache.py) is tested against it
 too, both with huggingface_hub and with its plain-HTTP path: it answers single byte ranges (a
 resumed file) and counts what it served.
 

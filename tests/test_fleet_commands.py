@@ -18,8 +18,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from vllm_fleet import deploycmd, diff as diffmod, down as downmod, init as initmod
-from vllm_fleet.cli import main
+from vllm_fleet.commands import deploy as deploycmd
+
+from vllm_fleet.commands import diff as diffmod
+
+from vllm_fleet.commands import down as downmod
+
+from vllm_fleet.commands import init as initmod
+from vllm_fleet.commands.cli import main
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -288,8 +294,8 @@ def test_down_with_a_bad_spec_contacts_no_host(tmp_path, capsys):
 
 
 def test_init_writes_a_valid_spec_with_the_schema_hooked_up(tmp_path, capsys):
-    from vllm_fleet.inventory import load_inventory
-    from vllm_fleet.spec import SCHEMA_PATH, load_and_check
+    from vllm_fleet.commands.inventory import load_inventory
+    from vllm_fleet.spec.load import SCHEMA_PATH, load_and_check
 
     assert main(["init", str(tmp_path / "infra")]) == 0
     spec = tmp_path / "infra" / "deployment.yaml"
@@ -311,10 +317,10 @@ def test_init_writes_a_valid_spec_with_the_schema_hooked_up(tmp_path, capsys):
 
 
 def test_the_schema_id_is_its_place_in_the_package():
-    from vllm_fleet.spec import SCHEMA_PATH, schema
+    from vllm_fleet.spec.load import SCHEMA_PATH, schema
 
     sid = schema()["$id"]
-    assert (SCHEMA_PATH.parents[2] / sid).resolve() == SCHEMA_PATH.resolve()
+    assert (SCHEMA_PATH.parents[3] / sid).resolve() == SCHEMA_PATH.resolve()
 
 
 def test_cli_wires_the_commands():

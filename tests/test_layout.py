@@ -1,4 +1,4 @@
-"""The per-host layout (vllm_fleet.layout) and the checks over several specs and an inventory.
+"""The per-host layout (vllm_fleet.render.layout) and the checks over several specs and an inventory.
 
 What a user would check: which units, ports, GPUs and cores each host gets (read back from the
 rendered unit and env files with a shell), what nginx balances over, and that `vllm-fleet
@@ -16,7 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from vllm_fleet import layout as lay, render, spec
+from vllm_fleet.render import layout as lay
+
+from vllm_fleet.render import files as render
+
+from vllm_fleet.spec import load as spec
 
 REPO = Path(__file__).resolve().parent.parent
 

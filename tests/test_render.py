@@ -20,7 +20,11 @@ from pathlib import Path
 
 import pytest
 
-from vllm_fleet import command, render, spec
+from vllm_fleet.render import command
+
+from vllm_fleet.render import files as render
+
+from vllm_fleet.spec import load as spec
 
 REPO = Path(__file__).resolve().parent.parent
 GOLDEN = Path(__file__).resolve().parent / "golden"

@@ -27,7 +27,9 @@ from pathlib import Path
 
 import pytest
 
-from vllm_fleet import render, spec
+from vllm_fleet.render import files as render
+
+from vllm_fleet.spec import load as spec
 
 REPO = Path(__file__).resolve().parent.parent
 DEPLOYMENTS = sorted((REPO / "deployments").glob("*.yaml"))
@@ -318,7 +320,7 @@ def test_smoke_tests_reach_their_own_site_on_a_shared_port(tmp_path):
     """Two deployments on one nginx port, told apart by proxy.server_name (allowed by the
     layout): the smoke tests go to the host's address, so they must send the site's name as
     Host, or nginx answers with the port's default site (the other deployment's model)."""
-    from vllm_fleet import smoke
+    from vllm_fleet.serving import smoke
     from vllm_fleet.roles.smoke import host_header_for
 
     listen = _free_port()

@@ -2,7 +2,7 @@
 
 - batches: sizes, percentages, the order (inventory order; replicas a failed rollout left out
   first), and refusing a batch that would empty the upstream;
-- the orchestration (vllm_fleet.rollout) with pyinfra replaced by a recorder: which step runs on
+- the orchestration (vllm_fleet.commands.rollout) with pyinfra replaced by a recorder: which step runs on
   which hosts with which replicas marked down, stop at the first failed batch, what it prints;
 - a real nginx serving the rendered replicas site in front of fake replicas: least_conn spreads
   the load, a replica marked `down` gets nothing, a refused connect goes to another replica;
@@ -26,9 +26,11 @@ from pathlib import Path
 
 import pytest
 
-from vllm_fleet import render, spec
-from vllm_fleet.loadgen import LoadGen
-from vllm_fleet.rollout import Rollout, RolloutError, batch_size, plan_batches
+from vllm_fleet.render import files as render
+
+from vllm_fleet.spec import load as spec
+from vllm_fleet.serving.loadgen import LoadGen
+from vllm_fleet.commands.rollout import Rollout, RolloutError, batch_size, plan_batches
 
 REPO = Path(__file__).resolve().parent.parent
 SPEC = REPO / "deployments" / "lab-tiny-replicas.yaml"
@@ -147,8 +149,8 @@ def test_cli_dry_prints_batches_and_what_each_would_change(tmp_path, monkeypatch
     hosts here: every file is new); nothing is run."""
     import yaml
 
-    from vllm_fleet import diff as diffmod
-    from vllm_fleet.cli import main
+    from vllm_fleet.commands import diff as diffmod
+    from vllm_fleet.commands.cli import main
 
     inv = _inventory(tmp_path, ["lab1", "lab2", "lab3", "lab4"])
     data = yaml.safe_load(SPEC.read_text())

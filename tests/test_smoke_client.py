@@ -1,4 +1,4 @@
-"""vllm_fleet.smoke.wait_serving against a local HTTP server that plays an nginx mid-reload:
+"""vllm_fleet.serving.smoke.wait_serving against a local HTTP server that plays an nginx mid-reload:
 old workers refuse the key (401) for a while, then the new configuration accepts it."""
 
 import http.server
@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from vllm_fleet.smoke import wait_serving
+from vllm_fleet.serving.smoke import wait_serving
 
 
 def _serve(handler) -> http.server.ThreadingHTTPServer:
@@ -127,7 +127,7 @@ def _sse_server(buffered_attempts: int, group: int = 0, log: list | None = None)
 
 
 def _stream_check(buffered_attempts: int, group: int = 0, direct_stream=None):
-    from vllm_fleet.smoke import run_smoke
+    from vllm_fleet.serving.smoke import run_smoke
 
     srv, streams = _sse_server(buffered_attempts, group)
     try:
@@ -144,7 +144,7 @@ BURST = [0.18] * 66  # the whole generation in one instant, as vLLM's CPU build 
 def test_the_stream_runs_first_and_alone_then_the_rest_at_once_in_a_fixed_report_order():
     """The judged stream meets idle replicas (measured on the lab: after the other checks it met
     replicas still busy-polling); the concurrent chats ask one token each."""
-    from vllm_fleet.smoke import CONCURRENT_TOKENS, run_smoke
+    from vllm_fleet.serving.smoke import CONCURRENT_TOKENS, run_smoke
 
     log: list = []
     srv, _ = _sse_server(buffered_attempts=0, log=log)
@@ -163,7 +163,7 @@ def test_the_stream_runs_first_and_alone_then_the_rest_at_once_in_a_fixed_report
 
 
 def test_a_failing_check_is_named_with_its_url_and_the_others_still_run():
-    from vllm_fleet.smoke import SmokeError, check_smoke
+    from vllm_fleet.serving.smoke import SmokeError, check_smoke
 
     srv, _ = _sse_server(buffered_attempts=0)
     url = f"http://127.0.0.1:{srv.server_port}"
@@ -212,7 +212,7 @@ def test_a_stream_that_arrives_spread_out_never_asks_vllm_directly():
 
 
 def test_warn_is_shown_as_warn_in_the_summary():
-    from vllm_fleet.smoke import SmokeResult, _check
+    from vllm_fleet.serving.smoke import SmokeResult, _check
 
     res = SmokeResult("http://x")
     _check(res, "stream-incremental", True, "inconclusive: ...", warn=True)
@@ -226,7 +226,7 @@ def test_direct_stream_script_reads_the_key_from_the_file_and_times_each_event(t
     import subprocess
     import sys
 
-    from vllm_fleet.smoke import DIRECT_STREAM_PY, is_incremental
+    from vllm_fleet.serving.smoke import DIRECT_STREAM_PY, is_incremental
 
     secrets = tmp_path / "secrets.env"
     secrets.write_text("# comment\nVLLM_API_KEY=k\n")

@@ -2,7 +2,7 @@
 json and the safetensors header format), and served by the real vLLM CPU build with the
 rendered command line and environment of deployments/lab-tiny.yaml.
 
-Needs the vLLM CPU venv (``python -m vllm_fleet.vllmcpu ensure``): skipped when it is missing,
+Needs the vLLM CPU venv (``python -m vllm_fleet.lab.vllmcpu ensure``): skipped when it is missing,
 failed instead when VLLM_FLEET_REQUIRE_VLLM is set (CI).
 """
 
@@ -25,7 +25,9 @@ import pytest
 import requests
 
 from fleetutil import require_vllm_venv
-from vllm_fleet import command, spec, tinymodel
+from vllm_fleet.render import command
+from vllm_fleet.spec import load as spec
+from vllm_fleet.lab import tinymodel
 
 pytestmark = pytest.mark.vllm
 

@@ -12,8 +12,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from vllm_fleet import report, tune
-from vllm_fleet.spec import load, load_and_check
+from vllm_fleet.serving import report
+
+from vllm_fleet.serving import tune
+from vllm_fleet.spec.load import load, load_and_check
 
 REPO = Path(__file__).resolve().parents[1]
 RTX = REPO / "deployments" / "rtx3090-qwen7b-awq-realtime.yaml"
@@ -193,7 +195,7 @@ def test_bench_report_files(tmp_path):
     html = (tmp_path / "report.html").read_text()
     assert html.count("<svg") == 4 and "TTFT (ms)" in html and "TPOT (ms)" in html and "ITL (ms)" in html
     assert "proxy p99" in html and "direct p50" in html and "no GPU: nvidia-smi is not installed" in html
-    from vllm_fleet.benchcmd import format_table
+    from vllm_fleet.commands.bench import format_table
     table = format_table(runs)
     assert table.splitlines()[0].split()[:3] == ["path", "load", "TTFT"] and "c=16" in table
 
@@ -251,7 +253,7 @@ def make_tuner(tmp_path, monkeypatch, **kw):
         steps.append((env["VLLM_FLEET_ROLLOUT_STEP"], env["VLLM_FLEET_UPSTREAM_DOWN"], argv[argv.index("--limit") + 1]))
         return 0, "ok"
 
-    import vllm_fleet.benchcmd as bc
+    import vllm_fleet.commands.bench as bc
     monkeypatch.setattr(bc, "HostSession", FakeSession)
     target = kw.pop("target", {"ttft_p99_ms": 100, "tpot_p99_ms": 2})
     grid = kw.pop("grid", {"max_num_seqs": [4, 8, 16], "gpu_memory_utilization": [0.9, 0.95]})
@@ -363,10 +365,10 @@ proxy = [("lab1", {"ssh_hostname": "10.10.0.11", "ssh_user": "lab"})]
 
 
 def test_fleet_view_replicas_are_layout_instances(tmp_path):
-    from vllm_fleet.benchcmd import targets
-    from vllm_fleet.fleetview import fleet_view
-    from vllm_fleet.inventory import load_inventory
-    from vllm_fleet.spec import load_and_check
+    from vllm_fleet.commands.bench import targets
+    from vllm_fleet.host.fleetview import fleet_view
+    from vllm_fleet.commands.inventory import load_inventory
+    from vllm_fleet.spec.load import load_and_check
 
     (tmp_path / "inv.py").write_text(INV2)
     resolved, _ = load_and_check(str(REPO / "deployments" / "lab-tiny-replicas.yaml"))
@@ -416,7 +418,7 @@ def test_tune_takes_one_instance_out_and_restarts_only_its_unit(tmp_path, monkey
 def test_default_grid_token_budget_differs_from_vllms_own_default():
     """vLLM's API server already runs 8192 batched tokens on an H200 (2048 on a 3090): the grid's
     other value must be another setting, not the same one restarted twice."""
-    from vllm_fleet import catalog
+    from vllm_fleet.spec import catalog
 
     h200, _ = load_and_check(H200)
     assert tune.default_grid(h200, catalog.gpu("h200"))["max_num_batched_tokens"] == [None, 16384]
@@ -445,7 +447,7 @@ def test_sweep_default_probes_find_the_load_of_a_big_gpu(tmp_path, monkeypatch):
 
 
 def test_bench_uses_the_servers_tokenizer():
-    from vllm_fleet.benchcmd import served_tokenizer
+    from vllm_fleet.commands.bench import served_tokenizer
 
     r, _ = load_and_check(H200)  # --tokenizer MODEL/tokenizer in engine.extra_args
     assert served_tokenizer(r) == "/var/lib/vllm-fleet/h200-qwen7b-bf16/model/tokenizer"
@@ -456,8 +458,8 @@ def test_bench_uses_the_servers_tokenizer():
 def test_host_session_on_local_runs_without_ssh(tmp_path):
     """An @local host (pyinfra's local connector: a GPU machine deploying to itself, no sshd) gets
     the host helper through a local shell, for real: its answers come from this machine."""
-    from vllm_fleet.benchcmd import HostSession
-    from vllm_fleet.fleetview import fleet_view
+    from vllm_fleet.commands.bench import HostSession
+    from vllm_fleet.host.fleetview import fleet_view
 
     spec = yaml.safe_load((REPO / "deployments" / "lab-tiny.yaml").read_text())
     spec["install"]["prefix"] = str(tmp_path / "prefix")

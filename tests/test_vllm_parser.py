@@ -1,12 +1,12 @@
 """The rendered vLLM command lines against the real vLLM argument parser (the CPU venv).
 
-Every example spec's argv from :func:`vllm_fleet.command.vllm_argv` is parsed by vLLM's own
+Every example spec's argv from :func:`vllm_fleet.render.command.vllm_argv` is parsed by vLLM's own
 `vllm serve` parser (``make_arg_parser``; ``python -m vllm.entrypoints.openai.api_server`` uses
 the same one), validated, and turned into EngineArgs; the test then checks that vLLM understood
 each flag as the spec meant it. EngineArgs reads the model's config.json, so the spec's model
 path (a host path) is replaced by the locally built tiny model; the flags stay as rendered.
 
-Needs the vLLM CPU venv (``python -m vllm_fleet.vllmcpu ensure``): skipped when it is missing,
+Needs the vLLM CPU venv (``python -m vllm_fleet.lab.vllmcpu ensure``): skipped when it is missing,
 failed instead when VLLM_FLEET_REQUIRE_VLLM is set (CI).
 """
 
@@ -19,7 +19,10 @@ from pathlib import Path
 import pytest
 
 from fleetutil import require_vllm_venv
-from vllm_fleet import command, spec, vllmcpu, tinymodel
+from vllm_fleet.render import command
+from vllm_fleet.spec import load as spec
+from vllm_fleet.lab import vllmcpu
+from vllm_fleet.lab import tinymodel
 
 pytestmark = pytest.mark.vllm
 

@@ -1,4 +1,4 @@
 import sys
-from .cli import main
+from vllm_fleet.commands.cli import main
 
 sys.exit(main())

@@ -24,7 +24,8 @@ from vllm_fleet.roles.common import load_deploy_spec, put_rendered, rendered_for
 from vllm_fleet.roles.model import install_model
 from vllm_fleet.roles.pyenv import service_dirs
 from vllm_fleet.roles.vllm import install_vllm
-from vllm_fleet import command, render
+from vllm_fleet.render import command
+from vllm_fleet.render import files as render
 
 ctx = load_deploy_spec()
 spec = ctx["spec"]

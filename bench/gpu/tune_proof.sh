@@ -56,7 +56,7 @@ systemd_pid() {  # the namespace's PID 1 (the child of `unshare`), started once 
 ns() { if [ -n "$LOCAL" ]; then "$@"; else nsenter -t "$SD" -a "$@"; fi; }
 in_root() { ns sh -c "cd '$ROOT' && $*"; }
 spec_field() { (cd "$ROOT" && $PY -c "
-from vllm_fleet.spec import load_and_check; r, _ = load_and_check('$1')
+from vllm_fleet.spec.load import load_and_check; r, _ = load_and_check('$1')
 print(r['name'], r['install']['prefix'], r['model']['path'], r['model']['architecture'])"); }
 
 case "$what" in

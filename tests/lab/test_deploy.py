@@ -266,7 +266,7 @@ def test_second_deploy_changes_nothing(server):
     total = grand_total(r.out)
     assert total["changed"] == "-" and total["error"] == "-", (changed_ops(r.out), total)
     # the smoke tests still ran; WARN: vLLM's CPU build sent its streams in one burst straight
-    # from the host too, so the proxy could not be judged (vllm_fleet.smoke.judge_stream)
+    # from the host too, so the proxy could not be judged (vllm_fleet.serving.smoke.judge_stream)
     assert re.search(r"(PASS|WARN)  stream-incremental", r.out), r.out[-3000:]
 
 

@@ -160,7 +160,7 @@ def test_metrics_through_nginx_only_for_the_allow_list(monitored):
 
 
 def test_dashboard_series_exist_in_the_live_endpoint(monitored):
-    from vllm_fleet.monitoring import dashboard_queries, vllm_series
+    from vllm_fleet.render.monitoring import dashboard_queries, vllm_series
 
     live = monitored["host"].ssh("curl -s --max-time 10 http://127.0.0.1:8000/metrics", user="root").stdout
     exported = {line.split("{")[0].split(" ")[0] for line in live.splitlines() if line and not line.startswith("#")}

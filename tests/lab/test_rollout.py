@@ -175,7 +175,7 @@ def fleet(lab_hosts, tmp_path_factory):
 
 @pytest.fixture()
 def load(fleet):
-    from vllm_fleet.loadgen import LoadGen
+    from vllm_fleet.serving.loadgen import LoadGen
 
     # Continuous but bounded: 2 threads, at most 1 request a second in all (the lab's hosts share
     # the machine's 2 cores; docs/rollout.md).

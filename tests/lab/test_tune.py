@@ -8,7 +8,7 @@ max_num_seqs 4/8/16 x prefix caching on/off (6 points, each a restart) plus gpu_
 skipped with that reason. Kept short for CI: enforce-eager restarts, 32-token prompts, 16 output
 tokens, at most 2 probes per point.
 
-Checked with independent readers: while the tune runs a load generator (vllm_fleet.loadgen)
+Checked with independent readers: while the tune runs a load generator (vllm_fleet.serving.loadgen)
 through nginx sees zero failed requests; afterwards nginx's site on lab1 has no `down` (ssh cat),
 lab2's running vLLM has its own command line again (/proc/PID/cmdline over ssh) and takes requests
 through the proxy again (its own /metrics counter grows); report.html and overlay.yaml exist, the
@@ -50,7 +50,7 @@ ENV_DIR = "/opt/vllm-fleet/lab-tiny/env"
 SITE = "/etc/nginx/conf.d/vllm-fleet-lab-tiny.conf"
 KEY_FILE = Path(os.path.expanduser("~/.config/vllm-fleet/lab-tiny.key"))
 SERVERS = "lab1,lab2"
-UNIT = "vllm-lab-tiny-0.service"  # instance 0 of deployment lab-tiny on each host (vllm_fleet.layout.unit_name)
+UNIT = "vllm-lab-tiny-0.service"  # instance 0 of deployment lab-tiny on each host (vllm_fleet.render.layout.unit_name)
 INSTANCE = "lab2:0"
 GRID = "max_num_seqs=4,8,16;enable_prefix_caching=true,false;gpu_memory_utilization=0.9,0.95"
 TARGET = "ttft_p99_ms=5000,tpot_p99_ms=500"
@@ -142,7 +142,7 @@ def test_bench_through_the_proxy_and_direct(fleet):
 
 
 def test_tune_sweeps_one_replica_while_the_other_serves(fleet):
-    from vllm_fleet.loadgen import LoadGen
+    from vllm_fleet.serving.loadgen import LoadGen
 
     lab1, lab2 = fleet["hosts"]
     out = fleet["tmp"] / "out"

@@ -8,7 +8,7 @@ from pyinfra.api import deploy
 from pyinfra.facts.files import File, Sha256File
 
 from vllm_fleet.roles.common import put_rendered
-from vllm_fleet.render import RenderedFile
+from vllm_fleet.render.files import RenderedFile
 
 UNIT = "/etc/systemd/system/vllm.service"
 ENV = "/etc/vllm-fleet/x/vllm.env"

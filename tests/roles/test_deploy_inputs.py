@@ -2,7 +2,7 @@
 
 - the spec: data `vllm_fleet_spec` (--data, host, group), else $VLLM_FLEET_SPEC, else the lab's
   own for the lab inventory only; none: a message saying how; `spec=` (a typo) is an error;
-- every secret of the spec (vllm_fleet.secrets.SPEC_SECRETS) is read; a `generate: true` key file
+- every secret of the spec (vllm_fleet.render.secrets.SPEC_SECRETS) is read; a `generate: true` key file
   that is missing is NOT written while planning (pyinfra --dry writes nothing here), only by the
   deploy's first operation when it executes;
 - the TLS certificate and key from the control machine reach the host (the key was written empty).
@@ -63,7 +63,7 @@ def _plan_nginx():
 
 
 def test_spec_source_order_and_messages():
-    from vllm_fleet.specsource import SpecSourceError, spec_source
+    from vllm_fleet.spec.source import SpecSourceError, spec_source
 
     assert spec_source({"vllm_fleet_spec": "a.yaml"}, "h", env={"VLLM_FLEET_SPEC": "b.yaml"}) == ("a.yaml", "data vllm_fleet_spec")
     assert spec_source({}, "h", env={"VLLM_FLEET_SPEC": "b.yaml"})[0] == "b.yaml"
@@ -130,8 +130,8 @@ def test_every_secret_of_the_spec_is_in_the_one_list():
     """Every `$ref: #/$defs/secret` in the schema is in SPEC_SECRETS (a new one cannot be missed)."""
     import json
 
-    from vllm_fleet.secrets import SPEC_SECRETS
-    from vllm_fleet.spec import SCHEMA_PATH
+    from vllm_fleet.render.secrets import SPEC_SECRETS
+    from vllm_fleet.spec.load import SCHEMA_PATH
 
     found = []
 
@@ -186,7 +186,7 @@ def test_a_tls_key_that_is_not_pem_stops_the_deploy(harness, tmp_path):
 
 def test_the_checkout_spec_dir_is_not_needed(tmp_path, monkeypatch):
     """A spec outside the checkout works from another directory (nothing is relative to the checkout)."""
-    from vllm_fleet.spec import load_and_check
+    from vllm_fleet.spec.load import load_and_check
 
     spec = _spec(tmp_path)
     shutil.copy(spec, tmp_path / "copy.yaml")

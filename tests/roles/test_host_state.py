@@ -96,8 +96,8 @@ def test_queries_merge_without_repeats():
 
 
 def _lab(replicas: bool = False):
-    from vllm_fleet.layout import build
-    from vllm_fleet.spec import load, resolve
+    from vllm_fleet.render.layout import build
+    from vllm_fleet.spec.load import load, resolve
 
     spec = resolve(load(REPO / "deployments" / "lab-tiny.yaml"))
     layout = build([spec], copy.deepcopy({"testhost": {"address": "10.10.0.11", "groups": ["servers", "proxy"], "data": {}}}))
@@ -108,9 +108,9 @@ def _lab(replicas: bool = False):
 def converged_lines(spec, h, node, api_key: str, *, drift: str | None = None) -> list[str]:
     """host_state.sh's output for a host where the service and nginx roles' state is in place
     (``drift``: one path whose content differs)."""
-    from vllm_fleet import render
+    from vllm_fleet.render import files as render
     from vllm_fleet.roles.service import applied_token
-    from vllm_fleet.secrets import host_secret_files
+    from vllm_fleet.render.secrets import host_secret_files
 
     files = {p: (f.content, f.owner, f.group, f"{f.mode:o}") for p, f in h.files.items()}
     for p, text in host_secret_files(spec, {"api_key": api_key}).items():

@@ -1,5 +1,5 @@
 """``model.transfer: hub`` with ``model.hub_fetch: fleet``: the control machine downloads the
-repository once (vllm_fleet/hubcache.py) and every host gets the files as ``upload`` sends them.
+repository once (vllm_fleet/fetch/hubcache.py) and every host gets the files as ``upload`` sends them.
 
 No model hub is reachable here: a stand-in hub (tests/hubstandin.py, a loopback HTTP server)
 serves the lab's tiny model (``vllm-fleet tiny-model``'s directory when it was built, else
@@ -23,11 +23,11 @@ import pytest
 from pyinfra.api.exceptions import DeployError
 from pyinfra.facts.files import Directory, File, FileContents, FindFiles
 
-from vllm_fleet import hubcache
+from vllm_fleet.fetch import hubcache
 from vllm_fleet.roles.model import install_model
 from vllm_fleet.roles.model.facts import FileSizes, FreeBytes
-from vllm_fleet.spec import load, resolve
-from vllm_fleet.tinymodel import DEFAULT_OUT
+from vllm_fleet.spec.load import load, resolve
+from vllm_fleet.lab.tinymodel import DEFAULT_OUT
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from fleetutil import pyinfra_local, require_vllm_venv, write_model_deploy  # noqa: E402
@@ -288,7 +288,7 @@ def test_model_hub_env_endpoint_wins(harness, hub, monkeypatch):
 
 FILL = """
 import json, sys
-from vllm_fleet import hubcache
+from vllm_fleet.fetch import hubcache
 d = hubcache.ensure(sys.argv[1], sys.argv[2], ignore=json.loads(sys.argv[3]), use_library=True)
 print(json.dumps({"dir": str(d), **hubcache.info(d)}))
 """

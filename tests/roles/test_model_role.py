@@ -18,7 +18,7 @@ from pyinfra.facts.files import Directory, File, FileContents, FindFiles, Md5Fil
 
 from vllm_fleet.roles.model import ModelMissing, NoSpace, install_model
 from vllm_fleet.roles.model.facts import FileSizes, FreeBytes
-from vllm_fleet.spec import load, resolve
+from vllm_fleet.spec.load import load, resolve
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from fleetutil import pyinfra_local, require_vllm_venv, write_model_deploy  # noqa: E402

@@ -14,8 +14,9 @@ from pyinfra.facts.files import File
 from pyinfra.facts.server import Which
 
 from vllm_fleet.roles.monitoring import install_monitoring
-from vllm_fleet import monitoring, render
-from vllm_fleet.spec import load, resolve
+from vllm_fleet.render import monitoring
+from vllm_fleet.render import files as render
+from vllm_fleet.spec.load import load, resolve
 
 REPO = Path(__file__).resolve().parents[2]
 LAB = {"testhost": {"address": "10.10.0.11", "groups": ["servers", "proxy", "monitoring"], "data": {"private_address": "10.10.0.11"}}}

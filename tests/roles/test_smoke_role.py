@@ -15,7 +15,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def _spec():
-    from vllm_fleet.spec import load, resolve
+    from vllm_fleet.spec.load import load, resolve
 
     return resolve(load(REPO / "deployments" / "lab-tiny.yaml"))
 
@@ -39,7 +39,7 @@ def role(monkeypatch):
 
 
 def test_a_failing_smoke_test_fails_the_host_and_names_it(harness, role, monkeypatch):
-    from vllm_fleet.smoke import SmokeError
+    from vllm_fleet.serving.smoke import SmokeError
 
     def failing(*args, **kwargs):
         raise SmokeError("smoke tests failed against http://10.0.0.5:\n  chat: POST /v1/chat/completions -> 502: bad gateway")

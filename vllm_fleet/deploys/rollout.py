@@ -15,7 +15,7 @@ Steps ($VLLM_FLEET_ROLLOUT_STEP):
             vLLM, model, units: the batch's instances restarted when what they run changed, then
             /health; the host's other instances are left running), then each instance's own
             smoke test (on the host, not through the proxy). Nothing of nginx is touched.
-The spec comes from where deploys/serve.py takes it (vllm_fleet/specsource.py); $VLLM_FLEET_DRAIN_TIMEOUT (seconds,
+The spec comes from where deploys/serve.py takes it (vllm_fleet/spec/source.py); $VLLM_FLEET_DRAIN_TIMEOUT (seconds,
 default the spec's rollout.drain_timeout) bounds both waits. Single-node replicas only.
 """
 
@@ -75,7 +75,7 @@ def rollout_step() -> None:
 
         # One read of what the server part compares against; it then creates operations only
         # where this host differs (deploys/serve.py does the same). Safe here because each step
-        # is its own pyinfra run (vllm_fleet.rollout): the next batch reads the host afresh, and an
+        # is its own pyinfra run (vllm_fleet.commands.rollout): the next batch reads the host afresh, and an
         # instance whose inputs an earlier batch already changed restarts on its applied token.
         load_host_state(update_query(spec, node, rendered))
         for inst in mine:

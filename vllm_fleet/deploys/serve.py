@@ -5,16 +5,16 @@
 
 The specs come from pyinfra data `vllm_fleet_spec` (`--data`, host or group data: each group
 may have its own; a path or a list), else $VLLM_FLEET_SPEC (paths separated by `:`); only the
-lab inventory falls back to deployments/lab-tiny.yaml (vllm_fleet/specsource.py). They are
+lab inventory falls back to deployments/lab-tiny.yaml (vllm_fleet/spec/source.py). They are
 validated (schema, semantic and hardware checks), their secrets read
-(vllm_fleet.secrets.SPEC_SECRETS) and the fleet's layout (vllm_fleet.layout: which host runs
+(vllm_fleet.render.secrets.SPEC_SECRETS) and the fleet's layout (vllm_fleet.render.layout: which host runs
 which instances, Ray nodes, nginx, monitoring, and every file each gets) built once, before any
 operation exists: a bad spec or a layout that does not fit stops here and no host is changed.
 A secret file to generate is written on the control machine only when the deploy executes (not
 with --dry). `vllm-fleet deploy` does the same checks before pyinfra connects to any host. Runs
 from any directory (vllm_fleet.roles is part of the installed package).
 
-What each host does comes from the layout only (its groups mean what vllm_fleet.layout says):
+What each host does comes from the layout only (its groups mean what vllm_fleet.render.layout says):
 per deployment on the host, in spec order: the install stack (driver, user and dirs, env, vLLM,
 model), its Ray node (multi-node `ray` specs: head, then workers, then the cluster wait), its
 vLLM instances (one unit per replica; an older release's vllm.service of the deployment is
@@ -24,8 +24,8 @@ A host with no part is left alone.
 
 from pyinfra import host
 
-from vllm_fleet import monitoring as _monitoring
-from vllm_fleet.layout import SERVICE_PARTS
+from vllm_fleet.render import monitoring as _monitoring
+from vllm_fleet.render.layout import SERVICE_PARTS
 from vllm_fleet.roles.common import host_layout, load_deploy_spec, preflight, write_generated_secrets
 from vllm_fleet.roles.common.state import Query, load_host_state
 

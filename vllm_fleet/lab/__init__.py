@@ -11,7 +11,7 @@ import json
 import sys
 from typing import Sequence
 
-from .nspawn import LabConfig, LabError, down, format_hosts, status, up
+from vllm_fleet.lab.nspawn import LabConfig, LabError, down, format_hosts, status, up
 
 __all__ = ["LabConfig", "LabError", "add_cli", "main", "up", "down", "status"]
 

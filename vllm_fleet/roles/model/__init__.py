@@ -2,7 +2,7 @@
 
 Deploy function
     ``install_model(spec, hub_token=None)``: ``spec`` is the resolved spec dict
-    (``vllm_fleet.spec.load_and_check``); ``hub_token`` the token's value (read on the control
+    (``vllm_fleet.spec.load.load_and_check``); ``hub_token`` the token's value (read on the control
     machine from ``model.hub_token``), or None. Reads ``model.{transfer, hub_fetch, local_dir,
     source, revision, path}``, ``server.user``, ``install.{prefix, config_dir}``; host data in
     ``defaults.DEFAULTS``. Returns the operations whose change must restart vLLM.
@@ -22,7 +22,7 @@ Deploy function
       built, from the same facts ``files.put`` uses: a converged host gets no operation.)
     - ``hub`` with ``model.hub_fetch: fleet`` (the schema's default): the control machine
       downloads ``source`` at ``revision`` once per fleet into its hub cache
-      (:mod:`vllm_fleet.hubcache`: keyed by repo@commit, ``model_hub_ignore`` left out, every
+      (:mod:`vllm_fleet.fetch.hubcache`: keyed by repo@commit, ``model_hub_ignore`` left out, every
       file checked against the hub's size and hash; the token stays there), then the files go
       to the host exactly as for ``upload`` (manifest, ``files.put``, ``sha256sum -c``), after
       which ``model.path/.vllm-fleet-hub`` is written. Skipped, with no hub access, when that
@@ -285,11 +285,11 @@ pathlib.Path(dest, marker).write_text(f"{repo}@{revision}\\n")
 
 
 def _hub_fleet(spec: dict, hub_token: str | None, revision: str, want: str) -> list:
-    """``hub_fetch: fleet``: the control machine's hub cache (filled once, vllm_fleet.hubcache),
+    """``hub_fetch: fleet``: the control machine's hub cache (filled once, vllm_fleet.fetch.hubcache),
     then the files put on this host as ``upload`` does, and the marker written after the check."""
     from pyinfra import logger
 
-    from vllm_fleet import hubcache
+    from vllm_fleet.fetch import hubcache
 
     m = spec["model"]
     try:

@@ -1,6 +1,6 @@
 """Monitoring: node exporter on every host the deploy touches, DCGM exporter on GPU hosts,
 Prometheus (+ the blackbox exporter for /health probes, + Grafana provisioning) on the hosts of
-the `monitoring` group. Every file is rendered by vllm_fleet.monitoring; this role places them,
+the `monitoring` group. Every file is rendered by vllm_fleet.render.monitoring; this role places them,
 installs Debian's packages, validates with promtool and restarts/reloads only on change.
 """
 
@@ -25,7 +25,7 @@ NODE_EXPORTER = "prometheus-node-exporter"
 BLACKBOX = "prometheus-blackbox-exporter"
 DCGM_EXPORTER = "dcgm-exporter"
 GRAFANA = "grafana-server"
-#: The packaged service each monitoring file configures (vllm_fleet.monitoring.paths keys): what
+#: The packaged service each monitoring file configures (vllm_fleet.render.monitoring.paths keys): what
 #: the teardown role stops when it removes a deployment's file (units like DCGM's are rendered).
 SERVICE_OF = {"node_exporter_defaults": NODE_EXPORTER, "prometheus_defaults": PROMETHEUS, "prometheus_config": PROMETHEUS,
               "blackbox_defaults": BLACKBOX, "blackbox_config": BLACKBOX}
@@ -62,7 +62,7 @@ def install_monitoring(spec: dict[str, Any], rendered: dict[str, Any]):
 
         install_monitoring(spec=ctx["spec"], rendered=rendered_for_host(ctx))
     """
-    from vllm_fleet import monitoring
+    from vllm_fleet.render import monitoring
 
     p = monitoring.paths(spec)
     if p["node_exporter_defaults"] in rendered:
@@ -80,7 +80,7 @@ def install_monitoring(spec: dict[str, Any], rendered: dict[str, Any]):
 
 
 def _dcgm(p: dict[str, str], rendered: dict[str, Any]) -> None:
-    from vllm_fleet import monitoring
+    from vllm_fleet.render import monitoring
 
     _apt("NVIDIA DCGM packages", list(host.data.get("monitoring_dcgm_packages")))
     binary = host.data.get("monitoring_dcgm_exporter_binary")

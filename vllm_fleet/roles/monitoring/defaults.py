@@ -1,7 +1,7 @@
 """Defaults of the monitoring role (documented in README.md beside this file).
 
 What is scraped, where things listen and the alert thresholds come from the spec's `monitoring`
-section (rendered by vllm_fleet.monitoring); these are the role's own knobs.
+section (rendered by vllm_fleet.render.monitoring); these are the role's own knobs.
 """
 
 DEFAULTS = {

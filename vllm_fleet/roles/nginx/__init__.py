@@ -41,8 +41,8 @@ def install_nginx(spec: dict[str, Any], rendered: dict[str, Any], api_key: str |
         install_nginx(spec=ctx["spec"], rendered=rendered_for_host(ctx), api_key=ctx["secrets"]["api_key"],
                       tls_key=ctx["secrets"]["tls_key"], tls_certificate=ctx["secrets"]["tls_certificate"])
     """
-    from vllm_fleet import render
-    from vllm_fleet.secrets import host_secret_files
+    from vllm_fleet.render import files as render
+    from vllm_fleet.render.secrets import host_secret_files
 
     prx = spec["proxy"]
     # no apt lists refresh (network) when nginx is installed: roles.common.packages
@@ -92,7 +92,7 @@ def install_nginx(spec: dict[str, Any], rendered: dict[str, Any], api_key: str |
 def state_query(spec: dict[str, Any], rendered: dict[str, Any]) -> Query:
     """What install_nginx compares against (vllm_fleet.roles.common.state): the package, the
     default site, this deployment's site, auth include and TLS files, nginx's unit."""
-    from vllm_fleet import render
+    from vllm_fleet.render import files as render
 
     paths = render.paths(spec)
     files_ = [p for p in rendered if p == paths["nginx_site"]] + [paths["nginx_auth"]]

@@ -1,6 +1,6 @@
 """Defaults of the nginx role (documented in README.md beside this file).
 
-The site itself is rendered from the spec's `proxy` section (vllm_fleet.render); these are the
+The site itself is rendered from the spec's `proxy` section (vllm_fleet.render.files); these are the
 role's own knobs.
 """
 

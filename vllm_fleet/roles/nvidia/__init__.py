@@ -2,7 +2,7 @@
 Ubuntu 22.04 / 24.04 GPU hosts, with the GPUs checked against the spec.
 
 Deploy function
-    ``nvidia(spec)``: ``spec`` is the resolved spec dict (``vllm_fleet.spec.load_and_check``).
+    ``nvidia(spec)``: ``spec`` is the resolved spec dict (``vllm_fleet.spec.load.load_and_check``).
     Reads ``install.accelerator``, ``install.nvidia.{driver_branch, cuda_version, source,
     open_kernel_modules}`` and ``hardware.{gpu, gpus_per_node}``; host data in
     ``defaults.DEFAULTS`` (``nvidia_reboot``, ``nvidia_reboot_timeout``, ...).
@@ -10,7 +10,7 @@ Deploy function
 What it does, decided from facts while the plan is built
     - ``install.accelerator: cpu``: nothing.
     - ``driver_branch`` is a minimum (default: what the pinned vLLM's CUDA needs, see
-      ``vllm_fleet.defaults.VLLM_CUDA``): nvidia-smi answering with that branch or a newer one,
+      ``vllm_fleet.spec.defaults.VLLM_CUDA``): nvidia-smi answering with that branch or a newer one,
       the toolkit installed (or not wanted) and, on NVSwitch boards, the fabric manager present:
       nothing but the GPU check, no reboot.
     - Otherwise, before anything is installed: Secure Boot on (``SecureBoot`` fact) without host
@@ -46,7 +46,7 @@ Failures
 
 Example (deploys/serve.py)::
 
-    from vllm_fleet.spec import load_and_check
+    from vllm_fleet.spec.load import load_and_check
     from vllm_fleet.roles.nvidia import nvidia
 
     spec, _warnings = load_and_check("deployments/rtx3090-qwen7b-awq-realtime.yaml")

@@ -1,7 +1,7 @@
 """The pyenv role: the deployment's Python environment at ``{install.prefix}/env``, and the
 service user with its directories.
 
-Deploy functions (``spec`` is the resolved spec dict from ``vllm_fleet.spec.load_and_check``)
+Deploy functions (``spec`` is the resolved spec dict from ``vllm_fleet.spec.load.load_and_check``)
     ``service_dirs(spec)``: the system user ``server.user`` (no login shell, home =
     the parent of ``install.state_dir`` (/var/lib/vllm-fleet), no home created by useradd) and the directories
     ``install.prefix`` (root:root 0755), ``install.config_dir`` (root:<user> 0750; the service

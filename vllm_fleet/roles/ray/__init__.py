@@ -2,7 +2,7 @@
 
 Deploy function
     ``install_ray(spec, node, layout, rendered, restart_on)``: ``spec`` is the resolved spec,
-    ``node`` this deployment's part of the host's layout (``vllm_fleet.layout``), ``layout``
+    ``node`` this deployment's part of the host's layout (``vllm_fleet.render.layout``), ``layout``
     the fleet's, ``rendered`` this host's rendered files (``roles.common.rendered_for_host``).
     Host data in ``defaults.DEFAULTS`` (``ray_cluster_wait_timeout``, ``ray_version_check``);
     ``socket_ifname``, ``ray_firewall``, ``ray_firewall_allow`` are read by the layout.
@@ -21,7 +21,7 @@ In order (pyinfra runs each operation on every host before the next):
     1. node.env with this node's private address (VLLM_HOST_IP = NODE_IP, what ``ray start
        --node-ip-address`` registers) and GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME; vllm.env; the
        Ray unit; the head's wait-ray-cluster (all as rendered).
-    2. nftables (rendered by the layout): Ray's ports (``vllm_fleet.render.ray_ports``: the GCS
+    2. nftables (rendered by the layout): Ray's ports (``vllm_fleet.render.files.ray_ports``: the GCS
        port, the fixed ports the units pin, the worker port range) dropped from every address but
        the cluster's own private ones (``ray_firewall_allow`` adds more), loaded by
        ``vllm-fleet-ray-firewall.service`` before Ray.
@@ -58,7 +58,8 @@ from pyinfra.operations import files, python, systemd
 from pyinfra.operations.util import any_changed
 
 from vllm_fleet.roles.common import as_root, put_rendered
-from vllm_fleet import command, render
+from vllm_fleet.render import command
+from vllm_fleet.render import files as render
 
 from . import defaults as d
 from .defaults import DEFAULTS
@@ -182,8 +183,8 @@ def install_ray(spec: dict[str, Any], node: Any, layout: Any, rendered: dict[str
     Configure and (re)start this host's Ray node (head or worker) of a ``ray`` multi-node server.
 
     + spec: the resolved deployment spec
-    + node: this deployment's part of the host's layout (``vllm_fleet.layout.Node``; its roles say head or worker)
-    + layout: the fleet's layout (``vllm_fleet.layout.Layout``: the other Ray nodes' private addresses)
+    + node: this deployment's part of the host's layout (``vllm_fleet.render.layout.Node``; its roles say head or worker)
+    + layout: the fleet's layout (``vllm_fleet.render.layout.Layout``: the other Ray nodes' private addresses)
     + rendered: this host's rendered files ({path: RenderedFile}: node.env with the interface, the
       Ray unit, the firewall)
     + restart_on: operations (the vLLM/Ray install) whose change must restart this Ray node

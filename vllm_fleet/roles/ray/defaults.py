@@ -13,14 +13,14 @@ DEFAULTS = {
     # missing node addresses.
     "ray_cluster_wait_timeout": 180,
     # ray_firewall / ray_firewall_allow (host data, read by the layout, which renders the rules;
-    # defaults in vllm_fleet.layout.HOST_DATA_DEFAULTS): Ray's ports only from the cluster's own
+    # defaults in vllm_fleet.render.layout.HOST_DATA_DEFAULTS): Ray's ports only from the cluster's own
     # private addresses (plus these). False: leave the host's firewall alone.
     # Compare Python, Ray and vLLM versions across all Ray nodes before anything (re)starts.
     "ray_version_check": True,
 }
 
 #: The firewall's nftables table, its rules file and the unit that loads it at boot.
-from vllm_fleet.render import RAY_FIREWALL_FILE as FIREWALL_FILE, RAY_FIREWALL_TABLE as FIREWALL_TABLE, RAY_FIREWALL_UNIT as FIREWALL_UNIT  # noqa: E402,F401
+from vllm_fleet.render.files import RAY_FIREWALL_FILE as FIREWALL_FILE, RAY_FIREWALL_TABLE as FIREWALL_TABLE, RAY_FIREWALL_UNIT as FIREWALL_UNIT  # noqa: E402,F401
 SYSTEMD_DIR = "/etc/systemd/system"
 
 #: What the version check compares on every node (distribution names; "python" is the

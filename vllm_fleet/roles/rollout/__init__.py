@@ -45,7 +45,8 @@ from pyinfra.api import deploy
 from pyinfra.operations import python
 
 from vllm_fleet.roles.common import as_root, put_rendered
-from vllm_fleet import command, render
+from vllm_fleet.render import command
+from vllm_fleet.render import files as render
 
 from .defaults import DEFAULTS
 

@@ -19,8 +19,9 @@ from pyinfra.operations.util import any_changed
 
 from vllm_fleet.roles.common import as_root, directory, put_rendered, put_secret, rendered_query, service_running
 from vllm_fleet.roles.common.state import Converged, Query, host_state, pending
-from vllm_fleet import command, render
-from vllm_fleet.layout import LEGACY_UNIT
+from vllm_fleet.render import command
+from vllm_fleet.render import files as render
+from vllm_fleet.render.layout import LEGACY_UNIT
 
 from . import defaults as d
 from .defaults import DEFAULTS
@@ -227,7 +228,7 @@ def install_service(spec: dict[str, Any], node: Any, rendered: dict[str, Any], a
     Install and (re)start this host's vLLM instances of one deployment from the layout.
 
     + spec: the resolved deployment spec
-    + node: this deployment's part of the host's layout (``vllm_fleet.layout.Node``: its instances)
+    + node: this deployment's part of the host's layout (``vllm_fleet.render.layout.Node``: its instances)
     + rendered: this host's rendered files ({path: RenderedFile})
     + api_key: the API key's value (written only to ``{config_dir}/secrets.env``, 0600 root)
     + restart_on: operation results (vLLM install, model) whose change must restart vLLM
@@ -262,7 +263,7 @@ def install_service(spec: dict[str, Any], node: Any, rendered: dict[str, Any], a
     # Everything the units name first, the units last (a kill in between leaves no unit that
     # points at a missing file).
     put = put_rendered(rendered, other + extra)
-    from vllm_fleet.secrets import host_secret_files
+    from vllm_fleet.render.secrets import host_secret_files
 
     secrets_op = put_secret(name="API key (0600, never shown)", path=p["secrets_env"],
                             content=host_secret_files(spec, {"api_key": api_key})[p["secrets_env"]])

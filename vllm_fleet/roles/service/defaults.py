@@ -1,7 +1,7 @@
 """Defaults of the service role (documented in README.md beside this file).
 
 The unit, its environment and its command line come from the spec through the renderers
-(vllm_fleet.render / vllm_fleet.command); these are the role's own knobs.
+(vllm_fleet.render.files / vllm_fleet.render.command); these are the role's own knobs.
 """
 
 DEFAULTS = {
@@ -11,7 +11,7 @@ DEFAULTS = {
     "vllm_fleet_journal_lines": 60,
 }
 # vllm_api_firewall / vllm_api_firewall_allow (host data): read by the layout, which renders the
-# firewall (vllm_fleet.layout.HOST_DATA_DEFAULTS has their defaults and meaning).
+# firewall (vllm_fleet.render.layout.HOST_DATA_DEFAULTS has their defaults and meaning).
 
 #: The API port firewall's nftables table, rules file and the unit that loads it at boot.
-from vllm_fleet.render import API_FIREWALL_FILE, API_FIREWALL_TABLE, API_FIREWALL_UNIT  # noqa: E402,F401  (rendered by the layout)
+from vllm_fleet.render.files import API_FIREWALL_FILE, API_FIREWALL_TABLE, API_FIREWALL_UNIT  # noqa: E402,F401  (rendered by the layout)

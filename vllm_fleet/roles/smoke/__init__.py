@@ -1,6 +1,6 @@
 """Smoke tests from the control machine through the proxy, at the end of every deploy.
 
-The checks (vllm_fleet.smoke): /health 200; /v1/models lists the served name; a chat completion
+The checks (vllm_fleet.serving.smoke): /health 200; /v1/models lists the served name; a chat completion
 has content and usage; a streamed chat arrives incrementally and ends with [DONE]; no key or a
 wrong key gets 401; a few concurrent requests succeed. Any failure fails the deploy, naming the
 check and the URL. Prints TTFT and total time, and writes the client settings file.
@@ -24,7 +24,7 @@ from typing import Any
 from pyinfra import host, logger, state
 from pyinfra.api import FunctionCommand, deploy, operation
 
-from vllm_fleet import command
+from vllm_fleet.render import command
 from vllm_fleet.roles.common import as_root
 
 from .defaults import DEFAULTS
@@ -49,9 +49,9 @@ def host_header_for(spec: dict[str, Any]) -> str | None:
 
 
 def _direct_stream(python: str, spec: dict[str, Any], timeout: float, port: int):
-    """A ``direct_stream`` for vllm_fleet.smoke: the streamed chat straight from vLLM on this host."""
-    from vllm_fleet import render
-    from vllm_fleet.smoke import DIRECT_STREAM_PY, SmokeError
+    """A ``direct_stream`` for vllm_fleet.serving.smoke: the streamed chat straight from vLLM on this host."""
+    from vllm_fleet.render import files as render
+    from vllm_fleet.serving.smoke import DIRECT_STREAM_PY, SmokeError
 
     def stream(max_tokens: int) -> list[float]:
         argv = [python, "-c", DIRECT_STREAM_PY, str(int(port)), spec["model"]["served_name"],
@@ -72,7 +72,7 @@ def _direct_stream(python: str, spec: dict[str, Any], timeout: float, port: int)
 
 def _run(spec: dict[str, Any], base_url: str, api_key: str | None, timeout: float, settings_path: str,
          stream_tokens: int = 64, direct_python: str | None = None, direct_port: int | None = None) -> None:
-    from vllm_fleet.smoke import check_smoke, wait_healthy, wait_serving
+    from vllm_fleet.serving.smoke import check_smoke, wait_healthy, wait_serving
 
     sm = spec["smoke"]
     verify = False if spec["proxy"]["tls"]["self_signed"] else True

@@ -29,7 +29,7 @@ def marker(name: str) -> str:
 def candidates(spec: dict[str, Any], rendered: dict[str, Any]) -> list[str]:
     """Every path this deployment may have placed on the host: its rendered files, the TLS files
     of its nginx site, and the role-placed API firewall (rules and unit)."""
-    from vllm_fleet import render
+    from vllm_fleet.render import files as render
 
     p = render.paths(spec)
     out = set(rendered)
@@ -54,7 +54,7 @@ def firewalls() -> list[tuple[str, str, str]]:
 def owned_script(spec: dict[str, Any], paths: list[str]) -> str:
     """Prints the paths that exist and belong to this deployment: they name it (marker), or they
     are in its own directories (install.prefix, install.config_dir) or its TLS files."""
-    from vllm_fleet import render
+    from vllm_fleet.render import files as render
 
     ins, p = spec["install"], render.paths(spec)
     own_dirs = (ins["prefix"].rstrip("/") + "/", ins["config_dir"].rstrip("/") + "/")
@@ -88,7 +88,8 @@ def remove_deployment(spec: dict[str, Any], rendered: dict[str, Any], purge: boo
         ctx = load_deploy_spec()
         remove_deployment(spec=ctx["spec"], rendered=rendered_for_host(ctx))
     """
-    from vllm_fleet import monitoring, render
+    from vllm_fleet.render import monitoring
+    from vllm_fleet.render import files as render
     from vllm_fleet.roles.monitoring import SERVICE_OF
 
     purge = host.data.get("vllm_fleet_purge") if purge is None else purge

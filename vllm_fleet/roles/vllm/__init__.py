@@ -1,7 +1,7 @@
 """The vllm role: the pinned vLLM (and Ray, extra packages) in the deployment's Python env.
 
 Deploy function
-    ``install_vllm(spec)``: ``spec`` is the resolved spec dict (``vllm_fleet.spec.load_and_check``).
+    ``install_vllm(spec)``: ``spec`` is the resolved spec dict (``vllm_fleet.spec.load.load_and_check``).
     Reads ``install.{accelerator, vllm_package, vllm_version, extra_packages, wheelhouse,
     index_url, ray_version, prefix}`` and ``parallel.backend``; host data in
     ``defaults.DEFAULTS`` (``pip_cache_dir``, ``vllm_find_links``, ``vllm_pip_timeout``).
@@ -18,7 +18,7 @@ versions ``importlib.metadata`` reports in the env)
     - Otherwise one operation: the missing requirements installed with ``install.installer``
       (``uv``, bootstrapped with pip, pip as its fallback; or ``pip``) from the source
       ``install.wheelhouse`` (uploaded, ``--no-index``), else ``install.wheels``: ``fleet``, the
-      control machine's one-per-fleet wheelhouse (``vllm_fleet.wheelhouse``, served over HTTP at
+      control machine's one-per-fleet wheelhouse (``vllm_fleet.fetch.wheelhouse``, served over HTTP at
       host data ``vllm_wheel_serve_address`` or uploaded, ``--no-index``), or ``host``, the
       index (``install.index_url``, ``PIP_CACHE_DIR`` from host data ``pip_cache_dir``); then,
       for ``accelerator: cpu``:
@@ -52,7 +52,7 @@ from pyinfra.operations import files, server
 from vllm_fleet.roles.common import packages
 from vllm_fleet.roles.common.state import Query, host_state
 
-from vllm_fleet.vllmcpu import dist_info_files
+from vllm_fleet.lab.vllmcpu import dist_info_files
 
 from . import defaults as d
 from .defaults import DEFAULTS
@@ -202,13 +202,13 @@ def wheelhouse_requirements(spec: dict) -> list[str]:
 
 def _fleet_wheelhouse(spec: dict) -> tuple[str, str | None]:
     """``install.wheels: fleet``: the control machine's wheelhouse for this host's Python and
-    platform (filled once, :mod:`vllm_fleet.wheelhouse`), and how this host reaches it:
+    platform (filled once, :mod:`vllm_fleet.fetch.wheelhouse`), and how this host reaches it:
     ``(http URL, server address)`` when host data ``vllm_wheel_serve_address`` is set, else
     ``(directory on the host, None)`` after an upload over SSH."""
     from pyinfra import logger
     from pyinfra.api.exceptions import DeployError
 
-    from vllm_fleet import wheelhouse as wh
+    from vllm_fleet.fetch import wheelhouse as wh
 
     ins = spec["install"]
     target = host.get_fact(PythonTarget)

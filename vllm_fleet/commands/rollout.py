@@ -1,0 +1,363 @@
+"""Rolling update of the replicas behind one nginx: `vllm-fleet rollout INVENTORY --spec SPEC`.
+
+The replicas are the deployment's vLLM instances as the layout (:mod:`vllm_fleet.render.layout`) puts
+them on the inventory: ``HOST:N``, hosts in inventory order, then by index; batches of
+``--batch-size`` instances (or ``--batch-percent``, or the spec's ``rollout`` section).
+For each batch, each step a run of the packaged deploy ``vllm_fleet.deploys.rollout:rollout_step``
+(what the checkout's ``deploys/rollout.py`` calls) through pyinfra (``--limit``):
+
+1. ``upstream`` on the proxy hosts: the batch marked ``down`` in the nginx upstream, ``nginx -t``,
+   reload, wait until the old nginx workers (which finish in-flight requests, and for a moment
+   still take new ones) have exited;
+2. ``update`` on the batch's hosts (only the batch's instances are restarted): wait until each
+   reports no running/waiting request, then the serve deploy's server part (restart when what it
+   runs changed, wait for /health), then a smoke test of each instance itself;
+3. ``upstream`` on the proxy hosts: the batch back in.
+
+The first failed step stops the rollout: the batch stays out of the upstream, the replicas not
+yet updated keep serving the old configuration, and the exit code is 1 with what failed and what
+to do. A later rollout of the same deployment (from this machine) starts with the replicas a
+failed one left out. pyinfra's own ``--serial`` order is arbitrary: the order here is the
+inventory's. Never more than one batch is out of the upstream (plus those a failed rollout
+left out, which serve nothing).
+
+Core module: no pyinfra import; pyinfra runs as a subprocess, the way a user runs it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+
+STATE_DIR = "~/.cache/vllm-fleet/rollout"  # per deployment: <name>.json (replicas left out) and logs
+#: The step pyinfra runs, as a function of the installed package (works from any directory).
+DEPLOY = "vllm_fleet.deploys.rollout:rollout_step"
+
+
+class RolloutError(Exception):
+    """The rollout cannot start (bad arguments, spec or inventory); no host was changed."""
+
+
+def batch_size(replicas: int, size: int | None = None, percent: float | None = None) -> int:
+    """Replicas per batch: ``size``, else ``percent`` of the replicas rounded down (at least 1)."""
+    if replicas < 1:
+        raise RolloutError("no replicas")
+    if size is not None and percent is not None:
+        raise RolloutError("give a batch size or a batch percentage, not both")
+    if size is not None:
+        if size < 1:
+            raise RolloutError(f"batch size {size}: must be at least 1")
+        n = size
+    elif percent is not None:
+        if not 0 < percent <= 100:
+            raise RolloutError(f"batch percentage {percent}: must be in (0, 100]")
+        n = max(1, math.floor(replicas * percent / 100))
+    else:
+        n = 1
+    if n >= replicas:
+        raise RolloutError(f"a batch of {n} of {replicas} replica(s) would take every replica out of the upstream "
+                           f"(the service would stop): use a batch of at most {replicas - 1}"
+                           + ("" if replicas > 1 else "; with one replica, redeploy with deploys/serve.py (it restarts in place)"))
+    return n
+
+
+def plan_batches(servers: list[str], size: int, first: list[str] | None = None) -> list[list[str]]:
+    """Ordered batches: the replicas a failed rollout left out first (in one batch, they serve
+    nothing), then the others in inventory order, ``size`` at a time."""
+    first = [s for s in servers if s in set(first or [])]
+    rest = [s for s in servers if s not in first]
+    batches = [first] if first else []
+    batches += [rest[i:i + size] for i in range(0, len(rest), size)]
+    return batches
+
+
+def server_order(inventory_path: str, spec: dict[str, Any] | None = None) -> tuple[list[str], list[str], dict[str, dict[str, Any]]]:
+    """(instance ids ``HOST:N`` in the layout's order, proxy hosts, {host: {address, groups, data}})."""
+    from vllm_fleet.commands.inventory import load_inventory
+    from vllm_fleet.render.layout import LayoutError, build
+
+    hosts = load_inventory(inventory_path)
+    if spec is None:
+        raise RolloutError("server_order needs the resolved spec")
+    try:
+        layout = build([spec], hosts)
+    except LayoutError as exc:
+        raise RolloutError(f"{inventory_path}: {exc}") from None
+    return [i.id for i in layout.instances(spec["name"]) if i.role == "server"], layout.hosts_with("proxy", spec["name"]), hosts
+
+
+def _host_of(instance: str) -> str:
+    return instance.rsplit(":", 1)[0]
+
+
+@dataclass
+class Step:
+    batch: int
+    step: str
+    hosts: list[str]
+    ok: bool
+    seconds: float
+    detail: str = ""
+
+
+@dataclass
+class RolloutResult:
+    name: str
+    batches: list[list[str]]
+    steps: list[Step] = field(default_factory=list)
+    ok: bool = False
+    failed_batch: int | None = None
+    left_out: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+    log_dir: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _tail(text: str, n: int = 25) -> str:
+    lines = [line for line in text.splitlines() if line.strip()]
+    errors = [i for i, line in enumerate(lines) if re.search(r"Error|error:|FAIL|RuntimeError|not healthy", line)]
+    if errors:  # show from the first error line on, at most n lines
+        start = max(0, errors[0] - 2)
+        return "\n".join(lines[start:start + n])
+    return "\n".join(lines[-n:])
+
+
+def _noted(text: str) -> list[str]:
+    """The drain/smoke lines the rollout role writes through host.noop (pyinfra prints them)."""
+    out = []
+    for line in text.splitlines():
+        if re.search(r"(nginx reloaded; old workers|WARNING drain|drain: no running|drain: vLLM|PASS replica|healthy after)", line):
+            out.append(re.sub(r"\x1b\[[0-9;]*m", "", line).strip())
+    return out
+
+
+class Rollout:
+    """One rollout: call :meth:`run`. ``runner(argv, env) -> (returncode, output)`` runs pyinfra
+    (a subprocess by default; tests may pass their own)."""
+
+    def __init__(self, inventory: str, spec_path: str, *, size: int | None = None, percent: float | None = None,
+                 drain_timeout: float | None = None, pyinfra: str | None = None, cwd: str | None = None,
+                 state_dir: str = STATE_DIR, say: Callable[[str], None] = print,
+                 runner: Callable[[list[str], dict[str, str]], tuple[int, str]] | None = None):
+        from vllm_fleet.spec.pipeline import load_checked
+        from vllm_fleet.spec.load import SpecError
+
+        self.inventory, self.spec_path, self.say = inventory, spec_path, say
+        try:
+            self.spec, _, _ = load_checked(spec_path)
+        except SpecError as exc:
+            text = "\n".join(f"  {p.format()}" for p in exc.problems if p.severity == "error")
+            raise RolloutError(f"{spec_path}: the spec has errors:\n{text}") from None
+        ro = self.spec["rollout"]
+        if self.spec["parallel"]["nodes"] > 1:
+            raise RolloutError(f"{spec_path}: parallel.nodes is {self.spec['parallel']['nodes']}: a rollout replaces single-node replicas")
+        if not self.spec["proxy"]["enabled"]:
+            raise RolloutError(f"{spec_path}: proxy.enabled is false: a rollout takes replicas out of the nginx upstream, there is none")
+        try:
+            self.servers, self.proxies, self.hosts = server_order(inventory, self.spec)
+        except RolloutError:
+            raise
+        except Exception as exc:  # InventoryError, or a user file that fails
+            raise RolloutError(str(exc)) from None
+        if not self.servers:
+            raise RolloutError(f"{inventory}: no vLLM instance of {self.spec['name']} (a host in the `servers` group)")
+        if size is None and percent is None:
+            percent = ro.get("batch_percent")
+            size = None if percent is not None else ro["batch_size"]
+        self.size = batch_size(len(self.servers), size, percent)
+        self.drain_timeout = float(drain_timeout if drain_timeout is not None else ro["drain_timeout"])
+        self.state_dir = Path(os.path.expanduser(state_dir))
+        self.state_file = self.state_dir / f"{self.spec['name']}.json"
+        left = self._left_out()
+        self.batches = plan_batches(self.servers, self.size, left)
+        self.pyinfra = pyinfra or str(Path(sys.executable).parent / "pyinfra")
+        self.cwd = cwd or os.getcwd()
+        self.runner = runner or self._subprocess
+
+    # -- state of an earlier failed rollout ----------------------------------------------------
+
+    def _left_out(self) -> list[str]:
+        try:
+            data = json.loads(self.state_file.read_text())
+        except (OSError, ValueError):
+            return []
+        return [h for h in data.get("left_out", []) if h in self.servers]
+
+    def _save_left_out(self, hosts: list[str]) -> None:
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        if hosts:
+            self.state_file.write_text(json.dumps({"left_out": hosts, "spec": os.path.abspath(self.spec_path),
+                                                   "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}, indent=2) + "\n")
+        elif self.state_file.exists():
+            self.state_file.unlink()
+
+    # -- running pyinfra ----------------------------------------------------------------------
+
+    def _subprocess(self, argv: list[str], env: dict[str, str]) -> tuple[int, str]:
+        r = subprocess.run(argv, cwd=self.cwd, env=env, capture_output=True, text=True, stdin=subprocess.DEVNULL)
+        return r.returncode, r.stdout + r.stderr
+
+    def _step(self, result: RolloutResult, index: int, step: str, limit: list[str], down: list[str], log: Path,
+              update: list[str] | None = None) -> Step:
+        env = {**os.environ, "VLLM_FLEET_SPEC": os.path.abspath(self.spec_path), "VLLM_FLEET_ROLLOUT_STEP": step,
+               "VLLM_FLEET_UPSTREAM_DOWN": ",".join(down), "VLLM_FLEET_UPDATE": ",".join(update or []),
+               "VLLM_FLEET_DRAIN_TIMEOUT": str(self.drain_timeout)}
+        argv = [self.pyinfra, "-y", self.inventory, DEPLOY]
+        for h in limit:
+            argv += ["--limit", h]
+        t0 = time.monotonic()
+        rc, out = self.runner(argv, env)
+        seconds = time.monotonic() - t0
+        with log.open("a") as f:
+            f.write(f"\n===== batch {index} step {step} on {','.join(limit)} (down: {','.join(down) or '-'}): rc {rc}, {seconds:.1f} s\n{out}")
+        s = Step(index, step, list(limit), rc == 0, round(seconds, 1), "; ".join(_noted(out)) if rc == 0 else _tail(out))
+        result.steps.append(s)
+        return s
+
+    # -- the rollout ----------------------------------------------------------------------------
+
+    def run(self) -> RolloutResult:
+        name = self.spec["name"]
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        log_dir = self.state_dir / f"{name}-{stamp}"
+        log_dir.mkdir(parents=True, exist_ok=True)
+        log = log_dir / "pyinfra.log"
+        result = RolloutResult(name, self.batches, log_dir=str(log_dir))
+        t0 = time.monotonic()
+        n = len(self.batches)
+        self.say(f"rollout {name}: {len(self.servers)} replica(s) {', '.join(self.servers)}; "
+                 f"{n} batch(es): {' | '.join(','.join(b) for b in self.batches)}; proxy {', '.join(self.proxies)}; "
+                 f"drain at most {self.drain_timeout:.0f} s; log {log}")
+        for i, batch in enumerate(self.batches, start=1):
+            label = f"batch {i}/{n} ({', '.join(batch)})"
+            batch_hosts = list(dict.fromkeys(_host_of(b) for b in batch))
+            for step, limit, down in (("upstream", self.proxies, batch), ("update", batch_hosts, batch), ("upstream", self.proxies, [])):
+                what = {"upstream": "out of the upstream" if down else "back into the upstream", "update": "drain, update, check"}[step]
+                s = self._step(result, i, step, limit, down, log, update=batch if step == "update" else None)
+                self.say(f"  {label}: {what}: {'ok' if s.ok else 'FAILED'} in {s.seconds:.1f} s"
+                         + (f" ({s.detail})" if s.ok and s.detail else ""))
+                if not s.ok:
+                    result.failed_batch = i
+                    result.left_out = list(batch)
+                    result.seconds = round(time.monotonic() - t0, 1)
+                    self._save_left_out(batch)
+                    self._explain_failure(result, i, what, batch, s, log)
+                    return result
+        result.ok = True
+        result.seconds = round(time.monotonic() - t0, 1)
+        self._save_left_out([])
+        self.say(f"rollout {name}: done, {len(self.servers)} replica(s) in {n} batch(es) in {result.seconds:.1f} s")
+        return result
+
+    def _explain_failure(self, result: RolloutResult, i: int, what: str, batch: list[str], s: Step, log: Path) -> None:
+        done = [h for b in self.batches[:i - 1] for h in b]
+        untouched = [h for b in self.batches[i:] for h in b]
+        serving = [h for h in self.servers if h not in batch]
+        inv, spec = self.inventory, self.spec_path
+        port = self.spec["server"]["port"]
+        lines = [f"rollout {result.name}: batch {i}/{len(self.batches)} ({', '.join(batch)}) FAILED at `{what}`; the rollout stopped.",
+                 "  what failed:", *("    " + line for line in s.detail.splitlines())]
+        if what == "out of the upstream":
+            lines.append(f"  the nginx change on {', '.join(self.proxies)} failed (nginx -t or reload): the upstream is as it was, "
+                         f"or has {', '.join(batch)} out; {', '.join(batch)} were not updated.")
+        else:
+            lines.append(f"  {', '.join(batch)}: left OUT of the nginx upstream (marked down on {', '.join(self.proxies)}).")
+        lines += [f"  serving: {', '.join(serving) or 'nothing!'} (updated: {', '.join(done) or 'none'}; "
+                  f"not yet updated, old configuration: {', '.join(untouched) or 'none'})",
+                  "  look:",
+                  *(f"    ssh {self.hosts.get(_host_of(h), {}).get('address', _host_of(h))} sudo journalctl -u vllm-{result.name}-{h.rsplit(':', 1)[-1]}.service -n 100 --no-pager" for h in batch),
+                  f"    ssh {self.hosts.get(_host_of(batch[0]), {}).get('address', _host_of(batch[0]))} curl -s 127.0.0.1:{port + int(batch[0].rsplit(':', 1)[-1])}/health; full log: {log}",
+                  "  then either:",
+                  f"    fix the spec and run again:  vllm-fleet rollout {inv} --spec {spec}",
+                  f"    (it updates {', '.join(batch)} first; they stay out of the upstream until they pass)",
+                  f"    or roll back:                vllm-fleet rollout {inv} --spec <the previous spec>"]
+        self.say("\n".join(lines))
+
+
+def format_table(result: RolloutResult) -> str:
+    rows = [("batch", "step", "hosts", "ok", "seconds")]
+    for s in result.steps:
+        rows.append((str(s.batch), s.step, ",".join(s.hosts), "yes" if s.ok else "NO", f"{s.seconds:.1f}"))
+    w = [max(len(r[c]) for r in rows) for c in range(5)]
+    return "\n".join("  ".join(r[c].ljust(w[c]) for c in range(5)) for r in rows)
+
+
+def cmd_rollout(args: argparse.Namespace) -> int:
+    spec = args.spec
+    if not spec:  # the inventory's (vllm_fleet.spec.source): one spec for all replicas
+        from vllm_fleet.commands.inventory import InventoryError, load_inventory
+        from vllm_fleet.spec.source import SpecSourceError, spec_source
+
+        try:
+            found = {spec_source(h["data"], n)[0] for n, h in load_inventory(args.inventory).items()}
+        except (InventoryError, SpecSourceError) as exc:
+            print(f"vllm-fleet rollout: {exc}; no host was changed", file=sys.stderr)
+            return 1
+        if len(found) != 1:
+            print(f"vllm-fleet rollout: the inventory's hosts name {len(found)} specs ({', '.join(sorted(found))}): "
+                  "give the one to roll out with --spec; no host was changed", file=sys.stderr)
+            return 1
+        spec = found.pop()
+    try:
+        ro = Rollout(args.inventory, spec, size=args.batch_size, percent=args.batch_percent,
+                     drain_timeout=args.drain_timeout, say=(lambda m: print(m, file=sys.stderr)) if args.json else print)
+    except RolloutError as exc:
+        print(f"vllm-fleet rollout: {exc}; no host was changed", file=sys.stderr)
+        return 1
+    if args.dry:
+        return _dry(ro, args)
+    result = ro.run()
+    if args.json:
+        print(json.dumps(result.as_dict(), indent=2))
+    else:
+        print(format_table(result))
+    return 0 if result.ok else 1
+
+
+def _dry(ro: Rollout, args: argparse.Namespace) -> int:
+    """The batches, and per batch what its update would change on its replicas (`vllm-fleet diff`'s
+    files and units, read over SSH; nothing is changed)."""
+    from vllm_fleet.commands.deploy import PlanError, plan
+    from vllm_fleet.commands.diff import diff_files, format_diff
+
+    try:
+        deployments, _ = plan(ro.inventory, ro.spec_path)
+    except PlanError as exc:
+        print("\n".join(f"vllm-fleet rollout: {line}" for line in exc.lines), file=sys.stderr)
+        return 1
+    # a batch is instances (HOST:N): the diff is of their hosts
+    per_batch = [diff_files(deployments, hosts=sorted({i.rsplit(':', 1)[0] for i in b})) for b in ro.batches]
+    if args.json:
+        print(json.dumps({"replicas": ro.servers, "proxies": ro.proxies, "batches": ro.batches,
+                          "changes": [{hd.host: sorted({f.path for f in hd.files}) + hd.units for hd in diffs} for diffs in per_batch]},
+                         indent=2))
+    else:
+        for i, (b, diffs) in enumerate(zip(ro.batches, per_batch), start=1):
+            print(f"batch {i}: {', '.join(b)}")
+            print("  " + format_diff(diffs).replace("\n", "\n  "))
+    return 2 if any(hd.error for diffs in per_batch for hd in diffs) else 0
+
+
+def add_cli(sub: Any) -> None:
+    p = sub.add_parser("rollout", help="rolling update of the replicas behind nginx, batch by batch (docs/rollout.md)")
+    p.add_argument("inventory", metavar="INVENTORY", help="pyinfra inventory (.py); replicas: the deployment's instances on its `servers` hosts, in order")
+    p.add_argument("--spec", help="the new deployment spec (default: the inventory's data vllm_fleet_spec, $VLLM_FLEET_SPEC; the lab: deployments/lab-tiny.yaml)")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--batch-size", type=int, help="instances per batch (default: the spec's rollout.batch_size, 1)")
+    g.add_argument("--batch-percent", type=float, help="replicas per batch as a percentage, rounded down, at least 1")
+    p.add_argument("--drain-timeout", type=float, help="seconds to wait for in-flight requests (default: rollout.drain_timeout)")
+    p.add_argument("--dry", action="store_true", help="print the batches and what each would change (vllm-fleet diff's files; nothing is changed)")
+    p.add_argument("--json", action="store_true", help="print the result as JSON (progress goes to stderr)")
+    p.set_defaults(func=cmd_rollout)

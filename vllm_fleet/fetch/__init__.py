@@ -1,0 +1,1 @@
+"""Caches on the control machine that fill once per fleet: the wheelhouse and the hub weights."""

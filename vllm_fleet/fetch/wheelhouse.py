@@ -1,0 +1,302 @@
+"""The fleet wheelhouse: every wheel a deploy installs, downloaded once per fleet on the control
+machine, then installed by every host with ``--no-index`` over the private network.
+
+``install.wheels: fleet`` (the schema's default) uses it through the vllm role:
+
+1. :func:`ensure` runs ``pip download`` once for the hosts' interpreter and platform (a host's
+   Python version, glibc and machine, read by the role's ``PythonTarget`` fact) into
+   ``$VLLM_FLEET_CACHE/wheelhouse/<key>`` (default ``/var/cache/vllm-fleet``), where the key
+   hashes the requirements, the target and the sources (index URL, find-links). It is built in
+   ``<key>.part`` and renamed when complete, under a lock, so concurrent deploys share one
+   download and an interrupted one leaves nothing half-built behind. This is the only time the
+   wheels cross the slow link.
+2. :func:`serve` (when host data ``vllm_wheel_serve_address`` names the control machine's address
+   on the hosts' network) starts one small HTTP file server bound to that address, on a free
+   port, for the life of the deploy process: hosts install with
+   ``--no-index --find-links http://ADDR:PORT/<key>/`` (pip and uv both read the directory
+   listing). Without that address the role uploads the directory over SSH instead.
+
+Nothing here imports pyinfra (part of the core). ``python -m vllm_fleet.fetch.wheelhouse serve DIR
+ADDR`` is the server (prints its port, exits when its parent does).
+"""
+
+from __future__ import annotations
+
+import atexit
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+COMPLETE_MARKER = ".vllm-fleet-complete"
+#: The oldest glibc minor a manylinux_2_X tag names (PEP 600: manylinux1 = 2_5).
+_OLDEST_GLIBC_MINOR = 5
+
+
+class WheelhouseError(RuntimeError):
+    """The fleet wheelhouse could not be filled (the message says why and what to do)."""
+
+
+def cache_root() -> Path:
+    """``$VLLM_FLEET_WHEELHOUSE``, else ``$VLLM_FLEET_CACHE/wheelhouse`` (default /var/cache/vllm-fleet)."""
+    if os.environ.get("VLLM_FLEET_WHEELHOUSE"):
+        return Path(os.environ["VLLM_FLEET_WHEELHOUSE"])
+    return Path(os.environ.get("VLLM_FLEET_CACHE", "/var/cache/vllm-fleet")) / "wheelhouse"
+
+
+# pyinfra plans every host in its own greenlet: they wait for one another on this lock (made when
+# first needed, so that it is gevent's cooperative lock once pyinfra has patched threading; an
+# OS-level flock alone would block the one thread all greenlets share). The flock in ensure()
+# is for other processes.
+_locks: dict[str, threading.Lock] = {}
+_locks_guard: list[threading.Lock] = []
+
+
+def named_lock(name: str) -> threading.Lock:
+    """One lock per name for this deploy process (pyinfra's host greenlets and threads alike):
+    what fills a cache once while every host waits (the wheelhouse, vllm_fleet.fetch.hubcache)."""
+    if not _locks_guard:
+        _locks_guard.append(threading.Lock())
+    with _locks_guard[0]:
+        return _locks.setdefault(name, threading.Lock())
+
+
+def platform_tags(glibc: str, machine: str) -> list[str]:
+    """The platform tags a glibc ``X.Y`` Linux ``machine`` host accepts, newest first
+    (``manylinux_2_Y`` down to 2_5, the legacy aliases, ``linux_<machine>``): pip's
+    ``--platform`` does not expand ``manylinux_2_Y`` to the older tags by itself."""
+    major, minor = (int(x) for x in glibc.split(".")[:2])
+    if major != 2:
+        raise WheelhouseError(f"glibc {glibc}: only glibc 2.x hosts are known")
+    tags = [f"manylinux_2_{m}_{machine}" for m in range(minor, _OLDEST_GLIBC_MINOR - 1, -1)]
+    # PEP 599/571/513 aliases: manylinux2014 = 2_17 (every arch), 2010 = 2_12 and 1 = 2_5 (x86 only)
+    legacy = [(17, "manylinux2014", None), (12, "manylinux2010", ("x86_64", "i686")),
+              (5, "manylinux1", ("x86_64", "i686"))]
+    tags += [f"{name}_{machine}" for m, name, arches in legacy
+             if m <= minor and (arches is None or machine in arches)]
+    return [*dict.fromkeys(tags), f"linux_{machine}"]
+
+
+def download_argv(python: str, requirements: list[str], dest: str | Path, target: dict, *,
+                  index_url: str | None = None, find_links: str | None = None) -> list[str]:
+    """``pip download`` of ``requirements`` and every dependency, as wheels for ``target``
+    (``{"python": "3.11", "glibc": "2.36", "machine": "x86_64"}``)."""
+    py = target["python"]
+    abi = "cp" + py.replace(".", "")
+    argv = [python, "-m", "pip", "download", "--no-input", "--disable-pip-version-check",
+            "--progress-bar", "off", "--dest", str(dest), "--only-binary=:all:",
+            "--python-version", py, "--implementation", "cp", "--abi", abi]
+    for tag in platform_tags(target["glibc"], target["machine"]):
+        argv += ["--platform", tag]
+    if index_url:
+        argv += ["--index-url", index_url]
+    if find_links:
+        argv += ["--find-links", str(find_links)]
+    return argv + list(requirements)
+
+
+def key(requirements: list[str], target: dict, *, index_url: str | None = None,
+        find_links: str | None = None) -> str:
+    """The cache key: requirements, target and sources (the find-links directory by its wheels' names)."""
+    links = sorted(p.name for p in Path(find_links).glob("*")) if find_links and Path(find_links).is_dir() else []
+    text = json.dumps({"requirements": sorted(requirements), "target": target, "index_url": index_url,
+                       "find_links": links}, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def fill_once(root: Path, k: str, fill) -> Path:
+    """``root/k``, filled once: unless it is complete (holds ``COMPLETE_MARKER``), ``fill(part)``
+    fills ``root/k.part`` (kept when a fill is interrupted, so the next one can resume what is
+    there) and returns the record to write into the marker; then ``part`` is renamed to
+    ``root/k``. Concurrent callers wait: pyinfra's greenlets on a cooperative lock, other
+    processes on an flock. The fleet wheelhouse and the fleet hub cache
+    (:mod:`vllm_fleet.fetch.hubcache`) are both filled this way."""
+    dest = root / k
+    if (dest / COMPLETE_MARKER).exists():
+        return dest
+    root.mkdir(parents=True, exist_ok=True)
+    with named_lock(f"ensure:{dest}"), open(root / f".{k}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (dest / COMPLETE_MARKER).exists():
+            return dest
+        part = root / f"{k}.part"
+        record = fill(part)
+        (part / COMPLETE_MARKER).write_text(json.dumps(record, indent=1) + "\n")
+        if dest.exists():
+            shutil.rmtree(dest)
+        part.rename(dest)
+        return dest
+
+
+def ensure(requirements: list[str], target: dict, *, index_url: str | None = None,
+           find_links: str | None = None, root: Path | None = None,
+           python: str | None = None, log=None) -> Path:
+    """The filled wheelhouse directory for these requirements and target (downloaded once;
+    later calls return the same directory without touching the network)."""
+    root = root or cache_root()
+    k = key(requirements, target, index_url=index_url, find_links=find_links)
+    dest = root / k
+
+    def fill(part: Path) -> dict:
+        argv = download_argv(python or sys.executable, requirements, part, target,
+                             index_url=index_url, find_links=find_links)
+        if log:
+            log(f"fleet wheelhouse: downloading {' '.join(requirements)} for Python {target['python']} "
+                f"glibc {target['glibc']} {target['machine']} into {dest} (once per fleet)")
+        t0 = time.monotonic()
+        proc = subprocess.run(argv, capture_output=True, text=True, stdin=subprocess.DEVNULL)
+        if proc.returncode != 0:
+            tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-8:])
+            raise WheelhouseError(
+                f"install.wheels: fleet: `pip download` on the control machine failed (exit {proc.returncode}):\n"
+                f"{tail}\nFix: make the index reachable from the control machine (install.index_url for a mirror), "
+                "give a complete wheelhouse (install.wheelhouse), or let every host download for itself "
+                "(install.wheels: host)")
+        wheels = sorted(p.name for p in part.glob("*.whl"))
+        return {"requirements": requirements, "target": target, "index_url": index_url,
+                "seconds": round(time.monotonic() - t0, 1), "wheels": len(wheels),
+                "bytes": sum((part / w).stat().st_size for w in wheels)}
+
+    return fill_once(root, k, fill)
+
+
+def info(directory: Path) -> dict:
+    """What :func:`ensure` recorded (requirements, seconds, wheels, bytes)."""
+    return json.loads((Path(directory) / COMPLETE_MARKER).read_text())
+
+
+# ------------------------------------------------------------------------------------------------
+# The HTTP server the hosts install from
+
+_servers: dict[tuple[str, str], tuple[subprocess.Popen, int]] = {}
+
+
+def serve(directory: Path, address: str) -> int:
+    """Serve ``directory`` (read-only, listings included) on ``address`` at a free port for the
+    rest of this process; returns the port. One server per (directory, address), stopped by PID
+    when this process exits (and it stops itself when its parent is gone)."""
+    with named_lock(f"serve:{directory}:{address}"):
+        return _serve(directory, address)
+
+
+def _serve(directory: Path, address: str) -> int:
+    k = (str(directory), address)
+    running = _servers.get(k)
+    if running and running[0].poll() is None:
+        return running[1]
+    proc = subprocess.Popen([sys.executable, "-m", "vllm_fleet.fetch.wheelhouse", "serve", str(directory), address],
+                            stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
+    line = proc.stdout.readline() if proc.stdout else ""
+    if not line.strip().isdigit():
+        proc.kill()
+        raise WheelhouseError(f"vllm_wheel_serve_address {address}: the wheel server did not start "
+                              f"(is {address} an address of this machine?)")
+    port = int(line)
+    _servers[k] = (proc, port)
+    atexit.register(_stop, proc)
+    return port
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+class _Limited:
+    """A file object that reads at most ``n`` bytes (what copyfile of a 206 answer sends)."""
+
+    def __init__(self, f, n: int):
+        self.f, self.left = f, n
+
+    def read(self, size: int = -1) -> bytes:
+        if self.left <= 0:
+            return b""
+        data = self.f.read(self.left if size < 0 else min(size, self.left))
+        self.left -= len(data)
+        return data
+
+    def close(self) -> None:
+        self.f.close()
+
+
+def _serve_forever(directory: str, address: str) -> None:
+    import functools
+    import threading
+    from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+
+    class Quiet(SimpleHTTPRequestHandler):
+        """Files and listings, plus single byte ranges: uv reads a wheel's metadata from its zip
+        directory at the end with a Range request when the server offers them, and otherwise
+        downloads every wheel twice (once to resolve, once to install; measured: 1.9x bytes)."""
+
+        def log_message(self, *args):  # no per-request lines on the deploy's output
+            pass
+
+        def end_headers(self):
+            self.send_header("Accept-Ranges", "bytes")
+            super().end_headers()
+
+        def send_head(self):
+            rng = self.headers.get("Range", "")
+            path = self.translate_path(self.path)
+            if not rng.startswith("bytes=") or "," in rng or not os.path.isfile(path):
+                return super().send_head()
+            size = os.path.getsize(path)
+            first, _, last = rng[len("bytes="):].strip().partition("-")
+            try:
+                if first:
+                    start, end = int(first), min(int(last) if last else size - 1, size - 1)
+                else:
+                    start, end = max(size - int(last), 0), size - 1
+            except ValueError:
+                return super().send_head()
+            if start > end or start >= size:
+                self.send_response(416)
+                self.send_header("Content-Range", f"bytes */{size}")
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return None
+            f = open(path, "rb")
+            f.seek(start)
+            self.send_response(206)
+            self.send_header("Content-Type", self.guess_type(path))
+            self.send_header("Content-Range", f"bytes {start}-{end}/{size}")
+            self.send_header("Content-Length", str(end - start + 1))
+            self.end_headers()
+            return _Limited(f, end - start + 1)
+
+    parent = os.getppid()
+    httpd = ThreadingHTTPServer((address, 0), functools.partial(Quiet, directory=directory))
+    httpd.daemon_threads = True
+    print(httpd.server_address[1], flush=True)
+
+    def watch_parent():
+        while os.getppid() == parent:
+            time.sleep(1)
+        httpd.shutdown()
+
+    threading.Thread(target=watch_parent, daemon=True).start()
+    httpd.serve_forever()
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) == 3 and argv[0] == "serve":
+        _serve_forever(argv[1], argv[2])
+        return 0
+    print("usage: python -m vllm_fleet.fetch.wheelhouse serve DIR ADDRESS", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

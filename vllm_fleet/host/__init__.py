@@ -1,0 +1,1 @@
+"""Host access outside pyinfra operations: the one way the commands reach a host."""

@@ -1,0 +1,147 @@
+"""Which vLLM instances of a deployment are replicas, which hosts are its proxies, the instances'
+units, ports and files, and how to reach a host over SSH: read from the per-host layout
+(:func:`vllm_fleet.render.layout.build`), never from group names or fixed names.
+
+    view = fleet_view(resolved, inventory)      # inventory: vllm_fleet.commands.inventory.load_inventory()
+    rep = view.replicas[0]; rep.id ("lab1:0"), rep.unit, rep.port, rep.env_file, rep.host
+    view.replica("lab1") (its first instance) / view.replica("lab1:1"); view.proxies; view.ssh_argv("lab3")
+
+A replica is one vLLM instance (one ``vllm-NAME-N.service``, port ``server.port + N``); a host may
+run several. A proxy is a host where the layout places this deployment's nginx site. A tune takes
+one instance out of the upstream by its id (``VLLM_FLEET_UPSTREAM_DOWN=HOST:N``, the rollout's
+own step) and restarts that instance's unit only.
+
+Core module: no pyinfra.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+from dataclasses import dataclass, field
+from typing import Any
+
+
+#: pyinfra's local connector: the host is the machine the command runs on
+LOCAL = "@local"
+
+
+@dataclass(frozen=True)
+class Replica:
+    host: str
+    index: int
+    address: str
+    unit: str          # the systemd unit name, e.g. vllm-lab-tiny-0.service
+    unit_path: str
+    port: int          # where this instance listens on the host
+    env_file: str      # its replica-N.env
+    files: tuple[str, ...]  # rendered paths a restart with other engine settings may change
+    #: of ``files``, those other instances of the deployment on this host read too (vllm.env,
+    #: node.env): a point may not change them (the siblings would start with it)
+    shared: tuple[str, ...] = ()
+
+    @property
+    def id(self) -> str:
+        """``HOST:N``, as the rollout and ``VLLM_FLEET_UPSTREAM_DOWN`` name an instance."""
+        return f"{self.host}:{self.index}"
+
+
+@dataclass
+class FleetView:
+    replicas: list[Replica]
+    proxies: list[str]
+    proxy_listen: int | None
+    hosts: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def replica(self, name: str) -> Replica | None:
+        """The instance ``HOST:N``, or a host's first instance for a plain host name."""
+        if ":" in name:
+            return next((r for r in self.replicas if r.id == name), None)
+        return next((r for r in self.replicas if r.host == name), None)
+
+    def ssh_argv(self, host: str) -> list[str]:
+        """The argv prefix that runs one command line on ``host``: OpenSSH, or a local shell for
+        pyinfra's ``@local`` (the control machine is that host, e.g. a GPU machine deploying to
+        itself: it may have no sshd, and the deploy reached it without one)."""
+        if host == LOCAL:
+            return ["sh", "-c"]
+        return ssh_argv(self.hosts.get(host) or {"address": host, "data": {}})
+
+    def sudo(self, host: str) -> list[str]:
+        data = (self.hosts.get(host) or {}).get("data") or {}
+        user = data.get("ssh_user") or os.environ.get("USER", "root")
+        return [] if user == "root" else ["sudo", "-n"]
+
+
+def instance_files(resolved: dict[str, Any], inventory: dict[str, dict[str, Any]], replica: Replica) -> dict[str, Any]:
+    """{path: RenderedFile} of ``replica``'s ``files`` as the layout renders ``resolved`` (e.g. a
+    tune point's settings) on ``inventory``. Raises :class:`vllm_fleet.render.layout.LayoutError`."""
+    from vllm_fleet.render import layout
+
+    files = layout.build(resolved, inventory).hosts[replica.host].files
+    return {p: files[p] for p in replica.files if p in files}
+
+
+def fleet_view(resolved: dict[str, Any], inventory: dict[str, dict[str, Any]]) -> FleetView:
+    """Raises :class:`vllm_fleet.render.layout.LayoutError` when the spec and inventory do not lay out."""
+    from vllm_fleet.render import layout
+    from vllm_fleet.render import files as render
+
+    lay = layout.build(resolved, inventory)
+    name = resolved["name"]
+    p = render.paths(resolved)
+    replicas = []
+    for inst in lay.instances(name):
+        if inst.role != "server":
+            continue  # a headless worker node of a multi-node server is not a replica
+        h = lay.hosts[inst.host]
+        unit_path = f"{layout.SYSTEMD_DIR}/{inst.unit}"
+        siblings = [i for i in h.instances if i.deployment == name and i.unit != inst.unit]
+        shared = tuple(sorted(path for path in (p["vllm_env"], p["node_env"]) if path in h.files))
+        changeable = tuple(sorted(path for path in (unit_path, inst.env_file, *shared) if path in h.files))
+        replicas.append(Replica(inst.host, inst.index, str(h.address or inst.host), inst.unit, unit_path, inst.port,
+                                inst.env_file, changeable, shared if siblings else ()))
+    proxies = [host for host, h in lay.hosts.items() if "proxy" in h.roles(name)]
+    listen = int(resolved["proxy"]["listen"]) if resolved["proxy"].get("enabled", True) else None
+    return FleetView(replicas, proxies, listen, inventory)
+
+
+def spec_for(inventory: str, spec: str | None) -> str:
+    """``--spec``, else the one spec the inventory's hosts name (vllm_fleet.spec.source, as
+    ``vllm-fleet rollout`` finds it). Raises ValueError with what to do."""
+    if spec:
+        return spec
+    from vllm_fleet.commands.inventory import InventoryError, load_inventory
+    from vllm_fleet.spec.source import SpecSourceError, spec_source
+
+    try:
+        found = {spec_source(h["data"], n)[0] for n, h in load_inventory(inventory).items()}
+    except (InventoryError, SpecSourceError) as exc:
+        raise ValueError(str(exc)) from None
+    if len(found) != 1:
+        raise ValueError(f"the inventory's hosts name {len(found)} specs ({', '.join(sorted(found))}): give one with --spec")
+    return found.pop()
+
+
+def ssh_argv(h: dict[str, Any]) -> list[str]:
+    """OpenSSH argv for an inventory host ({address, data}) from pyinfra's connection data."""
+    data = h.get("data") or {}
+    argv = ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10", "-o", "LogLevel=ERROR", "-o", "ServerAliveInterval=15"]
+    if data.get("ssh_key"):
+        argv += ["-i", os.path.expanduser(str(data["ssh_key"]))]
+    if data.get("ssh_port"):
+        argv += ["-p", str(data["ssh_port"])]
+    if data.get("ssh_known_hosts_file"):
+        argv += ["-o", f"UserKnownHostsFile={os.path.expanduser(str(data['ssh_known_hosts_file']))}"]
+    strict = data.get("ssh_strict_host_key_checking")
+    if strict is not None:
+        argv += ["-o", f"StrictHostKeyChecking={'yes' if strict in (True, 'yes') else 'no' if strict in (False, 'no') else strict}"]
+    user = data.get("ssh_user")
+    addr = str(data.get("ssh_hostname") or h.get("address"))
+    argv.append(f"{user}@{addr}" if user else addr)
+    return argv
+
+
+def remote(argv: list[str]) -> str:
+    """A remote command line (what ssh sends to the login shell), every argument quoted."""
+    return " ".join(shlex.quote(a) for a in argv)

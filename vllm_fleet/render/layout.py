@@ -1,0 +1,486 @@
+"""The per-host layout: resolved spec(s) + inventory -> what every host runs and holds.
+
+    build([resolved, ...], inventory) -> Layout
+
+For each host: its parts (per deployment: vLLM instances, each with its unit, port, GPU ids or
+CPU cores and state dir; Ray head or worker; proxy; monitoring), every file the deploy places
+there (units, env files, nginx sites, firewall rules, monitoring configs; secrets as
+placeholders), and the secrets those files need, by name. ``vllm-fleet render`` writes exactly
+these files; the deploys and roles branch on this layout only (they never look at group names
+or render the fleet again).
+
+Inventory groups (pyinfra: a module-level list is a group), and nothing else, give parts:
+
+============  ==============================================================================
+``servers``   vLLM API servers of every deployment given (host data ``deployments: [NAME]``
+              limits a host, in any group but ``monitoring``, to some; a host or group with its
+              own ``vllm_fleet_spec`` gets it set to its specs); for a multi-node spec the one
+              ``servers`` host is the head
+``workers``   the other nodes of a multi-node spec (``ray_workers`` is the same group), node
+              ranks in inventory order; single-node specs leave them alone
+``proxy``     nginx in front of every deployment with ``proxy.enabled``; with no ``proxy``
+              host, nginx runs on each ``servers`` host
+``monitoring`` Prometheus (with ``monitoring.enabled``)
+============  ==============================================================================
+
+Other groups (the lab's ``ray_head``, ``all``, your own) mean nothing here.
+
+Host data read: ``ssh_hostname`` (the address vllm-fleet connects to and clients use),
+``private_address`` (the cluster network: Ray, NCCL/Gloo, ``parallel.head_address``, the nginx
+upstreams and firewalls; default the ssh address), ``replicas_per_host`` (an int, or
+``{deployment: int}``: overrides ``replicas.per_host`` on this host), ``cpu_count`` (CPU build:
+cores to split between replicas and ranks), ``deployments``, ``upstream_down``, and the keys
+of :data:`HOST_DATA_DEFAULTS`.
+
+Pure: no host is touched, no secret read, pyinfra not imported.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Sequence
+
+from vllm_fleet.render.command import world_size_per_node
+
+#: Inventory group -> part. Exactly these names (see the module docstring).
+GROUPS = {"servers": "server", "workers": "worker", "ray_workers": "worker", "proxy": "proxy", "monitoring": "monitoring"}
+
+#: Host data the layout reads with these defaults (the roles take them from here too).
+HOST_DATA_DEFAULTS: dict[str, Any] = {
+    # vLLM listening beyond loopback: an nftables table lets only the proxy hosts (and loopback,
+    # and these addresses/CIDRs) reach its ports. False: leave the host's firewall alone.
+    "vllm_api_firewall": True,
+    "vllm_api_firewall_allow": [],
+    # Ray's ports (no authentication) only from the cluster's own private addresses (+ these).
+    "ray_firewall": True,
+    "ray_firewall_allow": [],
+}
+
+SYSTEMD_DIR = "/etc/systemd/system"
+#: The unit of an older release (one vLLM per host): the deploy stops, disables and removes it.
+LEGACY_UNIT = "vllm.service"
+SERVICE_PARTS = frozenset({"server", "worker", "ray-head", "ray-worker"})
+
+
+def unit_name(deployment: str, index: int) -> str:
+    """``vllm-NAME-N.service``: one full unit file per replica (see docs/replicas.md)."""
+    return f"vllm-{deployment}-{index}.service"
+
+
+class LayoutError(ValueError):
+    """The specs and the inventory do not describe a deployable layout; each line names the
+    host(s), the spec(s) and the fix."""
+
+    def __init__(self, problems: Sequence[str]):
+        self.problems = list(problems)
+        super().__init__("\n".join(self.problems))
+
+
+@dataclass
+class Instance:
+    """One vLLM process (one systemd unit) of one deployment on one host."""
+
+    deployment: str
+    host: str
+    index: int
+    unit: str
+    port: int
+    state_dir: str
+    env_file: str
+    address: str  # where the proxy reaches it (the host's private address; None in role mode)
+    gpu_ids: list[int] | None = None  # CUDA_VISIBLE_DEVICES (cuda)
+    cpus: str | None = None  # VLLM_CPU_OMP_THREADS_BIND (cpu build)
+    role: str = "server"  # "worker": a headless node of a `native` multi-node server
+    node_rank: int = 0
+    down: bool = False  # out of the nginx upstream (a rollout's batch)
+
+    @property
+    def id(self) -> str:
+        """``HOST:N``: how a rollout and ``VLLM_FLEET_UPSTREAM_DOWN`` name an instance."""
+        return f"{self.host}:{self.index}"
+
+
+@dataclass
+class Node:
+    """One deployment's parts on one host (what the file builders take)."""
+
+    target: str
+    roles: set[str]
+    address: str | None = None  # ssh / client address; None: unknown (role mode)
+    node_rank: int = 0
+    data: dict[str, Any] | None = None
+    private: str | None = None  # cluster address
+    instances: list[Instance] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Secret:
+    """A secret a host's files need: which deployment, which spec key, which files hold it."""
+
+    deployment: str
+    key: str  # "api_key" | "hub_token"
+    paths: tuple[str, ...] = ()
+
+
+@dataclass
+class HostLayout:
+    name: str
+    address: str | None
+    private_address: str | None
+    data: dict[str, Any]
+    parts: dict[str, Node] = field(default_factory=dict)  # {deployment: Node}
+    files: dict[str, Any] = field(default_factory=dict)  # {path: RenderedFile}
+    secrets: list[Secret] = field(default_factory=list)
+    order: int = 0  # position in the `servers` group when known (the inventory's order otherwise)
+
+    @property
+    def instances(self) -> list[Instance]:
+        return [i for n in self.parts.values() for i in n.instances]
+
+    def roles(self, deployment: str | None = None) -> set[str]:
+        if deployment is not None:
+            n = self.parts.get(deployment)
+            return set(n.roles) if n else set()
+        return {r for n in self.parts.values() for r in n.roles}
+
+
+@dataclass
+class Layout:
+    deployments: dict[str, dict[str, Any]]  # {name: resolved}
+    hosts: dict[str, HostLayout]
+    client: dict[str, Any] = field(default_factory=dict)  # files for the control machine
+    with_inventory: bool = True
+    #: Scratch space of one deploy for the roles (e.g. roles.ray: every Ray node's operations,
+    #: so that one host's conditions see the others'); empty in a new layout.
+    shared: dict[str, Any] = field(default_factory=dict)
+
+    def files(self) -> dict[str, dict[str, Any]]:
+        """{target: {path: RenderedFile}}, the ``client`` target last (what ``render`` returns)."""
+        out = {name: dict(h.files) for name, h in self.hosts.items() if h.files}
+        out["client"] = dict(self.client)
+        return out
+
+    def instances(self, deployment: str | None = None) -> list[Instance]:
+        """Every instance (of one deployment): hosts in the order of the `servers` group (else the
+        inventory's), then by index."""
+        hosts = sorted(self.hosts.values(), key=lambda h: h.order)
+        return [i for h in hosts for i in h.instances if deployment in (None, i.deployment)]
+
+    def hosts_with(self, role: str, deployment: str | None = None) -> list[str]:
+        return [name for name, h in self.hosts.items() if role in h.roles(deployment)]
+
+    def nodes(self, deployment: str) -> list[Node]:
+        return [h.parts[deployment] for h in self.hosts.values() if deployment in h.parts]
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def _multi(resolved: dict[str, Any]) -> bool:
+    return int(resolved["parallel"].get("nodes", 1)) > 1
+
+
+def gpus_per_instance(resolved: dict[str, Any]) -> int:
+    return world_size_per_node(resolved)
+
+
+def replicas_on(resolved: dict[str, Any], data: dict[str, Any] | None) -> int:
+    """Replicas of this deployment on a host: host data ``replicas_per_host``, else the spec's."""
+    override = (data or {}).get("replicas_per_host")
+    if isinstance(override, dict):
+        override = override.get(resolved["name"])
+    if override is not None:
+        return int(override)
+    return int((resolved.get("replicas") or {}).get("per_host", 1))
+
+
+def _gpu_pool(resolved: dict[str, Any]) -> list[int]:
+    hw = resolved["hardware"]
+    if hw.get("gpu_ids"):
+        return [int(g) for g in hw["gpu_ids"]]
+    return list(range(int(hw.get("gpus_per_node", 1))))
+
+
+def _cpu_sets(cpu_count: int | None, replicas: int, ranks: int) -> list[str | None]:
+    """VLLM_CPU_OMP_THREADS_BIND per replica: the host's cores split into ``replicas`` blocks,
+    each block into ``ranks`` ranges joined by ``|`` (one core per rank when the count is unknown).
+    One replica of one rank: None (vLLM's own binding; nothing to share)."""
+    total = replicas * ranks
+    if total == 1:
+        return [None]
+    if not cpu_count or cpu_count < total:
+        per = 1
+    else:
+        per = cpu_count // total
+    out = []
+    for r in range(replicas):
+        parts = []
+        for k in range(ranks):
+            first = (r * ranks + k) * per
+            parts.append(str(first) if per == 1 else f"{first}-{first + per - 1}")
+        out.append("|".join(parts))
+    return out
+
+
+def _instances(resolved: dict[str, Any], host: str, data: dict[str, Any], private: str | None, rank: int,
+               problems: list[str], source: str) -> list[Instance]:
+    name, srv, ins, par = resolved["name"], resolved["server"], resolved["install"], resolved["parallel"]
+    n = replicas_on(resolved, data)
+    multi = _multi(resolved)
+    if multi and n != 1:
+        problems.append(f"{host}: {source}: a {par['nodes']}-node server runs one instance per node, not {n}: "
+                        "set replicas.per_host (or host data replicas_per_host) to 1")
+        n = 1
+    if n < 1:
+        return []
+    worker = rank > 0
+    per = gpus_per_instance(resolved)
+    out: list[Instance] = []
+    cuda = ins["accelerator"] == "cuda"
+    pool = _gpu_pool(resolved)
+    hw = resolved["hardware"]
+    if cuda and hw.get("gpu_ids") and len(hw["gpu_ids"]) != int(hw.get("gpus_per_node", 1)):
+        problems.append(f"{source}: hardware.gpu_ids lists {len(hw['gpu_ids'])} GPU(s) but hardware.gpus_per_node is {hw.get('gpus_per_node', 1)}: "
+                        f"make them agree (gpus_per_node: {len(hw['gpu_ids'])})")
+    if cuda and n * per > len(pool):
+        problems.append(f"{host}: {source}: {n} replica(s) x {per} GPU(s) (tensor x pipeline per node) need {n * per} GPUs, "
+                        f"the deployment has {len(pool)} on this host (hardware.{'gpu_ids' if resolved['hardware'].get('gpu_ids') else 'gpus_per_node'}): "
+                        f"lower replicas.per_host to {max(1, len(pool) // per)} or give it more GPUs")
+    cpus = _cpu_sets(int(data["cpu_count"]) if data.get("cpu_count") else None, n, per) if not cuda else [None] * n
+    for i in range(n):
+        gpu_ids = pool[i * per:(i + 1) * per] if cuda else None
+        if cuda and multi and not resolved["hardware"].get("gpu_ids"):
+            gpu_ids = None  # the whole node is the deployment's: Ray (or torch) sees every GPU
+        out.append(Instance(
+            deployment=name, host=host, index=i, unit=unit_name(name, i), port=int(srv["port"]) + i,
+            state_dir=f"{ins['state_dir']}/replica-{i}", env_file=f"{ins['config_dir']}/replica-{i}.env",
+            address=private or "", gpu_ids=gpu_ids, cpus=cpus[i],
+            role="worker" if worker else "server", node_rank=rank,
+        ))
+    return out
+
+
+def _down_set() -> set[str]:
+    return set()
+
+
+def _host_parts(resolved: dict[str, Any], inventory: dict[str, dict[str, Any]], down: set[str], problems: list[str],
+                source: str) -> list[Node]:
+    """One deployment's nodes on the inventory's hosts (the old renderer's rules, with groups
+    fixed to :data:`GROUPS`)."""
+    par = resolved["parallel"]
+    name = resolved["name"]
+    multi, backend = _multi(resolved), par.get("backend", "mp")
+    proxy_on = resolved["proxy"].get("enabled", True)
+    monitoring_on = bool((resolved.get("monitoring") or {}).get("enabled"))
+    ray_multi = multi and backend == "ray"
+    out: list[Node] = []
+    for host, h in inventory.items():
+        data = dict(h.get("data") or {})
+        wanted = data.get("deployments")
+        roles = {GROUPS[g] for g in h.get("groups", []) if g in GROUPS}
+        if wanted is not None and name not in wanted:
+            roles -= {"server", "worker", "proxy"}
+        if roles:
+            address = str(h.get("address") or host)
+            out.append(Node(host, roles, address, 0, data, str(data.get("private_address") or address)))
+    servers = [n for n in out if "server" in n.roles]
+    workers = [n for n in out if "worker" in n.roles]
+    if not servers:
+        problems.append(f"{source}: no inventory host runs deployment {name}: put a host in the `servers` group"
+                        + (" (or add it to that host's data `deployments`)" if any((h.get("data") or {}).get("deployments") is not None for h in inventory.values()) else ""))
+        return []
+    if not proxy_on:
+        for n in out:
+            n.roles.discard("proxy")
+    if not monitoring_on:
+        for n in out:
+            n.roles.discard("monitoring")
+    elif not any("monitoring" in n.roles for n in out):
+        problems.append(f"{source}: monitoring.enabled is true but no inventory host is in the `monitoring` group: add one (it runs Prometheus)")
+    if multi:
+        if len(servers) != 1:
+            problems.append(f"{source}: a {par['nodes']}-node server has exactly one head host in the `servers` group, found {len(servers)}: {', '.join(n.target for n in servers)}")
+        head = servers[0]
+        if head.private != par.get("head_address"):
+            problems.append(f"{source}: parallel.head_address is {par.get('head_address')} but the head host {head.target} has private address {head.private}: "
+                            "make them the same (host data private_address, else ssh_hostname; VLLM_HOST_IP must be the address Ray registered)")
+        if 1 + len(workers) != int(par["nodes"]):
+            problems.append(f"{source}: parallel.nodes is {par['nodes']} but the inventory has 1 server and {len(workers)} worker host(s): list {int(par['nodes']) - 1} host(s) in the `workers` group")
+        if ray_multi:
+            head.roles.add("ray-head")
+        for rank, w in enumerate(workers, start=1):
+            w.node_rank = rank
+            if "server" in w.roles:
+                problems.append(f"{source}: inventory: host {w.target} is both the server and a worker")
+            if ray_multi:
+                w.roles.discard("worker")
+                w.roles.add("ray-worker")
+    else:
+        for w in workers:
+            w.roles.discard("worker")
+    if proxy_on and not any("proxy" in n.roles for n in out):
+        for s in servers:  # no proxy group: nginx runs on each server host
+            s.roles.add("proxy")
+    out = [n for n in out if n.roles]
+    for n in out:
+        if "server" in n.roles or "worker" in n.roles:
+            n.instances = _instances(resolved, n.target, n.data or {}, n.private, n.node_rank, problems, source)
+            host_down = bool((n.data or {}).get("upstream_down")) or n.target in down
+            for inst in n.instances:
+                inst.down = host_down or inst.id in down
+    return out
+
+
+def _role_parts(resolved: dict[str, Any], problems: list[str], source: str) -> list[Node]:
+    """Without an inventory: one target per part (``server``, ``worker``, ``ray-head``, ...)."""
+    par = resolved["parallel"]
+    multi, backend = _multi(resolved), par.get("backend", "mp")
+    head = par.get("head_address") if multi else None
+    out = [Node("server", {"server"}, head, 0, {}, head)]
+    if multi and backend == "ray":
+        out.append(Node("ray-head", {"ray-head"}, head, 0, {}, head))
+        out.append(Node("ray-worker", {"ray-worker"}, None, 1, {}))
+    elif multi:
+        out.append(Node("worker", {"worker"}, None, 1, {}))
+    if resolved["proxy"].get("enabled", True):
+        out.append(Node("proxy", {"proxy"}))
+    if (resolved.get("monitoring") or {}).get("enabled"):
+        out.append(Node("monitoring", {"monitoring"}))
+    for n in out:
+        if n.roles & {"server", "worker"}:
+            n.instances = _instances(resolved, n.target, {}, None if n.target != "server" else head, n.node_rank, problems, source)
+            for i in n.instances:
+                i.address = "127.0.0.1"
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Checks across deployments and hosts (several specs on one inventory)
+
+
+def _listen_ports(resolved: dict[str, Any], node: Node) -> list[tuple[int, str]]:
+    out = [(i.port, f"vLLM {i.unit}") for i in node.instances]
+    if "proxy" in node.roles:
+        out.append((int(resolved["proxy"]["listen"]), f"nginx of {resolved['name']} (proxy.listen)"))
+    return out
+
+
+def _cross_checks(layout_hosts: dict[str, HostLayout], deployments: dict[str, dict[str, Any]], sources: dict[str, str],
+                  inventory: dict[str, dict[str, Any]], problems: list[str]) -> None:
+    # the same machine listed twice (two names, one ssh_hostname)
+    by_address: dict[str, list[str]] = {}
+    for host, h in inventory.items():
+        by_address.setdefault(str(h.get("address") or host), []).append(host)
+    for address, names in by_address.items():
+        if len(names) > 1:
+            served = [n for n in names if n in layout_hosts and layout_hosts[n].instances]
+            if served:
+                problems.append(f"inventory: hosts {', '.join(names)} are one machine (ssh_hostname {address}): their units and ports would "
+                                "collide; list it once and set replicas.per_host (or host data replicas_per_host) for more replicas")
+    for host, h in layout_hosts.items():
+        # GPUs used twice on one host
+        gpus: dict[int, Instance] = {}
+        for inst in h.instances:
+            clash = sorted({g for g in inst.gpu_ids or [] if g in gpus and gpus[g].unit != inst.unit})
+            if clash:
+                first = gpus[clash[0]]
+                problems.append(f"{host}: GPU(s) {', '.join(map(str, clash))} given to {first.unit} ({sources[first.deployment]}) and to "
+                                f"{inst.unit} ({sources[inst.deployment]}): pin the deployments to different GPUs with hardware.gpu_ids "
+                                "(e.g. [0, 1, 2, 3] and [4, 5, 6, 7]), or lower replicas.per_host")
+            for g in inst.gpu_ids or []:
+                gpus.setdefault(g, inst)
+        # ports used twice on one host
+        ports: dict[int, str] = {}
+        seen_proxy: dict[tuple[int, str], str] = {}
+        for dep, node in h.parts.items():
+            resolved = deployments[dep]
+            for port, what in _listen_ports(resolved, node):
+                other = ports.get(port)
+                if other is not None and not (what.startswith("nginx") and other.startswith("nginx")):
+                    problems.append(f"{host}: port {port} is used by {other} and by {what} ({sources[dep]}): give one of them another "
+                                    "server.port (each replica takes server.port + its index) or proxy.listen")
+                ports.setdefault(port, what)
+            if "proxy" in node.roles:
+                key = (int(resolved["proxy"]["listen"]), str(resolved["proxy"].get("server_name", "_")))
+                if key in seen_proxy:
+                    problems.append(f"{host}: deployments {seen_proxy[key]} and {dep} ({sources[dep]}) both serve nginx port {key[0]} with "
+                                    f"server_name {key[1]}: give each its own proxy.listen or proxy.server_name")
+                seen_proxy.setdefault(key, dep)
+        ray = [dep for dep, n in h.parts.items() if n.roles & {"ray-head", "ray-worker"}]
+        if len(ray) > 1:
+            problems.append(f"{host}: is a Ray node of {', '.join(ray)}: one Ray cluster per host; put the deployments on different hosts")
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def build(specs: Sequence[dict[str, Any]] | dict[str, Any], inventory: dict[str, dict[str, Any]] | None = None, *,
+          down: Iterable[str] = (), sources: dict[str, str] | None = None) -> Layout:
+    """The layout of ``specs`` (resolved) on ``inventory`` ({host: {address, groups, data}}, as
+    :func:`vllm_fleet.commands.inventory.load_inventory` returns; None: per part, e.g. ``server``).
+
+    ``down``: instance ids (``HOST:N``) or host names out of the nginx upstream (a rollout).
+    ``sources``: {deployment: spec file} for the messages. Raises :class:`LayoutError` with
+    every problem found.
+    """
+    from vllm_fleet.render import files as render  # the file builders
+
+    if isinstance(specs, dict):
+        specs = [specs]
+    deployments: dict[str, dict[str, Any]] = {}
+    problems: list[str] = []
+    src = dict(sources or {})
+    for r in specs:
+        if r["name"] in deployments:
+            problems.append(f"{src.get(r['name'], r['name'])}: two specs are named {r['name']}: each deployment needs its own `name` (units, paths and the nginx site are named after it)")
+            continue
+        deployments[r["name"]] = r
+        src.setdefault(r["name"], f"spec {r['name']}")
+    down_set = {d.strip() for d in down if d and d.strip()}
+    hosts: dict[str, HostLayout] = {}
+    if inventory is None:
+        for name, r in deployments.items():
+            for node in _role_parts(r, problems, src[name]):
+                h = hosts.setdefault(node.target, HostLayout(node.target, node.address, node.private, {}))
+                h.parts[name] = node
+    else:
+        if "client" in inventory:
+            problems.append("inventory: `client` is reserved for the control machine's files; rename that host")
+        for n, (host, h) in enumerate(inventory.items()):
+            data = dict(h.get("data") or {})
+            address = str(h.get("address") or host)
+            order = (h.get("order") or {}).get("servers")
+            hosts[host] = HostLayout(host, address, str(data.get("private_address") or address), data,
+                                     order=order if order is not None else 10000 + n)
+        for name, r in deployments.items():
+            for node in _host_parts(r, inventory, down_set, problems, src[name]):
+                hosts[node.target].parts[name] = node
+        _cross_checks(hosts, deployments, src, inventory, problems)
+    if problems:
+        raise LayoutError(problems)
+    layout = Layout(deployments, hosts, with_inventory=inventory is not None)
+    try:
+        render.fill_files(layout)
+    except render.RenderError as exc:
+        raise LayoutError([str(exc)]) from None
+    layout.hosts = {k: v for k, v in hosts.items() if v.parts or v.files}
+    return layout
+
+
+def firewall_addresses(addresses: Iterable[str], what: str) -> list[str]:
+    """IPv4 addresses/networks for an nftables set, deduplicated, as nft writes them."""
+    out: list[str] = []
+    for a in addresses:
+        try:
+            net = ipaddress.ip_network(str(a), strict=False)
+        except ValueError:
+            raise LayoutError([f"{what}: {a!r} is not an IPv4 address or network (give the host's private_address, "
+                               "or fix the host data allow list)"]) from None
+        if net.version != 4:
+            raise LayoutError([f"{what}: {a}: only IPv4 addresses/networks are supported"])
+        text = str(net.network_address) if net.prefixlen == 32 else str(net)
+        if text not in out:
+            out.append(text)
+    return out

@@ -1,0 +1,324 @@
+"""Memory and KV-cache arithmetic for one deployment on one kind of GPU.
+
+``plan(resolved)`` answers "does it fit, and how much KV cache is left" per GPU, the way vLLM
+sizes its KV cache at start-up: it takes ``total GPU memory x gpu_memory_utilization``, subtracts
+the weights it loaded and the non-KV memory it profiled, and cuts the rest into 16-token blocks.
+The formula, the overhead allowance and how close it comes to the measured numbers are written
+down in docs/planner.md.
+
+Nothing here imports pyinfra or touches a host.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from vllm_fleet.spec import catalog
+
+GIB = 1024**3
+BLOCK_TOKENS = 16  # vLLM's default KV block size on CUDA
+
+# ---- overhead allowance (per GPU), see docs/planner.md ------------------------------------------
+# Fixed part of vLLM's non-KV memory that the weights do not explain: memory outside PyTorch's
+# allocator that grows during start-up (cuBLAS/cuDNN workspaces, allocator slack, torch.compile
+# buffers). Calibrated with CUDA_GRAPHS_GIB so that the 000 article's two RTX 3090 data points
+# (BF16: ~4.6 GB KV; AWQ: 15839 blocks) come out within 5 %.
+RUNTIME_GIB = 1.0
+# CUDA graph pools; vLLM >= 0.21 counts them when sizing the KV cache (gpu-measurements note).
+# Not spent with enforce_eager.
+CUDA_GRAPHS_GIB = 1.0
+# NCCL and custom all-reduce buffers when a server spans more than one GPU (TP x PP > 1).
+MULTI_GPU_GIB = 0.5
+# Sampler working set per scheduled sequence and vocabulary entry, bytes: fp32 logits, fp32
+# probabilities, sorted values (fp32) and sort indices (int64) for top-p/top-k, a temporary.
+SAMPLER_BYTES_PER_VOCAB = 24
+# vLLM's default token budget per step for the OpenAI server when max_num_batched_tokens is not
+# set: 8192 on GPUs with >= 70 GiB that are not A100s, else 2048 (vLLM's EngineArgs defaults).
+DEFAULT_BATCHED_TOKENS_BIG, DEFAULT_BATCHED_TOKENS = 8192, 2048
+
+_DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "half": 2, "float32": 4, "float": 4}
+_INT4_METHODS = ("awq", "awq_marlin", "gptq", "gptq_marlin")
+
+
+def _act_dtype(resolved: dict[str, Any], facts: dict[str, Any]) -> str:
+    d = resolved["model"].get("dtype", "auto")
+    if d in ("auto", None):
+        d = facts["torch_dtype"]
+        if d == "float32":  # vLLM serves float32 checkpoints in 16 bits by default
+            d = "bfloat16"
+    return {"half": "float16", "float": "float32"}.get(d, d)
+
+
+def effective_quant(resolved: dict[str, Any], facts: dict[str, Any]) -> dict[str, Any] | None:
+    """The weight quantization that will be loaded: the checkpoint's own, else the spec's."""
+    ckpt = facts.get("quant")
+    if ckpt:
+        return ckpt
+    q = resolved["model"].get("quantization")
+    if not q:
+        return None
+    if q == "fp8":
+        return {"method": "fp8", "bits": 8, "group_size": None, "zero_point": False}
+    if q == "bitsandbytes":  # in-flight 4-bit NF4, blocks of 64 with an fp32 absmax each
+        return {"method": "bitsandbytes", "bits": 4, "group_size": 64, "zero_point": False}
+    # awq/gptq on a checkpoint without a quantization config: vLLM refuses (a hardware check says
+    # so); plan it as unquantized.
+    return None
+
+
+def linear_bytes_per_param(quant: dict[str, Any] | None, act_bytes: int) -> float:
+    """Bytes per weight of a quantized linear layer, scales and zero points included."""
+    if not quant:
+        return float(act_bytes)
+    method, bits, group = quant["method"], quant.get("bits") or 16, quant.get("group_size")
+    if method == "fp8" or (method == "compressed-tensors" and bits == 8):
+        return 1.0  # per-tensor / per-channel scales are negligible
+    if method == "bitsandbytes":
+        return bits / 8 + (4 / (group or 64) if bits == 4 else 0.0)
+    if group and group > 0:
+        # packed weights + one fp16 scale and one packed zero point per group and output column
+        return bits / 8 + (2 + bits / 8) / group
+    return bits / 8
+
+
+def weight_params(facts: dict[str, Any], tensor: int = 1) -> dict[str, float]:
+    """Parameter counts: per decoder layer (linear / other, for one TP rank) and the embeddings."""
+    h, hd = facts["hidden"], facts["head_dim"]
+    q_out = facts["heads"] * hd
+    kv_per_rank = max(1, math.ceil(facts["kv_heads"] / tensor))  # replicated when TP > KV heads
+    attn = (h * q_out + q_out * h) / tensor + 2 * h * kv_per_rank * hd
+    if facts.get("experts"):
+        mlp = facts["experts"] * 3 * h * facts["moe_intermediate"] / tensor + h * facts["experts"]
+    else:
+        mlp = 3 * h * facts["intermediate"] / tensor  # gated MLP: gate, up, down
+    other = 2 * h  # the two RMSNorms
+    if facts.get("attention_bias"):
+        other += q_out / tensor + 2 * kv_per_rank * hd
+    if facts.get("qk_norm"):
+        other += 2 * hd
+    embed = facts["vocab"] * h / tensor
+    return {
+        "layer_linear": attn + mlp,
+        "layer_other": other,
+        "embed": embed,
+        "lm_head": 0.0 if facts["tie_embeddings"] else embed,
+        "final_norm": h,
+    }
+
+
+def total_params(facts: dict[str, Any]) -> float:
+    p = weight_params(facts, 1)
+    return facts["layers"] * (p["layer_linear"] + p["layer_other"]) + p["embed"] + p["lm_head"] + p["final_norm"]
+
+
+def weights_bytes(facts: dict[str, Any], quant: dict[str, Any] | None, act_bytes: int, tensor: int = 1, pipeline: int = 1) -> float:
+    """Weight bytes on the fullest GPU: ceil(layers / PP) layers, split by TP, plus the
+    embedding (first stage) and the LM head (last stage; with PP = 1 both are on every GPU).
+    Embeddings and LM head stay unquantized (AWQ/GPTQ/FP8 checkpoints keep them in 16 bits)."""
+    p = weight_params(facts, tensor)
+    layers = math.ceil(facts["layers"] / pipeline)
+    lin = layers * p["layer_linear"] * linear_bytes_per_param(quant, act_bytes)
+    other = layers * p["layer_other"] * act_bytes
+    if pipeline == 1:
+        ends = (p["embed"] + p["lm_head"] + p["final_norm"]) * act_bytes
+    else:  # a tied LM head is a copy of the embedding on the last stage
+        ends = (p["embed"] + p["final_norm"]) * act_bytes
+    return lin + other + ends
+
+
+def kv_bytes_per_token(facts: dict[str, Any], kv_bytes: int, tensor: int = 1, pipeline: int = 1) -> int:
+    """2 (K and V) x layers x KV heads x head_dim x bytes, for one GPU: layers / PP, KV heads / TP
+    (at least 1: heads are replicated when TP > KV heads)."""
+    layers = math.ceil(facts["layers"] / pipeline)
+    kv_heads = max(1, math.ceil(facts["kv_heads"] / tensor))
+    return 2 * layers * kv_heads * facts["head_dim"] * kv_bytes
+
+
+def kv_dtype_bytes(kv_cache_dtype: str, act_bytes: int) -> int:
+    if kv_cache_dtype.startswith("fp8") or kv_cache_dtype == "int8":
+        return 1
+    return act_bytes
+
+
+def default_batched_tokens(g: dict[str, Any]) -> int:
+    total = g.get("cuda_total_gib") or 0
+    return DEFAULT_BATCHED_TOKENS_BIG if total >= 70 and not g["name"].startswith("a100") else DEFAULT_BATCHED_TOKENS
+
+
+def overhead(facts: dict[str, Any], resolved: dict[str, Any], g: dict[str, Any], act_bytes: int, tensor: int, pipeline: int) -> dict[str, float]:
+    """The non-KV, non-weight memory allowance per GPU, in GiB, by part."""
+    e = resolved["engine"]
+    tokens = e.get("max_num_batched_tokens") or default_batched_tokens(g)
+    if not e.get("enable_chunked_prefill", True):
+        tokens = max(tokens, resolved["model"]["max_model_len"])
+    inter = facts["intermediate"]
+    # one layer's live tensors at the peak: residual + normed input + attention output + q/k/v
+    # (~4 x hidden) and the MLP's gate/up output and activation (3 x intermediate / TP)
+    act = tokens * (4 * facts["hidden"] + 3 * inter / tensor) * act_bytes
+    sampler = e["max_num_seqs"] * facts["vocab"] * SAMPLER_BYTES_PER_VOCAB
+    parts = {
+        "runtime": RUNTIME_GIB,
+        "cuda_graphs": 0.0 if e.get("enforce_eager") else CUDA_GRAPHS_GIB,
+        "multi_gpu": MULTI_GPU_GIB if tensor * pipeline > 1 else 0.0,
+        "activations": act / GIB,
+        "sampler": sampler / GIB,
+        "batched_tokens": tokens,
+    }
+    return parts
+
+
+def plan(resolved: dict[str, Any], gpu: str | None = None, gpus_per_node: int | None = None) -> dict[str, Any]:
+    """The memory plan per GPU for a resolved spec. Raises KeyError for an unknown GPU name.
+
+    Keys: gpu, model, tensor, pipeline, data, weights_gib, overhead_gib, kv_cache_gib,
+    kv_bytes_per_token (per GPU), kv_bytes_per_token_model (all layers and heads), kv_tokens,
+    kv_blocks, max_concurrent_seqs (of full max_model_len), fits (True/False, None when the model
+    is unknown), decode_floor_ms (weights bytes / bandwidth), notes.
+    """
+    m, e, par, hw = resolved["model"], resolved["engine"], resolved["parallel"], resolved["hardware"]
+    gname = gpu or hw.get("gpu") or ("cpu" if resolved["install"]["accelerator"] == "cpu" else None)
+    if not gname:
+        raise ValueError("no GPU named: set hardware.gpu or pass --gpu (see `vllm-fleet plan --list-gpus`)")
+    try:
+        g = catalog.gpu(gname)
+    except KeyError:
+        raise KeyError(f"unknown GPU {gname!r}; known: {', '.join(catalog.gpu_names())}") from None
+    tp, pp, dp = par["tensor"], par["pipeline"], par.get("data", 1)
+    facts, how = catalog.facts_for(resolved)
+    out: dict[str, Any] = {
+        "gpu": g["name"], "gpu_label": g["label"], "model": m["source"], "model_facts": how,
+        "tensor": tp, "pipeline": pp, "data": dp,
+        "gpus_per_node": gpus_per_node or hw.get("gpus_per_node", 1), "nodes": par.get("nodes", 1),
+        "max_model_len": m["max_model_len"], "max_num_seqs": e["max_num_seqs"],
+        "gpu_memory_utilization": e["gpu_memory_utilization"], "kv_cache_dtype": e.get("kv_cache_dtype", "auto"),
+        "block_tokens": BLOCK_TOKENS, "notes": [],
+    }
+    notes = out["notes"]
+    cpu = g["name"] == "cpu"
+    if facts is None:
+        out.update(weights_gib=None, overhead_gib=None, kv_bytes_per_token=None, kv_bytes_per_token_model=None,
+                   kv_tokens=None, kv_blocks=None, max_concurrent_seqs=None, fits=None, decode_floor_ms=None,
+                   kv_cache_gib=float(e.get("cpu_kv_cache_gib", 1)) if cpu else None)
+        notes.append(f"plan skipped: no model facts ({how}); set model.architecture to a catalogue name "
+                     f"(vllm-fleet plan --list-models) or make config.json readable")
+        return out
+
+    act_dtype = _act_dtype(resolved, facts)
+    act_bytes = _DTYPE_BYTES.get(act_dtype, 2)
+    quant = effective_quant(resolved, facts)
+    kvb = kv_dtype_bytes(out["kv_cache_dtype"], act_bytes)
+    w_gpu = weights_bytes(facts, quant, act_bytes, tp, pp)
+    w_model = weights_bytes(facts, quant, act_bytes, 1, 1)
+    per_tok = kv_bytes_per_token(facts, kvb, tp, pp)
+    out.update(
+        dtype=act_dtype,
+        quantization=m.get("quantization") or (quant or {}).get("method"),
+        params_b=round(total_params(facts) / 1e9, 2),
+        weights_gib=round(w_gpu / GIB, 2),
+        weights_total_gib=round(w_model / GIB, 2),
+        kv_bytes_per_token=per_tok,
+        kv_bytes_per_token_model=kv_bytes_per_token(facts, kvb, 1, 1),
+        model_context=facts["context"],
+    )
+    if cpu:
+        kv_bytes = float(e.get("cpu_kv_cache_gib", 1)) * GIB
+        out.update(memory_gib=None, budget_gib=None, overhead_gib=None, overhead_parts=None, decode_floor_ms=None)
+        notes.append("CPU build: the KV cache is engine.cpu_kv_cache_gib GiB of host memory (VLLM_CPU_KVCACHE_SPACE); weights and activations live in host memory beside it")
+    else:
+        parts = overhead(facts, resolved, g, act_bytes, tp, pp)
+        ov = sum(v for k, v in parts.items() if k != "batched_tokens")
+        budget = g["cuda_total_gib"] * e["gpu_memory_utilization"]
+        kv_gib = budget - w_gpu / GIB - ov
+        kv_bytes = max(0.0, kv_gib) * GIB
+        out.update(
+            memory_gib=g["cuda_total_gib"], budget_gib=round(budget, 2), overhead_gib=round(ov, 2),
+            overhead_parts={k: (round(v, 2) if k != "batched_tokens" else v) for k, v in parts.items()},
+            # each decode step reads every weight once: bytes on one GPU / its bandwidth
+            decode_floor_ms=round(w_gpu / (g["bandwidth_gbs"] * 1e9) * 1e3 * pp, 2),
+        )
+        if kv_gib <= 0:
+            notes.append(f"weights {w_gpu / GIB:.2f} GiB + overhead {ov:.2f} GiB exceed the budget {budget:.2f} GiB "
+                         f"({g['cuda_total_gib']} GiB x {e['gpu_memory_utilization']})")
+    blocks = int(kv_bytes // (BLOCK_TOKENS * per_tok))
+    tokens = blocks * BLOCK_TOKENS
+    out.update(
+        kv_cache_gib=round(kv_bytes / GIB, 2),
+        kv_blocks=blocks,
+        kv_tokens=tokens,
+        max_concurrent_seqs=tokens // m["max_model_len"],
+        max_concurrency=round(tokens / m["max_model_len"], 2),
+    )
+    out["fits"] = tokens >= m["max_model_len"]
+    if 0 < tokens < m["max_model_len"]:
+        notes.append(f"the KV cache holds {tokens} tokens, less than one sequence of max_model_len {m['max_model_len']}: vLLM refuses to start")
+    if out["fits"] and out["max_concurrent_seqs"] < e["max_num_seqs"]:
+        notes.append(f"only {out['max_concurrent_seqs']} sequences of the full {m['max_model_len']} tokens fit at once "
+                     f"(max_num_seqs {e['max_num_seqs']}): long requests beyond that queue or are preempted")
+    if facts.get("experts"):
+        notes.append("mixture-of-experts model: weights and activations are rough estimates")
+    if quant and quant["method"] == "bitsandbytes":
+        notes.append("bitsandbytes weights are an estimate (4-bit NF4, 64-value blocks)")
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# text
+
+
+def format_plan(p: dict[str, Any]) -> str:
+    """A readable table of a plan, for the CLI."""
+    def gib(v: Any) -> str:
+        return "-" if v is None else f"{v:.2f} GiB"
+
+    par = f"TP {p['tensor']} x PP {p['pipeline']}" + (f" x DP {p['data']}" if p.get("data", 1) > 1 else "")
+    rows = [
+        ("model", f"{p['model']}" + (f"  ({p.get('params_b')}B params, {p.get('dtype')}" + (f", {p['quantization']}" if p.get("quantization") else "") + ")" if p.get("params_b") else "")),
+        ("facts from", p.get("model_facts", "-")),
+        ("GPU", f"{p['gpu']} ({p['gpu_label']})" + (f": {p['memory_gib']} GiB visible" if p.get("memory_gib") else "")),
+        ("parallelism", par),
+    ]
+    if p.get("budget_gib") is not None:
+        rows.append(("budget per GPU", f"{p['memory_gib']} GiB x {p['gpu_memory_utilization']} = {p['budget_gib']:.2f} GiB"))
+    rows.append(("weights per GPU", gib(p.get("weights_gib")) + (f"  (whole model {p['weights_total_gib']:.2f} GiB)" if p.get("weights_total_gib") is not None and (p["tensor"] * p["pipeline"] > 1) else "")))
+    if p.get("overhead_parts"):
+        op = p["overhead_parts"]
+        rows.append(("overhead allowance", f"{gib(p['overhead_gib'])}  (runtime {op['runtime']}, CUDA graphs {op['cuda_graphs']}, "
+                     f"multi-GPU {op['multi_gpu']}, activations {op['activations']} @ {op['batched_tokens']} tokens, sampler {op['sampler']})"))
+    rows.append(("KV cache per GPU", gib(p.get("kv_cache_gib"))))
+    if p.get("kv_bytes_per_token") is not None:
+        rows.append(("KV bytes / token", f"{p['kv_bytes_per_token']:,} per GPU ({p['kv_bytes_per_token_model']:,} for the whole model, {p['kv_cache_dtype']})"))
+        rows.append(("KV capacity", f"{p['kv_tokens']:,} tokens = {p['kv_blocks']:,} blocks of {p['block_tokens']}"))
+        rows.append(("full-length seqs", f"{p['max_concurrent_seqs']} x {p['max_model_len']} tokens at once (max_num_seqs {p['max_num_seqs']})"))
+    if p.get("decode_floor_ms") is not None:
+        rows.append(("decode floor", f"{p['decode_floor_ms']} ms / output token (weights read once per step at full bandwidth)"))
+    fits = p.get("fits")
+    rows.append(("fits", "unknown" if fits is None else "yes" if fits else "NO"))
+    width = max(len(k) for k, _ in rows)
+    lines = [f"{k.ljust(width)}  {v}" for k, v in rows]
+    lines += [f"note: {n}" for n in p.get("notes", [])]
+    return "\n".join(lines)
+
+
+def list_models() -> str:
+    rows = [("hub id", "name", "layers", "hidden", "heads/kv", "context", "quant", "params")]
+    for f in catalog.models():
+        q = f["quant"]
+        rows.append((f["id"], f["name"], str(f["layers"]), str(f["hidden"]), f"{f['heads']}/{f['kv_heads']}", str(f["context"]),
+                     f"{q['method']} w{q['bits']} g{q['group_size']}" if q else "-", f"{f['params_b']}B"))
+    return _table(rows) + "\nUse a hub id as model.source, or a name as model.architecture for a local or renamed copy."
+
+
+def list_gpus() -> str:
+    rows = [("name", "GPU", "GiB (CUDA)", "compute cap.", "bandwidth")]
+    for g in catalog.gpus():
+        if g["name"] == "cpu":
+            rows.append(("cpu", g["label"], "engine.cpu_kv_cache_gib", "-", "-"))
+            continue
+        rows.append((g["name"], g["label"], f"{g['cuda_total_gib']}", f"{g['compute_capability']}", f"{g['bandwidth_gbs']} GB/s"))
+    return _table(rows)
+
+
+def _table(rows: list[tuple[str, ...]]) -> str:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
