@@ -93,14 +93,16 @@ def cmd_validate(args: argparse.Namespace) -> int:
             if not c.ok:
                 _print_problems(c.problems, c.source)
         return 0 if ok else 1
+    where = args.inventory or "specs"
     for c in results:
         _print_problems(c.problems, c.source)
         if c.ok:
             r, problems = c.resolved, c.problems
-            print(f"{c.source}: valid ({r['name']}: {r['model']['served_name']}, "
+            # not "valid" when the fleet (the inventory, the other specs) has errors: exit 1 follows
+            verdict = f"valid on its own, but not on {where} (below)" if fleet else "valid"
+            print(f"{c.source}: {verdict} ({r['name']}: {r['model']['served_name']}, "
                   f"{r['install']['accelerator']}, TP {r['parallel']['tensor']} x PP {r['parallel']['pipeline']}"
                   f"{', ' + str(len(problems)) + ' warning(s)' if problems else ''})")
-    where = args.inventory or "specs"
     for line in fleet:
         print(f"{where}: error: {line}", file=sys.stderr)
     if fleet:

@@ -10,8 +10,9 @@
    output; ``--dry``/``--diff``/``-y``/``--limit`` are pyinfra's.
 
 Exit codes: 0 deployed (with ``--dry``: the changes were shown, nothing was changed); 1 the spec,
-the inventory or a secret has a problem (nothing was contacted); 2 usage; 3 pyinfra ran and a
-host failed or pyinfra stopped (its output says which and why).
+the inventory or a secret has a problem (nothing was contacted); 2 usage (also: no -y and no
+terminal to confirm on); 3 pyinfra ran and a host failed or pyinfra stopped (its output says which
+and why); 130 interrupted (Ctrl-C; one line says what may still run on the hosts).
 
 :func:`plan` (steps 1-2) is shared by ``diff`` and ``down``. Core module: pyinfra runs as a
 subprocess, as a user runs it; nothing here imports it.
@@ -163,11 +164,37 @@ def plan(inventory: str, spec: str | None = None, data: Sequence[str] = (), limi
     return out, data
 
 
-def run_pyinfra(argv: list[str], runner: Callable[[list[str]], int] | None = None) -> int:
-    """Run pyinfra with its own output on this terminal; its exit status."""
+def run_pyinfra(argv: list[str], runner: Callable[[list[str]], int] | None = None, *, what: str = "vllm-fleet",
+                again: str = "") -> int:
+    """Run pyinfra with its own output on this terminal; its exit status (130 after a Ctrl-C,
+    with one line: what may still run on the hosts and ``again``, the command to run next)."""
     if runner:
         return runner(argv)
-    return subprocess.run(argv).returncode
+    from vllm_fleet.commands.pyinfra_run import run
+
+    return run(argv, what, again or " ".join(argv))
+
+
+def no_terminal(args: argparse.Namespace, command: str) -> bool:
+    """Without -y (and not --dry), pyinfra asks "Press enter to execute..." on the terminal; with
+    none (stdin not a TTY: CI, a pipe, cron) say so up front, before anything is read or contacted."""
+    if args.yes or getattr(args, "dry", False) or sys.stdin.isatty():
+        return False
+    print(f"vllm-fleet {command}: no terminal to confirm: add -y to {command} without asking "
+          "(or --dry to only show what would change); nothing was contacted", file=sys.stderr)
+    return True
+
+
+def again_command(args: argparse.Namespace, command: str) -> str:
+    """The `vllm-fleet COMMAND ... -y` that repeats this run (after a Ctrl-C)."""
+    out = ["vllm-fleet", command, args.inventory]
+    if args.spec:
+        out += ["--spec", args.spec]
+    for h in args.limit or []:
+        out += ["--limit", h]
+    for d in args.data or []:
+        out += ["--data", d]
+    return " ".join(out + ["-y"])
 
 
 def pyinfra_argv(inventory: str, func: str, data: Sequence[str], limit: Sequence[str], *, dry: bool = False,
@@ -182,6 +209,51 @@ def pyinfra_argv(inventory: str, func: str, data: Sequence[str], limit: Sequence
 
 def summary(deployments: list[Deployment]) -> str:
     return "; ".join(f"{d.resolved['name']} ({os.path.relpath(d.path)}) on {', '.join(d.hosts)}" for d in deployments)
+
+
+def closing_summary(deployments: list[Deployment], write: bool = True) -> list[str]:
+    """What a person needs after a deploy, per deployment: the endpoint, the client settings files
+    on this machine (``openai.env`` is written here from the rendered client target when it
+    differs; ``openai.json`` by the smoke tests), where the API key is (never the key), and one
+    command that tries the service."""
+    import shlex
+
+    from vllm_fleet.render.files import paths
+
+    out: list[str] = []
+    for d in deployments:
+        client = d.rendered.get("client") or {}
+        p = paths(d.resolved)
+        try:
+            settings = json.loads(client[p["client_json"]].content)
+        except (KeyError, ValueError):
+            continue
+        if write and p["client_env"] in client:
+            env = Path(os.path.expanduser(p["client_env"]))
+            want = client[p["client_env"]].content
+            try:
+                if not env.is_file() or env.read_text() != want:
+                    env.parent.mkdir(parents=True, exist_ok=True)
+                    env.write_text(want)
+            except OSError as exc:
+                out.append(f"  (could not write {p['client_env']}: {exc.strerror or exc})")
+        files = [f for f in (p["client_json"], p["client_env"]) if Path(os.path.expanduser(f)).is_file()]
+        ref = d.resolved["server"].get("api_key") or {}
+        if "file" in ref:
+            f = ref["file"]
+            cat = f'"$(cat {"~/" + shlex.quote(f[2:]) if f.startswith("~/") else shlex.quote(f)})"'
+        elif "env" in ref:
+            cat = f'"${ref["env"]}"'
+        else:
+            cat = ""
+        auth = f"-H \"Authorization: Bearer {cat[1:-1]}\" " if cat else ""
+        base = settings["base_url"]
+        out += [f"vllm-fleet deploy: {d.resolved['name']} serves {settings['model']!r} on {', '.join(d.hosts)}",
+                f"  endpoint:  {base}",
+                f"  client:    {', '.join(files) if files else '(no client settings file written: smoke tests off?)'}",
+                f"  API key:   {settings['api_key']['where']} (never printed)",
+                f"  try it:    curl -s {auth}{base}/models"]
+    return out
 
 
 def checked_plan(args: argparse.Namespace, command: str, nothing: str) -> tuple[list[Deployment], list[str]] | None:
@@ -200,6 +272,8 @@ def cmd_deploy(args: argparse.Namespace, runner: Callable[[list[str]], int] | No
     planned = checked_plan(args, "deploy", "nothing was deployed")
     if planned is None:
         return EXIT_INPUT
+    if runner is None and no_terminal(args, "deploy"):  # after the checks (local), before any host
+        return EXIT_USAGE
     deployments, data = planned
     for d in deployments:
         for w in d.warnings:
@@ -207,10 +281,15 @@ def cmd_deploy(args: argparse.Namespace, runner: Callable[[list[str]], int] | No
     print(f"vllm-fleet deploy: valid: {summary(deployments)}", file=sys.stderr)
     argv = pyinfra_argv(args.inventory, DEPLOY, data, args.limit or [], dry=args.dry, diff=args.diff, yes=args.yes)
     print(f"vllm-fleet deploy: {' '.join(argv)}", file=sys.stderr)
-    rc = run_pyinfra(argv, runner)
+    rc = run_pyinfra(argv, runner, what="vllm-fleet deploy", again=again_command(args, "deploy"))
+    if rc == 130:
+        return rc
     if rc != 0:
         print(f"vllm-fleet deploy: pyinfra exited {rc}: see its output above (the failed host and why)", file=sys.stderr)
         return EXIT_PYINFRA
+    if not args.dry:
+        for line in closing_summary(deployments):
+            print(line)
     return EXIT_OK
 
 

@@ -17,7 +17,8 @@ import argparse
 import sys
 from typing import Any, Callable
 
-from vllm_fleet.commands.deploy import EXIT_INPUT, EXIT_OK, EXIT_PYINFRA, checked_plan, pyinfra_argv, run_pyinfra, summary
+from vllm_fleet.commands.deploy import (EXIT_INPUT, EXIT_OK, EXIT_PYINFRA, EXIT_USAGE, again_command, checked_plan, no_terminal,
+                                        pyinfra_argv, run_pyinfra, summary)
 
 DOWN = "vllm_fleet.deploys.down.down"
 
@@ -26,6 +27,8 @@ def cmd_down(args: argparse.Namespace, runner: Callable[[list[str]], int] | None
     planned = checked_plan(args, "down", "nothing was removed")
     if planned is None:
         return EXIT_INPUT
+    if runner is None and no_terminal(args, "down"):  # after the checks (local), before any host
+        return EXIT_USAGE
     deployments, data = planned
     if args.purge:
         data = [*data, "vllm_fleet_purge=true"]
@@ -33,7 +36,9 @@ def cmd_down(args: argparse.Namespace, runner: Callable[[list[str]], int] | None
           + (" (purge: environments and weights too)" if args.purge else " (environments and weights stay)"), file=sys.stderr)
     argv = pyinfra_argv(args.inventory, DOWN, data, args.limit or [], dry=args.dry, yes=args.yes)
     print(f"vllm-fleet down: {' '.join(argv)}", file=sys.stderr)
-    rc = run_pyinfra(argv, runner)
+    rc = run_pyinfra(argv, runner, what="vllm-fleet down", again=again_command(args, "down") + (" --purge" if args.purge else ""))
+    if rc == 130:
+        return rc
     if rc != 0:
         print(f"vllm-fleet down: pyinfra exited {rc}: see its output above", file=sys.stderr)
         return EXIT_PYINFRA

@@ -525,7 +525,8 @@ def _upstreams(resolved: dict[str, Any], node: Node, all_nodes: list[Node], with
             if loopback:
                 raise RenderError(
                     f"the proxy on {node.target} must reach vLLM on {s.target}, but server.host is {resolved['server']['host']} "
-                    f"(vLLM listens only locally): set server.host: 0.0.0.0 (and firewall port {inst.port}), or put the proxy on the server host"
+                    f"(vLLM listens only locally): set server.host: 0.0.0.0 (the deploy's own nftables rules then let only the proxy hosts "
+                    f"reach port {inst.port}: host data vllm_api_firewall), or put the proxy on the server host"
                 )
             out.append(f"{inst.address}:{inst.port}{params}")
     if out and all(u.endswith(" down") for u in out):

@@ -116,7 +116,10 @@ def check(path: str, *, hardware: bool = True, overrides: dict[tuple[str, str], 
             raise  # a clean spec that crashes a check is a bug: let it show
         return out  # the schema's problems stand; the rest could not be judged
     if schema_errors:
-        later = [p for p in later if not _covered(p.path, {q.path for q in schema_errors})]
+        # a later problem about a set-aside key (its default stood in for the bad value: e.g.
+        # `accelerator: CPU` -> "install.accelerator is cuda but ...") says nothing true: drop it
+        later = [p for p in later if not _covered(p.path, {q.path for q in schema_errors})
+                 and not any(q.path and q.path in p.message for q in schema_errors)]
         out.problems += later
         return out  # resolved on a pruned spec: not a deployable result
     out.problems += later

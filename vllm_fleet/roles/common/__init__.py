@@ -117,6 +117,9 @@ def load_deploy_spec() -> dict[str, Any]:
     "secrets": {name: {...}}, "paths": {name: spec file}}`` plus, for the first spec, the
     single-deployment keys ``spec``, ``secrets``, ``rendered`` ({host: files}) and ``path``.
     """
+    from vllm_fleet.commands.pyinfra_run import install_sigint
+
+    install_sigint()  # Ctrl-C: one line and exit 130, not pyinfra's traceback and exit 0
     paths, per_host = fleet_spec_paths()
     key = os.pathsep.join(_norm(p) for p in paths) + "|" + os.environ.get(UPSTREAM_DOWN_ENV, "")
     if key in _CACHE:

@@ -319,7 +319,8 @@ def install_service(spec: dict[str, Any], node: Any, rendered: dict[str, Any], a
         if failed_now or stale_now or pending(*relevant):
             server.shell(name=f"Clear {unit}'s failed state before (re)starting", commands=[f"if systemctl is-failed --quiet {unit}; then systemctl reset-failed {unit}; fi"],
                          _if=(lambda: True) if failed_now else when)
-        why = "its inputs changed" if not stale_now else "it runs an older configuration"
+        why = ("its inputs changed" if not stale_now else "it runs an older configuration" if have
+               else "first start of this configuration")  # no stamp: never started by a deploy
         restart = (systemd.service(name=f"Restart {unit} ({why})", service=unit, running=True, restarted=True, enabled=True, _if=when)
                    if stale_now or pending(*relevant) else Converged(f"restart {unit}"))
         running = service_running(name=f"{unit} running and enabled", service=unit, running=True, enabled=True)
