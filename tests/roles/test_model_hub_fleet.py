@@ -294,6 +294,7 @@ print(json.dumps({"dir": str(d), **hubcache.info(d)}))
 """
 
 
+@pytest.mark.vllm  # the vLLM CPU venv's huggingface_hub
 def test_with_huggingface_hub_the_same_cache(hub, tmp_path):
     """The vLLM venv's huggingface_hub (what a control machine with it installed uses): the same
     files and record, its resume state removed, and the same errors."""

@@ -220,6 +220,7 @@ def _sha(p: Path) -> str:
     return subprocess.run(["sha256sum", str(p)], capture_output=True, text=True, check=True).stdout.split()[0]
 
 
+@pytest.mark.vllm  # the vLLM CPU venv's huggingface_hub
 def test_hub_download_with_the_token_file_writes_the_marker(harness, hub, tmp_path):
     """The real huggingface_hub against the stand-in: the token comes from the file (sent as a
     Bearer header), the files land at model.path intact, and the marker names repo@revision."""
@@ -237,6 +238,7 @@ def test_hub_download_with_the_token_file_writes_the_marker(harness, hub, tmp_pa
     assert TOKEN not in " ".join(_hub_script(harness, spec, str(token_file)))
 
 
+@pytest.mark.vllm  # the vLLM CPU venv's huggingface_hub
 def test_hub_download_stops_before_anything_when_the_disk_is_too_small(harness, hub, tmp_path):
     """The repository's file sizes (from the hub, before any download) against the free space at
     model.path less model_keep_free_bytes: a clear stop, nothing downloaded, no marker."""
@@ -258,6 +260,7 @@ def test_hub_ignore_patterns_are_on_the_command_line(harness):
     assert json.loads(args[-3]) == ["original/*", "*.pth"] and args[-2] == str(1 << 30)
 
 
+@pytest.mark.vllm  # the vLLM CPU venv's huggingface_hub
 def test_hub_revision_that_does_not_exist_is_named_with_a_fix(harness, hub, tmp_path):
     spec = hub_spec(path=str(tmp_path / "model"), revision="no-such-revision")
     r = _run_hub_script(_hub_script(harness, spec), hub(), tmp_path)
@@ -268,6 +271,7 @@ def test_hub_revision_that_does_not_exist_is_named_with_a_fix(harness, hub, tmp_
     assert not (tmp_path / "model" / ".vllm-fleet-hub").exists()
 
 
+@pytest.mark.vllm  # the vLLM CPU venv's huggingface_hub
 def test_hub_interrupted_download_is_resumed_and_verified(harness, hub, tmp_path):
     """The connection drops half-way through the weights on every try of a first run (which
     fails: no marker, so the next deploy downloads again); the second run completes the file and
@@ -285,6 +289,7 @@ def test_hub_interrupted_download_is_resumed_and_verified(harness, hub, tmp_path
     assert (tmp_path / "model" / ".vllm-fleet-hub").exists()
 
 
+@pytest.mark.vllm  # the vLLM CPU venv's huggingface_hub
 def test_hub_corrupted_file_is_removed_and_not_marked(harness, hub, tmp_path):
     """Bytes that do not match the hub's sha256 are never marked as downloaded: the file is
     removed, the command fails saying so, and the next run fetches it again."""
