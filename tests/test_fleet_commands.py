@@ -294,7 +294,7 @@ def test_down_with_a_bad_spec_contacts_no_host(tmp_path, capsys):
 
 
 def test_init_writes_a_valid_spec_with_the_schema_hooked_up(tmp_path, capsys):
-    from vllm_fleet.commands.inventory import load_inventory
+    from vllm_fleet.spec.inventory import load_inventory
     from vllm_fleet.spec.load import SCHEMA_PATH, load_and_check
 
     assert main(["init", str(tmp_path / "infra")]) == 0
@@ -306,7 +306,7 @@ def test_init_writes_a_valid_spec_with_the_schema_hooked_up(tmp_path, capsys):
     assert sum(1 for line in spec.read_text().splitlines() if "#" in line) >= 15  # commented
     hosts = load_inventory(tmp_path / "infra" / "inventory.py")
     assert hosts["gpu1"]["data"]["vllm_fleet_spec"] == str(spec.resolve())
-    assert set(hosts["gpu1"]["groups"]) == {"servers", "proxy"}
+    assert set(hosts["gpu1"]["groups"]) == {"servers", "proxy", "inventory"}  # + pyinfra's file-name group
     # the inventory as pyinfra reads it names the spec, so deploy needs no --spec
     (d,), _ = deploycmd.plan(str(tmp_path / "infra" / "inventory.py"))
     assert d.resolved["name"] == "my-model" and d.hosts == ["gpu1"]

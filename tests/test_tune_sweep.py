@@ -367,7 +367,7 @@ proxy = [("lab1", {"ssh_hostname": "10.10.0.11", "ssh_user": "lab"})]
 def test_fleet_view_replicas_are_layout_instances(tmp_path):
     from vllm_fleet.commands.bench import targets
     from vllm_fleet.host.fleetview import fleet_view
-    from vllm_fleet.commands.inventory import load_inventory
+    from vllm_fleet.spec.inventory import load_inventory
     from vllm_fleet.spec.load import load_and_check
 
     (tmp_path / "inv.py").write_text(INV2)

@@ -102,7 +102,7 @@ def spec_digest(path: str) -> str:
 
 def load_fleet(inventory: str, spec_path: str, need_key: bool = True) -> tuple[dict[str, Any], Any, FleetView, str | None]:
     """(resolved spec, Spec, view, API key or None when not ``need_key``): every problem as BenchError, nothing touched."""
-    from vllm_fleet.commands.inventory import InventoryError, load_inventory
+    from vllm_fleet.spec.inventory import InventoryError, load_inventory
     from vllm_fleet.render.layout import LayoutError
     from vllm_fleet.render.secrets import SecretError, read_secret
     from vllm_fleet.spec.load import SpecError, load, load_and_check

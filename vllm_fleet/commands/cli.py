@@ -43,7 +43,7 @@ def _load(path: str, *, hardware: bool = True, overrides: dict[str, Any] | None 
 
 
 def _load_inventory(path: str | None, cmd: str) -> dict[str, Any] | None:
-    from vllm_fleet.commands.inventory import InventoryError, load_inventory
+    from vllm_fleet.spec.inventory import InventoryError, load_inventory
 
     if not path:
         return None

@@ -1,7 +1,7 @@
 """`vllm-fleet deploy INVENTORY [--spec SPEC] [--limit HOSTS] [--dry] [--diff] [-y]`.
 
-1. The inventory as pyinfra reads it, without connecting: ``pyinfra INVENTORY debug-inventory
-   --json`` (its own data precedence: ``--data`` > host > group incl. ``group_data/*.py`` > all).
+1. The inventory as pyinfra reads it, without connecting (:mod:`vllm_fleet.spec.inventory`:
+   pyinfra's own loader in a child process; its data precedence: ``--data`` > host > group incl. ``group_data/*.py`` > all).
 2. Each host's spec (:mod:`vllm_fleet.spec.source`; ``--spec`` is passed as ``--data
    vllm_fleet_spec=``): validated (schema, semantic, hardware checks), its secrets readable, its
    model directory present, its files rendered for the hosts that deploy it. Any problem: printed
@@ -50,26 +50,14 @@ def pyinfra_bin() -> str:
 
 
 def pyinfra_inventory(inventory: str, data: Sequence[str] = ()) -> dict[str, dict[str, Any]]:
-    """{host: {"groups": [...], "data": {...}}} as pyinfra sees the inventory (no connection)."""
-    if not Path(inventory).is_file():
-        raise PlanError([f"inventory {inventory}: no such file (pass a pyinfra inventory .py file)"])
-    argv = [pyinfra_bin(), inventory, "debug-inventory", "--json"]
-    for d in data:
-        argv += ["--data", d]
-    r = subprocess.run(argv, capture_output=True, text=True, stdin=subprocess.DEVNULL, env={**os.environ, "PYINFRA_PROGRESS": "off"})
-    rows = None
-    for line in r.stdout.splitlines():
-        if line.startswith("["):
-            try:
-                rows = json.loads(line)
-            except ValueError:
-                pass
-    if r.returncode != 0 or rows is None:
-        tail = "\n".join((r.stderr + r.stdout).strip().splitlines()[-8:])
-        raise PlanError([f"inventory {inventory}: pyinfra could not load it:", *("  " + t for t in tail.splitlines())])
-    if not rows:
-        raise PlanError([f"inventory {inventory}: no hosts"])
-    return {row["name"]: {"groups": list(row["groups"]), "data": row["data"] or {}} for row in rows}
+    """{host: {"address", "groups", "data", "order"}} as pyinfra sees the inventory (no connection):
+    :func:`vllm_fleet.spec.inventory.load_inventory`, the one reader every command uses."""
+    from vllm_fleet.spec.inventory import InventoryError, load_inventory
+
+    try:
+        return load_inventory(inventory, data)
+    except InventoryError as exc:
+        raise PlanError(exc.lines) from None
 
 
 def select(hosts: dict[str, dict[str, Any]], limit: Sequence[str]) -> list[str]:
@@ -84,7 +72,7 @@ def select(hosts: dict[str, dict[str, Any]], limit: Sequence[str]) -> list[str]:
 
 def layout_inventory(hosts: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """The inventory as the renderers want it (what roles.common.inventory_hosts gives the deploy)."""
-    from vllm_fleet.commands.inventory import render_entry
+    from vllm_fleet.render.layout import render_entry
 
     return {n: render_entry(n, h["groups"], h["data"]) for n, h in hosts.items()}
 

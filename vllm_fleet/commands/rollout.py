@@ -83,7 +83,7 @@ def plan_batches(servers: list[str], size: int, first: list[str] | None = None) 
 
 def server_order(inventory_path: str, spec: dict[str, Any] | None = None) -> tuple[list[str], list[str], dict[str, dict[str, Any]]]:
     """(instance ids ``HOST:N`` in the layout's order, proxy hosts, {host: {address, groups, data}})."""
-    from vllm_fleet.commands.inventory import load_inventory
+    from vllm_fleet.spec.inventory import load_inventory
     from vllm_fleet.render.layout import LayoutError, build
 
     hosts = load_inventory(inventory_path)
@@ -297,7 +297,7 @@ def format_table(result: RolloutResult) -> str:
 def cmd_rollout(args: argparse.Namespace) -> int:
     spec = args.spec
     if not spec:  # the inventory's (vllm_fleet.spec.source): one spec for all replicas
-        from vllm_fleet.commands.inventory import InventoryError, load_inventory
+        from vllm_fleet.spec.inventory import InventoryError, load_inventory
         from vllm_fleet.spec.source import SpecSourceError, spec_source
 
         try:

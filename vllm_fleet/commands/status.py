@@ -13,7 +13,7 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from vllm_fleet.commands.inventory import InventoryError, load_inventory
+from vllm_fleet.spec.inventory import InventoryError, load_inventory
 
 
 

@@ -2,7 +2,7 @@
 units, ports and files, and how to reach a host over SSH: read from the per-host layout
 (:func:`vllm_fleet.render.layout.build`), never from group names or fixed names.
 
-    view = fleet_view(resolved, inventory)      # inventory: vllm_fleet.commands.inventory.load_inventory()
+    view = fleet_view(resolved, inventory)      # inventory: vllm_fleet.spec.inventory.load_inventory()
     rep = view.replicas[0]; rep.id ("lab1:0"), rep.unit, rep.port, rep.env_file, rep.host
     view.replica("lab1") (its first instance) / view.replica("lab1:1"); view.proxies; view.ssh_argv("lab3")
 
@@ -111,7 +111,7 @@ def spec_for(inventory: str, spec: str | None) -> str:
     ``vllm-fleet rollout`` finds it). Raises ValueError with what to do."""
     if spec:
         return spec
-    from vllm_fleet.commands.inventory import InventoryError, load_inventory
+    from vllm_fleet.spec.inventory import InventoryError, load_inventory
     from vllm_fleet.spec.source import SpecSourceError, spec_source
 
     try:

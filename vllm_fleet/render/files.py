@@ -6,7 +6,7 @@
 The files view of the per-host layout (:mod:`vllm_fleet.render.layout`, which says which host plays
 which part): without an inventory a target is a part (``server``, ``worker``, ``ray-head``,
 ``ray-worker``, ``proxy``, ``monitoring``, ``client``); with one (``{host: {"address": ...,
-"groups": [...], "data": {...}}}``, as :func:`vllm_fleet.commands.inventory.load_inventory` returns) a
+"groups": [...], "data": {...}}}``, as :func:`vllm_fleet.spec.inventory.load_inventory` returns) a
 target is a host name and gets every file the deploy places there (units, env files, nginx
 sites, firewall rules). The roles put these files as they are (content, mode, owner, group);
 no role builds a unit, an env file, an nginx config or a firewall rule itself.

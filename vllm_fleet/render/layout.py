@@ -419,7 +419,7 @@ def _cross_checks(layout_hosts: dict[str, HostLayout], deployments: dict[str, di
 def build(specs: Sequence[dict[str, Any]] | dict[str, Any], inventory: dict[str, dict[str, Any]] | None = None, *,
           down: Iterable[str] = (), sources: dict[str, str] | None = None) -> Layout:
     """The layout of ``specs`` (resolved) on ``inventory`` ({host: {address, groups, data}}, as
-    :func:`vllm_fleet.commands.inventory.load_inventory` returns; None: per part, e.g. ``server``).
+    :func:`vllm_fleet.spec.inventory.load_inventory` returns; None: per part, e.g. ``server``).
 
     ``down``: instance ids (``HOST:N``) or host names out of the nginx upstream (a rollout).
     ``sources``: {deployment: spec file} for the messages. Raises :class:`LayoutError` with
@@ -467,6 +467,23 @@ def build(specs: Sequence[dict[str, Any]] | dict[str, Any], inventory: dict[str,
         raise LayoutError([str(exc)]) from None
     layout.hosts = {k: v for k, v in hosts.items() if v.parts or v.files}
     return layout
+
+
+def render_entry(name: str, groups: list[str], data: dict[str, Any], down: bool = False) -> dict[str, Any]:
+    """One host as the layout reads it: {"address", "groups", "data"} (only the host data the
+    layout and renderers use: :data:`vllm_fleet.render.files.HOST_DATA_KEYS` and
+    :data:`HOST_DATA_DEFAULTS`). The deploy's roles (pyinfra's host objects) and the commands
+    (:func:`vllm_fleet.spec.inventory.load_inventory`) both come through here.
+
+    ``down``: the rollout marks this replica down in the nginx upstream (also host data ``upstream_down``).
+    """
+    from vllm_fleet.render.files import HOST_DATA_KEYS
+
+    out = {k: data.get(k) for k in (*HOST_DATA_KEYS, *HOST_DATA_DEFAULTS) if data.get(k) is not None}
+    out.pop("upstream_down", None)
+    if down or data.get("upstream_down"):
+        out["upstream_down"] = True
+    return {"address": data.get("ssh_hostname") or name, "groups": list(groups), "data": out}
 
 
 def firewall_addresses(addresses: Iterable[str], what: str) -> list[str]:

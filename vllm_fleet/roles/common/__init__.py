@@ -76,8 +76,8 @@ def upstream_down() -> set[str]:
 
 def inventory_hosts() -> dict[str, dict[str, Any]]:
     """The inventory as the layout wants it: {name: {address, groups, data}} (the host data the
-    layout reads: vllm_fleet.render.layout's docstring; vllm_fleet.commands.inventory.render_entry)."""
-    from vllm_fleet.commands.inventory import render_entry
+    layout reads: vllm_fleet.render.layout's docstring; vllm_fleet.render.layout.render_entry)."""
+    from vllm_fleet.render.layout import render_entry
 
     return {h.name: render_entry(h.name, list(h.groups), h.data) for h in inventory}
 
