@@ -5,8 +5,8 @@ it lacks python3-venv (ensurepip), git and even make, so `make host-deps` must i
 - opt-in, VLLM_FLEET_MINBASE=1 (minutes: a Debian root and `make host-deps` in it): inside a root
   built as the lab builds its own (mmdebstrap --variant=minbase bookworm, the tarball cached
   under /var/cache/vllm-fleet/minbase/), `apt-get install make`, then `make host-deps venv` in a
-  copy of this checkout, and the venv's `vllm-fleet --version` runs. Needs root and
-  systemd-nspawn (make host-deps on the control machine).
+  copy of this checkout (a chroot in its own mount namespace), and the venv's `vllm-fleet
+  --version` runs. Needs root and mmdebstrap (make host-deps on the control machine).
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import shlex
 import shutil
 import subprocess
 from pathlib import Path
@@ -49,7 +50,7 @@ def _minbase_tarball() -> Path:
     tarball = CACHE / f"minbase-bookworm-{key}.tar.zst"
     if not tarball.is_file():
         CACHE.mkdir(parents=True, exist_ok=True)
-        part = tarball.with_name(tarball.name + ".part")
+        part = tarball.with_name(tarball.name.replace(".tar.zst", ".part.tar.zst"))  # mmdebstrap: format from the suffix
         r = subprocess.run(["mmdebstrap", "--quiet", "--variant=minbase", "bookworm", str(part), sources],
                            capture_output=True, text=True, timeout=900)
         assert r.returncode == 0, r.stderr[-3000:]
@@ -60,8 +61,8 @@ def _minbase_tarball() -> Path:
 @pytest.mark.skipif(os.environ.get("VLLM_FLEET_MINBASE") != "1",
                     reason="minutes of apt and pip in a Debian root: set VLLM_FLEET_MINBASE=1 to run it")
 def test_make_host_deps_venv_in_a_minimal_debian_12(tmp_path):
-    if os.geteuid() != 0 or not shutil.which("systemd-nspawn") or not shutil.which("mmdebstrap"):
-        pytest.fail("needs root, systemd-nspawn and mmdebstrap (make host-deps)", pytrace=False)
+    if os.geteuid() != 0 or not shutil.which("unshare") or not shutil.which("mmdebstrap"):
+        pytest.fail("needs root, unshare and mmdebstrap (make host-deps)", pytrace=False)
     root = tmp_path / "root"
     root.mkdir()
     subprocess.run(["tar", "--zstd", "-xf", str(_minbase_tarball()), "-C", str(root)], check=True, timeout=300)
@@ -76,11 +77,19 @@ def test_make_host_deps_venv_in_a_minimal_debian_12(tmp_path):
         if p.is_file():
             (src / f.decode()).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(p, src / f.decode())
-    binds = [f"--bind-ro={d}" for d in ("/opt/wheels", "/opt/pypi", "/opt/pypi-more", "/etc/xdg/pip") if Path(d).exists()]
-    envs = [f"--setenv={k}={v}" for k, v in os.environ.items() if k.startswith("PIP_") or k.lower().endswith("_proxy")]
+    # a chroot in its own mount namespace (nothing leaks to this machine): /proc, /dev, /sys, the
+    # resolver and this machine's pip index settings (directories bound read-only), as a user's would be
+    mounts = ["mount -t proc proc R/proc", "mount --rbind /dev R/dev", "mount -t sysfs sys R/sys", "cp -L /etc/resolv.conf R/etc/"]
+    for d in ("/opt/wheels", "/opt/pypi", "/opt/pypi-more", "/etc/xdg/pip"):
+        if Path(d).exists():
+            mounts += [f"mkdir -p R{d}", f"mount --bind {d} R{d}", f"mount -o remount,bind,ro R{d}"]
+    env = ["env", "-i", "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME=/root", "LANG=C.UTF-8",
+           *(f"{k}={v}" for k, v in os.environ.items() if k.startswith("PIP_") or k.lower().endswith("_proxy"))]
     script = ("set -e; export DEBIAN_FRONTEND=noninteractive; apt-get update -qq; apt-get install -y -qq make >/dev/null; "
               "cd /src && make host-deps venv && .venv/bin/vllm-fleet --version")
-    r = subprocess.run(["systemd-nspawn", "--quiet", "--register=no", "--resolv-conf=copy-host", "-D", str(root),
-                        *binds, *envs, "bash", "-c", script], capture_output=True, text=True, timeout=1800)
+    inner = " && ".join(m.replace("R/", f"{root}/") for m in mounts) + " && exec chroot " + str(root) + " " + \
+        " ".join(shlex.quote(a) for a in [*env, "bash", "-c", script])
+    r = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", inner], capture_output=True, text=True,
+                       timeout=1800)
     assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
     assert "vllm-fleet " in r.stdout

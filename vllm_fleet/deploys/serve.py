@@ -33,9 +33,10 @@ from vllm_fleet.roles.common.state import Query, load_host_state
 def state_query(ctx: dict, h) -> Query:
     """What the roles serve() runs on this host compare against (vllm_fleet.roles.common.state)."""
     from vllm_fleet.roles import nginx, service
+    from vllm_fleet.roles.common import clash
 
     rendered = dict(h.files)
-    q = service.api_firewall_query(rendered) if any(n.instances for n in h.parts.values()) else Query()
+    q = clash.query() | (service.api_firewall_query(rendered) if any(n.instances for n in h.parts.values()) else Query())
     for name, node in h.parts.items():
         spec = ctx["specs"][name]
         if node.roles & SERVICE_PARTS:
@@ -59,7 +60,12 @@ def serve() -> None:
     write_generated_secrets(ctx)  # a new API key file on this machine, before it reaches a host
     # Everything the roles below compare against, read in one round trip; they then create
     # operations only where this host differs (a converged host: none).
-    load_host_state(state_query(ctx, h))
+    snap = load_host_state(state_query(ctx, h))
+    # Another deployment already on this host (deployed from elsewhere) on our ports or GPUs:
+    # stop before any upload or change (vllm_fleet.roles.common.clash).
+    from vllm_fleet.roles.common import clash
+
+    clash.refuse(ctx, h, host.name, snap)
 
     # vLLM beyond loopback: one firewall over every deployment's instances here, before they start
     if any(n.instances for n in h.parts.values()):

@@ -150,7 +150,7 @@ def ensure(requirements: list[str], target: dict, *, index_url: str | None = Non
             log(f"fleet wheelhouse: downloading {' '.join(requirements)} for Python {target['python']} "
                 f"glibc {target['glibc']} {target['machine']} into {dest} (once per fleet)")
         t0 = time.monotonic()
-        proc = subprocess.run(argv, capture_output=True, text=True, stdin=subprocess.DEVNULL)
+        proc = _run_with_progress(argv, part, log)
         if proc.returncode != 0:
             tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-8:])
             raise WheelhouseError(
@@ -164,6 +164,26 @@ def ensure(requirements: list[str], target: dict, *, index_url: str | None = Non
                 "bytes": sum((part / w).stat().st_size for w in wheels)}
 
     return fill_once(root, k, fill)
+
+
+def _run_with_progress(argv: list[str], part: Path, log) -> subprocess.CompletedProcess:
+    """``pip download`` into ``part``; while it runs, a line every VLLM_FLEET_PROGRESS_INTERVAL
+    seconds (default 10, 0: none) with the bytes there so far and the rate."""
+    try:
+        every = float(os.environ.get("VLLM_FLEET_PROGRESS_INTERVAL", "10"))
+    except ValueError:
+        every = 10.0
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
+    t0 = time.monotonic()
+    while True:
+        try:
+            out, err = proc.communicate(timeout=every if log and every > 0 else None)
+            break
+        except subprocess.TimeoutExpired:
+            got = sum(f.stat().st_size for f in part.glob("*") if f.is_file()) if part.is_dir() else 0
+            secs = time.monotonic() - t0
+            log(f"fleet wheelhouse: downloading: {got / 1e6:.1f} MB so far ({got / 1e6 / secs:.1f} MB/s), {secs:.0f} s")
+    return subprocess.CompletedProcess(argv, proc.returncode, out, err)
 
 
 def info(directory: Path) -> dict:

@@ -120,6 +120,9 @@ def load_deploy_spec() -> dict[str, Any]:
     from vllm_fleet.commands.pyinfra_run import install_sigint
 
     install_sigint()  # Ctrl-C: one line and exit 130, not pyinfra's traceback and exit 0
+    from vllm_fleet.roles.common import progress
+
+    progress.install()  # a line every few seconds while an upload, install or wait runs
     paths, per_host = fleet_spec_paths()
     key = os.pathsep.join(_norm(p) for p in paths) + "|" + os.environ.get(UPSTREAM_DOWN_ENV, "")
     if key in _CACHE:

@@ -12,6 +12,7 @@
 #   deb NAME STATUS VERSION               (dpkg-query; packages dpkg does not know print nothing)
 #   unit KEY=VALUE / unit (blank)         (systemctl show Id/LoadState/ActiveState/UnitFileState)
 #   py PYTHON LINE / py PYTHON .          (an env's probe: `py PYTHON`, `pycode CODE`, `pyargs ARGS`)
+#   glob PATTERN .  then  glob PATTERN PATH BASE64   (every small regular file a shell glob matches)
 # Reads only; changes nothing.
 set -f
 TAB=$(printf '\t')
@@ -40,6 +41,14 @@ while [ $# -ge 2 ]; do
         printf 'find\t%s\t.\n' "$v"
         find "$v" -type f -printf '%s %P\n' | while IFS= read -r n; do printf 'find\t%s\t%s\n' "$v" "$n"; done
       fi ;;
+    glob)
+      printf 'glob\t%s\t.\n' "$v"
+      set +f
+      # shellcheck disable=SC2086  (the pattern is a glob on purpose)
+      for f in $v; do
+        if [ -f "$f" ] && [ "$(stat -c %s -- "$f")" -le 65536 ]; then printf 'glob\t%s\t%s\t%s\n' "$v" "$f" "$(base64 -w0 -- "$f")"; fi
+      done
+      set -f ;;
     user)
       if l=$(getent passwd -- "$v"); then printf 'user\t%s\t%s\n' "$v" "$l"; else printf 'user\t%s\t-\n' "$v"; fi ;;
     deb) debs="$debs $v" ;;

@@ -43,8 +43,9 @@ _TYPES = {"regular file": "file", "regular empty file": "file", "directory": "di
 @dataclass(frozen=True)
 class Query:
     """What to read: paths to stat / hash / read, directories to list (``ls``) or walk for files
-    (``find``), users, Debian packages, systemd units, and Python envs to probe
-    (``{python: (dist:NAME | file:RELPATH, ...)}`` as tuples of pairs)."""
+    (``find``), users, Debian packages, systemd units, Python envs to probe
+    (``{python: (dist:NAME | file:RELPATH, ...)}`` as tuples of pairs), and shell globs whose
+    small files to read (``globs``: e.g. every vllm-fleet unit on the host)."""
 
     stat: tuple[str, ...] = ()
     sha: tuple[str, ...] = ()
@@ -55,6 +56,7 @@ class Query:
     debs: tuple[str, ...] = ()
     units: tuple[str, ...] = ()
     envs: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    globs: tuple[str, ...] = ()
 
     def __or__(self, other: "Query") -> "Query":
         merged = {}
@@ -73,7 +75,8 @@ class Query:
         """host_state.sh's arguments (KIND VALUE pairs)."""
         out: list[str] = []
         for kind, values in (("stat", self.stat), ("sha", self.sha), ("read", self.read), ("ls", self.ls),
-                             ("find", self.find), ("user", self.users), ("deb", self.debs), ("unit", self.units)):
+                             ("find", self.find), ("user", self.users), ("deb", self.debs), ("unit", self.units),
+                             ("glob", self.globs)):
             for v in values:
                 out += [kind, v]
         code = ENV_PROBE.read_text() if self.envs else ""
@@ -117,6 +120,7 @@ class Snapshot:
         self.debs: dict[str, dict] = {}
         self.units: dict[str, dict] = {}
         self.envs: dict[str, dict] = {}
+        self.globbed: dict[str, dict[str, str | None]] = {}
         self.query = Query()
 
     @classmethod
@@ -149,6 +153,14 @@ class Snapshot:
                 size, _, rel = value.partition(" ")
                 if value != "." and size.isdigit() and rel:
                     s.finds[key][rel] = int(size)
+            elif kind == "glob":
+                found = s.globbed.setdefault(key, {})
+                path, _, b64 = value.partition("\t")
+                if value != "." and path:
+                    try:
+                        found[path] = base64.b64decode(b64).decode()
+                    except (binascii.Error, UnicodeDecodeError):
+                        found[path] = None
             elif kind == "user":
                 f = value.split(":")
                 s.users[key] = None if value == "-" or len(f) < 7 else {"uid": f[2], "gid": f[3], "home": f[5], "shell": f[6]}
@@ -224,6 +236,11 @@ class Snapshot:
     def listing(self, directory: str) -> list[str] | None:
         """Entries of a directory asked with ``ls`` ([] when absent), or None when not read."""
         return self.lists.get(directory, []) if self._asked("ls", directory) else None
+
+    def matching(self, pattern: str) -> dict[str, str | None] | None:
+        """``{path: text}`` of the small files a glob asked with ``globs`` matched ({} when none),
+        or None when not read."""
+        return self.globbed.get(pattern, {}) if self._asked("globs", pattern) else None
 
     def files_under(self, root: str) -> dict[str, int] | None:
         """``{relpath: size}`` of the regular files under ``root`` ({} when absent), or None."""

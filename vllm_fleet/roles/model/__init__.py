@@ -63,7 +63,7 @@ from pyinfra.api.exceptions import DeployError
 from pyinfra.facts.files import File, FileContents, FindFiles
 from pyinfra.operations import files, server
 
-from vllm_fleet.roles.common import directory, secret_file
+from vllm_fleet.roles.common import directory, progress, secret_file
 from vllm_fleet.roles.common.state import Converged, Query, host_state
 
 from . import defaults as d
@@ -199,8 +199,9 @@ def _put_tree(spec: dict, local: Path, entries: list[tuple[str, str]], marker: s
         if snap.file_ok(f"{root}/{rel}", sha, user, user, fmode):
             ops.append(Converged(rel))
             continue
-        ops.append(files.put(name=f"Model file {rel}", src=str(local / rel), dest=f"{root}/{rel}",
-                             user=user, group=user, mode=fmode, add_deploy_dir=False))
+        ops.append(progress.expect(files.put(name=f"Model file {rel}", src=str(local / rel), dest=f"{root}/{rel}",
+                                             user=user, group=user, mode=fmode, add_deploy_dir=False),
+                                   (local / rel).stat().st_size))
     text = manifest_text(entries)
     if snap.file_ok(f"{root}/{d.MANIFEST}", hashlib.sha256(text.encode()).hexdigest(), user, user, fmode):
         ops.append(Converged(d.MANIFEST))

@@ -58,6 +58,9 @@ def install_nginx(spec: dict[str, Any], rendered: dict[str, Any], api_key: str |
     site_paths = [p for p in rendered if p == paths["nginx_site"] and p not in secret_paths]
     # The auth include (and the TLS files below) before the site that names them.
     secret_text = host_secret_files(spec, {"api_key": api_key, "tls_key": tls_key})
+    # A site that breaks `nginx -t` (e.g. a second default server on its port) must not stay:
+    # keep this deployment's current files first, put them back when the check fails.
+    keep = _keep_for_rollback(spec, rendered, site_paths, paths["nginx_auth"], secret_text[paths["nginx_auth"]], snap)
     changed.append(put_secret(name="nginx auth include (0600, never shown)", path=paths["nginx_auth"],
                               content=secret_text[paths["nginx_auth"]]))
     tls = prx["tls"]
@@ -83,10 +86,58 @@ def install_nginx(spec: dict[str, Any], rendered: dict[str, Any], api_key: str |
     changed += put.values()
     # (operations only where something differs: a converged proxy gets none, vllm_fleet.roles.common.state)
     if pending(*changed):
-        server.shell(name="nginx -t (validate before reload)", commands=["nginx -t"], _if=any_changed(*changed))
+        server.shell(name="nginx -t (validate before reload; a failure puts the previous site back)" if keep else "nginx -t (validate before reload)",
+                     commands=[_validate_or_restore(spec["name"], keep)], _if=any_changed(*changed))
     service_running(name="nginx running and enabled", service="nginx", running=True, enabled=True)
     if pending(*changed):
         systemd.service(name="Reload nginx (config changed)", service="nginx", reloaded=True, _if=any_changed(*changed))
+
+
+ROLLBACK_DIR = "/var/lib/vllm-fleet/nginx-previous"
+
+
+def _keep_for_rollback(spec: dict[str, Any], rendered: dict[str, Any], site_paths: list[str], auth: str, auth_text: str,
+                       snap: Any) -> list[str]:
+    """When the snapshot shows this deployment's site or auth include about to change: an operation
+    (before their puts) that copies the current ones aside; the paths kept. Without a snapshot
+    (the role on its own) nothing is kept: a plain `nginx -t`, as before."""
+    from vllm_fleet.roles.common import _sha256
+
+    if not snap.known:
+        return []
+    stale = [p for p in site_paths if not snap.file_ok(p, _sha256(rendered[p].content), rendered[p].owner,
+                                                       rendered[p].group, f"{rendered[p].mode:o}")]
+    if not stale and snap.file_ok(auth, _sha256(auth_text), "root", "root", "600"):
+        return []
+    keep = [*site_paths, auth]
+    server.shell(name=f"Keep the current nginx files of {spec['name']} (put back if nginx -t fails)",
+                 commands=_keep_commands(spec["name"], keep))
+    return keep
+
+
+def _keep_commands(name: str, keep: list[str]) -> list[str]:
+    import shlex
+
+    b = shlex.quote(f"{ROLLBACK_DIR}/{name}")
+    return ([f"rm -rf {b} && mkdir -p {b} && chmod 700 {b}"]
+            + [f"if [ -e {shlex.quote(p)} ]; then mkdir -p {b}{shlex.quote(p.rsplit('/', 1)[0])} && cp -a {shlex.quote(p)} {b}{shlex.quote(p)}; fi"
+               for p in keep])
+
+
+def _validate_or_restore(name: str, keep: list[str]) -> str:
+    """`nginx -t`; with files kept: on failure put them back (a file that was not there is
+    removed), say so, and fail the host before any reload: nginx stays as it was."""
+    import shlex
+
+    if not keep:
+        return "nginx -t"
+    b = shlex.quote(f"{ROLLBACK_DIR}/{name}")
+    restore = "; ".join(f"if [ -e {b}{shlex.quote(p)} ]; then cp -a {b}{shlex.quote(p)} {shlex.quote(p)}; else rm -f {shlex.quote(p)}; fi"
+                        for p in keep)
+    msg = shlex.quote(f"vllm-fleet: nginx -t failed with the new site of {name} (nginx's message above): "
+                      "its previous nginx files are back and nginx was not reloaded")
+    return (f"if nginx -t; then rm -rf {b}; else {restore}; rm -rf {b}; echo {msg} >&2; "
+            f"nginx -t >/dev/null 2>&1 && echo 'vllm-fleet: nginx -t passes again' >&2; exit 1; fi")
 
 
 def state_query(spec: dict[str, Any], rendered: dict[str, Any]) -> Query:

@@ -49,7 +49,7 @@ from pyinfra import host
 from pyinfra.api import deploy
 from pyinfra.operations import files, server
 
-from vllm_fleet.roles.common import packages
+from vllm_fleet.roles.common import packages, progress
 from vllm_fleet.roles.common.state import Query, host_state
 
 from vllm_fleet.lab.vllmcpu import dist_info_files
@@ -233,7 +233,8 @@ def _fleet_wheelhouse(spec: dict) -> tuple[str, str | None]:
             raise DeployError(str(exc)) from None
         return f"http://{address}:{port}/{directory.name}/", address
     dest = f"{ins['prefix'].rstrip('/')}/{d.WHEELHOUSE_SUBDIR}"
-    files.sync(name=f"Upload the fleet wheelhouse to {dest}", src=str(directory), dest=dest, delete=True)
+    progress.expect(files.sync(name=f"Upload the fleet wheelhouse to {dest}", src=str(directory), dest=dest, delete=True),
+                    progress.tree_size(directory))
     return dest, None
 
 
@@ -311,16 +312,16 @@ def install_vllm(spec: dict[str, Any]) -> list:
     wheelhouse = find_links = trusted_host = None
     if reqs and ins.get("wheelhouse"):
         wheelhouse = f"{prefix}/{d.WHEELHOUSE_SUBDIR}"
-        files.sync(name=f"Upload the wheelhouse to {wheelhouse}",
-                   src=_local_dir(ins["wheelhouse"], "install.wheelhouse"), dest=wheelhouse,
-                   delete=True)
+        src = _local_dir(ins["wheelhouse"], "install.wheelhouse")
+        progress.expect(files.sync(name=f"Upload the wheelhouse to {wheelhouse}", src=src, dest=wheelhouse, delete=True),
+                        progress.tree_size(src))
     elif reqs and ins["wheels"] == "fleet":
         wheelhouse, trusted_host = _fleet_wheelhouse(spec)
     elif reqs and host.data.get("vllm_find_links"):
         find_links = f"{prefix}/{d.FIND_LINKS_SUBDIR}"
-        files.sync(name=f"Upload extra wheels to {find_links}",
-                   src=_local_dir(host.data.get("vllm_find_links"), "host data vllm_find_links"),
-                   dest=find_links, delete=True)
+        src = _local_dir(host.data.get("vllm_find_links"), "host data vllm_find_links")
+        progress.expect(files.sync(name=f"Upload extra wheels to {find_links}", src=src, dest=find_links, delete=True),
+                        progress.tree_size(src))
 
     commands = []
     if reqs:

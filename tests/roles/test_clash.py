@@ -1,0 +1,91 @@
+"""Another vllm-fleet deployment already on a host (vllm_fleet/roles/common/clash.py): what it holds
+is read by host_state.sh's `glob` for real (sh, a temporary tree laid out as a host's /etc), and a
+port, GPU or nginx default-server clash is refused with the deployment and the fix named.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from vllm_fleet.roles.common import clash
+from vllm_fleet.roles.common.state import HostState, Query, Snapshot
+
+REPO = Path(__file__).resolve().parents[2]
+GOLDEN = REPO / "tests" / "golden" / "8xh100-qwen7b-tp2x4+inventory" / "h100-a"
+
+
+def _read(query: Query) -> Snapshot:
+    cmd = HostState().command(query).get_raw_value()
+    r = subprocess.run(["sh", "-c", cmd], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    s = Snapshot.parse(r.stdout.splitlines())
+    s.query = query
+    return s
+
+
+def _host_tree(tmp_path: Path) -> dict[str, str]:
+    """The golden qwen7b-tp2x4 host's units, replica envs and site under tmp_path: {glob: tmp glob}."""
+    for sub in ("etc/systemd/system", "etc/nginx/conf.d", "etc/vllm-fleet/qwen7b-tp2x4"):
+        (tmp_path / sub).mkdir(parents=True)
+        for f in (GOLDEN / sub).iterdir():
+            if f.is_file() and (f.suffix in (".service", ".conf") or f.name.startswith("replica-")):
+                (tmp_path / sub / f.name).write_text(f.read_text())
+    return {g: str(tmp_path) + g for g in (clash.UNITS, clash.SITES, clash.REPLICA_ENVS)}
+
+
+def test_the_state_read_finds_what_another_deployment_holds(tmp_path):
+    globs = _host_tree(tmp_path)
+    snap = _read(Query(globs=tuple(globs.values()) + (str(tmp_path / "none-*.x"),)))
+    assert snap.matching(str(tmp_path / "none-*.x")) == {}  # nothing matched: known, empty
+    assert snap.matching("/etc/not-asked-*") is None  # not asked: unknown
+    found = {g: {p.removeprefix(str(tmp_path)): t for p, t in snap.matching(tg).items()} for g, tg in globs.items()}
+    units = sorted(found[clash.UNITS])
+    assert units == [f"/etc/systemd/system/vllm-qwen7b-tp2x4-{i}.service" for i in range(4)]
+    assert found[clash.UNITS][units[1]] == (GOLDEN / units[1][1:]).read_text()  # the file itself
+    held = clash.held_on_host(found)["qwen7b-tp2x4"]
+    assert held.ports == {8000 + i: f"vllm-qwen7b-tp2x4-{i}.service" for i in range(4)}
+    assert held.gpus == {g: f"vllm-qwen7b-tp2x4-{g // 2}.service" for g in range(8)}
+    assert [(listen, sn, default) for listen, sn, default, _ in held.sites] == [(80, "_", True)]
+
+
+def _want(ports=(), gpus=(), site=None) -> clash.Held:
+    return clash.Held({p: f"vllm-new-{i}.service" for i, p in enumerate(ports)}, {g: "vllm-new-0.service" for g in gpus},
+                      [site] if site else [])
+
+
+def test_clashes_name_the_other_deployment_and_the_fix(tmp_path):
+    theirs = {"old": clash.Held({8000: "vllm-old-0.service"}, {0: "vllm-old-0.service", 1: "vllm-old-0.service"},
+                                [(80, "_", True, "/etc/nginx/conf.d/vllm-fleet-old.conf")])}
+    lines = clash.clashes({"new": _want([8000], [1], (80, "_", True, "proxy.listen 80"))}, theirs, {"new"})
+    assert lines == [
+        "port 8000 (vllm-new-0.service) is taken by deployment 'old' (vllm-old-0.service): give new another server.port",
+        "GPU 1 (vllm-new-0.service) is used by deployment 'old' (vllm-old-0.service): give new other GPUs (hardware, replicas), or this host to one of them",
+        "nginx port 80: both are the default server (/etc/nginx/conf.d/vllm-fleet-old.conf of deployment 'old'): give new its own proxy.server_name or proxy.listen",
+    ]
+    # no clash: other ports, other GPUs, a named server on the same nginx port
+    assert clash.clashes({"new": _want([8100], [2, 3], (80, "api.example", False, "proxy.listen 80"))}, theirs, {"new"}) == []
+    # the same deployment again (a redeploy), or one this deploy manages too: not "another"
+    assert clash.clashes({"old": _want([8000], [0])}, theirs, {"old"}) == []
+    assert clash.clashes({"new": _want([8000])}, theirs, {"new", "old"}) == []
+
+
+def test_refuse_raises_before_anything_and_knows_nothing_without_a_read():
+    from pyinfra.api.exceptions import DeployError
+
+    class Node:
+        instances = [type("I", (), {"port": 8000, "unit": "vllm-new-0.service", "gpu_ids": None})()]
+        roles = {"server"}
+
+    h = type("H", (), {"parts": {"new": Node()}})()
+    ctx = {"specs": {"new": {}}}
+    clash.refuse(ctx, h, "lab1", Snapshot())  # nothing read: nothing refused
+    s = Snapshot.parse(["glob\t" + clash.UNITS + "\t.",
+                        "glob\t" + clash.UNITS + "\t/etc/systemd/system/vllm-old-0.service\t"
+                        + __import__("base64").b64encode(b"ExecStart=/x/vllm serve m --host 127.0.0.1 --port 8000\n").decode(),
+                        "glob\t" + clash.SITES + "\t.", "glob\t" + clash.REPLICA_ENVS + "\t.", "end"])
+    s.query = clash.query()
+    with pytest.raises(DeployError, match=r"(?s)host lab1: another vllm-fleet deployment .*\n  port 8000 .* deployment 'old'.*nothing was uploaded or changed"):
+        clash.refuse(ctx, h, "lab1", s)

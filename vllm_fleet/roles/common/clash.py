@@ -1,0 +1,138 @@
+"""Other vllm-fleet deployments already on a host: refuse a port or GPU clash before any change.
+
+The fleet layout (vllm_fleet.render.layout) proves the deployments of ONE deploy fit together.
+A deployment put on a host from another inventory (or another checkout) is not in that layout:
+without this check the deploy uploads and installs a second environment, then its unit
+crash-loops on "Address already in use" while the health wait hears the other deployment, and
+its nginx site breaks `nginx -t` for every site on the host.
+
+What another deployment holds is read from its files on the host, in the deploy's one state read
+(vllm_fleet.roles.common.state, the ``globs`` of :func:`query`): its units' ``--port`` and the
+GPUs of their ``replica-N.env`` (``CUDA_VISIBLE_DEVICES``), its nginx site's ``listen`` port and
+``server_name`` (two sites on one port clash when both are the default server, or name the
+same server). :func:`refuse` raises before any operation of the deploy exists, so nothing is
+uploaded, installed or changed on any host.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from .state import Query
+
+UNITS = "/etc/systemd/system/vllm-*.service"
+SITES = "/etc/nginx/conf.d/vllm-fleet-*.conf"
+REPLICA_ENVS = "/etc/vllm-fleet/*/replica-*.env"
+
+_UNIT = re.compile(r"^/etc/systemd/system/vllm-(?P<name>.+)-(?P<index>\d+)\.service$")
+_SITE = re.compile(r"^/etc/nginx/conf\.d/vllm-fleet-(?P<name>.+)\.conf$")
+_ENV = re.compile(r"^/etc/vllm-fleet/(?P<name>[^/]+)/replica-(?P<index>\d+)\.env$")
+
+
+def query() -> Query:
+    return Query(globs=(UNITS, SITES, REPLICA_ENVS))
+
+
+@dataclass
+class Held:
+    """What one deployment holds on a host: {port: where}, {gpu: where}, [(listen, server_name, default, where)]."""
+
+    ports: dict[int, str] = field(default_factory=dict)
+    gpus: dict[int, str] = field(default_factory=dict)
+    sites: list[tuple[int, str, bool, str]] = field(default_factory=list)
+
+
+def _gpus(env_text: str | None) -> list[int]:
+    m = re.search(r"^CUDA_VISIBLE_DEVICES=([0-9, ]+)$", env_text or "", re.M)
+    return [int(x) for x in m.group(1).replace(" ", "").split(",") if x] if m else []
+
+
+def _sites(text: str, where: str) -> list[tuple[int, str, bool, str]]:
+    out = []
+    for block in re.split(r"^server\s*\{", text, flags=re.M)[1:]:
+        names = re.search(r"^\s*server_name\s+([^;]+);", block, re.M)
+        for m in re.finditer(r"^\s*listen\s+(?:[\[\]0-9a-fA-F.:]*:)?(\d+)([^;]*);", block, re.M):
+            out.append((int(m.group(1)), (names.group(1).strip() if names else ""), "default_server" in m.group(2), where))
+    return out
+
+
+def held_on_host(globbed: dict[str, dict[str, str | None]]) -> dict[str, Held]:
+    """{deployment: Held} from the files the ``globs`` read found."""
+    out: dict[str, Held] = {}
+    envs = globbed.get(REPLICA_ENVS) or {}
+    for path, text in (globbed.get(UNITS) or {}).items():
+        m = _UNIT.match(path)
+        if not m or text is None:
+            continue
+        name, index = m.group("name"), m.group("index")
+        held = out.setdefault(name, Held())
+        unit = path.rsplit("/", 1)[1]
+        port = re.search(r"^ExecStart=.*\s--port[ =](\d+)", text, re.M)
+        if port:
+            held.ports[int(port.group(1))] = unit
+        env = next((t for p, t in envs.items() if (e := _ENV.match(p)) and e.group("name") == name and e.group("index") == index), None)
+        for g in _gpus(env):
+            held.gpus[g] = unit
+    for path, text in (globbed.get(SITES) or {}).items():
+        m = _SITE.match(path)
+        if m and text is not None:
+            out.setdefault(m.group("name"), Held()).sites += _sites(text, path)
+    return out
+
+
+def wanted(ctx: dict[str, Any], h: Any) -> dict[str, Held]:
+    """{deployment: Held} of what this deploy puts on host ``h`` (its layout)."""
+    out: dict[str, Held] = {}
+    for name, node in h.parts.items():
+        held = out.setdefault(name, Held())
+        for inst in node.instances:
+            held.ports[inst.port] = inst.unit
+            for g in inst.gpu_ids or []:
+                held.gpus[g] = inst.unit
+        if "proxy" in node.roles:
+            prx = ctx["specs"][name]["proxy"]
+            if prx.get("enabled", True):
+                sn = prx.get("server_name", "_")
+                held.sites.append((int(prx["listen"]), sn, sn == "_", f"proxy.listen {prx['listen']}"))
+    return out
+
+
+def clashes(ours: dict[str, Held], theirs: dict[str, Held], managed: set[str]) -> list[str]:
+    """One line per clash between what this deploy wants and the deployments not in it."""
+    out = []
+    for other, have in sorted(theirs.items()):
+        if other in managed:
+            continue
+        for name, want in ours.items():
+            for port, unit in sorted(want.ports.items()):
+                if port in have.ports:
+                    out.append(f"port {port} ({unit}) is taken by deployment {other!r} ({have.ports[port]}): "
+                               f"give {name} another server.port")
+            for gpu, unit in sorted(want.gpus.items()):
+                if gpu in have.gpus:
+                    out.append(f"GPU {gpu} ({unit}) is used by deployment {other!r} ({have.gpus[gpu]}): "
+                               f"give {name} other GPUs (hardware, replicas), or this host to one of them")
+            for listen, sn, default, _ in want.sites:
+                for olisten, osn, odefault, where in have.sites:
+                    if listen == olisten and (default and odefault or sn == osn):
+                        why = "both are the default server" if default and odefault else f"both are server_name {sn}"
+                        out.append(f"nginx port {listen}: {why} ({where} of deployment {other!r}): give {name} "
+                                   "its own proxy.server_name or proxy.listen")
+    return out
+
+
+def refuse(ctx: dict[str, Any], h: Any, host_name: str, snap: Any) -> None:
+    """Raise DeployError naming every clash with a deployment already on this host; nothing
+    is known (no snapshot): nothing is refused."""
+    globbed = {g: snap.matching(g) for g in (UNITS, SITES, REPLICA_ENVS)}
+    if any(v is None for v in globbed.values()):
+        return
+    lines = clashes(wanted(ctx, h), held_on_host(globbed), set(ctx["specs"]))  # type: ignore[arg-type]
+    if lines:
+        from pyinfra.api.exceptions import DeployError
+
+        raise DeployError(f"host {host_name}: another vllm-fleet deployment already on this host is in the way:\n  "
+                          + "\n  ".join(lines)
+                          + "\n  (or remove it first: `vllm-fleet down` with its own inventory); nothing was uploaded or changed")
