@@ -45,7 +45,9 @@ def test_the_state_read_finds_what_another_deployment_holds(tmp_path):
     units = sorted(found[clash.UNITS])
     assert units == [f"/etc/systemd/system/vllm-qwen7b-tp2x4-{i}.service" for i in range(4)]
     assert found[clash.UNITS][units[1]] == (GOLDEN / units[1][1:]).read_text()  # the file itself
-    held = clash.held_on_host(found)["qwen7b-tp2x4"]
+    states = {p.removeprefix(str(tmp_path)): st for p in snap.matching(globs[clash.UNITS]) if (st := snap.unit_file_state(p))}
+    assert sorted(states) == units  # each unit file's (is-active, is-enabled), as this machine's systemctl says
+    held = clash.held_on_host(found)["qwen7b-tp2x4"]  # states unknown: every unit holds
     assert held.ports == {8000 + i: f"vllm-qwen7b-tp2x4-{i}.service" for i in range(4)}
     assert held.gpus == {g: f"vllm-qwen7b-tp2x4-{g // 2}.service" for g in range(8)}
     assert [(listen, sn, default) for listen, sn, default, _ in held.sites] == [(80, "_", True)]
@@ -89,3 +91,15 @@ def test_refuse_raises_before_anything_and_knows_nothing_without_a_read():
     s.query = clash.query()
     with pytest.raises(DeployError, match=r"(?s)host lab1: another vllm-fleet deployment .*\n  port 8000 .* deployment 'old'.*nothing was uploaded or changed"):
         clash.refuse(ctx, h, "lab1", s)
+
+
+def test_a_stopped_disabled_unit_left_behind_holds_nothing():
+    assert clash.holds(None) and clash.holds(("active", "enabled")) and clash.holds(("inactive", "enabled"))
+    assert clash.holds(("activating", "disabled")) and clash.holds(("failed", "enabled"))  # a crash loop, or at boot
+    assert not clash.holds(("inactive", "disabled")) and not clash.holds(("failed", "disabled")) and not clash.holds(("inactive", ""))
+    assert clash.holds(("", ""))  # no answer: holds
+    unit = "/etc/systemd/system/vllm-old-0.service"
+    found = {clash.UNITS: {unit: "ExecStart=/x/vllm serve m --port 8000\n"}, clash.SITES: {}, clash.REPLICA_ENVS: {}}
+    assert clash.held_on_host(found, {unit: ("inactive", "disabled")}).get("old", clash.Held()).ports == {}
+    assert clash.held_on_host(found, {unit: ("", "")})["old"].ports == {8000: "vllm-old-0.service"}  # systemctl could not say
+    assert clash.held_on_host(found, {unit: ("active", "disabled")})["old"].ports == {8000: "vllm-old-0.service"}

@@ -8,7 +8,8 @@ its nginx site breaks `nginx -t` for every site on the host.
 
 What another deployment holds is read from its files on the host, in the deploy's one state read
 (vllm_fleet.roles.common.state, the ``globs`` of :func:`query`): its units' ``--port`` and the
-GPUs of their ``replica-N.env`` (``CUDA_VISIBLE_DEVICES``), its nginx site's ``listen`` port and
+GPUs of their ``replica-N.env`` (``CUDA_VISIBLE_DEVICES``) while the unit runs or is enabled (a
+stopped, disabled unit file left behind holds nothing), its nginx site's ``listen`` port and
 ``server_name`` (two sites on one port clash when both are the default server, or name the
 same server). :func:`refuse` raises before any operation of the deploy exists, so nothing is
 uploaded, installed or changed on any host.
@@ -58,13 +59,23 @@ def _sites(text: str, where: str) -> list[tuple[int, str, bool, str]]:
     return out
 
 
-def held_on_host(globbed: dict[str, dict[str, str | None]]) -> dict[str, Held]:
-    """{deployment: Held} from the files the ``globs`` read found."""
+def holds(state: tuple[str, str] | None) -> bool:
+    """A unit holds its port and GPUs unless it is known to be stopped and not enabled (a unit
+    file left behind, disabled: it starts neither now nor at boot). Unknown: it holds."""
+    if state is None or not state[0]:  # not read, or systemctl could not say
+        return True
+    active, enabled = state
+    return active not in ("inactive", "failed", "") or enabled.startswith(("enabled", "linked", "alias"))
+
+
+def held_on_host(globbed: dict[str, dict[str, str | None]], unit_states: dict[str, tuple[str, str]] | None = None) -> dict[str, Held]:
+    """{deployment: Held} from the files the ``globs`` read found (``unit_states``: a unit
+    file's (is-active, is-enabled); a stopped, disabled unit holds nothing)."""
     out: dict[str, Held] = {}
     envs = globbed.get(REPLICA_ENVS) or {}
     for path, text in (globbed.get(UNITS) or {}).items():
         m = _UNIT.match(path)
-        if not m or text is None:
+        if not m or text is None or not holds((unit_states or {}).get(path)):
             continue
         name, index = m.group("name"), m.group("index")
         held = out.setdefault(name, Held())
@@ -129,7 +140,8 @@ def refuse(ctx: dict[str, Any], h: Any, host_name: str, snap: Any) -> None:
     globbed = {g: snap.matching(g) for g in (UNITS, SITES, REPLICA_ENVS)}
     if any(v is None for v in globbed.values()):
         return
-    lines = clashes(wanted(ctx, h), held_on_host(globbed), set(ctx["specs"]))  # type: ignore[arg-type]
+    states = {p: st for p in (globbed[UNITS] or {}) if (st := snap.unit_file_state(p)) is not None}
+    lines = clashes(wanted(ctx, h), held_on_host(globbed, states), set(ctx["specs"]))  # type: ignore[arg-type]
     if lines:
         from pyinfra.api.exceptions import DeployError
 

@@ -12,7 +12,8 @@
 #   deb NAME STATUS VERSION               (dpkg-query; packages dpkg does not know print nothing)
 #   unit KEY=VALUE / unit (blank)         (systemctl show Id/LoadState/ActiveState/UnitFileState)
 #   py PYTHON LINE / py PYTHON .          (an env's probe: `py PYTHON`, `pycode CODE`, `pyargs ARGS`)
-#   glob PATTERN .  then  glob PATTERN PATH BASE64   (every small regular file a shell glob matches)
+#   glob PATTERN .  then  glob PATTERN PATH BASE64   (every small regular file a shell glob matches;
+#                                         a *.service one also: globunit PATH ACTIVE ENABLED)
 # Reads only; changes nothing.
 set -f
 TAB=$(printf '\t')
@@ -46,7 +47,14 @@ while [ $# -ge 2 ]; do
       set +f
       # shellcheck disable=SC2086  (the pattern is a glob on purpose)
       for f in $v; do
-        if [ -f "$f" ] && [ "$(stat -c %s -- "$f")" -le 65536 ]; then printf 'glob\t%s\t%s\t%s\n' "$v" "$f" "$(base64 -w0 -- "$f")"; fi
+        if [ -f "$f" ] && [ "$(stat -c %s -- "$f")" -le 65536 ]; then
+          printf 'glob\t%s\t%s\t%s\n' "$v" "$f" "$(base64 -w0 -- "$f")"
+          case $f in
+            *.service) if command -v systemctl >/dev/null 2>&1; then
+                printf 'globunit\t%s\t%s\t%s\n' "$f" "$(systemctl is-active -- "${f##*/}" 2>/dev/null)" "$(systemctl is-enabled -- "${f##*/}" 2>/dev/null)"
+              fi ;;
+          esac
+        fi
       done
       set -f ;;
     user)

@@ -121,6 +121,7 @@ class Snapshot:
         self.units: dict[str, dict] = {}
         self.envs: dict[str, dict] = {}
         self.globbed: dict[str, dict[str, str | None]] = {}
+        self.glob_units: dict[str, tuple[str, str]] = {}  # unit file path -> (is-active, is-enabled)
         self.query = Query()
 
     @classmethod
@@ -161,6 +162,9 @@ class Snapshot:
                         found[path] = base64.b64decode(b64).decode()
                     except (binascii.Error, UnicodeDecodeError):
                         found[path] = None
+            elif kind == "globunit":
+                active, _, enabled = value.partition("\t")
+                s.glob_units[key] = (active, enabled)
             elif kind == "user":
                 f = value.split(":")
                 s.users[key] = None if value == "-" or len(f) < 7 else {"uid": f[2], "gid": f[3], "home": f[5], "shell": f[6]}
@@ -241,6 +245,10 @@ class Snapshot:
         """``{path: text}`` of the small files a glob asked with ``globs`` matched ({} when none),
         or None when not read."""
         return self.globbed.get(pattern, {}) if self._asked("globs", pattern) else None
+
+    def unit_file_state(self, path: str) -> tuple[str, str] | None:
+        """``(is-active, is-enabled)`` of a unit file a ``globs`` pattern matched, or None when not read."""
+        return self.glob_units.get(path) if self.known else None
 
     def files_under(self, root: str) -> dict[str, int] | None:
         """``{relpath: size}`` of the regular files under ``root`` ({} when absent), or None."""
