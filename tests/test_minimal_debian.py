@@ -83,8 +83,13 @@ def test_make_host_deps_venv_in_a_minimal_debian_12(tmp_path):
     for d in ("/opt/wheels", "/opt/pypi", "/opt/pypi-more", "/etc/xdg/pip"):
         if Path(d).exists():
             mounts += [f"mkdir -p R{d}", f"mount --bind {d} R{d}", f"mount -o remount,bind,ro R{d}"]
+    pip_env = {k: v for k, v in os.environ.items() if k.startswith("PIP_") or k.lower().endswith("_proxy")}
+    cert = pip_env.get("PIP_CERT")
+    if cert and Path(cert).is_file():  # this machine's CA bundle (its index may sit behind a proxy with its own CA)
+        mounts += ["touch R/run/host-ca.crt", f"mount --bind {cert} R/run/host-ca.crt"]
+        pip_env["PIP_CERT"] = "/run/host-ca.crt"
     env = ["env", "-i", "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME=/root", "LANG=C.UTF-8",
-           *(f"{k}={v}" for k, v in os.environ.items() if k.startswith("PIP_") or k.lower().endswith("_proxy"))]
+           *(f"{k}={v}" for k, v in pip_env.items())]
     script = ("set -e; export DEBIAN_FRONTEND=noninteractive; apt-get update -qq; apt-get install -y -qq make >/dev/null; "
               "cd /src && make host-deps venv && .venv/bin/vllm-fleet --version")
     inner = " && ".join(m.replace("R/", f"{root}/") for m in mounts) + " && exec chroot " + str(root) + " " + \

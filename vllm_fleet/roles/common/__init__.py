@@ -4,6 +4,8 @@ writing secrets without ever showing their value (not even with pyinfra's --diff
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import os
 import sys
 from io import StringIO
@@ -361,6 +363,25 @@ def atomic_put(dest: str, content: str, user: str = "root", group: str = "root",
         yield StringCommand("chown", f"{user}:{group}" if group else user, dest)
     if int(remote.get("mode") or 0) != int(mode):
         yield StringCommand("chmod", mode, dest)
+
+
+@contextmanager
+def op_per(key: str):
+    """Give the operation created inside one identity per ``key`` (e.g. a path), not per loop turn.
+
+    pyinfra names an operation by where it is called and, in a loop, by the turn: the i-th
+    operation of a loop is the same operation on every host. Hosts with different lists (a
+    proxy host has an nginx site, a server host not) then show merged names ("Remove a, Remove
+    b") and repeats in pyinfra's output, and a host's row can vanish into another's. Inside
+    ``op_per(path)`` the same path is one operation on every host and another path another.
+    """
+    import hashlib
+
+    host.loop_position.append(int(hashlib.sha256(key.encode()).hexdigest()[:12], 16))
+    try:
+        yield
+    finally:
+        host.loop_position.pop()
 
 
 def _sha256(text: str) -> str:

@@ -14,6 +14,8 @@ from pyinfra.facts.server import Command
 from pyinfra.operations import files, server, systemd
 from pyinfra.operations.util import any_changed
 
+from vllm_fleet.roles.common import op_per
+
 from .defaults import DEFAULTS
 
 UNIT_DIR = "/etc/systemd/system/"
@@ -100,23 +102,31 @@ def remove_deployment(spec: dict[str, Any], rendered: dict[str, Any], purge: boo
     units = [x for x in owned if x.startswith(UNIT_DIR) and x.endswith(UNIT_SUFFIXES)]
 
     # 1. units: stopped and disabled before their files go (the firewall unit's stop deletes its table)
+    # (op_per: one operation per unit or path on every host, so hosts with different files do
+    # not show merged or repeated names in pyinfra's output)
     for unit_path in units:
         unit = unit_path[len(UNIT_DIR):]
-        systemd.service(name=f"Stop and disable {unit}", service=unit, running=False, enabled=False)
+        with op_per(unit_path):
+            systemd.service(name=f"Stop and disable {unit}", service=unit, running=False, enabled=False)
     # 2. exporters and Prometheus whose configuration is this deployment's: stopped, disabled
     mon = monitoring.paths(spec)
     for key, service in SERVICE_OF.items():
         if mon.get(key) in owned:
-            systemd.service(name=f"Stop and disable {service} (its configuration was {spec['name']}'s)",
-                            service=service, running=False, enabled=False)
+            with op_per(service):
+                systemd.service(name=f"Stop and disable {service} (its configuration was {spec['name']}'s)",
+                                service=service, running=False, enabled=False)
     # 3. the files
-    removed = {x: files.file(name=f"Remove {x}", path=x, present=False) for x in owned}
+    removed = {}
+    for x in owned:
+        with op_per(x):
+            removed[x] = files.file(name=f"Remove {x}", path=x, present=False)
     if units:
         systemd.daemon_reload(name="systemd daemon-reload (units removed)", _if=any_changed(*(removed[u] for u in units)))
     for _, unit_path, table in firewalls():
         if unit_path in owned:  # its stop deleted the table, unless it was not running
-            server.shell(name=f"Delete nftables table inet {table}",
-                         commands=[f"if nft list table inet {table} >/dev/null 2>&1; then nft delete table inet {table}; fi"])
+            with op_per(table):
+                server.shell(name=f"Delete nftables table inet {table}",
+                             commands=[f"if nft list table inet {table} >/dev/null 2>&1; then nft delete table inet {table}; fi"])
     # 4. nginx without the site: validated, then reloaded (never restarted)
     if p["nginx_site"] in owned:
         site = removed[p["nginx_site"]]
@@ -130,12 +140,14 @@ def remove_deployment(spec: dict[str, Any], rendered: dict[str, Any], purge: boo
     for x in sorted(owned):
         if x.startswith(cfg + "/replica-") and x.endswith(".env"):
             stamp = x[: -len(".env")] + ".applied"
-            removed[stamp] = files.file(name=f"Remove {stamp}", path=stamp, present=False)
+            with op_per(stamp):
+                removed[stamp] = files.file(name=f"Remove {stamp}", path=stamp, present=False)
     in_cfg = [r for x, r in removed.items() if x.startswith(cfg + "/")]
     if purge:
         ins = spec["install"]
         for d in sorted({ins["prefix"], ins["state_dir"], spec["model"]["path"], cfg}):
-            files.directory(name=f"Remove {d} (purge)", path=d, present=False)
+            with op_per(d):
+                files.directory(name=f"Remove {d} (purge)", path=d, present=False)
     elif in_cfg:  # it held only this deployment's rendered files
         server.shell(name=f"Remove {cfg} if empty", commands=[f"rmdir --ignore-fail-on-non-empty {shlex.quote(cfg)}"],
                      _if=any_changed(*in_cfg))
