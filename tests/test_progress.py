@@ -53,3 +53,17 @@ def test_the_wheelhouse_download_says_how_much_is_there(tmp_path, monkeypatch):
     r = wh._run_with_progress(["sh", "-c", script], part, said.append)
     assert r.returncode == 0
     assert said and said[0].startswith("fleet wheelhouse: downloading: 2.0 MB so far (") and said[0].endswith(", 1 s")
+
+
+def test_the_hub_cache_download_ticker_says_bytes_of_total(tmp_path, monkeypatch):
+    import time
+
+    monkeypatch.setenv("VLLM_FLEET_PROGRESS_INTERVAL", "1")
+    said: list[str] = []
+    with wh.Ticker(said.append, "fleet hub cache: downloading org/m", tmp_path, 3_000_000):
+        (tmp_path / "model.safetensors.incomplete").write_bytes(b"\0" * 1_500_000)
+        time.sleep(2.4)
+    n = len(said)
+    time.sleep(1.2)
+    assert len(said) == n >= 2  # none after the download ended
+    assert said[0].startswith("fleet hub cache: downloading org/m: 1.5 MB of 3.0 MB so far (") and said[0].endswith(", 1 s")

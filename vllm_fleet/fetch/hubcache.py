@@ -304,6 +304,14 @@ def _ensure(repo, revision, token, ignore, ep, root, log, use_library) -> Path:
                 f"into {root / k} (once per fleet)")
         t0 = time.monotonic()
         record = {}
+        with wh.Ticker(log, f"fleet hub cache: downloading {repo}", part, total):
+            _fill_files(part, record)
+        shutil.rmtree(part / ".cache", ignore_errors=True)  # huggingface_hub's resume state
+        return {"repo": repo, "revision": revision, "commit": commit, "endpoint": ep, "ignore": ignore,
+                "files": record, "bytes": sum(f["size"] for f in record.values()),
+                "seconds": round(time.monotonic() - t0, 1), "fetched": dict(client.fetched)}
+
+    def _fill_files(part: Path, record: dict) -> None:
         for f in wanted:
             final = part / f["name"]
             if final.is_file():  # a resumed fill: what an earlier one placed is checked again
@@ -327,9 +335,5 @@ def _ensure(repo, revision, token, ignore, ep, root, log, use_library) -> Path:
                 final.parent.mkdir(parents=True, exist_ok=True)
                 os.replace(got, final)
             record[f["name"]] = {"size": final.stat().st_size, "sha256": sha}
-        shutil.rmtree(part / ".cache", ignore_errors=True)  # huggingface_hub's resume state
-        return {"repo": repo, "revision": revision, "commit": commit, "endpoint": ep, "ignore": ignore,
-                "files": record, "bytes": sum(f["size"] for f in record.values()),
-                "seconds": round(time.monotonic() - t0, 1), "fetched": dict(client.fetched)}
 
     return wh.fill_once(root, k, fill)

@@ -166,6 +166,44 @@ def ensure(requirements: list[str], target: dict, *, index_url: str | None = Non
     return fill_once(root, k, fill)
 
 
+def progress_interval() -> float:
+    """Seconds between progress lines (VLLM_FLEET_PROGRESS_INTERVAL, default 10; 0: none)."""
+    try:
+        return float(os.environ.get("VLLM_FLEET_PROGRESS_INTERVAL", "10"))
+    except ValueError:
+        return 10.0
+
+
+def dir_bytes(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.is_dir() else 0
+
+
+class Ticker:
+    """While a download fills ``part``: ``log`` a line every progress_interval() seconds with the
+    bytes there (of ``total``) and the rate. A thread (a greenlet under pyinfra's gevent)."""
+
+    def __init__(self, log, what: str, part: Path, total: int | None = None):
+        self.log, self.what, self.part, self.total = log, what, part, total
+        self.done = threading.Event()
+        self.every = progress_interval()
+        self.t0 = time.monotonic()
+        self.thread = threading.Thread(target=self._run, daemon=True) if log and self.every > 0 else None
+
+    def _run(self) -> None:
+        while not self.done.wait(self.every):
+            got, secs = dir_bytes(self.part), time.monotonic() - self.t0
+            of = f" of {self.total / 1e6:.1f} MB" if self.total else ""
+            self.log(f"{self.what}: {got / 1e6:.1f} MB{of} so far ({got / 1e6 / secs:.1f} MB/s), {secs:.0f} s")
+
+    def __enter__(self) -> "Ticker":
+        if self.thread:
+            self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.done.set()
+
+
 def _run_with_progress(argv: list[str], part: Path, log) -> subprocess.CompletedProcess:
     """``pip download`` into ``part``; while it runs, a line every VLLM_FLEET_PROGRESS_INTERVAL
     seconds (default 10, 0: none) with the bytes there so far and the rate."""
