@@ -46,7 +46,12 @@ def _handler(signum, frame) -> None:  # pragma: no cover - exercised by the lab 
 
 
 def install_sigint() -> None:
-    """Our SIGINT handler in this (pyinfra's) process; only from the main thread, else nothing."""
+    """Our SIGINT handler in this process when it is pyinfra's CLI (not pyinfra's API in another
+    program, e.g. a test harness); only from the main thread, else nothing."""
+    import pyinfra
+
+    if not getattr(pyinfra, "is_cli", False):
+        return
     try:
         signal.signal(signal.SIGINT, _handler)
     except ValueError:  # not the main thread

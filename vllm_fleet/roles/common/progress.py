@@ -178,8 +178,11 @@ class _Callback:
 
 def install() -> None:
     """Register the progress lines for this pyinfra run (once per state; safe to call per host)."""
+    import pyinfra
     from pyinfra.context import ctx_state
 
+    if not getattr(pyinfra, "is_cli", False):  # pyinfra's API in another program: its own output
+        return
     st = ctx_state.get()
     if st is None or id(st) in _installed:
         return
