@@ -52,9 +52,9 @@ def _clean_env() -> dict[str, str]:
     return env
 
 
-PROGRESS_UPLOAD = re.compile(r"^\s+\[lab1\] Upload the wheelhouse to /opt/vllm-fleet/own-b/wheelhouse: "
-                             r"[\d.]+ (?:kB|MB|GB|bytes) of [\d.]+ MB \([\d.]+ (?:kB|MB|GB|bytes)/s\), \d+ s$", re.M)
-PROGRESS_WAIT = re.compile(r"^\s+\[lab1\] Wait for vllm-lab-tiny-0\.service[^\n]*: \d+ s, waiting for the unit to answer$", re.M)
+PROGRESS_UPLOAD = re.compile(r"^\s+\[lab1\] (?:[^|\n]+\| )*Upload the wheelhouse to /opt/vllm-fleet/own-b/wheelhouse: "
+                             r"[\d.]+ (?:kB|MB|GB|bytes) of [\d.]+ (?:kB|MB|GB) \([\d.]+ (?:kB|MB|GB|bytes)/s\), \d+ s$", re.M)
+PROGRESS_WAIT = re.compile(r"^\s+\[lab1\] (?:[^|\n]+\| )*Wait for vllm-lab-tiny-0\.service[^\n]*: \d+ s, waiting for the unit to answer$", re.M)
 
 
 @pytest.fixture(scope="module")

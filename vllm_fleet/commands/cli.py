@@ -99,10 +99,10 @@ def cmd_validate(args: argparse.Namespace) -> int:
         if c.ok:
             r, problems = c.resolved, c.problems
             # not "valid" when the fleet (the inventory, the other specs) has errors: exit 1 follows
-            verdict = f"valid on its own, but not on {where} (below)" if fleet else "valid"
+            verdict = "valid on its own" if fleet else "valid"
             print(f"{c.source}: {verdict} ({r['name']}: {r['model']['served_name']}, "
                   f"{r['install']['accelerator']}, TP {r['parallel']['tensor']} x PP {r['parallel']['pipeline']}"
-                  f"{', ' + str(len(problems)) + ' warning(s)' if problems else ''})")
+                  f"{', ' + str(len(problems)) + ' warning(s)' if problems else ''})" + (f", but not on {where}: see below" if fleet else ""))
     for line in fleet:
         print(f"{where}: error: {line}", file=sys.stderr)
     if fleet:
