@@ -76,7 +76,7 @@ def test_the_health_probe_works_on_a_root_host_without_sudo(health_url, no_sudo_
 
     state, h = _local({})
     with ctx_state.use(state), ctx_host.use(h):
-        code, _, _ = service._probe(health_url, "vllm-none.service")
+        code, _, _, _ = service._probe(health_url, "vllm-none.service")
     assert code == "200", f"the /health probe read {code!r}, not the server's 200 (was sudo used?)"
 
 

@@ -10,7 +10,9 @@
 #   find DIR .  then  find DIR SIZE RELPATH   (regular files under DIR)
 #   user NAME PASSWD-LINE                 (getent passwd; `-` when absent)
 #   deb NAME STATUS VERSION               (dpkg-query; packages dpkg does not know print nothing)
-#   unit KEY=VALUE / unit (blank)         (systemctl show Id/LoadState/ActiveState/UnitFileState)
+#   unit KEY=VALUE / unit (blank)         (systemctl show Id/LoadState/ActiveState/SubState/UnitFileState/NRestarts)
+#   started UNIT SECONDS                  (how long ago the unit's main process started; none when it never did)
+#   age PATH SECONDS                      (how long ago PATH was last written; `-` when absent)
 #   py PYTHON LINE / py PYTHON .          (an env's probe: `py PYTHON`, `pycode CODE`, `pyargs ARGS`)
 #   glob PATTERN .  then  glob PATTERN PATH BASE64   (every small regular file a shell glob matches;
 #                                         a *.service one also: globunit PATH ACTIVE ENABLED)
@@ -57,6 +59,8 @@ while [ $# -ge 2 ]; do
         fi
       done
       set -f ;;
+    age)
+      if m=$(stat -c %Y -- "$v" 2>/dev/null); then printf 'age\t%s\t%s\n' "$v" "$(( $(date +%s) - m ))"; else printf 'age\t%s\t-\n' "$v"; fi ;;
     user)
       if l=$(getent passwd -- "$v"); then printf 'user\t%s\t%s\n' "$v" "$l"; else printf 'user\t%s\t-\n' "$v"; fi ;;
     deb) debs="$debs $v" ;;
@@ -77,7 +81,12 @@ if [ -n "$debs" ] && command -v dpkg-query >/dev/null 2>&1; then
 fi
 if [ -n "$units" ] && command -v systemctl >/dev/null 2>&1; then
   # shellcheck disable=SC2086
-  systemctl show --property=Id,LoadState,ActiveState,UnitFileState -- $units 2>/dev/null |
+  systemctl show --property=Id,LoadState,ActiveState,SubState,UnitFileState,NRestarts -- $units 2>/dev/null |
     while IFS= read -r l; do printf 'unit\t%s\n' "$l"; done
+  now=$(date +%s)
+  for u in $units; do  # ExecMainStartTimestamp is local time in words ("Wed 2026-12-02 01:50:00 UTC"): date reads it
+    t=$(systemctl show -p ExecMainStartTimestamp --value -- "$u" 2>/dev/null)
+    [ -n "$t" ] && [ "$t" != n/a ] && e=$(date -d "$t" +%s 2>/dev/null) && printf 'started\t%s\t%s\n' "$u" "$((now - e))"
+  done
 fi
 echo end

@@ -55,6 +55,7 @@ class Query:
     users: tuple[str, ...] = ()
     debs: tuple[str, ...] = ()
     units: tuple[str, ...] = ()
+    ages: tuple[str, ...] = ()
     envs: tuple[tuple[str, tuple[str, ...]], ...] = ()
     globs: tuple[str, ...] = ()
 
@@ -76,7 +77,7 @@ class Query:
         out: list[str] = []
         for kind, values in (("stat", self.stat), ("sha", self.sha), ("read", self.read), ("ls", self.ls),
                              ("find", self.find), ("user", self.users), ("deb", self.debs), ("unit", self.units),
-                             ("glob", self.globs)):
+                             ("glob", self.globs), ("age", self.ages)):
             for v in values:
                 out += [kind, v]
         code = ENV_PROBE.read_text() if self.envs else ""
@@ -119,6 +120,8 @@ class Snapshot:
         self.users: dict[str, dict | None] = {}
         self.debs: dict[str, dict] = {}
         self.units: dict[str, dict] = {}
+        self.started: dict[str, int] = {}
+        self.ages: dict[str, int | None] = {}
         self.envs: dict[str, dict] = {}
         self.globbed: dict[str, dict[str, str | None]] = {}
         self.glob_units: dict[str, tuple[str, str]] = {}  # unit file path -> (is-active, is-enabled)
@@ -171,6 +174,11 @@ class Snapshot:
             elif kind == "deb":
                 status, _, version = value.partition("\t")
                 s.debs[key] = {"installed": status.startswith("ii"), "version": version}
+            elif kind == "started":
+                if value.lstrip("-").isdigit():
+                    s.started[key] = int(value)
+            elif kind == "age":
+                s.ages[key] = int(value) if value.lstrip("-").isdigit() else None
             elif kind == "unit":
                 if not rest:
                     unit = {}
@@ -205,6 +213,12 @@ class Snapshot:
         return bool(st and st["type"] == "file" and self._asked("sha", path) and self.shas.get(path) == sha256
                     and _owner_mode_ok(st, user, group, mode))
 
+    def same_content(self, path: str, sha256: str) -> bool:
+        """True when the snapshot shows PATH as a regular file with this content, whatever its
+        owner and mode (a put that would change only those changes nothing a process reads)."""
+        st = self.stats.get(path) if self._asked("stat", path) else None
+        return bool(st and st["type"] == "file" and self._asked("sha", path) and self.shas.get(path) == sha256)
+
     def path(self, path: str) -> tuple[bool, dict | None]:
         """``(known, {"type", "user", "group", "mode", "size"} or None when absent)`` of a path asked with ``stat``."""
         if not self._asked("stat", path):
@@ -222,8 +236,19 @@ class Snapshot:
         return all(self._asked("debs", n) and self.debs.get(n, {}).get("installed") for n in names)
 
     def unit(self, name: str) -> dict | None:
-        """``{"LoadState", "ActiveState", "UnitFileState"}`` of a unit, or None when not read."""
+        """``{"LoadState", "ActiveState", "SubState", "UnitFileState", "NRestarts"}`` of a unit, or
+        None when not read."""
         return self.units.get(name) if self._asked("units", name) else None
+
+    def started_ago(self, name: str) -> int | None:
+        """Seconds since the main process of a unit asked with ``units`` started (None: never, or not read)."""
+        return self.started.get(name) if self._asked("units", name) else None
+
+    def age(self, path: str) -> tuple[bool, int | None]:
+        """``(known, seconds since PATH was last written, or None when absent)`` of a path asked with ``ages``."""
+        if not self._asked("ages", path):
+            return False, None
+        return True, self.ages.get(path)
 
     def unit_ok(self, name: str, running: bool = True, enabled: bool = True) -> bool:
         u = self.unit(name)

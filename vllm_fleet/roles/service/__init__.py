@@ -29,50 +29,92 @@ from .defaults import DEFAULTS
 UNIT = LEGACY_UNIT  # the default name of _wait_healthy's unit (callers pass an instance's)
 
 
-def _probe(url: str, unit: str) -> tuple[str, str, int]:
+# Who holds the listening socket of a port: "own" (a process of the unit's cgroup), "other PID
+# COMM", or "unknown" (no listener found in /proc/net: another network namespace). /proc and
+# find only: no ss/lsof needed on a minimal host.
+_OWNER = r"""owner() {
+  hex=$(printf '%04X' "$1")
+  inodes=$(awk -v p=":$hex" 'FNR > 1 && $4 == "0A" && substr($2, length($2) - 4) == p {print $10}' /proc/net/tcp /proc/net/tcp6 2>/dev/null)
+  [ -n "$inodes" ] || { echo unknown; return; }
+  cg=$(systemctl show -p ControlGroup --value "$2" 2>/dev/null)
+  for i in $inodes; do
+    for f in $(find /proc/[0-9]*/fd -maxdepth 1 -lname "socket:\[$i\]" 2>/dev/null | head -3); do
+      pid=${f#/proc/}; pid=${pid%%/*}
+      if [ -n "$cg" ] && grep -q ":$cg\$" /proc/$pid/cgroup 2>/dev/null; then echo own; return; fi
+      echo "other $pid $(cat /proc/$pid/comm 2>/dev/null)"; return
+    done
+  done
+  echo unknown
+}
+"""
+
+
+def _probe(url: str, unit: str, port: int | None = None) -> tuple[str, str, int, str]:
+    """``(HTTP code of url, the unit's ActiveState, NRestarts, who listens on port)``; the last
+    only when the code is 200 and a port is given (else "")."""
+    own = (f"{_OWNER}if [ \"$code\" = 200 ]; then owner {int(port)} {shlex.quote(unit)}; else echo; fi"
+           if port is not None else "echo")
     ok, out = host.run_shell_command(
-        f"curl -s -o /dev/null -w '%{{http_code}}' --max-time 5 {shlex.quote(url)}; echo; "
-        f"systemctl is-active {unit} || true; systemctl show -p NRestarts --value {unit}",
+        f"code=$(curl -s -o /dev/null -w '%{{http_code}}' --max-time 5 {shlex.quote(url)}); echo \"$code\"; "
+        f"systemctl is-active {unit} || true; systemctl show -p NRestarts --value {unit}; {own}",
         **as_root(),
     )
-    lines = [line.strip() for line in getattr(out, "stdout_lines", [])] + ["", "", ""]
+    lines = [line.strip() for line in getattr(out, "stdout_lines", [])] + ["", "", "", ""]
     restarts = int(lines[2]) if lines[2].isdigit() else 0
-    return lines[0], lines[1], restarts
+    return lines[0], lines[1], restarts, lines[3]
 
 
-def _start_to_healthy(unit: str) -> str:
+#: vLLM raises its open-files soft limit to this at start (``set_ulimit``) and warns below it.
+VLLM_NOFILE = 65535
+
+
+def _start_to_healthy(unit: str) -> tuple[str, int | None]:
     """How long the unit's process took from its start to a healthy /health: systemd's
     ExecMainStartTimestamp (wall clock, microseconds) against the host's clock now. What a
     rollout waits per replica on top of the drain, whoever started the process (this deploy or
-    systemd). Not /proc/uptime against the monotonic timestamp: containers (lxcfs) virtualise it."""
+    systemd). Not /proc/uptime against the monotonic timestamp: containers (lxcfs) virtualise it.
+    Also the open-files limit the main process got (None when unknown)."""
     _, out = host.run_shell_command(
         f"t=$(systemctl show -p ExecMainStartTimestamp --value --timestamp=us+utc {unit}) && "
-        "date -u -d \"$t\" +%s.%N && date -u +%s.%N", **as_root())
-    lines = [line.strip() for line in getattr(out, "stdout_lines", [])] + ["", ""]
+        "date -u -d \"$t\" +%s.%N && date -u +%s.%N; "
+        f"awk '/^Max open files/ {{print $4}}' /proc/$(systemctl show -p MainPID --value {unit})/limits 2>/dev/null",
+        **as_root())
+    lines = [line.strip() for line in getattr(out, "stdout_lines", [])] + ["", "", ""]
+    nofile = int(lines[2]) if lines[2].isdigit() else None
     try:
         secs = float(lines[1]) - float(lines[0])
     except ValueError:
-        return "start to healthy: unknown"
-    return f"start to healthy {secs:.1f} s"
+        return "start to healthy: unknown", nofile
+    return f"start to healthy {secs:.1f} s", nofile
 
 
 def _wait_healthy(port: int, deadline: int, interval: float, journal_lines: int, unit: str = UNIT) -> None:  # noqa: D401
-    """Runs on the host at execute time: poll /health there until 200.
+    """Runs on the host at execute time: poll /health there until 200 from the unit's own process.
 
-    Fails early, with the journal tail, when the unit fails or systemd restarts it (a crash
-    while starting repeats on every restart: waiting out the deadline would only hide it).
+    A 200 counts only when the process listening on the port belongs to the unit (its cgroup):
+    another deployment or process on the same port answers /health too (issue 24: "healthy after
+    0 s" while the new unit crash-looped on "Address already in use"). Fails early, with the
+    journal tail, when the unit fails or systemd restarts it (a crash while starting repeats on
+    every restart: waiting out the deadline would only hide it).
     """
     t0 = time.monotonic()
     url = f"http://127.0.0.1:{port}/health"
-    _, _, restarts0 = _probe(url, unit)
+    _, _, restarts0, _ = _probe(url, unit)
     last = ""
     while time.monotonic() - t0 < deadline:
-        code, state, restarts = _probe(url, unit)
-        if code == "200":
+        code, state, restarts, owner = _probe(url, unit, port)
+        if code == "200" and owner in ("own", "unknown"):
             # printed at pyinfra's default verbosity (host.noop only with -v): what a restart costs
-            host.log(f"{unit} healthy after {time.monotonic() - t0:.0f} s of waiting; {_start_to_healthy(unit)}")
+            took, nofile = _start_to_healthy(unit)
+            host.log(f"{unit} healthy after {time.monotonic() - t0:.0f} s of waiting; {took}")
+            if nofile is not None and nofile < VLLM_NOFILE:
+                host.log(f"{unit} runs with an open-files limit of {nofile} (the unit asks LimitNOFILE=1048576; vLLM wants "
+                         f">= {VLLM_NOFILE}): the host's init could not raise it (a container's limit); see docs/gpu-proof.md")
             return
-        last = f"/health -> {code or 'no answer'}, unit {state}"
+        last = f"/health -> {code or 'no answer'}, unit {state}, NRestarts {restarts}"
+        if code == "200":
+            _, pid, comm = (owner.split(" ", 2) + ["", "", ""])[:3]
+            last += f"; port {port} is answered by PID {pid} ({comm}), not by {unit}: another deployment or process holds the port"
         if state == "failed" or restarts > restarts0:
             last += f", the unit crashed while starting (restarts {restarts0} -> {restarts})"
             break
@@ -211,7 +253,28 @@ def state_query(spec: dict[str, Any], node: Any, rendered: dict[str, Any]) -> Qu
     stamps = [f"{ins['config_dir']}/replica-{i.index}.applied" for i in node.instances]
     return (rendered_query(rendered, mine + [p["secrets_env"], *stamps])
             | Query(stat=tuple(dirs), read=(f"{render.SYSTEMD_DIR}/{LEGACY_UNIT}", *stamps), ls=(render.SYSTEMD_DIR,),
-                    units=tuple(i.unit for i in node.instances)))
+                    units=tuple(i.unit for i in node.instances), ages=tuple(stamps)))
+
+
+def _still_starting(snap: Any, unit: str, stamp: str, health_timeout: int) -> str | None:
+    """Why an instance that this deploy does not restart must still be waited for, or None.
+
+    From the host's snapshot: systemd is starting it or waiting to restart it (``activating``,
+    ``auto-restart``), or its process started after its configuration was last recorded healthy
+    (``replica-N.applied``, written after each healthy wait) and less than ``health_timeout``
+    seconds ago: systemd restarted it (a crash, a kill, a reboot) or a deploy was cut before the
+    wait. A process proven healthy since its start, or one older than the timeout, is not waited for."""
+    u = snap.unit(unit)
+    if not u or u.get("LoadState") != "loaded":
+        return None
+    active, sub = u.get("ActiveState"), u.get("SubState")
+    if active in ("activating", "reloading") or sub == "auto-restart":
+        return f"the unit is {active} ({sub}), NRestarts {u.get('NRestarts', '?')}"
+    ago = snap.started_ago(unit)
+    known, recorded = snap.age(stamp)
+    if active == "active" and ago is not None and ago < health_timeout and known and (recorded is None or ago < recorded):
+        return f"its process started {ago} s ago, not yet seen healthy"
+    return None
 
 
 def _legacy_unit_script(name: str) -> str:
@@ -265,8 +328,8 @@ def install_service(spec: dict[str, Any], node: Any, rendered: dict[str, Any], a
     put = put_rendered(rendered, other + extra)
     from vllm_fleet.render.secrets import host_secret_files
 
-    secrets_op = put_secret(name="API key (0600, never shown)", path=p["secrets_env"],
-                            content=host_secret_files(spec, {"api_key": api_key})[p["secrets_env"]])
+    secret_text = host_secret_files(spec, {"api_key": api_key})[p["secrets_env"]]
+    secrets_op = put_secret(name="API key (0600, never shown)", path=p["secrets_env"], content=secret_text)
     put.update(put_rendered(rendered, list(units.values())))
 
     # Units the layout no longer has: an older release's vllm.service of this deployment, and
@@ -292,14 +355,26 @@ def install_service(spec: dict[str, Any], node: Any, rendered: dict[str, Any], a
     if pending(*(put[u] for u in units.values()), *removed):
         systemd.daemon_reload(name="systemd daemon-reload", _if=any_changed(*(put[u] for u in units.values()), *removed))
 
-    shared = [secrets_op, *(put[path] for path in other + extra if not path.endswith(".env") or path in (p["vllm_env"], p["node_env"])),
+    import hashlib
+
+    def reads(path: str, op: Any, content: str) -> Any:
+        """``op`` as a restart trigger: a put that changes only a file's owner or mode (the
+        content vLLM and systemd read is the same) restarts nothing (issue 24: ``diff`` showed
+        644 -> 600 on an env file and the deploy restarted vLLM)."""
+        if snap.same_content(path, hashlib.sha256(content.encode()).hexdigest()):
+            return Converged(f"{path} (owner/mode only)")
+        return op
+
+    shared = [reads(p["secrets_env"], secrets_op, secret_text),
+              *(reads(path, put[path], rendered[path].content) for path in other + extra
+                if not path.endswith(".env") or path in (p["vllm_env"], p["node_env"])),
               *(restart_on or [])]
     restarts = []
     for inst in node.instances:
         if only is not None and inst.index not in only:
             continue
         unit = inst.unit
-        own = [put[units[inst.index]], *([put[inst.env_file]] if inst.env_file in put else [])]
+        own = [reads(path, put[path], rendered[path].content) for path in (units[inst.index], inst.env_file) if path in put]
         token = applied_token(spec, rendered, inst, api_key)
         stamp = f"{ins['config_dir']}/replica-{inst.index}.applied"
         known, text = snap.content(stamp)
@@ -324,16 +399,20 @@ def install_service(spec: dict[str, Any], node: Any, rendered: dict[str, Any], a
         restart = (systemd.service(name=f"Restart {unit} ({why})", service=unit, running=True, restarted=True, enabled=True, _if=when)
                    if stale_now or pending(*relevant) else Converged(f"restart {unit}"))
         running = service_running(name=f"{unit} running and enabled", service=unit, running=True, enabled=True)
-        if stale_now or pending(restart, running, *relevant):
+        # Nothing to restart, but systemd may still be starting it (after a crash, a kill, or a
+        # deploy that was cut): the smoke tests that follow would meet a 502. Wait for it too.
+        starting = _still_starting(snap, unit, stamp, srv["health_timeout"]) if not (stale_now or pending(restart)) else None
+        if stale_now or starting or pending(restart, running, *relevant):
             python.call(
-                name=f"Wait for {unit} /health on port {inst.port} (deadline {srv['health_timeout']} s)",
+                name=f"Wait for {unit} /health on port {inst.port} (deadline {srv['health_timeout']} s"
+                     + (f"; {starting})" if starting else ")"),
                 function=_wait_healthy,
                 port=inst.port,
                 deadline=srv["health_timeout"],
                 interval=host.data.get("vllm_fleet_health_interval"),
                 journal_lines=host.data.get("vllm_fleet_journal_lines"),
                 unit=unit,
-                _if=any_changed(restart, running, *relevant) if not stale_now else (lambda: True),
+                _if=any_changed(restart, running, *relevant) if not (stale_now or starting) else (lambda: True),
             )
         # Healthy with this configuration: remember it (0600: a hash of the key is in it).
         put_secret(name=f"{unit}: record the configuration it runs", path=stamp, content=token + "\n")

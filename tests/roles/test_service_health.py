@@ -1,0 +1,244 @@
+"""The service role's health wait proves the unit's own process answers, waits for a unit that
+systemd is still starting, and restarts nothing for an owner/mode-only change (issues 24 and 25).
+
+- The listener check (``_OWNER``, plain sh + /proc) run for real on this machine against a socket
+  this test holds, with a stand-in ``systemctl`` that names the unit's cgroup: "own" when the
+  listener's process is in that cgroup, "other PID COMM" when not.
+- ``_wait_healthy`` through pyinfra's local connector, against a real HTTP server on a port
+  that another process (this test) holds while the unit crash-loops: no "healthy", a failure
+  naming the unit, NRestarts, the PID that answers and the journal tail.
+- Plan time, against a host snapshot (``HostState``): a converged instance that systemd is
+  restarting (auto-restart), or whose process started after its configuration was last recorded
+  healthy and less than ``server.health_timeout`` ago, gets the wait and nothing else; a healthy
+  one and an old one get no operation; an env file whose content is the same but whose mode
+  differs gets its put and no restart.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("pyinfra")
+
+from pyinfra.api import Config, Inventory, State  # noqa: E402
+from pyinfra.api.connect import connect_all  # noqa: E402
+from pyinfra.context import ctx_host, ctx_state  # noqa: E402
+
+from vllm_fleet.roles import service  # noqa: E402
+from vllm_fleet.roles.common.state import HostState, Snapshot  # noqa: E402
+
+
+def _my_cgroup() -> str:
+    """One cgroup path of this process as /proc/self/cgroup names it (the unit's, in the test)."""
+    lines = [line.split(":", 2)[2] for line in Path("/proc/self/cgroup").read_text().splitlines()]
+    return max(lines, key=len)
+
+
+def _fake_tools(tmp_path: Path, cgroup: str, *, active: str = "active", crash_every: int = 0) -> Path:
+    """A ``systemctl`` answering for one unit (ControlGroup, is-active, NRestarts: +1 every
+    ``crash_every`` calls when set) and a ``journalctl`` printing a crash line."""
+    bin_ = tmp_path / "bin"
+    bin_.mkdir(exist_ok=True)
+    count = tmp_path / "calls"
+    count.write_text("0")
+    (bin_ / "systemctl").write_text(f"""#!/bin/sh
+case "$*" in
+  *ControlGroup*) echo '{cgroup}' ;;
+  is-active*) echo {active} ;;
+  *NRestarts*) n=$(cat {count}); n=$((n + 1)); echo $n > {count}
+               if [ {crash_every} -gt 0 ]; then echo $((n / {crash_every})); else echo 0; fi ;;
+  *ExecMainStartTimestamp*) date -u '+%a %Y-%m-%d %H:%M:%S.000000 UTC' ;;
+  *MainPID*) echo $$ ;;
+esac
+""")
+    (bin_ / "journalctl").write_text("#!/bin/sh\necho 'OSError: [Errno 98] Address already in use'\n")
+    for f in ("systemctl", "journalctl"):
+        (bin_ / f).chmod(0o755)
+    return bin_
+
+
+def _owner(port: int, bin_: Path) -> str:
+    import subprocess
+
+    env = dict(os.environ, PATH=f"{bin_}:{os.environ['PATH']}")
+    r = subprocess.run(["sh", "-c", service._OWNER + f"owner {port} vllm-x-0.service"], capture_output=True, text=True, env=env, timeout=30)
+    assert r.returncode == 0, r.stderr
+    return r.stdout.strip()
+
+
+def test_the_listener_check_tells_the_units_process_from_another(tmp_path):
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen()
+    port = s.getsockname()[1]
+    try:
+        assert _owner(port, _fake_tools(tmp_path, _my_cgroup())) == "own"
+        other = _owner(port, _fake_tools(tmp_path, "/system.slice/vllm-other-0.service"))
+        assert other.split()[:2] == ["other", str(os.getpid())], other
+        assert other.split()[2] == Path(f"/proc/{os.getpid()}/comm").read_text().strip()
+    finally:
+        s.close()
+    assert _owner(port, _fake_tools(tmp_path, _my_cgroup())) == "unknown"  # nobody listens now
+
+
+class _Health(BaseHTTPRequestHandler):
+    def do_GET(self):  # noqa: N802
+        self.send_response(200 if self.path == "/health" else 404)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *a):
+        pass
+
+
+@pytest.fixture
+def health_port():
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), _Health)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    yield srv.server_address[1]
+    srv.shutdown()
+    srv.server_close()
+
+
+def _wait(port: int, bin_: Path, monkeypatch, deadline: int = 20) -> list[str]:
+    monkeypatch.setenv("PATH", f"{bin_}:{os.environ['PATH']}")
+    inv = Inventory((["@local"], {}))
+    state = State(inv, Config())
+    connect_all(state)
+    h = inv.get_host("@local")
+    logged: list[str] = []
+    monkeypatch.setattr(h, "log", lambda msg, *a, **k: logged.append(msg))
+    with ctx_state.use(state), ctx_host.use(h):
+        service._wait_healthy(port=port, deadline=deadline, interval=0.2, journal_lines=5, unit="vllm-x-0.service")
+    return logged
+
+
+def test_another_process_answering_on_the_port_is_not_healthy(tmp_path, health_port, monkeypatch):
+    """Issue 24: a second deployment on the same ports said "healthy after 0 s" because the other
+    one answered; its own unit crash-looped on "Address already in use"."""
+    bin_ = _fake_tools(tmp_path, "/system.slice/vllm-x-0.service", active="activating", crash_every=3)
+    with pytest.raises(RuntimeError) as e:
+        _wait(health_port, bin_, monkeypatch)
+    msg = str(e.value)
+    assert "vllm-x-0.service not healthy" in msg and "NRestarts" in msg, msg
+    assert f"answered by PID {os.getpid()}" in msg and "not by vllm-x-0.service" in msg, msg
+    assert "crashed while starting" in msg and "Address already in use" in msg, msg
+
+
+def test_the_units_own_listener_is_healthy(tmp_path, health_port, monkeypatch):
+    logged = _wait(health_port, _fake_tools(tmp_path, _my_cgroup()), monkeypatch)
+    assert any("vllm-x-0.service healthy after" in line for line in logged), logged
+
+
+# -- plan time: what a re-deploy does for an instance systemd is still starting -------------------
+
+
+def _plan(harness, extra: list[str] | None = None, drop: tuple[str, ...] = (), mode_of: dict[str, str] | None = None):
+    from tests.roles.test_host_state import _lab, _service_and_nginx, converged_lines
+
+    spec, h, node = _lab()
+    lines = [line for line in converged_lines(spec, h, node, "k3y") if not line.startswith(drop)]
+    for path, mode in (mode_of or {}).items():  # the same content, another mode
+        for i, line in enumerate(lines):
+            f = line.split("\t")
+            if f[:2] == ["stat", path]:
+                lines[i] = "\t".join(f[:5] + [mode] + f[6:])
+    lines = lines[:-1] + (extra or []) + ["end"]
+    from pyinfra.facts.files import File, Sha256File
+    from pyinfra.facts.systemd import SystemdEnabled, SystemdStatus
+
+    run = harness.run(_service_and_nginx, spec, h, node, "k3y",
+                      facts={HostState: lambda query: Snapshot.parse(lines), File: {"user": "root", "mode": 600}, Sha256File: "x",
+                             SystemdStatus: {}, SystemdEnabled: {}})
+    unit = node.instances[0].unit
+    stamp = f"{spec['install']['config_dir']}/replica-{node.instances[0].index}.applied"
+    return run, [op.name.rsplit(" | ", 1)[-1] for op in run.ops], unit, stamp, spec, h
+
+
+def _unit_lines(unit: str, active: str, sub: str, restarts: int) -> list[str]:
+    return [f"unit\tId={unit}", "unit\tLoadState=loaded", f"unit\tActiveState={active}", f"unit\tSubState={sub}",
+            "unit\tUnitFileState=enabled", f"unit\tNRestarts={restarts}", "unit\t"]
+
+
+def test_a_unit_systemd_is_restarting_is_waited_for_not_restarted(harness):
+    from tests.roles.test_host_state import _lab
+
+    spec, h, node = _lab()
+    unit = node.instances[0].unit
+    run, names, unit, _, _, _ = _plan(harness, extra=_unit_lines(unit, "activating", "auto-restart", 4), drop=(f"unit\t",))
+    waits = [n for n in names if n.startswith(f"Wait for {unit} /health")]
+    assert len(waits) == 1 and "activating (auto-restart), NRestarts 4" in waits[0], names
+    assert not any(n.startswith("Restart ") or n.startswith("Put ") for n in names), names
+    assert any(c == "python:_wait_healthy" for c in run.commands)
+
+
+@pytest.mark.parametrize("started,stamp_age,waits", [
+    (40, 3600, True),     # systemd restarted it (a crash, a kill) after it was last seen healthy
+    (40, 30, False),      # this deploy's own start, recorded healthy after it: the no-op stays a no-op
+    (4000, 9000, False),  # older than the health timeout: not "still starting"
+])
+def test_a_recent_start_not_yet_seen_healthy_is_waited_for(harness, started, stamp_age, waits):
+    from tests.roles.test_host_state import _lab
+
+    spec, h, node = _lab()
+    unit = node.instances[0].unit
+    stamp = f"{spec['install']['config_dir']}/replica-{node.instances[0].index}.applied"
+    assert spec["server"]["health_timeout"] < 4000
+    run, names, _, _, _, _ = _plan(harness, extra=[f"started\t{unit}\t{started}", f"age\t{stamp}\t{stamp_age}"])
+    if waits:
+        assert names == [f"Wait for {unit} /health on port {node.instances[0].port} (deadline {spec['server']['health_timeout']} s; "
+                         f"its process started {started} s ago, not yet seen healthy)"], names
+    else:
+        assert run.ops == [], names
+
+
+def test_a_mode_only_change_puts_the_file_and_restarts_nothing(harness):
+    """Issue 24: `diff` showed only 644 -> 600 on an env file and the deploy restarted vLLM."""
+    from tests.roles.test_host_state import _lab
+
+    spec, h, node = _lab()
+    env = next(p for p in h.files if p.endswith("/vllm.env"))
+    want = f"{h.files[env].mode:o}"
+    other = "644" if want != "644" else "600"
+    run, names, unit, _, _, _ = _plan(harness, mode_of={env: other})
+    assert f"Put {env}" in names, names  # the mode is fixed
+    assert not any(n.startswith(("Restart ", "Wait for ")) for n in names), names
+    # (a content change still restarts: test_host_state's test_one_file_that_differs_gets_its_put...)
+
+
+def test_the_state_script_reads_a_units_start_and_a_files_age(tmp_path, monkeypatch):
+    """host_state.sh for real: ``started`` from systemctl's ExecMainStartTimestamp (in words, as
+    systemctl prints it) and ``age`` from the file's mtime, both against the host's clock."""
+    import subprocess
+    import time
+
+    from vllm_fleet.roles.common.state import Query
+
+    bin_ = tmp_path / "bin"
+    bin_.mkdir()
+    (bin_ / "systemctl").write_text("""#!/bin/sh
+case "$*" in
+  *ExecMainStartTimestamp*) date -d '-50 seconds' '+%a %Y-%m-%d %H:%M:%S %Z' ;;
+  *) printf 'Id=vllm-x-0.service\\nLoadState=loaded\\nActiveState=activating\\nSubState=auto-restart\\nNRestarts=3\\nUnitFileState=enabled\\n' ;;
+esac
+""")
+    (bin_ / "systemctl").chmod(0o755)
+    stamp = tmp_path / "replica-0.applied"
+    stamp.write_text("x\n")
+    os.utime(stamp, (time.time() - 120, time.time() - 120))
+    q = Query(units=("vllm-x-0.service",), ages=(str(stamp), str(tmp_path / "nope")))
+    r = subprocess.run(["sh", "-c", HostState().command(q).get_raw_value()], capture_output=True, text=True, timeout=30,
+                       env=dict(os.environ, PATH=f"{bin_}:{os.environ['PATH']}"))
+    s = Snapshot.parse(r.stdout.splitlines())
+    s.query = q
+    assert s.unit("vllm-x-0.service")["SubState"] == "auto-restart" and s.unit("vllm-x-0.service")["NRestarts"] == "3"
+    assert 49 <= s.started_ago("vllm-x-0.service") <= 60, r.stdout
+    known, age = s.age(str(stamp))
+    assert known and 119 <= age <= 130, r.stdout
+    assert s.age(str(tmp_path / "nope")) == (True, None)
