@@ -102,8 +102,10 @@ def test_cpu_fixes_alone_when_cuda_torchvision_came_back(harness):
 def test_cuda_fresh_no_cpu_fixes(harness):
     spec = spec_of("rtx3090-qwen7b-awq-realtime.yaml")
     run = harness.run(install_vllm, spec, facts={DistVersions: {}})
-    install, verify = (argv_of(c) for c in run.commands)
+    install, cubin, verify = run.commands  # cubin: FlashInfer's kernels (tests/roles/test_flashinfer_offline.py)
+    install, verify = argv_of(install), argv_of(verify)
     assert install[0].endswith("/env/bin/python") and install[-1] == "vllm==0.33.0"
+    assert '"flashinfer-cubin==$v"' in cubin
     assert not any("uninstall" in c or "dist-info" in c for c in run.commands)
     assert verify[-2:] == ["vllm", "0.33.0"]
 

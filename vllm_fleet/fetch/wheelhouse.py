@@ -224,6 +224,41 @@ def _run_with_progress(argv: list[str], part: Path, log) -> subprocess.Completed
     return subprocess.CompletedProcess(argv, proc.returncode, out, err)
 
 
+def add_flashinfer_cubin(directory: Path, target: dict, *, index_url: str | None = None,
+                         find_links: str | None = None, python: str | None = None, log=None) -> str | None:
+    """Put ``flashinfer-cubin`` beside the ``flashinfer-python`` of a filled CUDA wheelhouse (the
+    same version exactly; vLLM >= 0.26 no longer requires it, so ``pip download vllm`` leaves it
+    out: :mod:`vllm_fleet.fetch.flashinfer`). Once per wheelhouse: when the source has no such
+    version, that is recorded beside the wheels and returned (a warning, not a failure: FlashInfer
+    then downloads its kernels at first use, which only a host with internet can)."""
+    from vllm_fleet.fetch import flashinfer
+
+    version = flashinfer.wheelhouse_lacks_cubin(directory)
+    if not version:
+        return None
+    marker = directory / f".{flashinfer.CUBIN}-{version}-unavailable"
+    if marker.exists():
+        return marker.read_text().strip()
+    with named_lock(f"cubin:{directory}"), open(directory.parent / f".{directory.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not flashinfer.wheelhouse_lacks_cubin(directory):
+            return None
+        argv = download_argv(python or sys.executable, ["--no-deps", f"{flashinfer.CUBIN}=={version}"], directory, target,
+                             index_url=index_url, find_links=find_links)
+        proc = subprocess.run(argv, capture_output=True, text=True, stdin=subprocess.DEVNULL)
+        if proc.returncode == 0 and not flashinfer.wheelhouse_lacks_cubin(directory):
+            if log:
+                log(f"fleet wheelhouse: added {flashinfer.CUBIN}=={version} (FlashInfer's pre-built kernels, for hosts without internet)")
+            return None
+        why = (f"{flashinfer.CUBIN}=={version} (the version of {flashinfer.PYTHON} in the wheelhouse) is not on the index: "
+               "FlashInfer will download its pre-built kernels at first use, which a host without internet cannot; "
+               f"put the wheel into the fleet's find-links (host data vllm_find_links) or install.wheelhouse")
+        marker.write_text(why + "\n")
+        if log:
+            log(f"fleet wheelhouse: WARNING: {why}")
+        return why
+
+
 def info(directory: Path) -> dict:
     """What :func:`ensure` recorded (requirements, seconds, wheels, bytes)."""
     return json.loads((Path(directory) / COMPLETE_MARKER).read_text())

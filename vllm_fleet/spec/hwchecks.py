@@ -94,6 +94,10 @@ def hardware_problems(resolved: dict[str, Any], spec: Spec | None = None) -> lis
                 "make them equal: usually tensor = GPUs per node and pipeline = nodes (the 004 article); "
                 "replicas.per_host for more replicas on one host (each its own GPUs), data for replicas inside one server")
 
+    # -- FlashInfer's kernels on hosts without internet (vllm_fleet.fetch.flashinfer)
+    if ins["accelerator"] == "cuda" and not cpu:
+        out.extend(flashinfer_problems(resolved, cc, spec))
+
     # -- precision against the GPU generation
     if cc is not None:
         if kv_dtype.startswith("fp8") and cc < FP8_MIN_CC:
@@ -183,6 +187,39 @@ def hardware_problems(resolved: dict[str, Any], spec: Spec | None = None) -> lis
                 f"{p['kv_tokens']} tokens, below one sequence of max_model_len {m['max_model_len']} "
                 f"({p['kv_bytes_per_token']} bytes per token per GPU)",
                 "free memory " + OOM_FIX_ORDER + "; see `vllm-fleet plan SPEC`")
+    return out
+
+
+def flashinfer_problems(resolved: dict[str, Any], cc: float | None, spec: Spec | None = None) -> list[Problem]:
+    """Warnings where FlashInfer would need what an offline host will not have: a given
+    ``install.wheelhouse`` with flashinfer-python but not its ``flashinfer-cubin`` (FlashInfer
+    would download its pre-built kernels at first use), and a feature that JIT-compiles FlashInfer
+    kernels (nvcc at first use) with ``install.wheelhouse`` (an offline host: no apt for a CUDA
+    toolkit there either)."""
+    from pathlib import Path
+
+    from vllm_fleet.fetch import flashinfer
+
+    out: list[Problem] = []
+    ins = resolved["install"]
+    wh = ins.get("wheelhouse")
+    line = (lambda path: spec.line(path)) if spec else (lambda path: None)
+    if wh and Path(wh).expanduser().is_dir():
+        lacking = flashinfer.wheelhouse_lacks_cubin(Path(wh).expanduser())
+        if lacking:
+            out.append(Problem(
+                "install.wheelhouse", f"{wh} has {flashinfer.PYTHON} {lacking} but not {flashinfer.CUBIN} {lacking}: vLLM >= 0.26 no "
+                f"longer requires it, and without it FlashInfer downloads its pre-built kernels at first use, which a host without internet cannot",
+                f"add it to the wheelhouse: pip download --no-deps --only-binary=:all: -d {wh} {flashinfer.CUBIN}=={lacking} "
+                "(the same version as flashinfer-python, exactly)", "warning", line("install.wheelhouse")))
+    why = flashinfer.jit_features(resolved, cc)
+    if why and wh:
+        out.append(Problem(
+            "install.wheelhouse", f"{'; '.join(why)}: vLLM then JIT-compiles FlashInfer kernels at first use, with nvcc, and this "
+            "host installs from a wheelhouse (offline: the nvidia role cannot fetch a CUDA toolkit either)",
+            "have a CUDA toolkit on the host (nvcc; the nvidia role installs cuda-toolkit-X-Y unless nvidia_install_toolkit: false) "
+            f"or put {flashinfer.JIT_CACHE} of the same version and CUDA (from FlashInfer's own wheel index) into the wheelhouse",
+            "warning", line("install.wheelhouse")))
     return out
 
 

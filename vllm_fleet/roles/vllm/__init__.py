@@ -59,7 +59,7 @@ from .defaults import DEFAULTS
 from .facts import DistVersions, PythonTarget, SitePackagesFiles
 
 __all__ = ["install_vllm", "requirements", "missing", "pip_install_command", "uv_install_command",
-           "install_commands", "wheelhouse_requirements", "cpu_ray_adaptation_files",
+           "install_commands", "flashinfer_cubin_command", "wheelhouse_requirements", "cpu_ray_adaptation_files",
            "install_cpu_ray_adaptation", "DEFAULTS"]
 
 _REQ = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*(\[[^\]]*\])?\s*(?:==\s*([^,;\s]+))?")
@@ -193,6 +193,29 @@ def install_commands(spec: dict, reqs: list[str], *, installer: str, cache_dir: 
     return [f"{{ {bootstrap} && {uv}; }} || {{ echo {fallback} >&2; rm -rf {cache}; {pip}; }}", f"rm -rf {cache}"]
 
 
+_FLASHINFER_VERSION = 'import importlib.metadata as m; print(m.version("flashinfer-python"))'
+
+
+def flashinfer_cubin_command(spec: dict, *, cache_dir: str | None, find_links: str | None = None,
+                             wheelhouse: str | None = None, timeout: int = 120, trusted_host: str | None = None) -> str:
+    """After vLLM's install (CUDA): ``flashinfer-cubin`` at the env's ``flashinfer-python`` version
+    exactly, from the same source as vLLM (vLLM >= 0.26 no longer requires it: without it
+    FlashInfer downloads its kernels at first use, which a host without internet cannot;
+    :mod:`vllm_fleet.fetch.flashinfer`). The version is read in the env after vLLM's install, so
+    it follows any vLLM release. No flashinfer-python (a build without it): nothing. The source
+    lacking that version: a warning on stderr, not a failure."""
+    from vllm_fleet.fetch import flashinfer
+
+    py = env_python(spec)
+    pip = pip_install_command(spec, ["--no-deps"], cache_dir=cache_dir, find_links=find_links, wheelhouse=wheelhouse,
+                              timeout=timeout, trusted_host=trusted_host)
+    source = "install.wheelhouse / the fleet wheelhouse" if wheelhouse else (spec["install"].get("index_url") or "the package index")
+    warn = (f"vllm role: WARNING: {flashinfer.CUBIN}==$v (FlashInfer's pre-built kernels, the version of {flashinfer.PYTHON}) "
+            f"is not in {source}: FlashInfer downloads them at first use, which a host without internet cannot")
+    return (f"if v=$({shlex.quote(py)} -c {shlex.quote(_FLASHINFER_VERSION)} 2>/dev/null) && [ -n \"$v\" ]; then "
+            f"{pip} \"{flashinfer.CUBIN}==$v\" || echo \"{warn}\" >&2; fi")
+
+
 def wheelhouse_requirements(spec: dict) -> list[str]:
     """Everything the fleet wheelhouse holds: every requirement of the spec (not only what one
     host lacks, so all hosts share one download) and, for ``installer: uv``, uv itself."""
@@ -220,9 +243,11 @@ def _fleet_wheelhouse(spec: dict) -> tuple[str, str | None]:
                           f"(read {target}); set install.wheels: host to let the host download for itself")
     links = host.data.get("vllm_find_links")
     try:
+        found = _local_dir(links, "host data vllm_find_links") if links else None
         directory = wh.ensure(wheelhouse_requirements(spec), target, index_url=ins.get("index_url"),
-                              find_links=_local_dir(links, "host data vllm_find_links") if links else None,
-                              log=logger.info)
+                              find_links=found, log=logger.info)
+        if ins["accelerator"] == "cuda":  # FlashInfer's pre-built kernels (vllm_fleet.fetch.flashinfer)
+            wh.add_flashinfer_cubin(directory, target, index_url=ins.get("index_url"), find_links=found, log=logger.warning)
     except wh.WheelhouseError as exc:
         raise DeployError(str(exc)) from None
     address = host.data.get("vllm_wheel_serve_address")
@@ -329,6 +354,10 @@ def install_vllm(spec: dict[str, Any]) -> list:
             spec, reqs, installer=ins["installer"], cache_dir=host.data.get("pip_cache_dir"),
             find_links=find_links, wheelhouse=wheelhouse, timeout=int(host.data.get("vllm_pip_timeout")),
             trusted_host=trusted_host)
+        if ins["accelerator"] == "cuda" and any(r.startswith(f"{ins['vllm_package']}==") for r in reqs):
+            commands.append(flashinfer_cubin_command(
+                spec, cache_dir=host.data.get("pip_cache_dir"), find_links=find_links, wheelhouse=wheelhouse,
+                timeout=int(host.data.get("vllm_pip_timeout")), trusted_host=trusted_host))
     if ins["accelerator"] == "cpu":
         commands.append(" ".join(shlex.quote(a) for a in
                                  [py, "-m", "pip", "uninstall", "-y", "--disable-pip-version-check", *d.CPU_REMOVE]))
