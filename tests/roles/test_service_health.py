@@ -191,11 +191,14 @@ def test_a_recent_start_not_yet_seen_healthy_is_waited_for(harness, started, sta
     stamp = f"{spec['install']['config_dir']}/replica-{node.instances[0].index}.applied"
     assert spec["server"]["health_timeout"] < 4000
     run, names, _, _, _, _ = _plan(harness, extra=[f"started\t{unit}\t{started}", f"age\t{stamp}\t{stamp_age}"])
+    port = node.instances[0].port
+    check = f"{unit} answers a chat on port {port}"  # every replica proven (test_replica_chat below)
     if waits:
-        assert names == [f"Wait for {unit} /health on port {node.instances[0].port} (deadline {spec['server']['health_timeout']} s; "
-                         f"its process started {started} s ago, not yet seen healthy)"], names
+        assert names == [f"Wait for {unit} /health on port {port} (deadline {spec['server']['health_timeout']} s; "
+                         f"its process started {started} s ago, not yet seen healthy)", check], names
+        assert run.ops[1].conditional  # the chat check runs only where the wait (which chats itself) did not
     else:
-        assert run.ops == [], names
+        assert names == [check] and run.ops[0].commands == [], names
 
 
 def test_a_mode_only_change_puts_the_file_and_restarts_nothing(harness):
@@ -242,3 +245,115 @@ esac
     known, age = s.age(str(stamp))
     assert known and 119 <= age <= 130, r.stdout
     assert s.age(str(tmp_path / "nope")) == (True, None)
+
+
+# -- every replica proven on its host: one short chat (issue 25 part 4) -----------------------------
+
+
+class _Chat(BaseHTTPRequestHandler):
+    seen: list = []
+    model = "tiny"
+
+    def do_POST(self):  # noqa: N802
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        _Chat.seen.append((self.headers.get("Authorization"), body))
+        import json
+
+        doc = {"model": _Chat.model, "choices": [{"message": {"role": "assistant", "content": "OK"}, "finish_reason": "length"}],
+               "usage": {"prompt_tokens": 5, "completion_tokens": 4}}
+        data = json.dumps(doc).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *a):
+        pass
+
+
+def test_the_state_read_chats_with_each_replica_with_the_key_off_the_command_line(tmp_path):
+    """host_state.sh's ``chat`` for real against a local server standing in for vLLM: the key comes
+    from the env file (quoted as the deploy writes it) in the Authorization header, never in argv;
+    the answer is judged as the deploy does (served model, message, completion tokens)."""
+    import subprocess
+
+    from vllm_fleet.roles.common.state import Query
+    from vllm_fleet.serving.smoke import judge_replica_chat
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), _Chat)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    port = srv.server_address[1]
+    secrets = tmp_path / "secrets.env"
+    secrets.write_text("# managed by vllm-fleet\nVLLM_API_KEY='s3cret-key'\n")
+    try:
+        q = Query(chats=(f"{port} {secrets} tiny 4",))
+        cmd = HostState().command(q).get_raw_value()
+        assert "s3cret-key" not in cmd
+        r = subprocess.run(["sh", "-c", cmd], capture_output=True, text=True, timeout=60)
+        snap = Snapshot.parse(r.stdout.splitlines())
+        snap.query = q
+        code, body = snap.chat(port)
+        assert code == "200" and judge_replica_chat(code, body, "tiny") is None, (code, body)
+        assert _Chat.seen[-1][0] == "Bearer s3cret-key"
+        assert b'"max_tokens": 4' in _Chat.seen[-1][1] and b'"model": "tiny"' in _Chat.seen[-1][1]
+        _Chat.model = "other-deployment"
+        r = subprocess.run(["sh", "-c", cmd], capture_output=True, text=True, timeout=60)
+        snap = Snapshot.parse(r.stdout.splitlines())
+        snap.query = q
+        assert "not 'tiny'" in judge_replica_chat(*snap.chat(port), "tiny")
+    finally:
+        _Chat.model = "tiny"
+        srv.shutdown()
+        srv.server_close()
+    # nobody on the port: no answer, judged as such
+    r = subprocess.run(["sh", "-c", cmd], capture_output=True, text=True, timeout=60)
+    snap = Snapshot.parse(r.stdout.splitlines())
+    snap.query = q
+    assert judge_replica_chat(*snap.chat(port), "tiny").startswith("HTTP 000") or "no answer" in judge_replica_chat(*snap.chat(port), "tiny")
+
+
+@pytest.mark.parametrize("code,body,bad", [
+    ("200", '{"model": "tiny", "choices": [{"message": {"content": "OK"}, "finish_reason": "stop"}], "usage": {"completion_tokens": 1}}', None),
+    ("502", "Bad Gateway", "HTTP 502"),
+    ("200", "<html>", "not JSON"),
+    ("200", '{"model": "tiny", "choices": [], "usage": {"completion_tokens": 1}}', "no message"),
+    ("200", '{"model": "tiny", "choices": [{"message": {"content": ""}, "finish_reason": "length"}], "usage": {"completion_tokens": 0}}', "no completion tokens"),
+])
+def test_judging_a_replicas_chat(code, body, bad):
+    from vllm_fleet.serving.smoke import judge_replica_chat
+
+    got = judge_replica_chat(code, body, "tiny")
+    assert (got is None) if bad is None else (bad in got), got
+
+
+def test_replica_chat_fails_the_host_when_the_replica_does_not_serve(harness):
+    """The check op: with the state read's chat showing a failed answer, executing it fails the
+    host naming the replica and port (run through the op's own generator, executing)."""
+    from pyinfra import state as pstate  # noqa: F401
+
+    from vllm_fleet.roles import smoke
+    from vllm_fleet.roles.common import state as st
+
+    class _Snap:
+        def chat(self, port):
+            return ("500", '{"error": "engine dead"}')
+
+    spec = {"model": {"served_name": "tiny"}}
+    import types
+
+    gen_mod = types.SimpleNamespace(is_executing=True)
+    orig_state, orig_host_state = smoke.state, st.host_state
+    smoke.state, st.host_state = gen_mod, lambda: _Snap()
+    try:
+        host_obj = types.SimpleNamespace(name="lab2", noop=lambda *_: None)
+        orig_host = smoke.host
+        smoke.host = host_obj
+        try:
+            cmds = list(smoke.replica_chat._inner(spec=spec, unit="vllm-x-1.service", port=8001))
+        finally:
+            smoke.host = orig_host
+    finally:
+        smoke.state, st.host_state = orig_state, orig_host_state
+    assert len(cmds) == 1
+    with pytest.raises(RuntimeError, match=r"lab2: replica vllm-x-1.service \(port 8001\) does not serve: .*HTTP 500"):
+        cmds[0].function(*cmds[0].args, **cmds[0].kwargs)

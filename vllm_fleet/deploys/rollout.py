@@ -85,6 +85,7 @@ def rollout_step() -> None:
         vllm_changed, model_changed = install_server_stack(spec=spec, hub_token=ctx["secrets"]["hub_token"])
         api_firewall(rendered=rendered)
         install_service(spec=spec, node=node, rendered=rendered, api_key=ctx["secrets"]["api_key"],
-                        restart_on=[*vllm_changed, *model_changed], only=[i.index for i in mine])
+                        restart_on=[*vllm_changed, *model_changed], only=[i.index for i in mine],
+                        prove_replicas=False)  # smoke_replica below proves each (more than one chat)
         for inst in mine:
             smoke_replica(spec=spec, port=inst.port, unit=inst.unit)

@@ -161,6 +161,32 @@ def judge_stream(seen: list[str], passed: bool, direct: list[list[float]], direc
 # Run on a vLLM host with the service's own Python (standard library only) by vllm_fleet/roles/smoke: stream
 # one chat straight from 127.0.0.1:PORT, the key read from secrets.env (never on a command line),
 # and print {"times": [seconds from the request to each SSE event]} or {"error": "..."}.
+#: Tokens of the one short chat each replica answers on its own host (every deploy proves every replica).
+REPLICA_CHAT_TOKENS = 4
+
+
+def judge_replica_chat(code: str, body: str, served_name: str) -> str | None:
+    """Why one replica's short chat (``POST /v1/chat/completions`` on its host, straight at vLLM)
+    does not prove it serves, or None when it does: HTTP 200, the served model's name, a choice
+    with a message and a finish reason, and usage with completion tokens."""
+    import json
+
+    if code != "200":
+        return f"HTTP {code or 'no answer'}" + (f": {body.strip()[:200]}" if body.strip() else "")
+    try:
+        doc = json.loads(body)
+    except ValueError:
+        return f"HTTP 200 but not JSON: {body.strip()[:200]!r}"
+    if doc.get("model") != served_name:
+        return f"answered for model {doc.get('model')!r}, not {served_name!r} (another deployment on this port?)"
+    choice = (doc.get("choices") or [{}])[0]
+    if not isinstance(choice.get("message"), dict) or not choice.get("finish_reason"):
+        return f"no message or finish_reason in the answer: {body.strip()[:200]}"
+    if not (doc.get("usage") or {}).get("completion_tokens"):
+        return f"no completion tokens in usage: {doc.get('usage')}"
+    return None
+
+
 DIRECT_STREAM_PY = r'''
 import http.client, json, sys, time
 port, model, secrets, max_tokens, timeout = int(sys.argv[1]), sys.argv[2], sys.argv[3], int(sys.argv[4]), float(sys.argv[5])

@@ -13,6 +13,8 @@
 #   unit KEY=VALUE / unit (blank)         (systemctl show Id/LoadState/ActiveState/SubState/UnitFileState/NRestarts)
 #   started UNIT SECONDS                  (how long ago the unit's main process started; none when it never did)
 #   age PATH SECONDS                      (how long ago PATH was last written; `-` when absent)
+#   chat PORT CODE BASE64                 (one short chat with a local vLLM, `chat "PORT SECRETS_ENV MODEL TOKENS"`:
+#                                          the key read from SECRETS_ENV, given to curl on stdin, never in argv)
 #   py PYTHON LINE / py PYTHON .          (an env's probe: `py PYTHON`, `pycode CODE`, `pyargs ARGS`)
 #   glob PATTERN .  then  glob PATTERN PATH BASE64   (every small regular file a shell glob matches;
 #                                         a *.service one also: globunit PATH ACTIVE ENABLED)
@@ -61,6 +63,16 @@ while [ $# -ge 2 ]; do
       set -f ;;
     age)
       if m=$(stat -c %Y -- "$v" 2>/dev/null); then printf 'age\t%s\t%s\n' "$v" "$(( $(date +%s) - m ))"; else printf 'age\t%s\t-\n' "$v"; fi ;;
+    chat)
+      IFS=' ' read -r cport csec cmodel ctok <<CHAT_ARGS
+$v
+CHAT_ARGS
+      ckey=$(sed -n 's/^VLLM_API_KEY=//p' "$csec" 2>/dev/null | head -n 1 | sed "s/^[\"']//; s/[\"']\$//")
+      cout=$(printf 'Authorization: Bearer %s\n' "$ckey" | curl -s --max-time 60 -o - -w '\n%{http_code}' -H @- \
+        -H 'Content-Type: application/json' \
+        --data "{\"model\": \"$cmodel\", \"max_tokens\": $ctok, \"temperature\": 0, \"messages\": [{\"role\": \"user\", \"content\": \"Say OK.\"}]}" \
+        "http://127.0.0.1:$cport/v1/chat/completions" 2>/dev/null)
+      printf 'chat\t%s\t%s\t%s\n' "$cport" "$(printf '%s' "$cout" | tail -n 1)" "$(printf '%s' "$cout" | sed '$d' | base64 -w0)" ;;
     user)
       if l=$(getent passwd -- "$v"); then printf 'user\t%s\t%s\n' "$v" "$l"; else printf 'user\t%s\t-\n' "$v"; fi ;;
     deb) debs="$debs $v" ;;

@@ -56,6 +56,7 @@ class Query:
     debs: tuple[str, ...] = ()
     units: tuple[str, ...] = ()
     ages: tuple[str, ...] = ()
+    chats: tuple[str, ...] = ()
     envs: tuple[tuple[str, tuple[str, ...]], ...] = ()
     globs: tuple[str, ...] = ()
 
@@ -77,7 +78,7 @@ class Query:
         out: list[str] = []
         for kind, values in (("stat", self.stat), ("sha", self.sha), ("read", self.read), ("ls", self.ls),
                              ("find", self.find), ("user", self.users), ("deb", self.debs), ("unit", self.units),
-                             ("glob", self.globs), ("age", self.ages)):
+                             ("glob", self.globs), ("age", self.ages), ("chat", self.chats)):
             for v in values:
                 out += [kind, v]
         code = ENV_PROBE.read_text() if self.envs else ""
@@ -122,6 +123,7 @@ class Snapshot:
         self.units: dict[str, dict] = {}
         self.started: dict[str, int] = {}
         self.ages: dict[str, int | None] = {}
+        self.chats: dict[str, tuple[str, str]] = {}
         self.envs: dict[str, dict] = {}
         self.globbed: dict[str, dict[str, str | None]] = {}
         self.glob_units: dict[str, tuple[str, str]] = {}  # unit file path -> (is-active, is-enabled)
@@ -177,6 +179,13 @@ class Snapshot:
             elif kind == "started":
                 if value.lstrip("-").isdigit():
                     s.started[key] = int(value)
+            elif kind == "chat":
+                code, _, b64 = value.partition("\t")
+                try:
+                    body = base64.b64decode(b64).decode(errors="replace")
+                except binascii.Error:
+                    body = ""
+                s.chats[key] = (code, body)
             elif kind == "age":
                 s.ages[key] = int(value) if value.lstrip("-").isdigit() else None
             elif kind == "unit":
@@ -243,6 +252,13 @@ class Snapshot:
     def started_ago(self, name: str) -> int | None:
         """Seconds since the main process of a unit asked with ``units`` started (None: never, or not read)."""
         return self.started.get(name) if self._asked("units", name) else None
+
+    def chat(self, port: int) -> tuple[str, str] | None:
+        """``(HTTP code, response body)`` of the short chat asked with ``chats`` on this port, or
+        None when not asked or not read."""
+        if not self.known or not any(c.split(" ", 1)[0] == str(port) for c in self.query.chats):
+            return None
+        return self.chats.get(str(port), ("", ""))
 
     def age(self, path: str) -> tuple[bool, int | None]:
         """``(known, seconds since PATH was last written, or None when absent)`` of a path asked with ``ages``."""

@@ -88,14 +88,16 @@ def _start_to_healthy(unit: str) -> tuple[str, int | None]:
     return f"start to healthy {secs:.1f} s", nofile
 
 
-def _wait_healthy(port: int, deadline: int, interval: float, journal_lines: int, unit: str = UNIT) -> None:  # noqa: D401
+def _wait_healthy(port: int, deadline: int, interval: float, journal_lines: int, unit: str = UNIT,
+                  spec: dict[str, Any] | None = None) -> None:  # noqa: D401
     """Runs on the host at execute time: poll /health there until 200 from the unit's own process.
 
     A 200 counts only when the process listening on the port belongs to the unit (its cgroup):
     another deployment or process on the same port answers /health too (issue 24: "healthy after
     0 s" while the new unit crash-looped on "Address already in use"). Fails early, with the
     journal tail, when the unit fails or systemd restarts it (a crash while starting repeats on
-    every restart: waiting out the deadline would only hide it).
+    every restart: waiting out the deadline would only hide it). With ``spec`` (its smoke tests
+    on), healthy then also means one short chat on the host answers (roles.smoke.replica_chat).
     """
     t0 = time.monotonic()
     url = f"http://127.0.0.1:{port}/health"
@@ -110,6 +112,13 @@ def _wait_healthy(port: int, deadline: int, interval: float, journal_lines: int,
             if nofile is not None and nofile < VLLM_NOFILE:
                 host.log(f"{unit} runs with an open-files limit of {nofile} (the unit asks LimitNOFILE=1048576; vLLM wants "
                          f">= {VLLM_NOFILE}): the host's init could not raise it (a container's limit); see docs/gpu-proof.md")
+            if spec is not None:
+                from vllm_fleet.roles.smoke import chat_on_host
+                from vllm_fleet.serving.smoke import judge_replica_chat
+
+                why = judge_replica_chat(*chat_on_host(spec, port), spec["model"]["served_name"])
+                if why:
+                    raise RuntimeError(f"{host.name}: {unit} answers /health but not a chat on port {port}: {why}; look: journalctl -u {unit}")
             return
         last = f"/health -> {code or 'no answer'}, unit {state}, NRestarts {restarts}"
         if code == "200":
@@ -253,7 +262,16 @@ def state_query(spec: dict[str, Any], node: Any, rendered: dict[str, Any]) -> Qu
     stamps = [f"{ins['config_dir']}/replica-{i.index}.applied" for i in node.instances]
     return (rendered_query(rendered, mine + [p["secrets_env"], *stamps])
             | Query(stat=tuple(dirs), read=(f"{render.SYSTEMD_DIR}/{LEGACY_UNIT}", *stamps), ls=(render.SYSTEMD_DIR,),
-                    units=tuple(i.unit for i in node.instances), ages=tuple(stamps)))
+                    units=tuple(i.unit for i in node.instances), ages=tuple(stamps), chats=_chats(spec, node)))
+
+
+def _chats(spec: dict[str, Any], node: Any) -> tuple[str, ...]:
+    """One short chat per replica of this host, read with the host's state (roles.smoke.replica_chat)."""
+    if not spec["smoke"]["enabled"]:
+        return ()
+    from vllm_fleet.roles.smoke import replica_chat_query
+
+    return tuple(replica_chat_query(spec, i.port) for i in node.instances if i.role == "server")
 
 
 def _still_starting(snap: Any, unit: str, stamp: str, health_timeout: int) -> str | None:
@@ -286,7 +304,7 @@ def _legacy_unit_script(name: str) -> str:
 
 @deploy("vLLM service", data_defaults=DEFAULTS)
 def install_service(spec: dict[str, Any], node: Any, rendered: dict[str, Any], api_key: str | None,
-                    restart_on: list | None = None, only: list[int] | None = None):
+                    restart_on: list | None = None, only: list[int] | None = None, prove_replicas: bool = True):
     """
     Install and (re)start this host's vLLM instances of one deployment from the layout.
 
@@ -296,6 +314,8 @@ def install_service(spec: dict[str, Any], node: Any, rendered: dict[str, Any], a
     + api_key: the API key's value (written only to ``{config_dir}/secrets.env``, 0600 root)
     + restart_on: operation results (vLLM install, model) whose change must restart vLLM
     + only: instance indexes to (re)start (a rollout's batch); the others are left as they run
+    + prove_replicas: one short chat per replica on its host (``smoke.enabled``; roles.smoke.replica_chat);
+      False where the caller proves them itself (the rollout's smoke_replica)
 
     Units of this deployment that the layout no longer has (fewer replicas) and an older
     release's ``vllm.service`` of this deployment are stopped, disabled and removed first, so
@@ -402,8 +422,9 @@ def install_service(spec: dict[str, Any], node: Any, rendered: dict[str, Any], a
         # Nothing to restart, but systemd may still be starting it (after a crash, a kill, or a
         # deploy that was cut): the smoke tests that follow would meet a 502. Wait for it too.
         starting = _still_starting(snap, unit, stamp, srv["health_timeout"]) if not (stale_now or pending(restart)) else None
+        wait = None
         if stale_now or starting or pending(restart, running, *relevant):
-            python.call(
+            wait = python.call(
                 name=f"Wait for {unit} /health on port {inst.port} (deadline {srv['health_timeout']} s"
                      + (f"; {starting})" if starting else ")"),
                 function=_wait_healthy,
@@ -412,8 +433,16 @@ def install_service(spec: dict[str, Any], node: Any, rendered: dict[str, Any], a
                 interval=host.data.get("vllm_fleet_health_interval"),
                 journal_lines=host.data.get("vllm_fleet_journal_lines"),
                 unit=unit,
+                spec=spec if prove_replicas and spec["smoke"]["enabled"] and inst.role == "server" else None,
                 _if=any_changed(restart, running, *relevant) if not (stale_now or starting) else (lambda: True),
             )
+        # Every replica proven on its host (issue 25): one short chat, from the state read when
+        # nothing here restarts it, else by the wait above after its start.
+        if prove_replicas and spec["smoke"]["enabled"] and inst.role == "server":
+            from vllm_fleet.roles.smoke import replica_chat
+
+            replica_chat(name=f"{unit} answers a chat on port {inst.port}", spec=spec, unit=unit, port=inst.port,
+                         _if=(lambda w=wait: not w.did_change()) if wait is not None else None)
         # Healthy with this configuration: remember it (0600: a hash of the key is in it).
         put_secret(name=f"{unit}: record the configuration it runs", path=stamp, content=token + "\n")
         restarts.append(restart)

@@ -143,6 +143,63 @@ def smoke_tests(spec: dict[str, Any], base_url: str, api_key: str | None, timeou
         yield FunctionCommand(_fail, (f"{host.name}: {exc}",), {})
 
 
+def replica_chat_query(spec: dict[str, Any], port: int) -> str:
+    """The host-state ``chat`` argument of one replica's short chat (vllm_fleet.roles.common.state)."""
+    from vllm_fleet.render import files as render
+    from vllm_fleet.serving.smoke import REPLICA_CHAT_TOKENS
+
+    return f"{int(port)} {render.paths(spec)['secrets_env']} {spec['model']['served_name']} {REPLICA_CHAT_TOKENS}"
+
+
+def chat_on_host(spec: dict[str, Any], port: int) -> tuple[str, str]:
+    """One short chat with the replica on ``port`` of this host, run there now (host_state.sh's
+    ``chat``: the key from secrets.env, never in a command line): ``(HTTP code, body)``."""
+    from vllm_fleet.roles.common.state import HostState, Query, Snapshot
+
+    q = Query(chats=(replica_chat_query(spec, port),))
+    _, out = host.run_shell_command(HostState().command(q), **as_root(), _timeout=90)
+    snap = Snapshot.parse(getattr(out, "stdout_lines", []) or [])
+    snap.query = q
+    return snap.chat(port) or ("", "")
+
+
+def _replica_fail(message: str) -> None:
+    raise RuntimeError(message)
+
+
+@operation()
+def replica_chat(spec: dict[str, Any], unit: str, port: int):
+    """
+    Prove one replica serves on its host: its short chat (HTTP 200, the served model, a message,
+    completion tokens), straight at vLLM on 127.0.0.1. The answer comes from the host's state
+    read (vllm_fleet.roles.common.state, ``chats``: no command of its own, so a no-op deploy stays
+    a no-op), else it is asked now. A check, not a change: no command when it passes; a failure
+    fails the host naming the replica, its port and what was wrong.
+
+    + spec: the resolved deployment spec
+    + unit: the replica's systemd unit (named in a failure)
+    + port: the replica's port on this host
+
+    **Example:**
+
+    .. code:: python
+
+        replica_chat(name="vllm-x-0.service answers a chat", spec=spec, unit="vllm-x-0.service", port=8000)
+    """
+    from vllm_fleet.roles.common.state import host_state
+    from vllm_fleet.serving.smoke import judge_replica_chat
+
+    seen = host_state().chat(port)
+    if not state.is_executing:
+        host.noop(f"{unit}: one short chat on port {port} " + ("(read with the host's state)" if seen else "when the deploy executes"))
+        return
+    code, body = seen if seen is not None else chat_on_host(spec, port)
+    why = judge_replica_chat(code, body, spec["model"]["served_name"])
+    if why:
+        yield FunctionCommand(_replica_fail, (f"{host.name}: replica {unit} (port {port}) does not serve: its short chat on the host "
+                                              f"-> {why}; look: journalctl -u {unit}",), {})
+
+
 @deploy("Smoke tests", data_defaults=DEFAULTS)
 def run_smoke(spec: dict[str, Any], api_key: str | None, address: str | None = None, local_port: int | None = None):
     """
