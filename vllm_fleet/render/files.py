@@ -251,7 +251,11 @@ def paths(resolved: dict[str, Any]) -> dict[str, str]:
 
 
 def _auth_var(resolved: dict[str, Any]) -> str:
-    return f"vllm_fleet_{_safe_ident(resolved['name'])}_authorized"
+    """``vfa_NAME`` (1 when the request's key is right): at most 44 characters for a 40-character
+    name. nginx's stock variables_hash_bucket_size (64) holds a variable name of at most 46; a
+    longer one fails ``nginx -t`` ("could not build variables_hash"), and raising the bucket size is
+    an http-wide directive two sites cannot both set."""
+    return f"vfa_{_safe_ident(resolved['name'])}"
 
 
 # ---------------------------------------------------------------------------------------------

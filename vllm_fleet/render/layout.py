@@ -234,6 +234,10 @@ def _instances(resolved: dict[str, Any], host: str, data: dict[str, Any], privat
         n = 1
     if n < 1:
         return []
+    if int(srv["port"]) + n - 1 > 65535:
+        problems.append(f"{host}: {source}: {n} replica(s) listen on server.port {srv['port']} to {int(srv['port']) + n - 1}, "
+                        f"past the last TCP port 65535: set server.port to at most {65536 - n} (each replica takes server.port + its index)")
+        return []
     worker = rank > 0
     per = gpus_per_instance(resolved)
     out: list[Instance] = []
@@ -360,11 +364,78 @@ def _role_parts(resolved: dict[str, Any], problems: list[str], source: str) -> l
 # Checks across deployments and hosts (several specs on one inventory)
 
 
-def _listen_ports(resolved: dict[str, Any], node: Node) -> list[tuple[int, str]]:
-    out = [(i.port, f"vLLM {i.unit}") for i in node.instances]
+#: Parts that one daemon per host serves for every deployment there: the same port is no clash.
+_SHARED = ("nginx", "node exporter", "dcgm-exporter", "blackbox exporter")
+
+
+def _listen_ports(resolved: dict[str, Any], node: Node) -> list[tuple[int, int, str]]:
+    """(first port, last port, what) of every listening part of one deployment on one host:
+    vLLM replicas, nginx, the router (when the spec has one), Prometheus, node exporter,
+    dcgm-exporter, blackbox, Ray's GCS, fixed ports and worker range."""
+    from vllm_fleet.render.files import RAY_FIXED_PORTS, RAY_WORKER_PORTS
+    from vllm_fleet.render.monitoring import BLACKBOX_LISTEN
+
+    name = resolved["name"]
+    out = [(i.port, i.port, f"vLLM {i.unit}") for i in node.instances]
     if "proxy" in node.roles:
-        out.append((int(resolved["proxy"]["listen"]), f"nginx of {resolved['name']} (proxy.listen)"))
+        listen = int(resolved["proxy"]["listen"])
+        out.append((listen, listen, f"nginx of {name} (proxy.listen)"))
+        # hook for the router part (proxy.routing, issue 23): its port, once the layout has one
+        router = resolved["proxy"].get("router") if isinstance(resolved["proxy"].get("router"), dict) else None
+        if router and router.get("port"):
+            out.append((int(router["port"]), int(router["port"]), f"the router of {name} (proxy.router.port)"))
+    mon = resolved.get("monitoring") or {}
+    if mon.get("enabled") and node.roles:
+        if mon.get("node_exporter", True):
+            out.append((int(mon["node_exporter_port"]),) * 2 + (f"node exporter (monitoring.node_exporter_port of {name})",))
+        cuda = resolved["install"]["accelerator"] == "cuda"
+        if mon.get("dcgm_exporter", True) and cuda and node.roles & SERVICE_PARTS:
+            out.append((int(mon["dcgm_exporter_port"]),) * 2 + (f"dcgm-exporter (monitoring.dcgm_exporter_port of {name})",))
+        if "monitoring" in node.roles:
+            out.append((int(mon["prometheus_port"]),) * 2 + (f"Prometheus of {name} (monitoring.prometheus_port)",))
+            if mon.get("health_probe", True):
+                bb = int(BLACKBOX_LISTEN.rpartition(":")[2])
+                out.append((bb, bb, "blackbox exporter (vllm-fleet's fixed port)"))
+    if node.roles & {"ray-head", "ray-worker"}:
+        fixed = dict(RAY_FIXED_PORTS)
+        if "ray-head" in node.roles:
+            gcs = int(resolved["parallel"]["ray_port"])
+            out.append((gcs, gcs, f"Ray GCS of {name} (parallel.ray_port)"))
+        else:
+            fixed.pop("dashboard", None)
+            fixed.pop("ray_client_server", None)
+        out += [(p, p, f"Ray {k.replace('_', ' ')} of {name} (fixed port)") for k, p in fixed.items()]
+        lo, hi = RAY_WORKER_PORTS
+        out.append((lo, hi, f"Ray worker ports {lo}-{hi} of {name}"))
     return out
+
+
+def _port_problems(host: str, h: "HostLayout", deployments: dict[str, dict[str, Any]], sources: dict[str, str]) -> list[str]:
+    seen: list[tuple[int, int, str, str]] = []
+    out: list[str] = []
+    for dep, node in h.parts.items():
+        for lo, hi, what in _listen_ports(deployments[dep], node):
+            for olo, ohi, other, odep in seen:
+                if lo > ohi or olo > hi:
+                    continue
+                shared = next((k for k in _SHARED if what.startswith(k) and other.startswith(k)), None)
+                if shared and (lo, hi) == (olo, ohi):
+                    continue  # one daemon per host serves both
+                if what.startswith("Ray") and other.startswith("Ray"):
+                    continue  # one deployment's own; two Ray deployments on a host: the Ray check says so
+                port = max(lo, olo)
+                out.append(f"{host}: port {port} is used by {other} and by {what} ({sources[dep]}): give one of them another port "
+                           "(server.port: each replica takes server.port + its index; proxy.listen; monitoring.*_port; "
+                           f"parallel.ray_port; Ray keeps {', '.join(map(str, _ray_fixed()))} and its worker range)")
+                break
+            seen.append((lo, hi, what, dep))
+    return out
+
+
+def _ray_fixed() -> list[int]:
+    from vllm_fleet.render.files import RAY_FIXED_PORTS
+
+    return sorted(RAY_FIXED_PORTS.values())
 
 
 def _cross_checks(layout_hosts: dict[str, HostLayout], deployments: dict[str, dict[str, Any]], sources: dict[str, str],
@@ -391,17 +462,32 @@ def _cross_checks(layout_hosts: dict[str, HostLayout], deployments: dict[str, di
                                 "(e.g. [0, 1, 2, 3] and [4, 5, 6, 7]), or lower replicas.per_host")
             for g in inst.gpu_ids or []:
                 gpus.setdefault(g, inst)
-        # ports used twice on one host
-        ports: dict[int, str] = {}
+        # a multi-node deployment without hardware.gpu_ids owns every GPU of its hosts (its server,
+        # worker or Ray node sees them all)
+        def _cuda(dep: str) -> bool:
+            return deployments[dep]["install"]["accelerator"] == "cuda"
+
+        whole = [dep for dep, n in h.parts.items() if n.roles & SERVICE_PARTS and _cuda(dep) and _multi(deployments[dep])
+                 and not deployments[dep]["hardware"].get("gpu_ids")]
+        users = [dep for dep, n in h.parts.items() if n.roles & SERVICE_PARTS and _cuda(dep)]
+        for w in whole[:1]:
+            other = next((d for d in users if d != w), None)
+            if other:
+                problems.append(f"{host}: deployment {w} ({sources[w]}) is multi-node without hardware.gpu_ids, so it owns every GPU "
+                                f"of this host, and deployment {other} ({sources[other]}) needs GPUs here too: pin both with "
+                                "hardware.gpu_ids (e.g. [0, 1, 2, 3] and [4, 5, 6, 7]), or put them on different hosts")
+        # two monitored deployments on one host: one Prometheus and one node exporter per host
+        monitored = [dep for dep, n in h.parts.items() if n.roles and (deployments[dep].get("monitoring") or {}).get("enabled")]
+        if len(monitored) > 1:
+            problems.append(f"{host}: deployments {', '.join(monitored)} both have monitoring.enabled and this host is part of both: "
+                            "their monitoring files (the node exporter's and Prometheus' configuration) are one per host. "
+                            f"Set monitoring.enabled: true in one spec only ({sources[monitored[0]]}); its Prometheus watches its own "
+                            "deployment, or put the deployments on different hosts")
+        # ports used twice on one host (every listening part)
+        problems.extend(_port_problems(host, h, deployments, sources))
         seen_proxy: dict[tuple[int, str], str] = {}
         for dep, node in h.parts.items():
             resolved = deployments[dep]
-            for port, what in _listen_ports(resolved, node):
-                other = ports.get(port)
-                if other is not None and not (what.startswith("nginx") and other.startswith("nginx")):
-                    problems.append(f"{host}: port {port} is used by {other} and by {what} ({sources[dep]}): give one of them another "
-                                    "server.port (each replica takes server.port + its index) or proxy.listen")
-                ports.setdefault(port, what)
             if "proxy" in node.roles:
                 key = (int(resolved["proxy"]["listen"]), str(resolved["proxy"].get("server_name", "_")))
                 if key in seen_proxy:
@@ -446,6 +532,12 @@ def build(specs: Sequence[dict[str, Any]] | dict[str, Any], inventory: dict[str,
                 h = hosts.setdefault(node.target, HostLayout(node.target, node.address, node.private, {}))
                 h.parts[name] = node
     else:
+        from vllm_fleet.spec.hostdata import inventory_problems
+
+        # host data first, every host's at once: nothing below reads a value it did not check
+        bad = inventory_problems(inventory)
+        if bad:
+            raise LayoutError([*problems, *bad])
         if "client" in inventory:
             problems.append("inventory: `client` is reserved for the control machine's files; rename that host")
         for n, (host, h) in enumerate(inventory.items()):
@@ -457,6 +549,13 @@ def build(specs: Sequence[dict[str, Any]] | dict[str, Any], inventory: dict[str,
         for name, r in deployments.items():
             for node in _host_parts(r, inventory, down_set, problems, src[name]):
                 hosts[node.target].parts[name] = node
+        from vllm_fleet.spec.hostdata import is_address_or_hostname
+
+        for host, hl in hosts.items():
+            if hl.parts and not is_address_or_hostname(hl.address):
+                problems.append(f"host {host}: its address {hl.address!r} (the host name: no ssh_hostname) is not an IPv4 address or a "
+                                "host name, and it would go into nginx, Prometheus and the client's URL: set ssh_hostname "
+                                "(e.g. ssh_hostname: 192.0.2.10) for this host")
         _cross_checks(hosts, deployments, src, inventory, problems)
     if problems:
         raise LayoutError(problems)
@@ -478,17 +577,18 @@ def render_entry(name: str, groups: list[str], data: dict[str, Any], down: bool 
     ``down``: the rollout marks this replica down in the nginx upstream (also host data ``upstream_down``).
     """
     from vllm_fleet.render.files import HOST_DATA_KEYS
+    from vllm_fleet.spec.hostdata import host_address
 
-    out = {k: data.get(k) for k in (*HOST_DATA_KEYS, *HOST_DATA_DEFAULTS) if data.get(k) is not None}
+    out = {k: data.get(k) for k in (*HOST_DATA_KEYS, *HOST_DATA_DEFAULTS, "ssh_hostname") if data.get(k) is not None}
     out.pop("upstream_down", None)
     if down or data.get("upstream_down"):
         out["upstream_down"] = True
-    return {"address": data.get("ssh_hostname") or name, "groups": list(groups), "data": out}
+    return {"address": host_address(name, data), "groups": list(groups), "data": out}
 
 
 def firewall_addresses(addresses: Iterable[str], what: str) -> list[str]:
-    """IPv4 addresses/networks for an nftables set, deduplicated, as nft writes them."""
-    out: list[str] = []
+    """IPv4 addresses/networks for an nftables set, deduplicated and merged, as nft writes them."""
+    nets: list[ipaddress.IPv4Network] = []
     for a in addresses:
         try:
             net = ipaddress.ip_network(str(a), strict=False)
@@ -497,7 +597,10 @@ def firewall_addresses(addresses: Iterable[str], what: str) -> list[str]:
                                "or fix the host data allow list)"]) from None
         if net.version != 4:
             raise LayoutError([f"{what}: {a}: only IPv4 addresses/networks are supported"])
-        text = str(net.network_address) if net.prefixlen == 32 else str(net)
-        if text not in out:
-            out.append(text)
-    return out
+        nets.append(net)
+    # nft refuses overlapping elements of an interval set ("conflicting intervals"): an allowed
+    # network that holds a listed address (or 0.0.0.0/0) becomes the one network
+    merged = list(ipaddress.collapse_addresses(nets))
+    if len(merged) == len(set(nets)):  # nothing overlapped: keep the order given
+        merged = list(dict.fromkeys(nets))
+    return [str(n.network_address) if n.prefixlen == 32 else str(n) for n in merged]

@@ -91,6 +91,10 @@ def spec_problems(r: dict[str, Any], spec: Spec | None = None) -> list[Problem]:
         if par["backend"] == "mp":
             add("parallel.backend", f"`mp` runs on one node, but parallel.nodes is {par['nodes']}",
                 "set `backend: ray` (a Ray cluster; TP = GPUs per node, PP = nodes) or `backend: native` (vLLM's Ray-free multi-node mode)")
+        if par["backend"] == "native" and ins["accelerator"] == "cpu":
+            add("parallel.backend", f"`native` multi-node needs `vllm serve --headless` on the {par['nodes'] - 1} worker node(s), "
+                "which the CPU build's module entry point does not offer",
+                "set `backend: ray` for a multi-node CPU server (deployments/lab-tiny-pp2.yaml), or `nodes: 1`")
         if not par.get("head_address"):
             add("parallel.head_address", f"a {par['nodes']}-node server needs the head node's private address",
                 "set `head_address:` to the Ray head / master node's address on the cluster network")

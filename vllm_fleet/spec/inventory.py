@@ -81,7 +81,9 @@ def load_inventory(path: str | Path, data: Sequence[str] = ()) -> dict[str, dict
             first = (f"inventory {p}: the file exited (status {r.returncode}) before pyinfra finished reading it: "
                      "an inventory file must only define groups of hosts (no sys.exit, os._exit or raise)")
         raise InventoryError([first, *("  " + t for t in tail)])
-    hosts = {row["name"]: {"address": str(row["data"].get("ssh_hostname") or row["name"]), "groups": row["groups"],
+    from vllm_fleet.spec.hostdata import host_address
+
+    hosts = {row["name"]: {"address": host_address(row["name"], row["data"]), "groups": row["groups"],
                            "data": row["data"], "order": row["order"]} for row in doc["hosts"]}
     if not hosts:
         raise InventoryError(f"inventory {p}: no hosts found (module-level lists of host names)")
