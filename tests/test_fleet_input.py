@@ -122,10 +122,12 @@ BAD_HOSTS = {
 
 
 def _layout_inventory(hosts: dict) -> dict:
-    from vllm_fleet.render.layout import render_entry
-
-    return {n: render_entry(n, ["servers"], {"ssh_hostname": "192.0.2.%d" % (10 + i), **d})
-            for i, (n, d) in enumerate(hosts.items())}
+    """{host: {"address", "groups", "data"}}, as the layout takes an inventory."""
+    out = {}
+    for i, (n, d) in enumerate(hosts.items()):
+        data = {"ssh_hostname": "192.0.2.%d" % (10 + i), **d}
+        out[n] = {"address": data["ssh_hostname"], "groups": ["servers"], "data": data}
+    return out
 
 
 @pytest.mark.parametrize("host", list(BAD_HOSTS))
@@ -190,10 +192,10 @@ def test_ports_past_65535_are_refused(tmp_path):
 # The fleet check: every listening port, every GPU (classes 6, 7, 12), firewalls nft accepts (3),
 # names nginx accepts (5), CPU native multi-node (11)
 
-def _resolved(path, **changes):
+def _resolved(path):
     from vllm_fleet.spec.load import load_and_check
 
-    return load_and_check(str(path))[0] if not changes else load_and_check(str(path))[0]
+    return load_and_check(str(path))[0]
 
 
 def _fleet(tmp_path, specs, inventory):
