@@ -316,3 +316,54 @@ def test_a_40_character_name_passes_nginx_t_under_debians_stock_config(tmp_path)
     site = render.render(resolved)["proxy"][render.NGINX_SITE.format(name=name)].content
     r = _debian_nginx_t(tmp_path, site, render.nginx_auth_content(resolved, "sk-test_Key-123"))
     assert r.returncode == 0, r.stderr
+
+
+# ---------------------------------------------------------------------------------------------
+# Command-line numbers (classes 14-17): refused by argparse (exit 2, usage) before any host
+
+BAD_ARGS = [
+    ["bench", "INV", "--concurrency", "abc"], ["bench", "INV", "--concurrency", "1,,2"], ["bench", "INV", "--concurrency", "1e3"],
+    ["bench", "INV", "--concurrency", "0,-1"], ["bench", "INV", "--rate", "abc"], ["bench", "INV", "--rate", "-1"],
+    ["bench", "INV", "--rate", "nan"], ["bench", "INV", "--rate", "inf"], ["bench", "INV", "--input-len", "-5"],
+    ["bench", "INV", "--output-len", "0"], ["bench", "INV", "--prompts-per-level", "-1"], ["bench", "INV", "--min-prompts", "0"],
+    ["tune", "INV", "--target", "ttft_p99_ms=nan"], ["tune", "INV", "--target", "ttft_p99_ms=inf"],
+    ["tune", "INV", "--target", "ttft_p99_ms=1e400"], ["tune", "INV", "--target", "ttft_p99_ms=500,ttft_p99_ms=50"],
+    ["tune", "INV", "--target", "ttft_p99_ms=500", "--budget", "-1"], ["tune", "INV", "--target", "ttft_p99_ms=500", "--budget", "nan"],
+    ["tune", "INV", "--target", "ttft_p99_ms=500", "--input-len", "-1"], ["tune", "INV", "--target", "ttft_p99_ms=500", "--max-load", "-1"],
+    ["tune", "INV", "--target", "ttft_p99_ms=500", "--max-probes", "0"],
+    ["rollout", "INV", "--drain-timeout", "-1"], ["rollout", "INV", "--drain-timeout", "nan"], ["rollout", "INV", "--drain-timeout", "inf"],
+    ["rollout", "INV", "--drain-timeout", "86401"], ["rollout", "INV", "--batch-size", "0"], ["rollout", "INV", "--batch-percent", "101"],
+    ["init", ""],
+]
+
+
+@pytest.mark.parametrize("argv", BAD_ARGS, ids=lambda a: " ".join(a[2:]) or "init-empty")
+def test_bad_numbers_are_usage_errors_before_any_host(tmp_path, argv, capsys, monkeypatch):
+    """The inventory holds a host that must not be contacted: with the check first, it never is
+    (the test's inventory file is never even read: it raises if it is)."""
+    from vllm_fleet.commands.cli import main
+
+    inv = _write(tmp_path, "raise RuntimeError('the inventory was read: the numbers were not checked first')\n")
+    monkeypatch.chdir(tmp_path)
+    try:
+        rc = main([str(inv) if a == "INV" else a for a in argv])
+    except SystemExit as exc:  # argparse's own exit, as the console script exits
+        rc = exc.code
+    err = capsys.readouterr().err
+    assert rc == 2 and "usage:" in err and "Traceback" not in err and "inventory was read" not in err, (rc, err)
+    assert not list(tmp_path.glob("*.yaml"))  # init "" wrote nothing here
+
+
+def test_init_into_an_unwritable_place_is_a_message(tmp_path):
+    r = run_cli("init", "/proc/vllm-fleet-x")
+    assert r.returncode == 1 and "Traceback" not in r.stderr and "cannot write /proc/vllm-fleet-x" in r.stderr, r.stderr
+
+
+def test_good_numbers_still_parse():
+    from vllm_fleet.commands.cli import build_parser
+
+    a = build_parser().parse_args(["bench", "inv.py", "--concurrency", "1,4,16", "--input-len", "64"])
+    assert a.concurrency == [1, 4, 16] and a.input_len == 64
+    a = build_parser().parse_args(["tune", "inv.py", "--target", "ttft_p99_ms=500,tpot_p99_ms=50", "--budget", "30"])
+    assert a.target == {"ttft_p99_ms": 500.0, "tpot_p99_ms": 50.0} and a.budget == 30.0
+    assert build_parser().parse_args(["rollout", "inv.py", "--drain-timeout", "0"]).drain_timeout == 0.0

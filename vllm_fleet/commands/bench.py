@@ -96,6 +96,10 @@ def served_tokenizer(resolved: dict[str, Any]) -> str:
     return found
 
 
+#: The longest prompt or output (tokens) a command line may ask for (the schema's max_model_len bound).
+MAX_TOKENS = 1 << 20
+
+
 def spec_digest(path: str) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
@@ -224,8 +228,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"vllm-fleet bench: {exc}", file=sys.stderr)
         return 1
-    conc = [int(c) for c in args.concurrency.split(",")] if args.concurrency else None
-    rates = [float(r) for r in args.rate.split(",")] if args.rate else None
+    conc, rates = args.concurrency, args.rate  # parsed and range-checked by argparse (commands.argtypes)
     try:
         result = run_bench(args.inventory, spec, host=args.host, concurrency=conc, rates=rates, input_len=args.input_len,
                            output_len=args.output_len, prompts_per_level=args.prompts_per_level, min_prompts=args.min_prompts,
@@ -247,14 +250,16 @@ def add_cli(sub: Any) -> None:
     p.add_argument("inventory", metavar="INVENTORY")
     p.add_argument("--spec", help="the deployed spec (default: the inventory's data vllm_fleet_spec, $VLLM_FLEET_SPEC; the lab: deployments/lab-tiny.yaml)")
     g = p.add_mutually_exclusive_group()
-    g.add_argument("--concurrency", help="comma-separated --max-concurrency levels (default 1,4,16)")
-    g.add_argument("--rate", help="comma-separated request rates (requests/s) instead of concurrencies")
+    from vllm_fleet.commands.argtypes import count, counts, numbers
+
+    g.add_argument("--concurrency", type=counts(1, 100_000), help="comma-separated --max-concurrency levels (default 1,4,16)")
+    g.add_argument("--rate", type=numbers(0, 1_000_000), help="comma-separated request rates (requests/s) instead of concurrencies")
     p.add_argument("--host", help="the replica (HOST:N, or HOST for its first instance) whose host runs the benchmark and whose port is the direct path (default: one not on a proxy host)")
     p.add_argument("--dataset", help="a dataset file ON that host (vLLM's `custom` JSONL format); default random prompts")
-    p.add_argument("--input-len", type=int, default=128, help="random prompt tokens (default 128)")
-    p.add_argument("--output-len", type=int, default=128, help="output tokens per request (default 128)")
-    p.add_argument("--prompts-per-level", type=int, default=8, help="prompts per level = max(--min-prompts, this x level)")
-    p.add_argument("--min-prompts", type=int, default=16)
-    p.add_argument("--warmups", type=int, default=2, help="warm-up requests before each run")
+    p.add_argument("--input-len", type=count(1, MAX_TOKENS), default=128, help="random prompt tokens (default 128)")
+    p.add_argument("--output-len", type=count(1, MAX_TOKENS), default=128, help="output tokens per request (default 128)")
+    p.add_argument("--prompts-per-level", type=count(1, 1_000_000), default=8, help="prompts per level = max(--min-prompts, this x level)")
+    p.add_argument("--min-prompts", type=count(1, 1_000_000), default=16)
+    p.add_argument("--warmups", type=count(0, 10_000), default=2, help="warm-up requests before each run")
     p.add_argument("--out", metavar="DIR", help="where bench.json and the report go (default ./bench-NAME-TIME)")
     p.set_defaults(func=cmd_bench)

@@ -103,6 +103,11 @@ def cmd_init(args: argparse.Namespace) -> int:
     except FileExistsError as exc:
         print(f"vllm-fleet init: {exc} exists; nothing was written (edit it, pick another DIR, or --force)", file=sys.stderr)
         return 1
+    except OSError as exc:  # /proc/x, a file where the directory should be, no permission
+        where = exc.filename or target
+        print(f"vllm-fleet init: cannot write {where}: {exc.strerror or exc}: name a directory you can write "
+              "(e.g. vllm-fleet init infra)", file=sys.stderr)
+        return 1
     for p in written:
         print(f"wrote {p}")
     print(f"next: edit both (hosts, model, GPU), then\n  vllm-fleet validate {target / SPEC_NAME}\n"
@@ -110,8 +115,14 @@ def cmd_init(args: argparse.Namespace) -> int:
     return 0
 
 
+def _dir_arg(text: str) -> str:
+    if not text.strip():
+        raise argparse.ArgumentTypeError("an empty DIR: name the directory to write into (`.` for here)")
+    return text
+
+
 def add_cli(sub: Any) -> None:
     p = sub.add_parser("init", help="write a commented spec and an inventory skeleton for your hosts")
-    p.add_argument("dir", metavar="DIR", nargs="?", default=".", help="where to write them (default: here)")
+    p.add_argument("dir", metavar="DIR", nargs="?", default=".", type=_dir_arg, help="where to write them (default: here)")
     p.add_argument("--force", action="store_true", help="overwrite existing files")
     p.set_defaults(func=cmd_init)

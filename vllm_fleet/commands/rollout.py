@@ -354,10 +354,12 @@ def add_cli(sub: Any) -> None:
     p = sub.add_parser("rollout", help="rolling update of the replicas behind nginx, batch by batch (docs/rollout.md)")
     p.add_argument("inventory", metavar="INVENTORY", help="pyinfra inventory (.py); replicas: the deployment's instances on its `servers` hosts, in order")
     p.add_argument("--spec", help="the new deployment spec (default: the inventory's data vllm_fleet_spec, $VLLM_FLEET_SPEC; the lab: deployments/lab-tiny.yaml)")
+    from vllm_fleet.commands.argtypes import count, number
+
     g = p.add_mutually_exclusive_group()
-    g.add_argument("--batch-size", type=int, help="instances per batch (default: the spec's rollout.batch_size, 1)")
-    g.add_argument("--batch-percent", type=float, help="replicas per batch as a percentage, rounded down, at least 1")
-    p.add_argument("--drain-timeout", type=float, help="seconds to wait for in-flight requests (default: rollout.drain_timeout)")
+    g.add_argument("--batch-size", type=count(1, 10_000), help="instances per batch (default: the spec's rollout.batch_size, 1)")
+    g.add_argument("--batch-percent", type=number(0, 100), help="replicas per batch as a percentage, rounded down, at least 1")
+    p.add_argument("--drain-timeout", type=number(0, 86400, lo_open=False), help="seconds to wait for in-flight requests (default: rollout.drain_timeout)")
     p.add_argument("--dry", action="store_true", help="print the batches and what each would change (vllm-fleet diff's files; nothing is changed)")
     p.add_argument("--json", action="store_true", help="print the result as JSON (progress goes to stderr)")
     p.set_defaults(func=cmd_rollout)

@@ -33,6 +33,7 @@ import argparse
 import copy
 import itertools
 import json
+import math
 import os
 import subprocess
 import sys
@@ -68,21 +69,37 @@ class TuneError(Exception):
 # target, grid
 
 
+#: The highest latency limit --target takes: one day, in ms.
+TARGET_MAX_MS = 86_400_000
+
+
 def parse_target(text: str) -> dict[str, float]:
     out = {}
     for part in filter(None, (p.strip() for p in text.split(","))):
         key, _, value = part.partition("=")
         if key not in TARGET_KEYS:
             raise TuneError(f"--target {part!r}: unknown metric {key!r}; use {', '.join(k for k in TARGET_KEYS if 'p99' in k)} (or p50/p90)")
+        if key in out:
+            raise TuneError(f"--target {part!r}: {key} is given twice; give each metric once")
         try:
             out[key] = float(value)
         except ValueError:
             raise TuneError(f"--target {part!r}: {value!r} is not a number of milliseconds") from None
-        if out[key] <= 0:
-            raise TuneError(f"--target {part!r}: must be above 0 ms")
+        if not math.isfinite(out[key]) or not 0 < out[key] <= TARGET_MAX_MS:
+            raise TuneError(f"--target {part!r}: give a finite number of milliseconds above 0 and at most {TARGET_MAX_MS} (a day)")
     if not out:
         raise TuneError("--target: give at least one limit, e.g. ttft_p99_ms=500,tpot_p99_ms=50")
     return out
+
+
+def _target_arg(text: str) -> dict[str, float]:
+    """argparse's type for --target: a bad one is a usage error (exit 2) before any host."""
+    import argparse
+
+    try:
+        return parse_target(text)
+    except TuneError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("--target ")) from None
 
 
 def meets(metrics: dict[str, Any] | None, target: dict[str, float]) -> bool:
@@ -744,7 +761,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
             spec = spec_for(args.inventory, args.spec)
         except ValueError as exc:
             raise TuneError(str(exc)) from None
-        target = parse_target(args.target)
+        target = args.target if isinstance(args.target, dict) else parse_target(args.target)
         grid = parse_grid(args.grid) if args.grid else None
         out = args.out or f"tune-{Path(spec).stem}"
         tuner = Tuner(args.inventory, spec, target, out, grid=grid, host=args.host, budget_min=args.budget, resume=args.resume,
@@ -768,21 +785,23 @@ def add_cli(sub: Any) -> None:
     p = sub.add_parser("tune", help="sweep engine settings on one replica against a latency target; write the winner as an overlay (docs/tuning.md)")
     p.add_argument("inventory", metavar="INVENTORY")
     p.add_argument("--spec", help="the deployed spec (default: the inventory's data vllm_fleet_spec, $VLLM_FLEET_SPEC; the lab: deployments/lab-tiny.yaml)")
-    p.add_argument("--target", required=True, help="limits in ms, e.g. ttft_p99_ms=500,tpot_p99_ms=50 (ttft/tpot/itl/e2el, p50/p90/p99)")
+    from vllm_fleet.commands.argtypes import count, number
+
+    p.add_argument("--target", required=True, type=_target_arg, help="limits in ms, e.g. ttft_p99_ms=500,tpot_p99_ms=50 (ttft/tpot/itl/e2el, p50/p90/p99)")
     p.add_argument("--grid", help="instead of the default grid: KEY=V1,V2;KEY=... with KEY one of " + ", ".join(TUNABLE))
-    p.add_argument("--budget", type=float, metavar="MIN", help="stop before a point that would end past this many minutes")
+    p.add_argument("--budget", type=number(0, 525_600), metavar="MIN", help="stop before a point that would end past this many minutes")
     p.add_argument("--resume", action="store_true", help="go on with the results in --out (points done are not run again)")
     p.add_argument("--host", help="the replica to tune: HOST:N, or HOST for its first instance (default: the last replica not on a proxy host)")
     p.add_argument("--in-place", action="store_true", help="do not take the replica out of the upstream (e.g. the only replica)")
     p.add_argument("--out", metavar="DIR", help="results, report, overlay (default ./tune-SPECNAME)")
-    p.add_argument("--input-len", type=int, default=128, help="random prompt tokens (default 128)")
-    p.add_argument("--output-len", type=int, default=128, help="output tokens per request (default 128)")
-    p.add_argument("--max-probes", type=int, help="benchmark runs per point in the load search (default: enough to double up to "
+    p.add_argument("--input-len", type=count(1, 1 << 20), default=128, help="random prompt tokens (default 128)")
+    p.add_argument("--output-len", type=count(1, 1 << 20), default=128, help="output tokens per request (default 128)")
+    p.add_argument("--max-probes", type=count(1, 1000), help="benchmark runs per point in the load search (default: enough to double up to "
                    "the highest load, + 2 bisection steps: 7 for max_num_seqs 16, 10 for 128)")
     p.add_argument("--search", choices=("concurrency", "rate"), default="concurrency",
                    help="search the highest --max-concurrency (default) or request rate (requests/s) meeting the target")
-    p.add_argument("--max-load", type=float, help="highest load tried (default: the point's max_num_seqs; rate: 64/s)")
-    p.add_argument("--prompts-per-stream", type=int, default=4, help="prompts per probe = max(--min-prompts, this x concurrency)")
-    p.add_argument("--min-prompts", type=int, default=8)
+    p.add_argument("--max-load", type=number(0, 1_000_000), help="highest load tried (default: the point's max_num_seqs; rate: 64/s)")
+    p.add_argument("--prompts-per-stream", type=count(1, 1_000_000), default=4, help="prompts per probe = max(--min-prompts, this x concurrency)")
+    p.add_argument("--min-prompts", type=count(1, 1_000_000), default=8)
     p.add_argument("--dry", action="store_true", help="print the grid after pruning and stop (no host is touched)")
     p.set_defaults(func=cmd_tune)
