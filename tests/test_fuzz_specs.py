@@ -64,3 +64,32 @@ def test_the_marker_check_catches_an_injection():
     assert any("%nINJ1Q" in t for t in fuzzspecs.unit_tokens("[Unit]\nDescription=vLLM m%%nINJ1Q\n"))
     env = fuzzspecs.env_tokens("A=v\nINJ2Q\n")
     assert "INJ2Q" in env and not any("\nINJ2Q" in t for t in env)
+
+
+# ---------------------------------------------------------------------------------------------
+# Fleets (issue 21): inventories and host data, tests/fuzzfleet.py says which
+
+FLEET_EXAMPLES = int(os.environ.get("VLLM_FLEET_FLEET_FUZZ_EXAMPLES", "60"))
+
+
+@needs_readers
+def test_fuzzed_fleets_are_refused_or_render_valid_files(readers, tmp_path_factory):
+    """TEST-NET inventories with hostile host data: refused naming a host/spec, or every file
+    passes nginx -t, nft -c, systemd-analyze verify and promtool; never a traceback or a hang
+    (a few seconds: bench/fuzz_fleet.py runs thousands)."""
+    import fuzzfleet
+
+    fleet_readers = fuzzfleet.Readers(readers, tmp_path_factory.mktemp("fuzzfleet"))
+    seen = {"refused": 0, "accepted": 0}
+
+    @settings(max_examples=FLEET_EXAMPLES, derandomize=True, deadline=None, database=None, print_blob=False,
+              suppress_health_check=list(HealthCheck))
+    @given(fuzzfleet.fleets())
+    def prop(case):
+        specs, inventory, marks = case
+        out = fuzzfleet.check(specs, inventory, marks, fleet_readers)
+        assert out.ok, f"{out.kind} for {[s['name'] for s in specs]} on {inventory}:\n{out.detail}"
+        seen[out.kind] += 1
+
+    prop()
+    assert seen["refused"] > 0 and seen["accepted"] > 0, seen
