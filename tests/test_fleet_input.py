@@ -367,3 +367,21 @@ def test_good_numbers_still_parse():
     a = build_parser().parse_args(["tune", "inv.py", "--target", "ttft_p99_ms=500,tpot_p99_ms=50", "--budget", "30"])
     assert a.target == {"ttft_p99_ms": 500.0, "tpot_p99_ms": 50.0} and a.budget == 30.0
     assert build_parser().parse_args(["rollout", "inv.py", "--drain-timeout", "0"]).drain_timeout == 0.0
+
+
+def test_a_broken_verb_module_is_an_import_error_not_an_invalid_choice():
+    """cli.py imports every verb module plainly: a deploy module that fails to import must show
+    its ImportError, not turn `deploy` into "invalid choice" (the --help test alone passed that)."""
+    import subprocess
+    import sys
+
+    code = ("import importlib.abc, sys\n"
+            "class Broken(importlib.abc.MetaPathFinder):\n"
+            "    def find_spec(self, name, path, target=None):\n"
+            "        if name == 'vllm_fleet.commands.deploy':\n"
+            "            raise ImportError('deploy is broken on purpose')\n"
+            "sys.meta_path.insert(0, Broken())\n"
+            "from vllm_fleet.commands.cli import main\n"
+            "sys.exit(main(['deploy', 'inv.py']))\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert r.returncode != 0 and "deploy is broken on purpose" in r.stderr and "invalid choice" not in r.stderr, r.stderr

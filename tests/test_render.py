@@ -254,8 +254,48 @@ def test_env_files_read_back_by_a_shell(tmp_path):
                     assert {k: read[k] for k in expected} == expected
 
 
+def _systemd_dump_words(text: str) -> list[str]:
+    """Split systemd 252's "Command Line:" dump (quote_command_line: words in double quotes when
+    needed, with C escapes: \\n, \\t, \\xNN, and \\\\, \\", \\$, \\`) into the words systemd holds."""
+    words, cur, quoted, i, started = [], [], False, 0, False
+    esc = {"n": "\n", "t": "\t", "r": "\r", "\\": "\\", '"': '"', "$": "$", "`": "`", "'": "'", "a": "\a", "b": "\b", "f": "\f", "v": "\v"}
+    while i < len(text):
+        c = text[i]
+        if c == "\\" and i + 1 < len(text):
+            n = text[i + 1]
+            if n == "x":
+                cur.append(chr(int(text[i + 2:i + 4], 16)))
+                i += 4
+                continue
+            cur.append(esc.get(n, n))
+            i += 2
+            started = True
+            continue
+        if c == '"':
+            quoted = not quoted
+            started = True
+        elif c == " " and not quoted:
+            if started or cur:
+                words.append("".join(cur))
+            cur, started = [], False
+        else:
+            cur.append(c)
+            started = True
+        i += 1
+    if started or cur:
+        words.append("".join(cur))
+    return words
+
+
+def _at_exec(word: str) -> str:
+    """What systemd passes to the process for one ExecStart= word (systemd.service(5): "$$"
+    is a literal "$"; "$NAME" and "${NAME}" are replaced by the variable, here marked <$NAME>)."""
+    return re.sub(r"\$\$|\$\{(\w+)\}|\$(\w+)", lambda m: "$" if m.group(0) == "$$" else f"<${m.group(1) or m.group(2)}>", word)
+
+
 def _systemd_argv(unit_text: str, tmp_path: Path, stub: str) -> list[str]:
-    """ExecStart= as systemd 252 parses it (its debug dump of the loaded unit)."""
+    """ExecStart= as systemd 252 parses it (its debug dump of the loaded unit: specifiers
+    resolved, C escapes undone), then as it executes it (variables expanded)."""
     from test_rendered_validity import systemd_root
 
     root = systemd_root(tmp_path / "root", [stub])
@@ -263,11 +303,15 @@ def _systemd_argv(unit_text: str, tmp_path: Path, stub: str) -> list[str]:
     out = subprocess.run(["systemd-analyze", f"--root={root}", "verify", "/etc/systemd/system/probe.service"],
                          capture_output=True, text=True, env={**os.environ, "SYSTEMD_LOG_LEVEL": "debug"})
     lines = [l.strip() for l in (out.stdout + out.stderr).splitlines() if l.strip().startswith("Command Line:")]
-    assert lines, out.stderr[-2000:]
-    # The dump re-quotes each argument shell-style (bash splits it back); $ is still unexpanded
-    # there ("$$" becomes "$" when systemd expands variables at exec).
-    split = subprocess.run(["bash", "-c", "printf '%s\\0' " + lines[0].split(":", 1)[1]], capture_output=True, text=True, check=True)
-    return [a.replace("$$", "$") for a in split.stdout.split("\0")[:-1]]
+    if not lines:  # systemd refused the line (a raw newline splits it): nothing like the argv
+        return ["<systemd refused the unit>", out.stderr[-500:]]
+    return [_at_exec(w) for w in _systemd_dump_words(lines[0].split(":", 1)[1].strip())]
+
+
+#: Arguments that need every escaping rule of systemd_quote: "$" (variable expansion), "%"
+#: (specifiers, also mid-word), a newline and a tab (C escapes), backslashes and quotes.
+_HOSTILE_ARGS = ["--chat-template", "{{ '$x' }}\\n\"q\"", "--seed", "7;", "--a", "a$HOME", "--b", "${PATH}x", "--c", "c%nd",
+                 "--d", "100%", "--e", "line1\nline2", "--f", "t\tz", "--g", "back\\slash", "--h", "q'\"", "--i", "$$"]
 
 
 @pytest.mark.skipif(not shutil.which("systemd-analyze"), reason="systemd-analyze not installed")
@@ -275,10 +319,37 @@ def test_systemd_reads_the_command_line_back_unchanged(tmp_path):
     r = resolved_of("rtx3090-qwen7b-awq-realtime")
     r["model"]["served_name"] = "my model 100%"
     r["engine"]["speculative"] = {"method": "ngram", "num_speculative_tokens": 4}
-    r["engine"]["extra_args"] = ["--chat-template", "{{ '$x' }}\\n\"q\"", "--seed", "7;"]
+    r["engine"]["extra_args"] = list(_HOSTILE_ARGS)
     argv = command.vllm_argv(r)
     unit = "[Service]\nExecStart=" + render.systemd_command(argv) + "\n"
     assert _systemd_argv(unit, tmp_path, argv[0]) == argv
+
+
+def _without(rule: str):
+    """systemd_quote with one escaping rule removed (what the read-back must catch)."""
+    def quote(arg: str) -> str:
+        s = str(arg)
+        if rule != "%":
+            s = s.replace("%", "%%")
+        if rule != "$":
+            s = s.replace("$", "$$")
+        s = s.replace("\\", "\\\\").replace('"', '\\"')
+        if rule != "\n":
+            s = s.replace("\n", "\\n")
+        s = s.replace("\t", "\\t")
+        return f'"{s}"'
+    return quote
+
+
+@pytest.mark.skipif(not shutil.which("systemd-analyze"), reason="systemd-analyze not installed")
+@pytest.mark.parametrize("rule", ["$", "%", "\n"])
+def test_the_read_back_catches_each_missing_escape(tmp_path, rule):
+    """Each rule of systemd_quote, removed, makes systemd read another command line."""
+    argv = ["/usr/bin/probe", *_HOSTILE_ARGS]
+    good = "[Service]\nExecStart=" + " ".join(_without("none")(a) for a in argv) + "\n"
+    assert _systemd_argv(good, tmp_path / "good", argv[0]) == argv  # the harness' own quoter is right
+    bad = "[Service]\nExecStart=" + " ".join(_without(rule)(a) for a in argv) + "\n"
+    assert _systemd_argv(bad, tmp_path / "bad", argv[0]) != argv
 
 
 # ---------------------------------------------------------------------------------------------

@@ -18,7 +18,7 @@ REPO = Path(__file__).resolve().parents[2]
 INV = {"testhost": {"address": "10.10.0.11", "groups": ["servers", "proxy"], "data": {"replicas_per_host": 2}}}
 
 
-def _run(harness, legacy="no", listed="", stamps=None, only=None):
+def _run(harness, legacy="no", listed="", stamps=None, only=None, key="k3y"):
     spec = resolve(load(REPO / "deployments" / "lab-tiny-replicas.yaml"))
     layout = build([spec], copy.deepcopy(INV))
     h = layout.hosts["testhost"]
@@ -35,7 +35,7 @@ def _run(harness, legacy="no", listed="", stamps=None, only=None):
         return ""
 
     facts = {Command: command, File: lambda path: None, Sha256File: lambda path: None}
-    return spec, node, h, harness.run(install_service, spec, node, h.files, "k3y", facts=facts, only=only)
+    return spec, node, h, harness.run(install_service, spec, node, h.files, key, facts=facts, only=only)
 
 
 def test_one_unit_per_replica_and_the_old_unit_removed_first(harness):
@@ -75,3 +75,26 @@ def test_a_recorded_instance_restarts_only_on_a_change(harness):
     restart = [op for op in run.ops if "| Restart vllm-lab-tiny-replicas-" in op.name]
     assert len(restart) == 2 and all(op.conditional for op in restart)
     assert all("(its inputs changed)" in op.name for op in restart)
+
+
+def _stamps(run) -> dict[str, str]:
+    return {p: t for p, t in run.uploads.items() if p.endswith(".applied")}
+
+
+def test_the_applied_stamp_is_what_a_later_run_compares_with(harness):
+    """The stamps a first run uploads (not applied_token's output computed here): the same
+    inputs leave every restart conditional; another API key restarts every instance; each
+    replica has its own stamp and none holds the key."""
+    _, _, _, first = _run(harness)
+    stamps = _stamps(first)
+    assert len(stamps) == 2 and len(set(stamps.values())) == 2, stamps  # replica 0 and 1 run different units
+    assert all("k3y" not in t for t in stamps.values())
+    _, _, _, same = _run(harness, stamps=stamps)
+    restart = [op for op in same.ops if "| Restart vllm-lab-tiny-replicas-" in op.name]
+    assert len(restart) == 2 and all("(its inputs changed)" in op.name for op in restart), [op.name for op in restart]
+    assert not _stamps(same) or _stamps(same) == stamps
+    _, _, _, rekeyed = _run(harness, stamps=stamps, key="an0ther-key")
+    restart = [op for op in rekeyed.ops if "| Restart vllm-lab-tiny-replicas-" in op.name]
+    assert len(restart) == 2 and all("(it runs an older configuration)" in op.name for op in restart), [op.name for op in restart]
+    new = _stamps(rekeyed)
+    assert set(new) == set(stamps) and all(new[p] != stamps[p] for p in stamps)
