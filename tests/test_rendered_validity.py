@@ -315,6 +315,67 @@ def test_nginx_site_behaviour(tmp_path):
         upstream.shutdown()
 
 
+class _UnframedStream(_FakeVllm):
+    """SSE events 0.6 s apart in a response delimited by the connection's close (no chunks, no
+    length): nginx with proxy_buffering on holds such a body until the end (chunked bodies it
+    happens to pass on per chunk), so only `proxy_buffering off` delivers each event on time."""
+
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Connection", "close")
+        self.end_headers()
+        for i in range(3):
+            self.wfile.write(f"data: {{\"i\": {i}}}\n\n".encode())
+            self.wfile.flush()
+            time.sleep(0.6)
+        self.wfile.write(b"data: [DONE]\n\n")
+        self.wfile.flush()
+        self.close_connection = True
+
+
+@needs_nginx
+def test_each_streamed_event_arrives_when_it_is_sent(tmp_path):
+    """Through a real nginx: event i (sent at 0.6 i s) arrives within 0.35 s of that; with
+    `proxy_buffering off` removed from the site, all four arrive together at the end."""
+    r = resolved_of("lab-tiny")
+    upstream_port, listen = _free_port(), _free_port()
+    r["server"]["port"] = upstream_port
+    key = "sk-" + secrets.token_urlsafe(32)
+    site = render.render(r)["proxy"]["/etc/nginx/conf.d/vllm-fleet-lab-tiny.conf"].content
+    prefix = _nginx_prefix(tmp_path, site, render.nginx_auth_content(r, key), port=listen)
+    upstream = http.server.ThreadingHTTPServer(("127.0.0.1", upstream_port), _UnframedStream)
+    threading.Thread(target=upstream.serve_forever, daemon=True).start()
+    proc = subprocess.Popen([NGINX, "-p", str(prefix), "-c", str(prefix / "nginx.conf"), "-e", str(prefix / "logs/error.log")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", listen), timeout=0.2).close()
+                break
+            except OSError:
+                assert proc.poll() is None, proc.stderr.read().decode()
+                assert time.monotonic() < deadline, "nginx did not start listening"
+                time.sleep(0.05)
+        req = urllib.request.Request(f"http://127.0.0.1:{listen}/v1/chat/completions", data=b'{"stream": true}',
+                                     headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"})
+        t0 = time.monotonic()
+        arrivals = []
+        with urllib.request.urlopen(req, timeout=15) as resp:
+            for line in resp:
+                if line.startswith(b"data:"):
+                    arrivals.append(time.monotonic() - t0)
+        assert len(arrivals) == 4, arrivals
+        for i, t in enumerate(arrivals):
+            assert abs(t - 0.6 * i) < 0.35, (i, arrivals)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+        upstream.shutdown()
+
+
 @needs_nginx
 def test_smoke_tests_reach_their_own_site_on_a_shared_port(tmp_path):
     """Two deployments on one nginx port, told apart by proxy.server_name (allowed by the
