@@ -30,7 +30,11 @@ Host data read: ``ssh_hostname`` (the address vllm-fleet connects to and clients
 upstreams and firewalls; default the ssh address), ``replicas_per_host`` (an int, or
 ``{deployment: int}``: overrides ``replicas.per_host`` on this host), ``cpu_count`` (CPU build:
 cores to split between replicas and ranks), ``deployments``, ``upstream_down``, and the keys
-of :data:`HOST_DATA_DEFAULTS`.
+of :data:`HOST_DATA_DEFAULTS`. All of it is declared in ``spec/schemas/hostdata.schema.json`` and
+checked (:mod:`vllm_fleet.spec.hostdata`) before :func:`build` reads any of it.
+
+Across hosts and deployments :func:`build` checks every listening port of every part on a host
+(:func:`_listen_ports`), every GPU, the Ray and monitoring parts one per host.
 
 Pure: no host is touched, no secret read, pyinfra not imported.
 """
