@@ -215,7 +215,7 @@ def test_api_firewall_rules():
     # every instance of the host: server.port + its index
     assert "ip saddr @api_peers_v4 tcp dport { 8000, 8001 } accept" in text and "tcp dport { 8000, 8001 } drop" in text
     inv["lab2"]["data"]["vllm_api_firewall_allow"] = ["proxy.example"]
-    with pytest.raises(render.RenderError, match="not an IPv4"):
+    with pytest.raises(render.RenderError, match=r"host lab2: data vllm_api_firewall_allow\[0\] = 'proxy.example': expected a list of IPv4"):
         render.render(_resolved(), inv)
 
 

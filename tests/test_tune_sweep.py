@@ -323,8 +323,15 @@ def test_only_replica_is_refused(tmp_path, monkeypatch):
         tune.Tuner(str(inv), str(REPO / "deployments" / "lab-tiny.yaml"), {"ttft_p99_ms": 1}, str(tmp_path / "o"), dry=True)
 
 
+def test_cli_bad_target_is_a_usage_error(tmp_path):
+    """--target is parsed by argparse (commands.argtypes' convention): exit 2 with usage, before
+    the inventory is read."""
+    r = subprocess.run([sys.executable, "-m", "vllm_fleet", "tune", str(tmp_path / "never-read.py"), "--target", "bogus=1"],
+                       capture_output=True, text=True, cwd=REPO)
+    assert r.returncode == 2 and "unknown metric 'bogus'" in r.stderr and "usage:" in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
 @pytest.mark.parametrize("argv,msg", [
-    (["tune", "INV", "--target", "bogus=1"], "unknown metric 'bogus'"),
     (["tune", "/nope.py", "--target", "ttft_p99_ms=1"], "inventory /nope.py: no such file"),
     (["bench", "/nope.py"], "inventory /nope.py: no such file"),
     (["tune", "INV", "--target", "ttft_p99_ms=1", "--grid", "swap_space=4"], "KEY one of"),
