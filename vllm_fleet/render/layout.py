@@ -384,10 +384,10 @@ def _listen_ports(resolved: dict[str, Any], node: Node) -> list[tuple[int, int, 
     if "proxy" in node.roles:
         listen = int(resolved["proxy"]["listen"])
         out.append((listen, listen, f"nginx of {name} (proxy.listen)"))
-        # hook for the router part (proxy.routing, issue 23): its port, once the layout has one
-        router = resolved["proxy"].get("router") if isinstance(resolved["proxy"].get("router"), dict) else None
-        if router and router.get("port"):
-            out.append((int(router["port"]), int(router["port"]), f"the router of {name} (proxy.router.port)"))
+    if "router" in node.roles:  # vLLM's router beside nginx (proxy.routing, issue 23)
+        router = resolved["proxy"]["routing"]["router"]
+        out.append((int(router["port"]),) * 2 + (f"vLLM router of {name} (proxy.routing.router.port)",))
+        out.append((int(router["metrics_port"]),) * 2 + (f"vLLM router metrics of {name} (proxy.routing.router.metrics_port)",))
     mon = resolved.get("monitoring") or {}
     if mon.get("enabled") and node.roles:
         if mon.get("node_exporter", True):
