@@ -220,17 +220,16 @@ def test_api_firewall_rules():
 
 
 def test_rollout_role_helpers(tmp_path):
-    from vllm_fleet.roles.rollout import SMOKE_PY, parse_metrics, reload_and_wait_script
+    from vllm_fleet.host import programs
+    from vllm_fleet.roles.rollout import parse_metrics
 
     text = ('# HELP vllm:num_requests_running x\nvllm:num_requests_running{model_name="tiny"} 2.0\n'
             'vllm:num_requests_waiting{model_name="tiny"} 1.0\nvllm:num_requests_running{model_name="b"} 1.0\n')
     assert parse_metrics(text) == {"vllm:num_requests_running": 3.0, "vllm:num_requests_waiting": 1.0}
     with pytest.raises(ValueError):
         parse_metrics("other 1\n")
-    script = tmp_path / "s.sh"
-    script.write_text(reload_and_wait_script(60, 0.5))
-    assert subprocess.run(["bash", "-n", str(script)], capture_output=True).returncode == 0
-    compile(SMOKE_PY, "smoke", "exec")
+    assert subprocess.run(["bash", "-n", str(programs.path("nginx_reload_wait.sh"))], capture_output=True).returncode == 0
+    compile(programs.script("replica_smoke.py"), "smoke", "exec")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -226,13 +226,14 @@ def test_direct_stream_script_reads_the_key_from_the_file_and_times_each_event(t
     import subprocess
     import sys
 
-    from vllm_fleet.serving.smoke import DIRECT_STREAM_PY, is_incremental
+    from vllm_fleet.host import programs
+    from vllm_fleet.serving.smoke import is_incremental
 
     secrets = tmp_path / "secrets.env"
     secrets.write_text("# comment\nVLLM_API_KEY=k\n")
     srv, streams = _sse_server(buffered_attempts=0)
     try:
-        argv = [sys.executable, "-c", DIRECT_STREAM_PY, str(srv.server_port), "tiny", str(secrets), "64", "30"]
+        argv = [sys.executable, "-c", programs.script("direct_stream.py"), str(srv.server_port), "tiny", str(secrets), "64", "30"]
         out = json.loads(subprocess.run(argv, capture_output=True, text=True, timeout=60, check=True).stdout)
         secrets.write_text("VLLM_API_KEY=wrong\n")
         refused = json.loads(subprocess.run(argv, capture_output=True, text=True, timeout=60, check=True).stdout)
@@ -242,3 +243,23 @@ def test_direct_stream_script_reads_the_key_from_the_file_and_times_each_event(t
     assert out["times"][-1] - out["times"][0] > 0.2, out  # 64 gaps of 5 ms
     assert refused == {"error": f"POST http://127.0.0.1:{srv.server_port}/v1/chat/completions -> HTTP 401"}, refused
     assert streams["n"] == 1
+
+
+def test_the_host_scripts_read_the_key_as_systemd_writes_it(tmp_path):
+    """api_key.py (included by every host script that needs the key) reads back each way
+    render.files.env_file writes a value: bare, single-quoted, double-quoted with escapes."""
+    from vllm_fleet.host import programs
+    from vllm_fleet.render.files import env_file
+
+    ns: dict = {}
+    exec(programs.script("api_key.py"), ns)
+    for key in ("k3y", "with space", "it's $HOME \\ `x`", "a\"b"):
+        f = tmp_path / "secrets.env"
+        f.write_text(env_file({"VLLM_API_KEY": key}, ["header"]))
+        assert ns["api_key"](str(f)) == key, f.read_text()
+    f.write_text("# no key\n")
+    assert ns["api_key"](str(f)) is None
+    for name in ("direct_stream.py", "replica_smoke.py"):
+        text = programs.script(name)
+        assert "def api_key(" in text and "include" not in text.split("def api_key(")[0].splitlines()[-1]
+        compile(text, name, "exec")

@@ -151,8 +151,8 @@ def run_deploy(deploy_func: Callable[..., Any], *args: Any, facts: dict | None =
     def fake_get_fact(self: Host, cls: Any, *fargs: Any, **fkwargs: Any) -> Any:
         name = cls.__name__
         fact_kwargs = {k: v for k, v in fkwargs.items() if not k.startswith("_")}
-        if fargs:
-            fact_kwargs["_args"] = fargs
+        if fargs:  # a command given as a StringCommand is scripted by its text, as the host's shell reads it
+            fact_kwargs["_args"] = tuple(_render(a) if hasattr(a, "get_raw_value") else a for a in fargs)
         asked.append((name, fact_kwargs))
         if name in scripted:
             value = scripted[name]

@@ -92,7 +92,7 @@ def test_parse_driver_not_loaded_means_no_gpus(harness):
 
 def test_fact_command_and_missing_nvidia_smi():
     fact = NvidiaGpus()
-    assert fact.command().startswith(
+    assert fact.command().get_raw_value().startswith(
         "nvidia-smi --query-gpu=name,memory.total,driver_version,compute_cap --format=csv,noheader,nounits")
     assert fact.requires_command() == "nvidia-smi"  # absent -> pyinfra returns default()
     assert NvidiaGpus.default() == []
@@ -104,7 +104,7 @@ def test_parse_pci_bus_counts_nvswitches_only():
     lines = ["0x10de 0x030200"] * 8 + ["0x10de 0x068000"] * 4 + ["0x8086 0x068000", "0x10de 0x040300", ""]
     assert parse_pci_classes(lines) == 4
     assert parse_pci_classes(["0x10de 0x030200"]) == 0
-    assert NvSwitches.default() == 0 and "/sys/bus/pci/devices" in NvSwitches().command()
+    assert NvSwitches.default() == 0 and "/sys/bus/pci/devices" in NvSwitches().command().get_raw_value()
 
 
 def test_parse_secure_boot_efivar():

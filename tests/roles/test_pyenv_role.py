@@ -34,7 +34,7 @@ def test_parse_python_version():
     assert parse_python_version(["python 3.12.7"]) == "3.12"
     assert parse_python_version(["python 3.11.2"]) == "3.11"
     assert parse_python_version([]) is None
-    assert EnvPython().command(env="/opt/x y/env").startswith("test -x '/opt/x y/env/bin/python' && ")
+    assert EnvPython().command(env="/opt/x y/env").get_raw_value().startswith("test -x '/opt/x y/env/bin/python' && ")
 
 
 def test_parse_miniforge():

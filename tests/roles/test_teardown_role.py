@@ -74,7 +74,7 @@ def test_another_deployments_files_are_not_candidates_unless_they_name_this_one(
     """Which files are this deployment's is decided on the host: they name it, or lie in its own
     directories; a shared path (the firewall rules, the node exporter's defaults) is grepped."""
     spec, rendered = replicas
-    script = owned_script(spec, ["/etc/vllm-fleet/api-firewall.nft", "/etc/vllm-fleet/lab-tiny-replicas/vllm.env"])
+    script = owned_script(spec, ["/etc/vllm-fleet/api-firewall.nft", "/etc/vllm-fleet/lab-tiny-replicas/vllm.env"]).get_raw_value()
     assert "grep -qsF 'for deployment lab-tiny-replicas:' /etc/vllm-fleet/api-firewall.nft" in script
     assert "[ -f /etc/vllm-fleet/lab-tiny-replicas/vllm.env ] && echo" in script
 
@@ -90,11 +90,11 @@ def test_owned_script_on_a_real_directory(tmp_path, replicas):
     theirs.write_text("# Rendered by vllm-fleet for deployment other: edit the spec\n")
     prefix_clash = tmp_path / "prefix.conf"  # `lab-tiny` must not match `lab-tiny-replicas`'s files or vice versa
     prefix_clash.write_text("# Rendered by vllm-fleet for deployment lab-tiny: edit the spec\n")
-    out = subprocess.run(["bash", "-c", owned_script(spec, [str(ours), str(theirs), str(prefix_clash), str(tmp_path / "gone")])],
+    out = subprocess.run(["bash", "-c", owned_script(spec, [str(ours), str(theirs), str(prefix_clash), str(tmp_path / "gone")]).get_raw_value()],
                          capture_output=True, text=True).stdout.split()
     assert out == [str(ours)]
     short = {**spec, "name": "lab-tiny"}  # and the shorter name does not take the longer one's files
-    out = subprocess.run(["bash", "-c", owned_script(short, [str(ours), str(prefix_clash)])], capture_output=True, text=True).stdout.split()
+    out = subprocess.run(["bash", "-c", owned_script(short, [str(ours), str(prefix_clash)]).get_raw_value()], capture_output=True, text=True).stdout.split()
     assert out == [str(prefix_clash)]
 
 

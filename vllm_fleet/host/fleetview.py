@@ -102,7 +102,7 @@ def fleet_view(resolved: dict[str, Any], inventory: dict[str, dict[str, Any]]) -
         replicas.append(Replica(inst.host, inst.index, str(h.address or inst.host), inst.unit, unit_path, inst.port,
                                 inst.env_file, changeable, shared if siblings else ()))
     proxies = [host for host, h in lay.hosts.items() if "proxy" in h.roles(name)]
-    listen = int(resolved["proxy"]["listen"]) if resolved["proxy"].get("enabled", True) else None
+    listen = int(resolved["proxy"]["listen"]) if resolved["proxy"]["enabled"] else None
     return FleetView(replicas, proxies, listen, inventory)
 
 

@@ -29,13 +29,21 @@ SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin"
 RAY_TMPDIR = "/var/lib/vllm-fleet/ray"
 
 
+def env_paths(resolved: dict[str, Any]) -> dict[str, str]:
+    """The deployment's environment on the hosts (venv or conda ``-p``): ``env`` (the directory),
+    ``python`` and ``uv`` in it; ``install.prefix`` may end in ``/``. The one place these paths
+    are built (vllm_fleet.render.files.paths() carries them too)."""
+    env = f"{resolved['install']['prefix'].rstrip('/')}/env"
+    return {"env": env, "python": f"{env}/bin/python", "uv": f"{env}/bin/uv"}
+
+
 def env_python(resolved: dict[str, Any]) -> str:
-    """The Python of the deployment's environment on the hosts (venv or conda ``-p``)."""
-    return f"{resolved['install']['prefix']}/env/bin/python"
+    """The Python of the deployment's environment on the hosts."""
+    return env_paths(resolved)["python"]
 
 
 def env_bin(resolved: dict[str, Any], name: str) -> str:
-    return f"{resolved['install']['prefix']}/env/bin/{name}"
+    return f"{env_paths(resolved)['env']}/bin/{name}"
 
 
 def vllm_executable(resolved: dict[str, Any]) -> list[str]:
@@ -67,8 +75,8 @@ def vllm_argv(resolved: dict[str, Any], *, role: str = "server", node_rank: int 
     if role not in ARGV_ROLES:
         raise ValueError(f"vllm_argv: role must be one of {', '.join(ARGV_ROLES)} (Ray worker nodes run `ray start`, not vLLM), got {role!r}")
     m, e, par, srv = resolved["model"], resolved["engine"], resolved["parallel"], resolved["server"]
-    nodes = int(par.get("nodes", 1))
-    backend = par.get("backend", "mp")
+    nodes = int(par["nodes"])
+    backend = par["backend"]
     native_multi = backend == "native" and nodes > 1
     if role == "worker":
         if not native_multi:
@@ -104,14 +112,14 @@ def vllm_argv(resolved: dict[str, Any], *, role: str = "server", node_rank: int 
     # Written explicitly either way, so the unit says what runs (vLLM's defaults change).
     argv += ["--enable-prefix-caching" if e.get("enable_prefix_caching") else "--no-enable-prefix-caching"]
     argv += ["--enable-chunked-prefill" if e.get("enable_chunked_prefill") else "--no-enable-chunked-prefill"]
-    if e.get("kv_cache_dtype", "auto") != "auto":
+    if e["kv_cache_dtype"] != "auto":
         argv += ["--kv-cache-dtype", e["kv_cache_dtype"]]
     if e.get("enforce_eager"):
         argv += ["--enforce-eager"]
     if e.get("speculative"):
         argv += ["--speculative-config", json.dumps(e["speculative"], sort_keys=True, separators=(",", ":"))]
 
-    tp, pp, dp = int(par.get("tensor", 1)), int(par.get("pipeline", 1)), int(par.get("data", 1))
+    tp, pp, dp = int(par["tensor"]), int(par["pipeline"]), int(par["data"])
     if tp > 1:
         argv += ["--tensor-parallel-size", str(tp)]
     if pp > 1:
@@ -128,7 +136,7 @@ def vllm_argv(resolved: dict[str, Any], *, role: str = "server", node_rank: int 
             "--nnodes", str(nodes),
             "--node-rank", str(node_rank),
             "--master-addr", par["head_address"],
-            "--master-port", str(par.get("master_port", 29501)),
+            "--master-port", str(par["master_port"]),
         ]
         if role == "worker":
             argv += ["--headless"]
@@ -144,8 +152,8 @@ def vllm_argv(resolved: dict[str, Any], *, role: str = "server", node_rank: int 
 
 def world_size_per_node(resolved: dict[str, Any]) -> int:
     par = resolved["parallel"]
-    world = int(par.get("tensor", 1)) * int(par.get("pipeline", 1))
-    return max(1, world // max(1, int(par.get("nodes", 1))))
+    world = int(par["tensor"]) * int(par["pipeline"])
+    return max(1, world // max(1, int(par["nodes"])))
 
 
 def state_env(state: str) -> dict[str, str]:
@@ -176,7 +184,7 @@ def vllm_env(resolved: dict[str, Any]) -> dict[str, str]:
         **state_env(resolved["install"]["state_dir"]),
     }
     if resolved["install"]["accelerator"] == "cpu":
-        env["VLLM_CPU_KVCACHE_SPACE"] = str(resolved["engine"].get("cpu_kv_cache_gib", 1))
+        env["VLLM_CPU_KVCACHE_SPACE"] = str(resolved["engine"]["cpu_kv_cache_gib"])
     else:
         # CUDA kernels' JIT caches that do not follow XDG_CACHE_HOME: FlashInfer's, DeepGEMM's,
         # CUDA's own compute cache (~/.nv by default); HOME itself (the service user's home is

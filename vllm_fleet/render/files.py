@@ -31,7 +31,7 @@ from typing import Any, Iterable
 import jinja2
 
 from vllm_fleet.render import monitoring
-from vllm_fleet.render.command import RAY_TMPDIR, env_bin, env_python, state_env, vllm_argv, vllm_env, world_size_per_node
+from vllm_fleet.render.command import RAY_TMPDIR, env_bin, env_paths, env_python, state_env, vllm_argv, vllm_env, world_size_per_node
 from vllm_fleet.render.layout import HOST_DATA_DEFAULTS, SERVICE_PARTS, HostLayout, Instance, Layout, Node, Secret, _cpu_sets, firewall_addresses
 from vllm_fleet.render.secrets import describe as describe_secret
 
@@ -229,6 +229,7 @@ def paths(resolved: dict[str, Any]) -> dict[str, str]:
     ins = resolved["install"]
     cfg = ins["config_dir"]
     return {
+        **env_paths(resolved),  # env, python, uv
         "legacy_unit": f"{SYSTEMD_DIR}/vllm.service",  # an older release's one unit per host
         "ray_head_unit": f"{SYSTEMD_DIR}/ray-head.service",
         "ray_worker_unit": f"{SYSTEMD_DIR}/ray-worker.service",
@@ -297,11 +298,11 @@ def nginx_auth_content(resolved: dict[str, Any], api_key: str | None) -> str:
 
 
 def _multi(resolved: dict[str, Any]) -> bool:
-    return int(resolved["parallel"].get("nodes", 1)) > 1
+    return int(resolved["parallel"]["nodes"]) > 1
 
 
 def _backend(resolved: dict[str, Any]) -> str:
-    return resolved["parallel"].get("backend", "mp")
+    return resolved["parallel"]["backend"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -419,7 +420,7 @@ def _vllm_unit(resolved: dict[str, Any], node: Node, inst: Instance, all_nodes: 
         requires.append("ray-head.service")
         environment.append(systemd_quote(f"RAY_ADDRESS={head}"))
         nodes = int(par["nodes"])
-        gpus = nodes * int(resolved["hardware"].get("gpus_per_node", 1))
+        gpus = nodes * int(resolved["hardware"]["gpus_per_node"])
         cmd = [env_python(resolved), p["wait_ray"], "--address", head, "--nodes", str(nodes), "--gpus", str(gpus), "--timeout", str(RAY_WAIT_TIMEOUT)]
         for a in _expected_addresses(all_nodes):
             cmd += ["--expect", a]
@@ -486,7 +487,7 @@ def _ray_unit(resolved: dict[str, Any], node: Node) -> RenderedFile:
     argv += [
         "--block",
         "--node-ip-address", EnvRef("NODE_IP"),
-        "--num-gpus", str(resolved["hardware"].get("gpus_per_node", 1)),
+        "--num-gpus", str(resolved["hardware"]["gpus_per_node"]),
         "--memory", str(int(data.get("ray_memory_bytes") or RAY_MEMORY_BYTES[acc])),
         "--object-store-memory", str(int(data.get("ray_object_store_bytes") or RAY_OBJECT_STORE_BYTES[acc])),
     ]
@@ -545,22 +546,22 @@ def _nginx_site(resolved: dict[str, Any], node: Node, all_nodes: list[Node], wit
         "nginx-site.conf.j2",
         header=HEADER.format(name=resolved["name"]),
         name=resolved["name"],
-        auth=prx.get("auth", "api_key") == "api_key",
+        auth=prx["auth"] == "api_key",
         auth_include=p["nginx_auth"],
         auth_var=_auth_var(resolved),
         upstream_name=f"vllm_fleet_{_safe_ident(resolved['name'])}",
         upstream_servers=_upstreams(resolved, node, all_nodes, with_inventory),
-        balance=prx.get("balance", "least_conn"),
+        balance=prx["balance"],
         keepalive=NGINX_KEEPALIVE,
         keepalive_timeout=NGINX_UPSTREAM_KEEPALIVE_TIMEOUT,
-        next_upstream_tries=prx.get("next_upstream_tries", 3),
-        next_upstream_timeout=prx.get("next_upstream_timeout", 15),
+        next_upstream_tries=prx["next_upstream_tries"],
+        next_upstream_timeout=prx["next_upstream_timeout"],
         tls=tls,
         tls_certificate=p["tls_certificate"],
         tls_certificate_key=p["tls_certificate_key"],
         listen=prx["listen"],
-        default_server=prx.get("server_name", "_") == "_",
-        server_name=prx.get("server_name", "_"),
+        default_server=prx["server_name"] == "_",
+        server_name=prx["server_name"],
         client_max_body_size=prx["client_max_body_size"],
         connect_timeout=prx["connect_timeout"],
         read_timeout=prx["read_timeout"],
@@ -583,10 +584,10 @@ def client_settings(resolved: dict[str, Any], nodes: list[Node] | None = None) -
     nodes = nodes or []
     proxies = [n for n in nodes if "proxy" in n.roles and n.address]
     servers = [n for n in nodes if "server" in n.roles and n.address]
-    if prx.get("enabled", True):
+    if prx["enabled"]:
         tls = bool((prx.get("tls") or {}).get("enabled"))
         scheme, port = ("https", prx["listen"]) if tls else ("http", prx["listen"])
-        if prx.get("server_name", "_") != "_":
+        if prx["server_name"] != "_":
             host = prx["server_name"]
         elif proxies:
             host = proxies[0].address
@@ -658,7 +659,7 @@ def _node_files(resolved: dict[str, Any], node: Node, all_nodes: list[Node], wit
         _add(files, path, f, node.target)
     if "proxy" in node.roles:
         _add(files, p["nginx_site"], _nginx_site(resolved, node, all_nodes, with_inventory), node.target)
-        if resolved["proxy"].get("auth", "api_key") == "api_key":
+        if resolved["proxy"]["auth"] == "api_key":
             _add(files, p["nginx_auth"], RenderedFile(nginx_auth_content(resolved, None), 0o600), node.target)
     return files
 
@@ -689,10 +690,26 @@ def api_firewall_files(layout: Layout, h: HostLayout) -> dict[str, RenderedFile]
         return {}
     addrs = firewall_addresses([*allow, *(_data(h, "vllm_api_firewall_allow") or [])], f"{h.name}: API firewall") or ["127.0.0.1"]
     header = HEADER.format(name=", ".join(names))
-    rules = _template("api-firewall.nft.j2", header=header, table=API_FIREWALL_TABLE, allow=addrs, ports=sorted(set(ports)))
-    units = [i.unit for i in h.instances]
-    unit = _template("api-firewall.service.j2", header=header, table=API_FIREWALL_TABLE, rules=API_FIREWALL_FILE, before=units)
+    ports = sorted(set(ports))
+    rules, unit = _firewall(header, API_FIREWALL_TABLE, API_FIREWALL_FILE, addrs, ports, peers="api_peers_v4", peer_ports_only=True, about=[
+        f"vLLM listens beyond loopback (ports {', '.join(map(str, ports))}) so that the proxy on another host can",
+        f"reach these replicas; only the proxy hosts ({', '.join(addrs)}) and loopback may connect to",
+        "those ports, every other address is dropped. Other ports are not touched (this table only drops)."],
+        unit_text=dict(what="vLLM's API port", whom="the proxy", before_what="vLLM", ports_name="vLLM's API ports"),
+        before=[i.unit for i in h.instances])
     return {API_FIREWALL_FILE: RenderedFile(rules, 0o644), f"{SYSTEMD_DIR}/{API_FIREWALL_UNIT}": RenderedFile(unit, 0o644)}
+
+
+def _firewall(header: str, table: str, rules_path: str, allow: list[str], ports: list, *, peers: str,
+              peer_ports_only: bool, about: list[str], unit_text: dict[str, str], before: list[str]) -> tuple[str, str]:
+    """One nftables table that drops ``ports`` from every address but ``allow`` and loopback
+    (``peer_ports_only``: the peers may reach only those ports through it), and the oneshot unit
+    that loads it before ``before`` (firewall.nft.j2, firewall.service.j2: the API and Ray
+    firewalls differ only in these parameters)."""
+    rules = _template("firewall.nft.j2", header=header, table=table, allow=allow, ports=ports, peers=peers,
+                      peer_ports_only=peer_ports_only, about=about)
+    unit = _template("firewall.service.j2", header=header, table=table, rules=rules_path, before=before, **unit_text)
+    return rules, unit
 
 
 def ray_firewall_files(layout: Layout, h: HostLayout) -> dict[str, RenderedFile]:
@@ -705,8 +722,12 @@ def ray_firewall_files(layout: Layout, h: HostLayout) -> dict[str, RenderedFile]
     cluster = [str(n.private) for n in layout.nodes(deps[0]) if n.roles & {"ray-head", "ray-worker"}]
     addrs = firewall_addresses([*cluster, *(_data(h, "ray_firewall_allow") or [])], f"{h.name}: Ray firewall")
     header = HEADER.format(name=r["name"])
-    rules = _template("ray-firewall.nft.j2", header=header, table=RAY_FIREWALL_TABLE, allow=addrs, ports=ray_ports(r))
-    unit = _template("ray-firewall.service.j2", header=header, table=RAY_FIREWALL_TABLE, rules=RAY_FIREWALL_FILE)
+    rules, unit = _firewall(header, RAY_FIREWALL_TABLE, RAY_FIREWALL_FILE, addrs, ray_ports(r), peers="ray_peers_v4", peer_ports_only=False, about=[
+        "Ray's ports have no authentication: accept them only from the cluster's own addresses",
+        f"({', '.join(addrs)}) and loopback; drop them from everywhere else. Other ports are not",
+        "touched (this table only drops; the host's own rules still apply)."],
+        unit_text=dict(what="Ray's ports", whom="the cluster", before_what="Ray starts", ports_name="Ray's ports"),
+        before=["ray-head.service", "ray-worker.service"])
     return {RAY_FIREWALL_FILE: RenderedFile(rules, 0o644), f"{SYSTEMD_DIR}/{RAY_FIREWALL_UNIT}": RenderedFile(unit, 0o644)}
 
 
@@ -722,7 +743,7 @@ def fill_files(layout: Layout) -> None:
             p = paths(r)
             if "server" in node.roles and r["server"].get("api_key"):
                 h.secrets.append(Secret(dep, "api_key", (p["secrets_env"],)))
-            if "proxy" in node.roles and r["proxy"].get("auth", "api_key") == "api_key":
+            if "proxy" in node.roles and r["proxy"]["auth"] == "api_key":
                 h.secrets.append(Secret(dep, "api_key", (p["nginx_auth"],)))
             if node.roles & SERVICE_PARTS and r["model"].get("hub_token"):
                 h.secrets.append(Secret(dep, "hub_token"))

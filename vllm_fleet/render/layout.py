@@ -182,7 +182,7 @@ class Layout:
 
 
 def _multi(resolved: dict[str, Any]) -> bool:
-    return int(resolved["parallel"].get("nodes", 1)) > 1
+    return int(resolved["parallel"]["nodes"]) > 1
 
 
 def gpus_per_instance(resolved: dict[str, Any]) -> int:
@@ -196,14 +196,14 @@ def replicas_on(resolved: dict[str, Any], data: dict[str, Any] | None) -> int:
         override = override.get(resolved["name"])
     if override is not None:
         return int(override)
-    return int((resolved.get("replicas") or {}).get("per_host", 1))
+    return int(resolved["replicas"]["per_host"])
 
 
 def _gpu_pool(resolved: dict[str, Any]) -> list[int]:
     hw = resolved["hardware"]
     if hw.get("gpu_ids"):
         return [int(g) for g in hw["gpu_ids"]]
-    return list(range(int(hw.get("gpus_per_node", 1))))
+    return list(range(int(hw["gpus_per_node"])))
 
 
 def _cpu_sets(cpu_count: int | None, replicas: int, ranks: int) -> list[str | None]:
@@ -248,7 +248,7 @@ def _instances(resolved: dict[str, Any], host: str, data: dict[str, Any], privat
     cuda = ins["accelerator"] == "cuda"
     pool = _gpu_pool(resolved)
     hw = resolved["hardware"]
-    if cuda and hw.get("gpu_ids") and len(hw["gpu_ids"]) != int(hw.get("gpus_per_node", 1)):
+    if cuda and hw.get("gpu_ids") and len(hw["gpu_ids"]) != int(hw["gpus_per_node"]):
         problems.append(f"{source}: hardware.gpu_ids lists {len(hw['gpu_ids'])} GPU(s) but hardware.gpus_per_node is {hw.get('gpus_per_node', 1)}: "
                         f"make them agree (gpus_per_node: {len(hw['gpu_ids'])})")
     if cuda and n * per > len(pool):
@@ -279,8 +279,8 @@ def _host_parts(resolved: dict[str, Any], inventory: dict[str, dict[str, Any]], 
     fixed to :data:`GROUPS`)."""
     par = resolved["parallel"]
     name = resolved["name"]
-    multi, backend = _multi(resolved), par.get("backend", "mp")
-    proxy_on = resolved["proxy"].get("enabled", True)
+    multi, backend = _multi(resolved), par["backend"]
+    proxy_on = resolved["proxy"]["enabled"]
     monitoring_on = bool((resolved.get("monitoring") or {}).get("enabled"))
     ray_multi = multi and backend == "ray"
     out: list[Node] = []
@@ -344,7 +344,7 @@ def _host_parts(resolved: dict[str, Any], inventory: dict[str, dict[str, Any]], 
 def _role_parts(resolved: dict[str, Any], problems: list[str], source: str) -> list[Node]:
     """Without an inventory: one target per part (``server``, ``worker``, ``ray-head``, ...)."""
     par = resolved["parallel"]
-    multi, backend = _multi(resolved), par.get("backend", "mp")
+    multi, backend = _multi(resolved), par["backend"]
     head = par.get("head_address") if multi else None
     out = [Node("server", {"server"}, head, 0, {}, head)]
     if multi and backend == "ray":
@@ -352,7 +352,7 @@ def _role_parts(resolved: dict[str, Any], problems: list[str], source: str) -> l
         out.append(Node("ray-worker", {"ray-worker"}, None, 1, {}))
     elif multi:
         out.append(Node("worker", {"worker"}, None, 1, {}))
-    if resolved["proxy"].get("enabled", True):
+    if resolved["proxy"]["enabled"]:
         out.append(Node("proxy", {"proxy"}))
     if (resolved.get("monitoring") or {}).get("enabled"):
         out.append(Node("monitoring", {"monitoring"}))
@@ -493,7 +493,7 @@ def _cross_checks(layout_hosts: dict[str, HostLayout], deployments: dict[str, di
         for dep, node in h.parts.items():
             resolved = deployments[dep]
             if "proxy" in node.roles:
-                key = (int(resolved["proxy"]["listen"]), str(resolved["proxy"].get("server_name", "_")))
+                key = (int(resolved["proxy"]["listen"]), str(resolved["proxy"]["server_name"]))
                 if key in seen_proxy:
                     problems.append(f"{host}: deployments {seen_proxy[key]} and {dep} ({sources[dep]}) both serve nginx port {key[0]} with "
                                     f"server_name {key[1]}: give each its own proxy.listen or proxy.server_name")

@@ -178,7 +178,7 @@ def apply(req):
     t0 = time.monotonic()
     while True:  # drain: the replica is out of the upstream; let what it still runs finish
         busy = _busy(port)
-        if not busy or time.monotonic() - t0 > float(req.get("drain_timeout", 60)):
+        if not busy or time.monotonic() - t0 > float(req["drain_timeout"]):
             break
         time.sleep(0.5)
     drain_s = time.monotonic() - t0
@@ -206,7 +206,7 @@ def apply(req):
     if r.returncode != 0:
         return {"ok": False, "changed": changed, "drain_s": round(drain_s, 1), "error": f"systemctl restart {unit}: {r.stderr.strip()}",
                 "journal": _journal(unit)}
-    deadline = t1 + float(req.get("health_timeout", 600))
+    deadline = t1 + float(req["health_timeout"])
     while time.monotonic() < deadline:
         status, _ = _get(f"http://127.0.0.1:{port}/health", timeout=3)
         if status == 200:

@@ -624,7 +624,7 @@ class Tuner:
                 if orig_file.exists():
                     self.say(f"  {self.rep.id} ({self.rep.unit}): back to its own configuration")
                     back = sess.call("apply", files=json.loads(orig_file.read_text()), unit=self.rep.unit, port=self.rep.port,
-                                     health_timeout=self.health_timeout, drain_timeout=60)
+                                     health_timeout=self.health_timeout, drain_timeout=self.resolved["rollout"]["drain_timeout"])
                     if not back.get("ok"):
                         raise TuneError(f"{self.rep.id} ({self.rep.unit}): its own configuration did not come back healthy: {back.get('error')}\n"
                                         f"{back.get('journal', '')[-1500:]}\n  it stays OUT of the upstream; "
@@ -641,7 +641,7 @@ class Tuner:
     def run_point(self, sess: Any, p: dict[str, Any]) -> None:
         self.say(f"  {p['id']} {_label(p['settings'])}: restart")
         ans = sess.call("apply", files=self.files_for(p["resolved"]), unit=self.rep.unit, port=self.rep.port,
-                        health_timeout=self.health_timeout, drain_timeout=60)
+                        health_timeout=self.health_timeout, drain_timeout=self.resolved["rollout"]["drain_timeout"])
         p["times"] = {"drain_s": ans.get("drain_s"), "restart_s": ans.get("restart_s"), "restarted": ans.get("restarted")}
         if not ans.get("ok"):
             p.update(status="failed", reason=f"did not start: {ans.get('error')}; journal: {(ans.get('journal') or '')[-600:]}")

@@ -60,9 +60,9 @@ def hardware_problems(resolved: dict[str, Any], spec: Spec | None = None) -> lis
         out.append(Problem(path, message, fix, severity, spec.line(path) if spec else None))
 
     m, e, par, hw, ins = (resolved[k] for k in ("model", "engine", "parallel", "hardware", "install"))
-    tp, pp, dp = par["tensor"], par["pipeline"], par.get("data", 1)
+    tp, pp, dp = par["tensor"], par["pipeline"], par["data"]
     quant = m.get("quantization")
-    kv_dtype = e.get("kv_cache_dtype", "auto")
+    kv_dtype = e["kv_cache_dtype"]
 
     # -- the GPU
     gname = hw.get("gpu") or ("cpu" if ins["accelerator"] == "cpu" else None)
@@ -85,8 +85,8 @@ def hardware_problems(resolved: dict[str, Any], spec: Spec | None = None) -> lis
     # -- GPU count: every GPU of every node is one rank of TP x PP x DP of one replica
     # (replicas.per_host replicas on a node split its GPUs; vllm_fleet.render.layout gives each its own)
     if g is not None and not cpu:
-        reps = int((resolved.get("replicas") or {}).get("per_host", 1))
-        want = hw.get("gpus_per_node", 1) * par.get("nodes", 1)
+        reps = int(resolved["replicas"]["per_host"])
+        want = hw["gpus_per_node"] * par["nodes"]
         if tp * pp * dp * reps != want:
             times = f" x replicas.per_host {reps}" if reps > 1 else ""
             add("parallel.tensor",

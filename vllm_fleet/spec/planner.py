@@ -42,7 +42,7 @@ _INT4_METHODS = ("awq", "awq_marlin", "gptq", "gptq_marlin")
 
 
 def _act_dtype(resolved: dict[str, Any], facts: dict[str, Any]) -> str:
-    d = resolved["model"].get("dtype", "auto")
+    d = resolved["model"]["dtype"]
     if d in ("auto", None):
         d = facts["torch_dtype"]
         if d == "float32":  # vLLM serves float32 checkpoints in 16 bits by default
@@ -150,7 +150,7 @@ def overhead(facts: dict[str, Any], resolved: dict[str, Any], g: dict[str, Any],
     """The non-KV, non-weight memory allowance per GPU, in GiB, by part."""
     e = resolved["engine"]
     tokens = e.get("max_num_batched_tokens") or default_batched_tokens(g)
-    if not e.get("enable_chunked_prefill", True):
+    if not e["enable_chunked_prefill"]:
         tokens = max(tokens, resolved["model"]["max_model_len"])
     inter = facts["intermediate"]
     # one layer's live tensors at the peak: residual + normed input + attention output + q/k/v
@@ -184,14 +184,14 @@ def plan(resolved: dict[str, Any], gpu: str | None = None, gpus_per_node: int | 
         g = catalog.gpu(gname)
     except KeyError:
         raise KeyError(f"unknown GPU {gname!r}; known: {', '.join(catalog.gpu_names())}") from None
-    tp, pp, dp = par["tensor"], par["pipeline"], par.get("data", 1)
+    tp, pp, dp = par["tensor"], par["pipeline"], par["data"]
     facts, how = catalog.facts_for(resolved)
     out: dict[str, Any] = {
         "gpu": g["name"], "gpu_label": g["label"], "model": m["source"], "model_facts": how,
         "tensor": tp, "pipeline": pp, "data": dp,
-        "gpus_per_node": gpus_per_node or hw.get("gpus_per_node", 1), "nodes": par.get("nodes", 1),
+        "gpus_per_node": gpus_per_node or hw["gpus_per_node"], "nodes": par["nodes"],
         "max_model_len": m["max_model_len"], "max_num_seqs": e["max_num_seqs"],
-        "gpu_memory_utilization": e["gpu_memory_utilization"], "kv_cache_dtype": e.get("kv_cache_dtype", "auto"),
+        "gpu_memory_utilization": e["gpu_memory_utilization"], "kv_cache_dtype": e["kv_cache_dtype"],
         "block_tokens": BLOCK_TOKENS, "notes": [],
     }
     notes = out["notes"]
@@ -199,7 +199,7 @@ def plan(resolved: dict[str, Any], gpu: str | None = None, gpus_per_node: int | 
     if facts is None:
         out.update(weights_gib=None, overhead_gib=None, kv_bytes_per_token=None, kv_bytes_per_token_model=None,
                    kv_tokens=None, kv_blocks=None, max_concurrent_seqs=None, fits=None, decode_floor_ms=None,
-                   kv_cache_gib=float(e.get("cpu_kv_cache_gib", 1)) if cpu else None)
+                   kv_cache_gib=float(e["cpu_kv_cache_gib"]) if cpu else None)
         notes.append(f"plan skipped: no model facts ({how}); set model.architecture to a catalogue name "
                      f"(vllm-fleet plan --list-models) or make config.json readable")
         return out
@@ -222,7 +222,7 @@ def plan(resolved: dict[str, Any], gpu: str | None = None, gpus_per_node: int | 
         model_context=facts["context"],
     )
     if cpu:
-        kv_bytes = float(e.get("cpu_kv_cache_gib", 1)) * GIB
+        kv_bytes = float(e["cpu_kv_cache_gib"]) * GIB
         out.update(memory_gib=None, budget_gib=None, overhead_gib=None, overhead_parts=None, decode_floor_ms=None)
         notes.append("CPU build: the KV cache is engine.cpu_kv_cache_gib GiB of host memory (VLLM_CPU_KVCACHE_SPACE); weights and activations live in host memory beside it")
     else:
@@ -271,7 +271,7 @@ def format_plan(p: dict[str, Any]) -> str:
     def gib(v: Any) -> str:
         return "-" if v is None else f"{v:.2f} GiB"
 
-    par = f"TP {p['tensor']} x PP {p['pipeline']}" + (f" x DP {p['data']}" if p.get("data", 1) > 1 else "")
+    par = f"TP {p['tensor']} x PP {p['pipeline']}" + (f" x DP {p['data']}" if p["data"] > 1 else "")
     rows = [
         ("model", f"{p['model']}" + (f"  ({p.get('params_b')}B params, {p.get('dtype')}" + (f", {p['quantization']}" if p.get("quantization") else "") + ")" if p.get("params_b") else "")),
         ("facts from", p.get("model_facts", "-")),

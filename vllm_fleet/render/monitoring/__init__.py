@@ -145,7 +145,7 @@ def vllm_targets(resolved: dict[str, Any], mon_node: "_Node", all_nodes: list["_
                 target["metrics_path"], target["health_path"] = f"/metrics/{n}", f"/health/{n}"
                 if tls["enabled"]:
                     target["tls"] = {"insecure_skip_verify": True} if tls["self_signed"] else (
-                        {"server_name": prx["server_name"]} if prx.get("server_name", "_") != "_" else {})
+                        {"server_name": prx["server_name"]} if prx["server_name"] != "_" else {})
             else:
                 raise RenderError(
                     f"monitoring: {mon_node.target} cannot read vLLM's /metrics on {s.target}: vLLM listens on {srv['host']} and no proxy runs there: "

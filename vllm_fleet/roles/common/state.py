@@ -5,7 +5,7 @@ file: two; a unit: two; a user: three), and each operation's generator runs twic
 the plan is built and once when it executes: a no-op deploy of one lab host was 86 round trips.
 Here the deploy (vllm_fleet/deploys/serve.py; the rollout's update step too) first asks each
 role what it will compare (``state_query`` of pyenv, vllm, model, service, nginx), reads all of it with one
-:class:`HostState` fact (the script beside this file, ``host_state.sh``), and the roles then
+:class:`HostState` fact (the script ``vllm_fleet/host/scripts/host_state.sh``), and the roles then
 create an operation only where the state differs. A converged host gets no operation (so also
 no fact and no command when the plan executes); a host that differs gets pyinfra's own
 operation, which reads its facts and converges as it always did.
@@ -28,14 +28,12 @@ from __future__ import annotations
 import base64
 import binascii
 from dataclasses import dataclass, fields
-from pathlib import Path
 from typing import Any
 
 from pyinfra import host
-from pyinfra.api import FactBase, QuoteString, StringCommand
+from pyinfra.api import FactBase, StringCommand
 
-SCRIPT = Path(__file__).with_name("host_state.sh")
-ENV_PROBE = Path(__file__).resolve().parents[1] / "vllm" / "env_probe.py"
+from vllm_fleet.host import programs
 
 _TYPES = {"regular file": "file", "regular empty file": "file", "directory": "directory", "symbolic link": "link"}
 
@@ -81,7 +79,7 @@ class Query:
                              ("glob", self.globs), ("age", self.ages), ("chat", self.chats)):
             for v in values:
                 out += [kind, v]
-        code = ENV_PROBE.read_text() if self.envs else ""
+        code = programs.script("env_probe.py") if self.envs else ""
         for py, args in self.envs:
             out += ["py", py, "pycode", code, "pyargs", " ".join(args) or "-"]
         return out
@@ -89,14 +87,13 @@ class Query:
 
 class HostState(FactBase):
     """
-    Everything a :class:`Query` asks, read in one command (``host_state.sh`` beside this file):
+    Everything a :class:`Query` asks, read in one command (``vllm_fleet/host/scripts/host_state.sh``):
     ``host.get_fact(HostState, query=Query(stat=("/etc/x",), units=("nginx.service",)))`` ->
     a :class:`Snapshot` (an empty one, where nothing is known, when the script did not finish).
     """
 
     def command(self, query: Query) -> StringCommand:
-        return StringCommand("sh", "-c", QuoteString(SCRIPT.read_text()), "host-state",
-                             *(QuoteString(a) for a in query.argv()))
+        return programs.shell("host_state.sh", *query.argv())
 
     @staticmethod
     def default() -> "Snapshot":

@@ -52,17 +52,18 @@ from __future__ import annotations
 
 import hashlib
 import json
-import shlex
 from io import StringIO
 from pathlib import Path
 from typing import Any
 
 from pyinfra import host
-from pyinfra.api import deploy
+from pyinfra.api import QuoteString, StringCommand, deploy
 from pyinfra.api.exceptions import DeployError
 from pyinfra.facts.files import File, FileContents, FindFiles
 from pyinfra.operations import files, server
 
+from vllm_fleet.host.programs import argv as cmd, python
+from vllm_fleet.render import command
 from vllm_fleet.roles.common import directory, progress, secret_file
 from vllm_fleet.roles.common.state import Converged, Query, host_state
 
@@ -165,8 +166,7 @@ def manifest_text(entries: list[tuple[str, str]]) -> str:
     return "".join(f"{sha}  {rel}\n" for rel, sha in entries)
 
 
-def _env_python(spec: dict) -> str:
-    return f"{spec['install']['prefix'].rstrip('/')}/env/bin/python"
+_env_python = command.env_python
 
 
 def _upload(spec: dict) -> list:
@@ -208,14 +208,14 @@ def _put_tree(spec: dict, local: Path, entries: list[tuple[str, str]], marker: s
     else:
         ops.append(files.put(name=f"Model manifest {d.MANIFEST}", src=StringIO(text),
                              dest=f"{root}/{d.MANIFEST}", user=user, group=user, mode=fmode))
-    check = (f"cd {shlex.quote(root)} && "
-             f"runuser -u {shlex.quote(user)} -- sha256sum --quiet --strict -c {d.MANIFEST} "
-             f"|| {{ rm -f {d.MANIFEST}; echo 'model upload: checksum mismatch on the host' >&2; exit 1; }}")
+    check = StringCommand(cmd("cd", root), "&&", cmd("runuser", "-u", user, "--", "sha256sum", "--quiet", "--strict", "-c", d.MANIFEST),
+                          "||", "{", cmd("rm", "-f", d.MANIFEST), ";", cmd("echo", "model upload: checksum mismatch on the host"),
+                          ">&2;", "exit", "1;", "}")
     commands = [check]
     if marker:
-        mark = shlex.quote(f"{root}/{d.HUB_MARKER}")
-        commands += [f"printf '%s\\n' {shlex.quote(marker)} > {mark}",
-                     f"chown {shlex.quote(user)}:{shlex.quote(user)} {mark}"]
+        mark = f"{root}/{d.HUB_MARKER}"
+        commands += [StringCommand(cmd("printf", "%s\\n", marker), ">", QuoteString(mark)),
+                     cmd("chown", f"{user}:{user}", mark)]
     # Decided while the plan is built (will_change runs each operation's checks now), not with
     # _if: a converged host then has no operation at all, and a `--dry --json` plan shows none
     # (an _if-guarded operation is always listed as a conditional change there).
@@ -223,66 +223,6 @@ def _put_tree(spec: dict, local: Path, entries: list[tuple[str, str]], marker: s
         server.shell(name=f"Verify the model against {d.MANIFEST} (as {user})"
                      + (f" and mark it {marker}" if marker else ""), commands=commands)
     return ops
-
-
-_HUB_DOWNLOAD = """import fnmatch, hashlib, json, os, pathlib, shutil, sys
-repo, revision, dest, marker, ignore_json, keep, token_file = sys.argv[1:8]
-token = pathlib.Path(token_file).read_text().strip() if token_file else None
-ignore = json.loads(ignore_json)
-from huggingface_hub import HfApi, snapshot_download
-from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError, RevisionNotFoundError
-def fail(msg):
-    print("model download: " + msg, file=sys.stderr)
-    sys.exit(3)
-def size_of(f):
-    lfs = getattr(f, "lfs", None)
-    return getattr(lfs, "size", None) or f.size
-try:
-    info = HfApi().model_info(repo, revision=revision, files_metadata=True, token=token)
-    # What vLLM never loads (Llama repositories' original/ consolidated.*.pth) is not downloaded.
-    wanted = [f for f in info.siblings or [] if not any(fnmatch.fnmatch(f.rfilename, p) for p in ignore)]
-    # Free space first, against the repository's own file sizes (what is already there counts).
-    need = 0
-    for f in wanted:
-        p, size = pathlib.Path(dest, f.rfilename), size_of(f) or 0
-        need += max(size - (p.stat().st_size if p.is_file() else 0), 0)
-    pathlib.Path(dest).mkdir(parents=True, exist_ok=True)
-    free = shutil.disk_usage(dest).free
-    if free - need < int(keep):
-        gib = lambda n: f"{n / 2**30:.2f} GiB"
-        fail(f"not enough disk space at {dest}: {repo}@{revision} needs {gib(need)} more, {gib(free)} are free and "
-             f"model_keep_free_bytes asks {gib(int(keep))} to stay free. Fix: free space there, point model.path at a larger "
-             "filesystem, or lower model_keep_free_bytes; nothing was downloaded")
-    # resumes what an interrupted run left (local_dir/.cache/huggingface/download)
-    snapshot_download(repo_id=repo, revision=revision, local_dir=dest, token=token, ignore_patterns=ignore or None)
-except RevisionNotFoundError:
-    fail(f"model.revision {revision!r} does not exist in {repo}: pin a branch, tag or commit the repo has "
-         "(its commit history on the hub lists them); nothing was marked as downloaded")
-except GatedRepoError:
-    fail(f"{repo} is gated: accept its licence on the hub with the account whose token is model.hub_token")
-except RepositoryNotFoundError:
-    fail(f"model.source {repo!r} does not exist on the hub or is private: check the id, or set model.hub_token")
-# Verified before use: every file's size, and sha256 where the hub gives one (LFS files).
-bad = []
-for f in wanted:
-    p = pathlib.Path(dest, f.rfilename)
-    lfs = getattr(f, "lfs", None)
-    size = size_of(f)
-    if not p.is_file() or (size is not None and p.stat().st_size != size):
-        bad.append(f.rfilename)
-    elif lfs is not None and getattr(lfs, "sha256", None):
-        h = hashlib.sha256()
-        with open(p, "rb") as fh:
-            for block in iter(lambda: fh.read(1 << 20), b""):
-                h.update(block)
-        if h.hexdigest() != lfs.sha256:
-            bad.append(f.rfilename)
-for rel in bad:
-    pathlib.Path(dest, rel).unlink(missing_ok=True)
-if bad:
-    fail(f"{len(bad)} file(s) did not match the hub's size/sha256 and were removed ({', '.join(bad[:5])}): run the deploy again")
-pathlib.Path(dest, marker).write_text(f"{repo}@{revision}\\n")
-"""
 
 
 def _hub_fleet(spec: dict, hub_token: str | None, revision: str, want: str) -> list:
@@ -322,16 +262,15 @@ def _hub(spec: dict, hub_token: str | None) -> list:
         return _hub_fleet(spec, hub_token, revision, want)
     env = {"HF_HUB_OFFLINE": "0", "HF_HUB_DISABLE_PROGRESS_BARS": "1",
            "HF_HUB_DISABLE_TELEMETRY": "1", **(host.data.get("model_hub_env") or {})}
-    argv = ["env", *(f"{k}={v}" for k, v in sorted(env.items())), _env_python(spec), "-c",
-            _HUB_DOWNLOAD, m["source"], revision, root, d.HUB_MARKER,
-            json.dumps(list(host.data.get("model_hub_ignore") or [])), str(int(host.data.get("model_keep_free_bytes") or 0)),
-            token_path]
-    q = " ".join(shlex.quote(a) for a in argv)
+    download = StringCommand(cmd("env", *(f"{k}={v}" for k, v in sorted(env.items()))), python(
+        _env_python(spec), "hub_download.py", m["source"], revision, root, d.HUB_MARKER,
+        json.dumps(list(host.data.get("model_hub_ignore") or [])), str(int(host.data.get("model_keep_free_bytes") or 0)),
+        token_path))
     op = server.shell(name=f"Download {want} from the hub into {root}", commands=[
-        f"mkdir -p {shlex.quote(root)}",
-        q,
-        f"chown -R {shlex.quote(user)}:{shlex.quote(user)} {shlex.quote(root)}",
-        f"chmod -R u+rwX,go+rX {shlex.quote(root)}",
+        cmd("mkdir", "-p", root),
+        download,
+        cmd("chown", "-R", f"{user}:{user}", root),
+        cmd("chmod", "-R", "u+rwX,go+rX", root),
     ])
     return [op]
 

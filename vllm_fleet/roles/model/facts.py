@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import shlex
+from pyinfra.api import FactBase, StringCommand
 
-from pyinfra.api import FactBase
+from vllm_fleet.host.programs import argv
 
 
 class FreeBytes(FactBase):
@@ -15,10 +15,9 @@ class FreeBytes(FactBase):
     df printed nothing usable).
     """
 
-    def command(self, path: str) -> str:
-        p = shlex.quote(path)
-        return (f"p={p}; while [ ! -e \"$p\" ] && [ \"$p\" != / ]; do p=$(dirname \"$p\"); done; "
-                "df -PB1 \"$p\" | tail -n 1")
+    def command(self, path: str) -> StringCommand:
+        return argv("sh", "-c", 'p=$1; while [ ! -e "$p" ] && [ "$p" != / ]; do p=$(dirname "$p"); done; '
+                    'df -PB1 "$p" | tail -n 1', "free-bytes", path)
 
     @staticmethod
     def default():
@@ -39,9 +38,9 @@ class FileSizes(FactBase):
     ``host.get_fact(FileSizes, root="/var/lib/vllm-fleet/x/model")`` -> ``{"config.json": 655}``
     """
 
-    def command(self, root: str) -> str:
-        r = shlex.quote(root)
-        return f"test -d {r} && find {r} -type f -printf '%s %P\\n' || true"
+    def command(self, root: str) -> StringCommand:
+        return StringCommand(argv("test", "-d", root), "&&", argv("find", root, "-type", "f", "-printf", "%s %P\\n"),
+                             "||", "true")
 
     @staticmethod
     def default() -> dict:

@@ -55,7 +55,6 @@ Example (deploys/serve.py)::
 
 from __future__ import annotations
 
-import shlex
 from io import StringIO
 
 from pyinfra import host, logger
@@ -70,6 +69,7 @@ from . import defaults as d
 from .defaults import DEFAULTS
 from .facts import NVIDIA_SMI_COMMAND, AptComponents, NvidiaGpus, NvSwitches, SecureBoot, driver_branch
 from .gpucheck import describe, gpu_mismatch
+from vllm_fleet.host.programs import argv as cmd
 
 __all__ = ["nvidia", "GpuMismatch", "UnsupportedHost", "RebootNeeded", "cuda_repo_dir", "kernel_flavour", "DEFAULTS"]
 
@@ -135,18 +135,16 @@ def _ensure_debian_components(codename: str, wanted: list[str]) -> None:
     missing = [c for c in wanted if c not in present]
     if not missing:
         return
-    suite = shlex.quote(codename)
     commands = []
     for comp in missing:
         add = f"/ {comp}( |$)/!s/$/ {comp}/"
-        commands.append(
-            f"for f in $(grep -lE '^Suites:.*\\b'{suite}'\\b' /etc/apt/sources.list.d/*.sources 2>/dev/null); "
-            f"do sed -i -E '/^Components:/{{{add}}}' \"$f\"; done"
-        )
-        commands.append(
-            "if [ -f /etc/apt/sources.list ]; then sed -i -E "
-            f"'/^deb\\s+(\\[[^]]*\\]\\s+)?\\S+\\s+'{suite}'(-[a-z]+)?\\s/{{{add}}}' /etc/apt/sources.list; fi"
-        )
+        commands.append(cmd(
+            "sh", "-c", 'for f in $(grep -lE "^Suites:.*\\b$1\\b" /etc/apt/sources.list.d/*.sources 2>/dev/null); '
+            'do sed -i -E "/^Components:/{$2}" "$f"; done', "apt-components", codename, add))
+        commands.append(cmd(
+            "sh", "-c", 'if [ -f /etc/apt/sources.list ]; then sed -i -E '
+            '"/^deb\\s+(\\[[^]]*\\]\\s+)?\\S+\\s+$1(-[a-z]+)?\\s/{$2}" /etc/apt/sources.list; fi',
+            "apt-components", codename, add))
     server.shell(name=f"Enable apt components {' '.join(missing)} for {codename}", commands=commands)
 
 

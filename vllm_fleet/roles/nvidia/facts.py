@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from typing import TypedDict
 
-from pyinfra.api import FactBase
+from pyinfra.api import FactBase, QuoteString, StringCommand
 
 NVIDIA_SMI_QUERY = "name,memory.total,driver_version,compute_cap"
 NVIDIA_SMI_COMMAND = f"nvidia-smi --query-gpu={NVIDIA_SMI_QUERY} --format=csv,noheader,nounits"
@@ -60,9 +60,9 @@ class NvidiaGpus(FactBase[list]):
     command), when the driver is not loaded, or when no GPU is found.
     """
 
-    def command(self) -> str:
+    def command(self) -> StringCommand:
         # nvidia-smi exits non-zero when the driver is not loaded; that state is "no GPUs".
-        return f"{NVIDIA_SMI_COMMAND} 2>/dev/null || true"
+        return StringCommand(NVIDIA_SMI_COMMAND, "2>/dev/null", "||", "true")
 
     def requires_command(self) -> str:
         return "nvidia-smi"
@@ -115,13 +115,12 @@ class AptComponents(FactBase[set]):
 
     _suite = ""
 
-    def command(self, suite: str) -> str:
+    def command(self, suite: str) -> StringCommand:
         # pyinfra calls command() and process() on the same instance: keep the suite for process.
         self._suite = suite
-        return (
+        return StringCommand("sh", "-c", QuoteString(
             "for f in /etc/apt/sources.list /etc/apt/sources.list.d/*.list "
-            '/etc/apt/sources.list.d/*.sources; do [ -f "$f" ] && cat "$f" && echo; done; true'
-        )
+            '/etc/apt/sources.list.d/*.sources; do [ -f "$f" ] && cat "$f" && echo; done; true'))
 
     @staticmethod
     def default() -> set:
@@ -147,9 +146,9 @@ class NvSwitches(FactBase[int]):
     """How many NVIDIA NVSwitch devices the PCI bus has (HGX/DGX A100, H100, H200 boards: CUDA
     needs nvidia-fabricmanager there). Read from sysfs, so it works before any driver is installed."""
 
-    def command(self) -> str:
-        return ('for d in /sys/bus/pci/devices/*; do [ -r "$d/class" ] && '
-                'echo "$(cat "$d/vendor") $(cat "$d/class")"; done 2>/dev/null; true')
+    def command(self) -> StringCommand:
+        return StringCommand("sh", "-c", QuoteString('for d in /sys/bus/pci/devices/*; do [ -r "$d/class" ] && '
+                                                     'echo "$(cat "$d/vendor") $(cat "$d/class")"; done 2>/dev/null; true'))
 
     @staticmethod
     def default() -> int:
@@ -168,10 +167,10 @@ def parse_secure_boot(lines: list[str]) -> bool:
 class SecureBoot(FactBase[bool]):
     """Whether UEFI Secure Boot is on (False without EFI or without the variable)."""
 
-    def command(self) -> str:
+    def command(self) -> StringCommand:
         from .defaults import SECURE_BOOT_EFIVAR
 
-        return f"od -An -tu1 {SECURE_BOOT_EFIVAR} 2>/dev/null || true"
+        return StringCommand("od", "-An", "-tu1", QuoteString(SECURE_BOOT_EFIVAR), "2>/dev/null", "||", "true")
 
     @staticmethod
     def default() -> bool:

@@ -24,7 +24,7 @@ def gpu_mismatch(gpus: list[dict], hardware: dict, host_name: str) -> str | None
     checked by count only.
     """
     want = hardware.get("gpu")
-    count = int(hardware.get("gpus_per_node", 1))
+    count = int(hardware["gpus_per_node"])
     if not want or want == "cpu":
         return None
     rule = GPU_MATCH.get(want)

@@ -34,14 +34,15 @@ Example (deploys/serve.py)::
 
 from __future__ import annotations
 
-import shlex
 from pathlib import PurePosixPath
 
 from pyinfra import host
-from pyinfra.api import deploy
+from pyinfra.api import QuoteString, StringCommand, deploy
 from pyinfra.api.exceptions import DeployError
 from pyinfra.operations import apt, server
 
+from vllm_fleet.host.programs import argv as cmd
+from vllm_fleet.render import command
 from vllm_fleet.roles.common import directory, packages as common_packages
 from vllm_fleet.roles.common.state import Query, host_state
 
@@ -57,11 +58,10 @@ class EnvMismatch(DeployError):
 
 
 def env_dir(spec: dict) -> str:
-    return f"{spec['install']['prefix'].rstrip('/')}/env"
+    return command.env_paths(spec)["env"]
 
 
-def env_python(spec: dict) -> str:
-    return f"{env_dir(spec)}/bin/python"
+env_python = command.env_python
 
 
 @deploy("Service user and directories", data_defaults=DEFAULTS)
@@ -114,7 +114,7 @@ def _venv(env: str, cuda: bool) -> None:
     probed = host_state().env(f"{env}/bin/python")
     have = probed["python"] if probed is not None else host.get_fact(EnvPython, env=env)
     if have is None:
-        server.shell(name=f"venv at {env}", commands=[f"python3 -m venv {shlex.quote(env)}"])
+        server.shell(name=f"venv at {env}", commands=[cmd("python3", "-m", "venv", env)])
 
 
 def _miniforge() -> str:
@@ -127,18 +127,17 @@ def _miniforge() -> str:
     download_dir = host.data.get("pyenv_download_dir").rstrip("/")
     installer = f"{download_dir}/{url.rsplit('/', 1)[-1]}"
     part = f"{installer}.part"
-    q = shlex.quote
     apt.packages(name="curl for the Miniforge download", packages=["curl", "ca-certificates"])
     server.shell(
         name=f"Miniforge {version} at {root} (sha256 checked before the installer runs)",
         commands=[
-            f"mkdir -p {q(download_dir)}",
-            f"curl -fsSL --retry 3 -o {q(part)} {q(url)}",
-            f"echo {q(f'{sha256}  {part}')} | sha256sum --check --strict -",
-            f"mv {q(part)} {q(installer)}",
-            f"bash {q(installer)} -b {'-u ' if current else ''}-p {q(root)}",
-            f"printf '%s\\n' {q(version)} > {q(f'{root}/{MINIFORGE_MARKER}')}",
-            f"rm -f {q(installer)}",
+            cmd("mkdir", "-p", download_dir),
+            cmd("curl", "-fsSL", "--retry", "3", "-o", part, url),
+            StringCommand(cmd("echo", f"{sha256}  {part}"), "|", cmd("sha256sum", "--check", "--strict", "-")),
+            cmd("mv", part, installer),
+            cmd("bash", installer, "-b", *(["-u"] if current else []), "-p", root),
+            StringCommand(cmd("printf", "%s\\n", version), ">", QuoteString(f"{root}/{MINIFORGE_MARKER}")),
+            cmd("rm", "-f", installer),
         ],
     )
     return root
@@ -152,8 +151,7 @@ def _conda_env(env: str, python: str) -> None:
         server.shell(
             name=f"conda env {env} (python {python})",
             commands=[
-                f"{shlex.quote(root + '/bin/conda')} create -y -p {shlex.quote(env)} "
-                f"--override-channels -c {shlex.quote(channel)} python={shlex.quote(python)}"
+                cmd(root + "/bin/conda", "create", "-y", "-p", env, "--override-channels", "-c", channel, f"python={python}")
             ],
         )
     elif current != python:

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import re
-import shlex
+from pyinfra.api import FactBase, StringCommand
 
-from pyinfra.api import FactBase
+from vllm_fleet.host.programs import argv
 
 MINIFORGE_MARKER = ".vllm-fleet-miniforge-version"
 
@@ -23,12 +23,11 @@ class EnvPython(FactBase):
     """``major.minor`` of ``{env}/bin/python`` (``host.get_fact(EnvPython, env=...)``), or None
     when the environment does not exist or its python does not run."""
 
-    def command(self, env: str) -> str:
-        python = shlex.quote(f"{env.rstrip('/')}/bin/python")
-        return (
-            f"test -x {python} && {python} -c "
-            "'import platform; print(\"python\", platform.python_version())' 2>/dev/null || true"
-        )
+    def command(self, env: str) -> StringCommand:
+        python = f"{env.rstrip('/')}/bin/python"
+        return StringCommand(argv("test", "-x", python), "&&",
+                             argv(python, "-c", 'import platform; print("python", platform.python_version())'),
+                             "2>/dev/null", "||", "true")
 
     @staticmethod
     def default() -> None:
@@ -54,14 +53,10 @@ class MiniforgeInstall(FactBase):
     """The Miniforge at ``root``: None when ``{root}/bin/conda`` is absent, else
     ``{"conda": True, "version": <the Miniforge version vllm-fleet recorded, or None>}``."""
 
-    def command(self, root: str) -> str:
+    def command(self, root: str) -> StringCommand:
         root = root.rstrip("/")
-        conda = shlex.quote(f"{root}/bin/conda")
-        marker = shlex.quote(f"{root}/{MINIFORGE_MARKER}")
-        return (
-            f"if test -x {conda}; then echo conda=yes; "
-            f"echo version=$(cat {marker} 2>/dev/null); fi; true"
-        )
+        return argv("sh", "-c", 'if test -x "$1"; then echo conda=yes; echo version=$(cat "$2" 2>/dev/null); fi; true',
+                    "miniforge", f"{root}/bin/conda", f"{root}/{MINIFORGE_MARKER}")
 
     @staticmethod
     def default() -> None:

@@ -45,19 +45,21 @@ Example (deploys/serve.py)::
 
 from __future__ import annotations
 
-import shlex
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from pyinfra import host
-from pyinfra.api import deploy
+from pyinfra.api import StringCommand, deploy
 from pyinfra.api.exceptions import DeployError
 from pyinfra.operations import files, python, systemd
 from pyinfra.operations.util import any_changed
 
+from vllm_fleet.host import programs
+from vllm_fleet.host.programs import argv as cmd
 from vllm_fleet.roles.common import as_root, put_rendered
+from vllm_fleet.roles.vllm.facts import parse_probe
 from vllm_fleet.render import command
 from vllm_fleet.render import files as render
 
@@ -119,25 +121,11 @@ def compare_versions(versions: dict[str, dict[str, str | None]]) -> str | None:
     return ("Ray nodes differ in versions (all nodes need the same Python, Ray and vLLM): " + "; ".join(diffs))
 
 
-_VERSIONS_PY = """import importlib.metadata as m, platform, sys
-print("python=" + platform.python_version())
-for n in sys.argv[1:]:
-    try:
-        print(n + "=" + m.version(n))
-    except m.PackageNotFoundError:
-        print(n + "=")
-"""
-
-
 def _collect_versions(py: str, names: list[str], cluster: dict[str, Any]) -> None:
     """Execute time, on each node: record its versions for :func:`_check_versions`."""
-    ok, out = host.run_shell_command(f"{shlex.quote(py)} -c {shlex.quote(_VERSIONS_PY)} {' '.join(shlex.quote(n) for n in names)}")
+    ok, out = host.run_shell_command(programs.python(py, "env_probe.py", *(f"dist:{n}" for n in names)))
     lines = getattr(out, "stdout_lines", []) if ok else []
-    vals: dict[str, str | None] = {}
-    for line in lines:
-        k, sep, v = line.strip().partition("=")
-        if sep:
-            vals[k] = v or None
+    vals = {**parse_probe(lines, "python"), **parse_probe(lines, "dist")} if lines else {}
     if not vals:
         raise RuntimeError(f"{host.name}: could not read versions with {py}")
     cluster["versions"][host.name] = vals
@@ -156,7 +144,7 @@ def _wait_cluster(py: str, script: str, user: str, env: dict[str, str], args: li
     argv = ["runuser", "-u", user, "--", "env", *[f"{k}={v}" for k, v in env.items()], py, script, *args,
             "--timeout", str(timeout), "--interval", "3"]
     t0 = time.monotonic()
-    ok, out = host.run_shell_command(" ".join(shlex.quote(a) for a in argv) + " 2>&1", **as_root(),
+    ok, out = host.run_shell_command(StringCommand(cmd(*argv), "2>&1"), **as_root(),
                                      _timeout=timeout + 120)
     text = "\n".join(getattr(out, "stdout_lines", []) or [])
     if not ok:
@@ -256,7 +244,7 @@ def install_ray(spec: dict[str, Any], node: Any, layout: Any, rendered: dict[str
     if role == "head":
         wait_env = {k: v for k, v in command.vllm_env(spec).items() if k.startswith("RAY_")}
         nodes = int(par["nodes"])
-        gpus = nodes * int(spec["hardware"].get("gpus_per_node", 1))
+        gpus = nodes * int(spec["hardware"]["gpus_per_node"])
         expect = []
         for n in ray_nodes:
             expect += ["--expect", str(n.private)]

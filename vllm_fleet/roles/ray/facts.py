@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import shlex
 
-from pyinfra.api import FactBase
+from pyinfra.api import FactBase, StringCommand
+
+from vllm_fleet.host.programs import argv
 
 
 def parse_ipv4_interfaces(lines: list[str]) -> dict[str, list[str]]:
@@ -21,8 +22,8 @@ def parse_ipv4_interfaces(lines: list[str]) -> dict[str, list[str]]:
 class Ipv4Interfaces(FactBase):
     """``{ifname: [IPv4 address, ...]}`` of the host (``ip -o -4 addr show``)."""
 
-    def command(self) -> str:
-        return "ip -o -4 addr show"
+    def command(self) -> StringCommand:
+        return StringCommand("ip", "-o", "-4", "addr", "show")
 
     def requires_command(self) -> str:
         return "ip"
@@ -38,8 +39,8 @@ class Ipv4Interfaces(FactBase):
 class SystemdActive(FactBase):
     """``systemctl is-active UNIT`` (``active``, ``inactive``, ``failed``, ...)."""
 
-    def command(self, unit: str) -> str:
-        return f"systemctl is-active {shlex.quote(unit)} || true"
+    def command(self, unit: str) -> StringCommand:
+        return StringCommand(argv("systemctl", "is-active", unit), "||", "true")
 
     @staticmethod
     def default() -> str:

@@ -36,7 +36,6 @@ Example (deploys/rollout.py)::
 
 from __future__ import annotations
 
-import shlex
 import time
 from typing import Any
 
@@ -44,41 +43,18 @@ from pyinfra import host, logger
 from pyinfra.api import deploy
 from pyinfra.operations import python
 
+from vllm_fleet.host import programs
 from vllm_fleet.roles.common import as_root, put_rendered
 from vllm_fleet.render import command
 from vllm_fleet.render import files as render
 
 from .defaults import DEFAULTS
 
-__all__ = ["upstream", "drain", "smoke_replica", "reload_and_wait_script", "parse_metrics", "SMOKE_PY", "DEFAULTS"]
+__all__ = ["upstream", "drain", "smoke_replica", "parse_metrics", "DEFAULTS"]
 
 
 # ----------------------------------------------------------------------------------------------
 # Pure helpers (tested without hosts)
-
-
-def reload_and_wait_script(timeout: float, interval: float) -> str:
-    """A bash script: remember nginx's worker PIDs, reload, wait until they have all exited.
-
-    Prints ``drained <seconds>`` or ``timeout <seconds> <pids left>``; fails when ``nginx -t``
-    does (nothing reloaded then).
-    """
-    return f"""set -e
-nginx -t -q
-master=$(cat /run/nginx.pid)
-old=$(pgrep -P "$master" | tr '\\n' ' ')
-systemctl reload nginx
-start=$(date +%s.%N)
-while :; do
-  left=""
-  for p in $old; do [ -d /proc/$p ] && left="$left $p"; done
-  now=$(date +%s.%N)
-  el=$(echo "$now - $start" | awk '{{print $1 - $3}}')
-  if [ -z "$left" ]; then echo "drained $el"; exit 0; fi
-  if awk -v e="$el" -v t={float(timeout)} 'BEGIN {{exit !(e >= t)}}'; then echo "timeout $el$left"; exit 0; fi
-  sleep {float(interval)}
-done
-"""
 
 
 def parse_metrics(text: str, names: tuple[str, ...] = ("vllm:num_requests_running", "vllm:num_requests_waiting")) -> dict[str, float]:
@@ -100,49 +76,6 @@ def parse_metrics(text: str, names: tuple[str, ...] = ("vllm:num_requests_runnin
     return out
 
 
-#: Runs on the replica's host as root with the deployment's Python (stdlib only): argv is
-#: PORT MODEL SECRETS_ENV MAX_TOKENS TIMEOUT; prints what it checked; exit 1 naming the failure.
-SMOKE_PY = r'''
-import json, sys, time, urllib.request
-port, model, secrets, max_tokens, timeout = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), float(sys.argv[5])
-key = None
-for line in open(secrets):
-    if line.startswith("VLLM_API_KEY="):
-        key = line.split("=", 1)[1].strip().strip("'\"")
-base = f"http://127.0.0.1:{port}"
-hdr = {"Content-Type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {})}
-def req(path, body=None):
-    r = urllib.request.Request(base + path, data=json.dumps(body).encode() if body else None, headers=hdr)
-    return urllib.request.urlopen(r, timeout=timeout)
-def fail(msg):
-    print("FAIL " + msg); sys.exit(1)
-try:
-    with req("/health") as r:
-        if r.status != 200: fail(f"GET /health -> {r.status}")
-    with req("/v1/models") as r:
-        ids = [m["id"] for m in json.load(r)["data"]]
-    if model not in ids: fail(f"GET /v1/models: {model} not in {ids}")
-    msg = [{"role": "user", "content": "Say hello."}]
-    t0 = time.monotonic()
-    with req("/v1/chat/completions", {"model": model, "messages": msg, "max_tokens": max_tokens}) as r:
-        body = json.load(r)
-    if not body["choices"][0]["message"].get("content") or not body["usage"]["completion_tokens"]:
-        fail(f"chat: no content: {json.dumps(body)[:300]}")
-    chat_ms = (time.monotonic() - t0) * 1000
-    events, done = 0, False
-    with req("/v1/chat/completions", {"model": model, "messages": msg, "max_tokens": max_tokens, "stream": True}) as r:
-        for raw in r:
-            line = raw.decode().strip()
-            if line.startswith("data:"):
-                events += 1
-                done = done or line[5:].strip() == "[DONE]"
-    if not done: fail(f"stream: {events} events, no [DONE]")
-    print(f"PASS replica {base}: health 200, models {ids}, chat {chat_ms:.0f} ms, stream {events} events ending in [DONE]")
-except Exception as exc:
-    fail(f"{type(exc).__name__}: {exc}")
-'''
-
-
 def _say(text: str) -> None:
     """What a step saw, in pyinfra's output (vllm-fleet rollout shows these lines per step)."""
     logger.info(f"    [{host.name}] {text}")
@@ -154,7 +87,7 @@ def _say(text: str) -> None:
 
 def _reload_and_wait(timeout: float, interval: float) -> None:
     t0 = time.monotonic()
-    ok, out = host.run_shell_command(f"bash -c {shlex.quote(reload_and_wait_script(timeout, interval))}", **as_root(),
+    ok, out = host.run_shell_command(programs.shell("nginx_reload_wait.sh", float(timeout), float(interval), interpreter="bash"), **as_root(),
                                      _timeout=int(timeout) + 60)
     lines = [line.strip() for line in (getattr(out, "stdout_lines", []) or []) + (getattr(out, "stderr_lines", []) or [])]
     if not ok:
@@ -170,7 +103,7 @@ def _wait_idle(port: int, timeout: float, interval: float) -> None:
     t0 = time.monotonic()
     last = "no answer"
     while True:
-        ok, out = host.run_shell_command(f"curl -s --max-time 5 http://127.0.0.1:{int(port)}/metrics", **as_root())
+        ok, out = host.run_shell_command(programs.argv("curl", "-s", "--max-time", "5", f"http://127.0.0.1:{int(port)}/metrics"), **as_root())
         text = "\n".join(getattr(out, "stdout_lines", []) or [])
         try:
             m = parse_metrics(text) if ok else None
@@ -193,13 +126,13 @@ def _wait_idle(port: int, timeout: float, interval: float) -> None:
 
 def _smoke(py: str, port: int, model: str, secrets: str, max_tokens: int, timeout: float, journal_lines: int,
            unit: str = "vllm.service") -> None:
-    argv = [py, "-c", SMOKE_PY, str(port), model, secrets, str(max_tokens), str(timeout)]
-    ok, out = host.run_shell_command(" ".join(shlex.quote(a) for a in argv), **as_root(), _timeout=int(timeout * 3) + 30)
+    smoke = programs.python(py, "replica_smoke.py", port, model, secrets, max_tokens, timeout)
+    ok, out = host.run_shell_command(smoke, **as_root(), _timeout=int(timeout * 3) + 30)
     lines = [line for line in (getattr(out, "stdout_lines", []) or []) + (getattr(out, "stderr_lines", []) or [])]
     if ok:
         _say(lines[-1] if lines else "replica smoke test passed")
         return
-    _, j = host.run_shell_command(f"journalctl -u {shlex.quote(unit)} -n {int(journal_lines)} --no-pager -o cat", **as_root())
+    _, j = host.run_shell_command(programs.argv("journalctl", "-u", unit, "-n", int(journal_lines), "--no-pager", "-o", "cat"), **as_root())
     tail = "\n".join(getattr(j, "stdout_lines", []) or [])
     raise RuntimeError(f"{host.name}: the replica's own smoke test failed: {' | '.join(lines[-5:])}\n"
                        f"Last {journal_lines} journal lines of {unit}:\n{tail}")

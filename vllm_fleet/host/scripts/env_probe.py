@@ -1,5 +1,5 @@
 """What a deploy needs to know of a Python env, read by that env's own python (standard library
-only; run on the host by vllm_fleet/roles/common/host_state.sh through the HostState fact).
+only; run on the host by vllm_fleet/host/scripts/host_state.sh through the HostState fact).
 
     python env_probe.py dist:NAME ... file:RELPATH ...
 
