@@ -154,6 +154,12 @@ def test_wheelhouse_wins_over_fleet(harness, fake_fleet, tmp_path):
     assert not fake_fleet["ensure"]
     pip = next(a for a in argvs(run) if "install" in a and "pip" in a)
     assert "--no-index" in pip and pip[pip.index("--find-links") + 1].endswith("/wheelhouse")
+    # install-time only: removed from the prefix once the install is verified (issue 24), unless asked
+    wheels = pip[pip.index("--find-links") + 1]
+    assert run.commands[-1] == f"rm -rf {wheels}" and run.index("verify_vllm") < len(run.commands) - 1
+    kept = harness.run(install_vllm, spec_of(wheelhouse=str(own), installer="pip"), facts={DistVersions: {}},
+                       data={"vllm_keep_wheelhouse": True})
+    assert not any(c.startswith("rm -rf") and c.endswith("/wheelhouse") for c in kept.commands)
 
 
 def test_uv_command_parses_in_bash(harness):

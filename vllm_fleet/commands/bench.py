@@ -7,8 +7,8 @@ file on that host. Prints progress and a table; writes ``bench.json`` (the spec,
 version, GPU and driver read from the host (none on a CPU host: said so), time, every run) and
 the report (``report.html``, self-contained, inline SVG; PNG plots with the ``bench`` extra).
 
-The host side is :mod:`vllm_fleet.serving.benchhost` (a file sent over SSH with the inventory's
-connection data: vLLM imported once, one JSON request per line). Core module: no pyinfra.
+The host side is :mod:`vllm_fleet.serving.benchhost` (a file streamed through the one transport,
+vllm_fleet.host.transport: vLLM imported once, one JSON request per line).
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ import argparse
 import hashlib
 import json
 import os
-import subprocess
 import sys
 import threading
 import time
@@ -25,7 +24,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 from vllm_fleet.render import command
-from vllm_fleet.host.fleetview import FleetView, fleet_view, remote, spec_for
+from vllm_fleet.host.fleetview import FleetView, fleet_view, spec_for
+from vllm_fleet.host.programs import argv
+from vllm_fleet.host.transport import HostError, Transport
 
 HOST_SCRIPT = Path(__file__).resolve().parents[1] / "serving" / "benchhost.py"
 BOOTSTRAP = ("import json,sys; d=json.loads(sys.stdin.readline()); "
@@ -39,15 +40,21 @@ class BenchError(Exception):
 
 
 class HostSession:
-    """One SSH session to :mod:`vllm_fleet.serving.benchhost` on a host: ``call(op, **args) -> dict``."""
+    """One session to :mod:`vllm_fleet.serving.benchhost` on a host, through the one transport
+    (vllm_fleet.host.transport: pyinfra's connector for the host, @local included):
+    ``call(op, **args) -> dict``."""
 
     def __init__(self, view: FleetView, host: str, resolved: dict[str, Any], key: str | None,
-                 say: Callable[[str], None] = print, popen: Callable[..., Any] = subprocess.Popen):
+                 say: Callable[[str], None] = print, transport: Transport | None = None):
         cfg = {"key": key, "model": resolved["model"]["served_name"], "tokenizer": served_tokenizer(resolved),
                "vllm": command.env_bin(resolved, "vllm")}
-        argv = [*view.ssh_argv(host), remote([*view.sudo(host), command.env_python(resolved), "-u", "-c", BOOTSTRAP])]
         self.host, self.say = host, say
-        self.p = popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1)
+        self._own = transport is None
+        self.transport = transport or Transport(view.hosts)
+        try:
+            self.p = self.transport.session(host, argv(command.env_python(resolved), "-u", "-c", BOOTSTRAP))
+        except HostError as exc:
+            raise BenchError(str(exc)) from None
         self.err: list[str] = []
         self._t = threading.Thread(target=self._drain_stderr, daemon=True)
         self._t.start()
@@ -55,8 +62,11 @@ class HostSession:
         self.p.stdin.flush()
         first = self.p.stdout.readline()
         if not first.strip().startswith('{"ready"'):
-            self.p.wait(timeout=30)
-            raise BenchError(f"{host}: the benchmark helper did not start ({' '.join(argv[:1])} ... rc {self.p.returncode}): "
+            try:
+                self.p.wait(timeout=30)
+            except Exception:
+                self.p.kill()
+            raise BenchError(f"{host}: the benchmark helper did not start (rc {self.p.returncode}): "
                              + "".join(self.err[-15:]).strip()[-1500:] + f"\n  fix: is the deployment installed there ({command.env_python(resolved)})?")
 
     def _drain_stderr(self) -> None:
@@ -79,6 +89,8 @@ class HostSession:
             self.p.wait(timeout=30)
         except Exception:
             self.p.kill()
+        if self._own:
+            self.transport.close()
 
 
 def served_tokenizer(resolved: dict[str, Any]) -> str:

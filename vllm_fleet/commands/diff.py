@@ -4,7 +4,7 @@ Per host of the deployment(s) (the same inputs and checks as `vllm-fleet deploy`
 contacted when they fail):
 
 * files: every file rendered for the host (``render.render(resolved, inventory)``) against the
-  one on the host, read over SSH with the inventory's connection data (fabric, like `status`):
+  one on the host, read through the one transport (vllm_fleet.host.transport: pyinfra's connector):
   a unified diff, or "new" when it is missing, plus mode/owner changes. Files that hold a secret
   (:func:`vllm_fleet.render.secrets.host_secret_files`: the API key's env file and nginx include, the
   TLS key) are compared by sha256 only: "secret differs", never their text;
@@ -16,7 +16,7 @@ contacted when they fail):
 Exit codes (those of diff(1)): 0 nothing would change; 1 something would change; 2 the inputs
 have a problem (nothing contacted), a host could not be read, or usage.
 
-Core module: no pyinfra import (its CLI runs as a subprocess).
+Core module: pyinfra's connectors only through vllm_fleet.host.transport (its CLI runs as a subprocess).
 """
 
 from __future__ import annotations
@@ -127,15 +127,14 @@ def parse_read(out: str, paths: list[str], units: list[str]) -> tuple[dict[str, 
 
 
 def read_host(address: str, data: dict[str, Any], script: str) -> str:
-    from vllm_fleet.commands.status import connection
+    """The read script's output from the host at ``address`` (``@local`` included), through the
+    one transport (vllm_fleet.host.transport: pyinfra's connector for that host)."""
+    from vllm_fleet.host.programs import argv
+    from vllm_fleet.host.transport import Transport
 
-    conn = connection(address, data)
-    try:
-        sudo = data.get("ssh_user", "root") != "root"
-        r = (conn.sudo if sudo else conn.run)(f"bash -c {shlex.quote(script)}", hide=True, warn=True, timeout=60)
-        return r.stdout
-    finally:
-        conn.close()
+    with Transport({address: {"address": address, "data": data}}) as t:
+        r = t.run(address, argv("bash", "-c", script), timeout=60)
+    return r.stdout
 
 
 def compare(host: str, d: Deployment, remote: dict[str, dict[str, Any] | None], states: dict[str, tuple[str, str]]) -> HostDiff:

@@ -1,101 +1,81 @@
 """`vllm-fleet status INVENTORY`: one row per vLLM instance (as the layout puts the spec on the
-inventory): its unit's state, the installed vLLM version, the served model and health, read over
-SSH in parallel (fabric, one connection per host), independent of pyinfra.
+inventory): its unit's state, the installed vLLM version, the served model and health, read by
+vllm_fleet/host/scripts/status_probe.py on every host at once through the one transport
+(vllm_fleet.host.transport: pyinfra's connectors, so @local and SSH hosts alike). A unit in a
+crash loop (systemd's auto-restart, or active again only moments after a restart) is failing even
+when something answers on its port; any row that is not "ok" makes the exit code 1.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
-import shlex
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from vllm_fleet.spec.inventory import InventoryError, load_inventory
 
 
-
-def _probe_script(resolved: dict[str, Any], instances: list[Any] | None = None) -> str:
-    """A bash script printing ``key=value`` lines; with several instances, ``[N]`` before each
-    instance's lines."""
-    prefix = resolved["install"]["prefix"]
-    pkg = resolved["install"]["vllm_package"]
-    py = f"{prefix}/env/bin/python"
-    lines = [f"echo version=$({shlex.quote(py)} -c {shlex.quote(f'import importlib.metadata as m; print(m.version({pkg!r}))')} 2>/dev/null || echo none)"]
-    for inst in instances or [None]:
-        unit = inst.unit if inst else "vllm.service"
-        port = inst.port if inst else resolved["server"]["port"]
-        if inst is not None:
-            lines.append(f"echo '[{inst.index}]'")
-        lines += [
-            f"echo unit=$(systemctl is-active {unit} 2>/dev/null || true)",
-            f"echo enabled=$(systemctl is-enabled {unit} 2>/dev/null || true)",
-            f"echo health=$(curl -s -o /dev/null -w '%{{http_code}}' --max-time 5 http://127.0.0.1:{port}/health || true)",
-            f"echo models=$(curl -s --max-time 5 -H \"Authorization: Bearer $(sed -n 's/^VLLM_API_KEY=//p' {resolved['install']['config_dir']}/secrets.env 2>/dev/null)\" "
-            f"http://127.0.0.1:{port}/v1/models | tr -d '\\n' | head -c 2000)",
-        ]
-    return "; ".join(lines)
+#: a unit that became active less than this many seconds ago after a restart is in a crash loop
+#: (systemd restarts it every RestartSec: it is "active" for moments between the failures)
+RECENT_RESTART_S = 120
 
 
-def connection(address: str, data: dict[str, Any]) -> Any:
-    """A fabric Connection with the inventory's SSH data (ssh_user, ssh_key, ssh_port, host-key checking)."""
-    from fabric import Connection
+def probe_command(resolved: dict[str, Any], instances: list[Any]) -> Any:
+    """The status probe (vllm_fleet/host/scripts/status_probe.py, the system python3) for these instances."""
+    from vllm_fleet.host.programs import python
+    from vllm_fleet.render import command
+    from vllm_fleet.render.files import paths
 
-    kwargs: dict[str, Any] = {}
-    if data.get("ssh_key"):
-        kwargs["key_filename"] = os.path.expanduser(data["ssh_key"])
-    conn = Connection(address, user=data.get("ssh_user", "root"), port=data.get("ssh_port", 22),
-                      connect_timeout=10, connect_kwargs=kwargs)
-    # Host keys are new on every lab bring-up; the inventory says whether to check them.
-    if data.get("ssh_strict_host_key_checking", "yes") in ("no", False, "off"):
-        from paramiko import AutoAddPolicy
-
-        conn.client.set_missing_host_key_policy(AutoAddPolicy())
-    elif data.get("ssh_known_hosts_file") and os.path.isfile(os.path.expanduser(data["ssh_known_hosts_file"])):
-        conn.client.load_host_keys(os.path.expanduser(data["ssh_known_hosts_file"]))
-    return conn
+    return python("python3", "status_probe.py", command.env_python(resolved), resolved["install"]["vllm_package"],
+                  paths(resolved)["secrets_env"], *(f"{i.unit}:{i.port}" for i in instances))
 
 
-def _parse(stdout: str) -> dict[str, dict[str, Any]]:
-    """{index or "": {key: value}}: the script's output, per instance."""
-    out: dict[str, dict[str, Any]] = {"": {}}
-    cur = ""
-    for line in stdout.splitlines():
-        if line.startswith("[") and line.endswith("]"):
-            cur = line[1:-1]
-            out[cur] = {}
-            continue
-        key, _, value = line.partition("=")
-        out[cur][key] = value
-    return out
+def judge(inst: dict[str, Any]) -> tuple[str, str]:
+    """(unit column, health column) of one instance as status_probe.py read it: a crash loop
+    (systemd's auto-restart between failures, or active again only moments after a restart) is
+    failing, whatever answers on the port; healthy is an active unit whose /health says 200."""
+    active, sub, restarts = inst.get("active") or "unknown", inst.get("sub") or "", int(inst.get("restarts") or 0)
+    unit = active if sub in ("", "running", "exited") or active == sub else f"{active} ({sub})"
+    since = inst.get("active_for_s")
+    looping = sub == "auto-restart" or (active == "activating" and restarts > 0) or (
+        active == "active" and restarts > 0 and since is not None and since < RECENT_RESTART_S)
+    if inst.get("load") == "not-found":
+        return "not-found", "down (no unit)"
+    if looping:
+        return unit, f"failing (crash loop: {restarts} restarts)"
+    if active != "active":
+        return unit, f"failing ({active})"
+    code = inst.get("health")
+    return unit, "ok" if code == 200 else f"down ({code or 'no answer'})"
 
 
-def probe_host(name: str, info: dict[str, Any], script: str) -> list[dict[str, Any]]:
-    data = info["data"]
-    conn = connection(info["address"], data)
-    sudo = data.get("ssh_user", "root") != "root"
-    rows: list[dict[str, Any]] = []
-    try:
-        r = (conn.sudo if sudo else conn.run)(f"bash -c {shlex.quote(script)}", hide=True, warn=True, timeout=60)
-        parsed = _parse(r.stdout)
-        common = parsed.pop("")
-        for index, values in (parsed or {"": common}).items():
-            out: dict[str, Any] = {"host": name, "address": info["address"], **common, **values}
-            if index != "":
-                out["instance"] = f"{name}:{index}"
-            try:
-                out["models"] = [m["id"] for m in json.loads(out.get("models") or "{}").get("data", [])]
-            except ValueError:
-                out["models"] = []
-            out["health"] = "ok" if out.get("health") == "200" else f"down ({out.get('health') or 'no answer'})"
-            rows.append(out)
-    except Exception as exc:  # unreachable host, bad key: report, go on with the others
-        rows.append({"host": name, "address": info["address"], "error": f"{type(exc).__name__}: {exc}"})
-    finally:
-        conn.close()
-    return rows
+def probe_hosts(resolved: dict[str, Any], hosts: dict[str, dict[str, Any]], servers: dict[str, list[Any]]) -> list[dict[str, Any]]:
+    """One row per instance, every host at once through the one transport; an unreachable host
+    is one row with ``error``."""
+    from vllm_fleet.host.transport import HostError, Transport
+
+    def one(name: str) -> list[dict[str, Any]]:
+        base = {"host": name, "address": hosts[name]["address"]}
+        try:
+            r = t.run(name, probe_command(resolved, servers[name]), timeout=90)
+            doc = json.loads(r.stdout.strip().splitlines()[-1])
+        except HostError as exc:
+            return [{**base, "error": str(exc)}]
+        except (ValueError, IndexError):
+            return [{**base, "error": f"the status probe printed no result: {(r.stderr or r.stdout).strip()[-300:]}"}]
+        rows = []
+        for i, inst in zip(servers[name], doc["instances"]):
+            unit, health = judge(inst)
+            rows.append({**base, "instance": f"{name}:{i.index}", "unit": unit, "enabled": inst.get("enabled") or "-",
+                         "restarts": inst.get("restarts"), "version": doc.get("version") or "none", "health": health,
+                         "models": inst.get("models") or []})
+        if len(rows) == 1 and servers[name][0].index == 0:
+            rows[0].pop("instance")
+        return rows
+
+    with Transport({n: hosts[n] for n in servers}) as t:
+        return [row for rows in t.map(one, servers) for row in rows]
 
 
 def status_main(args: argparse.Namespace) -> int:
@@ -134,18 +114,16 @@ def status_main(args: argparse.Namespace) -> int:
     if not servers:
         print(f"vllm-fleet status: {args.inventory}: no vLLM instance of {resolved['name']} in the layout", file=sys.stderr)
         return 1
-    with ThreadPoolExecutor(max_workers=min(16, len(servers))) as pool:
-        per_host = list(pool.map(lambda item: probe_host(item[0], hosts[item[0]], _probe_script(resolved, item[1])), servers.items()))
-    rows = [r for rs in per_host for r in rs]
+    rows = probe_hosts(resolved, hosts, servers)
     if args.json:
         print(json.dumps(rows, indent=2))
     else:
-        print(f"{'instance':<14} {'address':<15} {'unit':<10} {'enabled':<9} {'vllm':<12} {'health':<14} models")
+        print(f"{'instance':<14} {'address':<15} {'unit':<24} {'enabled':<9} {'vllm':<12} {'health':<32} models")
         for r in rows:
             label = r.get("instance", r["host"])
             if "error" in r:
                 print(f"{label:<14} {r['address']:<15} UNREACHABLE: {r['error']}")
                 continue
-            print(f"{label:<14} {r['address']:<15} {r.get('unit', '?'):<10} {r.get('enabled', '?'):<9} {r.get('version', '?'):<12} {r['health']:<14} {','.join(r['models']) or '-'}")
+            print(f"{label:<14} {r['address']:<15} {r.get('unit', '?'):<24} {r.get('enabled', '?'):<9} {r.get('version', '?'):<12} {r['health']:<32} {','.join(r['models']) or '-'}")
     bad = [r for r in rows if "error" in r or r.get("health") != "ok"]
     return 1 if bad else 0

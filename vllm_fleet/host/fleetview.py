@@ -1,10 +1,10 @@
 """Which vLLM instances of a deployment are replicas, which hosts are its proxies, the instances'
-units, ports and files, and how to reach a host over SSH: read from the per-host layout
+units, ports and files: read from the per-host layout
 (:func:`vllm_fleet.render.layout.build`), never from group names or fixed names.
 
     view = fleet_view(resolved, inventory)      # inventory: vllm_fleet.spec.inventory.load_inventory()
     rep = view.replicas[0]; rep.id ("lab1:0"), rep.unit, rep.port, rep.env_file, rep.host
-    view.replica("lab1") (its first instance) / view.replica("lab1:1"); view.proxies; view.ssh_argv("lab3")
+    view.replica("lab1") (its first instance) / view.replica("lab1:1"); view.proxies
 
 A replica is one vLLM instance (one ``vllm-NAME-N.service``, port ``server.port + N``); a host may
 run several. A proxy is a host where the layout places this deployment's nginx site. A tune takes
@@ -16,14 +16,9 @@ Core module: no pyinfra.
 
 from __future__ import annotations
 
-import os
-import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
-
-#: pyinfra's local connector: the host is the machine the command runs on
-LOCAL = "@local"
 
 
 @dataclass(frozen=True)
@@ -58,19 +53,6 @@ class FleetView:
         if ":" in name:
             return next((r for r in self.replicas if r.id == name), None)
         return next((r for r in self.replicas if r.host == name), None)
-
-    def ssh_argv(self, host: str) -> list[str]:
-        """The argv prefix that runs one command line on ``host``: OpenSSH, or a local shell for
-        pyinfra's ``@local`` (the control machine is that host, e.g. a GPU machine deploying to
-        itself: it may have no sshd, and the deploy reached it without one)."""
-        if host == LOCAL:
-            return ["sh", "-c"]
-        return ssh_argv(self.hosts.get(host) or {"address": host, "data": {}})
-
-    def sudo(self, host: str) -> list[str]:
-        data = (self.hosts.get(host) or {}).get("data") or {}
-        user = data.get("ssh_user") or os.environ.get("USER", "root")
-        return [] if user == "root" else ["sudo", "-n"]
 
 
 def instance_files(resolved: dict[str, Any], inventory: dict[str, dict[str, Any]], replica: Replica) -> dict[str, Any]:
@@ -121,27 +103,3 @@ def spec_for(inventory: str, spec: str | None) -> str:
     if len(found) != 1:
         raise ValueError(f"the inventory's hosts name {len(found)} specs ({', '.join(sorted(found))}): give one with --spec")
     return found.pop()
-
-
-def ssh_argv(h: dict[str, Any]) -> list[str]:
-    """OpenSSH argv for an inventory host ({address, data}) from pyinfra's connection data."""
-    data = h.get("data") or {}
-    argv = ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10", "-o", "LogLevel=ERROR", "-o", "ServerAliveInterval=15"]
-    if data.get("ssh_key"):
-        argv += ["-i", os.path.expanduser(str(data["ssh_key"]))]
-    if data.get("ssh_port"):
-        argv += ["-p", str(data["ssh_port"])]
-    if data.get("ssh_known_hosts_file"):
-        argv += ["-o", f"UserKnownHostsFile={os.path.expanduser(str(data['ssh_known_hosts_file']))}"]
-    strict = data.get("ssh_strict_host_key_checking")
-    if strict is not None:
-        argv += ["-o", f"StrictHostKeyChecking={'yes' if strict in (True, 'yes') else 'no' if strict in (False, 'no') else strict}"]
-    user = data.get("ssh_user")
-    addr = str(data.get("ssh_hostname") or h.get("address"))
-    argv.append(f"{user}@{addr}" if user else addr)
-    return argv
-
-
-def remote(argv: list[str]) -> str:
-    """A remote command line (what ssh sends to the login shell), every argument quoted."""
-    return " ".join(shlex.quote(a) for a in argv)

@@ -121,7 +121,14 @@ def remove_deployment(spec: dict[str, Any], rendered: dict[str, Any], purge: boo
         with op_per(x):
             removed[x] = files.file(name=f"Remove {x}", path=x, present=False)
     if units:
-        systemd.daemon_reload(name="systemd daemon-reload (units removed)", _if=any_changed(*(removed[u] for u in units)))
+        gone = any_changed(*(removed[u] for u in units))
+        systemd.daemon_reload(name="systemd daemon-reload (units removed)", _if=gone)
+        # a unit that had failed (a crash loop) stays listed "not-found failed" after its file is
+        # gone, and the host "degraded": systemd forgets it only after reset-failed
+        names = [u[len(UNIT_DIR):] for u in units]
+        with op_per("systemctl reset-failed"):
+            server.shell(name="systemctl reset-failed (the removed units)",
+                         commands=[StringCommand(cmd("systemctl", "reset-failed", *names), "2>/dev/null", "||", "true")], _if=gone)
     for _, unit_path, table in firewalls():
         if unit_path in owned:  # its stop deleted the table, unless it was not running
             with op_per(table):
@@ -148,7 +155,16 @@ def remove_deployment(spec: dict[str, Any], rendered: dict[str, Any], purge: boo
         for d in sorted({ins["prefix"], ins["state_dir"], spec["model"]["path"], cfg}):
             with op_per(d):
                 files.directory(name=f"Remove {d} (purge)", path=d, present=False)
-    elif in_cfg:  # it held only this deployment's rendered files
+    else:
+        # what only an install needs (uploaded wheels, uv's cache): never kept after down; the
+        # environment itself stays (vllm_fleet_purge removes it)
+        from vllm_fleet.roles.vllm import defaults as vd
+
+        prefix = spec["install"]["prefix"].rstrip("/")
+        for sub in (vd.WHEELHOUSE_SUBDIR, vd.FIND_LINKS_SUBDIR, vd.UV_CACHE_SUBDIR):
+            with op_per(f"{prefix}/{sub}"):
+                files.directory(name=f"Remove {prefix}/{sub} (install-time only)", path=f"{prefix}/{sub}", present=False)
+    if not purge and in_cfg:  # it held only this deployment's rendered files
         server.shell(name=f"Remove {cfg} if empty", commands=[cmd("rmdir", "--ignore-fail-on-non-empty", cfg)],
                      _if=any_changed(*in_cfg))
     if not owned and not purge:

@@ -345,6 +345,11 @@ def install_vllm(spec: dict[str, Any]) -> list:
         commands.append(cmd(py, "-m", "pip", "uninstall", "-y", "--disable-pip-version-check", *d.CPU_REMOVE))
         commands.append(python(py, "write_site_files.py", json.dumps(dist_info_files(ins["vllm_version"]), sort_keys=True)))
     commands.append(python(py, "verify_vllm.py", ins["vllm_package"], ins["vllm_version"]))
+    # the uploaded wheels are install-time only: not kept in the prefix unless asked (an install
+    # that needs them again uploads them again)
+    uploaded = [x for x in (find_links, None if trusted_host else wheelhouse) if x and x.startswith(prefix + "/")]
+    if uploaded and not host.data.get("vllm_keep_wheelhouse"):
+        commands.append(cmd("rm", "-rf", *uploaded))
     op = server.shell(
         name=(f"pip install {' '.join(reqs)}" if reqs else "CPU build fixes")
         + (" (+ CPU build fixes)" if reqs and ins["accelerator"] == "cpu" else ""),

@@ -24,6 +24,10 @@ DEFAULTS = {
     # duration) and hosts install from http://ADDRESS:PORT/<key>/. None: the wheelhouse is
     # uploaded to each host over SSH instead. The lab sets its bridge's address.
     "vllm_wheel_serve_address": None,
+    # Keep the wheels uploaded for an install ({prefix}/wheelhouse, {prefix}/find-links) on the
+    # host after it. False: removed once the install is verified (they are install-time only; an
+    # install that needs them again uploads them again). uv's cache is always removed.
+    "vllm_keep_wheelhouse": False,
 }
 
 # Where uploaded wheel directories land, under install.prefix.
