@@ -18,25 +18,7 @@ from vllm_fleet import __version__
 from vllm_fleet.spec.load import Problem
 
 
-def _print_problems(problems: Sequence[Problem], source: str, stream=None) -> None:
-    stream = stream or sys.stderr
-    errors = [p for p in problems if p.severity == "error"]
-    warnings = [p for p in problems if p.severity != "error"]
-    for p in errors + warnings:
-        print(f"{source}: {p.format()}", file=stream)
-    if errors:
-        print(f"{source}: {len(errors)} error(s), {len(warnings)} warning(s); nothing was changed", file=stream)
-
-
-def _load(path: str, *, hardware: bool = True, overrides: dict[str, Any] | None = None) -> tuple[dict[str, Any], list[Problem]]:
-    """Load + check a spec (vllm_fleet.spec.pipeline); print every problem and exit 1 on errors."""
-    from vllm_fleet.spec.pipeline import check
-
-    c = check(path, hardware=hardware, overrides=overrides)
-    if not c.ok:
-        _print_problems(c.problems, path)
-        raise SystemExit(1)
-    return c.resolved, c.problems
+from vllm_fleet.commands.problems import load_checked as _load, print_problems as _print_problems
 
 
 # ---------------------------------------------------------------------------------------------

@@ -79,7 +79,7 @@ def probe_hosts(resolved: dict[str, Any], hosts: dict[str, dict[str, Any]], serv
 
 
 def status_main(args: argparse.Namespace) -> int:
-    from vllm_fleet.commands.cli import _load
+    from vllm_fleet.commands.problems import load_checked as _load
 
     from vllm_fleet.spec.source import SpecSourceError, spec_source
 

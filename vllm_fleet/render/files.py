@@ -34,6 +34,7 @@ from vllm_fleet.render import monitoring
 from vllm_fleet.render.command import RAY_TMPDIR, env_bin, env_paths, env_python, state_env, vllm_argv, vllm_env, world_size_per_node
 from vllm_fleet.render.layout import HOST_DATA_DEFAULTS, SERVICE_PARTS, HostLayout, Instance, Layout, Node, Secret, _cpu_sets, firewall_addresses
 from vllm_fleet.render.secrets import describe as describe_secret
+from vllm_fleet.spec.ports import RAY_FIXED_PORTS, RAY_WORKER_PORTS  # noqa: F401  (the renderer's names too)
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 
@@ -63,21 +64,6 @@ NGINX_UPSTREAM_KEEPALIVE_TIMEOUT = 4
 #: both are explicit; host data `ray_memory_bytes` / `ray_object_store_bytes` override them.
 RAY_MEMORY_BYTES = {"cuda": 16 * 2**30, "cpu": 2 * 2**30}
 RAY_OBJECT_STORE_BYTES = {"cuda": 4 * 2**30, "cpu": 512 * 2**20}
-
-#: Ray's ports besides the GCS port (parallel.ray_port), fixed so that a firewall can name them
-#: (Ray picks most of them at random otherwise). Ray has no authentication: vllm_fleet/roles/ray allows them
-#: only from the cluster's own addresses. Worker processes take one port each from the range.
-RAY_FIXED_PORTS = {
-    "node_manager": 6380,
-    "object_manager": 6381,
-    "runtime_env_agent": 6382,
-    "dashboard_agent_grpc": 6383,
-    "metrics_export": 6384,
-    "dashboard": 8265,          # head only; bound to 127.0.0.1 as well
-    "ray_client_server": 10001,  # head only
-    "dashboard_agent_listen": 52365,
-}
-RAY_WORKER_PORTS = (10002, 10999)
 
 #: nftables tables (one per host, over every deployment there), their rules files and the units
 #: that load them at boot, before vLLM / Ray.

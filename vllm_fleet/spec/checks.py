@@ -12,6 +12,7 @@ import re
 from typing import Any
 
 from vllm_fleet.spec.load import HOST_PATH, Problem, Spec
+from vllm_fleet.spec.ports import RAY_FIXED_PORTS, RAY_WORKER_PORTS
 
 #: The schema's pattern for model.served_name (the name taken from `source` must fit it too).
 SERVED_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}\Z")
@@ -104,8 +105,6 @@ def spec_problems(r: dict[str, Any], spec: Spec | None = None) -> list[Problem]:
     elif par["backend"] == "native":
         add("parallel.backend", "`native` is vLLM's multi-node mode, but parallel.nodes is 1", "use `backend: mp` on one node")
     if par["nodes"] > 1 and par["backend"] == "ray":
-        from vllm_fleet.render.files import RAY_FIXED_PORTS, RAY_WORKER_PORTS
-
         rp, lo, hi = int(par["ray_port"]), *RAY_WORKER_PORTS
         taken = {**{v: f"Ray's {k} port (pinned for the firewall)" for k, v in RAY_FIXED_PORTS.items()},
                  int(srv["port"]): "server.port (vLLM, on the head)"}

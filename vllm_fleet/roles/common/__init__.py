@@ -17,6 +17,8 @@ from pyinfra.api import FileUploadCommand, StringCommand, operation
 from pyinfra.api.exceptions import PyinfraError
 from pyinfra.facts.files import File, Sha256File
 
+from vllm_fleet.host.network import Ipv4Interfaces, detect_ifname
+
 _CACHE: dict[str, Any] = {}
 _GENERATED: dict[Path, str] = {}  # generate: true secrets planned this run ({path: value}), written at execute time
 
@@ -88,8 +90,6 @@ def _detect_ifnames(layout: Any, hosts: dict[str, dict[str, Any]]) -> bool:
     """Multi-node nodes without a configured interface: the one holding the node's private
     address (a fact of that host), into its data. True when anything was filled in."""
     from vllm_fleet.render.layout import SERVICE_PARTS
-    from vllm_fleet.roles.ray import detect_ifname
-    from vllm_fleet.roles.ray.facts import Ipv4Interfaces
 
     filled = False
     for dep, r in layout.deployments.items():

@@ -65,7 +65,7 @@ from vllm_fleet.render import files as render
 
 from . import defaults as d
 from .defaults import DEFAULTS
-from .facts import Ipv4Interfaces, SystemdActive
+from .facts import Ipv4Interfaces, SystemdActive, detect_ifname
 
 __all__ = ["install_ray", "RayResult", "detect_ifname", "compare_versions", "DEFAULTS"]
 
@@ -98,12 +98,6 @@ class RayResult:
 
 # ----------------------------------------------------------------------------------------------
 # Pure helpers (tested without hosts)
-
-
-def detect_ifname(interfaces: dict[str, list[str]], address: str) -> str | None:
-    """The one interface holding ``address`` ({ifname: [ipv4 addresses]}), or None."""
-    found = [name for name, addrs in interfaces.items() if address in addrs]
-    return found[0] if len(found) == 1 else None
 
 
 def compare_versions(versions: dict[str, dict[str, str | None]]) -> str | None:
