@@ -56,3 +56,19 @@ def pyinfra_local(tmp_path: Path, *extra: str, yes: bool = True) -> subprocess.C
     exe = Path(sys.executable).parent / "pyinfra"
     return subprocess.run([str(exe), *(["-y"] if yes else []), *extra, "@local", str(tmp_path / "deploy.py")],
                           cwd=tmp_path, capture_output=True, text=True, timeout=300)
+
+
+def wait_listening(proc: subprocess.Popen, port: int, timeout: float = 10) -> None:
+    """Until something accepts on 127.0.0.1:``port``; fails when ``proc`` (the server) exits first."""
+    import socket
+    import time
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            return
+        except OSError:
+            assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else f"exit {proc.returncode}"
+            assert time.monotonic() < deadline, f"nothing listens on 127.0.0.1:{port} after {timeout} s"
+            time.sleep(0.05)

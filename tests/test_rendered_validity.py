@@ -30,6 +30,7 @@ import pytest
 from vllm_fleet.render import files as render
 
 from vllm_fleet.spec import load as spec
+from fleetutil import wait_listening
 
 REPO = Path(__file__).resolve().parent.parent
 DEPLOYMENTS = sorted((REPO / "deployments").glob("*.yaml"))
@@ -269,15 +270,7 @@ def test_nginx_site_behaviour(tmp_path):
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         base = f"http://127.0.0.1:{listen}"
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", listen), timeout=0.2).close()
-                break
-            except OSError:
-                assert proc.poll() is None, proc.stderr.read().decode()
-                assert time.monotonic() < deadline, "nginx did not start listening"
-                time.sleep(0.05)
+        wait_listening(proc, listen)
 
         def get(path, headers=None, data=None):
             req = urllib.request.Request(base + path, headers=headers or {}, data=data)

@@ -31,6 +31,7 @@ from vllm_fleet.render import files as render
 from vllm_fleet.spec import load as spec
 from vllm_fleet.serving.loadgen import LoadGen
 from vllm_fleet.commands.rollout import Rollout, RolloutError, batch_size, plan_batches
+from fleetutil import wait_listening
 
 REPO = Path(__file__).resolve().parent.parent
 SPEC = REPO / "deployments" / "lab-tiny-replicas.yaml"
@@ -294,15 +295,7 @@ def test_nginx_spreads_skips_down_and_retries_refused(tmp_path):
     proc = subprocess.Popen([NGINX, "-p", str(prefix), "-c", str(prefix / "nginx.conf"), "-e", str(prefix / "logs/error.log")],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", listen), timeout=0.2).close()
-                break
-            except OSError:
-                assert proc.poll() is None, proc.stderr.read().decode()
-                assert time.monotonic() < deadline
-                time.sleep(0.05)
+        wait_listening(proc, listen)
         codes = Counter()
 
         def post(i):

@@ -52,3 +52,14 @@ def run(argv: list[str], env: dict | None = None, timeout: float = 1800) -> subp
     r.elapsed = time.monotonic() - t0  # type: ignore[attr-defined]
     r.out = r.stdout + r.stderr  # type: ignore[attr-defined]
     return r
+
+
+def copy_tree(src: "LabHost", dst: "LabHost", path: str) -> float:
+    """``path`` (a directory, e.g. an installed env) copied from one lab host to another as root,
+    streamed through tar; the seconds it took."""
+    t0 = time.monotonic()
+    out = subprocess.Popen([*src.ssh_argv("root"), f"tar -C / -cf - {path.lstrip('/')}"], stdout=subprocess.PIPE)
+    into = subprocess.run([*dst.ssh_argv("root"), "tar -C / -xf -"], stdin=out.stdout, capture_output=True, timeout=900)
+    out.stdout.close()
+    assert out.wait(timeout=60) == 0 and into.returncode == 0, into.stderr
+    return round(time.monotonic() - t0, 1)

@@ -38,7 +38,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from labkit import REPO, LabHost, run
+from labkit import REPO, LabHost, copy_tree, run
 
 pytestmark = pytest.mark.lab
 
@@ -143,12 +143,7 @@ def fleet(lab_hosts, tmp_path_factory):
         wait_health(lab1, 8000)
         RESULTS["legacy_unit_up_s"] = round(time.monotonic() - t0, 1)
         if lab2.ssh(f"test -x {ENV_DIR}/bin/python", user="root", check=False).returncode != 0:
-            t0 = time.monotonic()
-            src = subprocess.Popen([*lab1.ssh_argv("root"), f"tar -C / -cf - {ENV_DIR.lstrip('/')}"], stdout=subprocess.PIPE)
-            dst = subprocess.run([*lab2.ssh_argv("root"), "tar -C / -xf -"], stdin=src.stdout, capture_output=True, timeout=900)
-            src.stdout.close()
-            assert src.wait(timeout=60) == 0 and dst.returncode == 0, dst.stderr
-            RESULTS["env_copy_lab2_s"] = round(time.monotonic() - t0, 1)
+            RESULTS["env_copy_lab2_s"] = copy_tree(lab1, lab2, ENV_DIR)
         r = deploy(inv, specs["base"])
         (REPO / ".pytest_cache").mkdir(exist_ok=True)
         (REPO / ".pytest_cache" / "deploy-replicas.log").write_text(r.out)

@@ -37,7 +37,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from labkit import REPO, LabHost, run
+from labkit import REPO, LabHost, copy_tree, run
 
 pytestmark = [pytest.mark.lab,
               pytest.mark.skipif(os.environ.get("VLLM_FLEET_LAB_TUNE") != "1",
@@ -93,12 +93,7 @@ def fleet(three_hosts, tmp_path_factory):
             r = deploy(SINGLE, servers=None)
             assert r.returncode == 0, r.out[-5000:]
         if lab2.ssh(f"test -x {ENV_DIR}/bin/python", user="root", check=False).returncode != 0:
-            t0 = time.monotonic()
-            src = subprocess.Popen([*lab1.ssh_argv("root"), f"tar -C / -cf - {ENV_DIR.lstrip('/')}"], stdout=subprocess.PIPE)
-            dst = subprocess.run([*lab2.ssh_argv("root"), "tar -C / -xf -"], stdin=src.stdout, capture_output=True, timeout=900)
-            src.stdout.close()
-            assert src.wait(timeout=60) == 0 and dst.returncode == 0, dst.stderr
-            RESULTS["env_copy_s"] = round(time.monotonic() - t0, 1)
+            RESULTS["env_copy_s"] = copy_tree(lab1, lab2, ENV_DIR)
         r = deploy(spec_path)
         RESULTS["deploy_2_replicas_s"] = round(r.elapsed, 1)
         assert r.returncode == 0, r.out[-6000:]
