@@ -35,8 +35,10 @@ def test_a_changed_site_is_kept_before_its_put_and_checked_after(harness):
     assert names.index(keep) < names.index(f"Put {site}") < names.index(check) < names.index("Reload nginx (config changed)")
 
 
-def _sh(cmds: list[str], path: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["sh", "-c", " && ".join(f"( {c} )" for c in cmds)], capture_output=True, text=True,
+def _sh(cmds: list, path: str) -> subprocess.CompletedProcess:
+    from vllm_fleet.host.programs import text
+
+    return subprocess.run(["sh", "-c", " && ".join(f"( {text(c)} )" for c in cmds)], capture_output=True, text=True,
                           env={**os.environ, "PATH": path}, timeout=60)
 
 

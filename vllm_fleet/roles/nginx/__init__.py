@@ -12,6 +12,7 @@ from pyinfra.facts.files import File
 from pyinfra.operations import files, server, systemd
 from pyinfra.operations.util import any_changed
 
+from vllm_fleet.host import programs
 from vllm_fleet.roles.common import (DeployError, atomic_put, packages, put_rendered, put_secret, rendered_query,
                                      service_running)
 from vllm_fleet.roles.common.state import Query, host_state, pending
@@ -115,29 +116,18 @@ def _keep_for_rollback(spec: dict[str, Any], rendered: dict[str, Any], site_path
     return keep
 
 
-def _keep_commands(name: str, keep: list[str]) -> list[str]:
-    import shlex
-
-    b = shlex.quote(f"{ROLLBACK_DIR}/{name}")
-    return ([f"rm -rf {b} && mkdir -p {b} && chmod 700 {b}"]
-            + [f"if [ -e {shlex.quote(p)} ]; then mkdir -p {b}{shlex.quote(p.rsplit('/', 1)[0])} && cp -a {shlex.quote(p)} {b}{shlex.quote(p)}; fi"
-               for p in keep])
+def _keep_commands(name: str, keep: list[str]) -> list:
+    """Keep the deployment's current nginx files (vllm_fleet/host/scripts/nginx_keep.sh)."""
+    return [programs.shell("nginx_keep.sh", f"{ROLLBACK_DIR}/{name}", *keep)]
 
 
-def _validate_or_restore(name: str, keep: list[str]) -> str:
+def _validate_or_restore(name: str, keep: list[str]):
     """`nginx -t`; with files kept: on failure put them back (a file that was not there is
-    removed), say so, and fail the host before any reload: nginx stays as it was."""
-    import shlex
-
+    removed), say so, and fail the host before any reload: nginx stays as it was
+    (vllm_fleet/host/scripts/nginx_test_or_restore.sh)."""
     if not keep:
-        return "nginx -t"
-    b = shlex.quote(f"{ROLLBACK_DIR}/{name}")
-    restore = "; ".join(f"if [ -e {b}{shlex.quote(p)} ]; then cp -a {b}{shlex.quote(p)} {shlex.quote(p)}; else rm -f {shlex.quote(p)}; fi"
-                        for p in keep)
-    msg = shlex.quote(f"vllm-fleet: nginx -t failed with the new site of {name} (nginx's message above): "
-                      "its previous nginx files are back and nginx was not reloaded")
-    return (f"if nginx -t; then rm -rf {b}; else {restore}; rm -rf {b}; echo {msg} >&2; "
-            f"nginx -t >/dev/null 2>&1 && echo 'vllm-fleet: nginx -t passes again' >&2; exit 1; fi")
+        return programs.argv("nginx", "-t")
+    return programs.shell("nginx_test_or_restore.sh", name, f"{ROLLBACK_DIR}/{name}", *keep)
 
 
 def state_query(spec: dict[str, Any], rendered: dict[str, Any]) -> Query:
