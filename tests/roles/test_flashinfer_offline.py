@@ -115,7 +115,7 @@ def test_the_cubin_command_run_by_sh(tmp_path, fi_version, pip_rc, installs, war
 
     _fake_env(tmp_path, fi_version, pip_rc)
     spec = _spec(prefix=str(tmp_path))
-    cmd = flashinfer_cubin_command(spec, cache_dir=None, wheelhouse=f"{tmp_path}/wheelhouse")
+    cmd = flashinfer_cubin_command(spec, cache_dir=None, wheelhouse=f"{tmp_path}/wheelhouse").get_raw_value()  # a StringCommand
     r = subprocess.run(["sh", "-c", cmd], capture_output=True, text=True, timeout=30)
     assert r.returncode == 0, r.stderr
     argv = (tmp_path / "pip-argv").read_text().split("\n") if (tmp_path / "pip-argv").exists() else []

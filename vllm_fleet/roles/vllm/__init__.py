@@ -180,7 +180,7 @@ _FLASHINFER_VERSION = 'import importlib.metadata as m; print(m.version("flashinf
 
 
 def flashinfer_cubin_command(spec: dict, *, cache_dir: str | None, find_links: str | None = None,
-                             wheelhouse: str | None = None, timeout: int = 120, trusted_host: str | None = None) -> str:
+                             wheelhouse: str | None = None, timeout: int = 120, trusted_host: str | None = None) -> StringCommand:
     """After vLLM's install (CUDA): ``flashinfer-cubin`` at the env's ``flashinfer-python`` version
     exactly, from the same source as vLLM (vLLM >= 0.26 no longer requires it: without it
     FlashInfer downloads its kernels at first use, which a host without internet cannot;
@@ -195,8 +195,8 @@ def flashinfer_cubin_command(spec: dict, *, cache_dir: str | None, find_links: s
     source = "install.wheelhouse / the fleet wheelhouse" if wheelhouse else (spec["install"].get("index_url") or "the package index")
     warn = (f"vllm role: WARNING: {flashinfer.CUBIN}==$v (FlashInfer's pre-built kernels, the version of {flashinfer.PYTHON}) "
             f"is not in {source}: FlashInfer downloads them at first use, which a host without internet cannot")
-    return (f"if v=$({shlex.quote(py)} -c {shlex.quote(_FLASHINFER_VERSION)} 2>/dev/null) && [ -n \"$v\" ]; then "
-            f"{pip} \"{flashinfer.CUBIN}==$v\" || echo \"{warn}\" >&2; fi")
+    return StringCommand("if", "v=$(", cmd(py, "-c", _FLASHINFER_VERSION), "2>/dev/null)", "&&", '[ -n "$v" ];', "then",
+                         pip, f'"{flashinfer.CUBIN}==$v"', "||", "echo", f'"{warn}"', ">&2;", "fi")
 
 
 def wheelhouse_requirements(spec: dict) -> list[str]:
