@@ -27,6 +27,13 @@ SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin"
 
 #: Ray's temp root on every node of a ``ray`` deployment (one Ray cluster per host).
 RAY_TMPDIR = "/var/lib/vllm-fleet/ray"
+#: vLLM's (uvicorn's) keep-alive for idle connections behind the proxy, seconds (its default is 5).
+#: nginx closes idle upstream connections after NGINX_UPSTREAM_KEEPALIVE_TIMEOUT (4 s,
+#: render/files.py): with vLLM's 5 s the margin was one second, and a proxy host loaded enough to
+#: run its timers a second late reused a connection vLLM had just closed; a POST that hits that
+#: gets a 502, which nginx does not retry (issue 25: one 502 in the smoke tests' concurrent chats
+#: while growing 3 -> 6 replicas on the 2-core lab). At 75 s only nginx ever closes them.
+UPSTREAM_KEEP_ALIVE_S = 75
 
 
 def env_paths(resolved: dict[str, Any]) -> dict[str, str]:
@@ -196,6 +203,8 @@ def vllm_env(resolved: dict[str, Any]) -> dict[str, str]:
         env["DG_JIT_CACHE_DIR"] = f"{state}/cache/deep_gemm"
         env["CUDA_CACHE_PATH"] = f"{state}/cache/nv"
         env["PATH"] = f"{resolved['install']['prefix']}/env/bin:{SYSTEM_PATH}"
+    if resolved["proxy"]["enabled"]:
+        env["VLLM_HTTP_TIMEOUT_KEEP_ALIVE"] = str(UPSTREAM_KEEP_ALIVE_S)
     if resolved["parallel"].get("backend") == "ray":
         env["RAY_USAGE_STATS_ENABLED"] = "0"
         # Ray's sockets live under its temp dir; the vLLM driver on the head must reach the local
