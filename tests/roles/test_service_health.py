@@ -106,7 +106,7 @@ def health_port():
     srv.server_close()
 
 
-def _wait(port: int, bin_: Path, monkeypatch, deadline: int = 20) -> list[str]:
+def _wait(port: int, bin_: Path, monkeypatch, deadline: int = 20, stamp: str | None = None) -> list[str]:
     monkeypatch.setenv("PATH", f"{bin_}:{os.environ['PATH']}")
     inv = Inventory((["@local"], {}))
     state = State(inv, Config())
@@ -115,7 +115,7 @@ def _wait(port: int, bin_: Path, monkeypatch, deadline: int = 20) -> list[str]:
     logged: list[str] = []
     monkeypatch.setattr(h, "log", lambda msg, *a, **k: logged.append(msg))
     with ctx_state.use(state), ctx_host.use(h):
-        service._wait_healthy(port=port, deadline=deadline, interval=0.2, journal_lines=5, unit="vllm-x-0.service")
+        service._wait_healthy(port=port, deadline=deadline, interval=0.2, journal_lines=5, unit="vllm-x-0.service", stamp=stamp)
     return logged
 
 
@@ -132,8 +132,15 @@ def test_another_process_answering_on_the_port_is_not_healthy(tmp_path, health_p
 
 
 def test_the_units_own_listener_is_healthy(tmp_path, health_port, monkeypatch):
-    logged = _wait(health_port, _fake_tools(tmp_path, _my_cgroup()), monkeypatch)
+    import time
+
+    stamp = tmp_path / "replica-0.applied"
+    stamp.write_text("token\n")
+    os.utime(stamp, (time.time() - 3600, time.time() - 3600))
+    logged = _wait(health_port, _fake_tools(tmp_path, _my_cgroup()), monkeypatch, stamp=str(stamp))
     assert any("vllm-x-0.service healthy after" in line for line in logged), logged
+    # this start was seen healthy: the stamp is newer than it, so the next deploy does not wait again
+    assert time.time() - stamp.stat().st_mtime < 60 and stamp.read_text() == "token\n"
 
 
 # -- plan time: what a re-deploy does for an instance systemd is still starting -------------------

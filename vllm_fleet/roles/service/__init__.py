@@ -90,7 +90,7 @@ def _start_to_healthy(unit: str) -> tuple[str, int | None]:
 
 
 def _wait_healthy(port: int, deadline: int, interval: float, journal_lines: int, unit: str = UNIT,
-                  spec: dict[str, Any] | None = None) -> None:  # noqa: D401
+                  spec: dict[str, Any] | None = None, stamp: str | None = None) -> None:  # noqa: D401
     """Runs on the host at execute time: poll /health there until 200 from the unit's own process.
 
     A 200 counts only when the process listening on the port belongs to the unit (its cgroup):
@@ -99,6 +99,8 @@ def _wait_healthy(port: int, deadline: int, interval: float, journal_lines: int,
     journal tail, when the unit fails or systemd restarts it (a crash while starting repeats on
     every restart: waiting out the deadline would only hide it). With ``spec`` (its smoke tests
     on), healthy then also means one short chat on the host answers (roles.smoke.replica_chat).
+    ``stamp`` (the instance's ``replica-N.applied``) is touched once healthy: this start was seen
+    healthy, so the next deploy does not wait for it again (_still_starting).
     """
     t0 = time.monotonic()
     url = f"http://127.0.0.1:{port}/health"
@@ -120,6 +122,8 @@ def _wait_healthy(port: int, deadline: int, interval: float, journal_lines: int,
                 why = judge_replica_chat(*chat_on_host(spec, port), spec["model"]["served_name"])
                 if why:
                     raise RuntimeError(f"{host.name}: {unit} answers /health but not a chat on port {port}: {why}; look: journalctl -u {unit}")
+            if stamp:
+                host.run_shell_command(f"touch -c {shlex.quote(stamp)}", **as_root())
             return
         last = f"/health -> {code or 'no answer'}, unit {state}, NRestarts {restarts}"
         if code == "200":
@@ -436,6 +440,7 @@ def install_service(spec: dict[str, Any], node: Any, rendered: dict[str, Any], a
                 journal_lines=host.data.get("vllm_fleet_journal_lines"),
                 unit=unit,
                 spec=spec if prove_replicas and spec["smoke"]["enabled"] and inst.role == "server" else None,
+                stamp=stamp,
                 _if=any_changed(restart, running, *relevant) if not (stale_now or starting) else (lambda: True),
             )
         # Every replica proven on its host (issue 25): one short chat, from the state read when
