@@ -45,6 +45,11 @@ INVENTORY_REPLICAS = {
 }
 
 
+#: Three lab hosts, one replica each, nginx and vLLM's router on lab1 (deployments/lab-tiny-routing.yaml).
+INVENTORY_ROUTING = {f"lab{i}": {"address": f"10.10.0.1{i}", "groups": ["servers"] + (["proxy"] if i == 1 else []), "data": {}}
+                     for i in (1, 2, 3)}
+
+
 #: The lab's inventory with monitoring on: lab1 runs vLLM, nginx and Prometheus (lab2 untouched).
 INVENTORY_LAB_MONITORING = {
     "lab1": {"address": "10.10.0.11", "groups": ["servers", "proxy", "ray_head", "monitoring"], "data": {"private_address": "10.10.0.11"}},
@@ -71,6 +76,7 @@ def _golden_cases():
     cases.append(("2node-ray-pp2+inventory", "2node-ray-pp2", INVENTORY_2NODE))
     cases.append(("lab-tiny-monitoring+inventory", "lab-tiny-monitoring", INVENTORY_LAB_MONITORING))
     cases.append(("lab-tiny-replicas+inventory", "lab-tiny-replicas", INVENTORY_REPLICAS))
+    cases.append(("lab-tiny-routing+inventory", "lab-tiny-routing", INVENTORY_ROUTING))
     cases.append(("8xh100-qwen7b-tp2x4+inventory", "8xh100-qwen7b-tp2x4", INVENTORY_8XH100))
     cases.append(("2x8xh100-llama70b-tp8+inventory", "2x8xh100-llama70b-tp8", INVENTORY_2X8XH100))
     return cases

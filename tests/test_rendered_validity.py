@@ -60,6 +60,12 @@ def _variants():
     noauth = resolved_of("rtx3090-qwen7b-awq-batch")
     noauth["proxy"]["auth"] = "none"
     out.append(("noauth", noauth, None))
+    routing_inv = {f"lab{i}": {"address": f"10.10.0.1{i}", "groups": ["servers"] + (["proxy"] if i == 1 else []), "data": {}}
+                   for i in (1, 2, 3)}
+    out.append(("lab-tiny-routing+inventory", resolved_of("lab-tiny-routing"), routing_inv))
+    session = resolved_of("lab-tiny-routing")
+    session["proxy"]["routing"].update(policy="session", session_header="X-Conversation")
+    out.append(("lab-tiny-session+inventory", session, routing_inv))
     tp2 = resolved_of("lab-tiny")
     tp2["parallel"]["tensor"] = 2
     out.append(("lab-tiny-tp2", tp2, None))

@@ -199,7 +199,7 @@ def test_upstream_lists_every_replica_with_health_checks():
     assert "server 10.9.0.13:8000 max_fails=2 fail_timeout=10s down;" in site
     assert "proxy_next_upstream error timeout http_502 http_503;" in site
     r = _resolved()
-    r["proxy"]["balance"] = "round_robin"
+    r["proxy"]["routing"]["policy"] = "round_robin"
     assert "least_conn" not in render.render(r, inv)["lab1"]["/etc/nginx/conf.d/vllm-fleet-lab-tiny-replicas.conf"].content
     for h in inv.values():
         h["data"]["upstream_down"] = True

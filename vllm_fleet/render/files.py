@@ -32,7 +32,8 @@ import jinja2
 
 from vllm_fleet.render import monitoring
 from vllm_fleet.render.command import RAY_TMPDIR, env_bin, env_paths, env_python, state_env, vllm_argv, vllm_env, world_size_per_node
-from vllm_fleet.render.layout import HOST_DATA_DEFAULTS, SERVICE_PARTS, HostLayout, Instance, Layout, Node, Secret, _cpu_sets, firewall_addresses
+from vllm_fleet.render.layout import (HOST_DATA_DEFAULTS, SERVICE_PARTS, HostLayout, Instance, Layout, Node, Secret, _cpu_sets,
+                                     firewall_addresses, routing_policy, server_replicas)
 from vllm_fleet.render.secrets import describe as describe_secret
 from vllm_fleet.spec.ports import RAY_FIXED_PORTS, RAY_WORKER_PORTS  # noqa: F401  (the renderer's names too)
 
@@ -43,6 +44,10 @@ TEMPLATES = Path(__file__).resolve().parent / "templates"
 
 SYSTEMD_DIR = "/etc/systemd/system"
 NGINX_SITE = "/etc/nginx/conf.d/vllm-fleet-{name}.conf"
+ROUTER_UNIT = "vllm-router-{name}.service"
+#: The router waits this long at start for every replica to answer /health, then serves with
+#: those that do (its own default, 600 s, would keep the API down behind one dead replica).
+ROUTER_STARTUP_TIMEOUT = 30
 NGINX_SECRET_DIR = "/etc/nginx/vllm-fleet"  # auth include, TLS certificate and key (0700 root)
 CLIENT_DIR = "~/.config/vllm-fleet/{name}"  # on the control machine
 
@@ -224,6 +229,8 @@ def paths(resolved: dict[str, Any]) -> dict[str, str]:
         "node_env": f"{cfg}/node.env",
         "wait_ray": f"{ins['prefix']}/bin/wait-ray-cluster",
         "nginx_site": NGINX_SITE.format(name=name),
+        "router_unit": f"{SYSTEMD_DIR}/{ROUTER_UNIT.format(name=name)}",
+        "router_env": f"{ins['prefix']}/router",
         "nginx_auth": f"{NGINX_SECRET_DIR}/{name}-auth.conf",
         "tls_certificate": f"{NGINX_SECRET_DIR}/{name}.crt",
         "tls_certificate_key": f"{NGINX_SECRET_DIR}/{name}.key",
@@ -525,9 +532,65 @@ def _upstreams(resolved: dict[str, Any], node: Node, all_nodes: list[Node], with
     return out
 
 
+def worker_urls(resolved: dict[str, Any], node: Node, all_nodes: list[Node], with_inventory: bool) -> list[tuple[str, Instance]]:
+    """The router's workers as it names them (``http://ADDR:PORT``), with their instances:
+    the same addresses nginx would use (local replicas on loopback)."""
+    out = []
+    for s in all_nodes:
+        for inst in s.instances:
+            if inst.role != "server":
+                continue
+            local = not with_inventory or s.target == node.target
+            out.append((f"http://{'127.0.0.1' if local else inst.address}:{inst.port}", inst))
+    return out
+
+
+def router_argv(resolved: dict[str, Any], workers: list[str]) -> list[str]:
+    """The vllm-router command line (flags of vllm-router 0.1.17, checked in tests/test_routing.py)."""
+    rt = resolved["proxy"]["routing"]["router"]
+    return [
+        f"{paths(resolved)['router_env']}/bin/vllm-router", "--host", "127.0.0.1", "--port", str(rt["port"]),
+        "--worker-urls", *workers, "--policy", "cache_aware",
+        "--cache-threshold", str(rt["cache_threshold"]),
+        "--balance-abs-threshold", str(rt["balance_abs_threshold"]),
+        "--balance-rel-threshold", str(rt["balance_rel_threshold"]),
+        "--health-check-interval-secs", str(rt["health_check_interval"]),
+        "--health-failure-threshold", str(rt["health_failure_threshold"]),
+        "--health-success-threshold", "1",
+        "--worker-startup-timeout-secs", str(ROUTER_STARTUP_TIMEOUT),
+        "--worker-startup-check-interval", "1",
+        "--request-timeout-secs", str(resolved["proxy"]["read_timeout"]),
+        "--prometheus-host", "127.0.0.1", "--prometheus-port", str(rt["metrics_port"]),
+        "--log-level", "warning",
+    ]
+
+
+def _router_unit(resolved: dict[str, Any], node: Node, all_nodes: list[Node], with_inventory: bool) -> RenderedFile:
+    workers = worker_urls(resolved, node, all_nodes, with_inventory)
+    rt = resolved["proxy"]["routing"]["router"]
+    content = _template(
+        "vllm-router.service.j2",
+        header=HEADER.format(name=resolved["name"]),
+        name=resolved["name"],
+        version=rt["version"],
+        policy="cache_aware",
+        workers=workers,
+        # replicas on this host first (ordering only; remote ones are waited for by the router)
+        after=[i.unit for i in node.instances if i.role == "server"],
+        exec_start=systemd_command(router_argv(resolved, [u for u, _ in workers])),
+        syslog_identifier=ROUTER_UNIT.format(name=resolved["name"]).removesuffix(".service"),
+        start_limit_interval=START_LIMIT_INTERVAL,
+        start_limit_burst=START_LIMIT_BURST,
+    )
+    return RenderedFile(content, 0o644)
+
+
 def _nginx_site(resolved: dict[str, Any], node: Node, all_nodes: list[Node], with_inventory: bool) -> RenderedFile:
     prx, p = resolved["proxy"], paths(resolved)
     tls = bool((prx.get("tls") or {}).get("enabled"))
+    policy = routing_policy(resolved, server_replicas(all_nodes))
+    ident = _safe_ident(resolved["name"])
+    header_var = "$http_" + prx["routing"]["session_header"].lower().replace("-", "_")
     content = _template(
         "nginx-site.conf.j2",
         header=HEADER.format(name=resolved["name"]),
@@ -535,9 +598,14 @@ def _nginx_site(resolved: dict[str, Any], node: Node, all_nodes: list[Node], wit
         auth=prx["auth"] == "api_key",
         auth_include=p["nginx_auth"],
         auth_var=_auth_var(resolved),
-        upstream_name=f"vllm_fleet_{_safe_ident(resolved['name'])}",
+        upstream_name=f"vllm_fleet_{ident}",
         upstream_servers=_upstreams(resolved, node, all_nodes, with_inventory),
-        balance=prx["balance"],
+        policy=policy,
+        session_header=prx["routing"]["session_header"],
+        session_var=header_var,
+        pool_var=f"$vllm_fleet_{ident}_pool",
+        router=f"127.0.0.1:{prx['routing']['router']['port']}",
+        router_metrics=f"127.0.0.1:{prx['routing']['router']['metrics_port']}" if "router" in node.roles else None,
         keepalive=NGINX_KEEPALIVE,
         keepalive_timeout=NGINX_UPSTREAM_KEEPALIVE_TIMEOUT,
         next_upstream_tries=prx["next_upstream_tries"],
@@ -585,11 +653,19 @@ def client_settings(resolved: dict[str, Any], nodes: list[Node] | None = None) -
         host = servers[0].address if servers else (resolved["parallel"].get("head_address") or "127.0.0.1")
     netloc = host if port == default_port else f"{host}:{port}"
     ref = srv.get("api_key")
-    return {
+    out = {
         "base_url": f"{scheme}://{netloc}/v1",
         "model": resolved["model"]["served_name"],
         "api_key": {"secret": dict(ref) if ref else None, "where": describe_secret(ref)},
     }
+    if prx.get("enabled", True):
+        policy = routing_policy(resolved, server_replicas(nodes) if nodes else int(resolved["replicas"]["per_host"]))
+        out["routing"] = {"policy": policy}
+        if policy == "session":
+            out["routing"]["session_header"] = prx["routing"]["session_header"]
+            out["routing"]["how"] = (f"send the header {prx['routing']['session_header']}: <conversation id> with every request of a "
+                                     "conversation (the same value each turn): its turns then reach the replica that holds its prefix cache")
+    return out
 
 
 def _client_files(resolved: dict[str, Any], nodes: list[Node] | None) -> dict[str, RenderedFile]:
@@ -604,11 +680,14 @@ def _client_files(resolved: dict[str, Any], nodes: list[Node] | None) -> dict[st
         how = f'export OPENAI_API_KEY="${ref["env"]}"'
     else:
         how = "no API key configured (server.api_key)"
-    env = env_file(
-        {"OPENAI_BASE_URL": s["base_url"], "OPENAI_MODEL": s["model"]},
-        [HEADER.format(name=resolved["name"]), "OpenAI-compatible client settings for this deployment.",
-         f"OPENAI_API_KEY=<secret: {s['api_key']['where']}>: {how}"],
-    )
+    values = {"OPENAI_BASE_URL": s["base_url"], "OPENAI_MODEL": s["model"]}
+    comments = [HEADER.format(name=resolved["name"]), "OpenAI-compatible client settings for this deployment.",
+                f"OPENAI_API_KEY=<secret: {s['api_key']['where']}>: {how}"]
+    if (s.get("routing") or {}).get("session_header"):
+        values["VLLM_FLEET_SESSION_HEADER"] = s["routing"]["session_header"]
+        comments.append(f"Routing `session`: {s['routing']['how']}, e.g. the OpenAI SDK's "
+                        f"default_headers={{\"{s['routing']['session_header']}\": conversation_id}}.")
+    env = env_file(values, comments)
     doc = {"name": resolved["name"], **s}
     return {
         p["client_json"]: RenderedFile(json.dumps(doc, indent=2, sort_keys=True) + "\n", 0o644, "", ""),
@@ -647,6 +726,8 @@ def _node_files(resolved: dict[str, Any], node: Node, all_nodes: list[Node], wit
         _add(files, p["nginx_site"], _nginx_site(resolved, node, all_nodes, with_inventory), node.target)
         if resolved["proxy"]["auth"] == "api_key":
             _add(files, p["nginx_auth"], RenderedFile(nginx_auth_content(resolved, None), 0o600), node.target)
+    if "router" in node.roles:
+        _add(files, p["router_unit"], _router_unit(resolved, node, all_nodes, with_inventory), node.target)
     return files
 
 

@@ -19,7 +19,9 @@ Inventory groups (pyinfra: a module-level list is a group), and nothing else, gi
 ``workers``   the other nodes of a multi-node spec (``ray_workers`` is the same group), node
               ranks in inventory order; single-node specs leave them alone
 ``proxy``     nginx in front of every deployment with ``proxy.enabled``; with no ``proxy``
-              host, nginx runs on each ``servers`` host
+              host, nginx runs on each ``servers`` host. With ``proxy.routing`` in effect
+              ``cache_aware``, the proxy host also gets part ``router`` (vLLM's router on
+              loopback, ports ``proxy.routing.router.port`` / ``metrics_port``)
 ``monitoring`` Prometheus (with ``monitoring.enabled``)
 ============  ==============================================================================
 
@@ -60,6 +62,9 @@ HOST_DATA_DEFAULTS: dict[str, Any] = {
     "ray_firewall": True,
     "ray_firewall_allow": [],
 }
+
+#: proxy.routing.policy `auto` with 2+ replicas (docs/routing.md says why, with the numbers).
+AUTO_POLICY = "session"
 
 SYSTEMD_DIR = "/etc/systemd/system"
 #: The unit of an older release (one vLLM per host): the deploy stops, disables and removes it.
@@ -338,7 +343,29 @@ def _host_parts(resolved: dict[str, Any], inventory: dict[str, dict[str, Any]], 
             host_down = bool((n.data or {}).get("upstream_down")) or n.target in down
             for inst in n.instances:
                 inst.down = host_down or inst.id in down
+    _add_router(resolved, out)
     return out
+
+
+def routing_policy(resolved: dict[str, Any], replicas: int) -> str:
+    """The policy in effect (proxy.routing.policy; `auto`: least_conn for one replica, else
+    :data:`AUTO_POLICY`) for a deployment with this many API-server replicas."""
+    policy = resolved["proxy"]["routing"]["policy"]
+    if policy != "auto":
+        return policy
+    return AUTO_POLICY if replicas >= 2 else "least_conn"
+
+
+def server_replicas(nodes: Iterable[Node]) -> int:
+    return sum(1 for n in nodes for i in n.instances if i.role == "server")
+
+
+def _add_router(resolved: dict[str, Any], nodes: list[Node]) -> None:
+    """``cache_aware``: vLLM's router runs beside nginx on every proxy host (part ``router``)."""
+    if routing_policy(resolved, server_replicas(nodes)) == "cache_aware":
+        for n in nodes:
+            if "proxy" in n.roles:
+                n.roles.add("router")
 
 
 def _role_parts(resolved: dict[str, Any], problems: list[str], source: str) -> list[Node]:
@@ -361,6 +388,7 @@ def _role_parts(resolved: dict[str, Any], problems: list[str], source: str) -> l
             n.instances = _instances(resolved, n.target, {}, None if n.target != "server" else head, n.node_rank, problems, source)
             for i in n.instances:
                 i.address = "127.0.0.1"
+    _add_router(resolved, out)
     return out
 
 

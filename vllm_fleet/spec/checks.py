@@ -55,6 +55,9 @@ OWNED_FLAGS = {
 REMOVED_FLAGS = {
     "--swap-space": "removed from vLLM (gone in 0.32/0.33); lower max_model_len or max_num_seqs, quantize, or add GPUs instead",
 }
+#: Headers that frame the request or belong to one connection: never a session key.
+HOP_HEADERS = {"connection", "content-length", "transfer-encoding", "te", "trailer", "upgrade", "keep-alive",
+               "proxy-connection", "host", "expect"}
 SECRET_ENV = {"VLLM_API_KEY": "server.api_key", "HF_TOKEN": "model.hub_token", "HUGGING_FACE_HUB_TOKEN": "model.hub_token"}
 
 
@@ -200,6 +203,30 @@ def spec_problems(r: dict[str, Any], spec: Spec | None = None) -> list[Problem]:
         add("proxy.tls.self_signed", "both a certificate and self_signed are set", "keep one")
     if (tls.get("certificate") or tls.get("self_signed")) and not tls["enabled"]:
         add("proxy.tls.enabled", "TLS settings are present but TLS is off", "set `enabled: true` or remove them", "warning")
+    # -- routing (proxy.routing; `balance` is its older name)
+    raw_prx = (spec.raw.get("proxy") or {}) if spec else {}
+    raw_rt = raw_prx.get("routing") or {}
+    rt = prx["routing"]
+    if raw_prx.get("balance") and raw_rt.get("policy") and raw_rt["policy"] != raw_prx["balance"]:
+        add("proxy.balance", f"proxy.balance ({raw_prx['balance']}) and proxy.routing.policy ({raw_rt['policy']}) disagree",
+            "remove `balance:` (routing.policy replaces it)")
+    if rt["session_header"].lower() in HOP_HEADERS:
+        add("proxy.routing.session_header", f"{rt['session_header']} is an HTTP framing/hop-by-hop header, not one a client can use to name a conversation",
+            "use a header of your own, e.g. X-Session-Id (the default)")
+    if prx["enabled"] and rt["policy"] in ("cache_aware", "auto"):
+        router = rt["router"]
+        used = {int(prx["listen"]): "proxy.listen", int(srv["port"]): "server.port"}
+        for key in ("port", "metrics_port"):
+            port = int(router[key])
+            if port in used:
+                add(f"proxy.routing.router.{key}", f"port {port} is also {used[port]}'s: the router and it cannot both bind it on the proxy host",
+                    f"pick a free port for `proxy.routing.router.{key}` (defaults 8190 and 8191)")
+            used.setdefault(port, f"proxy.routing.router.{key}")
+        lo, hi = int(srv["port"]), int(srv["port"]) + 15
+        for key in ("port", "metrics_port"):
+            if lo < int(router[key]) <= hi:
+                add(f"proxy.routing.router.{key}", f"port {router[key]} is in server.port's replica range ({lo}-{hi}: replica N listens on server.port + N)",
+                    f"pick a port outside {lo}-{hi} (defaults 8190 and 8191)")
 
     # -- rollout (resolve fills batch_size in: look at what the user wrote)
     raw_ro = ((spec.raw.get("rollout") if spec else None) or {}) if spec else (r.get("rollout") or {})

@@ -584,6 +584,13 @@ def resolve(spec: Spec) -> dict[str, Any]:
 
     # server / proxy
     prx["tls"] = {**_schema_defaults(root["properties"]["proxy"]["properties"]["tls"]), **(prx.get("tls") or {})}
+    rt_schema = root["properties"]["proxy"]["properties"]["routing"]
+    rt = {**_schema_defaults(rt_schema), **(prx.get("routing") or {})}
+    rt["router"] = {**_schema_defaults(rt_schema["properties"]["router"]), **(rt.get("router") or {})}
+    if "policy" not in (prx.get("routing") or {}) and prx.get("balance"):
+        rt["policy"] = prx["balance"]  # the older key (checks refuse both set differently)
+    prx["routing"] = rt
+    prx.pop("balance", None)
 
     # monitoring (nested sections get their own defaults)
     mon_props = root["properties"]["monitoring"]["properties"]
