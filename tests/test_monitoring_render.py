@@ -296,7 +296,10 @@ def test_dashboard_json_shape():
     assert len(ids) == len(set(ids))
     for p in d["panels"]:
         assert p["targets"] and all(t["datasource"]["uid"] == "${datasource}" for t in p["targets"])
-        assert all('replica=~"$replica"' in t["expr"] or t["expr"].startswith("up{") for t in p["targets"])
+        # the router's series name replicas by its own `worker` label (its job's replica is router@HOST)
+        assert all('replica=~"$replica"' in t["expr"] or t["expr"].startswith("up{") or "vllm_router_" in t["expr"] for t in p["targets"])
+    for what in ("Prefix-cache hit rate per replica", "Routing decisions per replica"):
+        assert what in titles
 
 
 def test_every_dashboard_query_parses(tmp_path):

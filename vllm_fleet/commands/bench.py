@@ -232,6 +232,35 @@ def run_bench(inventory: str, spec_path: str, *, host: str | None = None, concur
             "levels": [{kind: v} for kind, v in levels], "runs": runs, "seconds": round(time.monotonic() - t0, 1)}
 
 
+def cmd_multi_turn(args: argparse.Namespace, spec: str) -> int:
+    from vllm_fleet.serving import multiturn
+
+    policies = [p.strip() for p in args.policies.split(",")] if args.policies else None
+    allowed = ("least_conn", "round_robin", "session", "cache_aware")
+    bad = [p for p in policies or [] if p not in allowed]
+    if bad:
+        print(f"vllm-fleet bench: --policies: unknown {', '.join(bad)} (one of: {', '.join(allowed)})", file=sys.stderr)
+        return 2
+    base = dict(conversations=args.conversations, prefix_words=args.prefix_len, turns=args.turns, user_words=args.user_len,
+                output_tokens=args.reply_len, think_s=args.think_time,
+                concurrency=args.conversation_concurrency)
+    workloads = {}
+    for n in args.system_prompt_len:
+        workloads["private" if n == 0 else f"shared-system-{n}"] = multiturn.Workload(**base, system_words=n)
+    try:
+        result = multiturn.compare(args.inventory, spec, policies, workloads)
+    except (BenchError, ValueError, RuntimeError) as exc:
+        print(f"vllm-fleet bench: {exc}", file=sys.stderr)
+        return 1
+    out = Path(args.out or f"bench-{result['deployment']}-routing-{time.strftime('%Y%m%d-%H%M%S')}")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "routing.json").write_text(json.dumps(result, indent=2, default=str) + "\n")
+    files = multiturn.report(result, out)
+    print(multiturn.format_table(result["runs"]))
+    print(f"wrote {out / 'routing.json'}, " + ", ".join(str(f) for f in files))
+    return 1 if any(r["result"]["failed"] for r in result["runs"]) else 0
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     from vllm_fleet.serving import report
 
@@ -240,6 +269,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"vllm-fleet bench: {exc}", file=sys.stderr)
         return 1
+    if args.multi_turn:
+        return cmd_multi_turn(args, spec)
     conc, rates = args.concurrency, args.rate  # parsed and range-checked by argparse (commands.argtypes)
     try:
         result = run_bench(args.inventory, spec, host=args.host, concurrency=conc, rates=rates, input_len=args.input_len,
@@ -262,7 +293,7 @@ def add_cli(sub: Any) -> None:
     p.add_argument("inventory", metavar="INVENTORY")
     p.add_argument("--spec", help="the deployed spec (default: the inventory's data vllm_fleet_spec, $VLLM_FLEET_SPEC; the lab: deployments/lab-tiny.yaml)")
     g = p.add_mutually_exclusive_group()
-    from vllm_fleet.commands.argtypes import count, counts, numbers
+    from vllm_fleet.commands.argtypes import count, counts, number, numbers
 
     g.add_argument("--concurrency", type=counts(1, 100_000), help="comma-separated --max-concurrency levels (default 1,4,16)")
     g.add_argument("--rate", type=numbers(0, 1_000_000), help="comma-separated request rates (requests/s) instead of concurrencies")
@@ -274,4 +305,18 @@ def add_cli(sub: Any) -> None:
     p.add_argument("--min-prompts", type=count(1, 1_000_000), default=16)
     p.add_argument("--warmups", type=count(0, 10_000), default=2, help="warm-up requests before each run")
     p.add_argument("--out", metavar="DIR", help="where bench.json and the report go (default ./bench-NAME-TIME)")
+    m = p.add_argument_group("multi-turn chat across routing policies (docs/routing.md)")
+    m.add_argument("--multi-turn", action="store_true", help="run the multi-turn chat workload from this machine through the proxy, "
+                   "reading every replica's prefix-cache counters before and after; writes routing.json and routing.html")
+    m.add_argument("--policies", help="comma-separated proxy.routing policies to compare (each a deploy of the proxy part only: "
+                   "no vLLM restart); default: the deployed one")
+    m.add_argument("--conversations", type=count(1, 100_000), default=16, help="conversations (default 16)")
+    m.add_argument("--conversation-concurrency", type=count(0, 100_000), default=0, help="conversations in flight at once (default all)")
+    m.add_argument("--prefix-len", type=count(0, MAX_TOKENS), default=200, help="private prefix per conversation, in words (~tokens; default 200)")
+    m.add_argument("--system-prompt-len", type=counts(0, MAX_TOKENS), default=[0], help="shared system prompt in words; comma-separated for several workloads "
+                   "(e.g. 0,2000: without and with; default 0)")
+    m.add_argument("--turns", type=count(1, 10_000), default=4, help="user turns per conversation (default 4)")
+    m.add_argument("--user-len", type=count(1, MAX_TOKENS), default=20, help="new words per user turn (default 20)")
+    m.add_argument("--reply-len", type=count(1, MAX_TOKENS), default=16, help="tokens generated per turn (default 16)")
+    m.add_argument("--think-time", type=number(0, 3600, lo_open=False), default=1.0, help="seconds, each conversation waits uniform(0, this) between turns (default 1)")
     p.set_defaults(func=cmd_bench)

@@ -9,6 +9,8 @@
 Steps ($VLLM_FLEET_ROLLOUT_STEP):
   upstream  on the proxy hosts: the nginx site rendered with the hosts in $VLLM_FLEET_UPSTREAM_DOWN
             marked `down`; when it changed, nginx -t, reload, wait for the old workers (bounded).
+            With proxy.routing cache_aware: the router's worker list without them (its
+            /remove_worker API; the next upstream step adds them back with /add_worker).
   update    on the hosts of the batch's instances ($VLLM_FLEET_UPDATE: HOST:N ids): wait until each
             has no running/waiting request (bounded), then the serve deploy's server part (the host
             read once, as deploys/serve.py does: operations only where it differs; env,
@@ -67,6 +69,13 @@ def rollout_step() -> None:
         from vllm_fleet.roles.rollout import upstream
 
         upstream(spec=spec, rendered=rendered, drain_timeout=drain_timeout)
+        if "router" in node.roles:  # cache_aware: nginx points at the router, which picks the replica
+            from vllm_fleet.render.files import worker_urls
+            from vllm_fleet.roles.rollout import router_workers
+
+            layout = ctx["layout"]
+            urls = worker_urls(spec, node, layout.nodes(spec["name"]), layout.with_inventory)
+            router_workers(spec=spec, workers=[(u, inst.down) for u, inst in urls])
 
     mine = [i for i in node.instances if i.id in batch or host.name in batch]
     if step == "update" and mine:

@@ -18,7 +18,8 @@ What each host does comes from the layout only (its groups mean what vllm_fleet.
 per deployment on the host, in spec order: the install stack (driver, user and dirs, env, vLLM,
 model), its Ray node (multi-node `ray` specs: head, then workers, then the cluster wait), its
 vLLM instances (one unit per replica; an older release's vllm.service of the deployment is
-removed); then nginx and the smoke tests for every deployment the host proxies; monitoring last.
+removed); then (proxy.routing cache_aware) vLLM's router, nginx and the smoke tests for every
+deployment the host proxies (through nginx, the path users take); monitoring last.
 A host with no part is left alone.
 """
 
@@ -32,7 +33,8 @@ from vllm_fleet.roles.common.state import Query, load_host_state
 
 def state_query(ctx: dict, h) -> Query:
     """What the roles serve() runs on this host compare against (vllm_fleet.roles.common.state)."""
-    from vllm_fleet.roles import nginx, service
+    from vllm_fleet.render.files import paths as render_paths
+    from vllm_fleet.roles import nginx, router, service
     from vllm_fleet.roles.common import clash
 
     rendered = dict(h.files)
@@ -44,7 +46,9 @@ def state_query(ctx: dict, h) -> Query:
             if node.instances:
                 q = q | service.state_query(spec, node, rendered)
         if "proxy" in node.roles:
-            q = q | nginx.state_query(spec, rendered)
+            q = q | nginx.state_query(spec, rendered) | Query(stat=(render_paths(spec)["router_unit"],))
+        if "router" in node.roles:
+            q = q | router.state_query(spec, rendered)
     return q
 
 
@@ -95,10 +99,15 @@ def serve() -> None:
         if "proxy" not in node.roles:
             continue
         from vllm_fleet.roles.nginx import install_nginx
+        from vllm_fleet.roles.router import install_router, remove_router
 
         sec = ctx["all_secrets"][name]
+        if "router" in node.roles:  # cache_aware: the router serves before nginx points at it
+            install_router(spec=ctx["specs"][name], rendered=rendered)
         install_nginx(spec=ctx["specs"][name], rendered=rendered, api_key=sec["api_key"],
                       tls_key=sec["tls_key"], tls_certificate=sec["tls_certificate"])
+        if "router" not in node.roles:  # after nginx stopped pointing at it
+            remove_router(spec=ctx["specs"][name], rendered=rendered)
     for name, node in h.parts.items():  # after every site is in: each deployment's own checks
         if "proxy" not in node.roles:
             continue

@@ -154,6 +154,21 @@ def vllm_targets(resolved: dict[str, Any], mon_node: "_Node", all_nodes: list["_
     return out
 
 
+def router_targets(resolved: dict[str, Any], mon_node: "_Node", all_nodes: list["_Node"], with_inventory: bool) -> list[tuple[str, dict[str, str]]]:
+    """vLLM's router (proxy.routing cache_aware) on each proxy host: its Prometheus port is on
+    loopback, read through that host's nginx at /metrics/router (``proxy.metrics_allow``)."""
+    prx = resolved["proxy"]
+    tls = prx["tls"]["enabled"]
+    out = []
+    for n in all_nodes:
+        if "router" not in n.roles:
+            continue
+        port, default = prx["listen"], (443 if tls else 80)
+        address = "127.0.0.1" if not with_inventory or n.target == mon_node.target else n.address
+        out.append((address if port == default else f"{address}:{port}", {"deployment": resolved["name"], "replica": f"router@{n.target}"}))
+    return out
+
+
 def _scrape(job: str, targets: list[tuple[str, dict[str, str]]], **extra: Any) -> dict[str, Any]:
     """A scrape config with one static group per target (its labels)."""
     return {"job_name": job, **extra, "static_configs": [{"targets": [t], "labels": labels} for t, labels in targets]}
@@ -183,6 +198,10 @@ def prometheus_config(resolved: dict[str, Any], mon_node: "_Node", all_nodes: li
             job["job_name"] = f"vllm-{i}"
             job["relabel_configs"] = [{"target_label": "job", "replacement": "vllm"}]
         scrapes.append(job)
+
+    router = router_targets(resolved, mon_node, all_nodes, with_inventory)
+    if router:
+        scrapes.append(_scrape("vllm-router", router, metrics_path="/metrics/router"))
 
     if mon["health_probe"]:
         urls = [(f"{t['scheme']}://{t['address']}{t['health_path']}", {"deployment": name, "replica": t["replica"]}) for t in vllm]

@@ -36,6 +36,8 @@ Example (deploys/rollout.py)::
 
 from __future__ import annotations
 
+import json
+import shlex
 import time
 from typing import Any
 
@@ -50,7 +52,7 @@ from vllm_fleet.render import files as render
 
 from .defaults import DEFAULTS
 
-__all__ = ["upstream", "drain", "smoke_replica", "parse_metrics", "DEFAULTS"]
+__all__ = ["upstream", "router_workers", "ROUTER_SYNC_PY", "drain", "smoke_replica", "parse_metrics", "DEFAULTS"]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -139,6 +141,68 @@ def _smoke(py: str, port: int, model: str, secrets: str, max_tokens: int, timeou
 
 
 # ----------------------------------------------------------------------------------------------
+
+
+#: Runs on the proxy host with the router's own Python: argv is PORT and a JSON
+#: ``{"keep": [url], "remove": [url]}``; makes the router's worker list hold exactly ``keep``
+#: (of the deployment's workers) and prints what it did; exit 1 naming what failed.
+ROUTER_SYNC_PY = r'''
+import json, sys, urllib.parse, urllib.request
+port, want = int(sys.argv[1]), json.loads(sys.argv[2])
+base = f"http://127.0.0.1:{port}"
+def call(method, path, **q):
+    url = base + path + ("?" + urllib.parse.urlencode(q) if q else "")
+    with urllib.request.urlopen(urllib.request.Request(url, method=method), timeout=60) as r:
+        return r.read().decode()
+try:
+    listed = set(json.loads(call("GET", "/list_workers")).get("urls") or [])
+    done = []
+    for u in want["remove"]:
+        if u in listed:
+            call("POST", "/remove_worker", url=u); done.append(f"removed {u}")
+    for u in want["keep"]:
+        if u not in listed:
+            call("POST", "/add_worker", url=u); done.append(f"added {u}")
+    now = sorted(json.loads(call("GET", "/list_workers")).get("urls") or [])
+    print("router workers: " + (", ".join(done) or "unchanged") + f"; now {now}")
+    if set(now) & set(want["remove"]) or set(want["keep"]) - set(now):
+        print(f"FAIL the router lists {now}, wanted {sorted(want['keep'])}"); sys.exit(1)
+except Exception as exc:
+    print(f"FAIL router {base}: {type(exc).__name__}: {exc}"); sys.exit(1)
+'''
+
+
+def _sync_router(py: str, port: int, keep: list[str], remove: list[str]) -> None:
+    argv = [py, "-c", ROUTER_SYNC_PY, str(port), json.dumps({"keep": keep, "remove": remove})]
+    ok, out = host.run_shell_command(" ".join(shlex.quote(a) for a in argv), **as_root(), _timeout=180)
+    lines = [line for line in (getattr(out, "stdout_lines", []) or []) + (getattr(out, "stderr_lines", []) or [])]
+    if not ok:
+        raise RuntimeError(f"{host.name}: could not set the router's workers: {' | '.join(lines[-5:])}")
+    _say(lines[-1] if lines else "router workers set")
+
+
+@deploy("Rollout: router workers", data_defaults=DEFAULTS)
+def router_workers(spec: dict[str, Any], workers: list[tuple[str, bool]]):
+    """
+    ``cache_aware``: the router's worker list (its /remove_worker, /add_worker API on loopback)
+    without the instances being updated (``down``) and with every other one. A replica leaves
+    the router before it is drained, and comes back only after its own smoke test (the last
+    step renders none down). The router's health checks are the fallback for a replica that
+    dies on its own, not the rollout's means: they notice only after requests failed.
+
+    + spec: the resolved deployment spec
+    + workers: ``[(url as the router names it, down)]`` of every replica of the deployment
+
+    **Example:**
+
+    .. code:: python
+
+        router_workers(spec=spec, workers=[("http://10.10.0.12:8000", True), ("http://127.0.0.1:8000", False)])
+    """
+    py = f"{render.paths(spec)['router_env']}/bin/python"
+    python.call(name="Router worker list: the batch out, the others in", function=_sync_router, py=py,
+                port=int(spec["proxy"]["routing"]["router"]["port"]),
+                keep=[u for u, down in workers if not down], remove=[u for u, down in workers if down])
 
 
 @deploy("Rollout: nginx upstream", data_defaults=DEFAULTS)

@@ -1,0 +1,199 @@
+"""proxy.routing (docs/routing.md): what each policy renders, the router's command line against
+vllm-router 0.1.17's own --help, the layout's `router` part and ports, the client settings, and
+a real nginx in front of three fake replicas: `session` keeps a header's requests on one replica
+and spreads requests without it."""
+
+from __future__ import annotations
+
+import copy
+import http.server
+import json
+import re
+import subprocess
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from test_rendered_validity import NGINX, _free_port, _nginx_prefix, needs_nginx
+from vllm_fleet.render import files as render
+from vllm_fleet.render.layout import AUTO_POLICY, build
+from vllm_fleet.serving import multiturn
+from vllm_fleet.spec import load as spec
+
+REPO = Path(__file__).resolve().parent.parent
+HELP = (Path(__file__).resolve().parent / "fixtures" / "vllm-router-0.1.17-help.txt").read_text()
+INV = {f"lab{i}": {"address": f"10.10.0.1{i}", "groups": ["servers"] + (["proxy"] if i == 1 else []), "data": {}} for i in (1, 2, 3)}
+SITE = "/etc/nginx/conf.d/vllm-fleet-lab-tiny-routing.conf"
+UNIT = "/etc/systemd/system/vllm-router-lab-tiny-routing.service"
+
+
+def resolved(policy: str | None = None, **router) -> dict:
+    r = spec.resolve(spec.load(REPO / "deployments" / "lab-tiny-routing.yaml"))
+    if policy:
+        r["proxy"]["routing"]["policy"] = policy
+    r["proxy"]["routing"]["router"].update(router)
+    return r
+
+
+def test_router_flags_exist_in_the_pinned_release():
+    """Every flag of the rendered command line is in vllm-router 0.1.17's --help (captured in
+    tests/fixtures), and the version pinned by the schema is that one."""
+    r = resolved("cache_aware")
+    assert r["proxy"]["routing"]["router"]["version"] == "0.1.17"
+    argv = render.router_argv(r, ["http://127.0.0.1:8000"])
+    flags = [a for a in argv if a.startswith("--")]
+    assert len(flags) > 10
+    known = set(re.findall(r"(--[a-z][a-z0-9-]+)", HELP))
+    assert not [f for f in flags if f not in known]
+    assert "cache_aware" in re.search(r"--policy \{([^}]*)\}", HELP).group(1)
+
+
+def test_cache_aware_renders_the_router_behind_nginx():
+    out = render.render(resolved("cache_aware"), copy.deepcopy(INV))
+    site, unit = out["lab1"][SITE].content, out["lab1"][UNIT].content
+    assert "server 127.0.0.1:8190;" in site and "least_conn" not in site
+    assert "10.10.0.12:8000" not in site  # the router picks the replica, not nginx
+    assert "location = /metrics/router" in site and "proxy_pass http://127.0.0.1:8191/metrics;" in site
+    assert "proxy_buffering off;" in site and "$vllm_fleet_lab_tiny_routing_authorized" in site  # TLS/key/streaming stay at nginx
+    assert "--worker-urls http://127.0.0.1:8000 http://10.10.0.12:8000 http://10.10.0.13:8000" in unit
+    assert "--host 127.0.0.1 --port 8190" in unit and "--prometheus-host 127.0.0.1 --prometheus-port 8191" in unit
+    assert "--cache-threshold 0.3 --balance-abs-threshold 64 --balance-rel-threshold 1.5" in unit
+    for line in ("DynamicUser=yes", "NoNewPrivileges=yes", "ProtectSystem=strict", "CapabilityBoundingSet=", "PrivateDevices=yes"):
+        assert line in unit.splitlines()
+    assert not [p for h in ("lab2", "lab3") for p in out[h] if "router" in p]  # only the proxy host runs it
+    # knobs reach the command line
+    unit = render.render(resolved("cache_aware", cache_threshold=0.7, balance_abs_threshold=8), copy.deepcopy(INV))["lab1"][UNIT].content
+    assert "--cache-threshold 0.7 --balance-abs-threshold 8" in unit
+
+
+def test_layout_has_the_router_part_and_its_ports():
+    lay = build([resolved("cache_aware")], copy.deepcopy(INV))
+    assert "router" in lay.hosts["lab1"].roles() and "router" not in lay.hosts["lab2"].roles()
+    assert lay.hosts_with("router") == ["lab1"]
+    from vllm_fleet.render.layout import _listen_ports
+
+    ports = dict(_listen_ports(resolved("cache_aware"), lay.hosts["lab1"].parts["lab-tiny-routing"]))
+    assert 8190 in ports and 8191 in ports and "router" in ports[8190]
+    assert "router" not in build([resolved("session")], copy.deepcopy(INV)).hosts["lab1"].roles()
+
+
+def test_auto_least_conn_for_one_replica_the_measured_best_for_more():
+    one = {"lab1": {"address": "10.10.0.11", "groups": ["servers", "proxy"], "data": {}}}
+    site = render.render(resolved("auto"), one)["lab1"][SITE].content
+    assert "least_conn;" in site and "hash " not in site and UNIT not in render.render(resolved("auto"), one)["lab1"]
+    many = render.render(resolved("auto"), copy.deepcopy(INV))
+    assert json.loads(many["client"]["~/.config/vllm-fleet/lab-tiny-routing/openai.json"].content)["routing"]["policy"] == AUTO_POLICY
+
+
+def test_balance_is_still_read():
+    r = spec.resolve(spec.load(REPO / "deployments" / "lab-tiny-replicas.yaml"))
+    assert r["proxy"]["routing"]["policy"] == "least_conn" and "balance" not in r["proxy"]
+    raw = spec.load(REPO / "deployments" / "lab-tiny-replicas.yaml")
+    raw.raw["proxy"]["balance"] = "round_robin"
+    assert spec.resolve(raw)["proxy"]["routing"]["policy"] == "round_robin"
+
+
+def test_session_client_settings_say_how_to_send_the_header():
+    r = resolved("session")
+    r["proxy"]["routing"]["session_header"] = "X-Conversation"
+    out = render.render(r, copy.deepcopy(INV))
+    doc = json.loads(out["client"]["~/.config/vllm-fleet/lab-tiny-routing/openai.json"].content)
+    assert doc["routing"]["session_header"] == "X-Conversation" and "X-Conversation" in doc["routing"]["how"]
+    env = out["client"]["~/.config/vllm-fleet/lab-tiny-routing/openai.env"].content
+    assert "VLLM_FLEET_SESSION_HEADER=X-Conversation" in env and "default_headers" in env
+    site = out["lab1"][SITE].content
+    assert "hash $http_x_conversation consistent;" in site and "proxy_pass http://$vllm_fleet_lab_tiny_routing_pool;" in site
+
+
+def test_router_scraped_and_on_the_dashboard():
+    from vllm_fleet.render import monitoring
+
+    r = resolved("cache_aware")
+    r["monitoring"]["enabled"] = True
+    inv = copy.deepcopy(INV)
+    inv["lab1"]["groups"].append("monitoring")
+    text = render.render(r, inv)["lab1"][monitoring.PROMETHEUS_CONFIG].content
+    import yaml
+
+    jobs = {j["job_name"]: j for j in yaml.safe_load(text)["scrape_configs"]}
+    assert jobs["vllm-router"]["metrics_path"] == "/metrics/router"
+    assert jobs["vllm-router"]["static_configs"][0]["targets"] == ["127.0.0.1"]
+    exprs = " ".join(monitoring.dashboard_queries())
+    assert "vllm_router_policy_decisions_total" in exprs and "vllm:prefix_cache_hits_total" in exprs
+
+
+def test_counters_and_hit_rate():
+    page = ('vllm:prefix_cache_hits_total{engine="0",model_name="tiny"} 300.0\n'
+            'vllm:prefix_cache_queries_total{engine="0",model_name="tiny"} 400.0\n'
+            'vllm:request_success_total{finished_reason="length"} 7.0\nvllm:request_success_total{finished_reason="stop"} 1.0\n')
+    assert multiturn.parse_counters(page) == {"hits": 300.0, "queries": 400.0, "requests": 8.0}
+    d = multiturn.counter_delta({"a:0": {"hits": 100, "queries": 200, "requests": 2}, "b:0": {"hits": 0, "queries": 0, "requests": 0}},
+                                {"a:0": {"hits": 300, "queries": 400, "requests": 8}, "b:0": {"hits": 50, "queries": 200, "requests": 4}})
+    assert d["per_replica"]["a:0"]["hit_rate"] == 1.0 and d["hit_rate"] == round(250 / 400, 4)
+    assert d["requests_per_replica"] == {"a:0": 6, "b:0": 4}
+
+
+# ---------------------------------------------------------------------------------------------
+# A real nginx: the session policy
+
+
+class _Replica(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *a):
+        pass
+
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        time.sleep(0.02)
+        body = json.dumps({"port": self.server.server_address[1]}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
+@needs_nginx
+def test_session_keeps_a_conversation_on_one_replica_and_spreads_the_rest(tmp_path):
+    r = resolved("session")
+    r["proxy"]["auth"] = "none"
+    base_port, listen = _free_port(), _free_port()
+    r["server"]["port"] = base_port
+    r["replicas"]["per_host"] = 3
+    site = render.render(r)["proxy"][SITE].content
+    ports = [int(p) for p in re.findall(r"server 127\.0\.0\.1:(\d+) ", site)]
+    assert len(set(ports)) == 3
+    servers = []
+    for p in sorted(set(ports)):
+        s = http.server.ThreadingHTTPServer(("127.0.0.1", p), _Replica)
+        threading.Thread(target=s.serve_forever, daemon=True).start()
+        servers.append(s)
+    prefix = _nginx_prefix(tmp_path, site, None, port=listen)
+    proc = subprocess.Popen([NGINX, "-p", str(prefix), "-c", str(prefix / "nginx.conf"), "-e", str(prefix / "logs/error.log")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        def ask(headers=None) -> int:
+            for _ in range(100):
+                try:
+                    req = urllib.request.Request(f"http://127.0.0.1:{listen}/v1/chat/completions", data=b"{}",
+                                                 headers={"Content-Type": "application/json", **(headers or {})})
+                    with urllib.request.urlopen(req, timeout=5) as resp:
+                        return json.loads(resp.read())["port"]
+                except OSError:
+                    assert proc.poll() is None, proc.stderr.read().decode()
+                    time.sleep(0.05)
+            raise AssertionError("nginx did not answer")
+
+        for conv in ("a", "b", "c", "d"):
+            assert len({ask({"X-Session-Id": conv}) for _ in range(6)}) == 1, conv  # sticky
+        assert len({ask({"X-Session-Id": f"c{i}"}) for i in range(24)}) >= 2  # different conversations spread
+        assert len({ask() for _ in range(9)}) >= 2  # no header: least_conn over all, not one hash bucket
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+        for s in servers:
+            s.shutdown()

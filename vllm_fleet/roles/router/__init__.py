@@ -1,0 +1,170 @@
+"""vLLM's router (``proxy.routing.policy: cache_aware``): the pinned ``vllm-router`` in its own
+venv on the proxy host, its rendered hardened unit on loopback, started (restarted when its unit
+or its version changed) and waited for before nginx points at it.
+
+Wheels, like vLLM's (vllm_fleet/roles/vllm): ``install.wheelhouse`` (a directory on the control
+machine, uploaded, ``--no-index``: air-gapped fleets) wins; else ``install.wheels: fleet`` (the
+control machine downloads vllm-router and its dependencies once for the host's Python and
+platform, vllm_fleet.fetch.wheelhouse); else the host's own index.
+
+Switching the policy is a deploy of this part and nginx only: nothing here touches vLLM.
+"""
+
+from __future__ import annotations
+
+import shlex
+from typing import Any
+
+from pyinfra import host
+from pyinfra.api import deploy
+from pyinfra.operations import files, server, systemd
+
+from vllm_fleet.roles.common import DeployError, packages, put_rendered, rendered_query
+from vllm_fleet.roles.common.state import Query, host_state, pending
+
+from .defaults import DEFAULTS
+
+PACKAGE = "vllm-router"
+
+
+def env_dir(spec: dict[str, Any]) -> str:
+    from vllm_fleet.render import files as render
+
+    return render.paths(spec)["router_env"]
+
+
+def requirement(spec: dict[str, Any]) -> str:
+    return f"{PACKAGE}=={spec['proxy']['routing']['router']['version']}"
+
+
+def state_query(spec: dict[str, Any], rendered: dict[str, Any]) -> Query:
+    """What install_router compares against: its unit, its venv's vllm-router, the unit's state."""
+    from vllm_fleet.render import files as render
+
+    p = render.paths(spec)
+    return (rendered_query(rendered, [p["router_unit"]])
+            | Query(units=(p["router_unit"].rsplit("/", 1)[1],), debs=("python3-venv",),
+                    envs=((f"{env_dir(spec)}/bin/python", (f"dist:{PACKAGE}",)),)))
+
+
+def _wheel_source(spec: dict[str, Any]) -> tuple[list[str], str | None]:
+    """pip's source arguments for this host, and the wheel server's address (trusted host)."""
+    from pyinfra.api.exceptions import DeployError as PyDeployError
+
+    from vllm_fleet.fetch import wheelhouse as wh
+    from vllm_fleet.roles.vllm import _local_dir
+    from vllm_fleet.roles.vllm.facts import PythonTarget
+
+    ins = spec["install"]
+    dest = f"{env_dir(spec)}-wheels"
+    if ins.get("wheelhouse"):
+        files.sync(name=f"Upload the wheelhouse to {dest}", src=_local_dir(ins["wheelhouse"], "install.wheelhouse"),
+                   dest=dest, delete=True)
+        return ["--no-index", "--find-links", dest], None
+    if ins["wheels"] == "fleet":
+        target = host.get_fact(PythonTarget)
+        lacking = [k for k in ("python", "glibc", "machine") if not target.get(k)]
+        if lacking:
+            raise PyDeployError(f"host {host.name}: the router's wheels (install.wheels: fleet) need the host's {', '.join(lacking)}; "
+                                "set install.wheels: host to let the host download for itself")
+        try:
+            directory = wh.ensure([requirement(spec)], target, index_url=ins.get("index_url"))
+        except wh.WheelhouseError as exc:
+            raise PyDeployError(str(exc)) from None
+        address = host.data.get("vllm_wheel_serve_address")
+        if address:
+            try:
+                port = wh.serve(directory.parent, address)
+            except wh.WheelhouseError as exc:
+                raise PyDeployError(str(exc)) from None
+            return ["--no-index", "--find-links", f"http://{address}:{port}/{directory.name}/", "--trusted-host", address], address
+        files.sync(name=f"Upload the router's wheels to {dest}", src=str(directory), dest=dest, delete=True)
+        return ["--no-index", "--find-links", dest], None
+    return (["--index-url", ins["index_url"]] if ins.get("index_url") else []), None
+
+
+def wait_script(port: int, timeout: float) -> str:
+    """Wait until the router lists its workers on loopback (it serves once its startup wait is
+    over); print what it lists, fail after ``timeout`` seconds with the unit's journal."""
+    return f"""import json, sys, time, urllib.request
+deadline = time.time() + {float(timeout)}
+last = ""
+while time.time() < deadline:
+    try:
+        with urllib.request.urlopen("http://127.0.0.1:{int(port)}/list_workers", timeout=3) as r:
+            print("router up:", json.loads(r.read()).get("urls")); sys.exit(0)
+    except Exception as exc:
+        last = str(exc)
+    time.sleep(0.5)
+print("the router did not answer on 127.0.0.1:{int(port)} within {float(timeout)} s:", last, file=sys.stderr)
+sys.exit(1)
+"""
+
+
+@deploy("vLLM router", data_defaults=DEFAULTS)
+def install_router(spec: dict[str, Any], rendered: dict[str, Any]):
+    """
+    Install and start vLLM's router for this deployment (proxy hosts with part ``router``).
+
+    + spec: the resolved deployment spec
+    + rendered: this host's rendered files (the router's unit is used)
+
+    **Example:**
+
+    .. code:: python
+
+        install_router(spec=spec, rendered=rendered)
+    """
+    from vllm_fleet.render import files as render
+
+    p = render.paths(spec)
+    if p["router_unit"] not in rendered:
+        raise DeployError(f"{host.name}: no router unit rendered for {spec['name']} (the layout gives this host no `router` part)")
+    unit = p["router_unit"].rsplit("/", 1)[1]
+    env = env_dir(spec)
+    py = f"{env}/bin/python"
+    version = spec["proxy"]["routing"]["router"]["version"]
+    changed = []
+    packages(name="python3-venv (the router's venv)", packages=["python3-venv"])
+    probed = host_state().env(py)
+    have = (probed or {}).get("dist", {}).get(PACKAGE) if probed is not None else None
+    if have != version:
+        source, _ = _wheel_source(spec)
+        argv = [py, "-m", "pip", "install", "--no-input", "--disable-pip-version-check", "--progress-bar", "off",
+                "--no-cache-dir", "--timeout", str(int(host.data.get("router_pip_timeout"))), *source, requirement(spec)]
+        changed.append(server.shell(
+            name=f"pip install {requirement(spec)} into {env}",
+            commands=[f"test -x {shlex.quote(py)} || python3 -m venv {shlex.quote(env)}",
+                      " ".join(shlex.quote(a) for a in argv),
+                      f"{shlex.quote(env)}/bin/vllm-router --help >/dev/null"],
+        ))
+    else:
+        host.noop(f"{requirement(spec)} already installed in {env}")
+    put = put_rendered(rendered, [p["router_unit"]])
+    unit_op = put[p["router_unit"]]
+    if pending(unit_op):
+        systemd.daemon_reload(name="systemd daemon-reload (router unit)", _if=unit_op.did_change)
+    if pending(unit_op, *changed) or not host_state().unit_ok(unit, running=True, enabled=True):
+        # restarted: a new unit or version takes effect (pyinfra starts it instead when it is not running)
+        systemd.service(name=f"Start {unit}", service=unit, running=True, enabled=True,
+                        restarted=bool(pending(unit_op, *changed)))
+        server.shell(name=f"Wait for {unit} on 127.0.0.1:{spec['proxy']['routing']['router']['port']}",
+                     commands=[f"python3 -c {shlex.quote(wait_script(spec['proxy']['routing']['router']['port'], host.data.get('router_start_timeout')))}"
+                               f" || {{ journalctl -u {unit} -n 30 --no-pager; exit 1; }}"])
+
+
+def remove_router(spec: dict[str, Any], rendered: dict[str, Any]) -> None:
+    """The policy is no longer cache_aware here: stop and remove the router's unit (its venv stays)."""
+    from vllm_fleet.render import files as render
+
+    p = render.paths(spec)
+    if p["router_unit"] in rendered:
+        return
+    unit = p["router_unit"].rsplit("/", 1)[1]
+    if host_state().absent(p["router_unit"]):
+        return
+    server.shell(name=f"Stop and remove {unit} (routing is no longer cache_aware)",
+                 commands=[f"if [ -e {p['router_unit']} ]; then systemctl disable --now {unit} || true; rm -f {p['router_unit']}; systemctl daemon-reload; fi"])
+
+
+__all__ = ["install_router", "remove_router", "state_query", "wait_script", "requirement"]

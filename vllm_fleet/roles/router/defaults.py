@@ -1,0 +1,6 @@
+"""Host data the router role reads (pyinfra data_defaults)."""
+
+DEFAULTS = {
+    "router_pip_timeout": 120,  # s per pip network operation
+    "router_start_timeout": 60,  # s: the router serves once its replicas answer (its startup wait is 30 s)
+}

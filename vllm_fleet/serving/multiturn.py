@@ -1,0 +1,406 @@
+"""A multi-turn chat workload, and its comparison across routing policies.
+
+    wl = Workload(conversations=96, prefix_words=3000, turns=8, user_words=60, output_tokens=48, think_s=3)
+    result = run_workload(base_url, model, key, wl, seed=1)      # one run against one endpoint
+
+Each conversation is one thread: a private prefix (random words, ~1 token each for a 7B model's
+tokenizer; the counts of the server are reported as ``prompt_tokens``), optionally after a system
+prompt shared by every conversation of the run, then ``turns`` user turns; every turn resends the
+whole conversation so far (as chat clients do) with its answer appended, and waits a random
+0..``think_s`` seconds before the next. Every request is streamed (TTFT = first content chunk) with
+exactly ``output_tokens`` generated (``min_tokens`` = ``max_tokens``, vLLM's extension) and carries
+``X-Session-Id: <run>-<conversation>`` (or the deployment's proxy.routing.session_header): only the
+``session`` policy looks at it. Each run draws new words (its own seed): one run's cache cannot
+serve another's prompts.
+
+:func:`prefix_counters` reads each replica's own ``vllm:prefix_cache_hits_total`` /
+``vllm:prefix_cache_queries_total`` (tokens) and ``vllm:request_success_total`` on its host (over
+SSH, from 127.0.0.1): the hit rate of a run is the difference of the sums before and after.
+
+Core module: no pyinfra. Only ``requests`` and the standard library.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+import subprocess
+import threading
+import time
+from dataclasses import asdict, dataclass
+from typing import Any, Callable
+
+import requests
+
+#: Short common English words: about one token each for Qwen/Llama tokenizers.
+WORDS = ("time year people way day man thing woman life child world school state family student group country problem "
+         "hand part place case week company system program question work government number night point home water room "
+         "mother area money story fact month lot right study book eye job word business issue side kind head house "
+         "service friend father power hour game line end member law car city name team minute idea kid body back "
+         "face others level office door health person art war history party result change morning reason research "
+         "girl guy moment air teacher force education").split()
+COUNTERS = {"vllm:prefix_cache_hits_total": "hits", "vllm:prefix_cache_queries_total": "queries",
+            "vllm:request_success_total": "requests"}
+
+
+@dataclass
+class Workload:
+    conversations: int = 16
+    prefix_words: int = 200       # private prefix of each conversation
+    system_words: int = 0         # a system prompt shared by every conversation of the run (0: none)
+    turns: int = 4
+    user_words: int = 20          # new words per user turn
+    output_tokens: int = 16
+    think_s: float = 1.0          # each conversation waits uniform(0, think_s) between turns
+    concurrency: int = 0          # conversations in flight at once (0: all)
+    timeout_s: float = 300.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _words(rng: random.Random, n: int) -> str:
+    return " ".join(rng.choice(WORDS) for _ in range(n))
+
+
+def _pct(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    v = sorted(values)
+    k = (len(v) - 1) * q
+    lo, hi = int(k), min(int(k) + 1, len(v) - 1)
+    return v[lo] + (v[hi] - v[lo]) * (k - lo)
+
+
+def _one_request(session: requests.Session, url: str, headers: dict[str, str], body: dict[str, Any],
+                 timeout: float) -> dict[str, Any]:
+    t0 = time.monotonic()
+    first = None
+    text, usage, status = [], None, None
+    try:
+        with session.post(url, headers=headers, json=body, stream=True, timeout=timeout) as r:
+            status = r.status_code
+            if r.status_code != 200:
+                return {"ok": False, "status": status, "reason": f"HTTP {status}: {r.text[:200]}", "e2e_s": time.monotonic() - t0}
+            done = False
+            for line in r.iter_lines(decode_unicode=True):
+                if not line or not line.startswith("data: "):
+                    continue
+                data = line[6:]
+                if data == "[DONE]":
+                    done = True
+                    break
+                ev = json.loads(data)
+                if ev.get("usage"):
+                    usage = ev["usage"]
+                for ch in ev.get("choices") or []:
+                    piece = (ch.get("delta") or {}).get("content")
+                    if piece:
+                        if first is None:
+                            first = time.monotonic()
+                        text.append(piece)
+            if not done:
+                return {"ok": False, "status": status, "reason": "stream ended before [DONE]", "e2e_s": time.monotonic() - t0}
+    except requests.RequestException as exc:
+        return {"ok": False, "status": status, "reason": f"{type(exc).__name__}: {str(exc)[:200]}", "e2e_s": time.monotonic() - t0}
+    end = time.monotonic()
+    return {"ok": True, "status": status, "ttft_s": (first or end) - t0, "e2e_s": end - t0, "text": "".join(text),
+            "prompt_tokens": (usage or {}).get("prompt_tokens"), "completion_tokens": (usage or {}).get("completion_tokens")}
+
+
+def run_workload(base_url: str, model: str, api_key: str | None, wl: Workload, *, seed: int, run_id: str = "run",
+                 session_header: str = "X-Session-Id", host_header: str | None = None,
+                 say: Callable[[str], None] = print) -> dict[str, Any]:
+    """Run the workload once against ``base_url`` (the proxy, ``http://HOST[:PORT]``); return the
+    per-request records' summary (no counters: see :func:`compare`)."""
+    url = base_url.rstrip("/") + "/v1/chat/completions"
+    system = _words(random.Random(f"{seed}-system"), wl.system_words) if wl.system_words else None
+    records: list[dict[str, Any]] = []
+    lock = threading.Lock()
+    slots = threading.Semaphore(wl.concurrency or wl.conversations)
+
+    def conversation(i: int) -> None:
+        rng = random.Random(f"{seed}-{i}")
+        headers = {"Content-Type": "application/json", session_header: f"{run_id}-{i}"}
+        if api_key:
+            headers["Authorization"] = f"Bearer {api_key}"
+        if host_header:
+            headers["Host"] = host_header
+        msgs: list[dict[str, str]] = [{"role": "system", "content": system}] if system else []
+        msgs.append({"role": "user", "content": _words(rng, wl.prefix_words) + "\n\n" + _words(rng, wl.user_words)})
+        with slots, requests.Session() as s:
+            for turn in range(wl.turns):
+                if turn:
+                    msgs.append({"role": "user", "content": _words(rng, wl.user_words)})
+                body = {"model": model, "messages": msgs, "stream": True, "stream_options": {"include_usage": True},
+                        "max_tokens": wl.output_tokens, "min_tokens": wl.output_tokens, "temperature": 0.0}
+                rec = _one_request(s, url, headers, body, wl.timeout_s)
+                rec.update(conversation=i, turn=turn, start_s=time.monotonic() - t0)
+                text = rec.pop("text", None)
+                with lock:
+                    records.append(rec)
+                if not rec["ok"]:
+                    return  # the conversation cannot go on without its answer
+                msgs.append({"role": "assistant", "content": text or ""})
+                if wl.think_s and turn < wl.turns - 1:
+                    time.sleep(rng.uniform(0, wl.think_s))
+
+    t0 = time.monotonic()
+    threads = [threading.Thread(target=conversation, args=(i,), daemon=True) for i in range(wl.conversations)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.monotonic() - t0
+    return summarize(records, wall)
+
+
+def summarize(records: list[dict[str, Any]], wall_s: float) -> dict[str, Any]:
+    ok = [r for r in records if r["ok"]]
+    ttft = [r["ttft_s"] * 1000 for r in ok]
+    e2e = [r["e2e_s"] * 1000 for r in ok]
+    out_tok = sum(r.get("completion_tokens") or 0 for r in ok)
+    prompt = [r["prompt_tokens"] for r in ok if r.get("prompt_tokens")]
+    reasons: dict[str, int] = {}
+    for r in records:
+        if not r["ok"]:
+            key = re.sub(r"\d{3,}", "N", r["reason"])[:120]
+            reasons[key] = reasons.get(key, 0) + 1
+    return {
+        "requests": len(records), "ok": len(ok), "failed": len(records) - len(ok), "failure_reasons": reasons,
+        "wall_s": round(wall_s, 2),
+        "ttft_ms": {"p50": _r(_pct(ttft, 0.5)), "p90": _r(_pct(ttft, 0.9)), "p99": _r(_pct(ttft, 0.99))},
+        "e2e_ms": {"p50": _r(_pct(e2e, 0.5)), "p90": _r(_pct(e2e, 0.9)), "p99": _r(_pct(e2e, 0.99))},
+        "output_tokens": out_tok, "output_tok_s": round(out_tok / wall_s, 1) if wall_s else None,
+        "prompt_tokens": {"mean": round(sum(prompt) / len(prompt), 1) if prompt else None,
+                          "max": max(prompt) if prompt else None},
+    }
+
+
+def _r(v: float | None) -> float | None:
+    return None if v is None else round(v, 1)
+
+
+# ---------------------------------------------------------------------------------------------
+# Each replica's own counters
+
+_METRIC_LINE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+([0-9.eE+-]+)")
+
+#: Run on a replica's host: its /metrics from loopback, only the counters wanted (one JSON line).
+COUNTERS_PY = """import json, sys, urllib.request
+want = set(json.loads(sys.argv[2]))
+text = urllib.request.urlopen("http://127.0.0.1:%d/metrics" % int(sys.argv[1]), timeout=10).read().decode()
+out = {}
+for line in text.splitlines():
+    if line.startswith("#"):
+        continue
+    name = line.split("{", 1)[0].split(" ", 1)[0]
+    if name in want:
+        out[name] = out.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
+print(json.dumps(out))
+"""
+
+
+def parse_counters(text: str) -> dict[str, float]:
+    """Sum of each wanted counter over its label sets, from a Prometheus text page."""
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        m = _METRIC_LINE.match(line)
+        if m and m.group(1) in COUNTERS:
+            out[COUNTERS[m.group(1)]] = out.get(COUNTERS[m.group(1)], 0.0) + float(m.group(3))
+    return out
+
+
+def prefix_counters(view: Any, python: str, run: Callable[..., Any] = subprocess.run) -> dict[str, dict[str, float]]:
+    """``{replica id: {"hits", "queries", "requests"}}`` read on every replica's host."""
+    from vllm_fleet.host.fleetview import remote
+
+    out = {}
+    for rep in view.replicas:
+        argv = [*view.ssh_argv(rep.host), remote([*view.sudo(rep.host), python, "-c", COUNTERS_PY, str(rep.port), json.dumps(sorted(COUNTERS))])]
+        p = run(argv, capture_output=True, text=True, timeout=60)
+        if p.returncode != 0:
+            raise RuntimeError(f"{rep.id}: could not read its /metrics on the host: {p.stderr.strip()[-300:]}")
+        raw = json.loads(p.stdout.strip().splitlines()[-1])
+        out[rep.id] = {COUNTERS[k]: v for k, v in raw.items()}
+    return out
+
+
+def counter_delta(before: dict[str, dict[str, float]], after: dict[str, dict[str, float]]) -> dict[str, Any]:
+    """Per replica and in total: hits, queries (prompt tokens looked up), hit rate, requests."""
+    per = {}
+    for rid in after:
+        d = {k: after[rid].get(k, 0.0) - (before.get(rid) or {}).get(k, 0.0) for k in ("hits", "queries", "requests")}
+        d["hit_rate"] = round(d["hits"] / d["queries"], 4) if d["queries"] else None
+        per[rid] = d
+    hits, queries = sum(d["hits"] for d in per.values()), sum(d["queries"] for d in per.values())
+    return {"per_replica": per, "hits": hits, "queries": queries,
+            "hit_rate": round(hits / queries, 4) if queries else None,
+            "requests_per_replica": {rid: d["requests"] for rid, d in per.items()}}
+
+
+# ---------------------------------------------------------------------------------------------
+# Presentation
+
+
+def format_table(runs: list[dict[str, Any]]) -> str:
+    head = f"{'policy':<12} {'hit rate':>8} {'TTFT p50':>9} {'p90':>8} {'p99':>8} {'e2e p50':>8} {'tok/s':>7} {'ok':>5} {'failed':>6}  requests per replica"
+    lines = [head, "-" * len(head)]
+    for r in runs:
+        s, c = r["result"], r.get("counters") or {}
+        hr = c.get("hit_rate")
+        per = " ".join(f"{k}={v:.0f}" for k, v in (c.get("requests_per_replica") or {}).items())
+        lines.append(f"{r['policy']:<12} {hr if hr is not None else float('nan'):>8.3f} {s['ttft_ms']['p50'] or 0:>7.0f}ms "
+                     f"{s['ttft_ms']['p90'] or 0:>6.0f}ms {s['ttft_ms']['p99'] or 0:>6.0f}ms {s['e2e_ms']['p50'] or 0:>6.0f}ms "
+                     f"{s['output_tok_s'] or 0:>7.1f} {s['ok']:>5} {s['failed']:>6}  {per}")
+    return "\n".join(lines)
+
+
+def report(result: dict[str, Any], out: Any) -> list[Any]:
+    """routing.html (inline SVG: hit rate, TTFT p50/p99, output tok/s per policy) and, with
+    matplotlib, routing.png; returns the files written."""
+    from pathlib import Path
+
+    from vllm_fleet.serving.report import COLORS, NO_PNG, _matplotlib, _page, _table, svg_chart
+
+    out = Path(out)
+    runs = result["runs"]
+    panels = (("prefix-cache hit rate", lambda r: (r.get("counters") or {}).get("hit_rate")),
+              ("TTFT p50 (ms)", lambda r: r["result"]["ttft_ms"]["p50"]),
+              ("TTFT p99 (ms)", lambda r: r["result"]["ttft_ms"]["p99"]),
+              ("e2e p50 (ms)", lambda r: r["result"]["e2e_ms"]["p50"]),
+              ("output tok/s", lambda r: r["result"]["output_tok_s"]))
+    labels = [f"{r['policy']}{' / ' + r['workload_name'] if r.get('workload_name') else ''}" for r in runs]
+    charts = []
+    for title, get in panels:
+        series = [{"label": f"{i + 1}: {labels[i]}", "points": [(i + 1, get(r))], "color": COLORS[i % len(COLORS)], "radius": 6}
+                  for i, r in enumerate(runs)]
+        charts.append(svg_chart(title, series, "run (see legend)", title, lines=False))
+    rows = []
+    for lab, r in zip(labels, runs):
+        s, c = r["result"], r.get("counters") or {}
+        rows.append([lab, c.get("hit_rate"), s["ttft_ms"]["p50"], s["ttft_ms"]["p90"], s["ttft_ms"]["p99"], s["e2e_ms"]["p50"],
+                     s["output_tok_s"], s["ok"], s["failed"],
+                     ", ".join(f"{k}: {v:.0f}" for k, v in (c.get("requests_per_replica") or {}).items())])
+    written = []
+    plt = _matplotlib()
+    png_note = NO_PNG
+    if plt is not None:
+        fig, axes = plt.subplots(1, len(panels), figsize=(4 * len(panels), 3.6))
+        for ax, (title, get) in zip(axes, panels):
+            vals = [get(r) or 0 for r in runs]
+            ax.bar(range(len(runs)), vals, color=[COLORS[i % len(COLORS)] for i in range(len(runs))])
+            ax.set_xticks(range(len(runs)), labels, rotation=30, ha="right", fontsize=7)
+            ax.set_title(title, fontsize=9)
+        fig.tight_layout()
+        fig.savefig(out / "routing.png", dpi=110)
+        plt.close(fig)
+        written.append(out / "routing.png")
+        png_note = "PNG: routing.png"
+    wl = result.get("workloads") or {}
+    body = [f"<h1>Routing policies: {result.get('deployment')}</h1>",
+            f"<p>{result.get('time_utc')}; endpoint {result.get('base_url')}; workloads: "
+            + "; ".join(f"<code>{k}</code> {json.dumps(v)}" for k, v in wl.items()) + "</p>",
+            '<div class="charts">' + "".join(charts) + "</div>",
+            _table(["run", "hit rate", "TTFT p50 ms", "p90", "p99", "e2e p50 ms", "output tok/s", "ok", "failed", "requests per replica"], rows),
+            f"<p>{png_note}</p>"]
+    (out / "routing.html").write_text(_page(f"routing {result.get('deployment')}", body))
+    written.insert(0, out / "routing.html")
+    return written
+
+
+# ---------------------------------------------------------------------------------------------
+# One command: every policy side by side (switching = a deploy of the proxy part only)
+
+
+def policy_spec(spec_path: str, policy: str) -> str:
+    """A copy of the spec with ``proxy.routing.policy`` set, beside it (relative paths keep
+    working); the caller removes it."""
+    import os
+
+    import yaml
+
+    with open(spec_path, encoding="utf-8") as f:
+        doc = yaml.safe_load(f)
+    prx = doc.setdefault("proxy", {}) or {}
+    doc["proxy"] = prx
+    prx.pop("balance", None)
+    prx.setdefault("routing", {})
+    prx["routing"] = {**(prx["routing"] or {}), "policy": policy}
+    d, base = os.path.split(os.path.abspath(spec_path))
+    out = os.path.join(d, f".{base.rsplit('.', 1)[0]}.routing-{policy}.yaml")
+    with open(out, "w", encoding="utf-8") as f:
+        f.write(f"# {base} with proxy.routing.policy: {policy} (vllm-fleet bench --policies; removed afterwards)\n")
+        yaml.safe_dump(doc, f, sort_keys=False)
+    return out
+
+
+def main_pids(view: Any, run: Callable[..., Any] = subprocess.run) -> dict[str, str]:
+    """Each replica's vLLM main PID (systemd), to show a policy switch restarted none."""
+    from vllm_fleet.host.fleetview import remote
+
+    out = {}
+    for rep in view.replicas:
+        p = run([*view.ssh_argv(rep.host), remote(["systemctl", "show", "-p", "MainPID", "--value", rep.unit])],
+                capture_output=True, text=True, timeout=60)
+        out[rep.id] = p.stdout.strip()
+    return out
+
+
+def compare(inventory: str, spec_path: str, policies: list[str] | None, workloads: dict[str, Workload], *,
+            seed: int = 1, say: Callable[[str], None] = print, deploy_timeout: float = 900) -> dict[str, Any]:
+    """For each policy (None: the deployed one only): deploy the proxy part with it, then run
+    each workload once, reading every replica's prefix-cache counters before and after."""
+    import os
+    import sys
+
+    from vllm_fleet.commands.bench import load_fleet
+    from vllm_fleet.render import command
+    from vllm_fleet.render.layout import routing_policy
+
+    resolved, _, view, key = load_fleet(inventory, spec_path)
+    if not view.proxies or view.proxy_listen is None:
+        raise ValueError(f"{resolved['name']}: no proxy in front of the replicas (proxy.enabled): routing policies need one")
+    proxy = view.proxies[0]
+    address = (view.hosts.get(proxy) or {}).get("address", proxy)
+    scheme = "https" if resolved["proxy"]["tls"]["enabled"] else "http"
+    base_url = f"{scheme}://{address}:{view.proxy_listen}"
+    header = resolved["proxy"]["routing"]["session_header"]
+    python = command.env_python(resolved)
+    runs = []
+    for policy in policies or [None]:
+        switched = None
+        if policy:
+            tmp = policy_spec(spec_path, policy)
+            try:
+                pids = main_pids(view)
+                t0 = time.monotonic()
+                say(f"routing {policy}: deploying the proxy part ({', '.join(view.proxies)})")
+                p = subprocess.run([sys.executable, "-m", "vllm_fleet", "deploy", inventory, "--spec", tmp, "-y",
+                                    *[a for h in view.proxies for a in ("--limit", h)]],
+                                   capture_output=True, text=True, timeout=deploy_timeout)
+                if p.returncode != 0:
+                    raise RuntimeError(f"the deploy with routing {policy} failed (rc {p.returncode}):\n{(p.stdout + p.stderr)[-3000:]}")
+                after = main_pids(view)
+                switched = {"deploy_s": round(time.monotonic() - t0, 1), "vllm_main_pids_before": pids,
+                            "vllm_main_pids_after": after, "vllm_restarted": sorted(k for k in pids if pids[k] != after.get(k))}
+                say(f"  deployed in {switched['deploy_s']} s; vLLM restarted: {switched['vllm_restarted'] or 'none'}")
+            finally:
+                os.unlink(tmp)
+        in_effect = policy or routing_policy(resolved, len(view.replicas))
+        for name, wl in workloads.items():
+            seed += 1
+            before = prefix_counters(view, python)
+            say(f"  {in_effect} / {name}: {wl.conversations} conversations x {wl.turns} turns ...")
+            res = run_workload(base_url, resolved["model"]["served_name"], key, wl, seed=seed, run_id=f"{in_effect}-{name}-{seed}",
+                               session_header=header, host_header=None if resolved["proxy"]["server_name"] == "_" else resolved["proxy"]["server_name"])
+            time.sleep(1.0)  # the last request's counters
+            counters = counter_delta(before, prefix_counters(view, python))
+            run = {"policy": in_effect, "workload_name": name, "workload": wl.as_dict(), "seed": seed, "result": res,
+                   "counters": counters, "switch": switched}
+            runs.append(run)
+            say("  " + format_table([run]).splitlines()[-1])
+    return {"kind": "vllm-fleet bench --multi-turn", "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "deployment": resolved["name"], "spec_file": os.path.abspath(spec_path), "base_url": base_url,
+            "replicas": [r.id for r in view.replicas], "workloads": {k: v.as_dict() for k, v in workloads.items()}, "runs": runs}
