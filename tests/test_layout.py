@@ -175,7 +175,8 @@ def _problems(specs, inv) -> str:
 def test_collisions_name_the_host_the_specs_and_the_fix():
     inv = {"gpu1": host("10.0.0.1", ["servers", "proxy"])}
     text = _problems([gpu_spec("chat", per_host=2, gpus=4), gpu_spec("code", per_host=2, gpus=4)], inv)
-    assert "gpu1: GPU(s) 0, 1 given to vllm-chat-0.service (chat.yaml) and to vllm-code-0.service (code.yaml)" in text
+    assert ("gpu1: GPUs 0, 1 are over-subscribed: vllm-chat-0.service 0.9 + vllm-code-0.service 0.9 = 1.8 of its memory" in text
+            and "chat (chat.yaml), code (code.yaml)" in text)
     assert "hardware.gpu_ids" in text
     assert "gpu1: port 8000 is used by vLLM vllm-chat-0.service and by vLLM vllm-code-0.service (code.yaml)" in text
     assert "both serve nginx port 80 with server_name _: give each its own proxy.listen or proxy.server_name" in text
@@ -230,8 +231,7 @@ def test_validate_several_specs_with_an_inventory(tmp_path):
     b = _write(tmp_path, "b.yaml", SPEC_TEXT.format(name="b", port=8001, listen=80, gpus=4, ids=""))
     r = cli("validate", str(a), str(b), "--inventory", str(inv))
     assert r.returncode == 1 and "Traceback" not in r.stderr
-    assert f"{inv}: error: gpu1: GPU(s) 0, 1, 2, 3" not in r.stderr  # one line per instance clash
-    assert "gpu1: GPU(s) 0, 1 given to vllm-a-0.service" in r.stderr and str(b) in r.stderr
+    assert "gpu1: GPUs 0, 1 are over-subscribed: vllm-a-0.service 0.9 + vllm-b-0.service 0.9 = 1.8" in r.stderr and str(b) in r.stderr
     assert "port 8001 is used by vLLM vllm-a-1.service and by vLLM vllm-b-0.service" in r.stderr
     assert "nothing was changed" in r.stderr
     b.write_text(SPEC_TEXT.format(name="b", port=9000, listen=8080, gpus=4, ids=", gpu_ids: [4, 5, 6, 7]"))
@@ -263,3 +263,35 @@ def test_validate_json_of_a_fleet(tmp_path):
     assert r.returncode == 1 and doc["valid"] is False and doc["specs"][0]["valid"] is False
     assert any("x replicas.per_host 3 = 6 GPUs" in e["message"] for e in doc["specs"][0]["errors"])
     assert any("3 replica(s) x 2 GPU(s)" in line for line in doc["fleet"])
+
+
+def test_deployments_may_share_a_gpu_when_their_shares_fit():
+    """Several deployments on the same gpu_ids: allowed when the --gpu-memory-utilization shares
+    sum to at most the GPU (each vLLM takes its share of the whole GPU), refused with the numbers otherwise."""
+    inv = {"gpu1": host("10.0.0.1", ["servers", "proxy"])}
+    a, b = gpu_spec("chat", tp=1, per_host=1, gpus=1), gpu_spec("code", tp=1, per_host=1, gpus=1, port=9000)
+    a["engine"]["gpu_memory_utilization"], b["engine"]["gpu_memory_utilization"] = 0.5, 0.4
+    b["proxy"]["listen"] = 81
+    layout = lay.build([a, b], inv)
+    assert [i.gpu_ids for i in layout.hosts["gpu1"].instances] == [[0], [0]]
+    b["engine"]["gpu_memory_utilization"] = 0.6
+    text = _problems([a, b], inv)
+    assert "GPU 0 is over-subscribed: vllm-chat-0.service 0.5 + vllm-code-0.service 0.6 = 1.1 of its memory" in text
+
+
+def test_replicas_per_gpu_share_one_gpu_and_start_in_turn():
+    from vllm_fleet.render import files as render
+
+    s = gpu_spec("chat", tp=1, per_host=4, gpus=1)
+    s["replicas"]["per_gpu"] = 4
+    layout = lay.build([s], {"gpu1": host("10.0.0.1", ["servers", "proxy"])})
+    insts = layout.hosts["gpu1"].instances
+    assert [i.gpu_ids for i in insts] == [[0]] * 4 and [i.port for i in insts] == [8000, 8001, 8002, 8003]
+    files = layout.hosts["gpu1"].files
+    u0, u2 = files["/etc/systemd/system/vllm-chat-0.service"].content, files["/etc/systemd/system/vllm-chat-2.service"].content
+    assert "--gpu-memory-utilization 0.225" in u0 and "wait-replica-health" not in u0
+    assert "After=network-online.target vllm-chat-1.service" in u2 and "bin/wait-replica-health 8001 " in u2
+    assert any(p.endswith("/bin/wait-replica-health") for p in files)
+    s["engine"]["gpu_memory_utilization"] = 0.9
+    s["replicas"]["per_host"] = 5  # two GPU groups needed, one GPU
+    assert "need 2 GPUs" in _problems([s], {"gpu1": host("10.0.0.1", ["servers", "proxy"])})

@@ -112,7 +112,7 @@ def vllm_argv(resolved: dict[str, Any], *, role: str = "server", node_rank: int 
     # The CPU build sizes its KV cache from VLLM_CPU_KVCACHE_SPACE (see vllm_env), not from a
     # fraction of GPU memory: --gpu-memory-utilization means nothing there and is left out.
     if resolved["install"]["accelerator"] != "cpu" and e.get("gpu_memory_utilization") is not None:
-        argv += ["--gpu-memory-utilization", str(e["gpu_memory_utilization"])]
+        argv += ["--gpu-memory-utilization", str(replica_gpu_utilization(resolved))]
     argv += ["--max-num-seqs", str(e["max_num_seqs"])]
     if e.get("max_num_batched_tokens"):
         argv += ["--max-num-batched-tokens", str(e["max_num_batched_tokens"])]
@@ -216,3 +216,15 @@ def vllm_env(resolved: dict[str, Any]) -> dict[str, str]:
             raise ValueError("env.VLLM_API_KEY: the API key is a secret: set server.api_key, never env")
         env[key] = str(value)
     return env
+
+
+def replicas_per_gpu(resolved: dict[str, Any]) -> int:
+    return int((resolved.get("replicas") or {}).get("per_gpu", 1) or 1)
+
+
+def replica_gpu_utilization(resolved: dict[str, Any]) -> float:
+    """``--gpu-memory-utilization`` of one vLLM: engine.gpu_memory_utilization split between the
+    replicas.per_gpu replicas sharing its GPUs (vLLM reads it as a share of the whole GPU)."""
+    util = float(resolved["engine"]["gpu_memory_utilization"])
+    n = replicas_per_gpu(resolved)
+    return util if n == 1 else round(util / n, 4)

@@ -228,6 +228,7 @@ def paths(resolved: dict[str, Any]) -> dict[str, str]:
         "secrets_env": f"{cfg}/secrets.env",
         "node_env": f"{cfg}/node.env",
         "wait_ray": f"{ins['prefix']}/bin/wait-ray-cluster",
+        "wait_health": f"{ins['prefix']}/bin/wait-replica-health",
         "nginx_site": NGINX_SITE.format(name=name),
         "router_unit": f"{SYSTEMD_DIR}/{ROUTER_UNIT.format(name=name)}",
         "router_env": f"{ins['prefix']}/router",
@@ -395,6 +396,14 @@ def _expected_addresses(nodes: list[Node]) -> list[str]:
     return out
 
 
+def _earlier_on_same_gpus(node: Node, inst: Instance) -> Instance | None:
+    """The replica of this host started just before ``inst`` on the same GPUs (replicas.per_gpu)."""
+    if not inst.gpu_ids:
+        return None
+    same = [i for i in node.instances if i.gpu_ids == inst.gpu_ids and i.index < inst.index]
+    return same[-1] if same else None
+
+
 def _vllm_unit(resolved: dict[str, Any], node: Node, inst: Instance, all_nodes: list[Node]) -> tuple[RenderedFile, RenderedFile | None]:
     p = paths(resolved)
     par = resolved["parallel"]
@@ -407,6 +416,12 @@ def _vllm_unit(resolved: dict[str, Any], node: Node, inst: Instance, all_nodes: 
         env_files.append(p["secrets_env"])
     after, requires, pre, environment = [], [], [], []
     wait = None
+    earlier = _earlier_on_same_gpus(node, inst)
+    if earlier is not None:
+        # replicas.per_gpu: start after the previous replica of these GPUs is healthy, so that this
+        # vLLM's start-up memory check (free memory >= its share) sees the memory that one took.
+        after.append(earlier.unit)
+        pre.append(systemd_command([env_python(resolved), p["wait_health"], str(earlier.port), str(TIMEOUT_START - 60)]))
     if ray_head:
         head = f"{par['head_address']}:{par['ray_port']}"
         after.append("ray-head.service")
@@ -714,6 +729,8 @@ def _node_files(resolved: dict[str, Any], node: Node, all_nodes: list[Node], wit
         _add(files, inst.env_file, _instance_env_file(resolved, inst), node.target)
         if wait:
             _add(files, p["wait_ray"], wait, node.target)
+        if _earlier_on_same_gpus(node, inst) is not None:
+            _add(files, p["wait_health"], RenderedFile((TEMPLATES / "wait-replica-health.py").read_text(), 0o755), node.target)
     if "server" in node.roles:
         _add(files, p["secrets_env"], RenderedFile(secrets_env_content(resolved, None), 0o600), node.target)
     if "ray-head" in node.roles:

@@ -256,13 +256,17 @@ def _instances(resolved: dict[str, Any], host: str, data: dict[str, Any], privat
     if cuda and hw.get("gpu_ids") and len(hw["gpu_ids"]) != int(hw["gpus_per_node"]):
         problems.append(f"{source}: hardware.gpu_ids lists {len(hw['gpu_ids'])} GPU(s) but hardware.gpus_per_node is {hw.get('gpus_per_node', 1)}: "
                         f"make them agree (gpus_per_node: {len(hw['gpu_ids'])})")
-    if cuda and n * per > len(pool):
-        problems.append(f"{host}: {source}: {n} replica(s) x {per} GPU(s) (tensor x pipeline per node) need {n * per} GPUs, "
+    share = int((resolved.get("replicas") or {}).get("per_gpu", 1) or 1) if cuda else 1
+    groups = -(-n // share)
+    if cuda and groups * per > len(pool):
+        problems.append(f"{host}: {source}: {n} replica(s) x {per} GPU(s) (tensor x pipeline per node)"
+                        + (f", {share} per GPU group (replicas.per_gpu)," if share > 1 else "") + f" need {groups * per} GPUs, "
                         f"the deployment has {len(pool)} on this host (hardware.{'gpu_ids' if resolved['hardware'].get('gpu_ids') else 'gpus_per_node'}): "
-                        f"lower replicas.per_host to {max(1, len(pool) // per)} or give it more GPUs")
+                        f"lower replicas.per_host to {max(1, len(pool) // per) * share} or give it more GPUs")
     cpus = _cpu_sets(int(data["cpu_count"]) if data.get("cpu_count") else None, n, per) if not cuda else [None] * n
     for i in range(n):
-        gpu_ids = pool[i * per:(i + 1) * per] if cuda else None
+        g = i // share  # replicas.per_gpu replicas share one group of GPUs
+        gpu_ids = pool[g * per:(g + 1) * per] if cuda else None
         if cuda and multi and not resolved["hardware"].get("gpu_ids"):
             gpu_ids = None  # the whole node is the deployment's: Ray (or torch) sees every GPU
         out.append(Instance(
@@ -483,17 +487,28 @@ def _cross_checks(layout_hosts: dict[str, HostLayout], deployments: dict[str, di
                 problems.append(f"inventory: hosts {', '.join(names)} are one machine (ssh_hostname {address}): their units and ports would "
                                 "collide; list it once and set replicas.per_host (or host data replicas_per_host) for more replicas")
     for host, h in layout_hosts.items():
-        # GPUs used twice on one host
-        gpus: dict[int, Instance] = {}
+        # GPUs shared on one host (replicas.per_gpu, or deployments given the same gpu_ids): each
+        # vLLM takes its --gpu-memory-utilization share of the whole GPU; together at most all of it
+        from vllm_fleet.render.command import replica_gpu_utilization
+
+        users: dict[int, list[Instance]] = {}
         for inst in h.instances:
-            clash = sorted({g for g in inst.gpu_ids or [] if g in gpus and gpus[g].unit != inst.unit})
-            if clash:
-                first = gpus[clash[0]]
-                problems.append(f"{host}: GPU(s) {', '.join(map(str, clash))} given to {first.unit} ({sources[first.deployment]}) and to "
-                                f"{inst.unit} ({sources[inst.deployment]}): pin the deployments to different GPUs with hardware.gpu_ids "
-                                "(e.g. [0, 1, 2, 3] and [4, 5, 6, 7]), or lower replicas.per_host")
             for g in inst.gpu_ids or []:
-                gpus.setdefault(g, inst)
+                users.setdefault(g, []).append(inst)
+        groups: dict[tuple[str, ...], list[int]] = {}  # GPUs with the same users: one message
+        for g, insts in sorted(users.items()):
+            groups.setdefault(tuple(i.unit for i in insts), []).append(g)
+        for gs in groups.values():
+            insts = users[gs[0]]
+            shares = [(i, replica_gpu_utilization(deployments[i.deployment])) for i in insts]
+            total = sum(s for _, s in shares)
+            if len(shares) > 1 and total > 1.0 + 1e-9:
+                parts = " + ".join(f"{i.unit} {s:g}" for i, s in shares)
+                deps = sorted({i.deployment for i in insts})
+                problems.append(f"{host}: GPU{'s' if len(gs) > 1 else ''} {', '.join(map(str, gs))} {'are' if len(gs) > 1 else 'is'} over-subscribed: {parts} = {total:.3g} of its memory (each vLLM takes its "
+                                f"--gpu-memory-utilization share of the whole GPU at start): lower engine.gpu_memory_utilization of "
+                                f"{', '.join(f'{d} ({sources[d]})' for d in deps)} so the shares sum to at most 1 (e.g. 0.9 split between them), "
+                                "or pin the deployments to different GPUs with hardware.gpu_ids")
         # a multi-node deployment without hardware.gpu_ids owns every GPU of its hosts (its server,
         # worker or Ray node sees them all)
         def _cuda(dep: str) -> bool:
@@ -501,9 +516,9 @@ def _cross_checks(layout_hosts: dict[str, HostLayout], deployments: dict[str, di
 
         whole = [dep for dep, n in h.parts.items() if n.roles & SERVICE_PARTS and _cuda(dep) and _multi(deployments[dep])
                  and not deployments[dep]["hardware"].get("gpu_ids")]
-        users = [dep for dep, n in h.parts.items() if n.roles & SERVICE_PARTS and _cuda(dep)]
+        gpu_deps = [dep for dep, n in h.parts.items() if n.roles & SERVICE_PARTS and _cuda(dep)]
         for w in whole[:1]:
-            other = next((d for d in users if d != w), None)
+            other = next((d for d in gpu_deps if d != w), None)
             if other:
                 problems.append(f"{host}: deployment {w} ({sources[w]}) is multi-node without hardware.gpu_ids, so it owns every GPU "
                                 f"of this host, and deployment {other} ({sources[other]}) needs GPUs here too: pin both with "

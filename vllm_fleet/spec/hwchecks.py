@@ -86,11 +86,17 @@ def hardware_problems(resolved: dict[str, Any], spec: Spec | None = None) -> lis
     # (replicas.per_host replicas on a node split its GPUs; vllm_fleet.render.layout gives each its own)
     if g is not None and not cpu:
         reps = int(resolved["replicas"]["per_host"])
+        share = int(resolved["replicas"]["per_gpu"])
         want = hw["gpus_per_node"] * par["nodes"]
-        if tp * pp * dp * reps != want:
-            times = f" x replicas.per_host {reps}" if reps > 1 else ""
+        if share > 1 and reps % share:
+            add("replicas.per_gpu", f"replicas.per_host {reps} is not a multiple of replicas.per_gpu {share}: a GPU group would be shared by fewer",
+                f"set per_host to a multiple of {share} (e.g. {share * max(1, reps // share)})")
+        elif share > 1 and par["nodes"] > 1:
+            add("replicas.per_gpu", "replicas share GPUs only on one node (parallel.nodes is above 1)", "remove replicas.per_gpu")
+        elif tp * pp * dp * (reps // share) != want:
+            times = (f" x replicas.per_host {reps}" if reps > 1 else "") + (f" / replicas.per_gpu {share}" if share > 1 else "")
             add("parallel.tensor",
-                f"tensor {tp} x pipeline {pp} x data {dp}{times} = {tp * pp * dp * reps} GPUs, but hardware.gpus_per_node {hw.get('gpus_per_node', 1)} x parallel.nodes {par.get('nodes', 1)} = {want}",
+                f"tensor {tp} x pipeline {pp} x data {dp}{times} = {tp * pp * dp * (reps // share)} GPUs, but hardware.gpus_per_node {hw.get('gpus_per_node', 1)} x parallel.nodes {par.get('nodes', 1)} = {want}",
                 "make them equal: usually tensor = GPUs per node and pipeline = nodes (the 004 article); "
                 "replicas.per_host for more replicas on one host (each its own GPUs), data for replicas inside one server")
 
@@ -181,12 +187,16 @@ def hardware_problems(resolved: dict[str, Any], spec: Spec | None = None) -> lis
         p = planner.plan(resolved)
         if not p["fits"]:
             path = "model.quantization" if (p.get("quantization") is None and p["weights_gib"] > 0.5 * p["budget_gib"]) else "engine.gpu_memory_utilization"
-            add(path,
-                f"does not fit on {g['name']}: {p['memory_gib']} GiB x {e['gpu_memory_utilization']} = {p['budget_gib']} GiB per GPU; "
+            need = p["weights_gib"] + p["overhead_gib"] + m["max_model_len"] * p["kv_bytes_per_token"] / 2**30
+            fit_n = max(1, int(p["memory_gib"] * e["gpu_memory_utilization"] // need))
+            split = f" / replicas.per_gpu {p['replicas_per_gpu']}" if p.get("replicas_per_gpu", 1) > 1 else ""
+            add("replicas.per_gpu" if split and p["weights_gib"] + p["overhead_gib"] < p["budget_gib"] * p["replicas_per_gpu"] else path,
+                f"does not fit on {g['name']}: {p['memory_gib']} GiB x {e['gpu_memory_utilization']}{split} = {p['budget_gib']} GiB per {'replica' if split else 'GPU'}; "
                 f"weights {p['weights_gib']} GiB + overhead {p['overhead_gib']} GiB leave {max(0.0, p['kv_cache_gib'])} GiB of KV cache = "
                 f"{p['kv_tokens']} tokens, below one sequence of max_model_len {m['max_model_len']} "
                 f"({p['kv_bytes_per_token']} bytes per token per GPU)",
-                "free memory " + OOM_FIX_ORDER + "; see `vllm-fleet plan SPEC`")
+                (f"lower replicas.per_gpu to at most {fit_n} (each needs about {need:.1f} GiB for one full sequence) or shrink each replica: " if split else "free memory ")
+                + OOM_FIX_ORDER + "; see `vllm-fleet plan SPEC`")
     return out
 
 

@@ -192,6 +192,7 @@ def plan(resolved: dict[str, Any], gpu: str | None = None, gpus_per_node: int | 
         "gpus_per_node": gpus_per_node or hw["gpus_per_node"], "nodes": par["nodes"],
         "max_model_len": m["max_model_len"], "max_num_seqs": e["max_num_seqs"],
         "gpu_memory_utilization": e["gpu_memory_utilization"], "kv_cache_dtype": e["kv_cache_dtype"],
+        "replicas_per_gpu": int(resolved["replicas"]["per_gpu"]),
         "block_tokens": BLOCK_TOKENS, "notes": [],
     }
     notes = out["notes"]
@@ -228,7 +229,13 @@ def plan(resolved: dict[str, Any], gpu: str | None = None, gpus_per_node: int | 
     else:
         parts = overhead(facts, resolved, g, act_bytes, tp, pp)
         ov = sum(v for k, v in parts.items() if k != "batched_tokens")
-        budget = g["cuda_total_gib"] * e["gpu_memory_utilization"]
+        # replicas.per_gpu vLLMs share each GPU: each gets its share of the utilization (what
+        # render.command passes as --gpu-memory-utilization) for its weights, overhead and KV
+        from vllm_fleet.render.command import replica_gpu_utilization
+
+        share = replica_gpu_utilization(resolved)
+        out["gpu_memory_utilization_per_replica"] = share
+        budget = g["cuda_total_gib"] * share
         kv_gib = budget - w_gpu / GIB - ov
         kv_bytes = max(0.0, kv_gib) * GIB
         out.update(
@@ -239,7 +246,7 @@ def plan(resolved: dict[str, Any], gpu: str | None = None, gpus_per_node: int | 
         )
         if kv_gib <= 0:
             notes.append(f"weights {w_gpu / GIB:.2f} GiB + overhead {ov:.2f} GiB exceed the budget {budget:.2f} GiB "
-                         f"({g['cuda_total_gib']} GiB x {e['gpu_memory_utilization']})")
+                         f"({g['cuda_total_gib']} GiB x {share})")
     blocks = int(kv_bytes // (BLOCK_TOKENS * per_tok))
     tokens = blocks * BLOCK_TOKENS
     out.update(
@@ -279,13 +286,20 @@ def format_plan(p: dict[str, Any]) -> str:
         ("parallelism", par),
     ]
     if p.get("budget_gib") is not None:
-        rows.append(("budget per GPU", f"{p['memory_gib']} GiB x {p['gpu_memory_utilization']} = {p['budget_gib']:.2f} GiB"))
-    rows.append(("weights per GPU", gib(p.get("weights_gib")) + (f"  (whole model {p['weights_total_gib']:.2f} GiB)" if p.get("weights_total_gib") is not None and (p["tensor"] * p["pipeline"] > 1) else "")))
+        n = p.get("replicas_per_gpu", 1)
+        if n > 1:
+            rows.append(("replicas per GPU", f"{n}: each vLLM {p['memory_gib']} GiB x {p['gpu_memory_utilization']} / {n} = "
+                         f"{p['budget_gib']:.2f} GiB (weights + overhead + KV below); together {p['budget_gib'] * n:.2f} GiB "
+                         f"of {p['memory_gib']} GiB"))
+        else:
+            rows.append(("budget per GPU", f"{p['memory_gib']} GiB x {p['gpu_memory_utilization']} = {p['budget_gib']:.2f} GiB"))
+    unit = "replica" if p.get("replicas_per_gpu", 1) > 1 else "GPU"
+    rows.append((f"weights per {unit}", gib(p.get("weights_gib")) + (f"  (whole model {p['weights_total_gib']:.2f} GiB)" if p.get("weights_total_gib") is not None and (p["tensor"] * p["pipeline"] > 1) else "")))
     if p.get("overhead_parts"):
         op = p["overhead_parts"]
         rows.append(("overhead allowance", f"{gib(p['overhead_gib'])}  (runtime {op['runtime']}, CUDA graphs {op['cuda_graphs']}, "
                      f"multi-GPU {op['multi_gpu']}, activations {op['activations']} @ {op['batched_tokens']} tokens, sampler {op['sampler']})"))
-    rows.append(("KV cache per GPU", gib(p.get("kv_cache_gib"))))
+    rows.append((f"KV cache per {unit}", gib(p.get("kv_cache_gib"))))
     if p.get("kv_bytes_per_token") is not None:
         rows.append(("KV bytes / token", f"{p['kv_bytes_per_token']:,} per GPU ({p['kv_bytes_per_token_model']:,} for the whole model, {p['kv_cache_dtype']})"))
         rows.append(("KV capacity", f"{p['kv_tokens']:,} tokens = {p['kv_blocks']:,} blocks of {p['block_tokens']}"))
