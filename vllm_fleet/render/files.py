@@ -700,7 +700,7 @@ def _client_files(resolved: dict[str, Any], nodes: list[Node] | None) -> dict[st
                 f"OPENAI_API_KEY=<secret: {s['api_key']['where']}>: {how}"]
     if (s.get("routing") or {}).get("session_header"):
         values["VLLM_FLEET_SESSION_HEADER"] = s["routing"]["session_header"]
-        comments.append(f"Routing `session`: {s['routing']['how']}, e.g. the OpenAI SDK's "
+        comments.append(f"Routing `session`: {s['routing']['how']}, with the OpenAI SDK: "
                         f"default_headers={{\"{s['routing']['session_header']}\": conversation_id}}.")
     env = env_file(values, comments)
     doc = {"name": resolved["name"], **s}
