@@ -36,7 +36,8 @@ def candidates(spec: dict[str, Any], rendered: dict[str, Any]) -> list[str]:
     p = render.paths(spec)
     out = set(rendered)
     if p["nginx_site"] in rendered:
-        out |= {p["tls_certificate"], p["tls_certificate_key"]}
+        # the router's unit too: a spec whose policy is no longer cache_aware still removes it
+        out |= {p["tls_certificate"], p["tls_certificate_key"], p["router_unit"]}
     if any(x.startswith(UNIT_DIR) for x in rendered):
         out |= {f for f, _, _ in firewalls()}
         out |= {u for _, u, _ in firewalls()}
