@@ -17,12 +17,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from vllm_fleet.roles.pyenv.defaults import DEFAULTS as _PYENV  # noqa: E402
+from vllm_fleet.roles.router.defaults import DEFAULTS as _ROUTER  # noqa: E402
 
 _missing = {p for p in os.environ.get("VLLM_FLEET_PROOF_NO_DEB", "").split(",") if p}
 _data = {
     "ssh_hostname": "127.0.0.1",
     "nvidia_install_toolkit": False,
     **{k: [p for p in _PYENV[k] if p not in _missing] for k in ("pyenv_venv_packages", "pyenv_cuda_venv_packages")},
+    "router_venv_packages": [p for p in _ROUTER["router_venv_packages"] if p not in _missing],
 }
 
 servers = (["@local"], _data)

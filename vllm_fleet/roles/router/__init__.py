@@ -43,7 +43,7 @@ def state_query(spec: dict[str, Any], rendered: dict[str, Any]) -> Query:
 
     p = render.paths(spec)
     return (rendered_query(rendered, [p["router_unit"]])
-            | Query(units=(p["router_unit"].rsplit("/", 1)[1],), debs=("python3-venv",),
+            | Query(units=(p["router_unit"].rsplit("/", 1)[1],), debs=tuple(host.data.get("router_venv_packages") or DEFAULTS["router_venv_packages"]),
                     envs=((f"{env_dir(spec)}/bin/python", (f"dist:{PACKAGE}",)),)))
 
 
@@ -125,7 +125,9 @@ def install_router(spec: dict[str, Any], rendered: dict[str, Any]):
     py = f"{env}/bin/python"
     version = spec["proxy"]["routing"]["router"]["version"]
     changed = []
-    packages(name="python3-venv (the router's venv)", packages=["python3-venv"])
+    wanted = list(host.data.get("router_venv_packages") or [])
+    if wanted:
+        packages(name="the router's venv packages", packages=wanted)
     probed = host_state().env(py)
     have = (probed or {}).get("dist", {}).get(PACKAGE) if probed is not None else None
     if have != version:
