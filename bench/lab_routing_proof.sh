@@ -22,6 +22,15 @@ log "kill"; $PY bench/lab_routing.py kill --out "$OUTDIR/kill.json" 2>&1 | tee "
 sleep 5
 log "wait for lab3 back"; for _ in $(seq 60); do $PY -m vllm_fleet status inventory/lab.py --spec deployments/lab-tiny-routing.yaml > "$OUTDIR/status.log" 2>&1 && break; sleep 5; done
 log "rollout"; $PY bench/rollout.py --spec deployments/lab-tiny-routing.yaml --concurrency 3 --out "$OUTDIR/rollout.json" 2>&1 | tail -30 | tee "$OUTDIR/rollout.log"
+# the multi-turn comparison once more at the end (a first try's prompts did not fit max_model_len 512)
+log "compare (again)"; $PY bench/lab_routing.py compare --out "$OUTDIR/compare2" 2>&1 | tee "$OUTDIR/compare2.log"
 # leave the lab as other tests expect it: no lab-tiny-routing on the hosts (their deploys bring theirs)
 $PY -m vllm_fleet down inventory/lab.py --spec deployments/lab-tiny-routing.yaml -y > "$OUTDIR/down.log" 2>&1; log "down lab-tiny-routing: rc $?"
+# the CI lab test (tests/lab/test_routing.py: lab1's lab-tiny switched to cache_aware and back), timed
+if [ -n "${LAB_ROUTING_CI_TEST:-1}" ]; then
+  log "CI lab test"; T0=$(date +%s)
+  env -u VLLM_FLEET_LAB_SERVERS VLLM_FLEET_KEEP_LAB=1 VLLM_FLEET_REQUIRE_LAB=1 VLLM_FLEET_LAB_TEST_HOSTS=3 \
+      .venv/bin/pytest -q -p no:randomly tests/lab/test_routing.py > "$OUTDIR/ci-test.log" 2>&1
+  log "CI lab test: rc $? in $(( $(date +%s) - T0 )) s"; tail -5 "$OUTDIR/ci-test.log"
+fi
 log "done"
