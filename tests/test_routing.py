@@ -57,7 +57,7 @@ def test_cache_aware_renders_the_router_behind_nginx():
     assert "server 127.0.0.1:8190;" in site and "least_conn" not in site
     assert "10.10.0.12:8000" not in site  # the router picks the replica, not nginx
     assert "location = /metrics/router" in site and "proxy_pass http://127.0.0.1:8191/metrics;" in site
-    assert "proxy_buffering off;" in site and "$vllm_fleet_lab_tiny_routing_authorized" in site  # TLS/key/streaming stay at nginx
+    assert "proxy_buffering off;" in site and "if ($vfa_lab_tiny_routing = 0)" in site  # TLS/key/streaming stay at nginx
     assert "--worker-urls http://127.0.0.1:8000 http://10.10.0.12:8000 http://10.10.0.13:8000" in unit
     assert "--host 127.0.0.1 --port 8190" in unit and "--prometheus-host 127.0.0.1 --prometheus-port 8191" in unit
     assert "--cache-threshold 0.3 --balance-abs-threshold 64 --balance-rel-threshold 1.5" in unit
