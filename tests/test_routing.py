@@ -75,7 +75,7 @@ def test_layout_has_the_router_part_and_its_ports():
     assert lay.hosts_with("router") == ["lab1"]
     from vllm_fleet.render.layout import _listen_ports
 
-    ports = dict(_listen_ports(resolved("cache_aware"), lay.hosts["lab1"].parts["lab-tiny-routing"]))
+    ports = {lo: what for lo, _, what in _listen_ports(resolved("cache_aware"), lay.hosts["lab1"].parts["lab-tiny-routing"])}
     assert 8190 in ports and 8191 in ports and "router" in ports[8190]
     assert "router" not in build([resolved("session")], copy.deepcopy(INV)).hosts["lab1"].roles()
 
