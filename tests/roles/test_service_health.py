@@ -185,20 +185,31 @@ def test_a_unit_systemd_is_restarting_is_waited_for_not_restarted(harness):
     assert any(c == "python:_wait_healthy" for c in run.commands)
 
 
-@pytest.mark.parametrize("started,stamp_age,waits", [
-    (40, 3600, True),     # systemd restarted it (a crash, a kill) after it was last seen healthy
-    (40, 30, False),      # this deploy's own start, recorded healthy after it: the no-op stays a no-op
-    (4000, 9000, False),  # older than the health timeout: not "still starting"
+_SERVES = '{"model": "%s", "choices": [{"message": {"content": "OK"}, "finish_reason": "stop"}], "usage": {"completion_tokens": 1}}'
+
+
+@pytest.mark.parametrize("started,stamp_age,chat,waits", [
+    (40, 3600, None, True),       # systemd restarted it (a crash, a kill) after it was last seen healthy
+    (40, 3600, "502", True),      # ... and its short chat in the state read fails: not serving yet
+    (40, 3600, "200", False),     # ... but its short chat in the same read answered: it serves, nothing to wait for
+    (40, 30, None, False),        # this deploy's own start, recorded healthy after it: the no-op stays a no-op
+    (4000, 9000, None, False),    # older than the health timeout: not "still starting"
 ])
-def test_a_recent_start_not_yet_seen_healthy_is_waited_for(harness, started, stamp_age, waits):
+def test_a_recent_start_not_yet_seen_healthy_is_waited_for(harness, started, stamp_age, chat, waits):
+    import base64
+
     from tests.roles.test_host_state import _lab
 
     spec, h, node = _lab()
     unit = node.instances[0].unit
     stamp = f"{spec['install']['config_dir']}/replica-{node.instances[0].index}.applied"
     assert spec["server"]["health_timeout"] < 4000
-    run, names, _, _, _, _ = _plan(harness, extra=[f"started\t{unit}\t{started}", f"age\t{stamp}\t{stamp_age}"])
     port = node.instances[0].port
+    extra = [f"started\t{unit}\t{started}", f"age\t{stamp}\t{stamp_age}"]
+    if chat:
+        body = _SERVES % spec["model"]["served_name"] if chat == "200" else "Bad Gateway"
+        extra.append(f"chat\t{port}\t{chat}\t{base64.b64encode(body.encode()).decode()}")
+    run, names, _, _, _, _ = _plan(harness, extra=extra)
     check = f"{unit} answers a chat on port {port}"  # every replica proven (test_replica_chat below)
     if waits:
         assert names == [f"Wait for {unit} /health on port {port} (deadline {spec['server']['health_timeout']} s; "

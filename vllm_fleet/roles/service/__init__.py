@@ -279,14 +279,18 @@ def _chats(spec: dict[str, Any], node: Any) -> tuple[str, ...]:
     return tuple(replica_chat_query(spec, i.port) for i in node.instances if i.role == "server")
 
 
-def _still_starting(snap: Any, unit: str, stamp: str, health_timeout: int) -> str | None:
+def _still_starting(snap: Any, unit: str, stamp: str, health_timeout: int, port: int | None = None,
+                    served_name: str | None = None) -> str | None:
     """Why an instance that this deploy does not restart must still be waited for, or None.
 
     From the host's snapshot: systemd is starting it or waiting to restart it (``activating``,
     ``auto-restart``), or its process started after its configuration was last recorded healthy
     (``replica-N.applied``, written after each healthy wait) and less than ``health_timeout``
     seconds ago: systemd restarted it (a crash, a kill, a reboot) or a deploy was cut before the
-    wait. A process proven healthy since its start, or one older than the timeout, is not waited for."""
+    wait. A process proven healthy since its start, or one older than the timeout, is not waited for;
+    nor one whose short chat in the same state read (``port``, ``served_name``: every replica proven,
+    issue 25) already answered: it serves now, so there is nothing to wait for and the no-op stays a
+    no-op (a restart outside the deploy, e.g. systemd's after a kill, then costs no operation)."""
     u = snap.unit(unit)
     if not u or u.get("LoadState") != "loaded":
         return None
@@ -296,6 +300,12 @@ def _still_starting(snap: Any, unit: str, stamp: str, health_timeout: int) -> st
     ago = snap.started_ago(unit)
     known, recorded = snap.age(stamp)
     if active == "active" and ago is not None and ago < health_timeout and known and (recorded is None or ago < recorded):
+        seen = snap.chat(port) if port is not None and served_name else None
+        if seen is not None:
+            from vllm_fleet.serving.smoke import judge_replica_chat
+
+            if judge_replica_chat(*seen, served_name) is None:
+                return None
         return f"its process started {ago} s ago, not yet seen healthy"
     return None
 
@@ -427,7 +437,9 @@ def install_service(spec: dict[str, Any], node: Any, rendered: dict[str, Any], a
         running = service_running(name=f"{unit} running and enabled", service=unit, running=True, enabled=True)
         # Nothing to restart, but systemd may still be starting it (after a crash, a kill, or a
         # deploy that was cut): the smoke tests that follow would meet a 502. Wait for it too.
-        starting = _still_starting(snap, unit, stamp, srv["health_timeout"]) if not (stale_now or pending(restart)) else None
+        proves = prove_replicas and spec["smoke"]["enabled"] and inst.role == "server"
+        starting = (_still_starting(snap, unit, stamp, srv["health_timeout"], inst.port if proves else None,
+                                    spec["model"]["served_name"]) if not (stale_now or pending(restart)) else None)
         wait = None
         if stale_now or starting or pending(restart, running, *relevant):
             wait = python.call(
