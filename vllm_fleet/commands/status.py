@@ -70,8 +70,6 @@ def probe_hosts(resolved: dict[str, Any], hosts: dict[str, dict[str, Any]], serv
             rows.append({**base, "instance": f"{name}:{i.index}", "unit": unit, "enabled": inst.get("enabled") or "-",
                          "restarts": inst.get("restarts"), "version": doc.get("version") or "none", "health": health,
                          "models": inst.get("models") or []})
-        if len(rows) == 1 and servers[name][0].index == 0:
-            rows[0].pop("instance")
         return rows
 
     with Transport({n: hosts[n] for n in servers}) as t:
