@@ -199,7 +199,7 @@ def test_the_whole_flow_from_a_wheel(tool, lab_hosts):
     assert curl("-o", "/dev/null", "-w", "%{http_code}", "-H", f"Authorization: Bearer {key}",
                 f"http://{lab1.address}/v1/models").stdout != "200"
     # no unit left "not-found failed" (the host would be "degraded"), no install-time wheels in the prefix
-    assert not lab1.ssh("systemctl list-units --all --no-legend 'vllm-lab-tiny-*'", user="root", check=False).stdout.strip()
+    assert not lab1.ssh("systemctl list-units --all --no-legend 'vllm-lab-tiny-[0-9]*.service'", user="root", check=False).stdout.strip()
     for sub in ("wheelhouse", "find-links", "uv-cache"):
         assert lab1.ssh(f"test -e /opt/vllm-fleet/lab-tiny/{sub}", user="root", check=False).returncode == 1, sub
     # environment and weights stay (no --purge)
