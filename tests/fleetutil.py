@@ -72,3 +72,23 @@ def wait_listening(proc: subprocess.Popen, port: int, timeout: float = 10) -> No
             assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else f"exit {proc.returncode}"
             assert time.monotonic() < deadline, f"nothing listens on 127.0.0.1:{port} after {timeout} s"
             time.sleep(0.05)
+
+
+def health_server():
+    """Start a /health stand-in on 127.0.0.1: ``(server, port)``; ``server.shutdown()`` and
+    ``server.server_close()`` stop it."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802
+            self.send_response(200 if self.path == "/health" else 404)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *a):
+            pass
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    return srv, srv.server_address[1]

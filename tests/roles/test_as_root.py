@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
@@ -22,23 +20,13 @@ from pyinfra.api import Config, Inventory, State  # noqa: E402
 from pyinfra.api.connect import connect_all  # noqa: E402
 from pyinfra.context import ctx_host, ctx_state  # noqa: E402
 
-
-class _Health(BaseHTTPRequestHandler):
-    def do_GET(self):  # noqa: N802
-        self.send_response(200 if self.path == "/health" else 404)
-        self.send_header("Content-Length", "0")
-        self.end_headers()
-
-    def log_message(self, *a):
-        pass
+from fleetutil import health_server  # noqa: E402
 
 
 @pytest.fixture
 def health_url():
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), _Health)
-    t = threading.Thread(target=srv.serve_forever, daemon=True)
-    t.start()
-    yield f"http://127.0.0.1:{srv.server_address[1]}/health"
+    srv, port = health_server()
+    yield f"http://127.0.0.1:{port}/health"
     srv.shutdown()
     srv.server_close()
 

@@ -30,6 +30,8 @@ from pyinfra.api import Config, Inventory, State  # noqa: E402
 from pyinfra.api.connect import connect_all  # noqa: E402
 from pyinfra.context import ctx_host, ctx_state  # noqa: E402
 
+from fleetutil import health_server  # noqa: E402
+
 from vllm_fleet.roles import service  # noqa: E402
 from vllm_fleet.roles.common.state import HostState, Snapshot  # noqa: E402
 
@@ -87,21 +89,10 @@ def test_the_listener_check_tells_the_units_process_from_another(tmp_path):
     assert _owner(port, _fake_tools(tmp_path, _my_cgroup())) == "unknown"  # nobody listens now
 
 
-class _Health(BaseHTTPRequestHandler):
-    def do_GET(self):  # noqa: N802
-        self.send_response(200 if self.path == "/health" else 404)
-        self.send_header("Content-Length", "0")
-        self.end_headers()
-
-    def log_message(self, *a):
-        pass
-
-
 @pytest.fixture
 def health_port():
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), _Health)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    yield srv.server_address[1]
+    srv, port = health_server()
+    yield port
     srv.shutdown()
     srv.server_close()
 
