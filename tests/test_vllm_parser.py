@@ -95,7 +95,9 @@ def test_spec_argv_is_understood_by_vllm(checked, name):
     if par["backend"] == "ray":
         assert ea["distributed_executor_backend"] == "ray"
     if resolved[name]["install"]["accelerator"] == "cuda":
-        assert ea["gpu_memory_utilization"] == e["gpu_memory_utilization"]
+        # replicas.per_gpu replicas of one GPU split its memory: each vLLM gets its share
+        share = (resolved[name].get("replicas") or {}).get("per_gpu", 1)
+        assert ea["gpu_memory_utilization"] == pytest.approx(e["gpu_memory_utilization"] / share, abs=1e-4)
     assert (fe["host"], fe["port"]) == (srv["host"], srv["port"])
     assert fe["api_key"] is None, "the API key must never be on the command line"
 

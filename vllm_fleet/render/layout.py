@@ -47,7 +47,7 @@ import ipaddress
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
 
-from vllm_fleet.render.command import world_size_per_node
+from vllm_fleet.render.command import replicas_per_gpu, world_size_per_node
 
 #: Inventory group -> part. Exactly these names (see the module docstring).
 GROUPS = {"servers": "server", "workers": "worker", "ray_workers": "worker", "proxy": "proxy", "monitoring": "monitoring"}
@@ -256,7 +256,7 @@ def _instances(resolved: dict[str, Any], host: str, data: dict[str, Any], privat
     if cuda and hw.get("gpu_ids") and len(hw["gpu_ids"]) != int(hw["gpus_per_node"]):
         problems.append(f"{source}: hardware.gpu_ids lists {len(hw['gpu_ids'])} GPU(s) but hardware.gpus_per_node is {hw.get('gpus_per_node', 1)}: "
                         f"make them agree (gpus_per_node: {len(hw['gpu_ids'])})")
-    share = int((resolved.get("replicas") or {}).get("per_gpu", 1) or 1) if cuda else 1
+    share = replicas_per_gpu(resolved) if cuda else 1
     groups = -(-n // share)
     if cuda and groups * per > len(pool):
         problems.append(f"{host}: {source}: {n} replica(s) x {per} GPU(s) (tensor x pipeline per node)"
