@@ -103,3 +103,47 @@ def test_a_stopped_disabled_unit_left_behind_holds_nothing():
     assert clash.held_on_host(found, {unit: ("inactive", "disabled")}).get("old", clash.Held()).ports == {}
     assert clash.held_on_host(found, {unit: ("", "")})["old"].ports == {8000: "vllm-old-0.service"}  # systemctl could not say
     assert clash.held_on_host(found, {unit: ("active", "disabled")})["old"].ports == {8000: "vllm-old-0.service"}
+
+
+def _gpu_host(share: str | None) -> dict:
+    """A host with deployment old's one replica on GPU 0 (its --gpu-memory-utilization: share)."""
+    flag = f" --gpu-memory-utilization {share}" if share else ""
+    return {clash.UNITS: {"/etc/systemd/system/vllm-old-0.service": f"ExecStart=/x/vllm serve m{flag} --port 8000\n"},
+            clash.SITES: {}, clash.REPLICA_ENVS: {"/etc/vllm-fleet/old/replica-0.env": "CUDA_VISIBLE_DEVICES=0\n"}}
+
+
+def test_a_gpu_is_shared_with_another_deployment_while_the_shares_fit():
+    """Several models on one GPU from separate deploys (issue 23 part 2): allowed while every
+    vLLM's --gpu-memory-utilization on the GPU sums to at most 1, refused with the numbers."""
+    theirs = clash.held_on_host(_gpu_host("0.45"))
+    assert theirs["old"].on_gpu(0) == {"vllm-old-0.service": 0.45}
+    half = clash.Held({8100: "vllm-new-0.service"})
+    half.use_gpu(0, "vllm-new-0.service", 0.45)
+    assert clash.clashes({"new": half}, theirs, {"new"}) == []  # 0.45 + 0.45 fits
+    big = clash.Held({8100: "vllm-new-0.service"})
+    big.use_gpu(0, "vllm-new-0.service", 0.9)
+    assert clash.clashes({"new": big}, theirs, {"new"}) == [
+        "GPU 0 (vllm-new-0.service) is shared with deployment 'old' (vllm-old-0.service): vllm-new-0.service 0.9 + "
+        "vllm-old-0.service 0.45 (deployment 'old') = 1.35 of its memory (each vLLM takes its --gpu-memory-utilization "
+        "share of the whole GPU at start): lower engine.gpu_memory_utilization of new so the shares sum to at most 1, "
+        "give new other GPUs (hardware.gpu_ids), or this host to one of them"]
+    # two replicas of ours on the GPU (replicas.per_gpu) count both
+    two = clash.Held({8100: "vllm-new-0.service", 8101: "vllm-new-1.service"})
+    two.use_gpu(0, "vllm-new-0.service", 0.3)
+    two.use_gpu(0, "vllm-new-1.service", 0.3)
+    assert len(clash.clashes({"new": two}, theirs, {"new"})) == 1  # 0.3 + 0.3 + 0.45
+    # a unit without the flag (vLLM's default 0.9, or not ours to know): it takes the GPU
+    assert clash.clashes({"new": half}, clash.held_on_host(_gpu_host(None)), {"new"}) == [
+        "GPU 0 (vllm-new-0.service) is used by deployment 'old' (vllm-old-0.service): give new other GPUs (hardware, replicas), "
+        "or this host to one of them"]
+
+
+def test_what_this_deploy_wants_carries_each_replicas_share():
+    class Inst:
+        def __init__(self, i):
+            self.port, self.unit, self.gpu_ids = 8100 + i, f"vllm-new-{i}.service", [0]
+
+    node = type("N", (), {"instances": [Inst(0), Inst(1)], "roles": {"server"}})()
+    spec = {"engine": {"gpu_memory_utilization": 0.8}, "replicas": {"per_gpu": 2}, "proxy": {}}
+    want = clash.wanted({"specs": {"new": spec}}, type("H", (), {"parts": {"new": node}})())["new"]
+    assert want.on_gpu(0) == {"vllm-new-0.service": 0.4, "vllm-new-1.service": 0.4}

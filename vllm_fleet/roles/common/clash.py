@@ -9,7 +9,9 @@ its nginx site breaks `nginx -t` for every site on the host.
 What another deployment holds is read from its files on the host, in the deploy's one state read
 (vllm_fleet.roles.common.state, the ``globs`` of :func:`query`): its units' ``--port`` and the
 GPUs of their ``replica-N.env`` (``CUDA_VISIBLE_DEVICES``) while the unit runs or is enabled (a
-stopped, disabled unit file left behind holds nothing), its nginx site's ``listen`` port and
+stopped, disabled unit file left behind holds nothing) with each unit's
+``--gpu-memory-utilization`` (a GPU may be shared with another deployment while every vLLM's
+share on it sums to at most 1, as within one deploy), its nginx site's ``listen`` port and
 ``server_name`` (two sites on one port clash when both are the default server, or name the
 same server). :func:`refuse` raises before any operation of the deploy exists, so nothing is
 uploaded, installed or changed on any host.
@@ -20,6 +22,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from typing import Any
+
+from vllm_fleet.render.command import replica_gpu_utilization
 
 from .state import Query
 
@@ -38,11 +42,27 @@ def query() -> Query:
 
 @dataclass
 class Held:
-    """What one deployment holds on a host: {port: where}, {gpu: where}, [(listen, server_name, default, where)]."""
+    """What one deployment holds on a host: {port: where}, {gpu: where}, [(listen, server_name,
+    default, where)], {gpu: [units]} (several: replicas.per_gpu) and {unit: its
+    --gpu-memory-utilization}, the share of each of its GPUs it takes (a unit not listed: all)."""
 
     ports: dict[int, str] = field(default_factory=dict)
     gpus: dict[int, str] = field(default_factory=dict)
     sites: list[tuple[int, str, bool, str]] = field(default_factory=list)
+    units: dict[int, list[str]] = field(default_factory=dict)
+    shares: dict[str, float] = field(default_factory=dict)
+
+    def use_gpu(self, gpu: int, unit: str, share: float | None = None) -> None:
+        self.gpus[gpu] = unit
+        if unit not in self.units.setdefault(gpu, []):
+            self.units[gpu].append(unit)
+        if share is not None:
+            self.shares[unit] = share
+
+    def on_gpu(self, gpu: int) -> dict[str, float]:
+        """{unit: share} of this deployment's units on GPU ``gpu``."""
+        units = self.units.get(gpu) or ([self.gpus[gpu]] if gpu in self.gpus else [])
+        return {u: self.shares.get(u, 1.0) for u in units}
 
 
 def _gpus(env_text: str | None) -> list[int]:
@@ -83,9 +103,10 @@ def held_on_host(globbed: dict[str, dict[str, str | None]], unit_states: dict[st
         port = re.search(r"^ExecStart=.*\s--port[ =](\d+)", text, re.M)
         if port:
             held.ports[int(port.group(1))] = unit
+        share = re.search(r"^ExecStart=.*\s--gpu-memory-utilization[ =]([0-9.]+)", text, re.M)
         env = next((t for p, t in envs.items() if (e := _ENV.match(p)) and e.group("name") == name and e.group("index") == index), None)
         for g in _gpus(env):
-            held.gpus[g] = unit
+            held.use_gpu(g, unit, float(share.group(1)) if share else None)
     for path, text in (globbed.get(SITES) or {}).items():
         m = _SITE.match(path)
         if m and text is not None:
@@ -98,16 +119,39 @@ def wanted(ctx: dict[str, Any], h: Any) -> dict[str, Held]:
     out: dict[str, Held] = {}
     for name, node in h.parts.items():
         held = out.setdefault(name, Held())
+        share = replica_gpu_utilization(ctx["specs"][name]) if any(i.gpu_ids for i in node.instances) else None
         for inst in node.instances:
             held.ports[inst.port] = inst.unit
             for g in inst.gpu_ids or []:
-                held.gpus[g] = inst.unit
+                held.use_gpu(g, inst.unit, share)
         if "proxy" in node.roles:
             prx = ctx["specs"][name]["proxy"]
             if prx.get("enabled", True):
                 sn = prx.get("server_name", "_")
                 held.sites.append((int(prx["listen"]), sn, sn == "_", f"proxy.listen {prx['listen']}"))
     return out
+
+
+def _gpu_clash(gpu: int, name: str, ours: dict[str, Held], theirs: dict[str, Held], other: str,
+               managed: set[str]) -> str | None:
+    """GPU ``gpu`` of deployment ``name`` is also used by deployment ``other``. Each vLLM takes its
+    --gpu-memory-utilization share of the whole GPU at start, so sharing is fine while all the
+    shares on it sum to at most 1 (the other deployment already runs: ours, started after it,
+    sees what it took). A unit whose share is not known takes the whole GPU."""
+    mine = [(u, s) for w in ours.values() for u, s in w.on_gpu(gpu).items()]
+    others = [(o, u, s) for o, h in sorted(theirs.items()) if o not in managed for u, s in h.on_gpu(gpu).items()]
+    total = sum(s for _, s in mine) + sum(s for _, _, s in others)
+    if total <= 1.0 + 1e-9:
+        return None
+    unit, their = ours[name].gpus[gpu], theirs[other].gpus[gpu]
+    if not theirs[other].shares:
+        return (f"GPU {gpu} ({unit}) is used by deployment {other!r} ({their}): "
+                f"give {name} other GPUs (hardware, replicas), or this host to one of them")
+    parts = " + ".join([*(f"{u} {s:g}" for u, s in mine), *(f"{u} {s:g} (deployment {o!r})" for o, u, s in others)])
+    return (f"GPU {gpu} ({unit}) is shared with deployment {other!r} ({their}): {parts} = {total:.3g} of its memory "
+            "(each vLLM takes its --gpu-memory-utilization share of the whole GPU at start): lower "
+            f"engine.gpu_memory_utilization of {name} so the shares sum to at most 1, give {name} other GPUs "
+            "(hardware.gpu_ids), or this host to one of them")
 
 
 def clashes(ours: dict[str, Held], theirs: dict[str, Held], managed: set[str]) -> list[str]:
@@ -121,10 +165,9 @@ def clashes(ours: dict[str, Held], theirs: dict[str, Held], managed: set[str]) -
                 if port in have.ports:
                     out.append(f"port {port} ({unit}) is taken by deployment {other!r} ({have.ports[port]}): "
                                f"give {name} another server.port")
-            for gpu, unit in sorted(want.gpus.items()):
-                if gpu in have.gpus:
-                    out.append(f"GPU {gpu} ({unit}) is used by deployment {other!r} ({have.gpus[gpu]}): "
-                               f"give {name} other GPUs (hardware, replicas), or this host to one of them")
+            for gpu in sorted(want.gpus):
+                if gpu in have.gpus and (line := _gpu_clash(gpu, name, ours, theirs, other, managed)):
+                    out.append(line)
             for listen, sn, default, _ in want.sites:
                 for olisten, osn, odefault, where in have.sites:
                     if listen == olisten and (default and odefault or sn == osn):
