@@ -4,9 +4,10 @@ Prometheus' own HTTP API with curl from the control machine, `ss` over ssh, curl
 
 The spec is derived for the lab at hand: /metrics allowed only from 127.0.0.1 and lab1 itself
 (so the control machine is outside proxy.metrics_allow in any lab subnet), a 2 s scrape interval.
-Teardown (also when the deploy failed): Prometheus, the node exporter and the blackbox exporter
-stopped and disabled (their packages stay installed, harmless), and deployments/lab-tiny.yaml
-deployed again, so lab1 serves lab-tiny with only its nginx site, as later lab tests expect.
+The last test deploys deployments/lab-tiny.yaml over it: the deploy itself stops, disables and
+removes the monitoring. Teardown (also when a test failed): the same units stopped and disabled
+(their packages stay installed, harmless), and deployments/lab-tiny.yaml deployed again, so lab1
+serves lab-tiny with only its nginx site, as later lab tests expect.
 """
 
 from __future__ import annotations
@@ -174,3 +175,26 @@ def test_second_deploy_changes_nothing(monitored):
     RESULTS["warm_deploy_s"] = round(r.elapsed, 1)
     total = grand_total(r.out)
     assert total["changed"] == "-" and total["error"] == "-", (changed_ops(r.out), total)
+
+
+def test_turning_monitoring_off_removes_what_it_added(monitored):
+    """(issue 22) The spec without monitoring (lab-tiny.yaml) deployed over it: Prometheus and the
+    exporters stopped and disabled, their configuration files (the ones this deployment rendered)
+    removed; vLLM, the nginx site and the environment untouched. Read with systemctl and ls."""
+    lab1 = monitored["host"]
+    from vllm_fleet.render import monitoring
+    from vllm_fleet.spec.load import load, resolve
+
+    files = sorted(set(p for p in monitoring.paths(resolve(load(monitored["spec"]))).values()
+                       if lab1.ssh(f"test -e {p}", user="root", check=False).returncode == 0))
+    assert "/etc/prometheus/prometheus.yml" in files, files  # what the monitored deploy placed
+    pid = lab1.ssh("systemctl show -p MainPID --value vllm-lab-tiny-0.service", user="root").stdout.strip()
+    r = deploy(SINGLE)
+    RESULTS["monitoring_off_s"] = round(r.elapsed, 1)
+    assert r.returncode == 0, why(r)
+    for unit in UNITS:
+        assert lab1.ssh(f"systemctl is-active {unit}", user="root", check=False).stdout.strip() in ("inactive", "failed"), unit
+        assert lab1.ssh(f"systemctl is-enabled {unit}", user="root", check=False).stdout.strip() == "disabled", unit
+    assert lab1.ssh(f"ls {' '.join(files)}", user="root", check=False).stdout.strip() == ""
+    assert lab1.ssh("systemctl show -p MainPID --value vllm-lab-tiny-0.service", user="root").stdout.strip() == pid
+    assert lab1.ssh("nginx -t && test -e /etc/nginx/conf.d/vllm-fleet-lab-tiny.conf", user="root", check=False).returncode == 0

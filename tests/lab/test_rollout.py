@@ -234,6 +234,35 @@ def test_status_has_one_row_per_instance(fleet):
                                                                        ("lab2:0", "active", "ok")]
 
 
+def nginx_sites(host: LabHost) -> str:
+    """The server blocks nginx runs with on the host (`nginx -T`: every file it loaded)."""
+    return host.ssh("nginx -T 2>/dev/null | grep -E '^# configuration file|^\\s*listen ' || true", user="root").stdout
+
+
+def test_moving_the_proxy_removes_its_site_from_the_old_host(fleet):
+    """(issue 22) The proxy moved from lab1 to lab2, then back: each deploy puts the site on the
+    new proxy host and removes it (site, auth include) from the old one, nginx there validated
+    and reloaded; the vLLM units are not restarted (a proxy-only change). Read with nginx -T, ls,
+    systemctl and curl through the new proxy."""
+    lab1, lab2 = fleet["lab1"], fleet["lab2"]
+    auth = "/etc/nginx/vllm-fleet/lab-tiny-auth.conf"
+    pids = [main_pid(lab1, UNIT0), main_pid(lab1, UNIT1), main_pid(lab2, UNIT0)]
+    moved = inventory(fleet["tmp"], "proxy-on-lab2.py", "servers = [('lab1', {**_by['lab1'], 'replicas_per_host': 2}), ('lab2', _by['lab2'])]\n"
+                                                        "proxy = [('lab2', _by['lab2'])]\n")
+    key = KEY_FILE.read_text().strip()
+    for new, old, inv in ((lab2, lab1, moved), (lab1, lab2, fleet["inv"])):
+        r = deploy(inv, fleet["specs"]["base"])
+        RESULTS.setdefault("proxy_moved_s", []).append(round(r.elapsed, 1))
+        assert r.returncode == 0, r.out[-6000:]
+        assert SITE not in nginx_sites(old) and SITE in nginx_sites(new), (nginx_sites(old), nginx_sites(new))
+        assert old.ssh(f"ls {SITE} {auth}", user="root", check=False).returncode != 0  # both gone
+        assert old.ssh("nginx -t && systemctl is-active nginx", user="root", check=False).returncode == 0
+        out = subprocess.run(["curl", "-s", "--max-time", "60", "-H", f"Authorization: Bearer {key}", f"http://{new.address}/v1/models"],
+                             capture_output=True, text=True, timeout=90).stdout
+        assert [m["id"] for m in json.loads(out)["data"]] == ["tiny"], out
+    assert [main_pid(lab1, UNIT0), main_pid(lab1, UNIT1), main_pid(lab2, UNIT0)] == pids  # no vLLM restarted
+
+
 def test_rollout_in_instance_batches_under_load_fails_no_request(fleet, load):
     """(c) never more than one instance out; zero failed requests; the new flag everywhere."""
     lab1, lab2 = fleet["lab1"], fleet["lab2"]
@@ -302,3 +331,28 @@ def test_two_deployments_on_one_host_behind_one_nginx(fleet):
                               f"http://{lab1.address}:{port}/v1/models"], capture_output=True, text=True, timeout=60).stdout
         assert [m["id"] for m in json.loads(out)["data"]] == [model], out
     assert lab1.ssh("nginx -t", user="root", check=False).returncode == 0
+
+
+def test_a_host_dropped_from_the_deployment_loses_its_part(fleet):
+    """(issue 22) lab2 is still in the inventory but no longer a server of lab-tiny (the deploys
+    above were of lab1 alone, so lab2 kept the fleet's replica): the deploy stops, disables and
+    removes its unit, its configuration and its API firewall (the nftables table too); the
+    environment stays, as after `down`. lab-tiny-b on lab1 is not this deploy's and stays.
+    A second deploy changes nothing."""
+    lab1, lab2 = fleet["lab1"], fleet["lab2"]
+    assert lab2.ssh(f"test -e /etc/systemd/system/{UNIT0}", user="root", check=False).returncode == 0  # left by the fleet
+    inv = inventory(fleet["tmp"], "lab1-and-spare.py", "servers = [('lab1', _by['lab1'])]\nproxy = servers\n"
+                                                         "spare = [('lab2', _by['lab2'])]\n")
+    r = deploy(inv, SINGLE)
+    RESULTS["host_dropped_s"] = round(r.elapsed, 1)
+    assert r.returncode == 0, r.out[-6000:]
+    assert lab2.ssh("systemctl list-units --all --no-legend 'vllm-lab-tiny*' vllm-fleet-api-firewall.service", user="root").stdout.strip() == ""
+    assert lab2.ssh("ls /etc/systemd/system/vllm-lab-tiny-0.service /etc/systemd/system/vllm-fleet-api-firewall.service "
+                    "/etc/vllm-fleet/api-firewall.nft /etc/vllm-fleet/lab-tiny/vllm.env /etc/vllm-fleet/lab-tiny/replica-0.env",
+                    user="root", check=False).stdout.strip() == ""
+    assert lab2.ssh("nft list table inet vllm_fleet_api", user="root", check=False).returncode != 0
+    assert lab2.ssh(f"test -x {ENV_DIR}/bin/python", user="root", check=False).returncode == 0  # the environment stays
+    assert lab1.ssh("systemctl is-active vllm-lab-tiny-b-0.service", user="root").stdout.strip() == "active"
+    again = deploy(inv, SINGLE)
+    m = re.search(r"Grand total\s+(\S+)\s+(\S+)\s+(\S+)\s+(\S+)", again.out)
+    assert again.returncode == 0 and m and m.group(2) == "-" and m.group(3) == "-", again.out[-5000:]

@@ -123,3 +123,52 @@ def test_exporters_whose_configuration_was_this_deployments_are_stopped(harness)
     for service in ("prometheus", "prometheus-node-exporter", "prometheus-blackbox-exporter"):
         assert f"systemctl stop {service}.service" in run.commands and f"systemctl disable {service}.service" in run.commands
     assert "rm -f /etc/prometheus/prometheus.yml" in run.commands and "rm -f /etc/default/prometheus-node-exporter" in run.commands
+
+
+def _snap(existing: list[str], query, globs: dict[str, list[str]]):
+    """A state read in which ``existing`` of the stat'ed ``candidates`` are there and the globs
+    matched what ``globs`` says (host_state.sh's output lines, parsed)."""
+    import base64
+
+    from vllm_fleet.roles.common.state import Snapshot
+
+    lines = [f"stat\t{p}\t" + ("regular file\troot\troot\t644\t10" if p in existing else "-") for p in query.stat]
+    for g, paths in globs.items():
+        lines.append(f"glob\t{g}\t.")
+        lines += [f"glob\t{g}\t{p}\t{base64.b64encode(b'x').decode()}" for p in paths]
+    snap = Snapshot.parse([*lines, "end"])
+    snap.query = query
+    return snap
+
+
+def test_leftovers_are_what_the_layout_no_longer_gives_the_host(replicas):
+    """serve's leftovers (issue 22): lab2 dropped from the deployment keeps nothing of it; lab1
+    still its proxy keeps its site, TLS files and router unit out of the list; a converged host
+    has none. Paths only: whether each names the deployment is checked on the host at removal."""
+    from vllm_fleet.roles.common import clash
+    from vllm_fleet.roles.teardown import leftover_query, leftovers
+
+    resolved, rendered = replicas
+    lab1, lab2_had = dict(rendered["lab1"]), sorted(rendered["lab2"])
+    assert "/etc/systemd/system/vllm-lab-tiny-replicas-0.service" in lab2_had and "/etc/vllm-fleet/api-firewall.nft" in lab2_had
+    envs = "/etc/vllm-fleet/lab-tiny-replicas/replica-*.env"
+    # lab2, no part of the layout any more: everything of the deployment that is there
+    q = leftover_query(resolved, None, {})
+    assert set(q.globs) == {clash.UNITS, envs}
+    units = [p for p in lab2_had if p.startswith("/etc/systemd/system/vllm-lab-tiny-replicas-")]
+    snap = _snap(lab2_had, q, {clash.UNITS: [*units, "/etc/systemd/system/vllm-lab-tiny-replicas-x-0.service"],
+                                           envs: [p for p in lab2_had if "/replica-" in p]})
+    assert leftovers(resolved, None, {}, snap) == sorted(lab2_had)  # not the other deployment's unit
+    # lab1 converged: nothing (its own files are rendered for it, the TLS files and router unit are the roles')
+    class Node:
+        roles, instances = {"server", "proxy"}, [object()]
+
+    q1 = leftover_query(resolved, Node(), lab1)
+    assert not set(q1.stat) & set(lab1)
+    assert render.paths(resolved)["tls_certificate"] not in q1.stat
+    snap1 = _snap([], q1, {clash.UNITS: [p for p in lab1 if p.startswith("/etc/systemd/system/vllm-")], envs: []})
+    assert leftovers(resolved, Node(), lab1, snap1) == []
+    # not read (no snapshot): nothing is known, nothing listed
+    from vllm_fleet.roles.common.state import Snapshot
+
+    assert leftovers(resolved, None, {}, Snapshot()) == []

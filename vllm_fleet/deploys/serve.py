@@ -20,7 +20,10 @@ model), its Ray node (multi-node `ray` specs: head, then workers, then the clust
 vLLM instances (one unit per replica; an older release's vllm.service of the deployment is
 removed); then (proxy.routing cache_aware) vLLM's router, nginx and the smoke tests for every
 deployment the host proxies (through nginx, the path users take); monitoring last.
-A host with no part is left alone.
+Last, what the layout no longer gives a host (monitoring turned off, the proxy moved, a
+deployment dropped from the host's data) is removed by the teardown role (only files that name
+the deployment; its environment and weights stay, as after `down`). A host with no part gets
+the one state read for that and is otherwise left alone.
 """
 
 from pyinfra import host
@@ -32,13 +35,18 @@ from vllm_fleet.roles.common.state import Query, load_host_state
 
 
 def state_query(ctx: dict, h) -> Query:
-    """What the roles serve() runs on this host compare against (vllm_fleet.roles.common.state)."""
+    """What the roles serve() runs on this host compare against (vllm_fleet.roles.common.state);
+    ``h`` None (no part here): only what earlier deploys may have left."""
     from vllm_fleet.render.files import paths as render_paths
-    from vllm_fleet.roles import nginx, router, service
+    from vllm_fleet.roles import nginx, router, service, teardown
     from vllm_fleet.roles.common import clash
 
-    rendered = dict(h.files)
-    q = clash.query() | (service.api_firewall_query(rendered) if any(n.instances for n in h.parts.values()) else Query())
+    rendered = dict(h.files) if h else {}
+    q = clash.query() | (service.api_firewall_query(rendered) if h and any(n.instances for n in h.parts.values()) else Query())
+    for name, spec in ctx["specs"].items():  # what earlier deploys left that the layout no longer gives
+        q = q | teardown.leftover_query(spec, h.parts.get(name) if h else None, rendered)
+    if not h:
+        return q
     for name, node in h.parts.items():
         spec = ctx["specs"][name]
         if node.roles & SERVICE_PARTS:
@@ -57,7 +65,10 @@ def serve() -> None:
     ctx = load_deploy_spec()
     h = host_layout(ctx)
     if h is None or not h.parts:
-        host.noop("no part of the layout on this host")
+        # nothing of this deploy here, but an earlier deploy may have put a deployment of it here
+        preflight()
+        if not prune_leftovers(ctx, None, load_host_state(state_query(ctx, None))):
+            host.noop("no part of the layout on this host")
         return
     rendered = dict(h.files)
     preflight()  # root works on this host (passwordless sudo), else a clear stop
@@ -123,3 +134,23 @@ def serve() -> None:
             from vllm_fleet.roles.monitoring import install_monitoring
 
             install_monitoring(spec=spec, rendered=rendered)
+
+    # Last, once the new parts serve: what the layout no longer gives this host
+    prune_leftovers(ctx, h, snap)
+
+
+def prune_leftovers(ctx: dict, h, snap) -> bool:
+    """Remove what an earlier deploy of these deployments put on this host and the layout no
+    longer gives it (monitoring turned off, the proxy moved, the deployment dropped from the
+    host's data): the teardown role on just those paths (vllm_fleet.roles.teardown.leftovers).
+    True when there was something to remove. A converged host: nothing, and no operation."""
+    from vllm_fleet.roles.teardown import leftovers, remove_deployment
+
+    rendered = dict(h.files) if h else {}
+    found = False
+    for name, spec in ctx["specs"].items():
+        paths = leftovers(spec, h.parts.get(name) if h else None, rendered, snap)
+        if paths:
+            remove_deployment(spec=spec, rendered=rendered, paths=paths)
+            found = True
+    return found

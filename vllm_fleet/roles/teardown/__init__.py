@@ -5,6 +5,7 @@ environments and weights stay unless purged. Other deployments on the host are l
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from pyinfra import host
@@ -14,7 +15,8 @@ from pyinfra.operations import files, server, systemd
 from pyinfra.operations.util import any_changed
 
 from vllm_fleet.host.programs import argv as cmd
-from vllm_fleet.roles.common import op_per
+from vllm_fleet.roles.common import clash, op_per
+from vllm_fleet.roles.common.state import Query
 
 from .defaults import DEFAULTS
 
@@ -42,6 +44,49 @@ def candidates(spec: dict[str, Any], rendered: dict[str, Any]) -> list[str]:
         out |= {f for f, _, _ in firewalls()}
         out |= {u for _, u, _ in firewalls()}
     return sorted(out)
+
+
+# What `serve` removes from a host when the layout no longer gives it there (monitoring turned off,
+# the proxy moved, the deployment dropped from the host's data, fewer Ray nodes), by render.paths'
+# names: the units, the configuration and the nginx site. The environment, the weights and
+# vLLM's caches stay, as after `down` without --purge (a later deploy reuses them).
+LEFTOVER_PATHS = ("vllm_env", "secrets_env", "node_env", "wait_ray", "wait_health", "nginx_site", "nginx_auth",
+                  "tls_certificate", "tls_certificate_key", "router_unit", "ray_head_unit", "ray_worker_unit",
+                  "api_firewall_rules", "api_firewall_unit", "ray_firewall_rules", "ray_firewall_unit")
+
+
+def leftover_query(spec: dict[str, Any], node: Any, rendered: dict[str, Any]) -> Query:
+    """What the deploy's one state read must see to find this deployment's leftovers on the host
+    (:func:`leftovers`): its fixed paths that this host's layout does not render, and its
+    replicas' env files."""
+    return Query(stat=tuple(_leftover_candidates(spec, node, rendered)),
+                 globs=(clash.UNITS, f"{spec['install']['config_dir'].rstrip('/')}/replica-*.env"))
+
+
+def _leftover_candidates(spec: dict[str, Any], node: Any, rendered: dict[str, Any]) -> list[str]:
+    from vllm_fleet.render import files as render
+    from vllm_fleet.render import monitoring
+
+    p = render.paths(spec)
+    out = {p[k] for k in LEFTOVER_PATHS} | set(monitoring.paths(spec).values())
+    if node is not None and "proxy" in node.roles:  # the roles' own files beside a site still here
+        out -= {p["tls_certificate"], p["tls_certificate_key"], p["router_unit"]}
+    return sorted(out - set(rendered))
+
+
+def leftovers(spec: dict[str, Any], node: Any, rendered: dict[str, Any], snap: Any) -> list[str]:
+    """Paths on this host (as the state read of :func:`leftover_query` saw them) that an earlier
+    deploy of this deployment put there and this host's layout no longer gives it: its fixed
+    paths, and (when no instance of it is left here: the service role removes the units of fewer
+    replicas itself) its ``vllm-NAME-N.service`` units and ``replica-N.env`` files. Whether each
+    names this deployment is checked before removal (:func:`owned_script`)."""
+    found = [x for x in _leftover_candidates(spec, node, rendered) if snap.path(x)[1] is not None]
+    if node is None or not node.instances:
+        unit = re.compile(rf"^{re.escape(UNIT_DIR)}vllm-{re.escape(spec['name'])}-\d+\.service$")
+        env_glob = f"{spec['install']['config_dir'].rstrip('/')}/replica-*.env"
+        found += [x for x in (snap.matching(clash.UNITS) or {}) if unit.match(x) and x not in rendered]
+        found += [x for x in (snap.matching(env_glob) or {}) if x not in rendered]
+    return sorted(set(found))
 
 
 def firewalls() -> list[tuple[str, str, str]]:
@@ -72,7 +117,8 @@ def owned_script(spec: dict[str, Any], paths: list[str]) -> StringCommand:
 
 
 @deploy("Remove the deployment", data_defaults=DEFAULTS)
-def remove_deployment(spec: dict[str, Any], rendered: dict[str, Any], purge: bool | None = None):
+def remove_deployment(spec: dict[str, Any], rendered: dict[str, Any], purge: bool | None = None,
+                      paths: list[str] | None = None):
     """
     Remove this deployment from the host; what to remove comes from its rendered files.
 
@@ -81,6 +127,9 @@ def remove_deployment(spec: dict[str, Any], rendered: dict[str, Any], purge: boo
       the host's copy names this deployment (another deployment's file is left alone)
     + purge: also remove the environment, weights, caches and config directory (default: host
       data ``vllm_fleet_purge``)
+    + paths: remove only these (serve's :func:`leftovers`: what the layout no longer gives the
+      host), each still only when it names this deployment; the install-time directories are
+      left to the vllm role and nothing is purged
 
     Idempotent: a second run finds nothing of the deployment and changes nothing.
 
@@ -96,9 +145,10 @@ def remove_deployment(spec: dict[str, Any], rendered: dict[str, Any], purge: boo
     from vllm_fleet.roles.monitoring import SERVICE_OF
 
     purge = host.data.get("vllm_fleet_purge") if purge is None else purge
-    purge = purge in (True, "true", "True", "1", 1, "yes")
+    purge = purge in (True, "true", "True", "1", 1, "yes") and paths is None
+    pruning = paths is not None
     p = render.paths(spec)
-    paths = candidates(spec, rendered)
+    paths = candidates(spec, rendered) if paths is None else paths
     owned = [line.strip() for line in (host.get_fact(Command, owned_script(spec, paths)) or "").splitlines() if line.strip()]
     units = [x for x in owned if x.startswith(UNIT_DIR) and x.endswith(UNIT_SUFFIXES)]
 
@@ -156,7 +206,7 @@ def remove_deployment(spec: dict[str, Any], rendered: dict[str, Any], purge: boo
         for d in sorted({ins["prefix"], ins["state_dir"], spec["model"]["path"], cfg}):
             with op_per(d):
                 files.directory(name=f"Remove {d} (purge)", path=d, present=False)
-    else:
+    elif not pruning:
         # what only an install needs (uploaded wheels, uv's cache): never kept after down; the
         # environment itself stays (vllm_fleet_purge removes it)
         from vllm_fleet.roles.vllm import defaults as vd
@@ -168,6 +218,6 @@ def remove_deployment(spec: dict[str, Any], rendered: dict[str, Any], purge: boo
     if not purge and in_cfg:  # it held only this deployment's rendered files
         server.shell(name=f"Remove {cfg} if empty", commands=[cmd("rmdir", "--ignore-fail-on-non-empty", cfg)],
                      _if=any_changed(*in_cfg))
-    if not owned and not purge:
+    if not owned and not purge and not pruning:
         host.noop(f"nothing of deployment {spec['name']} on this host")
 
