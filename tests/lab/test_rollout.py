@@ -234,6 +234,44 @@ def test_status_has_one_row_per_instance(fleet):
                                                                        ("lab2:0", "active", "ok")]
 
 
+def test_session_routing_keeps_a_conversation_on_one_replica(fleet):
+    """(issue 23) proxy.routing.policy session on the 3 replicas: a deploy of the proxy part only
+    (no vLLM restarted); chats that send one X-Session-Id all reach one replica, chats without it
+    are spread over several (least_conn). Each replica's own request counter is the reader."""
+    lab1, lab2 = fleet["lab1"], fleet["lab2"]
+    spec = yaml.safe_load(fleet["specs"]["base"].read_text())
+    spec["proxy"].pop("balance", None)
+    spec["proxy"]["routing"] = {"policy": "session"}
+    path = fleet["tmp"] / "session.yaml"
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    pids = [main_pid(lab1, UNIT0), main_pid(lab1, UNIT1), main_pid(lab2, UNIT0)]
+    r = deploy(fleet["inv"], path)
+    RESULTS["session_routing_deploy_s"] = round(r.elapsed, 1)
+    assert r.returncode == 0, r.out[-6000:]
+    assert "hash $http_x_session_id consistent" in lab1.ssh(f"cat {SITE}", user="root").stdout
+    assert [main_pid(lab1, UNIT0), main_pid(lab1, UNIT1), main_pid(lab2, UNIT0)] == pids
+    targets = [(lab1, 8000), (lab1, 8001), (lab2, 8000)]
+    key = KEY_FILE.read_text().strip()
+    body = json.dumps({"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
+
+    def moved_by(headers: list[list[str]]) -> list[float]:
+        before = [served(h, p) for h, p in targets]
+        for extra in headers:
+            out = subprocess.run(["curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", "--max-time", "120",
+                                  "-H", f"Authorization: Bearer {key}", "-H", "Content-Type: application/json", *extra,
+                                  "-d", body, f"http://{lab1.address}/v1/chat/completions"],
+                                 capture_output=True, text=True, timeout=150).stdout.strip()
+            assert out == "200", out
+        return [a - b for a, b in zip([served(h, p) for h, p in targets], before)]
+
+    one = moved_by([["-H", "X-Session-Id: conversation-7"]] * 6)
+    RESULTS["session_one_conversation"] = one
+    assert sorted(one) == [0, 0, 6], one
+    spread = moved_by([[]] * 6)
+    RESULTS["session_no_header"] = spread
+    assert sum(spread) == 6 and sum(1 for x in spread if x) >= 2, spread
+
+
 def nginx_sites(host: LabHost) -> str:
     """The server blocks nginx runs with on the host (`nginx -T`: every file it loaded)."""
     return host.ssh("nginx -T 2>/dev/null | grep -E '^# configuration file|^\\s*listen ' || true", user="root").stdout
