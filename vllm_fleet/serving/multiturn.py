@@ -187,21 +187,6 @@ def _r(v: float | None) -> float | None:
 
 _METRIC_LINE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+([0-9.eE+-]+)")
 
-#: Run on a replica's host: its /metrics from loopback, only the counters wanted (one JSON line).
-COUNTERS_PY = """import json, sys, urllib.request
-want = set(json.loads(sys.argv[2]))
-text = urllib.request.urlopen("http://127.0.0.1:%d/metrics" % int(sys.argv[1]), timeout=10).read().decode()
-out = {}
-for line in text.splitlines():
-    if line.startswith("#"):
-        continue
-    name = line.split("{", 1)[0].split(" ", 1)[0]
-    if name in want:
-        out[name] = out.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
-print(json.dumps(out))
-"""
-
-
 def parse_counters(text: str) -> dict[str, float]:
     """Sum of each wanted counter over its label sets, from a Prometheus text page."""
     out: dict[str, float] = {}
@@ -215,10 +200,12 @@ def parse_counters(text: str) -> dict[str, float]:
 def prefix_counters(view: Any, python: str, run: Callable[..., Any] = subprocess.run) -> dict[str, dict[str, float]]:
     """``{replica id: {"hits", "queries", "requests"}}`` read on every replica's host."""
     from vllm_fleet.host.fleetview import remote
+    from vllm_fleet.host.programs import script  # (pyinfra's command types: this module stays importable without them)
 
+    counters_py = script("replica_counters.py")  # its /metrics from loopback, the counters wanted (one JSON line)
     out = {}
     for rep in view.replicas:
-        argv = [*view.ssh_argv(rep.host), remote([*view.sudo(rep.host), python, "-c", COUNTERS_PY, str(rep.port), json.dumps(sorted(COUNTERS))])]
+        argv = [*view.ssh_argv(rep.host), remote([*view.sudo(rep.host), python, "-c", counters_py, str(rep.port), json.dumps(sorted(COUNTERS))])]
         p = run(argv, capture_output=True, text=True, timeout=60)
         if p.returncode != 0:
             raise RuntimeError(f"{rep.id}: could not read its /metrics on the host: {p.stderr.strip()[-300:]}")

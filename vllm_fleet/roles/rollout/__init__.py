@@ -37,7 +37,6 @@ Example (deploys/rollout.py)::
 from __future__ import annotations
 
 import json
-import shlex
 import time
 from typing import Any
 
@@ -52,7 +51,7 @@ from vllm_fleet.render import files as render
 
 from .defaults import DEFAULTS
 
-__all__ = ["upstream", "router_workers", "ROUTER_SYNC_PY", "drain", "smoke_replica", "parse_metrics", "DEFAULTS"]
+__all__ = ["upstream", "router_workers", "drain", "smoke_replica", "parse_metrics", "DEFAULTS"]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -143,38 +142,10 @@ def _smoke(py: str, port: int, model: str, secrets: str, max_tokens: int, timeou
 # ----------------------------------------------------------------------------------------------
 
 
-#: Runs on the proxy host with the router's own Python: argv is PORT and a JSON
-#: ``{"keep": [url], "remove": [url]}``; makes the router's worker list hold exactly ``keep``
-#: (of the deployment's workers) and prints what it did; exit 1 naming what failed.
-ROUTER_SYNC_PY = r'''
-import json, sys, urllib.parse, urllib.request
-port, want = int(sys.argv[1]), json.loads(sys.argv[2])
-base = f"http://127.0.0.1:{port}"
-def call(method, path, **q):
-    url = base + path + ("?" + urllib.parse.urlencode(q) if q else "")
-    with urllib.request.urlopen(urllib.request.Request(url, method=method), timeout=60) as r:
-        return r.read().decode()
-try:
-    listed = set(json.loads(call("GET", "/list_workers")).get("urls") or [])
-    done = []
-    for u in want["remove"]:
-        if u in listed:
-            call("POST", "/remove_worker", url=u); done.append(f"removed {u}")
-    for u in want["keep"]:
-        if u not in listed:
-            call("POST", "/add_worker", url=u); done.append(f"added {u}")
-    now = sorted(json.loads(call("GET", "/list_workers")).get("urls") or [])
-    print("router workers: " + (", ".join(done) or "unchanged") + f"; now {now}")
-    if set(now) & set(want["remove"]) or set(want["keep"]) - set(now):
-        print(f"FAIL the router lists {now}, wanted {sorted(want['keep'])}"); sys.exit(1)
-except Exception as exc:
-    print(f"FAIL router {base}: {type(exc).__name__}: {exc}"); sys.exit(1)
-'''
-
-
 def _sync_router(py: str, port: int, keep: list[str], remove: list[str]) -> None:
-    argv = [py, "-c", ROUTER_SYNC_PY, str(port), json.dumps({"keep": keep, "remove": remove})]
-    ok, out = host.run_shell_command(" ".join(shlex.quote(a) for a in argv), **as_root(), _timeout=180)
+    """Make the router's worker list hold exactly ``keep`` (scripts/router_sync.py, with its own Python)."""
+    sync = programs.python(py, "router_sync.py", port, json.dumps({"keep": keep, "remove": remove}))
+    ok, out = host.run_shell_command(sync, **as_root(), _timeout=180)
     lines = [line for line in (getattr(out, "stdout_lines", []) or []) + (getattr(out, "stderr_lines", []) or [])]
     if not ok:
         raise RuntimeError(f"{host.name}: could not set the router's workers: {' | '.join(lines[-5:])}")

@@ -12,14 +12,18 @@ Switching the policy is a deploy of this part and nginx only: nothing here touch
 
 from __future__ import annotations
 
-import shlex
 from typing import Any
 
 from pyinfra import host
-from pyinfra.api import deploy
-from pyinfra.operations import files, server, systemd
+from pyinfra.api import StringCommand, deploy
+from pyinfra.api.exceptions import DeployError as PyDeployError
+from pyinfra.operations import server, systemd
 
+from vllm_fleet.fetch import wheelhouse as wh
+from vllm_fleet.host import programs
+from vllm_fleet.host.programs import argv as cmd
 from vllm_fleet.roles.common import DeployError, packages, put_rendered, rendered_query
+from vllm_fleet.roles.common.wheels import local_dir, reach_fleet_wheelhouse, upload
 from vllm_fleet.roles.common.state import Query, host_state, pending
 
 from .defaults import DEFAULTS
@@ -49,18 +53,12 @@ def state_query(spec: dict[str, Any], rendered: dict[str, Any]) -> Query:
 
 def _wheel_source(spec: dict[str, Any]) -> tuple[list[str], str | None]:
     """pip's source arguments for this host, and the wheel server's address (trusted host)."""
-    from pyinfra.api.exceptions import DeployError as PyDeployError
-
-    from vllm_fleet.fetch import wheelhouse as wh
-    from vllm_fleet.roles.vllm import _local_dir
     from vllm_fleet.roles.vllm.facts import PythonTarget
 
     ins = spec["install"]
     dest = f"{env_dir(spec)}-wheels"
     if ins.get("wheelhouse"):
-        files.sync(name=f"Upload the wheelhouse to {dest}", src=_local_dir(ins["wheelhouse"], "install.wheelhouse"),
-                   dest=dest, delete=True)
-        return ["--no-index", "--find-links", dest], None
+        return ["--no-index", "--find-links", upload(f"Upload the wheelhouse to {dest}", local_dir(ins["wheelhouse"], "install.wheelhouse"), dest)], None
     if ins["wheels"] == "fleet":
         target = host.get_fact(PythonTarget)
         lacking = [k for k in ("python", "glibc", "machine") if not target.get(k)]
@@ -71,34 +69,28 @@ def _wheel_source(spec: dict[str, Any]) -> tuple[list[str], str | None]:
             directory = wh.ensure([requirement(spec)], target, index_url=ins.get("index_url"))
         except wh.WheelhouseError as exc:
             raise PyDeployError(str(exc)) from None
-        address = host.data.get("vllm_wheel_serve_address")
-        if address:
-            try:
-                port = wh.serve(directory.parent, address)
-            except wh.WheelhouseError as exc:
-                raise PyDeployError(str(exc)) from None
-            return ["--no-index", "--find-links", f"http://{address}:{port}/{directory.name}/", "--trusted-host", address], address
-        files.sync(name=f"Upload the router's wheels to {dest}", src=str(directory), dest=dest, delete=True)
-        return ["--no-index", "--find-links", dest], None
+        where, address = reach_fleet_wheelhouse(directory, dest, f"Upload the router's wheels to {dest}")
+        return ["--no-index", "--find-links", where, *(["--trusted-host", address] if address else [])], address
     return (["--index-url", ins["index_url"]] if ins.get("index_url") else []), None
 
 
-def wait_script(port: int, timeout: float) -> str:
-    """Wait until the router lists its workers on loopback (it serves once its startup wait is
-    over); print what it lists, fail after ``timeout`` seconds with the unit's journal."""
-    return f"""import json, sys, time, urllib.request
-deadline = time.time() + {float(timeout)}
-last = ""
-while time.time() < deadline:
-    try:
-        with urllib.request.urlopen("http://127.0.0.1:{int(port)}/list_workers", timeout=3) as r:
-            print("router up:", json.loads(r.read()).get("urls")); sys.exit(0)
-    except Exception as exc:
-        last = str(exc)
-    time.sleep(0.5)
-print("the router did not answer on 127.0.0.1:{int(port)} within {float(timeout)} s:", last, file=sys.stderr)
-sys.exit(1)
-"""
+def _pip_install(spec: dict[str, Any], env: str, source: list[str]) -> list[StringCommand]:
+    """The router's venv (made when missing), the pinned vllm-router installed into it from
+    ``source``, and its console script run once (``--help``)."""
+    py = f"{env}/bin/python"
+    pip = cmd(py, "-m", "pip", "install", "--no-input", "--disable-pip-version-check", "--progress-bar", "off",
+              "--no-cache-dir", "--timeout", str(int(host.data.get("router_pip_timeout"))), *source, requirement(spec))
+    return [StringCommand(cmd("test", "-x", py), "||", cmd("python3", "-m", "venv", env)),
+            pip,
+            StringCommand(cmd(f"{env}/bin/vllm-router", "--help"), ">/dev/null")]
+
+
+def _wait_command(unit: str, port: int, timeout: float) -> StringCommand:
+    """Wait until the router lists its workers on loopback (scripts/router_wait.py: it serves once
+    its startup wait is over) and print what it lists; after ``timeout`` seconds print the unit's
+    journal and fail."""
+    return StringCommand(programs.python("python3", "router_wait.py", int(port), float(timeout)),
+                         "||", "{", cmd("journalctl", "-u", unit, "-n", "30", "--no-pager"), ";", "exit", "1;", "}")
 
 
 @deploy("vLLM router", data_defaults=DEFAULTS)
@@ -132,14 +124,7 @@ def install_router(spec: dict[str, Any], rendered: dict[str, Any]):
     have = (probed or {}).get("dist", {}).get(PACKAGE) if probed is not None else None
     if have != version:
         source, _ = _wheel_source(spec)
-        argv = [py, "-m", "pip", "install", "--no-input", "--disable-pip-version-check", "--progress-bar", "off",
-                "--no-cache-dir", "--timeout", str(int(host.data.get("router_pip_timeout"))), *source, requirement(spec)]
-        changed.append(server.shell(
-            name=f"pip install {requirement(spec)} into {env}",
-            commands=[f"test -x {shlex.quote(py)} || python3 -m venv {shlex.quote(env)}",
-                      " ".join(shlex.quote(a) for a in argv),
-                      f"{shlex.quote(env)}/bin/vllm-router --help >/dev/null"],
-        ))
+        changed.append(server.shell(name=f"pip install {requirement(spec)} into {env}", commands=_pip_install(spec, env, source)))
     else:
         host.noop(f"{requirement(spec)} already installed in {env}")
     put = put_rendered(rendered, [p["router_unit"]])
@@ -151,8 +136,7 @@ def install_router(spec: dict[str, Any], rendered: dict[str, Any]):
         systemd.service(name=f"Start {unit}", service=unit, running=True, enabled=True,
                         restarted=bool(pending(unit_op, *changed)))
         server.shell(name=f"Wait for {unit} on 127.0.0.1:{spec['proxy']['routing']['router']['port']}",
-                     commands=[f"python3 -c {shlex.quote(wait_script(spec['proxy']['routing']['router']['port'], host.data.get('router_start_timeout')))}"
-                               f" || {{ journalctl -u {unit} -n 30 --no-pager; exit 1; }}"])
+                     commands=[_wait_command(unit, spec["proxy"]["routing"]["router"]["port"], host.data.get("router_start_timeout"))])
 
 
 def remove_router(spec: dict[str, Any], rendered: dict[str, Any]) -> None:
@@ -169,4 +153,4 @@ def remove_router(spec: dict[str, Any], rendered: dict[str, Any]) -> None:
                  commands=[f"if [ -e {p['router_unit']} ]; then systemctl disable --now {unit} || true; rm -f {p['router_unit']}; systemctl daemon-reload; fi"])
 
 
-__all__ = ["install_router", "remove_router", "state_query", "wait_script", "requirement"]
+__all__ = ["install_router", "remove_router", "state_query", "requirement"]

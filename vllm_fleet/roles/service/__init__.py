@@ -6,7 +6,6 @@ then wait until /health answers, with a deadline and the journal tail in the err
 from __future__ import annotations
 
 import re
-import shlex
 import time
 from pathlib import Path
 from typing import Any
@@ -17,6 +16,7 @@ from pyinfra.api import StringCommand, deploy
 from pyinfra.operations import files, python, server, systemd
 from pyinfra.operations.util import any_changed
 
+from vllm_fleet.host import programs
 from vllm_fleet.host.programs import argv as cmd
 from vllm_fleet.roles.common import as_root, directory, put_rendered, put_secret, rendered_query, service_running
 from vllm_fleet.roles.common.state import Converged, Query, host_state, pending
@@ -30,36 +30,16 @@ from .defaults import DEFAULTS
 UNIT = LEGACY_UNIT  # the default name of _wait_healthy's unit (callers pass an instance's)
 
 
-# Who holds the listening socket of a port: "own" (a process of the unit's cgroup), "other PID
-# COMM", or "unknown" (no listener found in /proc/net: another network namespace). /proc and
-# find only: no ss/lsof needed on a minimal host.
-_OWNER = r"""owner() {
-  hex=$(printf '%04X' "$1")
-  inodes=$(awk -v p=":$hex" 'FNR > 1 && $4 == "0A" && substr($2, length($2) - 4) == p {print $10}' /proc/net/tcp /proc/net/tcp6 2>/dev/null)
-  [ -n "$inodes" ] || { echo unknown; return; }
-  cg=$(systemctl show -p ControlGroup --value "$2" 2>/dev/null)
-  for i in $inodes; do
-    for f in $(find /proc/[0-9]*/fd -maxdepth 1 -lname "socket:\[$i\]" 2>/dev/null | head -3); do
-      pid=${f#/proc/}; pid=${pid%%/*}
-      if [ -n "$cg" ] && grep -q ":$cg\$" /proc/$pid/cgroup 2>/dev/null; then echo own; return; fi
-      echo "other $pid $(cat /proc/$pid/comm 2>/dev/null)"; return
-    done
-  done
-  echo unknown
-}
-"""
+#: ``owner PORT UNIT`` (a shell function): who holds the listening socket of a port, "own",
+#: "other PID COMM" or "unknown" (scripts/port_owner.sh, included by health_probe.sh).
+_OWNER = programs.script("port_owner.sh")
 
 
 def _probe(url: str, unit: str, port: int | None = None) -> tuple[str, str, int, str]:
     """``(HTTP code of url, the unit's ActiveState, NRestarts, who listens on port)``; the last
     only when the code is 200 and a port is given (else "")."""
-    own = (f"{_OWNER}if [ \"$code\" = 200 ]; then owner {int(port)} {shlex.quote(unit)}; else echo; fi"
-           if port is not None else "echo")
-    ok, out = host.run_shell_command(
-        f"code=$(curl -s -o /dev/null -w '%{{http_code}}' --max-time 5 {shlex.quote(url)}); echo \"$code\"; "
-        f"systemctl is-active {unit} || true; systemctl show -p NRestarts --value {unit}; {own}",
-        **as_root(),
-    )
+    ok, out = host.run_shell_command(programs.shell("health_probe.sh", url, unit, "" if port is None else int(port)),
+                                     **as_root())
     lines = [line.strip() for line in getattr(out, "stdout_lines", [])] + ["", "", "", ""]
     restarts = int(lines[2]) if lines[2].isdigit() else 0
     return lines[0], lines[1], restarts, lines[3]
@@ -123,7 +103,7 @@ def _wait_healthy(port: int, deadline: int, interval: float, journal_lines: int,
                 if why:
                     raise RuntimeError(f"{host.name}: {unit} answers /health but not a chat on port {port}: {why}; look: journalctl -u {unit}")
             if stamp:
-                host.run_shell_command(f"touch -c {shlex.quote(stamp)}", **as_root())
+                host.run_shell_command(cmd("touch", "-c", stamp), **as_root())
             return
         last = f"/health -> {code or 'no answer'}, unit {state}, NRestarts {restarts}"
         if code == "200":

@@ -46,9 +46,10 @@ from typing import Any
 
 from pyinfra import host
 from pyinfra.api import StringCommand, deploy
-from pyinfra.operations import files, server
+from pyinfra.operations import server
 
-from vllm_fleet.roles.common import packages, progress
+from vllm_fleet.roles.common import packages
+from vllm_fleet.roles.common.wheels import local_dir, reach_fleet_wheelhouse, upload
 from vllm_fleet.roles.common.state import Query, host_state
 
 from vllm_fleet.host.programs import argv as cmd, python
@@ -226,33 +227,15 @@ def _fleet_wheelhouse(spec: dict) -> tuple[str, str | None]:
                           f"(read {target}); set install.wheels: host to let the host download for itself")
     links = host.data.get("vllm_find_links")
     try:
-        found = _local_dir(links, "host data vllm_find_links") if links else None
+        found = local_dir(links, "host data vllm_find_links") if links else None
         directory = wh.ensure(wheelhouse_requirements(spec), target, index_url=ins.get("index_url"),
                               find_links=found, log=logger.info)
         if ins["accelerator"] == "cuda":  # FlashInfer's pre-built kernels (vllm_fleet.fetch.flashinfer)
             wh.add_flashinfer_cubin(directory, target, index_url=ins.get("index_url"), find_links=found, log=logger.warning)
     except wh.WheelhouseError as exc:
         raise DeployError(str(exc)) from None
-    address = host.data.get("vllm_wheel_serve_address")
-    if address:
-        try:
-            port = wh.serve(directory.parent, address)
-        except wh.WheelhouseError as exc:
-            raise DeployError(str(exc)) from None
-        return f"http://{address}:{port}/{directory.name}/", address
     dest = f"{ins['prefix'].rstrip('/')}/{d.WHEELHOUSE_SUBDIR}"
-    progress.expect(files.sync(name=f"Upload the fleet wheelhouse to {dest}", src=str(directory), dest=dest, delete=True),
-                    progress.tree_size(directory))
-    return dest, None
-
-
-def _local_dir(path: str, what: str) -> str:
-    p = Path(path).expanduser()
-    if not p.is_dir():
-        from pyinfra.api.exceptions import DeployError
-
-        raise DeployError(f"{what}: {p} is not a directory on this machine")
-    return str(p)
+    return reach_fleet_wheelhouse(directory, dest, f"Upload the fleet wheelhouse to {dest}")
 
 
 @deploy("vLLM system libraries", data_defaults=DEFAULTS)
@@ -307,30 +290,55 @@ def install_vllm(spec: dict[str, Any]) -> list:
     """
     ins = spec["install"]
     py = env_python(spec)
-    probed = host_state().env(py)
-    installed = ({n: probed["dist"].get(n) for n in probe_names(spec)} if probed is not None
-                 else host.get_fact(DistVersions, python=py, names=tuple(probe_names(spec))))
+    installed = _installed(spec, py)
     reqs = missing(spec, installed)
     fixes = cpu_fixes_needed(spec, installed)
     if not reqs and not fixes:
         host.noop(f"{ins['vllm_package']}=={ins['vllm_version']} and its companions already installed in {py}")
         return _cpu_ray_adaptation(spec)
+    wheelhouse, find_links, trusted_host = _wheel_source(spec, reqs)
+    op = server.shell(
+        name=(f"pip install {' '.join(reqs)}" if reqs else "CPU build fixes")
+        + (" (+ CPU build fixes)" if reqs and ins["accelerator"] == "cpu" else ""),
+        commands=_install_vllm_commands(spec, reqs, wheelhouse=wheelhouse, find_links=find_links, trusted_host=trusted_host),
+    )
+    return [op, *_cpu_ray_adaptation(spec)]
 
+
+def _installed(spec: dict[str, Any], py: str) -> dict[str, str | None]:
+    """The versions of the distributions install_vllm looks at in the env (None: absent), from the
+    host's state read, else the DistVersions fact."""
+    probed = host_state().env(py)
+    return ({n: probed["dist"].get(n) for n in probe_names(spec)} if probed is not None
+            else host.get_fact(DistVersions, python=py, names=tuple(probe_names(spec))))
+
+
+def _wheel_source(spec: dict[str, Any], reqs: list[str]) -> tuple[str | None, str | None, str | None]:
+    """Where the install takes its wheels from, ``(wheelhouse, find_links, trusted_host)``: the
+    uploaded ``install.wheelhouse``, else the fleet wheelhouse (``install.wheels: fleet``), else
+    the index plus uploaded extra wheels (host data ``vllm_find_links``); nothing to install, none."""
+    ins = spec["install"]
     prefix = ins["prefix"].rstrip("/")
-    wheelhouse = find_links = trusted_host = None
     if reqs and ins.get("wheelhouse"):
-        wheelhouse = f"{prefix}/{d.WHEELHOUSE_SUBDIR}"
-        src = _local_dir(ins["wheelhouse"], "install.wheelhouse")
-        progress.expect(files.sync(name=f"Upload the wheelhouse to {wheelhouse}", src=src, dest=wheelhouse, delete=True),
-                        progress.tree_size(src))
-    elif reqs and ins["wheels"] == "fleet":
+        return upload(f"Upload the wheelhouse to {prefix}/{d.WHEELHOUSE_SUBDIR}", local_dir(ins["wheelhouse"], "install.wheelhouse"),
+                      f"{prefix}/{d.WHEELHOUSE_SUBDIR}"), None, None
+    if reqs and ins["wheels"] == "fleet":
         wheelhouse, trusted_host = _fleet_wheelhouse(spec)
-    elif reqs and host.data.get("vllm_find_links"):
-        find_links = f"{prefix}/{d.FIND_LINKS_SUBDIR}"
-        src = _local_dir(host.data.get("vllm_find_links"), "host data vllm_find_links")
-        progress.expect(files.sync(name=f"Upload extra wheels to {find_links}", src=src, dest=find_links, delete=True),
-                        progress.tree_size(src))
+        return wheelhouse, None, trusted_host
+    if reqs and host.data.get("vllm_find_links"):
+        return None, upload(f"Upload extra wheels to {prefix}/{d.FIND_LINKS_SUBDIR}",
+                            local_dir(host.data.get("vllm_find_links"), "host data vllm_find_links"),
+                            f"{prefix}/{d.FIND_LINKS_SUBDIR}"), None
+    return None, None, None
 
+
+def _install_vllm_commands(spec: dict[str, Any], reqs: list[str], *, wheelhouse: str | None, find_links: str | None,
+                           trusted_host: str | None) -> list[StringCommand]:
+    """install_vllm's one operation: install ``reqs`` (and FlashInfer's kernels for a new CUDA
+    vLLM), the CPU build's fixes, the check that vLLM imports at its version, and the uploaded
+    wheels removed (install-time only, unless host data ``vllm_keep_wheelhouse``)."""
+    ins = spec["install"]
+    py = env_python(spec)
     commands = []
     if reqs:
         commands += install_commands(
@@ -347,15 +355,11 @@ def install_vllm(spec: dict[str, Any]) -> list:
     commands.append(python(py, "verify_vllm.py", ins["vllm_package"], ins["vllm_version"]))
     # the uploaded wheels are install-time only: not kept in the prefix unless asked (an install
     # that needs them again uploads them again)
+    prefix = ins["prefix"].rstrip("/")
     uploaded = [x for x in (find_links, None if trusted_host else wheelhouse) if x and x.startswith(prefix + "/")]
     if uploaded and not host.data.get("vllm_keep_wheelhouse"):
         commands.append(cmd("rm", "-rf", *uploaded))
-    op = server.shell(
-        name=(f"pip install {' '.join(reqs)}" if reqs else "CPU build fixes")
-        + (" (+ CPU build fixes)" if reqs and ins["accelerator"] == "cpu" else ""),
-        commands=commands,
-    )
-    return [op, *_cpu_ray_adaptation(spec)]
+    return commands
 
 
 # ------------------------------------------------------------------------------------------------
