@@ -55,6 +55,7 @@ Example (deploys/serve.py)::
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from io import StringIO
 
 from pyinfra import host, logger
@@ -171,22 +172,63 @@ def _reboot_needed(state, host, branch: str) -> None:  # noqa: ARG001
         f"is false. Fix: reboot {host.name}, then deploy again (or set nvidia_reboot: true to let the deploy reboot it).")
 
 
+@dataclass
+class _Host:
+    """What the nvidia role decides from: the spec's NVIDIA settings and the host's facts
+    (read once, in this order, by _read_host)."""
+
+    branch: str  # the oldest driver branch accepted
+    source: str  # install.nvidia.source: nvidia (NVIDIA's repository) or distro
+    open_modules: bool
+    compute_only: bool
+    distro: dict
+    repo_dir: str
+    gpus: list
+    loaded: str | None  # the driver branch loaded now (None: no driver answers)
+    driver_ok: bool
+    toolkit: str
+    want_toolkit: bool
+    toolkit_ok: bool
+    nvswitches: int
+    fabricmanager: str | None
+    fabricmanager_ok: bool
+
+    @property
+    def is_debian(self) -> bool:
+        return self.distro["name"] == "Debian"
+
+
 @deploy("NVIDIA driver and CUDA", data_defaults=DEFAULTS)
 def nvidia(spec: dict) -> None:
-    ins, hw = spec["install"], spec["hardware"]
-    nv = ins["nvidia"]
+    """The NVIDIA driver (and toolkit, fabric manager) a CUDA spec needs on this host, in four
+    steps (sources, driver, toolkit + fabric manager, reboot + check); nothing when the branch or
+    a newer one is loaded and the rest is present (the module's docstring says the rules)."""
+    ins = spec["install"]
     if ins["accelerator"] != "cuda":
         host.noop("install.accelerator is not cuda: no NVIDIA driver")
         return
+    h = _read_host(spec)
+    if h.driver_ok and h.toolkit_ok and h.fabricmanager_ok:
+        host.noop(f"NVIDIA driver branch {h.loaded} loaded ({describe(h.gpus)}; {h.branch} or newer wanted); toolkit present"
+                  + (f"; {h.fabricmanager} present" if h.fabricmanager else ""))
+        return
+    _refuse_unsigned_module(h)
+    _package_sources(h)
+    driver_changes = [] if h.driver_ok else _install_driver(h)
+    driver_changes += _toolkit_and_fabricmanager(h)
+    _reboot_and_verify(h, driver_changes, spec["hardware"])
 
-    branch = str(nv["driver_branch"])  # the oldest branch accepted
+
+def _read_host(spec: dict) -> _Host:
+    """The spec's NVIDIA settings and the host's facts: distribution, GPUs (a GPU that differs
+    from the spec's hardware stops here), the loaded branch, NVSwitches, installed packages."""
+    ins, hw = spec["install"], spec["hardware"]
+    nv = ins["nvidia"]
+    branch = str(nv["driver_branch"])
     source = nv["source"]
-    open_modules = bool(nv["open_kernel_modules"])
     compute_only = bool(host.data.get("nvidia_compute_only"))
     distro = host.get_fact(LinuxDistribution)
     repo_dir = cuda_repo_dir(distro, host.name)
-    is_debian = distro["name"] == "Debian"
-
     gpus = host.get_fact(NvidiaGpus)
     if gpus:
         problem = gpu_mismatch(gpus, hw, host.name)
@@ -195,17 +237,8 @@ def nvidia(spec: dict) -> None:
     loaded = driver_branch(gpus)
     # A minimum: the branch or a newer one loaded is left alone (no install, no reboot).
     driver_ok = loaded is not None and int(loaded) >= int(branch)
-
-    if not driver_ok and source == "distro" and is_debian:
-        shipped = d.DEBIAN_DISTRO_BRANCH.get(distro["major"])
-        if shipped is None or int(shipped) < int(branch):
-            raise UnsupportedHost(
-                f"host {host.name}: Debian {distro['major']} ships NVIDIA driver branch {shipped}, the spec needs "
-                f"{branch} or newer (install.nvidia.driver_branch; vLLM {ins['vllm_version']} needs "
-                f"{nv.get('min_driver_branch', branch)}). Fix: install.nvidia.source: nvidia (NVIDIA's repository)"
-                + (f", or install.nvidia.driver_branch: \"{shipped}\" with a vLLM that runs on it." if shipped else ".")
-            )
-
+    if not driver_ok and source == "distro" and distro["name"] == "Debian":
+        _check_debian_ships(spec, distro, branch)
     if source == "nvidia":
         major, minor = nv["cuda_version"].split(".")
         toolkit = d.CUDA_REPO_TOOLKIT.format(major=major, minor=minor)
@@ -217,112 +250,129 @@ def nvidia(spec: dict) -> None:
     nvswitches = host.get_fact(NvSwitches) if host.data.get("nvidia_fabricmanager") else 0
     fabricmanager = _fabricmanager_package(source, distro["name"], loaded if driver_ok else branch, host.name) if nvswitches else None
     packages = host.get_fact(DebPackages) if (want_toolkit or fabricmanager) else {}
-    toolkit_ok = not want_toolkit or toolkit in packages
-    fabricmanager_ok = fabricmanager is None or fabricmanager in packages
+    return _Host(branch=branch, source=source, open_modules=bool(nv["open_kernel_modules"]), compute_only=compute_only,
+                 distro=distro, repo_dir=repo_dir, gpus=gpus, loaded=loaded, driver_ok=driver_ok,
+                 toolkit=toolkit, want_toolkit=want_toolkit, toolkit_ok=not want_toolkit or toolkit in packages,
+                 nvswitches=nvswitches, fabricmanager=fabricmanager,
+                 fabricmanager_ok=fabricmanager is None or fabricmanager in packages)
 
-    if driver_ok and toolkit_ok and fabricmanager_ok:
-        host.noop(f"NVIDIA driver branch {loaded} loaded ({describe(gpus)}; {branch} or newer wanted); toolkit present"
-                  + (f"; {fabricmanager} present" if fabricmanager else ""))
-        return
 
-    # Secure Boot with an unsigned DKMS module: the driver would install and never load.
-    if not driver_ok and host.get_fact(SecureBoot) and not host.data.get("nvidia_secure_boot_mok"):
+def _check_debian_ships(spec: dict, distro: dict, branch: str) -> None:
+    """``source: distro`` on Debian: its release must ship ``branch`` or a newer one."""
+    ins = spec["install"]
+    nv = ins["nvidia"]
+    shipped = d.DEBIAN_DISTRO_BRANCH.get(distro["major"])
+    if shipped is None or int(shipped) < int(branch):
+        raise UnsupportedHost(
+            f"host {host.name}: Debian {distro['major']} ships NVIDIA driver branch {shipped}, the spec needs "
+            f"{branch} or newer (install.nvidia.driver_branch; vLLM {ins['vllm_version']} needs "
+            f"{nv.get('min_driver_branch', branch)}). Fix: install.nvidia.source: nvidia (NVIDIA's repository)"
+            + (f", or install.nvidia.driver_branch: \"{shipped}\" with a vLLM that runs on it." if shipped else ".")
+        )
+
+
+def _refuse_unsigned_module(h: _Host) -> None:
+    """Secure Boot with an unsigned DKMS module: the driver would install and never load."""
+    if not h.driver_ok and host.get_fact(SecureBoot) and not host.data.get("nvidia_secure_boot_mok"):
         raise UnsupportedHost(
             f"host {host.name}: UEFI Secure Boot is on, and the NVIDIA kernel module DKMS builds is not signed with a key "
             "the firmware trusts, so it would never load. Nothing was installed. Fix: turn Secure Boot off in the "
             "firmware, or enroll DKMS's signing key (mokutil --import /var/lib/dkms/mok.pub, confirm at the next boot) "
             "and set host data nvidia_secure_boot_mok: true.")
 
-    codename = distro["release_meta"].get("VERSION_CODENAME", "")
 
-    # 1. Package sources.
-    if source == "nvidia":
-        if is_debian:
+def _package_sources(h: _Host) -> None:
+    """1. Package sources: NVIDIA's CUDA repository (its keyring package, Debian's components it
+    needs) or the distribution's (Debian: contrib, non-free...), then apt's lists."""
+    codename = h.distro["release_meta"].get("VERSION_CODENAME", "")
+    if h.source == "nvidia":
+        if h.is_debian:
             _ensure_debian_components(codename, d.DEBIAN_CUDA_REPO_COMPONENTS)
         download_dir = host.data.get("nvidia_download_dir")
         keyring_path = f"{download_dir}/{d.CUDA_KEYRING_DEB}"
         files.directory(name="Download directory", path=download_dir, mode="0755")
         files.download(
-            name=f"Download NVIDIA's CUDA repository keyring package ({repo_dir})",
-            src=f"{d.CUDA_REPO_BASE}/{repo_dir}/{d.CUDA_KEYRING_DEB}",
+            name=f"Download NVIDIA's CUDA repository keyring package ({h.repo_dir})",
+            src=f"{d.CUDA_REPO_BASE}/{h.repo_dir}/{d.CUDA_KEYRING_DEB}",
             dest=keyring_path,
-            sha256sum=d.CUDA_KEYRING_SHA256.get(repo_dir),
+            sha256sum=d.CUDA_KEYRING_SHA256.get(h.repo_dir),
         )
         apt.deb(name="Install the CUDA repository keyring", src=keyring_path)
-    elif is_debian:
+    elif h.is_debian:
         _ensure_debian_components(codename, d.DEBIAN_COMPONENTS)
     apt.update(name="Update apt package lists")
 
-    # 2. Driver: DKMS + headers, nouveau blacklist, the branch's driver packages.
-    driver_changes = []
-    if not driver_ok:
-        kernel = host.get_fact(KernelVersion)
-        apt.packages(
-            name="DKMS and kernel headers (running kernel + meta-package)",
-            packages=[p.format(kernel=kernel, flavour=kernel_flavour(kernel)) for p in d.DKMS_PACKAGES],
-            no_recommends=True,
-        )
-        blacklist = files.put(
-            name="Blacklist nouveau",
-            src=StringIO(NOUVEAU_BLACKLIST_TEXT),
-            dest=d.NOUVEAU_BLACKLIST,
-            mode="0644",
-        )
-        driver_changes.append(blacklist)
-        server.shell(
-            name="Rebuild the initramfs without nouveau",
-            commands=["update-initramfs -u"],
-            _if=blacklist.did_change,
-        )
-        if source == "nvidia":
-            # The pinning package first (NVIDIA: "install the pinning package prior to the
-            # driver"), then the driver with latest=True: an installed older branch is upgraded
-            # to the pinned one, not left in place (apt.packages would see it present).
-            driver_changes.append(apt.packages(
-                name=f"Pin apt to NVIDIA driver branch {branch}",
-                packages=[d.CUDA_REPO_PINNING.format(branch=branch)],
-            ))
-            if compute_only:
-                sfx = _branch_suffix(distro["name"], branch)
-                driver_packages = [p.format(sfx=sfx) for p in d.CUDA_REPO_COMPUTE[distro["name"]][open_modules]]
-            else:
-                driver_packages = list(d.CUDA_REPO_DRIVER[open_modules])
-        elif is_debian:
-            driver_packages = list((d.DEBIAN_DISTRO_COMPUTE if compute_only else d.DEBIAN_DISTRO_DRIVER)[open_modules])
-        else:
-            flavour = "-server" if host.data.get("nvidia_ubuntu_server_flavour") else ""
-            names = d.UBUNTU_DISTRO_COMPUTE if compute_only else [d.UBUNTU_DISTRO_DRIVER]
-            driver_packages = [n.format(branch=branch, server=flavour, open="-open" if open_modules else "") for n in names]
-        driver_changes.append(apt.packages(
-            name=f"NVIDIA driver {branch} ({'open' if open_modules else 'proprietary'} kernel modules, "
-                 f"{'compute only' if compute_only else 'full'})",
-            packages=driver_packages, latest=True))
-        # Persistence mode (NVIDIA's Ansible role does the same): the GPUs stay initialised.
-        files.put(name="nvidia-persistenced with persistence mode", src=StringIO(d.PERSISTENCED_OVERRIDE_TEXT),
-                  dest=d.PERSISTENCED_OVERRIDE, mode="0644")
-        systemd.service(name="nvidia-persistenced enabled", service="nvidia-persistenced", enabled=True,
-                        daemon_reload=True)
 
-    # 3. Toolkit, fabric manager.
-    if want_toolkit and not toolkit_ok:
-        apt.packages(name=f"CUDA toolkit ({toolkit})", packages=[toolkit], no_recommends=True)
-    if fabricmanager:
-        fm = apt.packages(name=f"NVSwitch fabric manager ({fabricmanager}, {nvswitches} NVSwitches)",
-                          packages=[fabricmanager], latest=not driver_ok)
-        driver_changes.append(fm)
-        systemd.service(name="nvidia-fabricmanager running and enabled", service="nvidia-fabricmanager",
-                        running=driver_ok, enabled=True)
+def _install_driver(h: _Host) -> list:
+    """2. Driver: DKMS + headers, nouveau blacklist, the branch's driver packages, persistence
+    mode. Returns the operations whose change needs a reboot."""
+    kernel = host.get_fact(KernelVersion)
+    apt.packages(
+        name="DKMS and kernel headers (running kernel + meta-package)",
+        packages=[p.format(kernel=kernel, flavour=kernel_flavour(kernel)) for p in d.DKMS_PACKAGES],
+        no_recommends=True,
+    )
+    blacklist = files.put(name="Blacklist nouveau", src=StringIO(NOUVEAU_BLACKLIST_TEXT), dest=d.NOUVEAU_BLACKLIST, mode="0644")
+    changes = [blacklist]
+    server.shell(name="Rebuild the initramfs without nouveau", commands=["update-initramfs -u"], _if=blacklist.did_change)
+    if h.source == "nvidia":
+        # The pinning package first (NVIDIA: "install the pinning package prior to the
+        # driver"), then the driver with latest=True: an installed older branch is upgraded
+        # to the pinned one, not left in place (apt.packages would see it present).
+        changes.append(apt.packages(name=f"Pin apt to NVIDIA driver branch {h.branch}",
+                                    packages=[d.CUDA_REPO_PINNING.format(branch=h.branch)]))
+    changes.append(apt.packages(
+        name=f"NVIDIA driver {h.branch} ({'open' if h.open_modules else 'proprietary'} kernel modules, "
+             f"{'compute only' if h.compute_only else 'full'})",
+        packages=_driver_packages(h), latest=True))
+    # Persistence mode (NVIDIA's Ansible role does the same): the GPUs stay initialised.
+    files.put(name="nvidia-persistenced with persistence mode", src=StringIO(d.PERSISTENCED_OVERRIDE_TEXT),
+              dest=d.PERSISTENCED_OVERRIDE, mode="0644")
+    systemd.service(name="nvidia-persistenced enabled", service="nvidia-persistenced", enabled=True,
+                    daemon_reload=True)
+    return changes
 
-    # 4. Reboot into the new driver (or away from nouveau), then verify on the host. Without a
-    #    driver answering (or with nouveau loaded) always; with an older branch loaded only when
-    #    the install changed something (otherwise the check below names what is loaded).
+
+def _driver_packages(h: _Host) -> list[str]:
+    """The branch's driver packages for the source, distribution, kernel modules (open or
+    proprietary) and compute-only or full driver."""
+    if h.source == "nvidia":
+        if h.compute_only:
+            sfx = _branch_suffix(h.distro["name"], h.branch)
+            return [p.format(sfx=sfx) for p in d.CUDA_REPO_COMPUTE[h.distro["name"]][h.open_modules]]
+        return list(d.CUDA_REPO_DRIVER[h.open_modules])
+    if h.is_debian:
+        return list((d.DEBIAN_DISTRO_COMPUTE if h.compute_only else d.DEBIAN_DISTRO_DRIVER)[h.open_modules])
+    flavour = "-server" if host.data.get("nvidia_ubuntu_server_flavour") else ""
+    names = d.UBUNTU_DISTRO_COMPUTE if h.compute_only else [d.UBUNTU_DISTRO_DRIVER]
+    return [n.format(branch=h.branch, server=flavour, open="-open" if h.open_modules else "") for n in names]
+
+
+def _toolkit_and_fabricmanager(h: _Host) -> list:
+    """3. Toolkit (host data ``nvidia_install_toolkit``), fabric manager (NVSwitch boards).
+    Returns the fabric manager's install (a reboot trigger), when there is one."""
+    if h.want_toolkit and not h.toolkit_ok:
+        apt.packages(name=f"CUDA toolkit ({h.toolkit})", packages=[h.toolkit], no_recommends=True)
+    if not h.fabricmanager:
+        return []
+    fm = apt.packages(name=f"NVSwitch fabric manager ({h.fabricmanager}, {h.nvswitches} NVSwitches)",
+                      packages=[h.fabricmanager], latest=not h.driver_ok)
+    systemd.service(name="nvidia-fabricmanager running and enabled", service="nvidia-fabricmanager",
+                    running=h.driver_ok, enabled=True)
+    return [fm]
+
+
+def _reboot_and_verify(h: _Host, driver_changes: list, hw: dict) -> None:
+    """4. Reboot into the new driver (or away from nouveau), then verify on the host. Without a
+    driver answering (or with nouveau loaded) always; with an older branch loaded only when the
+    install changed something (otherwise the check below names what is loaded)."""
     nouveau_loaded = "nouveau" in host.get_fact(KernelModules)
-    if driver_ok and not nouveau_loaded:
+    if h.driver_ok and not nouveau_loaded:
         return
-    condition = None if (loaded is None or nouveau_loaded) else any_changed(*driver_changes)
+    condition = None if (h.loaded is None or nouveau_loaded) else any_changed(*driver_changes)
     if not host.data.get("nvidia_reboot"):
-        python.call(name="Stop: the new driver loads only after a restart, which this host data forbids", function=_reboot_needed, branch=branch,
-                    _if=condition)
+        python.call(name="Stop: the new driver loads only after a restart, which this host data forbids", function=_reboot_needed,
+                    branch=h.branch, _if=condition)
         return
     server.reboot(
         name="Reboot into the NVIDIA driver",
@@ -333,4 +383,4 @@ def nvidia(spec: dict) -> None:
     server.shell(name="nvidia-smi answers", commands=[NVIDIA_SMI_COMMAND], _if=condition)
     # Always: after a reboot it reads the new driver; without one (an older branch loaded and the
     # install changed nothing) it stops the host naming the branch that is still loaded.
-    python.call(name="GPUs match the spec", function=_check_gpus_now, branch=branch, hardware=dict(hw))
+    python.call(name="GPUs match the spec", function=_check_gpus_now, branch=h.branch, hardware=dict(hw))

@@ -5,8 +5,11 @@ then wait until /health answers, with a deadline and the journal tail in the err
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +26,9 @@ from vllm_fleet.roles.common.state import Converged, Query, host_state, pending
 from vllm_fleet.render import command
 from vllm_fleet.render import files as render
 from vllm_fleet.render.layout import LEGACY_UNIT
+from vllm_fleet.render.secrets import host_secret_files
+from vllm_fleet.roles.smoke import chat_on_host, replica_chat, replica_chat_query
+from vllm_fleet.serving.smoke import judge_replica_chat
 
 from . import defaults as d
 from .defaults import DEFAULTS
@@ -96,9 +102,6 @@ def _wait_healthy(port: int, deadline: int, interval: float, journal_lines: int,
                 host.log(f"{unit} runs with an open-files limit of {nofile} (the unit asks LimitNOFILE=1048576; vLLM wants "
                          f">= {VLLM_NOFILE}): the host's init could not raise it (a container's limit); see docs/gpu-proof.md")
             if spec is not None:
-                from vllm_fleet.roles.smoke import chat_on_host
-                from vllm_fleet.serving.smoke import judge_replica_chat
-
                 why = judge_replica_chat(*chat_on_host(spec, port), spec["model"]["served_name"])
                 if why:
                     raise RuntimeError(f"{host.name}: {unit} answers /health but not a chat on port {port}: {why}; look: journalctl -u {unit}")
@@ -215,9 +218,6 @@ def applied_token(spec: dict[str, Any], rendered: dict[str, Any], inst: Any, api
     ``replica-N.applied`` after the instance was healthy; an instance whose token differs is
     restarted even when this run changed none of its files (another instance's update on the
     same host, e.g. an earlier rollout batch, already wrote them)."""
-    import hashlib
-    import json
-
     cfg = spec["install"]["config_dir"] + "/"
     mine = {p: f.content for p, f in rendered.items()
             if p == f"{render.SYSTEMD_DIR}/{inst.unit}" or (p.startswith(cfg) and not p.endswith(".applied"))
@@ -254,8 +254,6 @@ def _chats(spec: dict[str, Any], node: Any) -> tuple[str, ...]:
     """One short chat per replica of this host, read with the host's state (roles.smoke.replica_chat)."""
     if not spec["smoke"]["enabled"]:
         return ()
-    from vllm_fleet.roles.smoke import replica_chat_query
-
     return tuple(replica_chat_query(spec, i.port) for i in node.instances if i.role == "server")
 
 
@@ -282,8 +280,6 @@ def _still_starting(snap: Any, unit: str, stamp: str, health_timeout: int, port:
     if active == "active" and ago is not None and ago < health_timeout and known and (recorded is None or ago < recorded):
         seen = snap.chat(port) if port is not None and served_name else None
         if seen is not None:
-            from vllm_fleet.serving.smoke import judge_replica_chat
-
             if judge_replica_chat(*seen, served_name) is None:
                 return None
         return f"its process started {ago} s ago, not yet seen healthy"
@@ -323,33 +319,74 @@ def install_service(spec: dict[str, Any], node: Any, rendered: dict[str, Any], a
         install_service(spec=spec, node=host_layout(ctx).parts[spec["name"]], rendered=rendered_for_host(ctx),
                         api_key=ctx["secrets"]["api_key"], restart_on=[vllm_op, model_op])
     """
-    ins, srv, name = spec["install"], spec["server"], spec["name"]
-    p = render.paths(spec)
-    # The system user and directories come from vllm_fleet.roles.pyenv.service_dirs, which deploys/serve.py
-    # runs first (the model role needs them too). Each instance's own state dir and the cache
-    # and temp directories its environment names (ReadWritePaths must exist).
+    _service_directories(spec, node, rendered)
+    files_ = _put_service_files(spec, node, rendered, api_key)
+    snap = host_state()
+    removed = _remove_stale_units(spec["name"], node, snap)
+    unit_ops = [files_.put[u] for u in files_.units.values()]
+    if pending(*unit_ops, *removed):
+        systemd.daemon_reload(name="systemd daemon-reload", _if=any_changed(*unit_ops, *removed))
+    shared = [_restart_trigger(snap, files_.secrets_env, files_.secrets_op, files_.secret_text),
+              *(_restart_trigger(snap, path, files_.put[path], rendered[path].content) for path in files_.others
+                if not path.endswith(".env") or path in (files_.vllm_env, files_.node_env)),
+              *(restart_on or [])]
+    restarts = []
+    for inst in node.instances:
+        if only is not None and inst.index not in only:
+            continue
+        restarts.append(_converge_instance(spec, rendered, inst, api_key, snap, files_, shared, prove_replicas))
+    return restarts
+
+
+def _service_directories(spec: dict[str, Any], node: Any, rendered: dict[str, Any]) -> None:
+    """Each instance's own state dir and the cache and temp directories its environment names
+    (ReadWritePaths must exist), Ray's temp directory (multi-node Ray), the helper scripts'
+    directory. The system user and the install's directories come from
+    vllm_fleet.roles.pyenv.service_dirs, which deploys/serve.py runs first (the model role needs
+    them too)."""
+    ins, srv = spec["install"], spec["server"]
     for dirpath in _instance_dirs(spec, node):
         directory(name=f"Directory {dirpath}", path=dirpath, user=srv["user"], group=srv["user"], mode="750")
     if spec["parallel"]["backend"] == "ray" and spec["parallel"]["nodes"] > 1:
-        directory(name="Ray temp directory", path=p["ray_tmpdir"], user=srv["user"], group=srv["user"], mode="750")
+        directory(name="Ray temp directory", path=render.paths(spec)["ray_tmpdir"], user=srv["user"], group=srv["user"], mode="750")
     if any(path.startswith(ins["prefix"] + "/bin/") for path in rendered):
         directory(name="Helper scripts directory", path=f"{ins['prefix']}/bin", user="root", group="root", mode="755")
 
+
+@dataclass
+class _ServiceFiles:
+    """What _put_service_files put: the operations per path, the units' paths per instance index,
+    the other files (config dir, then helper scripts), the key's env file and its operation."""
+
+    put: dict[str, Any]
+    units: dict[int, str]
+    others: list[str]
+    secrets_env: str
+    secrets_op: Any
+    secret_text: str
+    vllm_env: str
+    node_env: str
+
+
+def _put_service_files(spec: dict[str, Any], node: Any, rendered: dict[str, Any], api_key: str | None) -> _ServiceFiles:
+    """Everything the units name first, the key's env file (0600), the units last (a kill in
+    between leaves no unit that points at a missing file)."""
+    ins, p = spec["install"], render.paths(spec)
     units = {inst.index: f"{render.SYSTEMD_DIR}/{inst.unit}" for inst in node.instances}
     other = [path for path in rendered if path.startswith(ins["config_dir"] + "/") and not path.endswith("/secrets.env")]
     extra = [path for path in rendered if path.startswith(ins["prefix"] + "/bin/")]
-    # Everything the units name first, the units last (a kill in between leaves no unit that
-    # points at a missing file).
     put = put_rendered(rendered, other + extra)
-    from vllm_fleet.render.secrets import host_secret_files
-
     secret_text = host_secret_files(spec, {"api_key": api_key})[p["secrets_env"]]
     secrets_op = put_secret(name="API key (0600, never shown)", path=p["secrets_env"], content=secret_text)
     put.update(put_rendered(rendered, list(units.values())))
+    return _ServiceFiles(put=put, units=units, others=other + extra, secrets_env=p["secrets_env"], secrets_op=secrets_op,
+                         secret_text=secret_text, vllm_env=p["vllm_env"], node_env=p["node_env"])
 
-    # Units the layout no longer has: an older release's vllm.service of this deployment, and
-    # replicas above the current count. Stopped and removed before the new ones start.
-    snap = host_state()
+
+def _stale_units(name: str, node: Any, snap: Any) -> list[str]:
+    """Units of deployment ``name`` that the layout no longer has: an older release's
+    ``vllm.service`` of it, and replicas above the current count (from the host's state read,
+    else facts)."""
     known, legacy_text = snap.content(f"{render.SYSTEMD_DIR}/{LEGACY_UNIT}")
     if known:
         mine = re.compile(re.escape(f"Description=vLLM {name}:") + ".*")
@@ -363,86 +400,108 @@ def install_service(spec: dict[str, Any], node: Any, rendered: dict[str, Any], a
     else:
         listed = host.get_fact(Command, StringCommand(cmd("ls", "-1", render.SYSTEMD_DIR), "2>/dev/null", "|",
                                                          cmd("grep", "-E", pattern), "||", "true")) or ""
-    stale += sorted(u for u in listed.split() if u not in {i.unit for i in node.instances})
+    return stale + sorted(u for u in listed.split() if u not in {i.unit for i in node.instances})
+
+
+def _remove_stale_units(name: str, node: Any, snap: Any) -> list:
+    """Stop, disable and remove the units _stale_units finds, before the new ones start (their
+    ports are then free); returns the removals (a daemon-reload follows them)."""
     removed = []
-    for unit in stale:
+    for unit in _stale_units(name, node, snap):
         systemd.service(name=f"Stop and disable {unit} (not in the layout any more)", service=unit, running=False, enabled=False)
         removed.append(files.file(name=f"Remove {render.SYSTEMD_DIR}/{unit}", path=f"{render.SYSTEMD_DIR}/{unit}", present=False))
-    if pending(*(put[u] for u in units.values()), *removed):
-        systemd.daemon_reload(name="systemd daemon-reload", _if=any_changed(*(put[u] for u in units.values()), *removed))
+    return removed
 
-    import hashlib
 
-    def reads(path: str, op: Any, content: str) -> Any:
-        """``op`` as a restart trigger: a put that changes only a file's owner or mode (the
-        content vLLM and systemd read is the same) restarts nothing (issue 24: ``diff`` showed
-        644 -> 600 on an env file and the deploy restarted vLLM)."""
-        if snap.same_content(path, hashlib.sha256(content.encode()).hexdigest()):
-            return Converged(f"{path} (owner/mode only)")
-        return op
+def _restart_trigger(snap: Any, path: str, op: Any, content: str) -> Any:
+    """``op`` as a restart trigger: a put that changes only a file's owner or mode (the content
+    vLLM and systemd read is the same) restarts nothing (issue 24: ``diff`` showed 644 -> 600 on
+    an env file and the deploy restarted vLLM)."""
+    if snap.same_content(path, hashlib.sha256(content.encode()).hexdigest()):
+        return Converged(f"{path} (owner/mode only)")
+    return op
 
-    shared = [reads(p["secrets_env"], secrets_op, secret_text),
-              *(reads(path, put[path], rendered[path].content) for path in other + extra
-                if not path.endswith(".env") or path in (p["vllm_env"], p["node_env"])),
-              *(restart_on or [])]
-    restarts = []
-    for inst in node.instances:
-        if only is not None and inst.index not in only:
-            continue
-        unit = inst.unit
-        own = [reads(path, put[path], rendered[path].content) for path in (units[inst.index], inst.env_file) if path in put]
-        token = applied_token(spec, rendered, inst, api_key)
-        stamp = f"{ins['config_dir']}/replica-{inst.index}.applied"
-        known, text = snap.content(stamp)
-        have = ((text or "") if known else (host.get_fact(Command, StringCommand(cmd("cat", stamp), "2>/dev/null", "||", "true")) or "")).strip()
-        relevant = [*own, *shared]
-        stale_now = have != token
-        when = (lambda: True) if stale_now else any_changed(*relevant)
-        # A unit that is failed (e.g. it hit StartLimitBurst in an earlier crash loop) refuses to
-        # start until reset: reset it when it is failed now or when it is about to restart.
-        seen = snap.unit(unit)
-        if seen is not None:
-            failed_now = seen.get("ActiveState") == "failed"
-        else:
-            failed_now = (host.get_fact(Command, f"systemctl is-failed {unit} || true") or "").strip() == "failed"
-        # Operations only where something may change (vllm_fleet.roles.common.state): a converged
-        # instance gets none of these.
-        if failed_now or stale_now or pending(*relevant):
-            server.shell(name=f"Clear {unit}'s failed state before (re)starting", commands=[f"if systemctl is-failed --quiet {unit}; then systemctl reset-failed {unit}; fi"],
-                         _if=(lambda: True) if failed_now else when)
-        why = ("its inputs changed" if not stale_now else "it runs an older configuration" if have
-               else "first start of this configuration")  # no stamp: never started by a deploy
-        restart = (systemd.service(name=f"Restart {unit} ({why})", service=unit, running=True, restarted=True, enabled=True, _if=when)
-                   if stale_now or pending(*relevant) else Converged(f"restart {unit}"))
-        running = service_running(name=f"{unit} running and enabled", service=unit, running=True, enabled=True)
-        # Nothing to restart, but systemd may still be starting it (after a crash, a kill, or a
-        # deploy that was cut): the smoke tests that follow would meet a 502. Wait for it too.
-        proves = prove_replicas and spec["smoke"]["enabled"] and inst.role == "server"
-        starting = (_still_starting(snap, unit, stamp, srv["health_timeout"], inst.port if proves else None,
-                                    spec["model"]["served_name"]) if not (stale_now or pending(restart)) else None)
-        wait = None
-        if stale_now or starting or pending(restart, running, *relevant):
-            wait = python.call(
-                name=f"Wait for {unit} /health on port {inst.port} (deadline {srv['health_timeout']} s"
-                     + (f"; {starting})" if starting else ")"),
-                function=_wait_healthy,
-                port=inst.port,
-                deadline=srv["health_timeout"],
-                interval=host.data.get("vllm_fleet_health_interval"),
-                journal_lines=host.data.get("vllm_fleet_journal_lines"),
-                unit=unit,
-                spec=spec if prove_replicas and spec["smoke"]["enabled"] and inst.role == "server" else None,
-                stamp=stamp,
-                _if=any_changed(restart, running, *relevant) if not (stale_now or starting) else (lambda: True),
-            )
-        # Every replica proven on its host (issue 25): one short chat, from the state read when
-        # nothing here restarts it, else by the wait above after its start.
-        if prove_replicas and spec["smoke"]["enabled"] and inst.role == "server":
-            from vllm_fleet.roles.smoke import replica_chat
 
-            replica_chat(name=f"{unit} answers a chat on port {inst.port}", spec=spec, unit=unit, port=inst.port,
-                         _if=(lambda w=wait: not w.did_change()) if wait is not None else None)
-        # Healthy with this configuration: remember it (0600: a hash of the key is in it).
-        put_secret(name=f"{unit}: record the configuration it runs", path=stamp, content=token + "\n")
-        restarts.append(restart)
-    return restarts
+def _recorded_token(snap: Any, stamp: str) -> str:
+    """The configuration an instance was last recorded healthy with (``replica-N.applied``; "" when none)."""
+    known, text = snap.content(stamp)
+    return ((text or "") if known else (host.get_fact(Command, StringCommand(cmd("cat", stamp), "2>/dev/null", "||", "true")) or "")).strip()
+
+
+def _failed_now(snap: Any, unit: str) -> bool:
+    """Whether systemd has the unit failed now (the host's state read, else a fact)."""
+    seen = snap.unit(unit)
+    if seen is not None:
+        return seen.get("ActiveState") == "failed"
+    return (host.get_fact(Command, f"systemctl is-failed {unit} || true") or "").strip() == "failed"
+
+
+def _converge_instance(spec: dict[str, Any], rendered: dict[str, Any], inst: Any, api_key: str | None, snap: Any,
+                       files_: _ServiceFiles, shared: list, prove_replicas: bool) -> Any:
+    """One instance: restarted when its inputs changed or it runs another configuration than
+    recorded, running and enabled, waited for (and proven with a chat) when it (re)starts, its
+    configuration recorded. Operations only where something may change
+    (vllm_fleet.roles.common.state): a converged instance gets none. Returns its restart."""
+    unit = inst.unit
+    own = [_restart_trigger(snap, path, files_.put[path], rendered[path].content)
+           for path in (files_.units[inst.index], inst.env_file) if path in files_.put]
+    token = applied_token(spec, rendered, inst, api_key)
+    stamp = f"{spec['install']['config_dir']}/replica-{inst.index}.applied"
+    have = _recorded_token(snap, stamp)
+    relevant = [*own, *shared]
+    stale_now = have != token
+    restart = _restart_instance(unit, snap, relevant, stale_now, have)
+    running = service_running(name=f"{unit} running and enabled", service=unit, running=True, enabled=True)
+    proves = prove_replicas and spec["smoke"]["enabled"] and inst.role == "server"
+    wait = _wait_instance(spec, inst, snap, stamp, [restart, running, *relevant], stale_now, proves)
+    # Every replica proven on its host (issue 25): one short chat, from the state read when
+    # nothing here restarts it, else by the wait above after its start.
+    if proves:
+        replica_chat(name=f"{unit} answers a chat on port {inst.port}", spec=spec, unit=unit, port=inst.port,
+                     _if=(lambda w=wait: not w.did_change()) if wait is not None else None)
+    # Healthy with this configuration: remember it (0600: a hash of the key is in it).
+    put_secret(name=f"{unit}: record the configuration it runs", path=stamp, content=token + "\n")
+    return restart
+
+
+def _restart_instance(unit: str, snap: Any, relevant: list, stale_now: bool, have: str) -> Any:
+    """Clear the unit's failed state and restart it, when its inputs (``relevant``) changed or it
+    runs an older configuration (``stale_now``); Converged when neither can be."""
+    when = (lambda: True) if stale_now else any_changed(*relevant)
+    # A unit that is failed (e.g. it hit StartLimitBurst in an earlier crash loop) refuses to
+    # start until reset: reset it when it is failed now or when it is about to restart.
+    failed_now = _failed_now(snap, unit)
+    if failed_now or stale_now or pending(*relevant):
+        server.shell(name=f"Clear {unit}'s failed state before (re)starting", commands=[f"if systemctl is-failed --quiet {unit}; then systemctl reset-failed {unit}; fi"],
+                     _if=(lambda: True) if failed_now else when)
+    why = ("its inputs changed" if not stale_now else "it runs an older configuration" if have
+           else "first start of this configuration")  # no stamp: never started by a deploy
+    return (systemd.service(name=f"Restart {unit} ({why})", service=unit, running=True, restarted=True, enabled=True, _if=when)
+            if stale_now or pending(*relevant) else Converged(f"restart {unit}"))
+
+
+def _wait_instance(spec: dict[str, Any], inst: Any, snap: Any, stamp: str, triggers: list, stale_now: bool,
+                   proves: bool) -> Any:
+    """The health wait (``_wait_healthy`` at execute time) when the instance (re)starts
+    (``triggers``: its restart, running and inputs) or systemd may still be starting it
+    (_still_starting: after a crash, a kill, or a deploy that was cut, the smoke tests that follow
+    would meet a 502); None when neither."""
+    srv, unit = spec["server"], inst.unit
+    restart = triggers[0]
+    starting = (_still_starting(snap, unit, stamp, srv["health_timeout"], inst.port if proves else None,
+                                spec["model"]["served_name"]) if not (stale_now or pending(restart)) else None)
+    if not (stale_now or starting or pending(*triggers)):
+        return None
+    return python.call(
+        name=f"Wait for {unit} /health on port {inst.port} (deadline {srv['health_timeout']} s"
+             + (f"; {starting})" if starting else ")"),
+        function=_wait_healthy,
+        port=inst.port,
+        deadline=srv["health_timeout"],
+        interval=host.data.get("vllm_fleet_health_interval"),
+        journal_lines=host.data.get("vllm_fleet_journal_lines"),
+        unit=unit,
+        spec=spec if proves else None,
+        stamp=stamp,
+        _if=any_changed(*triggers) if not (stale_now or starting) else (lambda: True),
+    )
