@@ -129,10 +129,6 @@ def load_deploy_spec() -> dict[str, Any]:
     key = os.pathsep.join(_norm(p) for p in paths) + "|" + os.environ.get(UPSTREAM_DOWN_ENV, "")
     if key in _CACHE:
         return _CACHE[key]
-    from vllm_fleet.render.layout import LayoutError, build
-    from vllm_fleet.spec.pipeline import check
-    from vllm_fleet.render.secrets import SecretError, read_spec_secrets
-
     specs: dict[str, dict[str, Any]] = {}
     secrets: dict[str, dict[str, Any]] = {}
     sources: dict[str, str] = {}
@@ -142,37 +138,64 @@ def load_deploy_spec() -> dict[str, Any]:
     # the next one in before _CACHE is set; both must plan (and write) the same key.
     generated = _GENERATED
     for path in paths:
-        checked = check(path)
-        if not checked.ok:
-            text = "\n".join(f"  {p.format()}" for p in checked.problems)
-            print(f"vllm-fleet: {path}: the spec has errors; no host was changed\n{text}", file=sys.stderr)
-            raise DeployError(f"{path}: invalid spec ({len(checked.errors)} error(s), listed above); no host was changed")
-        resolved, problems, spec = checked.resolved, checked.problems, checked.spec
-        for p in problems:
-            logger.warning(f"{path}: {p.format()}")
-        # Every secret of the spec (vllm_fleet.render.secrets.SPEC_SECRETS), read on this machine. A
-        # `generate: true` file that is missing gets its value now but is written only when the
-        # deploy executes (write_generated_secrets): a --dry run writes nothing here.
-        try:
-            sec = read_spec_secrets(resolved, spec.base_dir, generated)
-            sec["tls_certificate"] = _tls_certificate(resolved, spec.base_dir)
-        except SecretError as exc:
-            raise DeployError(f"{path}: {exc}; no host was changed") from None
-        if resolved["model"]["transfer"] == "upload" and not Path(resolved["model"]["local_dir"]).is_dir():
-            raise DeployError(f"{path}: model.source: {resolved['model']['local_dir']} is not a directory on this machine "
-                              "(for the lab: `vllm-fleet tiny-model`); no host was changed")
+        resolved, sec = _checked_spec(path, generated)
         if resolved["name"] in specs:
             raise DeployError(f"{path}: deployment {resolved['name']} is also in {sources[resolved['name']]}: each spec needs its own name; no host was changed")
         specs[resolved["name"]], secrets[resolved["name"]], sources[resolved["name"]] = resolved, sec, path
         names[_norm(path)] = resolved["name"]
     hosts = inventory_hosts()
+    _hosts_own_deployments(hosts, per_host, names)
+    layout = _fleet_layout(specs, hosts, sources, paths)
+    first = next(iter(specs))
+    _CACHE[key] = {"layout": layout, "specs": specs, "all_secrets": secrets, "paths": sources,
+                   "path": paths[0], "spec": specs[first], "secrets": secrets[first], "rendered": layout.files(),
+                   "generated": generated}
+    return _CACHE[key]
+
+
+def _checked_spec(path: str, generated: dict) -> tuple[dict[str, Any], dict[str, Any]]:
+    """One spec checked (its problems printed with YAML path and fix; errors stop the deploy), its
+    secrets read on this machine and an uploaded model's directory present: ``(resolved, secrets)``."""
+    from vllm_fleet.spec.pipeline import check
+    from vllm_fleet.render.secrets import SecretError, read_spec_secrets
+
+    checked = check(path)
+    if not checked.ok:
+        text = "\n".join(f"  {p.format()}" for p in checked.problems)
+        print(f"vllm-fleet: {path}: the spec has errors; no host was changed\n{text}", file=sys.stderr)
+        raise DeployError(f"{path}: invalid spec ({len(checked.errors)} error(s), listed above); no host was changed")
+    resolved, problems, spec = checked.resolved, checked.problems, checked.spec
+    for p in problems:
+        logger.warning(f"{path}: {p.format()}")
+    # Every secret of the spec (vllm_fleet.render.secrets.SPEC_SECRETS), read on this machine. A
+    # `generate: true` file that is missing gets its value now but is written only when the
+    # deploy executes (write_generated_secrets): a --dry run writes nothing here.
+    try:
+        sec = read_spec_secrets(resolved, spec.base_dir, generated)
+        sec["tls_certificate"] = _tls_certificate(resolved, spec.base_dir)
+    except SecretError as exc:
+        raise DeployError(f"{path}: {exc}; no host was changed") from None
+    if resolved["model"]["transfer"] == "upload" and not Path(resolved["model"]["local_dir"]).is_dir():
+        raise DeployError(f"{path}: model.source: {resolved['model']['local_dir']} is not a directory on this machine "
+                          "(for the lab: `vllm-fleet tiny-model`); no host was changed")
+    return resolved, sec
+
+
+def _hosts_own_deployments(hosts: dict[str, Any], per_host: dict[str, Any], names: dict[str, str]) -> None:
+    """Hosts (groups) with their own specs: each deployment's layout is made of the hosts that
+    name it (host data `deployments`, unless the inventory sets it itself)."""
     if len({tuple(_norm(p) for p in v) if v else None for v in per_host.values()}) > 1:
-        # Hosts (groups) with their own specs: each deployment's layout is made of the hosts
-        # that name it (host data `deployments`, unless the inventory sets it itself).
         for name, own in per_host.items():
             data = hosts[name].setdefault("data", {})
             if data.get("deployments") is None:
                 data["deployments"] = [names[_norm(p)] for p in own or []]
+
+
+def _fleet_layout(specs: dict[str, dict[str, Any]], hosts: dict[str, Any], sources: dict[str, str], paths: list[str]) -> Any:
+    """The one layout of the deploy (built again when the hosts' interfaces were read: facts
+    first, then the layout); a layout error stops the deploy, printed."""
+    from vllm_fleet.render.layout import LayoutError, build
+
     try:
         layout = build(list(specs.values()), hosts, down=upstream_down(), sources=sources)
         if _detect_ifnames(layout, hosts):  # facts first, then the one layout the deploy uses
@@ -181,11 +204,7 @@ def load_deploy_spec() -> dict[str, Any]:
         text = "\n".join(f"  {line}" for line in exc.problems)
         print(f"vllm-fleet: the fleet layout has errors; no host was changed\n{text}", file=sys.stderr)
         raise DeployError(f"{', '.join(paths)}: {exc.problems[0]}; no host was changed") from None
-    first = next(iter(specs))
-    _CACHE[key] = {"layout": layout, "specs": specs, "all_secrets": secrets, "paths": sources,
-                   "path": paths[0], "spec": specs[first], "secrets": secrets[first], "rendered": layout.files(),
-                   "generated": generated}
-    return _CACHE[key]
+    return layout
 
 
 def host_layout(ctx: dict[str, Any]) -> Any:

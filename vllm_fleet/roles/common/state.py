@@ -128,6 +128,9 @@ class Snapshot:
 
     @classmethod
     def parse(cls, lines: list[str]) -> "Snapshot":
+        """The snapshot from host_state.sh's lines, ``KIND<TAB>KEY<TAB>VALUE`` each (one reader
+        per kind: _LINES); a unit's properties are ``unit<TAB>K=V`` lines, a bare ``unit`` starts
+        the next unit; ``end``, the last line, says the read completed."""
         s = cls()
         unit: dict[str, str] = {}
         for line in lines:
@@ -135,75 +138,10 @@ class Snapshot:
             key, _, value = rest.partition("\t")
             if kind == "end":
                 s.known = True
-            elif kind == "stat":
-                parts = value.split("\t")
-                s.stats[key] = None if value == "-" or len(parts) < 5 else {
-                    "type": _TYPES.get(parts[0], parts[0]), "user": parts[1], "group": parts[2],
-                    "mode": int(parts[3], 8), "size": int(parts[4]) if parts[4].isdigit() else None}
-            elif kind == "sha":
-                s.shas[key] = None if value == "-" else value
-            elif kind == "read":
-                try:
-                    s.reads[key] = None if value == "-" else base64.b64decode(value).decode()
-                except (binascii.Error, UnicodeDecodeError):
-                    s.reads[key] = None
-            elif kind == "ls":
-                s.lists.setdefault(key, [])
-                if value != ".":
-                    s.lists[key].append(value)
-            elif kind == "find":
-                s.finds.setdefault(key, {})
-                size, _, rel = value.partition(" ")
-                if value != "." and size.isdigit() and rel:
-                    s.finds[key][rel] = int(size)
-            elif kind == "glob":
-                found = s.globbed.setdefault(key, {})
-                path, _, b64 = value.partition("\t")
-                if value != "." and path:
-                    try:
-                        found[path] = base64.b64decode(b64).decode()
-                    except (binascii.Error, UnicodeDecodeError):
-                        found[path] = None
-            elif kind == "globunit":
-                active, _, enabled = value.partition("\t")
-                s.glob_units[key] = (active, enabled)
-            elif kind == "user":
-                f = value.split(":")
-                s.users[key] = None if value == "-" or len(f) < 7 else {"uid": f[2], "gid": f[3], "home": f[5], "shell": f[6]}
-            elif kind == "deb":
-                status, _, version = value.partition("\t")
-                s.debs[key] = {"installed": status.startswith("ii"), "version": version}
-            elif kind == "started":
-                if value.lstrip("-").isdigit():
-                    s.started[key] = int(value)
-            elif kind == "chat":
-                code, _, b64 = value.partition("\t")
-                try:
-                    body = base64.b64decode(b64).decode(errors="replace")
-                except binascii.Error:
-                    body = ""
-                s.chats[key] = (code, body)
-            elif kind == "age":
-                s.ages[key] = int(value) if value.lstrip("-").isdigit() else None
             elif kind == "unit":
-                if not rest:
-                    unit = {}
-                    continue
-                k, _, v = rest.partition("=")
-                unit[k] = v
-                if "Id" in unit:
-                    s.units[unit["Id"]] = unit
-            elif kind == "py":
-                env = s.envs.setdefault(key, {"python": None, "dist": {}, "file": {}, "done": False})
-                if value == ".":
-                    env["done"] = True
-                elif value.startswith("python "):
-                    env["python"] = value.split()[1]
-                else:
-                    what, _, pair = value.partition(" ")
-                    name, _, v = pair.partition("=")
-                    if what in ("dist", "file"):
-                        env[what][name] = v or None
+                unit = _unit_line(s, unit, rest)
+            elif kind in _LINES:
+                _LINES[kind](s, key, value)
         return s
 
     # -- questions (True only when known and matching) -------------------------------------
@@ -297,6 +235,109 @@ class Snapshot:
         of an env asked with ``envs``, or None when not read (the python absent: versions None)."""
         e = self.envs.get(python)
         return e if e and e["done"] and self.known else None
+
+
+# -- one reader per kind of host_state.sh's lines (Snapshot.parse) ---------------------------
+
+
+def _b64_text(b64: str, errors: str = "strict") -> str | None:
+    try:
+        return base64.b64decode(b64).decode(errors=errors)
+    except (binascii.Error, UnicodeDecodeError):
+        return None
+
+
+def _stat_line(s: Snapshot, key: str, value: str) -> None:
+    parts = value.split("\t")
+    s.stats[key] = None if value == "-" or len(parts) < 5 else {
+        "type": _TYPES.get(parts[0], parts[0]), "user": parts[1], "group": parts[2],
+        "mode": int(parts[3], 8), "size": int(parts[4]) if parts[4].isdigit() else None}
+
+
+def _sha_line(s: Snapshot, key: str, value: str) -> None:
+    s.shas[key] = None if value == "-" else value
+
+
+def _read_line(s: Snapshot, key: str, value: str) -> None:
+    s.reads[key] = None if value == "-" else _b64_text(value)
+
+
+def _ls_line(s: Snapshot, key: str, value: str) -> None:
+    s.lists.setdefault(key, [])
+    if value != ".":
+        s.lists[key].append(value)
+
+
+def _find_line(s: Snapshot, key: str, value: str) -> None:
+    s.finds.setdefault(key, {})
+    size, _, rel = value.partition(" ")
+    if value != "." and size.isdigit() and rel:
+        s.finds[key][rel] = int(size)
+
+
+def _glob_line(s: Snapshot, key: str, value: str) -> None:
+    found = s.globbed.setdefault(key, {})
+    path, _, b64 = value.partition("\t")
+    if value != "." and path:
+        found[path] = _b64_text(b64)
+
+
+def _globunit_line(s: Snapshot, key: str, value: str) -> None:
+    active, _, enabled = value.partition("\t")
+    s.glob_units[key] = (active, enabled)
+
+
+def _user_line(s: Snapshot, key: str, value: str) -> None:
+    f = value.split(":")
+    s.users[key] = None if value == "-" or len(f) < 7 else {"uid": f[2], "gid": f[3], "home": f[5], "shell": f[6]}
+
+
+def _deb_line(s: Snapshot, key: str, value: str) -> None:
+    status, _, version = value.partition("\t")
+    s.debs[key] = {"installed": status.startswith("ii"), "version": version}
+
+
+def _started_line(s: Snapshot, key: str, value: str) -> None:
+    if value.lstrip("-").isdigit():
+        s.started[key] = int(value)
+
+
+def _chat_line(s: Snapshot, key: str, value: str) -> None:
+    code, _, b64 = value.partition("\t")
+    s.chats[key] = (code, _b64_text(b64, errors="replace") or "")
+
+
+def _age_line(s: Snapshot, key: str, value: str) -> None:
+    s.ages[key] = int(value) if value.lstrip("-").isdigit() else None
+
+
+def _py_line(s: Snapshot, key: str, value: str) -> None:
+    env = s.envs.setdefault(key, {"python": None, "dist": {}, "file": {}, "done": False})
+    if value == ".":
+        env["done"] = True
+    elif value.startswith("python "):
+        env["python"] = value.split()[1]
+    else:
+        what, _, pair = value.partition(" ")
+        name, _, v = pair.partition("=")
+        if what in ("dist", "file"):
+            env[what][name] = v or None
+
+
+def _unit_line(s: Snapshot, unit: dict[str, str], rest: str) -> dict[str, str]:
+    """One ``unit`` line: a property of the unit being read (returned), or a new unit (bare line)."""
+    if not rest:
+        return {}
+    k, _, v = rest.partition("=")
+    unit[k] = v
+    if "Id" in unit:
+        s.units[unit["Id"]] = unit
+    return unit
+
+
+_LINES = {"stat": _stat_line, "sha": _sha_line, "read": _read_line, "ls": _ls_line, "find": _find_line,
+          "glob": _glob_line, "globunit": _globunit_line, "user": _user_line, "deb": _deb_line,
+          "started": _started_line, "chat": _chat_line, "age": _age_line, "py": _py_line}
 
 
 def _owner_mode_ok(st: dict, user: str | None, group: str | None, mode: Any) -> bool:

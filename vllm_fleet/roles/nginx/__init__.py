@@ -45,7 +45,6 @@ def install_nginx(spec: dict[str, Any], rendered: dict[str, Any], api_key: str |
     from vllm_fleet.render import files as render
     from vllm_fleet.render.secrets import host_secret_files
 
-    prx = spec["proxy"]
     # no apt lists refresh (network) when nginx is installed: roles.common.packages
     package = packages(name="nginx package", packages=[host.data.get("nginx_package")], update=True, cache_time=3600)
     snap = host_state()
@@ -64,25 +63,7 @@ def install_nginx(spec: dict[str, Any], rendered: dict[str, Any], api_key: str |
     keep = _keep_for_rollback(spec, rendered, site_paths, paths["nginx_auth"], secret_text[paths["nginx_auth"]], snap)
     changed.append(put_secret(name="nginx auth include (0600, never shown)", path=paths["nginx_auth"],
                               content=secret_text[paths["nginx_auth"]]))
-    tls = prx["tls"]
-    if tls["enabled"]:
-        crt, key = paths["tls_certificate"], paths["tls_certificate_key"]
-        if tls["self_signed"]:
-            if not host.get_fact(File, path=crt):
-                changed.append(server.shell(
-                    name="Self-signed TLS certificate",
-                    commands=[f"openssl req -x509 -newkey rsa:2048 -nodes -days {int(host.data.get('nginx_self_signed_days'))} "
-                              f"-subj /CN={prx['server_name'] if prx['server_name'] != '_' else host.name} "
-                              f"-keyout {key} -out {crt} && chmod 600 {key}"],
-                ))
-        else:
-            if not tls_certificate or not tls_key:
-                raise DeployError(f"{host.name}: proxy.tls: the certificate and its key were not read on the control machine "
-                                  "(pass tls_certificate= and tls_key= from load_deploy_spec's ctx); no host was changed")
-            files.directory(name=f"Directory {render.NGINX_SECRET_DIR} (0700)", path=render.NGINX_SECRET_DIR,
-                            user="root", group="root", mode="700")
-            changed.append(atomic_put(name="TLS certificate", dest=crt, content=tls_certificate, mode="644"))
-            changed.append(put_secret(name="TLS private key (0600, never shown)", path=key, content=secret_text[key]))
+    changed += _tls_files(spec, secret_text, tls_key=tls_key, tls_certificate=tls_certificate)
     put = put_rendered(rendered, site_paths)
     changed += put.values()
     # (operations only where something differs: a converged proxy gets none, vllm_fleet.roles.common.state)
@@ -92,6 +73,35 @@ def install_nginx(spec: dict[str, Any], rendered: dict[str, Any], api_key: str |
     service_running(name="nginx running and enabled", service="nginx", running=True, enabled=True)
     if pending(*changed):
         systemd.service(name="Reload nginx (config changed)", service="nginx", reloaded=True, _if=any_changed(*changed))
+
+
+def _tls_files(spec: dict[str, Any], secret_text: dict[str, str], *, tls_key: str | None, tls_certificate: str | None) -> list:
+    """``proxy.tls.enabled``: a self-signed certificate made on the host once (none there yet), or
+    the given certificate and key put (the key 0600, never shown). Returns the operations that
+    change nginx's input."""
+    from vllm_fleet.render import files as render
+
+    prx, paths = spec["proxy"], render.paths(spec)
+    tls = prx["tls"]
+    if not tls["enabled"]:
+        return []
+    crt, key = paths["tls_certificate"], paths["tls_certificate_key"]
+    if tls["self_signed"]:
+        if host.get_fact(File, path=crt):
+            return []
+        return [server.shell(
+            name="Self-signed TLS certificate",
+            commands=[f"openssl req -x509 -newkey rsa:2048 -nodes -days {int(host.data.get('nginx_self_signed_days'))} "
+                      f"-subj /CN={prx['server_name'] if prx['server_name'] != '_' else host.name} "
+                      f"-keyout {key} -out {crt} && chmod 600 {key}"],
+        )]
+    if not tls_certificate or not tls_key:
+        raise DeployError(f"{host.name}: proxy.tls: the certificate and its key were not read on the control machine "
+                          "(pass tls_certificate= and tls_key= from load_deploy_spec's ctx); no host was changed")
+    files.directory(name=f"Directory {render.NGINX_SECRET_DIR} (0700)", path=render.NGINX_SECRET_DIR,
+                    user="root", group="root", mode="700")
+    return [atomic_put(name="TLS certificate", dest=crt, content=tls_certificate, mode="644"),
+            put_secret(name="TLS private key (0600, never shown)", path=key, content=secret_text[key])]
 
 
 ROLLBACK_DIR = "/var/lib/vllm-fleet/nginx-previous"

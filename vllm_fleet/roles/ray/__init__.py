@@ -179,25 +179,41 @@ def install_ray(spec: dict[str, Any], node: Any, layout: Any, rendered: dict[str
         ray = install_ray(spec=spec, node=h.parts[spec["name"]], layout=ctx["layout"], rendered=h.files,
                           restart_on=vllm_changed)
     """
-    p = render.paths(spec)
     role = _ray_role(node)
     if role is None:
         return RayResult(None)
-    par, srv, ins = spec["parallel"], spec["server"], spec["install"]
-    ray_nodes = [n for n in layout.nodes(spec["name"]) if n.roles & {"ray-head", "ray-worker"}]
-    mine = rendered
+    unit_path, owned, env_ops, unit_op = _put_node_files(spec, role, rendered)
+    _ray_firewall(spec, rendered, unit_op)
+    # versions equal on every node before anything (re)starts
+    unit = Path(unit_path).name
+    inputs = [unit_op, *env_ops, *(restart_on or [])]
+    cluster = _cluster(layout, spec["name"])
+    cluster["inputs"].extend(inputs)
+    _version_check(spec, unit, cluster)
+    _start_node(role, unit, inputs, cluster)
+    if role == "head":
+        _wait_for_cluster(spec, layout, cluster)
+    return RayResult(role, owned, env_ops, _Changed(cluster, "starts"))
 
+
+def _put_node_files(spec: dict[str, Any], role: str, rendered: dict[str, Any]) -> tuple[str, list[str], list, Any]:
+    """1. Ray's temp directory, the env files, the node's unit (head: and the cluster wait
+    script). Returns ``(unit path, the paths put, the env files' operations, the unit's)``."""
+    p, srv, ins = render.paths(spec), spec["server"], spec["install"]
     files.directory(name="Ray temp directory", path=p["ray_tmpdir"], user=srv["user"], group=srv["user"], mode="750")
     unit_path = p["ray_head_unit"] if role == "head" else p["ray_worker_unit"]
     owned = [p["vllm_env"], p["node_env"], unit_path]
-    if role == "head" and p["wait_ray"] in mine:
+    if role == "head" and p["wait_ray"] in rendered:
         files.directory(name="Helper scripts directory", path=f"{ins['prefix']}/bin", user="root", group="root", mode="755")
         owned.append(p["wait_ray"])
-    put = put_rendered(mine, owned)
-    env_ops = [put[p["vllm_env"]], put[p["node_env"]]]
-    unit_op = put[unit_path]
+    put = put_rendered(rendered, owned)
+    return unit_path, owned, [put[p["vllm_env"]], put[p["node_env"]]], put[unit_path]
 
-    # 2. firewall of Ray's ports (rendered by the layout unless host data ray_firewall is false)
+
+def _ray_firewall(spec: dict[str, Any], rendered: dict[str, Any], unit_op: Any) -> None:
+    """2. The firewall of Ray's ports (rendered by the layout unless host data ray_firewall is
+    false), and systemd's daemon-reload when the node's or the firewall's unit changed."""
+    p = render.paths(spec)
     fw_ops = []
     if p["ray_firewall_rules"] in rendered:
         fw = put_rendered(rendered, [p["ray_firewall_rules"], p["ray_firewall_unit"]])
@@ -208,21 +224,24 @@ def install_ray(spec: dict[str, Any], node: Any, layout: Any, rendered: dict[str
                         running=True, restarted=True, enabled=True, _if=any_changed(*fw_ops))
         systemd.service(name=f"{d.FIREWALL_UNIT} active and enabled", service=d.FIREWALL_UNIT, running=True, enabled=True)
 
-    # 3. versions equal on every node before anything (re)starts
-    unit = Path(unit_path).name
-    inputs = [unit_op, *env_ops, *(restart_on or [])]
-    cluster = _cluster(layout, spec["name"])
-    cluster["inputs"].extend(inputs)
+
+def _version_check(spec: dict[str, Any], unit: str, cluster: dict[str, Any]) -> None:
+    """3. Whether this node's unit is active (a node that is not starts), and, when anything of
+    the cluster starts (host data ``ray_version_check``), every node's Python, Ray and vLLM
+    versions recorded and compared before anything (re)starts."""
     active = (host.get_fact(SystemdActive, unit=unit) or "") == "active"
     cluster["not_active"][host.name] = not active
     anything_starts = lambda: any(cluster["not_active"].values()) or _Changed(cluster, "inputs").did_change()  # noqa: E731
     if host.data.get("ray_version_check"):
-        names = ["ray", ins["vllm_package"]]
+        names = ["ray", spec["install"]["vllm_package"]]
         python.call(name="Record Python, Ray and vLLM versions", function=_collect_versions,
                     py=command.env_python(spec), names=names, cluster=cluster, _if=anything_starts)
         python.call(name="Same versions on every Ray node", function=_check_versions, cluster=cluster, _if=anything_starts)
 
-    # 4. head, then workers: restart only on their own inputs (workers also after a head restart)
+
+def _start_node(role: str, unit: str, inputs: list, cluster: dict[str, Any]) -> None:
+    """4. Head, then workers: restart only on their own inputs (workers also after a head
+    restart); running and enabled."""
     if role == "head":
         restart = systemd.service(name=f"Restart {unit} (its inputs changed)", service=unit, running=True,
                                   restarted=True, enabled=True, _if=any_changed(*inputs))
@@ -234,19 +253,21 @@ def install_ray(spec: dict[str, Any], node: Any, layout: Any, rendered: dict[str
     running = systemd.service(name=f"{unit} running and enabled", service=unit, running=True, enabled=True)
     cluster["starts"].extend([restart, running])
 
-    # 5. the head waits for the whole cluster when any node (re)started
-    if role == "head":
-        wait_env = {k: v for k, v in command.vllm_env(spec).items() if k.startswith("RAY_")}
-        nodes = int(par["nodes"])
-        gpus = nodes * int(spec["hardware"]["gpus_per_node"])
-        expect = []
-        for n in ray_nodes:
-            expect += ["--expect", str(n.private)]
-        python.call(
-            name=f"Wait for the Ray cluster: {nodes} nodes, {gpus:g} GPUs (deadline {host.data.get('ray_cluster_wait_timeout')} s)",
-            function=_wait_cluster, py=command.env_python(spec), script=p["wait_ray"], user=srv["user"], env=wait_env,
-            args=["--address", f"{par['head_address']}:{par['ray_port']}", "--nodes", str(nodes), "--gpus", str(gpus), *expect],
-            timeout=int(host.data.get("ray_cluster_wait_timeout")),
-            _if=_Changed(cluster, "starts").did_change,
-        )
-    return RayResult(role, owned, env_ops, _Changed(cluster, "starts"))
+
+def _wait_for_cluster(spec: dict[str, Any], layout: Any, cluster: dict[str, Any]) -> None:
+    """5. On the head: wait for the whole cluster (every node, every GPU) when any node (re)started."""
+    p, par, srv = render.paths(spec), spec["parallel"], spec["server"]
+    ray_nodes = [n for n in layout.nodes(spec["name"]) if n.roles & {"ray-head", "ray-worker"}]
+    wait_env = {k: v for k, v in command.vllm_env(spec).items() if k.startswith("RAY_")}
+    nodes = int(par["nodes"])
+    gpus = nodes * int(spec["hardware"]["gpus_per_node"])
+    expect = []
+    for n in ray_nodes:
+        expect += ["--expect", str(n.private)]
+    python.call(
+        name=f"Wait for the Ray cluster: {nodes} nodes, {gpus:g} GPUs (deadline {host.data.get('ray_cluster_wait_timeout')} s)",
+        function=_wait_cluster, py=command.env_python(spec), script=p["wait_ray"], user=srv["user"], env=wait_env,
+        args=["--address", f"{par['head_address']}:{par['ray_port']}", "--nodes", str(nodes), "--gpus", str(gpus), *expect],
+        timeout=int(host.data.get("ray_cluster_wait_timeout")),
+        _if=_Changed(cluster, "starts").did_change,
+    )
