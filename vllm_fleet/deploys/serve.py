@@ -29,18 +29,23 @@ the one state read for that and is otherwise left alone.
 from pyinfra import host
 
 from vllm_fleet.render import monitoring as _monitoring
+from vllm_fleet.render.files import paths as render_paths
 from vllm_fleet.render.layout import SERVICE_PARTS
-from vllm_fleet.roles.common import host_layout, load_deploy_spec, preflight, write_generated_secrets
+from vllm_fleet.roles import nginx, router, service, teardown
+from vllm_fleet.roles.common import clash, host_layout, load_deploy_spec, preflight, write_generated_secrets
 from vllm_fleet.roles.common.state import Query, load_host_state
+from vllm_fleet.roles.monitoring import install_monitoring
+from vllm_fleet.roles.nginx import install_nginx
+from vllm_fleet.roles.ray import install_ray
+from vllm_fleet.roles.router import install_router, remove_router
+from vllm_fleet.roles.service import api_firewall, install_server_stack, install_service
+from vllm_fleet.roles.smoke import run_smoke
+from vllm_fleet.roles.teardown import leftovers, remove_deployment
 
 
 def state_query(ctx: dict, h) -> Query:
     """What the roles serve() runs on this host compare against (vllm_fleet.roles.common.state);
     ``h`` None (no part here): only what earlier deploys may have left."""
-    from vllm_fleet.render.files import paths as render_paths
-    from vllm_fleet.roles import nginx, router, service, teardown
-    from vllm_fleet.roles.common import clash
-
     rendered = dict(h.files) if h else {}
     q = clash.query() | (service.api_firewall_query(rendered) if h and any(n.instances for n in h.parts.values()) else Query())
     for name, spec in ctx["specs"].items():  # what earlier deploys left that the layout no longer gives
@@ -78,19 +83,14 @@ def serve() -> None:
     snap = load_host_state(state_query(ctx, h))
     # Another deployment already on this host (deployed from elsewhere) on our ports or GPUs:
     # stop before any upload or change (vllm_fleet.roles.common.clash).
-    from vllm_fleet.roles.common import clash
-
     clash.refuse(ctx, h, host.name, snap)
 
     # vLLM beyond loopback: one firewall over every deployment's instances here, before they start
     if any(n.instances for n in h.parts.values()):
-        from vllm_fleet.roles.service import api_firewall
-
         api_firewall(rendered=rendered)
     for name, node in h.parts.items():
         if not node.roles & SERVICE_PARTS:
             continue
-        from vllm_fleet.roles.service import install_server_stack, install_service
 
         spec, secrets = ctx["specs"][name], ctx["all_secrets"][name]
         # driver, service user and dirs, env, system libraries, vLLM, model (as deploys/rollout.py)
@@ -98,8 +98,6 @@ def serve() -> None:
         restart_on = [*vllm_changed, *model_changed]
         service_files = rendered
         if node.roles & {"ray-head", "ray-worker"}:
-            from vllm_fleet.roles.ray import install_ray
-
             ray = install_ray(spec=spec, node=node, layout=ctx["layout"], rendered=rendered, restart_on=vllm_changed)
             service_files = {path: f for path, f in rendered.items() if path not in ray.owned}
             restart_on += [*ray.env_ops, ray.cluster_restarted]
@@ -109,8 +107,6 @@ def serve() -> None:
     for name, node in h.parts.items():
         if "proxy" not in node.roles:
             continue
-        from vllm_fleet.roles.nginx import install_nginx
-        from vllm_fleet.roles.router import install_router, remove_router
 
         sec = ctx["all_secrets"][name]
         if "router" in node.roles:  # cache_aware: the router serves before nginx points at it
@@ -122,7 +118,6 @@ def serve() -> None:
     for name, node in h.parts.items():  # after every site is in: each deployment's own checks
         if "proxy" not in node.roles:
             continue
-        from vllm_fleet.roles.smoke import run_smoke
 
         local = [i.port for i in node.instances if i.role == "server"]
         run_smoke(spec=ctx["specs"][name], api_key=ctx["all_secrets"][name]["api_key"], local_port=local[0] if local else None)
@@ -131,8 +126,6 @@ def serve() -> None:
     for name in h.parts:
         spec = ctx["specs"][name]
         if spec["monitoring"]["enabled"] and set(rendered) & set(_monitoring.paths(spec).values()):
-            from vllm_fleet.roles.monitoring import install_monitoring
-
             install_monitoring(spec=spec, rendered=rendered)
 
     # Last, once the new parts serve: what the layout no longer gives this host
@@ -144,8 +137,6 @@ def prune_leftovers(ctx: dict, h, snap) -> bool:
     longer gives it (monitoring turned off, the proxy moved, the deployment dropped from the
     host's data): the teardown role on just those paths (vllm_fleet.roles.teardown.leftovers).
     True when there was something to remove. A converged host: nothing, and no operation."""
-    from vllm_fleet.roles.teardown import leftovers, remove_deployment
-
     rendered = dict(h.files) if h else {}
     found = False
     for name, spec in ctx["specs"].items():

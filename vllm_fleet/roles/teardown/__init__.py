@@ -15,8 +15,14 @@ from pyinfra.operations import files, server, systemd
 from pyinfra.operations.util import any_changed
 
 from vllm_fleet.host.programs import argv as cmd
+from vllm_fleet.render import files as render
+from vllm_fleet.render import monitoring
 from vllm_fleet.roles.common import clash, op_per
 from vllm_fleet.roles.common.state import Query
+from vllm_fleet.roles.monitoring import SERVICE_OF
+from vllm_fleet.roles.ray import defaults as ray_defaults
+from vllm_fleet.roles.service import defaults as service_defaults
+from vllm_fleet.roles.vllm import defaults as vd
 
 from .defaults import DEFAULTS
 
@@ -33,8 +39,6 @@ def marker(name: str) -> str:
 def candidates(spec: dict[str, Any], rendered: dict[str, Any]) -> list[str]:
     """Every path this deployment may have placed on the host: its rendered files, the TLS files
     of its nginx site, and the role-placed API firewall (rules and unit)."""
-    from vllm_fleet.render import files as render
-
     p = render.paths(spec)
     out = set(rendered)
     if p["nginx_site"] in rendered:
@@ -64,9 +68,6 @@ def leftover_query(spec: dict[str, Any], node: Any, rendered: dict[str, Any]) ->
 
 
 def _leftover_candidates(spec: dict[str, Any], node: Any, rendered: dict[str, Any]) -> list[str]:
-    from vllm_fleet.render import files as render
-    from vllm_fleet.render import monitoring
-
     p = render.paths(spec)
     out = {p[k] for k in LEFTOVER_PATHS} | set(monitoring.paths(spec).values())
     if node is not None and "proxy" in node.roles:  # the roles' own files beside a site still here
@@ -92,9 +93,6 @@ def leftovers(spec: dict[str, Any], node: Any, rendered: dict[str, Any], snap: A
 def firewalls() -> list[tuple[str, str, str]]:
     """(rules file, unit path, nftables table) of the firewalls the roles place beside the
     rendered units (roles.service: the API port; roles.ray: Ray's ports)."""
-    from vllm_fleet.roles.ray import defaults as ray_defaults
-    from vllm_fleet.roles.service import defaults as service_defaults
-
     return [(service_defaults.API_FIREWALL_FILE, f"{UNIT_DIR}{service_defaults.API_FIREWALL_UNIT}", service_defaults.API_FIREWALL_TABLE),
             (ray_defaults.FIREWALL_FILE, f"{UNIT_DIR}{ray_defaults.FIREWALL_UNIT}", ray_defaults.FIREWALL_TABLE)]
 
@@ -102,8 +100,6 @@ def firewalls() -> list[tuple[str, str, str]]:
 def owned_script(spec: dict[str, Any], paths: list[str]) -> StringCommand:
     """Prints the paths that exist and belong to this deployment: they name it (marker), or they
     are in its own directories (install.prefix, install.config_dir) or its TLS files."""
-    from vllm_fleet.render import files as render
-
     ins, p = spec["install"], render.paths(spec)
     own_dirs = (ins["prefix"].rstrip("/") + "/", ins["config_dir"].rstrip("/") + "/")
     lines = []
@@ -140,10 +136,6 @@ def remove_deployment(spec: dict[str, Any], rendered: dict[str, Any], purge: boo
         ctx = load_deploy_spec()
         remove_deployment(spec=ctx["spec"], rendered=rendered_for_host(ctx))
     """
-    from vllm_fleet.render import monitoring
-    from vllm_fleet.render import files as render
-    from vllm_fleet.roles.monitoring import SERVICE_OF
-
     purge = host.data.get("vllm_fleet_purge") if purge is None else purge
     purge = purge in (True, "true", "True", "1", 1, "yes") and paths is None
     pruning = paths is not None
@@ -161,11 +153,10 @@ def remove_deployment(spec: dict[str, Any], rendered: dict[str, Any], purge: boo
             systemd.service(name=f"Stop and disable {unit}", service=unit, running=False, enabled=False)
     # 2. exporters and Prometheus whose configuration is this deployment's: stopped, disabled
     mon = monitoring.paths(spec)
-    for key, service in SERVICE_OF.items():
-        if mon.get(key) in owned:
-            with op_per(service):
-                systemd.service(name=f"Stop and disable {service} (its configuration was {spec['name']}'s)",
-                                service=service, running=False, enabled=False)
+    for service in dict.fromkeys(svc for key, svc in SERVICE_OF.items() if mon.get(key) in owned):  # once each
+        with op_per(service):
+            systemd.service(name=f"Stop and disable {service} (its configuration was {spec['name']}'s)",
+                            service=service, running=False, enabled=False)
     # 3. the files
     removed = {}
     for x in owned:
@@ -209,8 +200,6 @@ def remove_deployment(spec: dict[str, Any], rendered: dict[str, Any], purge: boo
     elif not pruning:
         # what only an install needs (uploaded wheels, uv's cache): never kept after down; the
         # environment itself stays (vllm_fleet_purge removes it)
-        from vllm_fleet.roles.vllm import defaults as vd
-
         prefix = spec["install"]["prefix"].rstrip("/")
         for sub in (vd.WHEELHOUSE_SUBDIR, vd.FIND_LINKS_SUBDIR, vd.UV_CACHE_SUBDIR):
             with op_per(f"{prefix}/{sub}"):
