@@ -16,6 +16,7 @@ from pyinfra.facts.server import Which
 from pyinfra.operations import files, server, systemd
 from pyinfra.operations.util import any_changed
 
+from vllm_fleet.host.programs import argv as cmd
 from vllm_fleet.roles.common import DeployError, packages as common_packages, put_rendered
 
 from .defaults import DEFAULTS
@@ -113,7 +114,7 @@ def _prometheus(spec: dict[str, Any], p: dict[str, str], rendered: dict[str, Any
     _apt("Prometheus packages", packages)
     config = _put(rendered, [p["prometheus_config"], p["rules"]])
     server.shell(name="promtool check config (validate before reload)",
-                 commands=[f"promtool check config {p['prometheus_config']}"], _if=any_changed(*config.values()))
+                 commands=[cmd("promtool", "check", "config", p["prometheus_config"])], _if=any_changed(*config.values()))
     systemd.service(name="Prometheus running and enabled", service=PROMETHEUS, running=True, enabled=True)
     systemd.service(name="Restart Prometheus (arguments changed)", service=PROMETHEUS, restarted=True,
                     _if=args[p["prometheus_defaults"]].did_change)

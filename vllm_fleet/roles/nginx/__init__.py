@@ -7,12 +7,13 @@ from __future__ import annotations
 from typing import Any
 
 from pyinfra import host
-from pyinfra.api import deploy
+from pyinfra.api import StringCommand, deploy
 from pyinfra.facts.files import File
 from pyinfra.operations import files, server, systemd
 from pyinfra.operations.util import any_changed
 
 from vllm_fleet.host import programs
+from vllm_fleet.host.programs import argv as cmd
 from vllm_fleet.roles.common import (DeployError, atomic_put, packages, put_rendered, put_secret, rendered_query,
                                      service_running)
 from vllm_fleet.roles.common.state import Query, host_state, pending
@@ -91,9 +92,10 @@ def _tls_files(spec: dict[str, Any], secret_text: dict[str, str], *, tls_key: st
             return []
         return [server.shell(
             name="Self-signed TLS certificate",
-            commands=[f"openssl req -x509 -newkey rsa:2048 -nodes -days {int(host.data.get('nginx_self_signed_days'))} "
-                      f"-subj /CN={prx['server_name'] if prx['server_name'] != '_' else host.name} "
-                      f"-keyout {key} -out {crt} && chmod 600 {key}"],
+            commands=[StringCommand(
+                cmd("openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", int(host.data.get("nginx_self_signed_days")),
+                    "-subj", f"/CN={prx['server_name'] if prx['server_name'] != '_' else host.name}", "-keyout", key, "-out", crt),
+                "&&", cmd("chmod", "600", key))],
         )]
     if not tls_certificate or not tls_key:
         raise DeployError(f"{host.name}: proxy.tls: the certificate and its key were not read on the control machine "

@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from pyinfra import host
-from pyinfra.api import StringCommand, deploy
+from pyinfra.api import QuoteString, StringCommand, deploy
 from pyinfra.api.exceptions import DeployError as PyDeployError
 from pyinfra.operations import server, systemd
 
@@ -150,7 +150,8 @@ def remove_router(spec: dict[str, Any], rendered: dict[str, Any]) -> None:
     if host_state().absent(p["router_unit"]):
         return
     server.shell(name=f"Stop and remove {unit} (routing is no longer cache_aware)",
-                 commands=[f"if [ -e {p['router_unit']} ]; then systemctl disable --now {unit} || true; rm -f {p['router_unit']}; systemctl daemon-reload; fi"])
+                 commands=[StringCommand("if", "[", "-e", QuoteString(p["router_unit"]), "];", "then", cmd("systemctl", "disable", "--now", unit),
+                                          "||", "true;", cmd("rm", "-f", p["router_unit"]), ";", "systemctl", "daemon-reload;", "fi")])
 
 
 __all__ = ["install_router", "remove_router", "state_query", "requirement"]

@@ -61,11 +61,7 @@ def _start_to_healthy(unit: str) -> tuple[str, int | None]:
     rollout waits per replica on top of the drain, whoever started the process (this deploy or
     systemd). Not /proc/uptime against the monotonic timestamp: containers (lxcfs) virtualise it.
     Also the open-files limit the main process got (None when unknown)."""
-    _, out = host.run_shell_command(
-        f"t=$(systemctl show -p ExecMainStartTimestamp --value --timestamp=us+utc {unit}) && "
-        "date -u -d \"$t\" +%s.%N && date -u +%s.%N; "
-        f"awk '/^Max open files/ {{print $4}}' /proc/$(systemctl show -p MainPID --value {unit})/limits 2>/dev/null",
-        **as_root())
+    _, out = host.run_shell_command(programs.shell("unit_started.sh", unit), **as_root())
     lines = [line.strip() for line in getattr(out, "stdout_lines", [])] + ["", "", ""]
     nofile = int(lines[2]) if lines[2].isdigit() else None
     try:
@@ -116,7 +112,7 @@ def _wait_healthy(port: int, deadline: int, interval: float, journal_lines: int,
             last += f", the unit crashed while starting (restarts {restarts0} -> {restarts})"
             break
         time.sleep(interval)
-    _, out = host.run_shell_command(f"journalctl -u {unit} -n {journal_lines} --no-pager -o cat", **as_root())
+    _, out = host.run_shell_command(cmd("journalctl", "-u", unit, "-n", int(journal_lines), "--no-pager", "-o", "cat"), **as_root())
     tail = "\n".join(getattr(out, "stdout_lines", []))
     raise RuntimeError(f"{host.name}: {unit} not healthy after {time.monotonic() - t0:.0f} s (deadline {deadline} s; {last}).\n"
                        f"Last {journal_lines} journal lines:\n{tail}")
@@ -433,7 +429,7 @@ def _failed_now(snap: Any, unit: str) -> bool:
     seen = snap.unit(unit)
     if seen is not None:
         return seen.get("ActiveState") == "failed"
-    return (host.get_fact(Command, f"systemctl is-failed {unit} || true") or "").strip() == "failed"
+    return (host.get_fact(Command, StringCommand(cmd("systemctl", "is-failed", unit), "||", "true")) or "").strip() == "failed"
 
 
 def _converge_instance(spec: dict[str, Any], rendered: dict[str, Any], inst: Any, api_key: str | None, snap: Any,
@@ -472,7 +468,7 @@ def _restart_instance(unit: str, snap: Any, relevant: list, stale_now: bool, hav
     # start until reset: reset it when it is failed now or when it is about to restart.
     failed_now = _failed_now(snap, unit)
     if failed_now or stale_now or pending(*relevant):
-        server.shell(name=f"Clear {unit}'s failed state before (re)starting", commands=[f"if systemctl is-failed --quiet {unit}; then systemctl reset-failed {unit}; fi"],
+        server.shell(name=f"Clear {unit}'s failed state before (re)starting", commands=[StringCommand("if", cmd("systemctl", "is-failed", "--quiet", unit), ";", "then", cmd("systemctl", "reset-failed", unit), ";", "fi")],
                      _if=(lambda: True) if failed_now else when)
     why = ("its inputs changed" if not stale_now else "it runs an older configuration" if have
            else "first start of this configuration")  # no stamp: never started by a deploy
