@@ -184,6 +184,112 @@ def judge_replica_chat(code: str, body: str, served_name: str) -> str | None:
     return None
 
 
+def _guarded(out: SmokeResult, name: str, fn: Callable[[SmokeResult], None]) -> SmokeResult:
+    """Run one check into ``out``; a refusal or a failed request is that check failing, not an exception."""
+    try:
+        fn(out)
+    except SmokeError as exc:
+        _check(out, name, False, str(exc))
+    except requests.RequestException as exc:
+        _check(out, name, False, f"{type(exc).__name__}: {exc}")
+    return out
+
+
+class _Smoke:
+    """The smoke checks against one endpoint (the settings :func:`run_smoke` takes), one method a check."""
+
+    def __init__(self, base_url: str, model: str, api_key: str | None, *, prompt: str, max_tokens: int, concurrency: int,
+                 verify: Any, timeout: float, stream_attempts: int, stream_tokens: int,
+                 direct_stream: Callable[[int], list[float]] | None, host_header: str | None) -> None:
+        self.base_url, self.model, self.api_key = base_url, model, api_key
+        self.prompt, self.max_tokens, self.concurrency = prompt, max_tokens, concurrency
+        self.verify, self.timeout, self.host_header = verify, timeout, host_header
+        self.stream_attempts, self.stream_tokens, self.direct_stream = stream_attempts, stream_tokens, direct_stream
+        self.auth = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        s = requests.Session()
+        s.verify = verify
+        if host_header:
+            s.headers["Host"] = host_header
+        # requests lets REQUESTS_CA_BUNDLE / CURL_CA_BUNDLE override a Session's verify=False (only a
+        # request's own verify wins): pass it with every request, or self-signed TLS fails the smoke tests.
+        s.request = functools.partial(s.request, verify=verify)  # type: ignore[method-assign]
+        self.s = s
+
+    def health(self, out: SmokeResult) -> None:
+        r = self.s.get(f"{self.base_url}/health", timeout=self.timeout)
+        _check(out, "health", r.status_code == 200, f"GET /health -> {r.status_code}")
+
+    def models(self, out: SmokeResult) -> None:
+        r = self.s.get(f"{self.base_url}/v1/models", headers=self.auth, timeout=self.timeout)
+        ids = [m.get("id") for m in r.json().get("data", [])] if r.status_code == 200 else []
+        _check(out, "models", self.model in ids, f"GET /v1/models -> {r.status_code}, ids {ids}")
+
+    def chat(self, out: SmokeResult) -> None:
+        t0 = time.monotonic()
+        r = self.s.post(f"{self.base_url}/v1/chat/completions", headers=self.auth, timeout=self.timeout,
+                        json={"model": self.model, "messages": [{"role": "user", "content": self.prompt}],
+                              "max_tokens": self.max_tokens, "temperature": 0})
+        out.chat_total_s = time.monotonic() - t0
+        if r.status_code != 200:
+            raise SmokeError(f"POST /v1/chat/completions -> {r.status_code}: {r.text[:300]}")
+        body = r.json()
+        content = body["choices"][0]["message"].get("content") or ""
+        usage = body.get("usage") or {}
+        ok = bool(content) and usage.get("completion_tokens", 0) > 0 and usage.get("prompt_tokens", 0) > 0
+        _check(out, "chat", ok, f"{len(content)} chars, usage {usage}")
+
+    def stream(self, out: SmokeResult) -> None:
+        """A proxy that holds whole responses hands every event over in the same instant, on every
+        attempt (is_incremental). vLLM's CPU build also sends a whole generation in one burst at
+        its end when its API server shares a core with the engine's busy loop (measured in the lab
+        straight from 127.0.0.1:8000: 10 of 10 streams pinned there, ~30% unpinned on 2 cores).
+        So a stream that arrived at once is tried again, and, where the caller can reach vLLM on
+        its host, compared with one straight from vLLM (judge_stream)."""
+        seen: list[str] = []
+        direct: list[list[float]] = []
+        direct_errors: list[str] = []
+        tokens = max(self.max_tokens, self.stream_tokens)
+        for attempt in range(1, self.stream_attempts + 1):
+            st = stream_chat(self.base_url, self.model, self.api_key, self.prompt, tokens, verify=self.verify, timeout=self.timeout,
+                             host_header=self.host_header)
+            times = st["times"]
+            out.stream_events = len(times)
+            out.ttft_s = times[0] if times else None
+            out.stream_total_s = times[-1] if times else None
+            if len(times) < 3:
+                raise SmokeError(f"only {len(times)} SSE events")
+            seen.append(describe_stream(times))
+            if is_incremental(times):
+                break
+            if self.direct_stream is not None:
+                try:
+                    direct.append(self.direct_stream(tokens))
+                except SmokeError as exc:
+                    direct_errors.append(str(exc))
+        ok, warn, detail = judge_stream(seen, is_incremental(times), direct, direct_errors, self.stream_attempts)
+        _check(out, "stream-incremental", ok, f"{detail} ({st['content_type']})", warn=warn)
+        _check(out, "stream-done", st["done"], "ended with data: [DONE]" if st["done"] else "no [DONE] event")
+
+    def refused(self, out: SmokeResult) -> None:
+        for label, hdrs in (("no key", {}), ("wrong key", {"Authorization": "Bearer wrong-key-for-smoke"})):
+            r = self.s.get(f"{self.base_url}/v1/models", headers=hdrs, timeout=self.timeout)
+            _check(out, f"auth-{label.replace(' ', '-')}", r.status_code == 401, f"GET /v1/models with {label} -> {r.status_code}")
+
+    def concurrent(self, out: SmokeResult) -> None:
+        """What is proven is that the endpoint serves several requests at once: one token each
+        (several replicas generating at once on shared cores was most of a lab smoke test)."""
+        headers = {**self.auth, **({"Host": self.host_header} if self.host_header else {})}
+
+        def one(i: int) -> int:
+            r = requests.post(f"{self.base_url}/v1/chat/completions", headers=headers, timeout=self.timeout, verify=self.verify,
+                              json={"model": self.model, "messages": [{"role": "user", "content": f"{self.prompt} ({i})"}],
+                                    "max_tokens": CONCURRENT_TOKENS})
+            return r.status_code
+        with ThreadPoolExecutor(max_workers=self.concurrency) as pool:
+            codes = list(pool.map(one, range(self.concurrency)))
+        _check(out, "concurrent", all(c == 200 for c in codes), f"{self.concurrency} concurrent chats -> {codes}")
+
+
 def run_smoke(base_url: str, model: str, api_key: str | None, *, prompt: str = "Say hello in one short sentence.",
               max_tokens: int = 32, concurrency: int = 4, expect_auth: bool = True, verify: Any = True,
               timeout: float = 120, stream_attempts: int = 5, stream_tokens: int = 64,
@@ -195,112 +301,28 @@ def run_smoke(base_url: str, model: str, api_key: str | None, *, prompt: str = "
     responses from a vLLM that sent its stream in one burst (see :func:`judge_stream`).
     ``host_header``: the ``Host`` every request sends (``proxy.server_name``: several sites on
     one nginx port are told apart by it, and the URL names the host's address, not the name).
+
+    The stream, whose arrival times are judged, runs first and alone (its retries too), while
+    the replicas behind the proxy are idle; then the checks that time nothing run at once (one
+    keep-alive session, plus the concurrent chats' own connections). Measured on the lab (3
+    CPU replicas behind one nginx, docs/benchmarks.md): the other way round the stream ran
+    while the replicas that had just answered still busy-polled (vLLM's workers spin for a
+    second after each step) and took 3-6x as long. Results are reported in this fixed order.
     """
     base_url = base_url.rstrip("/")
     if base_url.endswith("/v1"):
         base_url = base_url[:-3]
     res = SmokeResult(base_url)
-    auth = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    s = requests.Session()
-    s.verify = verify
-    if host_header:
-        s.headers["Host"] = host_header
-    # requests lets REQUESTS_CA_BUNDLE / CURL_CA_BUNDLE override a Session's verify=False (only a
-    # request's own verify wins): pass it with every request, or self-signed TLS fails the smoke tests.
-    s.request = functools.partial(s.request, verify=verify)  # type: ignore[method-assign]
-
-    def guarded(out: SmokeResult, name: str, fn) -> SmokeResult:
-        try:
-            fn(out)
-        except SmokeError as exc:
-            _check(out, name, False, str(exc))
-        except requests.RequestException as exc:
-            _check(out, name, False, f"{type(exc).__name__}: {exc}")
-        return out
-
-    def health(out: SmokeResult) -> None:
-        r = s.get(f"{base_url}/health", timeout=timeout)
-        _check(out, "health", r.status_code == 200, f"GET /health -> {r.status_code}")
-
-    def models(out: SmokeResult) -> None:
-        r = s.get(f"{base_url}/v1/models", headers=auth, timeout=timeout)
-        ids = [m.get("id") for m in r.json().get("data", [])] if r.status_code == 200 else []
-        _check(out, "models", model in ids, f"GET /v1/models -> {r.status_code}, ids {ids}")
-
-    def chat(out: SmokeResult) -> None:
-        t0 = time.monotonic()
-        r = s.post(f"{base_url}/v1/chat/completions", headers=auth, timeout=timeout,
-                   json={"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens, "temperature": 0})
-        out.chat_total_s = time.monotonic() - t0
-        if r.status_code != 200:
-            raise SmokeError(f"POST /v1/chat/completions -> {r.status_code}: {r.text[:300]}")
-        body = r.json()
-        content = body["choices"][0]["message"].get("content") or ""
-        usage = body.get("usage") or {}
-        ok = bool(content) and usage.get("completion_tokens", 0) > 0 and usage.get("prompt_tokens", 0) > 0
-        _check(out, "chat", ok, f"{len(content)} chars, usage {usage}")
-
-    def stream(out: SmokeResult) -> None:
-        # A proxy that holds whole responses hands every event over in the same instant, on every
-        # attempt (is_incremental). vLLM's CPU build also sends a whole generation in one burst
-        # at its end when its API server shares a core with the engine's busy loop (measured in
-        # the lab straight from 127.0.0.1:8000: 10 of 10 streams pinned there, ~30% unpinned on
-        # 2 cores). So a stream that arrived at once is tried again, and, where the caller can
-        # reach vLLM on its host, compared with one straight from vLLM (judge_stream).
-        seen: list[str] = []
-        direct: list[list[float]] = []
-        direct_errors: list[str] = []
-        tokens = max(max_tokens, stream_tokens)
-        for attempt in range(1, stream_attempts + 1):
-            st = stream_chat(base_url, model, api_key, prompt, tokens, verify=verify, timeout=timeout, host_header=host_header)
-            times = st["times"]
-            out.stream_events = len(times)
-            out.ttft_s = times[0] if times else None
-            out.stream_total_s = times[-1] if times else None
-            if len(times) < 3:
-                raise SmokeError(f"only {len(times)} SSE events")
-            seen.append(describe_stream(times))
-            if is_incremental(times):
-                break
-            if direct_stream is not None:
-                try:
-                    direct.append(direct_stream(tokens))
-                except SmokeError as exc:
-                    direct_errors.append(str(exc))
-        ok, warn, detail = judge_stream(seen, is_incremental(times), direct, direct_errors, stream_attempts)
-        _check(out, "stream-incremental", ok, f"{detail} ({st['content_type']})", warn=warn)
-        _check(out, "stream-done", st["done"], "ended with data: [DONE]" if st["done"] else "no [DONE] event")
-
-    def refused(out: SmokeResult) -> None:
-        for label, hdrs in (("no key", {}), ("wrong key", {"Authorization": "Bearer wrong-key-for-smoke"})):
-            r = s.get(f"{base_url}/v1/models", headers=hdrs, timeout=timeout)
-            _check(out, f"auth-{label.replace(' ', '-')}", r.status_code == 401, f"GET /v1/models with {label} -> {r.status_code}")
-
-    def concurrent(out: SmokeResult) -> None:
-        # what is proven is that the endpoint serves several requests at once: one token each
-        # (several replicas generating at once on shared cores was most of a lab smoke test)
-        def one(i: int) -> int:
-            r = requests.post(f"{base_url}/v1/chat/completions", headers={**auth, **({"Host": host_header} if host_header else {})}, timeout=timeout, verify=verify,
-                              json={"model": model, "messages": [{"role": "user", "content": f"{prompt} ({i})"}],
-                                    "max_tokens": CONCURRENT_TOKENS})
-            return r.status_code
-        with ThreadPoolExecutor(max_workers=concurrency) as pool:
-            codes = list(pool.map(one, range(concurrency)))
-        _check(out, "concurrent", all(c == 200 for c in codes), f"{concurrency} concurrent chats -> {codes}")
-
-    # The stream, whose arrival times are judged, runs first and alone (its retries too), while
-    # the replicas behind the proxy are idle; then the checks that time nothing run at once (one
-    # keep-alive session, plus the concurrent chats' own connections). Measured on the lab (3
-    # CPU replicas behind one nginx, docs/benchmarks.md): the other way round the stream ran
-    # while the replicas that had just answered still busy-polled (vLLM's workers spin for a
-    # second after each step) and took 3-6x as long. Results are reported in this fixed order.
-    streamed = guarded(SmokeResult(base_url), "stream", stream)
-    checks = [("health", health), ("models", models), ("chat", chat)]
+    smoke = _Smoke(base_url, model, api_key, prompt=prompt, max_tokens=max_tokens, concurrency=concurrency, verify=verify,
+                   timeout=timeout, stream_attempts=stream_attempts, stream_tokens=stream_tokens,
+                   direct_stream=direct_stream, host_header=host_header)
+    streamed = _guarded(SmokeResult(base_url), "stream", smoke.stream)
+    checks: list[tuple[str, Callable[[SmokeResult], None]]] = [("health", smoke.health), ("models", smoke.models), ("chat", smoke.chat)]
     if expect_auth:
-        checks.append(("auth", refused))
-    checks.append(("concurrent", concurrent))
+        checks.append(("auth", smoke.refused))
+    checks.append(("concurrent", smoke.concurrent))
     with ThreadPoolExecutor(max_workers=len(checks)) as pool:
-        done = dict(zip([n for n, _ in checks], pool.map(lambda c: guarded(SmokeResult(base_url), *c), checks)))
+        done = dict(zip([n for n, _ in checks], pool.map(lambda c: _guarded(SmokeResult(base_url), *c), checks)))
     done["stream"] = streamed
     for name in ("health", "models", "chat", "stream", "auth", "concurrent"):
         if name in done:
