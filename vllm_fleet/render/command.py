@@ -14,6 +14,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from vllm_fleet.spec.planner import replica_gpu_utilization, replicas_per_gpu
+
 #: Roles :func:`vllm_argv` builds a command for: the API server (single node, or the head /
 #: node rank 0 of a multi-node server) and, for the Ray-free ``native`` backend only, a
 #: headless worker node (node rank >= 1). Ray worker nodes run ``ray start``, not vLLM.
@@ -72,21 +74,14 @@ def _is_module_entry(resolved: dict[str, Any]) -> bool:
     return resolved["install"]["accelerator"] == "cpu"
 
 
-def vllm_argv(resolved: dict[str, Any], *, role: str = "server", node_rank: int = 0) -> list[str]:
-    """The full command line that starts vLLM for ``role`` on node ``node_rank``.
-
-    ``role="server"``: the API server (node rank 0 of a multi-node server). ``role="worker"``:
-    a headless node of a ``native`` (Ray-free) multi-node server, ``node_rank`` >= 1.
-    The API key is never part of it. ``engine.extra_args`` come last, verbatim.
-    """
+def _check_role(resolved: dict[str, Any], role: str, node_rank: int) -> None:
+    """Refuse a role or node rank that has no vLLM command line (see :data:`ARGV_ROLES`)."""
     if role not in ARGV_ROLES:
         raise ValueError(f"vllm_argv: role must be one of {', '.join(ARGV_ROLES)} (Ray worker nodes run `ray start`, not vLLM), got {role!r}")
-    m, e, par, srv = resolved["model"], resolved["engine"], resolved["parallel"], resolved["server"]
+    par = resolved["parallel"]
     nodes = int(par["nodes"])
-    backend = par["backend"]
-    native_multi = backend == "native" and nodes > 1
     if role == "worker":
-        if not native_multi:
+        if not (par["backend"] == "native" and nodes > 1):
             raise ValueError("vllm_argv: role 'worker' exists only for parallel.backend 'native' with nodes > 1 (Ray workers run `ray start`)")
         if not 1 <= node_rank < nodes:
             raise ValueError(f"vllm_argv: a worker's node_rank must be 1..{nodes - 1}, got {node_rank}")
@@ -95,11 +90,11 @@ def vllm_argv(resolved: dict[str, Any], *, role: str = "server", node_rank: int 
     elif node_rank != 0:
         raise ValueError("vllm_argv: the server is node rank 0")
 
-    argv = vllm_executable(resolved)
-    if _is_module_entry(resolved):
-        argv += ["--model", m["path"]]
-    else:
-        argv += [m["path"]]
+
+def _model_args(resolved: dict[str, Any]) -> list[str]:
+    """The model: its path (positional, or ``--model`` for the CPU build's module), name, dtype, quantization, length."""
+    m = resolved["model"]
+    argv = ["--model", m["path"]] if _is_module_entry(resolved) else [m["path"]]
     argv += ["--served-model-name", m["served_name"]]
     if m.get("dtype"):
         argv += ["--dtype", m["dtype"]]
@@ -108,7 +103,13 @@ def vllm_argv(resolved: dict[str, Any], *, role: str = "server", node_rank: int 
     argv += ["--max-model-len", str(m["max_model_len"])]
     if m.get("trust_remote_code"):
         argv += ["--trust-remote-code"]
+    return argv
 
+
+def _engine_args(resolved: dict[str, Any]) -> list[str]:
+    """The engine: memory share, batch limits, caching and prefill switches, KV dtype, eager, speculation."""
+    e = resolved["engine"]
+    argv: list[str] = []
     # The CPU build sizes its KV cache from VLLM_CPU_KVCACHE_SPACE (see vllm_env), not from a
     # fraction of GPU memory: --gpu-memory-utilization means nothing there and is left out.
     if resolved["install"]["accelerator"] != "cpu" and e.get("gpu_memory_utilization") is not None:
@@ -125,7 +126,14 @@ def vllm_argv(resolved: dict[str, Any], *, role: str = "server", node_rank: int 
         argv += ["--enforce-eager"]
     if e.get("speculative"):
         argv += ["--speculative-config", json.dumps(e["speculative"], sort_keys=True, separators=(",", ":"))]
+    return argv
 
+
+def _parallel_args(resolved: dict[str, Any], role: str, node_rank: int) -> list[str]:
+    """Parallelism: the sizes above 1 and the executor backend (for ``native`` multi-node, the rendezvous)."""
+    par = resolved["parallel"]
+    nodes, backend = int(par["nodes"]), par["backend"]
+    argv: list[str] = []
     tp, pp, dp = int(par["tensor"]), int(par["pipeline"]), int(par["data"])
     if tp > 1:
         argv += ["--tensor-parallel-size", str(tp)]
@@ -135,7 +143,7 @@ def vllm_argv(resolved: dict[str, Any], *, role: str = "server", node_rank: int 
         argv += ["--data-parallel-size", str(dp)]
     if backend == "ray":
         argv += ["--distributed-executor-backend", "ray"]
-    elif native_multi:
+    elif backend == "native" and nodes > 1:
         # vLLM's Ray-free multi-node mode (multiprocessing on every node, torch.distributed
         # rendezvous at the head): same flags on every node, rank 0 serves the API.
         argv += [
@@ -147,13 +155,29 @@ def vllm_argv(resolved: dict[str, Any], *, role: str = "server", node_rank: int 
         ]
         if role == "worker":
             argv += ["--headless"]
+    return argv
 
+
+def _server_args(resolved: dict[str, Any]) -> list[str]:
+    """The API server's address and its drain time."""
+    srv = resolved["server"]
+    # Drain instead of abort on SIGTERM (vLLM's default 0 aborts in-flight requests); the
+    # unit's TimeoutStopSec= is above it (render.timeout_stop).
+    return ["--host", srv["host"], "--port", str(srv["port"]), "--shutdown-timeout", str(srv["shutdown_timeout"])]
+
+
+def vllm_argv(resolved: dict[str, Any], *, role: str = "server", node_rank: int = 0) -> list[str]:
+    """The full command line that starts vLLM for ``role`` on node ``node_rank``.
+
+    ``role="server"``: the API server (node rank 0 of a multi-node server). ``role="worker"``:
+    a headless node of a ``native`` (Ray-free) multi-node server, ``node_rank`` >= 1.
+    The API key is never part of it. ``engine.extra_args`` come last, verbatim.
+    """
+    _check_role(resolved, role, node_rank)
+    argv = vllm_executable(resolved) + _model_args(resolved) + _engine_args(resolved) + _parallel_args(resolved, role, node_rank)
     if role == "server":
-        argv += ["--host", srv["host"], "--port", str(srv["port"])]
-        # Drain instead of abort on SIGTERM (vLLM's default 0 aborts in-flight requests); the
-        # unit's TimeoutStopSec= is above it (render.timeout_stop).
-        argv += ["--shutdown-timeout", str(srv["shutdown_timeout"])]
-    argv += [str(a) for a in e.get("extra_args") or []]
+        argv += _server_args(resolved)
+    argv += [str(a) for a in resolved["engine"].get("extra_args") or []]
     return argv
 
 
@@ -216,15 +240,3 @@ def vllm_env(resolved: dict[str, Any]) -> dict[str, str]:
             raise ValueError("env.VLLM_API_KEY: the API key is a secret: set server.api_key, never env")
         env[key] = str(value)
     return env
-
-
-def replicas_per_gpu(resolved: dict[str, Any]) -> int:
-    return int((resolved.get("replicas") or {}).get("per_gpu", 1) or 1)
-
-
-def replica_gpu_utilization(resolved: dict[str, Any]) -> float:
-    """``--gpu-memory-utilization`` of one vLLM: engine.gpu_memory_utilization split between the
-    replicas.per_gpu replicas sharing its GPUs (vLLM reads it as a share of the whole GPU)."""
-    util = float(resolved["engine"]["gpu_memory_utilization"])
-    n = replicas_per_gpu(resolved)
-    return util if n == 1 else round(util / n, 4)

@@ -168,85 +168,89 @@ def overhead(facts: dict[str, Any], resolved: dict[str, Any], g: dict[str, Any],
     return parts
 
 
-def plan(resolved: dict[str, Any], gpu: str | None = None, gpus_per_node: int | None = None) -> dict[str, Any]:
-    """The memory plan per GPU for a resolved spec. Raises KeyError for an unknown GPU name.
+def replicas_per_gpu(resolved: dict[str, Any]) -> int:
+    """How many vLLMs share each GPU group (replicas.per_gpu)."""
+    return int((resolved.get("replicas") or {}).get("per_gpu", 1) or 1)
 
-    Keys: gpu, model, tensor, pipeline, data, weights_gib, overhead_gib, kv_cache_gib,
-    kv_bytes_per_token (per GPU), kv_bytes_per_token_model (all layers and heads), kv_tokens,
-    kv_blocks, max_concurrent_seqs (of full max_model_len), fits (True/False, None when the model
-    is unknown), decode_floor_ms (weights bytes / bandwidth), notes.
-    """
-    m, e, par, hw = resolved["model"], resolved["engine"], resolved["parallel"], resolved["hardware"]
-    gname = gpu or hw.get("gpu") or ("cpu" if resolved["install"]["accelerator"] == "cpu" else None)
+
+def replica_gpu_utilization(resolved: dict[str, Any]) -> float:
+    """``--gpu-memory-utilization`` of one vLLM: engine.gpu_memory_utilization split between the
+    replicas.per_gpu replicas sharing its GPUs (vLLM reads it as a share of the whole GPU)."""
+    util = float(resolved["engine"]["gpu_memory_utilization"])
+    n = replicas_per_gpu(resolved)
+    return util if n == 1 else round(util / n, 4)
+
+
+def _plan_gpu(resolved: dict[str, Any], gpu: str | None) -> dict[str, Any]:
+    """The catalogue entry of the GPU planned for: ``gpu``, else hardware.gpu (cpu for the CPU build)."""
+    gname = gpu or resolved["hardware"].get("gpu") or ("cpu" if resolved["install"]["accelerator"] == "cpu" else None)
     if not gname:
         raise ValueError("no GPU named: set hardware.gpu or pass --gpu (see `vllm-fleet plan --list-gpus`)")
     try:
-        g = catalog.gpu(gname)
+        return catalog.gpu(gname)
     except KeyError:
         raise KeyError(f"unknown GPU {gname!r}; known: {', '.join(catalog.gpu_names())}") from None
-    tp, pp, dp = par["tensor"], par["pipeline"], par["data"]
-    facts, how = catalog.facts_for(resolved)
-    out: dict[str, Any] = {
+
+
+def _plan_settings(resolved: dict[str, Any], g: dict[str, Any], how: str, gpus_per_node: int | None) -> dict[str, Any]:
+    """The plan's first keys: what is planned (GPU, model, parallelism, the engine's limits)."""
+    m, e, par, hw = resolved["model"], resolved["engine"], resolved["parallel"], resolved["hardware"]
+    return {
         "gpu": g["name"], "gpu_label": g["label"], "model": m["source"], "model_facts": how,
-        "tensor": tp, "pipeline": pp, "data": dp,
+        "tensor": par["tensor"], "pipeline": par["pipeline"], "data": par["data"],
         "gpus_per_node": gpus_per_node or hw["gpus_per_node"], "nodes": par["nodes"],
         "max_model_len": m["max_model_len"], "max_num_seqs": e["max_num_seqs"],
         "gpu_memory_utilization": e["gpu_memory_utilization"], "kv_cache_dtype": e["kv_cache_dtype"],
         "replicas_per_gpu": int(resolved["replicas"]["per_gpu"]),
         "block_tokens": BLOCK_TOKENS, "notes": [],
     }
-    notes = out["notes"]
-    cpu = g["name"] == "cpu"
-    if facts is None:
-        out.update(weights_gib=None, overhead_gib=None, kv_bytes_per_token=None, kv_bytes_per_token_model=None,
-                   kv_tokens=None, kv_blocks=None, max_concurrent_seqs=None, fits=None, decode_floor_ms=None,
-                   kv_cache_gib=float(e["cpu_kv_cache_gib"]) if cpu else None)
-        notes.append(f"plan skipped: no model facts ({how}); set model.architecture to a catalogue name "
-                     f"(vllm-fleet plan --list-models) or make config.json readable")
-        return out
 
-    act_dtype = _act_dtype(resolved, facts)
-    act_bytes = _DTYPE_BYTES.get(act_dtype, 2)
-    quant = effective_quant(resolved, facts)
-    kvb = kv_dtype_bytes(out["kv_cache_dtype"], act_bytes)
-    w_gpu = weights_bytes(facts, quant, act_bytes, tp, pp)
-    w_model = weights_bytes(facts, quant, act_bytes, 1, 1)
-    per_tok = kv_bytes_per_token(facts, kvb, tp, pp)
+
+def _plan_skipped(out: dict[str, Any], resolved: dict[str, Any], cpu: bool, how: str) -> dict[str, Any]:
+    """Without model facts: every figure unknown (the CPU build's KV cache is still its setting)."""
+    e = resolved["engine"]
+    out.update(weights_gib=None, overhead_gib=None, kv_bytes_per_token=None, kv_bytes_per_token_model=None,
+               kv_tokens=None, kv_blocks=None, max_concurrent_seqs=None, fits=None, decode_floor_ms=None,
+               kv_cache_gib=float(e["cpu_kv_cache_gib"]) if cpu else None)
+    out["notes"].append(f"plan skipped: no model facts ({how}); set model.architecture to a catalogue name "
+                        f"(vllm-fleet plan --list-models) or make config.json readable")
+    return out
+
+
+def _cpu_kv_bytes(out: dict[str, Any], resolved: dict[str, Any]) -> float:
+    """The CPU build's KV cache: its own setting, in host memory."""
+    out.update(memory_gib=None, budget_gib=None, overhead_gib=None, overhead_parts=None, decode_floor_ms=None)
+    out["notes"].append("CPU build: the KV cache is engine.cpu_kv_cache_gib GiB of host memory (VLLM_CPU_KVCACHE_SPACE); weights and activations live in host memory beside it")
+    return float(resolved["engine"]["cpu_kv_cache_gib"]) * GIB
+
+
+def _gpu_kv_bytes(out: dict[str, Any], resolved: dict[str, Any], facts: dict[str, Any], g: dict[str, Any],
+                  act_bytes: int, w_gpu: float) -> float:
+    """The KV cache on one GPU: its share of the memory (the utilization, split between the
+    replicas.per_gpu vLLMs sharing it, as render.command passes --gpu-memory-utilization) less
+    the weights and the overhead."""
+    tp, pp = out["tensor"], out["pipeline"]
+    parts = overhead(facts, resolved, g, act_bytes, tp, pp)
+    ov = sum(v for k, v in parts.items() if k != "batched_tokens")
+    share = replica_gpu_utilization(resolved)
+    out["gpu_memory_utilization_per_replica"] = share
+    budget = g["cuda_total_gib"] * share
+    kv_gib = budget - w_gpu / GIB - ov
     out.update(
-        dtype=act_dtype,
-        quantization=m.get("quantization") or (quant or {}).get("method"),
-        params_b=round(total_params(facts) / 1e9, 2),
-        weights_gib=round(w_gpu / GIB, 2),
-        weights_total_gib=round(w_model / GIB, 2),
-        kv_bytes_per_token=per_tok,
-        kv_bytes_per_token_model=kv_bytes_per_token(facts, kvb, 1, 1),
-        model_context=facts["context"],
+        memory_gib=g["cuda_total_gib"], budget_gib=round(budget, 2), overhead_gib=round(ov, 2),
+        overhead_parts={k: (round(v, 2) if k != "batched_tokens" else v) for k, v in parts.items()},
+        # each decode step reads every weight once: bytes on one GPU / its bandwidth
+        decode_floor_ms=round(w_gpu / (g["bandwidth_gbs"] * 1e9) * 1e3 * pp, 2),
     )
-    if cpu:
-        kv_bytes = float(e["cpu_kv_cache_gib"]) * GIB
-        out.update(memory_gib=None, budget_gib=None, overhead_gib=None, overhead_parts=None, decode_floor_ms=None)
-        notes.append("CPU build: the KV cache is engine.cpu_kv_cache_gib GiB of host memory (VLLM_CPU_KVCACHE_SPACE); weights and activations live in host memory beside it")
-    else:
-        parts = overhead(facts, resolved, g, act_bytes, tp, pp)
-        ov = sum(v for k, v in parts.items() if k != "batched_tokens")
-        # replicas.per_gpu vLLMs share each GPU: each gets its share of the utilization (what
-        # render.command passes as --gpu-memory-utilization) for its weights, overhead and KV
-        from vllm_fleet.render.command import replica_gpu_utilization
+    if kv_gib <= 0:
+        out["notes"].append(f"weights {w_gpu / GIB:.2f} GiB + overhead {ov:.2f} GiB exceed the budget {budget:.2f} GiB "
+                            f"({g['cuda_total_gib']} GiB x {share})")
+    return max(0.0, kv_gib) * GIB
 
-        share = replica_gpu_utilization(resolved)
-        out["gpu_memory_utilization_per_replica"] = share
-        budget = g["cuda_total_gib"] * share
-        kv_gib = budget - w_gpu / GIB - ov
-        kv_bytes = max(0.0, kv_gib) * GIB
-        out.update(
-            memory_gib=g["cuda_total_gib"], budget_gib=round(budget, 2), overhead_gib=round(ov, 2),
-            overhead_parts={k: (round(v, 2) if k != "batched_tokens" else v) for k, v in parts.items()},
-            # each decode step reads every weight once: bytes on one GPU / its bandwidth
-            decode_floor_ms=round(w_gpu / (g["bandwidth_gbs"] * 1e9) * 1e3 * pp, 2),
-        )
-        if kv_gib <= 0:
-            notes.append(f"weights {w_gpu / GIB:.2f} GiB + overhead {ov:.2f} GiB exceed the budget {budget:.2f} GiB "
-                         f"({g['cuda_total_gib']} GiB x {share})")
+
+def _kv_capacity(out: dict[str, Any], resolved: dict[str, Any], kv_bytes: float, per_tok: int) -> None:
+    """The KV cache in 16-token blocks, how many full sequences fit, and whether one does."""
+    m, e, notes = resolved["model"], resolved["engine"], out["notes"]
     blocks = int(kv_bytes // (BLOCK_TOKENS * per_tok))
     tokens = blocks * BLOCK_TOKENS
     out.update(
@@ -262,10 +266,46 @@ def plan(resolved: dict[str, Any], gpu: str | None = None, gpus_per_node: int | 
     if out["fits"] and out["max_concurrent_seqs"] < e["max_num_seqs"]:
         notes.append(f"only {out['max_concurrent_seqs']} sequences of the full {m['max_model_len']} tokens fit at once "
                      f"(max_num_seqs {e['max_num_seqs']}): long requests beyond that queue or are preempted")
+
+
+def plan(resolved: dict[str, Any], gpu: str | None = None, gpus_per_node: int | None = None) -> dict[str, Any]:
+    """The memory plan per GPU for a resolved spec. Raises KeyError for an unknown GPU name.
+
+    Keys: gpu, model, tensor, pipeline, data, weights_gib, overhead_gib, kv_cache_gib,
+    kv_bytes_per_token (per GPU), kv_bytes_per_token_model (all layers and heads), kv_tokens,
+    kv_blocks, max_concurrent_seqs (of full max_model_len), fits (True/False, None when the model
+    is unknown), decode_floor_ms (weights bytes / bandwidth), notes.
+    """
+    g = _plan_gpu(resolved, gpu)
+    facts, how = catalog.facts_for(resolved)
+    out = _plan_settings(resolved, g, how, gpus_per_node)
+    tp, pp = out["tensor"], out["pipeline"]
+    cpu = g["name"] == "cpu"
+    if facts is None:
+        return _plan_skipped(out, resolved, cpu, how)
+
+    act_dtype = _act_dtype(resolved, facts)
+    act_bytes = _DTYPE_BYTES.get(act_dtype, 2)
+    quant = effective_quant(resolved, facts)
+    kvb = kv_dtype_bytes(out["kv_cache_dtype"], act_bytes)
+    w_gpu = weights_bytes(facts, quant, act_bytes, tp, pp)
+    per_tok = kv_bytes_per_token(facts, kvb, tp, pp)
+    out.update(
+        dtype=act_dtype,
+        quantization=resolved["model"].get("quantization") or (quant or {}).get("method"),
+        params_b=round(total_params(facts) / 1e9, 2),
+        weights_gib=round(w_gpu / GIB, 2),
+        weights_total_gib=round(weights_bytes(facts, quant, act_bytes, 1, 1) / GIB, 2),
+        kv_bytes_per_token=per_tok,
+        kv_bytes_per_token_model=kv_bytes_per_token(facts, kvb, 1, 1),
+        model_context=facts["context"],
+    )
+    kv_bytes = _cpu_kv_bytes(out, resolved) if cpu else _gpu_kv_bytes(out, resolved, facts, g, act_bytes, w_gpu)
+    _kv_capacity(out, resolved, kv_bytes, per_tok)
     if facts.get("experts"):
-        notes.append("mixture-of-experts model: weights and activations are rough estimates")
+        out["notes"].append("mixture-of-experts model: weights and activations are rough estimates")
     if quant and quant["method"] == "bitsandbytes":
-        notes.append("bitsandbytes weights are an estimate (4-bit NF4, 64-value blocks)")
+        out["notes"].append("bitsandbytes weights are an estimate (4-bit NF4, 64-value blocks)")
     return out
 
 
