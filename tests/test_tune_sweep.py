@@ -253,8 +253,7 @@ def make_tuner(tmp_path, monkeypatch, **kw):
         steps.append((env["VLLM_FLEET_ROLLOUT_STEP"], env["VLLM_FLEET_UPSTREAM_DOWN"], argv[argv.index("--limit") + 1]))
         return 0, "ok"
 
-    import vllm_fleet.commands.bench as bc
-    monkeypatch.setattr(bc, "HostSession", FakeSession)
+    monkeypatch.setattr(tune, "HostSession", FakeSession)  # the session tune opens (vllm_fleet.serving.session's)
     target = kw.pop("target", {"ttft_p99_ms": 100, "tpot_p99_ms": 2})
     grid = kw.pop("grid", {"max_num_seqs": [4, 8, 16], "gpu_memory_utilization": [0.9, 0.95]})
     t = tune.Tuner(str(inv), str(sp), target, str(tmp_path / "out"), say=lambda m: None, grid=grid, runner=runner,

@@ -33,6 +33,8 @@ from typing import Any, Callable
 
 import requests
 
+from vllm_fleet.serving.session import load_fleet
+
 #: Short common English words: about one token each for Qwen/Llama tokenizers.
 WORDS = ("time year people way day man thing woman life child world school state family student group country problem "
          "hand part place case week company system program question work government number night point home water room "
@@ -342,7 +344,6 @@ def compare(inventory: str, spec_path: str, policies: list[str] | None, workload
     import os
     import sys
 
-    from vllm_fleet.commands.bench import load_fleet
     from vllm_fleet.render import command
     from vllm_fleet.render.layout import routing_policy
 

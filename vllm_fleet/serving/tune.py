@@ -43,6 +43,8 @@ from typing import Any, Callable, Iterable
 
 import yaml
 
+from vllm_fleet.serving.session import BenchError, HostSession, load_fleet, spec_digest
+
 #: Grid keys -> (spec section, key).
 TUNABLE = {
     "max_num_seqs": ("engine", "max_num_seqs"),
@@ -439,8 +441,6 @@ class Tuner:
                  max_probes: int | None = None, max_load: float | None = None, warmup_prompts: int = 4, health_timeout: float = 900, dry: bool = False,
                  load_kind: str = "concurrency",
                  say: Callable[[str], None] = print, runner: Callable[[list[str], dict[str, str]], tuple[int, str]] | None = None):
-        from vllm_fleet.commands.bench import BenchError, load_fleet
-
         self.inventory, self.spec_path, self.target, self.say = inventory, spec_path, target, say
         try:
             self.resolved, self.spec, self.view, self.key = load_fleet(inventory, spec_path, need_key=not dry)
@@ -539,8 +539,6 @@ class Tuner:
     # -- the sweep --------------------------------------------------------------------------
 
     def header(self) -> dict[str, Any]:
-        from vllm_fleet.commands.bench import spec_digest
-
         return {"kind": "header", "deployment": self.resolved["name"], "spec_file": os.path.abspath(self.spec_path),
                 "spec_sha256": spec_digest(self.spec_path), "target": self.target, "workload": {**self.workload, "search": self.load_kind},
                 "host": self.rep.host, "replica": self.rep.id, "grid": self.grid}
@@ -564,8 +562,6 @@ class Tuner:
         return {settings_key(r["settings"]): r for r in rows}
 
     def run(self) -> dict[str, Any]:
-        from vllm_fleet.commands.bench import HostSession
-
         done = self.prepare_results()
         t_start = time.monotonic()
         pending = [p for p in self.points if p["status"] == "pending" and settings_key(p["settings"]) not in done]
