@@ -522,25 +522,13 @@ def cuda_min_driver(cuda_version: str) -> str:
     return table.get(cuda_version) or table.get(major) or "0"
 
 
-def resolve(spec: Spec) -> dict[str, Any]:
-    """The spec with every default filled in: the single input of planner and renderers.
+#: The sections :func:`resolve` fills from the schema's defaults (then from the spec).
+RESOLVED_SECTIONS = ("model", "engine", "parallel", "server", "proxy", "replicas", "rollout", "install", "hardware", "smoke")
 
-    Call only on a spec without schema problems.
-    """
-    raw = copy.deepcopy(spec.raw)
-    root = schema()
-    out: dict[str, Any] = {"name": raw["name"], "description": raw.get("description", "")}
-    for section in ("model", "engine", "parallel", "server", "proxy", "replicas", "rollout", "install", "hardware", "smoke"):
-        sec_schema = root["properties"][section]
-        merged = _schema_defaults(sec_schema)
-        merged.update(raw.get(section) or {})
-        out[section] = merged
-    out["env"] = {k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in (raw.get("env") or {}).items()}
 
-    name = out["name"]
-    m, e, par, srv, prx, ins, hw = (out[k] for k in ("model", "engine", "parallel", "server", "proxy", "install", "hardware"))
-
-    # model
+def _resolve_model(spec: Spec, out: dict[str, Any]) -> None:
+    """model: the transfer (auto: upload for a path, hub for an id), where the weights live, the served name."""
+    m, name = out["model"], out["name"]
     if m["transfer"] == "auto":
         m["transfer"] = "upload" if is_local_path(m["source"]) else "hub"
     if m["transfer"] == "upload":
@@ -551,7 +539,10 @@ def resolve(spec: Spec) -> dict[str, Any]:
     m.setdefault("path", m["source"] if m["transfer"] == "none" else defaults.MODEL_PATH.format(name=name))
     m.setdefault("served_name", m["source"].rstrip("/").split("/")[-1])
 
-    # engine: profile first, explicit keys win
+
+def _resolve_engine(spec: Spec, out: dict[str, Any]) -> None:
+    """engine: the profile first, explicit keys win (max_model_len is the model's, marked when it came from the profile)."""
+    m, e = out["model"], out["engine"]
     profile = defaults.PROFILES[e["profile"]]
     for key, value in profile.items():
         if key == "max_model_len":
@@ -561,7 +552,10 @@ def resolve(spec: Spec) -> dict[str, Any]:
     m["max_model_len_from_profile"] = "max_model_len" not in (spec.raw.get("model") or {})
     e.pop("swap_space", None)
 
-    # install
+
+def _resolve_install(out: dict[str, Any], root: dict[str, Any]) -> None:
+    """install: versions and paths per accelerator, and the NVIDIA driver that the pinned vLLM needs."""
+    ins, hw, name = out["install"], out["hardware"], out["name"]
     acc = ins["accelerator"]
     ins.setdefault("vllm_version", defaults.VLLM_VERSION[acc])
     ins["vllm_package"] = defaults.VLLM_PACKAGE[acc]
@@ -582,7 +576,10 @@ def resolve(spec: Spec) -> dict[str, Any]:
     if acc == "cpu":
         hw.setdefault("gpu", "cpu")
 
-    # server / proxy
+
+def _resolve_proxy(out: dict[str, Any], root: dict[str, Any]) -> None:
+    """proxy: TLS and routing (and the router) get their own defaults; `balance` is routing.policy's older name."""
+    prx = out["proxy"]
     prx["tls"] = {**_schema_defaults(root["properties"]["proxy"]["properties"]["tls"]), **(prx.get("tls") or {})}
     rt_schema = root["properties"]["proxy"]["properties"]["routing"]
     rt = {**_schema_defaults(rt_schema), **(prx.get("routing") or {})}
@@ -592,12 +589,36 @@ def resolve(spec: Spec) -> dict[str, Any]:
     prx["routing"] = rt
     prx.pop("balance", None)
 
-    # monitoring (nested sections get their own defaults)
+
+def _resolve_monitoring(raw: dict[str, Any], root: dict[str, Any]) -> dict[str, Any]:
+    """monitoring (nested sections get their own defaults)."""
     mon_props = root["properties"]["monitoring"]["properties"]
     mon = {**_schema_defaults(root["properties"]["monitoring"]), **(raw.get("monitoring") or {})}
     for sub in ("alerts", "grafana"):
         mon[sub] = {**_schema_defaults(mon_props[sub]), **(mon.get(sub) or {})}
-    out["monitoring"] = mon
+    return mon
+
+
+def resolve(spec: Spec) -> dict[str, Any]:
+    """The spec with every default filled in: the single input of planner and renderers.
+
+    Call only on a spec without schema problems.
+    """
+    raw = copy.deepcopy(spec.raw)
+    root = schema()
+    out: dict[str, Any] = {"name": raw["name"], "description": raw.get("description", "")}
+    for section in RESOLVED_SECTIONS:
+        sec_schema = root["properties"][section]
+        merged = _schema_defaults(sec_schema)
+        merged.update(raw.get(section) or {})
+        out[section] = merged
+    out["env"] = {k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in (raw.get("env") or {}).items()}
+    _resolve_model(spec, out)
+    _resolve_engine(spec, out)
+    _resolve_install(out, root)
+    _resolve_proxy(out, root)
+    out["monitoring"] = _resolve_monitoring(raw, root)
+    srv, prx, par = out["server"], out["proxy"], out["parallel"]
     srv.setdefault("host", "127.0.0.1" if prx["enabled"] and par["nodes"] == 1 else "0.0.0.0")
     out["rollout"].setdefault("health_timeout", srv["health_timeout"])
     return out
