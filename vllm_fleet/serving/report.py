@@ -95,6 +95,14 @@ def _table(head: list[str], rows: list[list[Any]], classes: list[str] | None = N
     return "\n".join(out + ["</table>"])
 
 
+def _save_png(plt: Any, fig: Any, png: Path) -> Path:
+    """Lay out ``fig``, write it to ``png`` (100 dpi) and close it."""
+    fig.tight_layout()
+    fig.savefig(png, dpi=100)
+    plt.close(fig)
+    return png
+
+
 def _matplotlib():
     try:
         import matplotlib
@@ -155,10 +163,7 @@ def bench_report(result: dict[str, Any], out: Path) -> list[Path]:
             ax.grid(True, alpha=0.3)
             ax.legend(fontsize=7)
         fig.suptitle(f"vllm-fleet bench {result['deployment']} on {result['host']} ({result['time_utc']})", fontsize=9)
-        fig.tight_layout()
-        png = out / "bench.png"
-        fig.savefig(png, dpi=100)
-        plt.close(fig)
+        png = _save_png(plt, fig, out / "bench.png")
         files.append(png)
         png_note = f"PNG: {png.name}"
     info = result.get("host_info") or {}
@@ -186,13 +191,16 @@ def bench_report(result: dict[str, Any], out: Path) -> list[Path]:
 # tune
 
 
-def tune_report(state: dict[str, Any], out: Path) -> list[Path]:
-    """report.html (+ pareto.png with matplotlib): every point, the Pareto front, the winner."""
+def _tune_latency(state: dict[str, Any]) -> tuple[str, str]:
+    """(metric key, axis label) of the latency the target bounds: TPOT p99 when it names one, else TTFT p99."""
+    lat_key = "p99_tpot_ms" if "tpot_p99_ms" in state["target"] else "p99_ttft_ms"
+    return lat_key, "TPOT p99 (ms)" if lat_key == "p99_tpot_ms" else "TTFT p99 (ms)"
+
+
+def _tune_charts(state: dict[str, Any], measured: list[dict[str, Any]]) -> list[str]:
+    """The SVG charts: throughput against latency (points, Pareto front, winner), and every probe of the load search."""
     points, front, winner = state["points"], state["front"], state.get("winner")
-    target = state["target"]
-    measured = [p for p in points if p.get("best")]
-    lat_key = "p99_tpot_ms" if "tpot_p99_ms" in target else "p99_ttft_ms"
-    lat_label = "TPOT p99 (ms)" if lat_key == "p99_tpot_ms" else "TTFT p99 (ms)"
+    lat_key, lat_label = _tune_latency(state)
     series = [{"label": "points (best load meeting the target)", "points": [(p["best"].get(lat_key), p["best"].get("output_throughput")) for p in measured],
                "color": "#999", "line": False},
               {"label": "Pareto front", "points": [(p["best"].get(lat_key), p["best"].get("output_throughput")) for p in front], "color": COLORS[0]}]
@@ -207,30 +215,36 @@ def tune_report(state: dict[str, Any], out: Path) -> list[Path]:
                        "color": COLORS[i % len(COLORS)]})
     if probes:
         charts.append(svg_chart(f"load search: {lat_label} per probe", probes, state.get("load_kind", "concurrency"), "ms", width=560, height=340))
-    files = []
-    plt = _matplotlib()
-    png_note = NO_PNG
-    if plt and measured:
-        fig, ax = plt.subplots(figsize=(7, 4.5))
-        ax.scatter([p["best"].get(lat_key) for p in measured], [p["best"].get("output_throughput") for p in measured], color="#999", label="points")
-        fx = [p["best"].get(lat_key) for p in front]
-        ax.plot(fx, [p["best"].get("output_throughput") for p in front], "o-", color=COLORS[0], label="Pareto front")
-        if winner:
-            ax.scatter([winner["best"].get(lat_key)], [winner["best"].get("output_throughput")], s=120, color=COLORS[3], label=f"winner {winner['id']}")
-        for p in measured:
-            ax.annotate(p["id"], (p["best"].get(lat_key), p["best"].get("output_throughput")), fontsize=6)
-        ax.set_xlabel(lat_label)
-        ax.set_ylabel("output tokens / s")
-        ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=7)
-        ax.set_title(f"vllm-fleet tune {state['deployment']} on {state['host']}", fontsize=9)
-        fig.tight_layout()
-        png = out / "pareto.png"
-        fig.savefig(png, dpi=100)
-        plt.close(fig)
-        files.append(png)
-        png_note = f"PNG: {png.name}"
-    head = ["point", "settings", "status", "best load", "TTFT p99", "TPOT p99", "out tok/s", "restart s", "warm-up s", "search s", "why"]
+    return charts
+
+
+def _tune_png(plt: Any, state: dict[str, Any], measured: list[dict[str, Any]], png: Path) -> Path:
+    """pareto.png: the throughput/latency chart drawn with matplotlib."""
+    front, winner = state["front"], state.get("winner")
+    lat_key, lat_label = _tune_latency(state)
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    ax.scatter([p["best"].get(lat_key) for p in measured], [p["best"].get("output_throughput") for p in measured], color="#999", label="points")
+    fx = [p["best"].get(lat_key) for p in front]
+    ax.plot(fx, [p["best"].get("output_throughput") for p in front], "o-", color=COLORS[0], label="Pareto front")
+    if winner:
+        ax.scatter([winner["best"].get(lat_key)], [winner["best"].get("output_throughput")], s=120, color=COLORS[3], label=f"winner {winner['id']}")
+    for p in measured:
+        ax.annotate(p["id"], (p["best"].get(lat_key), p["best"].get("output_throughput")), fontsize=6)
+    ax.set_xlabel(lat_label)
+    ax.set_ylabel("output tokens / s")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=7)
+    ax.set_title(f"vllm-fleet tune {state['deployment']} on {state['host']}", fontsize=9)
+    return _save_png(plt, fig, png)
+
+
+#: The columns of the tune report's table: one row a point.
+TUNE_HEAD = ["point", "settings", "status", "best load", "TTFT p99", "TPOT p99", "out tok/s", "restart s", "warm-up s", "search s", "why"]
+
+
+def _tune_rows(state: dict[str, Any]) -> tuple[list[list[Any]], list[str]]:
+    """(rows, row classes) of the table: every point, the winner and the skipped marked."""
+    points, front, winner = state["points"], state["front"], state.get("winner")
     rows, classes = [], []
     front_ids = {p["id"] for p in front}
     for p in points:
@@ -240,14 +254,35 @@ def tune_report(state: dict[str, Any], out: Path) -> list[Path]:
                      p.get("best_load"), _r(b.get("p99_ttft_ms")), _r(b.get("p99_tpot_ms")), _r(b.get("output_throughput")),
                      t.get("restart_s"), t.get("warmup_s"), t.get("search_s"), p.get("reason") or ""])
         classes.append("win" if winner and p["id"] == winner["id"] else "skip" if p["status"] == "skipped" else "")
-    verdict = (f"<p><b>winner: {html.escape(winner['id'])}</b> ({html.escape(json.dumps(winner['settings']))}): "
-               f"{html.escape(str(winner['best_load']))} {html.escape(state.get('load_kind', 'concurrency'))} meets the target at "
-               f"{_r(winner['best'].get('output_throughput'))} output tokens/s. Overlay: {html.escape(state.get('overlay_file') or '-')}</p>"
-               if winner else f"<p><b>no winner</b>: {html.escape(state.get('closest') or 'no point was measured')}</p>")
+    return rows, classes
+
+
+def _tune_verdict(state: dict[str, Any]) -> str:
+    """The winner and what it reaches, or why there is none."""
+    winner = state.get("winner")
+    return (f"<p><b>winner: {html.escape(winner['id'])}</b> ({html.escape(json.dumps(winner['settings']))}): "
+            f"{html.escape(str(winner['best_load']))} {html.escape(state.get('load_kind', 'concurrency'))} meets the target at "
+            f"{_r(winner['best'].get('output_throughput'))} output tokens/s. Overlay: {html.escape(state.get('overlay_file') or '-')}</p>"
+            if winner else f"<p><b>no winner</b>: {html.escape(state.get('closest') or 'no point was measured')}</p>")
+
+
+def tune_report(state: dict[str, Any], out: Path) -> list[Path]:
+    """report.html (+ pareto.png with matplotlib): every point, the Pareto front, the winner."""
+    points, target = state["points"], state["target"]
+    measured = [p for p in points if p.get("best")]
+    charts = _tune_charts(state, measured)
+    files = []
+    plt = _matplotlib()
+    png_note = NO_PNG
+    if plt and measured:
+        png = _tune_png(plt, state, measured, out / "pareto.png")
+        files.append(png)
+        png_note = f"PNG: {png.name}"
+    rows, classes = _tune_rows(state)
     body = [f"<h1>vllm-fleet tune: {html.escape(state['deployment'])}</h1>",
             f"<p>target {html.escape(json.dumps(target))}; on {html.escape(state['host'])}; {html.escape(state.get('vllm_version') or '')}; "
             f"GPU: {html.escape(state.get('gpu') or '-')}; started {html.escape(state.get('started') or '')}; {len(points)} point(s)</p>",
-            verdict, f"<p>{html.escape(png_note)}</p>", '<div class="charts">', *charts, "</div>", _table(head, rows, classes)]
+            _tune_verdict(state), f"<p>{html.escape(png_note)}</p>", '<div class="charts">', *charts, "</div>", _table(TUNE_HEAD, rows, classes)]
     page = out / "report.html"
     page.write_text(_page(f"tune {state['deployment']}", body))
     return [page, *files]
