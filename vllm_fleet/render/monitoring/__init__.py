@@ -312,16 +312,34 @@ def vllm_series(exprs: list[str]) -> set[str]:
     return {m for e in exprs for m in re.findall(r"vllm:[A-Za-z0-9_:]+", e)}
 
 
-def node_files(resolved: dict[str, Any], node: "_Node", all_nodes: list["_Node"], with_inventory: bool) -> dict[str, Any]:
-    """Monitoring files of one node (empty when monitoring is off)."""
-    from vllm_fleet.render.files import HEADER, RenderedFile, systemd_command
+def _dcgm_unit(header: str, argv: list[str]) -> str:
+    """dcgm-exporter's systemd unit."""
+    from vllm_fleet.render.files import systemd_command
 
-    mon = resolved["monitoring"]
-    if not mon["enabled"] or not node.roles:  # a host the deploy does not touch gets nothing
-        return {}
-    header = HEADER.format(name=resolved["name"])
-    p = paths(resolved)
-    out: dict[str, RenderedFile] = {}
+    return "\n".join([
+        f"# {header}",
+        "[Unit]",
+        "Description=NVIDIA DCGM exporter (GPU metrics for Prometheus, private address only)",
+        "After=network-online.target nvidia-dcgm.service",
+        "Wants=network-online.target",
+        "",
+        "[Service]",
+        f"ExecStart={systemd_command(argv)}",
+        "Restart=on-failure",
+        "RestartSec=10",
+        "",
+        "[Install]",
+        "WantedBy=multi-user.target",
+        "",
+    ])
+
+
+def _exporter_files(resolved: dict[str, Any], node: "_Node", all_nodes: list["_Node"], with_inventory: bool, header: str) -> dict[str, Any]:
+    """What every monitored node runs: the node exporter's settings and, on a GPU node, dcgm-exporter's fields and unit."""
+    from vllm_fleet.render.files import RenderedFile
+
+    mon, p = resolved["monitoring"], paths(resolved)
+    out: dict[str, Any] = {}
     addr = private_address(node, with_inventory)
     if mon["node_exporter"]:
         out[p["node_exporter_defaults"]] = RenderedFile(_args_file(
@@ -332,23 +350,53 @@ def node_files(resolved: dict[str, Any], node: "_Node", all_nodes: list["_Node"]
         csv += [f"{f}, {t}, {h}" for f, t, h in DCGM_FIELDS]
         out[p["dcgm_counters"]] = RenderedFile("\n".join(csv) + "\n", 0o644)
         argv = [DCGM_BINARY, "--address", f"{addr}:{mon['dcgm_exporter_port']}", "--collectors", p["dcgm_counters"]]
-        unit = "\n".join([
-            f"# {header}",
-            "[Unit]",
-            "Description=NVIDIA DCGM exporter (GPU metrics for Prometheus, private address only)",
-            "After=network-online.target nvidia-dcgm.service",
-            "Wants=network-online.target",
-            "",
-            "[Service]",
-            f"ExecStart={systemd_command(argv)}",
-            "Restart=on-failure",
-            "RestartSec=10",
-            "",
-            "[Install]",
-            "WantedBy=multi-user.target",
-            "",
-        ])
-        out[p["dcgm_unit"]] = RenderedFile(unit, 0o644)
+        out[p["dcgm_unit"]] = RenderedFile(_dcgm_unit(header, argv), 0o644)
+    return out
+
+
+def _blackbox_files(resolved: dict[str, Any], header: str) -> dict[str, Any]:
+    """The blackbox exporter's module (GET /health, the self-signed certificate accepted) and its settings."""
+    from vllm_fleet.render.files import RenderedFile
+
+    p = paths(resolved)
+    tls = resolved["proxy"]["tls"]
+    module: dict[str, Any] = {"prober": "http", "timeout": "5s",
+                              "http": {"valid_status_codes": [200], "method": "GET", "preferred_ip_protocol": "ip4"}}
+    if tls["enabled"] and tls["self_signed"]:
+        module["http"]["tls_config"] = {"insecure_skip_verify": True}
+    return {p["blackbox_config"]: RenderedFile(_yaml(header, {"modules": {"vllm_health": module}}), 0o644),
+            p["blackbox_defaults"]: RenderedFile(_args_file(
+                header, "prometheus-blackbox-exporter: probes /health for Prometheus; loopback only.",
+                [f"--config.file={p['blackbox_config']}", f"--web.listen-address={BLACKBOX_LISTEN}"]), 0o644)}
+
+
+def _grafana_files(resolved: dict[str, Any], header: str, listen: str) -> dict[str, Any]:
+    """Grafana's provisioning: the Prometheus data source at ``listen``, the dashboards' provider, the dashboard."""
+    from vllm_fleet.render.files import RenderedFile
+
+    mon, p = resolved["monitoring"], paths(resolved)
+    ds = {"apiVersion": 1, "datasources": [{
+        "name": "vllm-fleet Prometheus", "uid": GRAFANA_DATASOURCE_UID, "type": "prometheus", "access": "proxy",
+        "url": f"http://{listen}", "isDefault": False, "editable": False}]}
+    dash = {"apiVersion": 1, "providers": [{
+        "name": "vllm-fleet", "folder": "vllm-fleet", "type": "file", "disableDeletion": True, "allowUiUpdates": False,
+        "options": {"path": mon["grafana"]["dashboards_dir"]}}]}
+    return {p["grafana_datasource"]: RenderedFile(_yaml(header, ds), 0o644),
+            p["grafana_dashboards"]: RenderedFile(_yaml(header, dash), 0o644),
+            p["grafana_dashboard"]: RenderedFile(json.dumps(dashboard(), indent=2) + "\n", 0o644)}
+
+
+def node_files(resolved: dict[str, Any], node: "_Node", all_nodes: list["_Node"], with_inventory: bool) -> dict[str, Any]:
+    """Monitoring files of one node (empty when monitoring is off): the exporters on every
+    monitored node; Prometheus, its rules, the blackbox exporter and Grafana on the monitoring node."""
+    from vllm_fleet.render.files import HEADER, RenderedFile
+
+    mon = resolved["monitoring"]
+    if not mon["enabled"] or not node.roles:  # a host the deploy does not touch gets nothing
+        return {}
+    header = HEADER.format(name=resolved["name"])
+    p = paths(resolved)
+    out: dict[str, RenderedFile] = _exporter_files(resolved, node, all_nodes, with_inventory, header)
     if "monitoring" not in node.roles:
         return out
     listen = f"{prometheus_address(resolved, node, with_inventory)}:{mon['prometheus_port']}"
@@ -359,23 +407,7 @@ def node_files(resolved: dict[str, Any], node: "_Node", all_nodes: list["_Node"]
     out[p["prometheus_config"]] = RenderedFile(_yaml(header, prometheus_config(resolved, node, all_nodes, with_inventory)), 0o644)
     out[p["rules"]] = RenderedFile(rules(resolved, all_nodes), 0o644)
     if mon["health_probe"]:
-        tls = resolved["proxy"]["tls"]
-        module: dict[str, Any] = {"prober": "http", "timeout": "5s",
-                                  "http": {"valid_status_codes": [200], "method": "GET", "preferred_ip_protocol": "ip4"}}
-        if tls["enabled"] and tls["self_signed"]:
-            module["http"]["tls_config"] = {"insecure_skip_verify": True}
-        out[p["blackbox_config"]] = RenderedFile(_yaml(header, {"modules": {"vllm_health": module}}), 0o644)
-        out[p["blackbox_defaults"]] = RenderedFile(_args_file(
-            header, "prometheus-blackbox-exporter: probes /health for Prometheus; loopback only.",
-            [f"--config.file={p['blackbox_config']}", f"--web.listen-address={BLACKBOX_LISTEN}"]), 0o644)
+        out.update(_blackbox_files(resolved, header))
     if mon["grafana"]["enabled"]:
-        ds = {"apiVersion": 1, "datasources": [{
-            "name": "vllm-fleet Prometheus", "uid": GRAFANA_DATASOURCE_UID, "type": "prometheus", "access": "proxy",
-            "url": f"http://{listen}", "isDefault": False, "editable": False}]}
-        dash = {"apiVersion": 1, "providers": [{
-            "name": "vllm-fleet", "folder": "vllm-fleet", "type": "file", "disableDeletion": True, "allowUiUpdates": False,
-            "options": {"path": mon["grafana"]["dashboards_dir"]}}]}
-        out[p["grafana_datasource"]] = RenderedFile(_yaml(header, ds), 0o644)
-        out[p["grafana_dashboards"]] = RenderedFile(_yaml(header, dash), 0o644)
-        out[p["grafana_dashboard"]] = RenderedFile(json.dumps(dashboard(), indent=2) + "\n", 0o644)
+        out.update(_grafana_files(resolved, header, listen))
     return out
