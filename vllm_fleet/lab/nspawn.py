@@ -695,6 +695,52 @@ def wait_ready(cfg: LabConfig, st: dict, timeout: float) -> dict[str, str]:
 
 # ---------------------------------------------------------------- up / down / status
 
+def _already_up(cfg: LabConfig, st: dict | None, names: list[str]) -> bool:
+    """The lab runs exactly these hosts, each with its supervisor and container, over lxcfs and its bridge."""
+    return bool(st and [h["name"] for h in st["hosts"]] == names and all(all(host_pids(cfg, x)) for x in names)
+                and mounted(cfg.lxcfs_dir) and Path(f"/sys/class/net/{cfg.bridge}").exists())
+
+
+def _ensure_rootfs(cfg: LabConfig, st: dict, tarball: Path) -> None:
+    """Restore the rootfs when its recipe changed (or it is missing), unless hosts still run on the old one."""
+    key = rootfs_key()
+    running = [h["name"] for h in st["hosts"] if any(host_pids(cfg, h["name"]))]
+    if st.get("rootfs_key") != key or not (cfg.rootfs / "etc/os-release").exists():
+        if running:
+            log(f"warning: the rootfs recipe changed, but hosts {running} run on the old one; "
+                "`lab down && lab up` to use the new one")
+        else:
+            check_disk(cfg.state_dir, MIN_FREE_HOSTS, "the lab hosts")
+            log("rootfs: restoring into the state dir")
+            prepare_rootfs(cfg, tarball)
+            st["rootfs_key"] = key
+            save_state(cfg, st)
+
+
+def _remove_extra_hosts(cfg: LabConfig, st: dict, names: list[str]) -> None:
+    """Stop and delete the hosts beyond the requested ones."""
+    for h in list(st["hosts"]):
+        if h["name"] not in names:
+            log(f"{h['name']}: stopping (not in the requested {len(names)} hosts)")
+            stop_host(cfg, h["name"])
+            run(["rm", "-rf", "--one-file-system", str(cfg.host_dir(h["name"]))])
+            st["hosts"] = [x for x in st["hosts"] if x["name"] != h["name"]]
+            save_state(cfg, st)
+
+
+def _boot_hosts(cfg: LabConfig, st: dict, names: list[str]) -> None:
+    """Boot each host that is not running whole (a running one only gets the new /etc/hosts)."""
+    for i, name in enumerate(names, 1):
+        sup, ns = host_pids(cfg, name)
+        if sup and ns:
+            (cfg.host_dir(name) / "root/etc/hosts").write_text(etc_hosts(cfg, names, name))
+            continue
+        if sup or ns:
+            stop_host(cfg, name)
+        log(f"{name}: booting at {cfg.address(i)}")
+        start_host(cfg, st, i, names)
+
+
 def up(n: int = 3, timeout: float = 180, cfg: LabConfig | None = None) -> dict:
     cfg = cfg or LabConfig()
     if not 1 <= n <= MAX_HOSTS:
@@ -706,8 +752,7 @@ def up(n: int = 3, timeout: float = 180, cfg: LabConfig | None = None) -> dict:
         names = host_names(n)
         if st and st.get("bridge") not in (None, cfg.bridge):
             raise LabError(f"the lab in {cfg.state_dir} uses bridge {st['bridge']}; run `lab down` first")
-        if st and [h["name"] for h in st["hosts"]] == names and all(all(host_pids(cfg, x)) for x in names) \
-                and mounted(cfg.lxcfs_dir) and Path(f"/sys/class/net/{cfg.bridge}").exists():
+        if _already_up(cfg, st, names):
             log(f"already up with {n} host(s)")
             return st
         ensure_host_packages()
@@ -716,40 +761,13 @@ def up(n: int = 3, timeout: float = 180, cfg: LabConfig | None = None) -> dict:
             check_network_free(cfg, st)
         save_state(cfg, st)
         ensure_ssh_key(cfg)
-        tarball = ensure_rootfs_tarball(cfg)
-        key = rootfs_key()
-        running = [h["name"] for h in st["hosts"] if any(host_pids(cfg, h["name"]))]
-        if st.get("rootfs_key") != key or not (cfg.rootfs / "etc/os-release").exists():
-            if running:
-                log(f"warning: the rootfs recipe changed, but hosts {running} run on the old one; "
-                    "`lab down && lab up` to use the new one")
-            else:
-                check_disk(cfg.state_dir, MIN_FREE_HOSTS, "the lab hosts")
-                log("rootfs: restoring into the state dir")
-                prepare_rootfs(cfg, tarball)
-                st["rootfs_key"] = key
-                save_state(cfg, st)
+        _ensure_rootfs(cfg, st, ensure_rootfs_tarball(cfg))
         cfg.pip_cache.mkdir(parents=True, exist_ok=True)
         os.chmod(cfg.pip_cache, 0o1777)
         network_up(cfg, st)
         lxcfs_up(cfg, st)
-        # remove hosts beyond n
-        for h in list(st["hosts"]):
-            if h["name"] not in names:
-                log(f"{h['name']}: stopping (not in the requested {n} hosts)")
-                stop_host(cfg, h["name"])
-                run(["rm", "-rf", "--one-file-system", str(cfg.host_dir(h["name"]))])
-                st["hosts"] = [x for x in st["hosts"] if x["name"] != h["name"]]
-                save_state(cfg, st)
-        for i, name in enumerate(names, 1):
-            sup, ns = host_pids(cfg, name)
-            if sup and ns:
-                (cfg.host_dir(name) / "root/etc/hosts").write_text(etc_hosts(cfg, names, name))
-                continue
-            if sup or ns:
-                stop_host(cfg, name)
-            log(f"{name}: booting at {cfg.address(i)}")
-            start_host(cfg, st, i, names)
+        _remove_extra_hosts(cfg, st, names)
+        _boot_hosts(cfg, st, names)
         write_known_hosts(cfg, st)
         wait_ready(cfg, st, timeout)
         st["up_seconds"] = round(time.monotonic() - t0, 1)
