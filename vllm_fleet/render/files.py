@@ -32,8 +32,8 @@ import jinja2
 
 from vllm_fleet.render import monitoring
 from vllm_fleet.render.command import RAY_TMPDIR, env_bin, env_paths, env_python, state_env, vllm_argv, vllm_env, world_size_per_node
-from vllm_fleet.render.layout import (HOST_DATA_DEFAULTS, SERVICE_PARTS, HostLayout, Instance, Layout, Node, Secret, _cpu_sets,
-                                     firewall_addresses, routing_policy, server_replicas)
+from vllm_fleet.render.layout import (HOST_DATA_DEFAULTS, HOST_DATA_KEYS, SERVICE_PARTS, HostLayout, Instance, Layout, Node,  # noqa: F401
+                                     Secret, _cpu_sets, firewall_addresses, routing_policy, server_replicas)
 from vllm_fleet.render.secrets import describe as describe_secret
 from vllm_fleet.spec.ports import RAY_FIXED_PORTS, RAY_WORKER_PORTS  # noqa: F401  (the renderer's names too)
 
@@ -80,10 +80,6 @@ RAY_FIREWALL_FILE = "/etc/vllm-fleet/ray-firewall.nft"
 RAY_FIREWALL_UNIT = "vllm-fleet-ray-firewall.service"
 
 HEADER = "Rendered by vllm-fleet for deployment {name}: edit the spec, not this file (the next deploy overwrites it)."
-
-#: Host data keys render reads (the deploy may fill them from facts before rendering).
-HOST_DATA_KEYS = ("socket_ifname", "cpu_count", "ray_memory_bytes", "ray_object_store_bytes", "upstream_down",
-                  "replicas_per_host", "deployments", "private_address")
 
 
 @dataclass(frozen=True)

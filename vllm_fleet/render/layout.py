@@ -47,10 +47,18 @@ import ipaddress
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
 
-from vllm_fleet.render.command import replicas_per_gpu, world_size_per_node
+from vllm_fleet.render.command import world_size_per_node
+from vllm_fleet.render.monitoring import BLACKBOX_LISTEN
+from vllm_fleet.spec.hostdata import host_address, inventory_problems, is_address_or_hostname
+from vllm_fleet.spec.planner import replica_gpu_utilization, replicas_per_gpu
+from vllm_fleet.spec.ports import RAY_FIXED_PORTS, RAY_WORKER_PORTS
 
 #: Inventory group -> part. Exactly these names (see the module docstring).
 GROUPS = {"servers": "server", "workers": "worker", "ray_workers": "worker", "proxy": "proxy", "monitoring": "monitoring"}
+
+#: Host data keys render reads (the deploy may fill them from facts before rendering).
+HOST_DATA_KEYS = ("socket_ifname", "cpu_count", "ray_memory_bytes", "ray_object_store_bytes", "upstream_down",
+                  "replicas_per_host", "deployments", "private_address")
 
 #: Host data the layout reads with these defaults (the roles take them from here too).
 HOST_DATA_DEFAULTS: dict[str, Any] = {
@@ -282,16 +290,10 @@ def _down_set() -> set[str]:
     return set()
 
 
-def _host_parts(resolved: dict[str, Any], inventory: dict[str, dict[str, Any]], down: set[str], problems: list[str],
-                source: str) -> list[Node]:
-    """One deployment's nodes on the inventory's hosts (the old renderer's rules, with groups
-    fixed to :data:`GROUPS`)."""
-    par = resolved["parallel"]
+def _inventory_nodes(resolved: dict[str, Any], inventory: dict[str, dict[str, Any]]) -> list[Node]:
+    """A node for each inventory host with a part of this deployment, its roles from its groups
+    (:data:`GROUPS`; host data `deployments` that leaves this one out keeps it off the service parts)."""
     name = resolved["name"]
-    multi, backend = _multi(resolved), par["backend"]
-    proxy_on = resolved["proxy"]["enabled"]
-    monitoring_on = bool((resolved.get("monitoring") or {}).get("enabled"))
-    ray_multi = multi and backend == "ray"
     out: list[Node] = []
     for host, h in inventory.items():
         data = dict(h.get("data") or {})
@@ -302,6 +304,50 @@ def _host_parts(resolved: dict[str, Any], inventory: dict[str, dict[str, Any]], 
         if roles:
             address = str(h.get("address") or host)
             out.append(Node(host, roles, address, 0, data, str(data.get("private_address") or address)))
+    return out
+
+
+def _multi_node_roles(resolved: dict[str, Any], servers: list[Node], workers: list[Node], problems: list[str], source: str) -> None:
+    """A multi-node server: one head, as many workers as parallel.nodes asks, node ranks, and (Ray) head / worker roles."""
+    par = resolved["parallel"]
+    ray_multi = par["backend"] == "ray"
+    if len(servers) != 1:
+        problems.append(f"{source}: a {par['nodes']}-node server has exactly one head host in the `servers` group, found {len(servers)}: {', '.join(n.target for n in servers)}")
+    head = servers[0]
+    if head.private != par.get("head_address"):
+        problems.append(f"{source}: parallel.head_address is {par.get('head_address')} but the head host {head.target} has private address {head.private}: "
+                        "make them the same (host data private_address, else ssh_hostname; VLLM_HOST_IP must be the address Ray registered)")
+    if 1 + len(workers) != int(par["nodes"]):
+        problems.append(f"{source}: parallel.nodes is {par['nodes']} but the inventory has 1 server and {len(workers)} worker host(s): list {int(par['nodes']) - 1} host(s) in the `workers` group")
+    if ray_multi:
+        head.roles.add("ray-head")
+    for rank, w in enumerate(workers, start=1):
+        w.node_rank = rank
+        if "server" in w.roles:
+            problems.append(f"{source}: inventory: host {w.target} is both the server and a worker")
+        if ray_multi:
+            w.roles.discard("worker")
+            w.roles.add("ray-worker")
+
+
+def _add_instances(resolved: dict[str, Any], nodes: list[Node], down: set[str], problems: list[str], source: str) -> None:
+    """The vLLM instances of each server and worker node, marked down as the rollout (or host data upstream_down) asks."""
+    for n in nodes:
+        if "server" in n.roles or "worker" in n.roles:
+            n.instances = _instances(resolved, n.target, n.data or {}, n.private, n.node_rank, problems, source)
+            host_down = bool((n.data or {}).get("upstream_down")) or n.target in down
+            for inst in n.instances:
+                inst.down = host_down or inst.id in down
+
+
+def _host_parts(resolved: dict[str, Any], inventory: dict[str, dict[str, Any]], down: set[str], problems: list[str],
+                source: str) -> list[Node]:
+    """One deployment's nodes on the inventory's hosts (the old renderer's rules, with groups
+    fixed to :data:`GROUPS`)."""
+    name = resolved["name"]
+    proxy_on = resolved["proxy"]["enabled"]
+    monitoring_on = bool((resolved.get("monitoring") or {}).get("enabled"))
+    out = _inventory_nodes(resolved, inventory)
     servers = [n for n in out if "server" in n.roles]
     workers = [n for n in out if "worker" in n.roles]
     if not servers:
@@ -316,24 +362,8 @@ def _host_parts(resolved: dict[str, Any], inventory: dict[str, dict[str, Any]], 
             n.roles.discard("monitoring")
     elif not any("monitoring" in n.roles for n in out):
         problems.append(f"{source}: monitoring.enabled is true but no inventory host is in the `monitoring` group: add one (it runs Prometheus)")
-    if multi:
-        if len(servers) != 1:
-            problems.append(f"{source}: a {par['nodes']}-node server has exactly one head host in the `servers` group, found {len(servers)}: {', '.join(n.target for n in servers)}")
-        head = servers[0]
-        if head.private != par.get("head_address"):
-            problems.append(f"{source}: parallel.head_address is {par.get('head_address')} but the head host {head.target} has private address {head.private}: "
-                            "make them the same (host data private_address, else ssh_hostname; VLLM_HOST_IP must be the address Ray registered)")
-        if 1 + len(workers) != int(par["nodes"]):
-            problems.append(f"{source}: parallel.nodes is {par['nodes']} but the inventory has 1 server and {len(workers)} worker host(s): list {int(par['nodes']) - 1} host(s) in the `workers` group")
-        if ray_multi:
-            head.roles.add("ray-head")
-        for rank, w in enumerate(workers, start=1):
-            w.node_rank = rank
-            if "server" in w.roles:
-                problems.append(f"{source}: inventory: host {w.target} is both the server and a worker")
-            if ray_multi:
-                w.roles.discard("worker")
-                w.roles.add("ray-worker")
+    if _multi(resolved):
+        _multi_node_roles(resolved, servers, workers, problems, source)
     else:
         for w in workers:
             w.roles.discard("worker")
@@ -341,12 +371,7 @@ def _host_parts(resolved: dict[str, Any], inventory: dict[str, dict[str, Any]], 
         for s in servers:  # no proxy group: nginx runs on each server host
             s.roles.add("proxy")
     out = [n for n in out if n.roles]
-    for n in out:
-        if "server" in n.roles or "worker" in n.roles:
-            n.instances = _instances(resolved, n.target, n.data or {}, n.private, n.node_rank, problems, source)
-            host_down = bool((n.data or {}).get("upstream_down")) or n.target in down
-            for inst in n.instances:
-                inst.down = host_down or inst.id in down
+    _add_instances(resolved, out, down, problems, source)
     _add_router(resolved, out)
     return out
 
@@ -408,9 +433,6 @@ def _listen_ports(resolved: dict[str, Any], node: Node) -> list[tuple[int, int, 
     """(first port, last port, what) of every listening part of one deployment on one host:
     vLLM replicas, nginx, the router (when the spec has one), Prometheus, node exporter,
     dcgm-exporter, blackbox, Ray's GCS, fixed ports and worker range."""
-    from vllm_fleet.render.files import RAY_FIXED_PORTS, RAY_WORKER_PORTS
-    from vllm_fleet.render.monitoring import BLACKBOX_LISTEN
-
     name = resolved["name"]
     out = [(i.port, i.port, f"vLLM {i.unit}") for i in node.instances]
     if "proxy" in node.roles:
@@ -469,14 +491,12 @@ def _port_problems(host: str, h: "HostLayout", deployments: dict[str, dict[str, 
 
 
 def _ray_fixed() -> list[int]:
-    from vllm_fleet.render.files import RAY_FIXED_PORTS
-
     return sorted(RAY_FIXED_PORTS.values())
 
 
-def _cross_checks(layout_hosts: dict[str, HostLayout], deployments: dict[str, dict[str, Any]], sources: dict[str, str],
-                  inventory: dict[str, dict[str, Any]], problems: list[str]) -> None:
-    # the same machine listed twice (two names, one ssh_hostname)
+def _same_machine(layout_hosts: dict[str, HostLayout], inventory: dict[str, dict[str, Any]]) -> list[str]:
+    """The same machine listed twice (two names, one ssh_hostname)."""
+    out: list[str] = []
     by_address: dict[str, list[str]] = {}
     for host, h in inventory.items():
         by_address.setdefault(str(h.get("address") or host), []).append(host)
@@ -484,69 +504,120 @@ def _cross_checks(layout_hosts: dict[str, HostLayout], deployments: dict[str, di
         if len(names) > 1:
             served = [n for n in names if n in layout_hosts and layout_hosts[n].instances]
             if served:
-                problems.append(f"inventory: hosts {', '.join(names)} are one machine (ssh_hostname {address}): their units and ports would "
-                                "collide; list it once and set replicas.per_host (or host data replicas_per_host) for more replicas")
+                out.append(f"inventory: hosts {', '.join(names)} are one machine (ssh_hostname {address}): their units and ports would "
+                           "collide; list it once and set replicas.per_host (or host data replicas_per_host) for more replicas")
+    return out
+
+
+def _gpu_shares(host: str, h: HostLayout, deployments: dict[str, dict[str, Any]], sources: dict[str, str]) -> list[str]:
+    """GPUs shared on one host (replicas.per_gpu, or deployments given the same gpu_ids): each
+    vLLM takes its --gpu-memory-utilization share of the whole GPU; together at most all of it."""
+    out: list[str] = []
+    users: dict[int, list[Instance]] = {}
+    for inst in h.instances:
+        for g in inst.gpu_ids or []:
+            users.setdefault(g, []).append(inst)
+    groups: dict[tuple[str, ...], list[int]] = {}  # GPUs with the same users: one message
+    for g, insts in sorted(users.items()):
+        groups.setdefault(tuple(i.unit for i in insts), []).append(g)
+    for gs in groups.values():
+        insts = users[gs[0]]
+        shares = [(i, replica_gpu_utilization(deployments[i.deployment])) for i in insts]
+        total = sum(s for _, s in shares)
+        if len(shares) > 1 and total > 1.0 + 1e-9:
+            parts = " + ".join(f"{i.unit} {s:g}" for i, s in shares)
+            deps = sorted({i.deployment for i in insts})
+            out.append(f"{host}: GPU{'s' if len(gs) > 1 else ''} {', '.join(map(str, gs))} {'are' if len(gs) > 1 else 'is'} over-subscribed: {parts} = {total:.3g} of its memory (each vLLM takes its "
+                       f"--gpu-memory-utilization share of the whole GPU at start): lower engine.gpu_memory_utilization of "
+                       f"{', '.join(f'{d} ({sources[d]})' for d in deps)} so the shares sum to at most 1 (e.g. 0.9 split between them), "
+                       "or pin the deployments to different GPUs with hardware.gpu_ids")
+    return out
+
+
+def _gpu_owners(host: str, h: HostLayout, deployments: dict[str, dict[str, Any]], sources: dict[str, str]) -> list[str]:
+    """A multi-node deployment without hardware.gpu_ids owns every GPU of its hosts (its server,
+    worker or Ray node sees them all): no other deployment may need GPUs there."""
+    def _cuda(dep: str) -> bool:
+        return deployments[dep]["install"]["accelerator"] == "cuda"
+
+    out: list[str] = []
+    whole = [dep for dep, n in h.parts.items() if n.roles & SERVICE_PARTS and _cuda(dep) and _multi(deployments[dep])
+             and not deployments[dep]["hardware"].get("gpu_ids")]
+    gpu_deps = [dep for dep, n in h.parts.items() if n.roles & SERVICE_PARTS and _cuda(dep)]
+    for w in whole[:1]:
+        other = next((d for d in gpu_deps if d != w), None)
+        if other:
+            out.append(f"{host}: deployment {w} ({sources[w]}) is multi-node without hardware.gpu_ids, so it owns every GPU "
+                       f"of this host, and deployment {other} ({sources[other]}) needs GPUs here too: pin both with "
+                       "hardware.gpu_ids (e.g. [0, 1, 2, 3] and [4, 5, 6, 7]), or put them on different hosts")
+    return out
+
+
+def _one_per_host(host: str, h: HostLayout, deployments: dict[str, dict[str, Any]], sources: dict[str, str]) -> list[str]:
+    """What a host has once for every deployment there: monitoring, an nginx site per port and name, a Ray cluster."""
+    out: list[str] = []
+    # two monitored deployments on one host: one Prometheus and one node exporter per host
+    monitored = [dep for dep, n in h.parts.items() if n.roles and (deployments[dep].get("monitoring") or {}).get("enabled")]
+    if len(monitored) > 1:
+        out.append(f"{host}: deployments {', '.join(monitored)} both have monitoring.enabled and this host is part of both: "
+                   "their monitoring files (the node exporter's and Prometheus' configuration) are one per host. "
+                   f"Set monitoring.enabled: true in one spec only ({sources[monitored[0]]}); its Prometheus watches its own "
+                   "deployment, or put the deployments on different hosts")
+    # ports used twice on one host (every listening part)
+    out.extend(_port_problems(host, h, deployments, sources))
+    seen_proxy: dict[tuple[int, str], str] = {}
+    for dep, node in h.parts.items():
+        resolved = deployments[dep]
+        if "proxy" in node.roles:
+            key = (int(resolved["proxy"]["listen"]), str(resolved["proxy"]["server_name"]))
+            if key in seen_proxy:
+                out.append(f"{host}: deployments {seen_proxy[key]} and {dep} ({sources[dep]}) both serve nginx port {key[0]} with "
+                           f"server_name {key[1]}: give each its own proxy.listen or proxy.server_name")
+            seen_proxy.setdefault(key, dep)
+    ray = [dep for dep, n in h.parts.items() if n.roles & {"ray-head", "ray-worker"}]
+    if len(ray) > 1:
+        out.append(f"{host}: is a Ray node of {', '.join(ray)}: one Ray cluster per host; put the deployments on different hosts")
+    return out
+
+
+def _cross_checks(layout_hosts: dict[str, HostLayout], deployments: dict[str, dict[str, Any]], sources: dict[str, str],
+                  inventory: dict[str, dict[str, Any]], problems: list[str]) -> None:
+    """Checks across deployments and hosts: the machine listed twice, then per host its GPUs and what it has once."""
+    problems.extend(_same_machine(layout_hosts, inventory))
     for host, h in layout_hosts.items():
-        # GPUs shared on one host (replicas.per_gpu, or deployments given the same gpu_ids): each
-        # vLLM takes its --gpu-memory-utilization share of the whole GPU; together at most all of it
-        from vllm_fleet.render.command import replica_gpu_utilization
-
-        users: dict[int, list[Instance]] = {}
-        for inst in h.instances:
-            for g in inst.gpu_ids or []:
-                users.setdefault(g, []).append(inst)
-        groups: dict[tuple[str, ...], list[int]] = {}  # GPUs with the same users: one message
-        for g, insts in sorted(users.items()):
-            groups.setdefault(tuple(i.unit for i in insts), []).append(g)
-        for gs in groups.values():
-            insts = users[gs[0]]
-            shares = [(i, replica_gpu_utilization(deployments[i.deployment])) for i in insts]
-            total = sum(s for _, s in shares)
-            if len(shares) > 1 and total > 1.0 + 1e-9:
-                parts = " + ".join(f"{i.unit} {s:g}" for i, s in shares)
-                deps = sorted({i.deployment for i in insts})
-                problems.append(f"{host}: GPU{'s' if len(gs) > 1 else ''} {', '.join(map(str, gs))} {'are' if len(gs) > 1 else 'is'} over-subscribed: {parts} = {total:.3g} of its memory (each vLLM takes its "
-                                f"--gpu-memory-utilization share of the whole GPU at start): lower engine.gpu_memory_utilization of "
-                                f"{', '.join(f'{d} ({sources[d]})' for d in deps)} so the shares sum to at most 1 (e.g. 0.9 split between them), "
-                                "or pin the deployments to different GPUs with hardware.gpu_ids")
-        # a multi-node deployment without hardware.gpu_ids owns every GPU of its hosts (its server,
-        # worker or Ray node sees them all)
-        def _cuda(dep: str) -> bool:
-            return deployments[dep]["install"]["accelerator"] == "cuda"
-
-        whole = [dep for dep, n in h.parts.items() if n.roles & SERVICE_PARTS and _cuda(dep) and _multi(deployments[dep])
-                 and not deployments[dep]["hardware"].get("gpu_ids")]
-        gpu_deps = [dep for dep, n in h.parts.items() if n.roles & SERVICE_PARTS and _cuda(dep)]
-        for w in whole[:1]:
-            other = next((d for d in gpu_deps if d != w), None)
-            if other:
-                problems.append(f"{host}: deployment {w} ({sources[w]}) is multi-node without hardware.gpu_ids, so it owns every GPU "
-                                f"of this host, and deployment {other} ({sources[other]}) needs GPUs here too: pin both with "
-                                "hardware.gpu_ids (e.g. [0, 1, 2, 3] and [4, 5, 6, 7]), or put them on different hosts")
-        # two monitored deployments on one host: one Prometheus and one node exporter per host
-        monitored = [dep for dep, n in h.parts.items() if n.roles and (deployments[dep].get("monitoring") or {}).get("enabled")]
-        if len(monitored) > 1:
-            problems.append(f"{host}: deployments {', '.join(monitored)} both have monitoring.enabled and this host is part of both: "
-                            "their monitoring files (the node exporter's and Prometheus' configuration) are one per host. "
-                            f"Set monitoring.enabled: true in one spec only ({sources[monitored[0]]}); its Prometheus watches its own "
-                            "deployment, or put the deployments on different hosts")
-        # ports used twice on one host (every listening part)
-        problems.extend(_port_problems(host, h, deployments, sources))
-        seen_proxy: dict[tuple[int, str], str] = {}
-        for dep, node in h.parts.items():
-            resolved = deployments[dep]
-            if "proxy" in node.roles:
-                key = (int(resolved["proxy"]["listen"]), str(resolved["proxy"]["server_name"]))
-                if key in seen_proxy:
-                    problems.append(f"{host}: deployments {seen_proxy[key]} and {dep} ({sources[dep]}) both serve nginx port {key[0]} with "
-                                    f"server_name {key[1]}: give each its own proxy.listen or proxy.server_name")
-                seen_proxy.setdefault(key, dep)
-        ray = [dep for dep, n in h.parts.items() if n.roles & {"ray-head", "ray-worker"}]
-        if len(ray) > 1:
-            problems.append(f"{host}: is a Ray node of {', '.join(ray)}: one Ray cluster per host; put the deployments on different hosts")
+        problems.extend(_gpu_shares(host, h, deployments, sources))
+        problems.extend(_gpu_owners(host, h, deployments, sources))
+        problems.extend(_one_per_host(host, h, deployments, sources))
 
 
 # ---------------------------------------------------------------------------------------------
+
+
+def _inventory_hosts(hosts: dict[str, HostLayout], deployments: dict[str, dict[str, Any]], inventory: dict[str, dict[str, Any]],
+                     down: set[str], sources: dict[str, str], problems: list[str]) -> None:
+    """Fill ``hosts`` with every inventory host and each deployment's parts there, then check them
+    across deployments. Bad host data raises :class:`LayoutError` at once (nothing reads a value it did not check)."""
+    # host data first, every host's at once: nothing below reads a value it did not check
+    bad = inventory_problems(inventory)
+    if bad:
+        raise LayoutError([*problems, *bad])
+    if "client" in inventory:
+        problems.append("inventory: `client` is reserved for the control machine's files; rename that host")
+    for n, (host, h) in enumerate(inventory.items()):
+        data = dict(h.get("data") or {})
+        address = str(h.get("address") or host)
+        order = (h.get("order") or {}).get("servers")
+        hosts[host] = HostLayout(host, address, str(data.get("private_address") or address), data,
+                                 order=order if order is not None else 10000 + n)
+    for name, r in deployments.items():
+        for node in _host_parts(r, inventory, down, problems, sources[name]):
+            hosts[node.target].parts[name] = node
+    for host, hl in hosts.items():
+        if hl.parts and not is_address_or_hostname(hl.address):
+            problems.append(f"host {host}: its address {hl.address!r} (the host name: no ssh_hostname) is not an IPv4 address or a "
+                            "host name, and it would go into nginx, Prometheus and the client's URL: set ssh_hostname "
+                            "(e.g. ssh_hostname: 192.0.2.10) for this host")
+    _cross_checks(hosts, deployments, sources, inventory, problems)
 
 
 def build(specs: Sequence[dict[str, Any]] | dict[str, Any], inventory: dict[str, dict[str, Any]] | None = None, *,
@@ -579,31 +650,7 @@ def build(specs: Sequence[dict[str, Any]] | dict[str, Any], inventory: dict[str,
                 h = hosts.setdefault(node.target, HostLayout(node.target, node.address, node.private, {}))
                 h.parts[name] = node
     else:
-        from vllm_fleet.spec.hostdata import inventory_problems
-
-        # host data first, every host's at once: nothing below reads a value it did not check
-        bad = inventory_problems(inventory)
-        if bad:
-            raise LayoutError([*problems, *bad])
-        if "client" in inventory:
-            problems.append("inventory: `client` is reserved for the control machine's files; rename that host")
-        for n, (host, h) in enumerate(inventory.items()):
-            data = dict(h.get("data") or {})
-            address = str(h.get("address") or host)
-            order = (h.get("order") or {}).get("servers")
-            hosts[host] = HostLayout(host, address, str(data.get("private_address") or address), data,
-                                     order=order if order is not None else 10000 + n)
-        for name, r in deployments.items():
-            for node in _host_parts(r, inventory, down_set, problems, src[name]):
-                hosts[node.target].parts[name] = node
-        from vllm_fleet.spec.hostdata import is_address_or_hostname
-
-        for host, hl in hosts.items():
-            if hl.parts and not is_address_or_hostname(hl.address):
-                problems.append(f"host {host}: its address {hl.address!r} (the host name: no ssh_hostname) is not an IPv4 address or a "
-                                "host name, and it would go into nginx, Prometheus and the client's URL: set ssh_hostname "
-                                "(e.g. ssh_hostname: 192.0.2.10) for this host")
-        _cross_checks(hosts, deployments, src, inventory, problems)
+        _inventory_hosts(hosts, deployments, inventory, down_set, src, problems)
     if problems:
         raise LayoutError(problems)
     layout = Layout(deployments, hosts, with_inventory=inventory is not None)
@@ -617,14 +664,12 @@ def build(specs: Sequence[dict[str, Any]] | dict[str, Any], inventory: dict[str,
 
 def render_entry(name: str, groups: list[str], data: dict[str, Any], down: bool = False) -> dict[str, Any]:
     """One host as the layout reads it: {"address", "groups", "data"} (only the host data the
-    layout and renderers use: :data:`vllm_fleet.render.files.HOST_DATA_KEYS` and
+    layout and renderers use: :data:`HOST_DATA_KEYS` and
     :data:`HOST_DATA_DEFAULTS`). The deploy's roles (pyinfra's host objects) and the commands
     (:func:`vllm_fleet.spec.inventory.load_inventory`) both come through here.
 
     ``down``: the rollout marks this replica down in the nginx upstream (also host data ``upstream_down``).
     """
-    from vllm_fleet.render.files import HOST_DATA_KEYS
-    from vllm_fleet.spec.hostdata import host_address
 
     out = {k: data.get(k) for k in (*HOST_DATA_KEYS, *HOST_DATA_DEFAULTS, "ssh_hostname") if data.get(k) is not None}
     out.pop("upstream_down", None)
