@@ -23,10 +23,9 @@ from __future__ import annotations
 import json
 import re
 import shlex
-from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import jinja2
 
@@ -34,7 +33,9 @@ from vllm_fleet.render import monitoring
 from vllm_fleet.render.command import RAY_TMPDIR, env_bin, env_paths, env_python, state_env, vllm_argv, vllm_env, world_size_per_node
 from vllm_fleet.render.layout import (HOST_DATA_DEFAULTS, HOST_DATA_KEYS, SERVICE_PARTS, HostLayout, Instance, Layout, Node,  # noqa: F401
                                      Secret, _cpu_sets, firewall_addresses, routing_policy, server_replicas)
-from vllm_fleet.render.secrets import describe as describe_secret
+from vllm_fleet.render.text import (HEADER, _CONTROL, _ENV_NAME, _SAFE_ARG, _SAFE_ENV_VALUE, _SAFE_NGINX, EnvRef,  # noqa: F401  (the renderer's names too)
+                                   RenderedFile, RenderError, _one_line, comment_text, describe_secret, env_file, nginx_quote,
+                                   systemd_command, systemd_quote, systemd_text)
 from vllm_fleet.spec.ports import RAY_FIXED_PORTS, RAY_WORKER_PORTS  # noqa: F401  (the renderer's names too)
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
@@ -79,109 +80,9 @@ RAY_FIREWALL_TABLE = "vllm_fleet_ray"
 RAY_FIREWALL_FILE = "/etc/vllm-fleet/ray-firewall.nft"
 RAY_FIREWALL_UNIT = "vllm-fleet-ray-firewall.service"
 
-HEADER = "Rendered by vllm-fleet for deployment {name}: edit the spec, not this file (the next deploy overwrites it)."
-
-
-@dataclass(frozen=True)
-class RenderedFile:
-    """One file to place on a host: exact content, mode, owner and group.
-
-    ``owner``/``group`` are empty for files on the control machine (target ``client``): they
-    belong to whoever runs vllm-fleet.
-    """
-
-    content: str
-    mode: int
-    owner: str = "root"
-    group: str = "root"
-
-
-class RenderError(ValueError):
-    """The spec and the inventory do not describe a deployable layout (says what to change)."""
-
-
-class EnvRef(str):
-    """An argv element that systemd expands from the unit's environment: ``${NAME}``."""
-
 
 # ---------------------------------------------------------------------------------------------
-# Formatting helpers
-
-_SAFE_ARG = re.compile(r"[A-Za-z0-9_@+=:,./-]+")
-_SAFE_ENV_VALUE = re.compile(r"[A-Za-z0-9_@+=:,./|-]*")
-_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-_SAFE_NGINX = re.compile(r"[A-Za-z0-9_@+=:,./*~-]+")
-_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
-
-
-def _one_line(value: str, what: str) -> str:
-    if _CONTROL.search(value):
-        raise RenderError(f"{what}: {value!r} holds a control character; a value must be one line")
-    return value
-
-
-def comment_text(value: Any) -> str:
-    """User input inside a comment line: printable ASCII as is, anything else escaped (a newline
-    or CR can never end the comment and start a line of its own)."""
-    return ascii(str(value))[1:-1]
-
-
-def systemd_text(value: Any) -> str:
-    """A value for a unit setting that is free text (Description=): one line, ``%`` doubled
-    (systemd expands specifiers such as %n, %h there)."""
-    return _one_line(str(value), "unit setting").replace("%", "%%")
-
-
-def nginx_quote(value: Any) -> str:
-    """One nginx directive argument: plain tokens as they are, anything else double-quoted with
-    ``\\`` and ``"`` escaped (``;``, ``#``, ``{``, ``}`` and spaces stay inside the argument).
-    ``$`` is refused: nginx would expand it as a variable even inside quotes."""
-    s = _one_line(str(value), "nginx")
-    if _SAFE_NGINX.fullmatch(s):
-        return s
-    if "$" in s:
-        raise RenderError(f"nginx: {s!r}: a `$` would be read as an nginx variable")
-    return '"' + s.replace("\\", "\\\\").replace('"', '\\"') + '"'
-
-
-def systemd_quote(arg: str) -> str:
-    """One argument as systemd's ExecStart= parser reads it back unchanged.
-
-    ``%`` (specifiers) and ``$`` (variable expansion) are doubled; anything but plain characters
-    is double-quoted with C escapes. :class:`EnvRef` elements become ``${NAME}`` on purpose.
-    """
-    if isinstance(arg, EnvRef):
-        return "${%s}" % str(arg)
-    s = str(arg).replace("%", "%%").replace("$", "$$")
-    if _SAFE_ARG.fullmatch(s):
-        return s
-    s = s.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n").replace("\t", "\\t")
-    s = _CONTROL.sub(lambda m: "\\x%02x" % ord(m.group()) if ord(m.group()) < 0x100 else "\\u%04x" % ord(m.group()), s)
-    return f'"{s}"'
-
-
-def systemd_command(argv: Iterable[str]) -> str:
-    return " ".join(systemd_quote(a) for a in argv)
-
-
-def env_file(values: dict[str, str], comments: Iterable[str] = ()) -> str:
-    """A systemd EnvironmentFile: ``KEY=value`` lines, values double-quoted when needed."""
-    lines = [f"# {comment_text(c)}" if c else "#" for c in comments]
-    for key, value in values.items():
-        if not _ENV_NAME.fullmatch(key):
-            raise RenderError(f"env: {key!r} is not a valid environment variable name")
-        value = str(value)
-        if _CONTROL.search(value):
-            raise RenderError(f"env.{key}: a value must be one line, without control characters")
-        if value == "" or not _SAFE_ENV_VALUE.fullmatch(value):
-            # single quotes are verbatim for systemd and for a shell; else double quotes with
-            # the escapes both read back the same way
-            if "'" not in value:
-                value = f"'{value}'"
-            else:
-                value = '"' + re.sub(r'([\\"`$])', r"\\\1", value) + '"'
-        lines.append(f"{key}={value}")
-    return "\n".join(lines) + "\n"
+# Templates
 
 
 @lru_cache(maxsize=1)

@@ -19,18 +19,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from vllm_fleet.render import files as render
+from vllm_fleet.render.text import describe_secret as describe  # noqa: F401  (secrets' name for it)
+
 
 class SecretError(Exception):
     pass
-
-
-def describe(ref: dict[str, Any] | None) -> str:
-    """Where a secret lives, for rendered files and messages (never the value)."""
-    if not ref:
-        return "<no secret configured>"
-    if "file" in ref:
-        return f"file {ref['file']} on the control machine"
-    return f"environment variable {ref['env']} on the control machine"
 
 
 def secret_path(ref: dict[str, Any], base_dir: Path | None = None) -> Path:
@@ -153,8 +147,6 @@ def host_secret_files(resolved: dict[str, Any], values: dict[str, Any]) -> dict[
     """{host path: content} of every file that holds a secret of the spec, as the deploy writes
     it (0600 root): the API key's env file and nginx auth include, the TLS private key. The roles
     write these, `vllm-fleet diff` compares their checksums (never their text)."""
-    from vllm_fleet.render import files as render  # late: render imports this module
-
     p = render.paths(resolved)
     key = values.get("api_key")
     out = {p["secrets_env"]: render.secrets_env_content(resolved, key) if key else "# no API key configured\n",

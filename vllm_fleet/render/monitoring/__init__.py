@@ -31,6 +31,9 @@ from typing import TYPE_CHECKING, Any
 import jinja2
 import yaml
 
+from vllm_fleet.render.text import HEADER, RenderedFile, RenderError, systemd_command
+from vllm_fleet.spec.ports import RAY_FIXED_PORTS
+
 if TYPE_CHECKING:  # pragma: no cover
     from vllm_fleet.render.layout import Node as _Node
 
@@ -81,6 +84,11 @@ def paths(resolved: dict[str, Any]) -> dict[str, str]:
     }
 
 
+def _ray_cluster(resolved: dict[str, Any]) -> bool:
+    """A multi-node deployment on a Ray cluster (its nodes export Ray's metrics)."""
+    return int(resolved["parallel"]["nodes"]) > 1 and resolved["parallel"]["backend"] == "ray"
+
+
 @lru_cache(maxsize=1)
 def _jinja() -> jinja2.Environment:
     return jinja2.Environment(loader=jinja2.FileSystemLoader(str(HERE)), undefined=jinja2.StrictUndefined,
@@ -117,8 +125,6 @@ def vllm_targets(resolved: dict[str, Any], mon_node: "_Node", all_nodes: list["_
     the monitoring host elsewhere) replica N is read at /metrics/N and /health/N: that host's
     replica alone, not the upstream's balance over all of them.
     """
-    from vllm_fleet.render.files import RenderError
-
     srv, prx = resolved["server"], resolved["proxy"]
     loopback = srv["host"] in ("127.0.0.1", "localhost", "::1")
     mon_addr = private_address(mon_node, with_inventory)
@@ -175,8 +181,6 @@ def _scrape(job: str, targets: list[tuple[str, dict[str, str]]], **extra: Any) -
 
 
 def prometheus_config(resolved: dict[str, Any], mon_node: "_Node", all_nodes: list["_Node"], with_inventory: bool) -> dict[str, Any]:
-    from vllm_fleet.render.files import RAY_FIXED_PORTS, _backend, _multi
-
     mon, name = resolved["monitoring"], resolved["name"]
     listen = f"{prometheus_address(resolved, mon_node, with_inventory)}:{mon['prometheus_port']}"
     scrapes: list[dict[str, Any]] = [_scrape("prometheus", [(listen, {"deployment": name, "replica": mon_node.target})])]
@@ -217,7 +221,7 @@ def prometheus_config(resolved: dict[str, Any], mon_node: "_Node", all_nodes: li
         for n in (n for n in all_nodes if n.roles):
             nodes.setdefault(f"{private_address(n, with_inventory)}:{mon['node_exporter_port']}", {"deployment": name, "replica": n.target})
         scrapes.append(_scrape("node", list(nodes.items())))
-    if mon["ray"] and _multi(resolved) and _backend(resolved) == "ray":
+    if mon["ray"] and _ray_cluster(resolved):
         ray = [n for n in all_nodes if n.roles & {"ray-head", "ray-worker"}]
         scrapes.append(_scrape("ray", [(f"{private_address(n, with_inventory)}:{RAY_FIXED_PORTS['metrics_export']}", {"deployment": name, "replica": n.target})
                                        for n in ray]))
@@ -240,9 +244,7 @@ def _gpu_nodes(resolved: dict[str, Any], all_nodes: list["_Node"]) -> list["_Nod
 
 
 def ray_node_count(resolved: dict[str, Any], all_nodes: list["_Node"]) -> int:
-    from vllm_fleet.render.files import _backend, _multi
-
-    if not (resolved["monitoring"]["ray"] and _multi(resolved) and _backend(resolved) == "ray"):
+    if not (resolved["monitoring"]["ray"] and _ray_cluster(resolved)):
         return 0
     return len([n for n in all_nodes if n.roles & {"ray-head", "ray-worker"}])
 
@@ -252,8 +254,6 @@ def _num(x: float) -> str:
 
 
 def rules(resolved: dict[str, Any], all_nodes: list["_Node"]) -> str:
-    from vllm_fleet.render.files import HEADER
-
     mon = resolved["monitoring"]
     a = mon["alerts"]
     return _jinja().get_template(RULES_TEMPLATE).render(
@@ -282,8 +282,6 @@ _PLAIN_ARG = re.compile(r"[A-Za-z0-9_@+=:,./\[\]-]+")
 
 def _args_file(header: str, what: str, args: list[str]) -> str:
     # Debian's units run `$ARGS` unquoted: plain words only (addresses, paths, durations).
-    from vllm_fleet.render.files import RenderError
-
     for a in args:
         if not _PLAIN_ARG.fullmatch(a):
             raise RenderError(f"monitoring: {a!r} is not a plain word (an address, path or duration): it cannot go into ARGS of {what.split(':')[0]}")
@@ -314,8 +312,6 @@ def vllm_series(exprs: list[str]) -> set[str]:
 
 def _dcgm_unit(header: str, argv: list[str]) -> str:
     """dcgm-exporter's systemd unit."""
-    from vllm_fleet.render.files import systemd_command
-
     return "\n".join([
         f"# {header}",
         "[Unit]",
@@ -336,8 +332,6 @@ def _dcgm_unit(header: str, argv: list[str]) -> str:
 
 def _exporter_files(resolved: dict[str, Any], node: "_Node", all_nodes: list["_Node"], with_inventory: bool, header: str) -> dict[str, Any]:
     """What every monitored node runs: the node exporter's settings and, on a GPU node, dcgm-exporter's fields and unit."""
-    from vllm_fleet.render.files import RenderedFile
-
     mon, p = resolved["monitoring"], paths(resolved)
     out: dict[str, Any] = {}
     addr = private_address(node, with_inventory)
@@ -356,8 +350,6 @@ def _exporter_files(resolved: dict[str, Any], node: "_Node", all_nodes: list["_N
 
 def _blackbox_files(resolved: dict[str, Any], header: str) -> dict[str, Any]:
     """The blackbox exporter's module (GET /health, the self-signed certificate accepted) and its settings."""
-    from vllm_fleet.render.files import RenderedFile
-
     p = paths(resolved)
     tls = resolved["proxy"]["tls"]
     module: dict[str, Any] = {"prober": "http", "timeout": "5s",
@@ -372,8 +364,6 @@ def _blackbox_files(resolved: dict[str, Any], header: str) -> dict[str, Any]:
 
 def _grafana_files(resolved: dict[str, Any], header: str, listen: str) -> dict[str, Any]:
     """Grafana's provisioning: the Prometheus data source at ``listen``, the dashboards' provider, the dashboard."""
-    from vllm_fleet.render.files import RenderedFile
-
     mon, p = resolved["monitoring"], paths(resolved)
     ds = {"apiVersion": 1, "datasources": [{
         "name": "vllm-fleet Prometheus", "uid": GRAFANA_DATASOURCE_UID, "type": "prometheus", "access": "proxy",
@@ -389,8 +379,6 @@ def _grafana_files(resolved: dict[str, Any], header: str, listen: str) -> dict[s
 def node_files(resolved: dict[str, Any], node: "_Node", all_nodes: list["_Node"], with_inventory: bool) -> dict[str, Any]:
     """Monitoring files of one node (empty when monitoring is off): the exporters on every
     monitored node; Prometheus, its rules, the blackbox exporter and Grafana on the monitoring node."""
-    from vllm_fleet.render.files import HEADER, RenderedFile
-
     mon = resolved["monitoring"]
     if not mon["enabled"] or not node.roles:  # a host the deploy does not touch gets nothing
         return {}
