@@ -25,14 +25,14 @@ import re
 import shlex
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable, Sequence
 
 import jinja2
 
 from vllm_fleet.render import monitoring
 from vllm_fleet.render.command import RAY_TMPDIR, env_bin, env_paths, env_python, state_env, vllm_argv, vllm_env, world_size_per_node
-from vllm_fleet.render.layout import (HOST_DATA_DEFAULTS, HOST_DATA_KEYS, SERVICE_PARTS, HostLayout, Instance, Layout, Node,  # noqa: F401
-                                     Secret, _cpu_sets, firewall_addresses, routing_policy, server_replicas)
+from vllm_fleet.render.parts import (HOST_DATA_DEFAULTS, HOST_DATA_KEYS, SERVICE_PARTS, HostLayout, Instance, Layout, LayoutError,  # noqa: F401
+                                    Node, Secret, build_parts, _cpu_sets, firewall_addresses, routing_policy, server_replicas)
 from vllm_fleet.render.text import (HEADER, _CONTROL, _ENV_NAME, _SAFE_ARG, _SAFE_ENV_VALUE, _SAFE_NGINX, EnvRef,  # noqa: F401  (the renderer's names too)
                                    RenderedFile, RenderError, _one_line, comment_text, describe_secret, env_file, nginx_quote,
                                    systemd_command, systemd_quote, systemd_text)
@@ -736,10 +736,27 @@ def fill_files(layout: Layout) -> None:
             _add(layout.client, path, f, "client")
 
 
+def build(specs: Sequence[dict[str, Any]] | dict[str, Any], inventory: dict[str, dict[str, Any]] | None = None, *,
+          down: Iterable[str] = (), sources: dict[str, str] | None = None) -> Layout:
+    """The layout of ``specs`` (resolved) on ``inventory`` ({host: {address, groups, data}}, as
+    :func:`vllm_fleet.spec.inventory.load_inventory` returns; None: per part, e.g. ``server``):
+    the parts (:func:`vllm_fleet.render.parts.build_parts`), then every file of every host.
+
+    ``down``: instance ids (``HOST:N``) or host names out of the nginx upstream (a rollout).
+    ``sources``: {deployment: spec file} for the messages. Raises :class:`LayoutError` with
+    every problem found.
+    """
+    layout = build_parts(specs, inventory, down=down, sources=sources)
+    try:
+        fill_files(layout)
+    except RenderError as exc:
+        raise LayoutError([str(exc)]) from None
+    layout.hosts = {k: v for k, v in layout.hosts.items() if v.parts or v.files}
+    return layout
+
+
 def render_many(specs: list[dict[str, Any]], inventory_hosts: dict[str, dict[str, Any]] | None = None, **kw: Any) -> dict[str, dict[str, RenderedFile]]:
     """:func:`render` of several deployments on one fleet (checked against each other)."""
-    from vllm_fleet.render.layout import LayoutError, build
-
     try:
         return build(specs, inventory_hosts, **kw).files()
     except LayoutError as exc:

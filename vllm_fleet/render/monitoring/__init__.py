@@ -26,16 +26,15 @@ import json
 import re
 from functools import lru_cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import jinja2
 import yaml
 
+from vllm_fleet.render.parts import BLACKBOX_LISTEN, Node as _Node
 from vllm_fleet.render.text import HEADER, RenderedFile, RenderError, systemd_command
 from vllm_fleet.spec.ports import RAY_FIXED_PORTS
 
-if TYPE_CHECKING:  # pragma: no cover
-    from vllm_fleet.render.layout import Node as _Node
 
 HERE = Path(__file__).resolve().parent
 DASHBOARD = HERE / "dashboard.json"
@@ -47,7 +46,6 @@ RULES_DIR = "/etc/prometheus/vllm-fleet"
 NODE_EXPORTER_DEFAULTS = "/etc/default/prometheus-node-exporter"
 BLACKBOX_DEFAULTS = "/etc/default/prometheus-blackbox-exporter"
 BLACKBOX_CONFIG = "/etc/prometheus/vllm-fleet-blackbox.yml"
-BLACKBOX_LISTEN = "127.0.0.1:9115"
 DCGM_UNIT = "/etc/systemd/system/dcgm-exporter.service"
 DCGM_COUNTERS = "/etc/dcgm-exporter/vllm-fleet-counters.csv"
 DCGM_BINARY = "/usr/local/bin/dcgm-exporter"
