@@ -250,9 +250,11 @@ esac
     s = Snapshot.parse(r.stdout.splitlines())
     s.query = q
     assert s.unit("vllm-x-0.service")["SubState"] == "auto-restart" and s.unit("vllm-x-0.service")["NRestarts"] == "3"
-    assert 49 <= s.started_ago("vllm-x-0.service") <= 60, r.stdout
+    # the script reads its clock before the stand-in systemctl runs: on a loaded machine seconds
+    # apart (48 once), so the bounds allow for that, not for a misread (0, or minutes off)
+    assert 40 <= s.started_ago("vllm-x-0.service") <= 60, r.stdout
     known, age = s.age(str(stamp))
-    assert known and 119 <= age <= 130, r.stdout
+    assert known and 110 <= age <= 130, r.stdout
     assert s.age(str(tmp_path / "nope")) == (True, None)
 
 
