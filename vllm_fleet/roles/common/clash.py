@@ -24,8 +24,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vllm_fleet.render.command import replica_gpu_utilization
+from vllm_fleet.render.layout import HostLayout
 
-from .state import Query
+from .state import Query, Snapshot
 
 UNITS = "/etc/systemd/system/vllm-*.service"
 SITES = "/etc/nginx/conf.d/vllm-fleet-*.conf"
@@ -114,7 +115,7 @@ def held_on_host(globbed: dict[str, dict[str, str | None]], unit_states: dict[st
     return out
 
 
-def wanted(ctx: dict[str, Any], h: Any) -> dict[str, Held]:
+def wanted(ctx: dict[str, Any], h: HostLayout) -> dict[str, Held]:
     """{deployment: Held} of what this deploy puts on host ``h`` (its layout)."""
     out: dict[str, Held] = {}
     for name, node in h.parts.items():
@@ -177,7 +178,7 @@ def clashes(ours: dict[str, Held], theirs: dict[str, Held], managed: set[str]) -
     return out
 
 
-def refuse(ctx: dict[str, Any], h: Any, host_name: str, snap: Any) -> None:
+def refuse(ctx: dict[str, Any], h: HostLayout, host_name: str, snap: Snapshot) -> None:
     """Raise DeployError naming every clash with a deployment already on this host; nothing
     is known (no snapshot): nothing is refused."""
     globbed = {g: snap.matching(g) for g in (UNITS, SITES, REPLICA_ENVS)}

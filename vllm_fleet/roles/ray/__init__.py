@@ -61,6 +61,7 @@ from vllm_fleet.host.programs import argv as cmd
 from vllm_fleet.roles.common import as_root, put_rendered
 from vllm_fleet.roles.vllm.facts import parse_probe
 from vllm_fleet.render import command
+from vllm_fleet.render.layout import Layout, Node
 from vllm_fleet.render import files as render
 
 from . import defaults as d
@@ -70,7 +71,7 @@ from .facts import Ipv4Interfaces, SystemdActive, detect_ifname
 __all__ = ["install_ray", "RayResult", "detect_ifname", "compare_versions", "DEFAULTS"]
 
 
-def _cluster(layout: Any, name: str) -> dict[str, Any]:
+def _cluster(layout: Layout, name: str) -> dict[str, Any]:
     """The Ray cluster of deployment ``name`` in this deploy: filled while the plan is built (the
     deploy file runs once per host), read at execute time, so that one node's conditions see
     the operations of the others. It lives in the layout (``Layout.shared``), which the deploy
@@ -149,7 +150,7 @@ def _wait_cluster(py: str, script: str, user: str, env: dict[str, str], args: li
 # ----------------------------------------------------------------------------------------------
 
 
-def _ray_role(node: Any) -> str | None:
+def _ray_role(node: Node) -> str | None:
     if node is None:
         return None
     if "ray-head" in node.roles:
@@ -160,7 +161,7 @@ def _ray_role(node: Any) -> str | None:
 
 
 @deploy("Ray node", data_defaults=DEFAULTS)
-def install_ray(spec: dict[str, Any], node: Any, layout: Any, rendered: dict[str, Any], restart_on: list | None = None) -> RayResult:
+def install_ray(spec: dict[str, Any], node: Node, layout: Layout, rendered: dict[str, Any], restart_on: list | None = None) -> RayResult:
     """
     Configure and (re)start this host's Ray node (head or worker) of a ``ray`` multi-node server.
 
@@ -254,7 +255,7 @@ def _start_node(role: str, unit: str, inputs: list, cluster: dict[str, Any]) -> 
     cluster["starts"].extend([restart, running])
 
 
-def _wait_for_cluster(spec: dict[str, Any], layout: Any, cluster: dict[str, Any]) -> None:
+def _wait_for_cluster(spec: dict[str, Any], layout: Layout, cluster: dict[str, Any]) -> None:
     """5. On the head: wait for the whole cluster (every node, every GPU) when any node (re)started."""
     p, par, srv = render.paths(spec), spec["parallel"], spec["server"]
     ray_nodes = [n for n in layout.nodes(spec["name"]) if n.roles & {"ray-head", "ray-worker"}]

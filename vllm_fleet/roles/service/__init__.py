@@ -22,10 +22,10 @@ from pyinfra.operations.util import any_changed
 from vllm_fleet.host import programs
 from vllm_fleet.host.programs import argv as cmd
 from vllm_fleet.roles.common import as_root, directory, put_rendered, put_secret, rendered_query, service_running
-from vllm_fleet.roles.common.state import Converged, Query, host_state, pending
+from vllm_fleet.roles.common.state import Converged, Query, Snapshot, host_state, pending
 from vllm_fleet.render import command
 from vllm_fleet.render import files as render
-from vllm_fleet.render.layout import LEGACY_UNIT
+from vllm_fleet.render.layout import LEGACY_UNIT, Node
 from vllm_fleet.render.secrets import host_secret_files
 from vllm_fleet.roles.smoke import chat_on_host, replica_chat, replica_chat_query
 from vllm_fleet.serving.smoke import judge_replica_chat
@@ -223,7 +223,7 @@ def applied_token(spec: dict[str, Any], rendered: dict[str, Any], inst: Any, api
     return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()
 
 
-def _instance_dirs(spec: dict[str, Any], node: Any) -> list[str]:
+def _instance_dirs(spec: dict[str, Any], node: Node) -> list[str]:
     """The state, cache and temp directories the instances' environment names (parents first)."""
     ins = spec["install"]
     dirs = sorted({v for v in command.vllm_env(spec).values() if v.startswith(ins["state_dir"] + "/")})
@@ -232,7 +232,7 @@ def _instance_dirs(spec: dict[str, Any], node: Any) -> list[str]:
     return sorted(set(dirs), key=lambda x: (x.count("/"), x))
 
 
-def state_query(spec: dict[str, Any], node: Any, rendered: dict[str, Any]) -> Query:
+def state_query(spec: dict[str, Any], node: Node, rendered: dict[str, Any]) -> Query:
     """What install_service compares against (vllm_fleet.roles.common.state): its directories,
     files (rendered, the key's env file), units and their state, the recorded configurations,
     the older release's unit and the unit directory's listing (replicas no longer in the layout)."""
@@ -246,14 +246,14 @@ def state_query(spec: dict[str, Any], node: Any, rendered: dict[str, Any]) -> Qu
                     units=tuple(i.unit for i in node.instances), ages=tuple(stamps), chats=_chats(spec, node)))
 
 
-def _chats(spec: dict[str, Any], node: Any) -> tuple[str, ...]:
+def _chats(spec: dict[str, Any], node: Node) -> tuple[str, ...]:
     """One short chat per replica of this host, read with the host's state (roles.smoke.replica_chat)."""
     if not spec["smoke"]["enabled"]:
         return ()
     return tuple(replica_chat_query(spec, i.port) for i in node.instances if i.role == "server")
 
 
-def _still_starting(snap: Any, unit: str, stamp: str, health_timeout: int, port: int | None = None,
+def _still_starting(snap: Snapshot, unit: str, stamp: str, health_timeout: int, port: int | None = None,
                     served_name: str | None = None) -> str | None:
     """Why an instance that this deploy does not restart must still be waited for, or None.
 
@@ -290,7 +290,7 @@ def _legacy_unit_script(name: str) -> str:
 
 
 @deploy("vLLM service", data_defaults=DEFAULTS)
-def install_service(spec: dict[str, Any], node: Any, rendered: dict[str, Any], api_key: str | None,
+def install_service(spec: dict[str, Any], node: Node, rendered: dict[str, Any], api_key: str | None,
                     restart_on: list | None = None, only: list[int] | None = None, prove_replicas: bool = True):
     """
     Install and (re)start this host's vLLM instances of one deployment from the layout.
@@ -334,7 +334,7 @@ def install_service(spec: dict[str, Any], node: Any, rendered: dict[str, Any], a
     return restarts
 
 
-def _service_directories(spec: dict[str, Any], node: Any, rendered: dict[str, Any]) -> None:
+def _service_directories(spec: dict[str, Any], node: Node, rendered: dict[str, Any]) -> None:
     """Each instance's own state dir and the cache and temp directories its environment names
     (ReadWritePaths must exist), Ray's temp directory (multi-node Ray), the helper scripts'
     directory. The system user and the install's directories come from
@@ -364,7 +364,7 @@ class _ServiceFiles:
     node_env: str
 
 
-def _put_service_files(spec: dict[str, Any], node: Any, rendered: dict[str, Any], api_key: str | None) -> _ServiceFiles:
+def _put_service_files(spec: dict[str, Any], node: Node, rendered: dict[str, Any], api_key: str | None) -> _ServiceFiles:
     """Everything the units name first, the key's env file (0600), the units last (a kill in
     between leaves no unit that points at a missing file)."""
     ins, p = spec["install"], render.paths(spec)
@@ -379,7 +379,7 @@ def _put_service_files(spec: dict[str, Any], node: Any, rendered: dict[str, Any]
                          secret_text=secret_text, vllm_env=p["vllm_env"], node_env=p["node_env"])
 
 
-def _stale_units(name: str, node: Any, snap: Any) -> list[str]:
+def _stale_units(name: str, node: Node, snap: Snapshot) -> list[str]:
     """Units of deployment ``name`` that the layout no longer has: an older release's
     ``vllm.service`` of it, and replicas above the current count (from the host's state read,
     else facts)."""
@@ -399,7 +399,7 @@ def _stale_units(name: str, node: Any, snap: Any) -> list[str]:
     return stale + sorted(u for u in listed.split() if u not in {i.unit for i in node.instances})
 
 
-def _remove_stale_units(name: str, node: Any, snap: Any) -> list:
+def _remove_stale_units(name: str, node: Node, snap: Snapshot) -> list:
     """Stop, disable and remove the units _stale_units finds, before the new ones start (their
     ports are then free); returns the removals (a daemon-reload follows them)."""
     removed = []
@@ -409,7 +409,7 @@ def _remove_stale_units(name: str, node: Any, snap: Any) -> list:
     return removed
 
 
-def _restart_trigger(snap: Any, path: str, op: Any, content: str) -> Any:
+def _restart_trigger(snap: Snapshot, path: str, op: Any, content: str) -> Any:
     """``op`` as a restart trigger: a put that changes only a file's owner or mode (the content
     vLLM and systemd read is the same) restarts nothing (issue 24: ``diff`` showed 644 -> 600 on
     an env file and the deploy restarted vLLM)."""
@@ -418,13 +418,13 @@ def _restart_trigger(snap: Any, path: str, op: Any, content: str) -> Any:
     return op
 
 
-def _recorded_token(snap: Any, stamp: str) -> str:
+def _recorded_token(snap: Snapshot, stamp: str) -> str:
     """The configuration an instance was last recorded healthy with (``replica-N.applied``; "" when none)."""
     known, text = snap.content(stamp)
     return ((text or "") if known else (host.get_fact(Command, StringCommand(cmd("cat", stamp), "2>/dev/null", "||", "true")) or "")).strip()
 
 
-def _failed_now(snap: Any, unit: str) -> bool:
+def _failed_now(snap: Snapshot, unit: str) -> bool:
     """Whether systemd has the unit failed now (the host's state read, else a fact)."""
     seen = snap.unit(unit)
     if seen is not None:
@@ -432,7 +432,7 @@ def _failed_now(snap: Any, unit: str) -> bool:
     return (host.get_fact(Command, StringCommand(cmd("systemctl", "is-failed", unit), "||", "true")) or "").strip() == "failed"
 
 
-def _converge_instance(spec: dict[str, Any], rendered: dict[str, Any], inst: Any, api_key: str | None, snap: Any,
+def _converge_instance(spec: dict[str, Any], rendered: dict[str, Any], inst: Any, api_key: str | None, snap: Snapshot,
                        files_: _ServiceFiles, shared: list, prove_replicas: bool) -> Any:
     """One instance: restarted when its inputs changed or it runs another configuration than
     recorded, running and enabled, waited for (and proven with a chat) when it (re)starts, its
@@ -460,7 +460,7 @@ def _converge_instance(spec: dict[str, Any], rendered: dict[str, Any], inst: Any
     return restart
 
 
-def _restart_instance(unit: str, snap: Any, relevant: list, stale_now: bool, have: str) -> Any:
+def _restart_instance(unit: str, snap: Snapshot, relevant: list, stale_now: bool, have: str) -> Any:
     """Clear the unit's failed state and restart it, when its inputs (``relevant``) changed or it
     runs an older configuration (``stale_now``); Converged when neither can be."""
     when = (lambda: True) if stale_now else any_changed(*relevant)
@@ -476,7 +476,7 @@ def _restart_instance(unit: str, snap: Any, relevant: list, stale_now: bool, hav
             if stale_now or pending(*relevant) else Converged(f"restart {unit}"))
 
 
-def _wait_instance(spec: dict[str, Any], inst: Any, snap: Any, stamp: str, triggers: list, stale_now: bool,
+def _wait_instance(spec: dict[str, Any], inst: Any, snap: Snapshot, stamp: str, triggers: list, stale_now: bool,
                    proves: bool) -> Any:
     """The health wait (``_wait_healthy`` at execute time) when the instance (re)starts
     (``triggers``: its restart, running and inputs) or systemd may still be starting it

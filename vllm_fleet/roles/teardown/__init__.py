@@ -17,8 +17,9 @@ from pyinfra.operations.util import any_changed
 from vllm_fleet.host.programs import argv as cmd
 from vllm_fleet.render import files as render
 from vllm_fleet.render import monitoring
+from vllm_fleet.render.layout import Node
 from vllm_fleet.roles.common import clash, op_per
-from vllm_fleet.roles.common.state import Query
+from vllm_fleet.roles.common.state import Query, Snapshot
 from vllm_fleet.roles.monitoring import SERVICE_OF
 from vllm_fleet.roles.ray import defaults as ray_defaults
 from vllm_fleet.roles.service import defaults as service_defaults
@@ -59,7 +60,7 @@ LEFTOVER_PATHS = ("vllm_env", "secrets_env", "node_env", "wait_ray", "wait_healt
                   "api_firewall_rules", "api_firewall_unit", "ray_firewall_rules", "ray_firewall_unit")
 
 
-def leftover_query(spec: dict[str, Any], node: Any, rendered: dict[str, Any]) -> Query:
+def leftover_query(spec: dict[str, Any], node: Node | None, rendered: dict[str, Any]) -> Query:
     """What the deploy's one state read must see to find this deployment's leftovers on the host
     (:func:`leftovers`): its fixed paths that this host's layout does not render, and its
     replicas' env files."""
@@ -67,7 +68,7 @@ def leftover_query(spec: dict[str, Any], node: Any, rendered: dict[str, Any]) ->
                  globs=(clash.UNITS, f"{spec['install']['config_dir'].rstrip('/')}/replica-*.env"))
 
 
-def _leftover_candidates(spec: dict[str, Any], node: Any, rendered: dict[str, Any]) -> list[str]:
+def _leftover_candidates(spec: dict[str, Any], node: Node | None, rendered: dict[str, Any]) -> list[str]:
     p = render.paths(spec)
     out = {p[k] for k in LEFTOVER_PATHS} | set(monitoring.paths(spec).values())
     if node is not None and "proxy" in node.roles:  # the roles' own files beside a site still here
@@ -75,7 +76,7 @@ def _leftover_candidates(spec: dict[str, Any], node: Any, rendered: dict[str, An
     return sorted(out - set(rendered))
 
 
-def leftovers(spec: dict[str, Any], node: Any, rendered: dict[str, Any], snap: Any) -> list[str]:
+def leftovers(spec: dict[str, Any], node: Node | None, rendered: dict[str, Any], snap: Snapshot) -> list[str]:
     """Paths on this host (as the state read of :func:`leftover_query` saw them) that an earlier
     deploy of this deployment put there and this host's layout no longer gives it: its fixed
     paths, and (when no instance of it is left here: the service role removes the units of fewer
