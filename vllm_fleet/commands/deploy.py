@@ -256,12 +256,22 @@ def checked_plan(args: argparse.Namespace, command: str, nothing: str) -> tuple[
         return None
 
 
-def cmd_deploy(args: argparse.Namespace, runner: Callable[[list[str]], int] | None = None) -> int:
-    planned = checked_plan(args, "deploy", "nothing was deployed")
+def checked_before_any_host(args: argparse.Namespace, command: str, nothing: str,
+                            runner: Callable[[list[str]], int] | None) -> tuple[list[Any], list[str]] | int:
+    """What `deploy` and `down` do before pyinfra: the checks (local: spec, inventory, fleet),
+    then, without -y, the refusal to ask on no terminal. ``(deployments, data)``, or the exit code."""
+    planned = checked_plan(args, command, nothing)
     if planned is None:
         return EXIT_INPUT
-    if runner is None and no_terminal(args, "deploy"):  # after the checks (local), before any host
+    if runner is None and no_terminal(args, command):  # after the checks (local), before any host
         return EXIT_USAGE
+    return planned
+
+
+def cmd_deploy(args: argparse.Namespace, runner: Callable[[list[str]], int] | None = None) -> int:
+    planned = checked_before_any_host(args, "deploy", "nothing was deployed", runner)
+    if isinstance(planned, int):
+        return planned
     deployments, data = planned
     for d in deployments:
         for w in d.warnings:

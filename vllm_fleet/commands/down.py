@@ -17,18 +17,16 @@ import argparse
 import sys
 from typing import Any, Callable
 
-from vllm_fleet.commands.deploy import (EXIT_INPUT, EXIT_OK, EXIT_PYINFRA, EXIT_USAGE, again_command, checked_plan, no_terminal,
-                                        pyinfra_argv, run_pyinfra, summary)
+from vllm_fleet.commands.deploy import (EXIT_OK, EXIT_PYINFRA, again_command, checked_before_any_host, pyinfra_argv,
+                                        run_pyinfra, summary)
 
 DOWN = "vllm_fleet.deploys.down.down"
 
 
 def cmd_down(args: argparse.Namespace, runner: Callable[[list[str]], int] | None = None) -> int:
-    planned = checked_plan(args, "down", "nothing was removed")
-    if planned is None:
-        return EXIT_INPUT
-    if runner is None and no_terminal(args, "down"):  # after the checks (local), before any host
-        return EXIT_USAGE
+    planned = checked_before_any_host(args, "down", "nothing was removed", runner)
+    if isinstance(planned, int):
+        return planned
     deployments, data = planned
     if args.purge:
         data = [*data, "vllm_fleet_purge=true"]
