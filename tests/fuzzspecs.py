@@ -46,7 +46,7 @@ from vllm_fleet.commands import cli
 
 from vllm_fleet.render import files as render
 
-from vllm_fleet.spec import load as specmod
+from vllm_fleet.spec import document, load as specmod
 
 REPO = Path(__file__).resolve().parent.parent
 BASES = {p.stem: yaml.safe_load(p.read_text()) for p in sorted((REPO / "deployments").glob("*.yaml"))}
@@ -74,7 +74,7 @@ def _schema_paths() -> list[tuple[str, ...]]:
 
     def walk(node: dict[str, Any], prefix: tuple[str, ...]) -> None:
         if "$ref" in node:
-            node = {**specmod._deref(node["$ref"]), **node}
+            node = {**document._deref(node["$ref"]), **node}
         props = node.get("properties")
         if not props:
             out.append(prefix)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from typing import Any, Callable
 
-from vllm_fleet.spec.load import HOST_PATH, Problem, Spec
+from vllm_fleet.spec.document import HOST_PATH, Problem, Spec
 from vllm_fleet.spec.ports import RAY_FIXED_PORTS, RAY_WORKER_PORTS
 
 #: The schema's pattern for model.served_name (the name taken from `source` must fit it too).

@@ -14,7 +14,7 @@ from typing import Any
 from vllm_fleet.spec import catalog
 
 from vllm_fleet.spec import planner
-from vllm_fleet.spec.load import Problem, Spec, did_you_mean
+from vllm_fleet.spec.document import Problem, Spec, did_you_mean
 
 FP8_MIN_CC = 8.9      # FP8 compute: Ada Lovelace (sm_89) and Hopper (sm_90)
 MARLIN_MIN_CC = 8.0   # Marlin kernels (awq_marlin, gptq_marlin): Ampere and newer
