@@ -30,10 +30,10 @@ from pyinfra import host
 
 from vllm_fleet.render import monitoring as _monitoring
 from vllm_fleet.render.files import paths as render_paths
-from vllm_fleet.render.layout import SERVICE_PARTS
+from vllm_fleet.render.layout import SERVICE_PARTS, HostLayout
 from vllm_fleet.roles import nginx, router, service, teardown
 from vllm_fleet.roles.common import clash, host_layout, load_deploy_spec, preflight, write_generated_secrets
-from vllm_fleet.roles.common.state import Query, load_host_state
+from vllm_fleet.roles.common.state import Query, Snapshot, load_host_state
 from vllm_fleet.roles.monitoring import install_monitoring
 from vllm_fleet.roles.nginx import install_nginx
 from vllm_fleet.roles.ray import install_ray
@@ -43,7 +43,7 @@ from vllm_fleet.roles.smoke import run_smoke
 from vllm_fleet.roles.teardown import leftovers, remove_deployment
 
 
-def state_query(ctx: dict, h) -> Query:
+def state_query(ctx: dict, h: HostLayout | None) -> Query:
     """What the roles serve() runs on this host compare against (vllm_fleet.roles.common.state);
     ``h`` None (no part here): only what earlier deploys may have left."""
     rendered = dict(h.files) if h else {}
@@ -88,51 +88,22 @@ def serve() -> None:
     # vLLM beyond loopback: one firewall over every deployment's instances here, before they start
     if any(n.instances for n in h.parts.values()):
         api_firewall(rendered=rendered)
-    for name, node in h.parts.items():
-        if not node.roles & SERVICE_PARTS:
-            continue
-
-        spec, secrets = ctx["specs"][name], ctx["all_secrets"][name]
-        # driver, service user and dirs, env, system libraries, vLLM, model (as deploys/rollout.py)
-        vllm_changed, model_changed = install_server_stack(spec=spec, hub_token=secrets["hub_token"])
-        restart_on = [*vllm_changed, *model_changed]
-        service_files = rendered
-        if node.roles & {"ray-head", "ray-worker"}:
-            ray = install_ray(spec=spec, node=node, layout=ctx["layout"], rendered=rendered, restart_on=vllm_changed)
-            service_files = {path: f for path, f in rendered.items() if path not in ray.owned}
-            restart_on += [*ray.env_ops, ray.cluster_restarted]
-        if node.instances:
-            install_service(spec=spec, node=node, rendered=service_files, api_key=secrets["api_key"], restart_on=restart_on)
-
-    for name, node in h.parts.items():
-        if "proxy" not in node.roles:
-            continue
-
-        sec = ctx["all_secrets"][name]
-        if "router" in node.roles:  # cache_aware: the router serves before nginx points at it
-            install_router(spec=ctx["specs"][name], rendered=rendered)
-        install_nginx(spec=ctx["specs"][name], rendered=rendered, api_key=sec["api_key"],
-                      tls_key=sec["tls_key"], tls_certificate=sec["tls_certificate"])
-        if "router" not in node.roles:  # after nginx stopped pointing at it
-            remove_router(spec=ctx["specs"][name], rendered=rendered)
+    install_servers(ctx, h, rendered)
+    install_proxies(ctx, h, rendered)
     for name, node in h.parts.items():  # after every site is in: each deployment's own checks
-        if "proxy" not in node.roles:
-            continue
-
-        local = [i.port for i in node.instances if i.role == "server"]
-        run_smoke(spec=ctx["specs"][name], api_key=ctx["all_secrets"][name]["api_key"], local_port=local[0] if local else None)
-
+        if "proxy" in node.roles:
+            local = [i.port for i in node.instances if i.role == "server"]
+            run_smoke(spec=ctx["specs"][name], api_key=ctx["all_secrets"][name]["api_key"], local_port=local[0] if local else None)
     # Monitoring last (monitoring.enabled): exporters on every host above, Prometheus on `monitoring` hosts.
     for name in h.parts:
         spec = ctx["specs"][name]
         if spec["monitoring"]["enabled"] and set(rendered) & set(_monitoring.paths(spec).values()):
             install_monitoring(spec=spec, rendered=rendered)
-
     # Last, once the new parts serve: what the layout no longer gives this host
     prune_leftovers(ctx, h, snap)
 
 
-def prune_leftovers(ctx: dict, h, snap) -> bool:
+def prune_leftovers(ctx: dict, h: HostLayout | None, snap: Snapshot) -> bool:
     """Remove what an earlier deploy of these deployments put on this host and the layout no
     longer gives it (monitoring turned off, the proxy moved, the deployment dropped from the
     host's data): the teardown role on just those paths (vllm_fleet.roles.teardown.leftovers).
@@ -145,3 +116,36 @@ def prune_leftovers(ctx: dict, h, snap) -> bool:
             remove_deployment(spec=spec, rendered=rendered, paths=paths)
             found = True
     return found
+
+
+def install_servers(ctx: dict, h: HostLayout, rendered: dict) -> None:
+    """Per deployment with a server part here: driver, service user and dirs, env, system
+    libraries, vLLM, model (as deploys/rollout.py), its Ray node, then its vLLM units."""
+    for name, node in h.parts.items():
+        if not node.roles & SERVICE_PARTS:
+            continue
+        spec, secrets = ctx["specs"][name], ctx["all_secrets"][name]
+        vllm_changed, model_changed = install_server_stack(spec=spec, hub_token=secrets["hub_token"])
+        restart_on = [*vllm_changed, *model_changed]
+        service_files = rendered
+        if node.roles & {"ray-head", "ray-worker"}:
+            ray = install_ray(spec=spec, node=node, layout=ctx["layout"], rendered=rendered, restart_on=vllm_changed)
+            service_files = {path: f for path, f in rendered.items() if path not in ray.owned}
+            restart_on += [*ray.env_ops, ray.cluster_restarted]
+        if node.instances:
+            install_service(spec=spec, node=node, rendered=service_files, api_key=secrets["api_key"], restart_on=restart_on)
+
+
+def install_proxies(ctx: dict, h: HostLayout, rendered: dict) -> None:
+    """Per deployment this host proxies: vLLM's router first (cache_aware: it serves before
+    nginx points at it), nginx, then the router removed where the policy no longer uses it
+    (after nginx stopped pointing at it)."""
+    for name, node in h.parts.items():
+        if "proxy" not in node.roles:
+            continue
+        spec, sec = ctx["specs"][name], ctx["all_secrets"][name]
+        if "router" in node.roles:
+            install_router(spec=spec, rendered=rendered)
+        install_nginx(spec=spec, rendered=rendered, api_key=sec["api_key"], tls_key=sec["tls_key"], tls_certificate=sec["tls_certificate"])
+        if "router" not in node.roles:
+            remove_router(spec=spec, rendered=rendered)

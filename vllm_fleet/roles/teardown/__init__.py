@@ -145,20 +145,34 @@ def remove_deployment(spec: dict[str, Any], rendered: dict[str, Any], purge: boo
     owned = [line.strip() for line in (host.get_fact(Command, owned_script(spec, paths)) or "").splitlines() if line.strip()]
     units = [x for x in owned if x.startswith(UNIT_DIR) and x.endswith(UNIT_SUFFIXES)]
 
-    # 1. units: stopped and disabled before their files go (the firewall unit's stop deletes its table)
-    # (op_per: one operation per unit or path on every host, so hosts with different files do
-    # not show merged or repeated names in pyinfra's output)
+    _stop(spec, owned, units)
+    removed = _remove_files(owned, units)
+    if p["nginx_site"] in owned:
+        _reload_nginx(removed[p["nginx_site"]])
+    _remove_directories(spec, owned, removed, purge=purge, install_time=not pruning)
+    if not owned and not purge and not pruning:
+        host.noop(f"nothing of deployment {spec['name']} on this host")
+
+
+def _stop(spec: dict[str, Any], owned: list[str], units: list[str]) -> None:
+    """1. units: stopped and disabled before their files go (the firewall unit's stop deletes its
+    table); 2. exporters and Prometheus whose configuration is this deployment's, once each.
+    (op_per: one operation per unit or path on every host, so hosts with different files do not
+    show merged or repeated names in pyinfra's output.)"""
     for unit_path in units:
         unit = unit_path[len(UNIT_DIR):]
         with op_per(unit_path):
             systemd.service(name=f"Stop and disable {unit}", service=unit, running=False, enabled=False)
-    # 2. exporters and Prometheus whose configuration is this deployment's: stopped, disabled
     mon = monitoring.paths(spec)
-    for service in dict.fromkeys(svc for key, svc in SERVICE_OF.items() if mon.get(key) in owned):  # once each
+    for service in dict.fromkeys(svc for key, svc in SERVICE_OF.items() if mon.get(key) in owned):
         with op_per(service):
             systemd.service(name=f"Stop and disable {service} (its configuration was {spec['name']}'s)",
                             service=service, running=False, enabled=False)
-    # 3. the files
+
+
+def _remove_files(owned: list[str], units: list[str]) -> dict[str, Any]:
+    """3. the files; systemd reloaded and the removed units' failed state reset; the firewall
+    tables deleted. {path: its remove operation}."""
     removed = {}
     for x in owned:
         with op_per(x):
@@ -177,14 +191,21 @@ def remove_deployment(spec: dict[str, Any], rendered: dict[str, Any], purge: boo
             with op_per(table):
                 server.shell(name=f"Delete nftables table inet {table}",
                              commands=[f"if nft list table inet {table} >/dev/null 2>&1; then nft delete table inet {table}; fi"])
-    # 4. nginx without the site: validated, then reloaded (never restarted)
-    if p["nginx_site"] in owned:
-        site = removed[p["nginx_site"]]
-        active = (host.get_fact(Command, "systemctl is-active nginx 2>/dev/null || true") or "").strip() == "active"
-        server.shell(name="nginx -t (validate before reload)", commands=["nginx -t"], _if=site.did_change)
-        if active:
-            systemd.service(name="Reload nginx (site removed)", service="nginx", reloaded=True, _if=site.did_change)
-    # 5. --purge: environment, weights, caches, config directory (the deployment's own directories)
+    return removed
+
+
+def _reload_nginx(site: Any) -> None:
+    """4. nginx without the site: validated, then reloaded (never restarted) when it runs."""
+    active = (host.get_fact(Command, "systemctl is-active nginx 2>/dev/null || true") or "").strip() == "active"
+    server.shell(name="nginx -t (validate before reload)", commands=["nginx -t"], _if=site.did_change)
+    if active:
+        systemd.service(name="Reload nginx (site removed)", service="nginx", reloaded=True, _if=site.did_change)
+
+
+def _remove_directories(spec: dict[str, Any], owned: list[str], removed: dict[str, Any], purge: bool, install_time: bool) -> None:
+    """5. the replicas' .applied records; with purge the deployment's own directories
+    (environment, weights, caches, configuration), else (``install_time``) what only an install
+    needs, and the configuration directory when it held only this deployment's files."""
     cfg = spec["install"]["config_dir"].rstrip("/")
     # the service role's record of what each instance runs (replica-N.applied beside its replica-N.env)
     for x in sorted(owned):
@@ -198,7 +219,7 @@ def remove_deployment(spec: dict[str, Any], rendered: dict[str, Any], purge: boo
         for d in sorted({ins["prefix"], ins["state_dir"], spec["model"]["path"], cfg}):
             with op_per(d):
                 files.directory(name=f"Remove {d} (purge)", path=d, present=False)
-    elif not pruning:
+    elif install_time:
         # what only an install needs (uploaded wheels, uv's cache): never kept after down; the
         # environment itself stays (vllm_fleet_purge removes it)
         prefix = spec["install"]["prefix"].rstrip("/")
@@ -208,6 +229,3 @@ def remove_deployment(spec: dict[str, Any], rendered: dict[str, Any], purge: boo
     if not purge and in_cfg:  # it held only this deployment's rendered files
         server.shell(name=f"Remove {cfg} if empty", commands=[cmd("rmdir", "--ignore-fail-on-non-empty", cfg)],
                      _if=any_changed(*in_cfg))
-    if not owned and not purge and not pruning:
-        host.noop(f"nothing of deployment {spec['name']} on this host")
-
