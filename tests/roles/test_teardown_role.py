@@ -151,13 +151,13 @@ def test_leftovers_are_what_the_layout_no_longer_gives_the_host(replicas):
     resolved, rendered = replicas
     lab1, lab2_had = dict(rendered["lab1"]), sorted(rendered["lab2"])
     assert "/etc/systemd/system/vllm-lab-tiny-replicas-0.service" in lab2_had and "/etc/vllm-fleet/api-firewall.nft" in lab2_had
-    envs = "/etc/vllm-fleet/lab-tiny-replicas/replica-*.env"
+    envs = clash.REPLICA_ENVS  # the default config_dir: the glob the clash check reads anyway
     # lab2, no part of the layout any more: everything of the deployment that is there
     q = leftover_query(resolved, None, {})
     assert set(q.globs) == {clash.UNITS, envs}
     units = [p for p in lab2_had if p.startswith("/etc/systemd/system/vllm-lab-tiny-replicas-")]
     snap = _snap(lab2_had, q, {clash.UNITS: [*units, "/etc/systemd/system/vllm-lab-tiny-replicas-x-0.service"],
-                                           envs: [p for p in lab2_had if "/replica-" in p]})
+                                           envs: [*(p for p in lab2_had if "/replica-" in p), "/etc/vllm-fleet/other/replica-0.env"]})
     assert leftovers(resolved, None, {}, snap) == sorted(lab2_had)  # not the other deployment's unit
     # lab1 converged: nothing (its own files are rendered for it, the TLS files and router unit are the roles')
     class Node:

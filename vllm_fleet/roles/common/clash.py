@@ -41,6 +41,12 @@ def query() -> Query:
     return Query(globs=(UNITS, SITES, REPLICA_ENVS))
 
 
+def unit_of(path: str) -> str | None:
+    """The deployment whose replica unit ``path`` is (``vllm-NAME-N.service``), else None."""
+    m = _UNIT.match(path)
+    return m.group("name") if m else None
+
+
 @dataclass
 class Held:
     """What one deployment holds on a host: {port: where}, {gpu: where}, [(listen, server_name,

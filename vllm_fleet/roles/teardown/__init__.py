@@ -5,7 +5,7 @@ environments and weights stay unless purged. Other deployments on the host are l
 
 from __future__ import annotations
 
-import re
+import fnmatch
 from typing import Any
 
 from pyinfra import host
@@ -64,8 +64,14 @@ def leftover_query(spec: dict[str, Any], node: Node | None, rendered: dict[str, 
     """What the deploy's one state read must see to find this deployment's leftovers on the host
     (:func:`leftovers`): its fixed paths that this host's layout does not render, and its
     replicas' env files."""
-    return Query(stat=tuple(_leftover_candidates(spec, node, rendered)),
-                 globs=(clash.UNITS, f"{spec['install']['config_dir'].rstrip('/')}/replica-*.env"))
+    return Query(stat=tuple(_leftover_candidates(spec, node, rendered)), globs=(clash.UNITS, _replica_envs(spec)))
+
+
+def _replica_envs(spec: dict[str, Any]) -> str:
+    """The glob of the replicas' env files: clash's own (already read for every deploy) when
+    install.config_dir is the default place, else one under config_dir."""
+    cfg = spec["install"]["config_dir"].rstrip("/")
+    return clash.REPLICA_ENVS if fnmatch.fnmatch(f"{cfg}/replica-0.env", clash.REPLICA_ENVS) else f"{cfg}/replica-*.env"
 
 
 def _leftover_candidates(spec: dict[str, Any], node: Node | None, rendered: dict[str, Any]) -> list[str]:
@@ -84,10 +90,9 @@ def leftovers(spec: dict[str, Any], node: Node | None, rendered: dict[str, Any],
     names this deployment is checked before removal (:func:`owned_script`)."""
     found = [x for x in _leftover_candidates(spec, node, rendered) if snap.path(x)[1] is not None]
     if node is None or not node.instances:
-        unit = re.compile(rf"^{re.escape(UNIT_DIR)}vllm-{re.escape(spec['name'])}-\d+\.service$")
-        env_glob = f"{spec['install']['config_dir'].rstrip('/')}/replica-*.env"
-        found += [x for x in (snap.matching(clash.UNITS) or {}) if unit.match(x) and x not in rendered]
-        found += [x for x in (snap.matching(env_glob) or {}) if x not in rendered]
+        mine = spec["install"]["config_dir"].rstrip("/") + "/replica-"
+        found += [x for x in (snap.matching(clash.UNITS) or {}) if clash.unit_of(x) == spec["name"] and x not in rendered]
+        found += [x for x in (snap.matching(_replica_envs(spec)) or {}) if x.startswith(mine) and x not in rendered]
     return sorted(set(found))
 
 
