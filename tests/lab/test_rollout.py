@@ -39,6 +39,7 @@ import pytest
 import yaml
 
 from labkit import REPO, LabHost, copy_tree, run
+from test_deploy import changed_ops, grand_total
 
 pytestmark = pytest.mark.lab
 
@@ -221,8 +222,8 @@ def test_requests_reach_every_instance_each_on_its_own_cores(fleet):
 def test_second_deploy_changes_nothing(fleet):
     r = deploy(fleet["inv"], fleet["specs"]["base"])
     assert r.returncode == 0, r.out[-4000:]
-    m = re.search(r"Grand total\s+(\S+)\s+(\S+)\s+(\S+)\s+(\S+)", r.out)
-    assert m and m.group(2) == "-" and m.group(3) == "-", r.out[-5000:]
+    total = grand_total(r.out)
+    assert total["changed"] == "-" and total["error"] == "-", (changed_ops(r.out), total)
     RESULTS["noop_deploy_s"] = round(r.elapsed, 1)
 
 
@@ -392,5 +393,5 @@ def test_a_host_dropped_from_the_deployment_loses_its_part(fleet):
     assert lab2.ssh(f"test -x {ENV_DIR}/bin/python", user="root", check=False).returncode == 0  # the environment stays
     assert lab1.ssh("systemctl is-active vllm-lab-tiny-b-0.service", user="root").stdout.strip() == "active"
     again = deploy(inv, SINGLE)
-    m = re.search(r"Grand total\s+(\S+)\s+(\S+)\s+(\S+)\s+(\S+)", again.out)
-    assert again.returncode == 0 and m and m.group(2) == "-" and m.group(3) == "-", again.out[-5000:]
+    total = grand_total(again.out)
+    assert again.returncode == 0 and total["changed"] == "-" and total["error"] == "-", (changed_ops(again.out), total)
