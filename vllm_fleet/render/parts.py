@@ -50,7 +50,7 @@ from typing import Any, Iterable, Sequence
 
 from vllm_fleet.render.command import world_size_per_node
 from vllm_fleet.spec.hostdata import host_address, inventory_problems, is_address_or_hostname
-from vllm_fleet.spec.planner import replica_gpu_utilization, replicas_per_gpu
+from vllm_fleet.spec.planner import replica_gpu_utilization, replicas_per_gpu, shares_fit_one_gpu
 from vllm_fleet.spec.ports import RAY_FIXED_PORTS, RAY_WORKER_PORTS
 
 #: The blackbox exporter's address on the monitoring host (loopback: only Prometheus probes through it).
@@ -527,7 +527,7 @@ def _gpu_shares(host: str, h: HostLayout, deployments: dict[str, dict[str, Any]]
         insts = users[gs[0]]
         shares = [(i, replica_gpu_utilization(deployments[i.deployment])) for i in insts]
         total = sum(s for _, s in shares)
-        if len(shares) > 1 and total > 1.0 + 1e-9:
+        if len(shares) > 1 and not shares_fit_one_gpu([s for _, s in shares]):
             parts = " + ".join(f"{i.unit} {s:g}" for i, s in shares)
             deps = sorted({i.deployment for i in insts})
             out.append(f"{host}: GPU{'s' if len(gs) > 1 else ''} {', '.join(map(str, gs))} {'are' if len(gs) > 1 else 'is'} over-subscribed: {parts} = {total:.3g} of its memory (each vLLM takes its "

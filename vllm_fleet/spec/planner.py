@@ -181,6 +181,13 @@ def replica_gpu_utilization(resolved: dict[str, Any]) -> float:
     return util if n == 1 else round(util / n, 4)
 
 
+def shares_fit_one_gpu(shares: list[float]) -> bool:
+    """Whether vLLMs with these --gpu-memory-utilization shares fit on one GPU together: each
+    takes its share of the whole GPU at start, so they sum to at most 1 (the layout's check of one
+    deploy, and the clash check against deployments already on a host)."""
+    return sum(shares) <= 1.0 + 1e-9
+
+
 def _plan_gpu(resolved: dict[str, Any], gpu: str | None) -> dict[str, Any]:
     """The catalogue entry of the GPU planned for: ``gpu``, else hardware.gpu (cpu for the CPU build)."""
     gname = gpu or resolved["hardware"].get("gpu") or ("cpu" if resolved["install"]["accelerator"] == "cpu" else None)

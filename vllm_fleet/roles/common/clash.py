@@ -23,8 +23,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from vllm_fleet.render.command import replica_gpu_utilization
 from vllm_fleet.render.layout import HostLayout
+from vllm_fleet.spec.planner import replica_gpu_utilization, shares_fit_one_gpu
 
 from .state import Query, Snapshot
 
@@ -147,9 +147,10 @@ def _gpu_clash(gpu: int, name: str, ours: dict[str, Held], theirs: dict[str, Hel
     sees what it took). A unit whose share is not known takes the whole GPU."""
     mine = [(u, s) for w in ours.values() for u, s in w.on_gpu(gpu).items()]
     others = [(o, u, s) for o, h in sorted(theirs.items()) if o not in managed for u, s in h.on_gpu(gpu).items()]
-    total = sum(s for _, s in mine) + sum(s for _, _, s in others)
-    if total <= 1.0 + 1e-9:
+    shares = [s for _, s in mine] + [s for _, _, s in others]
+    if shares_fit_one_gpu(shares):
         return None
+    total = sum(shares)
     unit, their = ours[name].gpus[gpu], theirs[other].gpus[gpu]
     if not theirs[other].shares:
         return (f"GPU {gpu} ({unit}) is used by deployment {other!r} ({their}): "
