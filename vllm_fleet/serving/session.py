@@ -20,7 +20,8 @@ from vllm_fleet.render import command
 from vllm_fleet.render.layout import LayoutError
 from vllm_fleet.render.secrets import SecretError, read_secret
 from vllm_fleet.spec.inventory import InventoryError, load_inventory
-from vllm_fleet.spec.load import SpecError, load, load_and_check
+from vllm_fleet.spec.load import SpecError
+from vllm_fleet.spec.pipeline import load_checked
 
 HOST_SCRIPT = Path(__file__).resolve().parent / "benchhost.py"
 BOOTSTRAP = ("import json,sys; d=json.loads(sys.stdin.readline()); "
@@ -106,8 +107,7 @@ def spec_digest(path: str) -> str:
 def load_fleet(inventory: str, spec_path: str, need_key: bool = True) -> tuple[dict[str, Any], Any, FleetView, str | None]:
     """(resolved spec, Spec, view, API key or None when not ``need_key``): every problem as BenchError, nothing touched."""
     try:
-        resolved, _ = load_and_check(spec_path)
-        spec = load(spec_path)
+        resolved, _, spec = load_checked(spec_path)  # the spec read once
     except SpecError as exc:
         text = "\n".join(f"  {p.format()}" for p in exc.problems if p.severity == "error")
         raise BenchError(f"{spec_path}: the spec has errors:\n{text}") from None

@@ -23,8 +23,9 @@ settings on one replica of a live fleet, judged by vLLM's own serving benchmark.
    evidence in comments) and ``tuned-spec.yaml`` (the spec with it merged, validated) for
    ``vllm-fleet rollout``. No winner: how close the best point came.
 
-Wall time per point: restart, warm-up, search. Core module: no pyinfra import (pyinfra runs as a
-subprocess, as in :mod:`vllm_fleet.commands.rollout`).
+Wall time per point: restart, warm-up, search. The deploys run pyinfra as a subprocess (as
+:mod:`vllm_fleet.commands.rollout` does); the host sessions go through vllm_fleet.host's transport
+(pyinfra's connectors).
 """
 
 from __future__ import annotations
