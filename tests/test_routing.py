@@ -197,3 +197,51 @@ def test_session_keeps_a_conversation_on_one_replica_and_spreads_the_rest(tmp_pa
         proc.wait(timeout=10)
         for s in servers:
             s.shutdown()
+
+
+def test_prefix_counters_and_main_pids_are_read_on_the_host_through_the_transport(tmp_path):
+    """`bench --multi-turn` reads each replica's counters and vLLM PID on its host (here @local,
+    pyinfra's local connector: the same transport as ssh): a /metrics stand-in on loopback, and
+    a stand-in systemctl on PATH. Both readers were left calling an ssh helper that no longer
+    existed (ImportError at the first policy)."""
+    import os
+    import sys
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from vllm_fleet.host.fleetview import FleetView, Replica
+    from vllm_fleet.serving import multiturn
+
+    class Metrics(BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802
+            body = ('# HELP x\nvllm:prefix_cache_hits_total{model_name="tiny"} 30.0\n'
+                    'vllm:prefix_cache_queries_total{model_name="tiny"} 40.0\n'
+                    'vllm:request_success_total{finished_reason="stop",model_name="tiny"} 2.0\n'
+                    'vllm:request_success_total{finished_reason="length",model_name="tiny"} 3.0\n').encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *a):
+            pass
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), Metrics)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    bin_ = tmp_path / "bin"
+    bin_.mkdir()
+    (bin_ / "systemctl").write_text("#!/bin/sh\necho 4242\n")
+    (bin_ / "systemctl").chmod(0o755)
+    old_path = os.environ["PATH"]
+    os.environ["PATH"] = f"{bin_}:{old_path}"
+    try:
+        rep = Replica(host="@local", index=0, address="127.0.0.1", unit="vllm-x-0.service", unit_path="/etc/systemd/system/vllm-x-0.service",
+                      port=srv.server_address[1], env_file="/etc/vllm-fleet/x/replica-0.env", files=())
+        view = FleetView(replicas=[rep], proxies=[], proxy_listen=None, hosts={"@local": {"data": {}}})
+        got = multiturn.prefix_counters(view, sys.executable)
+        assert got == {"@local:0": {"hits": 30.0, "queries": 40.0, "requests": 5.0}}, got
+        assert multiturn.main_pids(view) == {"@local:0": "4242"}
+    finally:
+        os.environ["PATH"] = old_path
+        srv.shutdown()
+        srv.server_close()

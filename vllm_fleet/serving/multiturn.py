@@ -28,11 +28,14 @@ import re
 import subprocess
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from typing import Any, Callable
 
 import requests
 
+from vllm_fleet.host import programs
+from vllm_fleet.host.transport import Transport
 from vllm_fleet.serving.session import load_fleet
 
 #: Short common English words: about one token each for Qwen/Llama tokenizers.
@@ -199,21 +202,27 @@ def parse_counters(text: str) -> dict[str, float]:
     return out
 
 
-def prefix_counters(view: Any, python: str, run: Callable[..., Any] = subprocess.run) -> dict[str, dict[str, float]]:
-    """``{replica id: {"hits", "queries", "requests"}}`` read on every replica's host."""
-    from vllm_fleet.host.fleetview import remote
-    from vllm_fleet.host.programs import script  # (pyinfra's command types: this module stays importable without them)
-
-    counters_py = script("replica_counters.py")  # its /metrics from loopback, the counters wanted (one JSON line)
+def prefix_counters(view: Any, python: str, transport: Transport | None = None) -> dict[str, dict[str, float]]:
+    """``{replica id: {"hits", "queries", "requests"}}``, read on every replica's host through the
+    one transport (host/scripts/replica_counters.py: its /metrics from loopback, one JSON line)."""
     out = {}
-    for rep in view.replicas:
-        argv = [*view.ssh_argv(rep.host), remote([*view.sudo(rep.host), python, "-c", counters_py, str(rep.port), json.dumps(sorted(COUNTERS))])]
-        p = run(argv, capture_output=True, text=True, timeout=60)
-        if p.returncode != 0:
-            raise RuntimeError(f"{rep.id}: could not read its /metrics on the host: {p.stderr.strip()[-300:]}")
-        raw = json.loads(p.stdout.strip().splitlines()[-1])
-        out[rep.id] = {COUNTERS[k]: v for k, v in raw.items()}
+    with _transport(view, transport) as t:
+        for rep in view.replicas:
+            r = t.run(rep.host, programs.python(python, "replica_counters.py", str(rep.port), json.dumps(sorted(COUNTERS))))
+            if not r.ok or not r.lines:
+                raise RuntimeError(f"{rep.id}: could not read its /metrics on the host: {(r.stderr or r.stdout).strip()[-300:]}")
+            out[rep.id] = {COUNTERS[k]: v for k, v in json.loads(r.lines[-1]).items()}
     return out
+
+
+@contextmanager
+def _transport(view: Any, transport: Transport | None):
+    """The caller's transport (left open), else one for the view's hosts, closed afterwards."""
+    if transport is not None:
+        yield transport
+    else:
+        with Transport(view.hosts) as t:
+            yield t
 
 
 def counter_delta(before: dict[str, dict[str, float]], after: dict[str, dict[str, float]]) -> dict[str, Any]:
@@ -325,16 +334,11 @@ def policy_spec(spec_path: str, policy: str) -> str:
     return out
 
 
-def main_pids(view: Any, run: Callable[..., Any] = subprocess.run) -> dict[str, str]:
+def main_pids(view: Any, transport: Transport | None = None) -> dict[str, str]:
     """Each replica's vLLM main PID (systemd), to show a policy switch restarted none."""
-    from vllm_fleet.host.fleetview import remote
-
-    out = {}
-    for rep in view.replicas:
-        p = run([*view.ssh_argv(rep.host), remote(["systemctl", "show", "-p", "MainPID", "--value", rep.unit])],
-                capture_output=True, text=True, timeout=60)
-        out[rep.id] = p.stdout.strip()
-    return out
+    with _transport(view, transport) as t:
+        return {rep.id: t.run(rep.host, programs.argv("systemctl", "show", "-p", "MainPID", "--value", rep.unit)).stdout.strip()
+                for rep in view.replicas}
 
 
 def compare(inventory: str, spec_path: str, policies: list[str] | None, workloads: dict[str, Workload], *,
