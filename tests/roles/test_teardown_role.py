@@ -125,17 +125,21 @@ def test_exporters_whose_configuration_was_this_deployments_are_stopped(harness)
     assert "rm -f /etc/prometheus/prometheus.yml" in run.commands and "rm -f /etc/default/prometheus-node-exporter" in run.commands
 
 
-def _snap(existing: list[str], query, globs: dict[str, list[str]]):
-    """A state read in which ``existing`` of the stat'ed ``candidates`` are there and the globs
-    matched what ``globs`` says (host_state.sh's output lines, parsed)."""
+def _snap(files: dict[str, str], query, globs: dict[str, list[str]]):
+    """A state read of a host holding ``files`` ({path: text}): host_state.sh's output lines for
+    the query's stat, read and glob entries, parsed as the deploy parses them."""
     import base64
 
     from vllm_fleet.roles.common.state import Snapshot
 
-    lines = [f"stat\t{p}\t" + ("regular file\troot\troot\t644\t10" if p in existing else "-") for p in query.stat]
+    def b64(text: str) -> str:
+        return base64.b64encode(text.encode()).decode()
+
+    lines = [f"stat\t{p}\t" + ("regular file\troot\troot\t644\t10" if p in files else "-") for p in query.stat]
+    lines += [f"read\t{p}\t" + (b64(files[p]) if p in files else "-") for p in query.read]
     for g, paths in globs.items():
         lines.append(f"glob\t{g}\t.")
-        lines += [f"glob\t{g}\t{p}\t{base64.b64encode(b'x').decode()}" for p in paths]
+        lines += [f"glob\t{g}\t{p}\t{b64(files.get(p, 'x'))}" for p in paths]
     snap = Snapshot.parse([*lines, "end"])
     snap.query = query
     return snap
@@ -156,9 +160,14 @@ def test_leftovers_are_what_the_layout_no_longer_gives_the_host(replicas):
     q = leftover_query(resolved, None, {})
     assert set(q.globs) == {clash.UNITS, envs}
     units = [p for p in lab2_had if p.startswith("/etc/systemd/system/vllm-lab-tiny-replicas-")]
-    snap = _snap(lab2_had, q, {clash.UNITS: [*units, "/etc/systemd/system/vllm-lab-tiny-replicas-x-0.service"],
-                                           envs: [*(p for p in lab2_had if "/replica-" in p), "/etc/vllm-fleet/other/replica-0.env"]})
-    assert leftovers(resolved, None, {}, snap) == sorted(lab2_had)  # not the other deployment's unit
+    on_lab2 = {p: rendered["lab2"][p].content for p in lab2_had}
+    # not this deployment's: a package's own defaults file (no marker), another deployment's unit
+    on_lab2["/etc/default/prometheus-node-exporter"] = 'ARGS=""\n'
+    on_lab2["/etc/systemd/system/vllm-lab-tiny-replicas-x-0.service"] = "# Rendered by vllm-fleet for deployment lab-tiny-replicas-x: ...\n"
+    snap = _snap(on_lab2, q, {clash.UNITS: [*units, "/etc/systemd/system/vllm-lab-tiny-replicas-x-0.service"],
+                              envs: [*(p for p in lab2_had if "/replica-" in p), "/etc/vllm-fleet/other/replica-0.env"]})
+    assert leftovers(resolved, None, {}, snap) == sorted(lab2_had)  # not the package's file, not the other deployment's unit
+    assert render.paths(resolved)["tls_certificate_key"] in q.stat and render.paths(resolved)["tls_certificate_key"] not in q.read
     # lab1 converged: nothing (its own files are rendered for it, the TLS files and router unit are the roles')
     class Node:
         roles, instances = {"server", "proxy"}, [object()]
@@ -166,7 +175,7 @@ def test_leftovers_are_what_the_layout_no_longer_gives_the_host(replicas):
     q1 = leftover_query(resolved, Node(), lab1)
     assert not set(q1.stat) & set(lab1)
     assert render.paths(resolved)["tls_certificate"] not in q1.stat
-    snap1 = _snap([], q1, {clash.UNITS: [p for p in lab1 if p.startswith("/etc/systemd/system/vllm-")], envs: []})
+    snap1 = _snap({}, q1, {clash.UNITS: [p for p in lab1 if p.startswith("/etc/systemd/system/vllm-")], envs: []})
     assert leftovers(resolved, Node(), lab1, snap1) == []
     # not read (no snapshot): nothing is known, nothing listed
     from vllm_fleet.roles.common.state import Snapshot

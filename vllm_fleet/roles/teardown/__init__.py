@@ -5,7 +5,7 @@ environments and weights stay unless purged. Other deployments on the host are l
 
 from __future__ import annotations
 
-import fnmatch
+from pathlib import PurePosixPath
 from typing import Any
 
 from pyinfra import host
@@ -64,14 +64,16 @@ def leftover_query(spec: dict[str, Any], node: Node | None, rendered: dict[str, 
     """What the deploy's one state read must see to find this deployment's leftovers on the host
     (:func:`leftovers`): its fixed paths that this host's layout does not render, and its
     replicas' env files."""
-    return Query(stat=tuple(_leftover_candidates(spec, node, rendered)), globs=(clash.UNITS, _replica_envs(spec)))
+    paths = _leftover_candidates(spec, node, rendered)
+    return Query(stat=tuple(x for x in paths if owned_by_path(spec, x)),  # never the TLS key's content
+                 read=tuple(x for x in paths if not owned_by_path(spec, x)), globs=(clash.UNITS, _replica_envs(spec)))
 
 
 def _replica_envs(spec: dict[str, Any]) -> str:
     """The glob of the replicas' env files: clash's own (already read for every deploy) when
     install.config_dir is the default place, else one under config_dir."""
     cfg = spec["install"]["config_dir"].rstrip("/")
-    return clash.REPLICA_ENVS if fnmatch.fnmatch(f"{cfg}/replica-0.env", clash.REPLICA_ENVS) else f"{cfg}/replica-*.env"
+    return clash.REPLICA_ENVS if PurePosixPath(f"{cfg}/replica-0.env").match(clash.REPLICA_ENVS) else f"{cfg}/replica-*.env"
 
 
 def _leftover_candidates(spec: dict[str, Any], node: Node | None, rendered: dict[str, Any]) -> list[str]:
@@ -86,12 +88,17 @@ def leftovers(spec: dict[str, Any], node: Node | None, rendered: dict[str, Any],
     """Paths on this host (as the state read of :func:`leftover_query` saw them) that an earlier
     deploy of this deployment put there and this host's layout no longer gives it: its fixed
     paths, and (when no instance of it is left here: the service role removes the units of fewer
-    replicas itself) its ``vllm-NAME-N.service`` units and ``replica-N.env`` files. Whether each
-    names this deployment is checked before removal (:func:`owned_script`)."""
-    found = [x for x in _leftover_candidates(spec, node, rendered) if snap.path(x)[1] is not None]
+    replicas itself) its ``vllm-NAME-N.service`` units and ``replica-N.env`` files. Only files
+    that are this deployment's (:func:`owned_by_path`, else their text names it): a package's
+    own /etc/default/prometheus or another deployment's ray-head.service is not a leftover, so a
+    converged host has none (and no operation). :func:`owned_script` checks again at removal."""
+    mark = marker(spec["name"])
+    found = [x for x in _leftover_candidates(spec, node, rendered)
+             if (snap.path(x)[1] is not None if owned_by_path(spec, x) else mark in (snap.content(x)[1] or ""))]
     if node is None or not node.instances:
         mine = spec["install"]["config_dir"].rstrip("/") + "/replica-"
-        found += [x for x in (snap.matching(clash.UNITS) or {}) if clash.unit_of(x) == spec["name"] and x not in rendered]
+        found += [x for x, text in (snap.matching(clash.UNITS) or {}).items()
+                  if clash.unit_of(x) == spec["name"] and mark in (text or "") and x not in rendered]
         found += [x for x in (snap.matching(_replica_envs(spec)) or {}) if x.startswith(mine) and x not in rendered]
     return sorted(set(found))
 
@@ -103,14 +110,21 @@ def firewalls() -> list[tuple[str, str, str]]:
             (ray_defaults.FIREWALL_FILE, f"{UNIT_DIR}{ray_defaults.FIREWALL_UNIT}", ray_defaults.FIREWALL_TABLE)]
 
 
-def owned_script(spec: dict[str, Any], paths: list[str]) -> StringCommand:
-    """Prints the paths that exist and belong to this deployment: they name it (marker), or they
-    are in its own directories (install.prefix, install.config_dir) or its TLS files."""
+def owned_by_path(spec: dict[str, Any], path: str) -> bool:
+    """Whether the path alone says the file is this deployment's: it lies in its own directories
+    (install.prefix, install.config_dir) or is its site's TLS certificate or key. Any other file
+    is its own only when it names it (:func:`marker`)."""
     ins, p = spec["install"], render.paths(spec)
     own_dirs = (ins["prefix"].rstrip("/") + "/", ins["config_dir"].rstrip("/") + "/")
+    return path.startswith(own_dirs) or path in (p["tls_certificate"], p["tls_certificate_key"])
+
+
+def owned_script(spec: dict[str, Any], paths: list[str]) -> StringCommand:
+    """Prints the paths that exist and belong to this deployment (:func:`owned_by_path`, else the
+    file names it)."""
     lines = []
     for path in paths:
-        if path.startswith(own_dirs) or path in (p["tls_certificate"], p["tls_certificate_key"]):
+        if owned_by_path(spec, path):
             lines.append(StringCommand("[", "-f", QuoteString(path), "]", "&&", cmd("echo", path), ";"))
         else:
             lines.append(StringCommand("[", "-f", QuoteString(path), "]", "&&", cmd("grep", "-qsF", marker(spec["name"]), path),
