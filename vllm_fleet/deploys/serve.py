@@ -47,11 +47,12 @@ def state_query(ctx: dict, h: HostLayout | None) -> Query:
     """What the roles serve() runs on this host compare against (vllm_fleet.roles.common.state);
     ``h`` None (no part here): only what earlier deploys may have left."""
     rendered = dict(h.files) if h else {}
-    q = clash.query() | (service.api_firewall_query(rendered) if h and any(n.instances for n in h.parts.values()) else Query())
+    q = Query()
     for name, spec in ctx["specs"].items():  # what earlier deploys left that the layout no longer gives
         q = q | teardown.leftover_query(spec, h.parts.get(name) if h else None, rendered)
-    if not h:
+    if not h:  # no clash check (nothing is put here), so not the other deployments' sites
         return q
+    q = q | clash.query() | (service.api_firewall_query(rendered) if any(n.instances for n in h.parts.values()) else Query())
     for name, node in h.parts.items():
         spec = ctx["specs"][name]
         if node.roles & SERVICE_PARTS:
