@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from vllm_fleet.host.fleetview import FleetView, spec_for
-from vllm_fleet.serving.session import (BOOTSTRAP, HOST_SCRIPT, BenchError, HostSession,  # noqa: F401  (bench's names too)
+from vllm_fleet.serving.session import (BenchError, HostSession,  # noqa: F401  (bench's names too)
                                        load_fleet, served_tokenizer, spec_digest)
 
 METRICS = ("p50_ttft_ms", "p99_ttft_ms", "p50_tpot_ms", "p99_tpot_ms", "p50_itl_ms", "p99_itl_ms", "output_throughput",

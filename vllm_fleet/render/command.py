@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from vllm_fleet.spec.planner import replica_gpu_utilization, replicas_per_gpu
+from vllm_fleet.spec.planner import replica_gpu_utilization
 
 #: Roles :func:`vllm_argv` builds a command for: the API server (single node, or the head /
 #: node rank 0 of a multi-node server) and, for the Ray-free ``native`` backend only, a

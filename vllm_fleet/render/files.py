@@ -31,10 +31,10 @@ import jinja2
 
 from vllm_fleet.render import monitoring
 from vllm_fleet.render.command import RAY_TMPDIR, env_bin, env_paths, env_python, state_env, vllm_argv, vllm_env, world_size_per_node
-from vllm_fleet.render.parts import (HOST_DATA_DEFAULTS, HOST_DATA_KEYS, SERVICE_PARTS, HostLayout, Instance, Layout, LayoutError,  # noqa: F401
-                                    Node, Secret, build_parts, _cpu_sets, firewall_addresses, routing_policy, server_replicas)
-from vllm_fleet.render.text import (HEADER, _CONTROL, _ENV_NAME, _SAFE_ARG, _SAFE_ENV_VALUE, _SAFE_NGINX, EnvRef,  # noqa: F401  (the renderer's names too)
-                                   RenderedFile, RenderError, _one_line, comment_text, describe_secret, env_file, nginx_quote,
+from vllm_fleet.render.parts import (HOST_DATA_DEFAULTS, SERVICE_PARTS, HostLayout, Instance, Layout, LayoutError,  # noqa: F401
+                                    Node, Secret, build_parts, _cpu_sets, _multi, firewall_addresses, routing_policy, server_replicas)
+from vllm_fleet.render.text import (HEADER, EnvRef,  # noqa: F401  (the renderer's names too)
+                                   RenderedFile, RenderError, comment_text, describe_secret, env_file, nginx_quote,
                                    systemd_command, systemd_quote, systemd_text)
 from vllm_fleet.spec.ports import RAY_FIXED_PORTS, RAY_WORKER_PORTS  # noqa: F401  (the renderer's names too)
 
@@ -186,10 +186,6 @@ def nginx_auth_content(resolved: dict[str, Any], api_key: str | None) -> str:
         key_regex=None if api_key is None else re.escape(_check_key(api_key)),
         secret_ref=describe_secret(resolved["server"].get("api_key")),
     )
-
-
-def _multi(resolved: dict[str, Any]) -> bool:
-    return int(resolved["parallel"]["nodes"]) > 1
 
 
 def _backend(resolved: dict[str, Any]) -> str:

@@ -20,8 +20,6 @@ from pathlib import Path
 from typing import Any
 
 from vllm_fleet.render import files as render
-from vllm_fleet.render.text import describe_secret as describe  # noqa: F401  (secrets' name for it)
-
 
 class SecretError(Exception):
     pass

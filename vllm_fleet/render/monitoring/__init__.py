@@ -31,7 +31,7 @@ from typing import Any
 import jinja2
 import yaml
 
-from vllm_fleet.render.parts import BLACKBOX_LISTEN, Node as _Node
+from vllm_fleet.render.parts import BLACKBOX_LISTEN, Node as _Node, _multi
 from vllm_fleet.render.text import HEADER, RenderedFile, RenderError, systemd_command
 from vllm_fleet.spec.ports import RAY_FIXED_PORTS
 
@@ -84,7 +84,7 @@ def paths(resolved: dict[str, Any]) -> dict[str, str]:
 
 def _ray_cluster(resolved: dict[str, Any]) -> bool:
     """A multi-node deployment on a Ray cluster (its nodes export Ray's metrics)."""
-    return int(resolved["parallel"]["nodes"]) > 1 and resolved["parallel"]["backend"] == "ray"
+    return _multi(resolved) and resolved["parallel"]["backend"] == "ray"
 
 
 @lru_cache(maxsize=1)
