@@ -199,7 +199,7 @@ def test_session_keeps_a_conversation_on_one_replica_and_spreads_the_rest(tmp_pa
             s.shutdown()
 
 
-def test_prefix_counters_and_main_pids_are_read_on_the_host_through_the_transport(tmp_path):
+def test_prefix_counters_and_main_pids_are_read_on_the_host_through_the_transport(tmp_path, monkeypatch):
     """`bench --multi-turn` reads each replica's counters and vLLM PID on its host (here @local,
     pyinfra's local connector: the same transport as ssh): a /metrics stand-in on loopback, and
     a stand-in systemctl on PATH. Both readers were left calling an ssh helper that no longer
@@ -232,8 +232,7 @@ def test_prefix_counters_and_main_pids_are_read_on_the_host_through_the_transpor
     bin_.mkdir()
     (bin_ / "systemctl").write_text("#!/bin/sh\necho 4242\n")
     (bin_ / "systemctl").chmod(0o755)
-    old_path = os.environ["PATH"]
-    os.environ["PATH"] = f"{bin_}:{old_path}"
+    monkeypatch.setenv("PATH", f"{bin_}:{os.environ['PATH']}")
     try:
         rep = Replica(host="@local", index=0, address="127.0.0.1", unit="vllm-x-0.service", unit_path="/etc/systemd/system/vllm-x-0.service",
                       port=srv.server_address[1], env_file="/etc/vllm-fleet/x/replica-0.env", files=())
@@ -242,6 +241,5 @@ def test_prefix_counters_and_main_pids_are_read_on_the_host_through_the_transpor
         assert got == {"@local:0": {"hits": 30.0, "queries": 40.0, "requests": 5.0}}, got
         assert multiturn.main_pids(view) == {"@local:0": "4242"}
     finally:
-        os.environ["PATH"] = old_path
         srv.shutdown()
         srv.server_close()

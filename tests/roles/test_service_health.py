@@ -1,7 +1,7 @@
 """The service role's health wait proves the unit's own process answers, waits for a unit that
 systemd is still starting, and restarts nothing for an owner/mode-only change (issues 24 and 25).
 
-- The listener check (``_OWNER``, plain sh + /proc) run for real on this machine against a socket
+- The listener check (host/scripts/port_owner.sh, plain sh + /proc) run for real on this machine against a socket
   this test holds, with a stand-in ``systemctl`` that names the unit's cgroup: "own" when the
   listener's process is in that cgroup, "other PID COMM" when not.
 - ``_wait_healthy`` through pyinfra's local connector, against a real HTTP server on a port
@@ -32,6 +32,7 @@ from pyinfra.context import ctx_host, ctx_state  # noqa: E402
 
 from fleetutil import health_server  # noqa: E402
 
+from vllm_fleet.host import programs  # noqa: E402
 from vllm_fleet.roles import service  # noqa: E402
 from vllm_fleet.roles.common.state import HostState, Snapshot  # noqa: E402
 
@@ -69,7 +70,7 @@ def _owner(port: int, bin_: Path) -> str:
     import subprocess
 
     env = dict(os.environ, PATH=f"{bin_}:{os.environ['PATH']}")
-    r = subprocess.run(["sh", "-c", service._OWNER + f"owner {port} vllm-x-0.service"], capture_output=True, text=True, env=env, timeout=30)
+    r = subprocess.run(["sh", "-c", programs.script("port_owner.sh") + f"owner {port} vllm-x-0.service"], capture_output=True, text=True, env=env, timeout=30)
     assert r.returncode == 0, r.stderr
     return r.stdout.strip()
 

@@ -51,14 +51,14 @@ def state_query(spec: dict[str, Any], rendered: dict[str, Any]) -> Query:
                     envs=((f"{env_dir(spec)}/bin/python", (f"dist:{PACKAGE}",)),)))
 
 
-def _wheel_source(spec: dict[str, Any]) -> tuple[list[str], str | None]:
-    """pip's source arguments for this host, and the wheel server's address (trusted host)."""
+def _wheel_source(spec: dict[str, Any]) -> list[str]:
+    """pip's source arguments for this host (the fleet wheel server's address a trusted host)."""
     from vllm_fleet.roles.vllm.facts import PythonTarget
 
     ins = spec["install"]
     dest = f"{env_dir(spec)}-wheels"
     if ins.get("wheelhouse"):
-        return ["--no-index", "--find-links", upload(f"Upload the wheelhouse to {dest}", local_dir(ins["wheelhouse"], "install.wheelhouse"), dest)], None
+        return ["--no-index", "--find-links", upload(f"Upload the wheelhouse to {dest}", local_dir(ins["wheelhouse"], "install.wheelhouse"), dest)]
     if ins["wheels"] == "fleet":
         target = host.get_fact(PythonTarget)
         lacking = [k for k in ("python", "glibc", "machine") if not target.get(k)]
@@ -70,8 +70,8 @@ def _wheel_source(spec: dict[str, Any]) -> tuple[list[str], str | None]:
         except wh.WheelhouseError as exc:
             raise PyDeployError(str(exc)) from None
         where, address = reach_fleet_wheelhouse(directory, dest, f"Upload the router's wheels to {dest}")
-        return ["--no-index", "--find-links", where, *(["--trusted-host", address] if address else [])], address
-    return (["--index-url", ins["index_url"]] if ins.get("index_url") else []), None
+        return ["--no-index", "--find-links", where, *(["--trusted-host", address] if address else [])]
+    return ["--index-url", ins["index_url"]] if ins.get("index_url") else []
 
 
 def _pip_install(spec: dict[str, Any], env: str, source: list[str]) -> list[StringCommand]:
@@ -123,7 +123,7 @@ def install_router(spec: dict[str, Any], rendered: dict[str, Any]):
     probed = host_state().env(py)
     have = (probed or {}).get("dist", {}).get(PACKAGE) if probed is not None else None
     if have != version:
-        source, _ = _wheel_source(spec)
+        source = _wheel_source(spec)
         changed.append(server.shell(name=f"pip install {requirement(spec)} into {env}", commands=_pip_install(spec, env, source)))
     else:
         host.noop(f"{requirement(spec)} already installed in {env}")

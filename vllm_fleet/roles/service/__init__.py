@@ -36,9 +36,8 @@ from .defaults import DEFAULTS
 UNIT = LEGACY_UNIT  # the default name of _wait_healthy's unit (callers pass an instance's)
 
 
-#: ``owner PORT UNIT`` (a shell function): who holds the listening socket of a port, "own",
-#: "other PID COMM" or "unknown" (scripts/port_owner.sh, included by health_probe.sh).
-_OWNER = programs.script("port_owner.sh")
+# ``owner PORT UNIT`` (host/scripts/port_owner.sh, a shell function included by health_probe.sh):
+# who holds the listening socket of a port, "own", "other PID COMM" or "unknown".
 
 
 def _probe(url: str, unit: str, port: int | None = None) -> tuple[str, str, int, str]:
