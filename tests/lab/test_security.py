@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from labkit import REPO
-from test_deploy import SPEC, api_key, curl, deploy, why
+from test_deploy import SPEC, api_key, changed_ops, curl, deploy, grand_total, why
 
 pytestmark = pytest.mark.lab
 
@@ -75,7 +75,7 @@ def locked_proxy(server, tmp_path_factory):
     r = deploy(f)
     try:
         assert r.returncode == 0, why(r)
-        yield server, r
+        yield server, r, f
     finally:
         back = deploy()
         assert back.returncode == 0, why(back)
@@ -86,7 +86,7 @@ def code(*args: str) -> str:
 
 
 def test_tls_self_signed_serves_with_the_key(locked_proxy):
-    server, r = locked_proxy
+    server, r, _ = locked_proxy
     base = f"https://{server.address}"
     assert "PASS  chat" in r.out  # the deploy's own smoke tests went through TLS
     assert code("-k", "-H", f"Authorization: Bearer {api_key()}", f"{base}/v1/models") == "200"
@@ -101,8 +101,22 @@ def test_tls_self_signed_serves_with_the_key(locked_proxy):
     assert code("--max-time", "5", f"http://{server.address}/v1/models") == "000"
 
 
+def test_tls_redeploy_is_two_remote_commands(locked_proxy):
+    """A re-deploy with the self-signed certificate in place changes nothing and sends lab1 two
+    commands (pyinfra -vv lists each): the sudo check and the one state read, which also says the
+    certificate is there (no fact of its own)."""
+    server, _, spec = locked_proxy
+    r = deploy(spec, 600, "-vv")
+    assert r.returncode == 0, why(r)
+    total = grand_total(r.out)
+    assert total["changed"] == "-" and total["error"] == "-", (changed_ops(r.out), total)
+    sent = re.findall(rf"^\s*\[{server.name}\] >>> .*", r.out, re.M)
+    RESULTS["tls_noop_commands"] = len(sent)
+    assert len(sent) == 2, "\n".join(s[:200] for s in sent)
+
+
 def test_metrics_only_from_the_allowed_addresses(locked_proxy, lab_hosts):
-    server, _ = locked_proxy
+    server, _, _ = locked_proxy
     other = lab_hosts[1]
     outside = other.ssh(f"curl -sk -o /dev/null -w '%{{http_code}}' --max-time 10 https://{server.address}/metrics",
                         check=False).stdout.strip()

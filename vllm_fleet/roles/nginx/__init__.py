@@ -88,7 +88,8 @@ def _tls_files(spec: dict[str, Any], secret_text: dict[str, str], *, tls_key: st
         return []
     crt, key = paths["tls_certificate"], paths["tls_certificate_key"]
     if tls["self_signed"]:
-        if host.get_fact(File, path=crt):
+        known, there = host_state().path(crt)  # state_query stats it: no fact on a converged host
+        if there if known else host.get_fact(File, path=crt):
             return []
         return [server.shell(
             name="Self-signed TLS certificate",
