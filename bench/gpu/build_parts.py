@@ -41,7 +41,11 @@ ROOT = HERE.parent.parent
 PARTS = ROOT / ".gpu-parts"
 VLLM = "0.20.2"
 PYINFRA = "3.10.0"
-PART_BYTES = 60 * 2**20
+# vllm-router (proxy.routing.policy: cache_aware, issue 23) goes into its own venv on the proxy host,
+# where the image's packages are not: its whole closure is carried (real wheels, not the image's).
+ROUTER = "0.1.17"
+# a device call carries the working tree too (5.5 MiB tracked) within its 64 MiB
+PART_BYTES = 52 * 2**20
 PLATFORMS = ["manylinux_2_35_x86_64", "manylinux_2_34_x86_64", "manylinux_2_31_x86_64", "manylinux_2_28_x86_64",
              "manylinux_2_27_x86_64", "manylinux_2_24_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64",
              "manylinux1_x86_64", "linux_x86_64"]
@@ -165,13 +169,38 @@ def main() -> int:
         f"# vllm=={VLLM} + pyinfra=={PYINFRA} on the GPU image (bench/gpu/device-freeze.txt), built by build_parts.py\n"
         + "\n".join(lines) + "\n")
     print(f"{len(missing)} packages missing on the device ({sum(1 for m in missing if m[0] in LEAVE_OUT)} stood in for)")
+    # vllm-router for a fresh venv: its closure without the image's stubs, the versions the image or
+    # the vLLM set already has where the router accepts them (one wheel serves both)
+    have = {**device, **{n: v for n, v, _ in missing}}
+    router_report = work / "router-report.json"
+    for _ in range(20):
+        constraints.write_text("".join(f"{n}=={v}\n" for n, v in sorted(have.items()) if n != "vllm-router"))
+        r = pip("install", "--dry-run", "--ignore-installed", "--report", str(router_report), "--target", str(work / "rtgt"),
+                *platform_args(), "-c", str(constraints), f"vllm-router=={ROUTER}", capture=True)
+        if r.returncode == 0:
+            break
+        clash = re.findall(r"The user requested \(constraint\) ([A-Za-z0-9_.-]+)==", r.stdout + r.stderr)
+        if not clash:
+            sys.stderr.write(r.stdout[-3000:] + r.stderr[-3000:])
+            return 1
+        for n in clash:
+            have.pop(norm(n), None)
+    else:
+        return 1
+    in_set = {(n, v) for n, v, _ in missing}
+    router_only = sorted({(norm(it["metadata"]["name"]), it["metadata"]["version"])
+                          for it in json.loads(router_report.read_text())["install"]} - in_set)
+    with (HERE / "wheels.txt").open("a") as f:
+        f.write(f"# vllm-router=={ROUTER}'s venv on the proxy host (not the image's env): these besides the set above\n")
+        f.write("".join(f"{n}=={v}    # router venv\n" for n, v in router_only))
+    print(f"vllm-router=={ROUTER}: {len(router_only)} more wheels for its own venv")
     if args.resolve_only:
         return 0
     wh = PARTS / "wheelhouse"
     shutil.rmtree(wh, ignore_errors=True)
     wh.mkdir(parents=True)
     real = [f"{n}=={v}" for n, v, _ in missing if n not in LEAVE_OUT]
-    pip("download", "--no-deps", *platform_args(), "-d", str(wh), *real)
+    pip("download", "--no-deps", *platform_args(), "-d", str(wh), *real, *(f"{n}=={v}" for n, v in router_only))
     for n, v, _ in missing:
         if n in LEAVE_OUT:
             stub_wheel(wh, n, v)

@@ -12,7 +12,10 @@ Qwen2.5-Instruct's published config.json values.
 Tokenizer (in ``DIR/tokenizer``, passed as ``--tokenizer``: beside a qwen2 config.json,
 transformers 5 would load it as a Qwen2Tokenizer and drop every word): a word-level vocabulary of exactly ``vocab_size`` entries (``w0``, ``w1``, ...,
 Qwen's ``<|endoftext|>`` 151643, ``<|im_start|>`` 151644, ``<|im_end|>`` 151645 at their real
-ids, ``[UNK]`` 151646) and a ChatML chat template. Every id the model can sample decodes to a
+ids, ``[UNK]`` 151646) and a ChatML chat template. Ids 1000.. are the words `vllm-fleet bench
+--multi-turn` writes (vllm_fleet.serving.multiturn.WORDS) and the chat roles, so its prompts are
+distinct token sequences (as ``[UNK]`` every conversation would be the same prefix, and the
+prefix cache would hit across conversations whatever the routing). Every id the model can sample decodes to a
 word, and a random token prompt decodes and re-encodes to the same ids (so `vllm bench serve`'s
 random prompts have the requested length). Needs ``tokenizers`` and ``transformers`` (the GPU
 image has both).
@@ -25,6 +28,8 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+WORDS_AT = 1000  # first id of the multi-turn bench's words
 SPECIALS = {151643: "<|endoftext|>", 151644: "<|im_start|>", 151645: "<|im_end|>", 151646: "[UNK]"}
 CHAT_TEMPLATE = (
     "{% for message in messages %}"
@@ -61,7 +66,12 @@ def write_tokenizer(out: Path, vocab_size: int) -> None:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    vocab = {SPECIALS.get(i, f"w{i}"): i for i in range(vocab_size)}
+    from vllm_fleet.serving.multiturn import WORDS
+
+    words = list(dict.fromkeys([*WORDS, "system", "user", "assistant"]))
+    named = {WORDS_AT + k: w for k, w in enumerate(words)}
+    vocab = {SPECIALS.get(i) or named.get(i) or f"w{i}": i for i in range(vocab_size)}
+    assert len(vocab) == vocab_size, "a word of the bench collides with a generated entry"
     tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     tok.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces

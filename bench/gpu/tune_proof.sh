@@ -10,9 +10,12 @@
 #   bash bench/gpu/tune_proof.sh deploy SPEC              stop the other tune spec's unit, then `vllm-fleet deploy` of SPEC
 #   bash bench/gpu/tune_proof.sh tune SPEC NAME MINUTES   `vllm-fleet tune ... --budget MINUTES` (--resume when NAME's
 #                                                         tune.jsonl exists); NAME.tar.gz (the --out folder) to $OUT
+#   bash bench/gpu/tune_proof.sh routing SPEC NAME        issue 23: `vllm-fleet bench --multi-turn` across the routing
+#                                                         policies (ROUTING_PROOF_ARGS); NAME.json + NAME.html to $OUT
 #
-# CARRY holds part-NN + SHA256SUMS (bench/gpu/build_parts.py) and systemd-deb12.tar
-# (shared/notes/gpu-systemd.md says how it is built). The machine keeps systemd and the tune's
+# CARRY holds part-NN + SHA256SUMS (bench/gpu/build_parts.py), systemd-deb12.tar
+# (shared/notes/gpu-systemd.md says how it is built) and, for a spec with a proxy, debs/nginx*.deb
+# (Debian 12's nginx and nginx-common: `apt-get download nginx nginx-common`). The machine keeps systemd and the tune's
 # --out folder between calls (setsid; /var/tmp), so a sweep cut by a call's limit goes on with
 # --resume in the next call.
 #
@@ -86,6 +89,14 @@ setup)
     log "systemd PID $SD in its namespace: $st ($(ns systemctl --version | head -1))"
     # no package source is reachable there: apt-get update succeeds on nothing
     ns sh -c 'mkdir -p /run/no-apt-sources && mount --bind /run/no-apt-sources /etc/apt/sources.list.d && { [ ! -f /etc/apt/sources.list ] || mount --bind /dev/null /etc/apt/sources.list; }'
+    # Debian 12's nginx as .deb files (its maintainer scripts start nothing: policy-rc.d), for specs
+    # with a proxy; the nginx role then finds it installed (no package source to fetch it from)
+    if ls "$CARRY"/debs/nginx*.deb >/dev/null 2>&1 && ! ns dpkg-query -W -f='${Status}' nginx 2>/dev/null | grep -q "install ok installed"; then
+      ns sh -c "printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d && chmod 755 /usr/sbin/policy-rc.d && \
+                dpkg -i --force-depends '$CARRY'/debs/nginx*.deb > $W/nginx-dpkg.log 2>&1; rc=\$?; rm -f /usr/sbin/policy-rc.d; exit \$rc" \
+        || { log "nginx dpkg failed"; tail -20 $W/nginx-dpkg.log; }
+      log "$(ns nginx -v 2>&1)"
+    fi
   fi
   # per spec: the image's Python env (torch 2.11.0+cu130) where roles.pyenv puts the env, and the
   # model directory (config.json + tokenizer; transfer: none)
@@ -131,5 +142,21 @@ tune)
   mkdir -p $W/$out && cp $W/$out.log $W/$out/tune-proof.log
   tar -czf $OUT/$out.tar.gz -C $W $out && ls -l $OUT/$out.tar.gz
   exit $rc ;;
-*) echo "usage: $0 carry CARRY NN | setup CARRY | deploy SPEC | tune SPEC NAME MINUTES" >&2; exit 2 ;;
+routing)
+  # issue 23's comparison (docs/routing.md): each policy is a deploy of the proxy part only; the
+  # result is written after every run, so a call cut short keeps the runs it finished
+  spec=$1; out=$2; T0=$(date +%s)
+  [ -z "$LOCAL" ] && { SD=$(systemd_pid) || exit 1; }
+  ARGS=${ROUTING_PROOF_ARGS:---policies least_conn,session,cache_aware --conversations 96 --prefix-len 3000 --turns 8 --user-len 60 --reply-len 48 --think-time 3 --system-prompt-len 0,2000}
+  [ -n "$LOCAL" ] && { in_root "$PY -m vllm_fleet bench $INV --spec $spec --multi-turn --help" | tail -3; exit 0; }
+  in_root "PYTHONUNBUFFERED=1 timeout ${ROUTING_PROOF_TIMEOUT:-560} $PY -m vllm_fleet bench $INV --spec $spec --multi-turn $ARGS --out $W/$out" 2>&1 | tee $W/$out.log
+  rc=${PIPESTATUS[0]}
+  log "routing $out: rc $rc in $(( $(date +%s) - T0 )) s"
+  cp $W/$out/routing.json $OUT/$out.json 2>/dev/null; cp $W/$out/routing.html $OUT/$out.html 2>/dev/null
+  cp $W/$out/routing.png $OUT/$out.png 2>/dev/null; cp $W/$out.log $OUT/ 2>/dev/null
+  for u in $(ns systemctl list-units --no-legend --plain 'vllm-*' | cut -d' ' -f1); do
+    ns journalctl -u "$u" --no-pager -o cat 2>/dev/null | grep -E "KV cache|Available|prefix cache|ERROR|Traceback" | tail -5 | sed "s/^/$u: /"
+  done > $OUT/$out.units.txt
+  exit $rc ;;
+*) echo "usage: $0 carry CARRY NN | setup CARRY | deploy SPEC | tune SPEC NAME MINUTES | routing SPEC NAME" >&2; exit 2 ;;
 esac

@@ -135,14 +135,20 @@ def cmd_multi_turn(args: argparse.Namespace, spec: str) -> int:
     workloads = {}
     for n in args.system_prompt_len:
         workloads["private" if n == 0 else f"shared-system-{n}"] = multiturn.Workload(**base, system_words=n)
+    out = Path(args.out or f"bench-{Path(spec).stem}-routing-{time.strftime('%Y%m%d-%H%M%S')}")
+
+    def write(result: dict) -> None:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "routing.json").write_text(json.dumps(result, indent=2, default=str) + "\n")
+
     try:
-        result = multiturn.compare(args.inventory, spec, policies, workloads)
+        result = multiturn.compare(args.inventory, spec, policies, workloads, on_run=write)
     except (BenchError, ValueError, RuntimeError) as exc:
         print(f"vllm-fleet bench: {exc}", file=sys.stderr)
+        if (out / "routing.json").exists():
+            print(f"vllm-fleet bench: the runs finished before that are in {out / 'routing.json'}", file=sys.stderr)
         return 1
-    out = Path(args.out or f"bench-{result['deployment']}-routing-{time.strftime('%Y%m%d-%H%M%S')}")
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "routing.json").write_text(json.dumps(result, indent=2, default=str) + "\n")
+    write(result)
     files = multiturn.report(result, out)
     print(multiturn.format_table(result["runs"]))
     print(f"wrote {out / 'routing.json'}, " + ", ".join(str(f) for f in files))

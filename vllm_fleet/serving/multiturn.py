@@ -342,9 +342,12 @@ def main_pids(view: Any, transport: Transport | None = None) -> dict[str, str]:
 
 
 def compare(inventory: str, spec_path: str, policies: list[str] | None, workloads: dict[str, Workload], *,
-            seed: int = 1, say: Callable[[str], None] = print, deploy_timeout: float = 900) -> dict[str, Any]:
+            seed: int = 1, say: Callable[[str], None] = print, deploy_timeout: float = 900,
+            on_run: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
     """For each policy (None: the deployed one only): deploy the proxy part with it, then run
-    each workload once, reading every replica's prefix-cache counters before and after."""
+    each workload once, reading every replica's prefix-cache counters before and after.
+    ``on_run`` gets the result so far after each run (the command writes it, so that a
+    comparison cut short keeps the runs it finished)."""
     import os
     import sys
 
@@ -360,7 +363,14 @@ def compare(inventory: str, spec_path: str, policies: list[str] | None, workload
     base_url = f"{scheme}://{address}:{view.proxy_listen}"
     header = resolved["proxy"]["routing"]["session_header"]
     python = command.env_python(resolved)
-    runs = []
+    runs: list[dict[str, Any]] = []
+
+    def result(complete: bool) -> dict[str, Any]:
+        return {"kind": "vllm-fleet bench --multi-turn", "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                "deployment": resolved["name"], "spec_file": os.path.abspath(spec_path), "base_url": base_url,
+                "replicas": [r.id for r in view.replicas], "workloads": {k: v.as_dict() for k, v in workloads.items()},
+                "complete": complete, "runs": list(runs)}
+
     for policy in policies or [None]:
         switched = None
         if policy:
@@ -393,6 +403,6 @@ def compare(inventory: str, spec_path: str, policies: list[str] | None, workload
                    "counters": counters, "switch": switched}
             runs.append(run)
             say("  " + format_table([run]).splitlines()[-1])
-    return {"kind": "vllm-fleet bench --multi-turn", "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "deployment": resolved["name"], "spec_file": os.path.abspath(spec_path), "base_url": base_url,
-            "replicas": [r.id for r in view.replicas], "workloads": {k: v.as_dict() for k, v in workloads.items()}, "runs": runs}
+            if on_run:
+                on_run(result(complete=False))
+    return result(complete=True)
