@@ -60,7 +60,7 @@ def test_cache_aware_renders_the_router_behind_nginx():
     assert "proxy_buffering off;" in site and "if ($vfa_lab_tiny_routing = 0)" in site  # TLS/key/streaming stay at nginx
     assert "--worker-urls http://127.0.0.1:8000 http://10.10.0.12:8000 http://10.10.0.13:8000" in unit
     assert "--host 127.0.0.1 --port 8190" in unit and "--prometheus-host 127.0.0.1 --prometheus-port 8191" in unit
-    assert "--cache-threshold 0.3 --balance-abs-threshold 64 --balance-rel-threshold 1.5" in unit
+    assert "--cache-threshold 0.3 --balance-abs-threshold 16 --balance-rel-threshold 1.5" in unit
     for line in ("DynamicUser=yes", "NoNewPrivileges=yes", "ProtectSystem=strict", "CapabilityBoundingSet=", "PrivateDevices=yes"):
         assert line in unit.splitlines()
     assert not [p for h in ("lab2", "lab3") for p in out[h] if "router" in p]  # only the proxy host runs it
