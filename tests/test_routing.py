@@ -243,3 +243,39 @@ def test_prefix_counters_and_main_pids_are_read_on_the_host_through_the_transpor
     finally:
         srv.shutdown()
         srv.server_close()
+
+
+def test_a_policy_comparison_cut_short_keeps_the_runs_it_finished(tmp_path, monkeypatch, capsys):
+    """`vllm-fleet bench --multi-turn --policies a,b` writes routing.json after every run: when the
+    switch to the second policy fails (a deploy error, or the device call's time running out),
+    the first policy's runs are on disk and the error names the file. On the H200 a whole
+    comparison takes ~260 s of a device call's 600."""
+    import argparse
+    from types import SimpleNamespace
+
+    from vllm_fleet.commands import bench
+
+    view = SimpleNamespace(proxies=["lab1"], proxy_listen=80, hosts={"lab1": {"address": "10.10.0.11"}}, replicas=[])
+    spec_file = REPO / "deployments" / "lab-tiny-routing.yaml"
+    monkeypatch.setattr(multiturn, "load_fleet", lambda inv, s: (resolved(), None, view, "key"))
+    monkeypatch.setattr(multiturn, "prefix_counters", lambda v, py: {})
+    monkeypatch.setattr(multiturn.time, "sleep", lambda s: None)
+    monkeypatch.setattr(multiturn, "run_workload", lambda *a, **k: multiturn.summarize(
+        [{"ok": True, "ttft_s": 0.1, "e2e_s": 0.5, "completion_tokens": 8, "prompt_tokens": 100}], 1.0))
+
+    def switch(inventory, path, policy, v, *, say, timeout):
+        if policy == "cache_aware":
+            raise RuntimeError("the deploy with routing cache_aware failed (rc 1)")
+        return {"deploy_s": 1.0, "vllm_restarted": []}
+
+    monkeypatch.setattr(multiturn, "switch_policy", switch)
+    out = tmp_path / "cmp"
+    cli = argparse.ArgumentParser()
+    bench.add_cli(cli.add_subparsers())
+    args = cli.parse_args(["bench", "inventory/lab.py", "--spec", str(spec_file), "--multi-turn", "--policies", "session,cache_aware",
+                           "--system-prompt-len", "0,2000", "--out", str(out)])
+    assert bench.cmd_multi_turn(args, str(spec_file)) == 1
+    got = json.loads((out / "routing.json").read_text())
+    assert got["complete"] is False
+    assert [(r["policy"], r["workload_name"]) for r in got["runs"]] == [("session", "private"), ("session", "shared-system-2000")]
+    assert str(out / "routing.json") in capsys.readouterr().err

@@ -341,6 +341,32 @@ def main_pids(view: Any, transport: Transport | None = None) -> dict[str, str]:
                 for rep in view.replicas}
 
 
+def switch_policy(inventory: str, spec_path: str, policy: str, view: Any, *, say: Callable[[str], None],
+                  timeout: float) -> dict[str, Any]:
+    """Deploy the proxy part with ``proxy.routing.policy`` set to ``policy`` (a copy of the spec,
+    removed afterwards); the replicas' vLLM main PIDs before and after show that none restarted."""
+    import os
+    import sys
+
+    tmp = policy_spec(spec_path, policy)
+    try:
+        pids = main_pids(view)
+        t0 = time.monotonic()
+        say(f"routing {policy}: deploying the proxy part ({', '.join(view.proxies)})")
+        p = subprocess.run([sys.executable, "-m", "vllm_fleet", "deploy", inventory, "--spec", tmp, "-y",
+                            *[a for h in view.proxies for a in ("--limit", h)]],
+                           capture_output=True, text=True, timeout=timeout)
+        if p.returncode != 0:
+            raise RuntimeError(f"the deploy with routing {policy} failed (rc {p.returncode}):\n{(p.stdout + p.stderr)[-3000:]}")
+        after = main_pids(view)
+    finally:
+        os.unlink(tmp)
+    switched = {"deploy_s": round(time.monotonic() - t0, 1), "vllm_main_pids_before": pids,
+                "vllm_main_pids_after": after, "vllm_restarted": sorted(k for k in pids if pids[k] != after.get(k))}
+    say(f"  deployed in {switched['deploy_s']} s; vLLM restarted: {switched['vllm_restarted'] or 'none'}")
+    return switched
+
+
 def compare(inventory: str, spec_path: str, policies: list[str] | None, workloads: dict[str, Workload], *,
             seed: int = 1, say: Callable[[str], None] = print, deploy_timeout: float = 900,
             on_run: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
@@ -349,7 +375,6 @@ def compare(inventory: str, spec_path: str, policies: list[str] | None, workload
     ``on_run`` gets the result so far after each run (the command writes it, so that a
     comparison cut short keeps the runs it finished)."""
     import os
-    import sys
 
     from vllm_fleet.render import command
     from vllm_fleet.render.layout import routing_policy
@@ -372,24 +397,7 @@ def compare(inventory: str, spec_path: str, policies: list[str] | None, workload
                 "complete": complete, "runs": list(runs)}
 
     for policy in policies or [None]:
-        switched = None
-        if policy:
-            tmp = policy_spec(spec_path, policy)
-            try:
-                pids = main_pids(view)
-                t0 = time.monotonic()
-                say(f"routing {policy}: deploying the proxy part ({', '.join(view.proxies)})")
-                p = subprocess.run([sys.executable, "-m", "vllm_fleet", "deploy", inventory, "--spec", tmp, "-y",
-                                    *[a for h in view.proxies for a in ("--limit", h)]],
-                                   capture_output=True, text=True, timeout=deploy_timeout)
-                if p.returncode != 0:
-                    raise RuntimeError(f"the deploy with routing {policy} failed (rc {p.returncode}):\n{(p.stdout + p.stderr)[-3000:]}")
-                after = main_pids(view)
-                switched = {"deploy_s": round(time.monotonic() - t0, 1), "vllm_main_pids_before": pids,
-                            "vllm_main_pids_after": after, "vllm_restarted": sorted(k for k in pids if pids[k] != after.get(k))}
-                say(f"  deployed in {switched['deploy_s']} s; vLLM restarted: {switched['vllm_restarted'] or 'none'}")
-            finally:
-                os.unlink(tmp)
+        switched = switch_policy(inventory, spec_path, policy, view, say=say, timeout=deploy_timeout) if policy else None
         in_effect = policy or routing_policy(resolved, len(view.replicas))
         for name, wl in workloads.items():
             seed += 1
