@@ -9,6 +9,7 @@ command, and masks nothing by accident):
     python(py, "env_probe.py", "dist:vllm")       # py -c '<env_probe.py>' dist:vllm
     shell("host_state.sh", "stat", "/etc/x")      # sh -c '<host_state.sh>' host-state stat /etc/x
     chain(argv(...), argv(...), op="&&")          # one command line of several
+    if_then(argv("test", "-e", p), argv(...))     # if test -e p ; then ... ; fi
 
 A Python script says ``# vllm-fleet: include NAME`` on a line of its own to have that file of the
 same folder put there (``api_key.py``: the one reader of the API key line on a host).
@@ -65,6 +66,15 @@ def chain(*commands, op: str = "&&") -> StringCommand:
             bits.append(op)
         bits.append(c if isinstance(c, StringCommand) else _bit(c))
     return StringCommand(*bits)
+
+
+def if_then(condition, *then) -> StringCommand:
+    """``if CONDITION ; then THEN ; ... ; fi``: the commands run only when ``condition`` succeeds,
+    and the line succeeds when it does not (unlike ``&&``)."""
+    bits: list = ["if", _bit(condition), ";", "then"]
+    for c in then:
+        bits += [_bit(c), ";"]
+    return StringCommand(*bits, "fi")
 
 
 def python(interpreter: str, name: str, *args, isolated: bool = False) -> StringCommand:

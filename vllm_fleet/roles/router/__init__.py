@@ -22,6 +22,7 @@ from pyinfra.operations import server, systemd
 from vllm_fleet.fetch import wheelhouse as wh
 from vllm_fleet.host import programs
 from vllm_fleet.host.programs import argv as cmd
+from vllm_fleet.host.programs import chain, if_then
 from vllm_fleet.roles.common import DeployError, packages, put_rendered, rendered_query
 from vllm_fleet.roles.common.wheels import local_dir, reach_fleet_wheelhouse, upload
 from vllm_fleet.roles.common.state import Query, host_state, pending
@@ -80,7 +81,7 @@ def _pip_install(spec: dict[str, Any], env: str, source: list[str]) -> list[Stri
     py = f"{env}/bin/python"
     pip = cmd(py, "-m", "pip", "install", "--no-input", "--disable-pip-version-check", "--progress-bar", "off",
               "--no-cache-dir", "--timeout", str(int(host.data.get("router_pip_timeout"))), *source, requirement(spec))
-    return [StringCommand(cmd("test", "-x", py), "||", cmd("python3", "-m", "venv", env)),
+    return [chain(cmd("test", "-x", py), cmd("python3", "-m", "venv", env), op="||"),
             pip,
             StringCommand(cmd(f"{env}/bin/vllm-router", "--help"), ">/dev/null")]
 
@@ -90,7 +91,7 @@ def _wait_command(unit: str, port: int, timeout: float) -> StringCommand:
     its startup wait is over) and print what it lists; after ``timeout`` seconds print the unit's
     journal and fail."""
     return StringCommand(programs.python("python3", "router_wait.py", int(port), float(timeout)),
-                         "||", "{", cmd("journalctl", "-u", unit, "-n", "30", "--no-pager"), ";", "exit", "1;", "}")
+                         "||", "{", cmd("journalctl", "-u", unit, "-n", "30", "--no-pager"), ";", cmd("exit", "1"), ";", "}")
 
 
 @deploy("vLLM router", data_defaults=DEFAULTS)
@@ -150,8 +151,9 @@ def remove_router(spec: dict[str, Any], rendered: dict[str, Any]) -> None:
     if host_state().absent(p["router_unit"]):
         return
     server.shell(name=f"Stop and remove {unit} (routing is no longer cache_aware)",
-                 commands=[StringCommand("if", "[", "-e", QuoteString(p["router_unit"]), "];", "then", cmd("systemctl", "disable", "--now", unit),
-                                          "||", "true;", cmd("rm", "-f", p["router_unit"]), ";", "systemctl", "daemon-reload;", "fi")])
+                 commands=[if_then(StringCommand("[", "-e", QuoteString(p["router_unit"]), "]"),
+                                   chain(cmd("systemctl", "disable", "--now", unit), "true", op="||"),
+                                   cmd("rm", "-f", p["router_unit"]), cmd("systemctl", "daemon-reload"))])
 
 
 __all__ = ["install_router", "remove_router", "state_query", "requirement"]

@@ -15,6 +15,7 @@ from pyinfra.operations import files, server, systemd
 from pyinfra.operations.util import any_changed
 
 from vllm_fleet.host.programs import argv as cmd
+from vllm_fleet.host.programs import if_then
 from vllm_fleet.render import files as render
 from vllm_fleet.render import monitoring
 from vllm_fleet.render.layout import Node
@@ -209,14 +210,16 @@ def _remove_files(owned: list[str], units: list[str]) -> dict[str, Any]:
         if unit_path in owned:  # its stop deleted the table, unless it was not running
             with op_per(table):
                 server.shell(name=f"Delete nftables table inet {table}",
-                             commands=[f"if nft list table inet {table} >/dev/null 2>&1; then nft delete table inet {table}; fi"])
+                             commands=[if_then(StringCommand(cmd("nft", "list", "table", "inet", table), ">/dev/null", "2>&1"),
+                                               cmd("nft", "delete", "table", "inet", table))])
     return removed
 
 
 def _reload_nginx(site: Any) -> None:
     """4. nginx without the site: validated, then reloaded (never restarted) when it runs."""
-    active = (host.get_fact(Command, "systemctl is-active nginx 2>/dev/null || true") or "").strip() == "active"
-    server.shell(name="nginx -t (validate before reload)", commands=["nginx -t"], _if=site.did_change)
+    is_active = StringCommand(cmd("systemctl", "is-active", "nginx"), "2>/dev/null", "||", "true")
+    active = (host.get_fact(Command, is_active) or "").strip() == "active"
+    server.shell(name="nginx -t (validate before reload)", commands=[cmd("nginx", "-t")], _if=site.did_change)
     if active:
         systemd.service(name="Reload nginx (site removed)", service="nginx", reloaded=True, _if=site.did_change)
 
