@@ -7,6 +7,7 @@ else uploaded with ``files.sync``. One place for the vllm and router roles.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any, Callable
 
 from pyinfra import host
 from pyinfra.api.exceptions import DeployError
@@ -46,4 +47,28 @@ def reach_fleet_wheelhouse(directory: Path, dest: str, upload_name: str) -> tupl
     return upload(upload_name, directory, dest), None
 
 
-__all__ = ["local_dir", "upload", "reach_fleet_wheelhouse"]
+def wheel_source(spec: dict[str, Any], dest: str, upload_name: str,
+                 fleet_directory: Callable[[], Path]) -> tuple[str | None, str | None]:
+    """Where a role's pip takes its wheels from, ``(wheelhouse, trusted host)``: ``install.wheelhouse``
+    (a directory on the control machine) uploaded to ``dest``; else with ``install.wheels: fleet``
+    the fleet wheelhouse ``fleet_directory()`` (``wh.ensure``'s result for this host) reached as
+    :func:`reach_fleet_wheelhouse` says (``upload_name``: its upload to ``dest``); else
+    ``(None, None)``: the host's own index. One order for the vllm and router roles."""
+    ins = spec["install"]
+    if ins.get("wheelhouse"):
+        return upload(f"Upload the wheelhouse to {dest}", local_dir(ins["wheelhouse"], "install.wheelhouse"), dest), None
+    if ins["wheels"] == "fleet":
+        return reach_fleet_wheelhouse(fleet_directory(), dest, upload_name)
+    return None, None
+
+
+def source_args(spec: dict[str, Any], *, wheelhouse: str | None, find_links: str | None = None) -> list[str]:
+    """pip's (and uv's) source flags: the wheelhouse alone (``--no-index``), else the index
+    (``install.index_url``) plus extra find-links."""
+    if wheelhouse:
+        return ["--no-index", "--find-links", wheelhouse]
+    argv = ["--index-url", spec["install"]["index_url"]] if spec["install"].get("index_url") else []
+    return argv + (["--find-links", find_links] if find_links else [])
+
+
+__all__ = ["local_dir", "upload", "reach_fleet_wheelhouse", "wheel_source", "source_args"]

@@ -12,6 +12,7 @@ Switching the policy is a deploy of this part and nginx only: nothing here touch
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from pyinfra import host
@@ -24,7 +25,7 @@ from vllm_fleet.host import programs
 from vllm_fleet.host.programs import argv as cmd
 from vllm_fleet.host.programs import chain, if_then
 from vllm_fleet.roles.common import DeployError, packages, put_rendered, rendered_query
-from vllm_fleet.roles.common.wheels import local_dir, reach_fleet_wheelhouse, upload
+from vllm_fleet.roles.common.wheels import source_args, wheel_source
 from vllm_fleet.roles.common.state import Query, host_state, pending
 
 from .defaults import DEFAULTS
@@ -53,26 +54,27 @@ def state_query(spec: dict[str, Any], rendered: dict[str, Any]) -> Query:
 
 
 def _wheel_source(spec: dict[str, Any]) -> list[str]:
-    """pip's source arguments for this host (the fleet wheel server's address a trusted host)."""
+    """pip's source arguments for this host (roles.common.wheels' order; the fleet wheel server's
+    address a trusted host)."""
+    dest = f"{env_dir(spec)}-wheels"
+    wheelhouse, address = wheel_source(spec, dest, f"Upload the router's wheels to {dest}", lambda: _fleet_directory(spec))
+    return source_args(spec, wheelhouse=wheelhouse) + (["--trusted-host", address] if address else [])
+
+
+def _fleet_directory(spec: dict[str, Any]) -> Path:
+    """``install.wheels: fleet``: the control machine's wheelhouse of vllm-router for this host's
+    Python and platform (vllm_fleet.fetch.wheelhouse)."""
     from vllm_fleet.roles.vllm.facts import PythonTarget
 
-    ins = spec["install"]
-    dest = f"{env_dir(spec)}-wheels"
-    if ins.get("wheelhouse"):
-        return ["--no-index", "--find-links", upload(f"Upload the wheelhouse to {dest}", local_dir(ins["wheelhouse"], "install.wheelhouse"), dest)]
-    if ins["wheels"] == "fleet":
-        target = host.get_fact(PythonTarget)
-        lacking = [k for k in ("python", "glibc", "machine") if not target.get(k)]
-        if lacking:
-            raise PyDeployError(f"host {host.name}: the router's wheels (install.wheels: fleet) need the host's {', '.join(lacking)}; "
-                                "set install.wheels: host to let the host download for itself")
-        try:
-            directory = wh.ensure([requirement(spec)], target, index_url=ins.get("index_url"))
-        except wh.WheelhouseError as exc:
-            raise PyDeployError(str(exc)) from None
-        where, address = reach_fleet_wheelhouse(directory, dest, f"Upload the router's wheels to {dest}")
-        return ["--no-index", "--find-links", where, *(["--trusted-host", address] if address else [])]
-    return ["--index-url", ins["index_url"]] if ins.get("index_url") else []
+    target = host.get_fact(PythonTarget)
+    lacking = [k for k in ("python", "glibc", "machine") if not target.get(k)]
+    if lacking:
+        raise PyDeployError(f"host {host.name}: the router's wheels (install.wheels: fleet) need the host's {', '.join(lacking)}; "
+                            "set install.wheels: host to let the host download for itself")
+    try:
+        return wh.ensure([requirement(spec)], target, index_url=spec["install"].get("index_url"))
+    except wh.WheelhouseError as exc:
+        raise PyDeployError(str(exc)) from None
 
 
 def _pip_install(spec: dict[str, Any], env: str, source: list[str]) -> list[StringCommand]:

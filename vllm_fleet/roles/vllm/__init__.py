@@ -49,7 +49,7 @@ from pyinfra.api import StringCommand, deploy
 from pyinfra.operations import server
 
 from vllm_fleet.roles.common import packages
-from vllm_fleet.roles.common.wheels import local_dir, reach_fleet_wheelhouse, upload
+from vllm_fleet.roles.common.wheels import local_dir, source_args, upload, wheel_source
 from vllm_fleet.roles.common.state import Query, host_state
 
 from vllm_fleet.host.programs import argv as cmd, python
@@ -125,20 +125,11 @@ def pip_install_command(spec: dict, reqs: list[str], *, cache_dir: str | None,
         argv += ["env", f"PIP_CACHE_DIR={cache_dir}"]
     argv += [env_python(spec), "-m", "pip", "install", "--no-input", "--disable-pip-version-check",
              "--progress-bar", "off", "--timeout", str(timeout)]
-    argv += _source_args(spec, find_links=find_links, wheelhouse=wheelhouse)
+    argv += source_args(spec, find_links=find_links, wheelhouse=wheelhouse)
     if wheelhouse:
         argv += ["--no-cache-dir", *(["--trusted-host", trusted_host] if trusted_host else [])]
     argv += reqs
     return cmd(*argv)
-
-
-def _source_args(spec: dict, *, find_links: str | None, wheelhouse: str | None) -> list[str]:
-    """Where pip and uv take the wheels from (the same flags for both): the wheelhouse alone
-    (``--no-index``), else the index (``install.index_url``) plus extra find-links."""
-    if wheelhouse:
-        return ["--no-index", "--find-links", wheelhouse]
-    argv = ["--index-url", spec["install"]["index_url"]] if spec["install"].get("index_url") else []
-    return argv + (["--find-links", find_links] if find_links else [])
 
 
 def uv_install_command(spec: dict, reqs: list[str], *, find_links: str | None = None,
@@ -152,7 +143,7 @@ def uv_install_command(spec: dict, reqs: list[str], *, find_links: str | None = 
     argv = ["env", f"UV_CACHE_DIR={prefix}/{d.UV_CACHE_SUBDIR}", f"UV_HTTP_TIMEOUT={timeout}",
             command.env_paths(spec)["uv"], "pip", "install", "--no-progress", "--python", env_python(spec),
             "--compile-bytecode"]
-    argv += _source_args(spec, find_links=find_links, wheelhouse=wheelhouse)
+    argv += source_args(spec, find_links=find_links, wheelhouse=wheelhouse)
     argv += reqs
     return cmd(*argv)
 
@@ -207,11 +198,10 @@ def wheelhouse_requirements(spec: dict) -> list[str]:
     return reqs + ([d.UV_REQUIREMENT] if spec["install"]["installer"] == "uv" else [])
 
 
-def _fleet_wheelhouse(spec: dict) -> tuple[str, str | None]:
+def _fleet_directory(spec: dict) -> Path:
     """``install.wheels: fleet``: the control machine's wheelhouse for this host's Python and
-    platform (filled once, :mod:`vllm_fleet.fetch.wheelhouse`), and how this host reaches it:
-    ``(http URL, server address)`` when host data ``vllm_wheel_serve_address`` is set, else
-    ``(directory on the host, None)`` after an upload over SSH."""
+    platform (filled once, :mod:`vllm_fleet.fetch.wheelhouse`; roles.common.wheels.wheel_source
+    says how the host reaches it)."""
     from pyinfra import logger
     from pyinfra.api.exceptions import DeployError
 
@@ -234,8 +224,7 @@ def _fleet_wheelhouse(spec: dict) -> tuple[str, str | None]:
             wh.add_flashinfer_cubin(directory, target, index_url=ins.get("index_url"), find_links=found, log=logger.warning)
     except wh.WheelhouseError as exc:
         raise DeployError(str(exc)) from None
-    dest = f"{ins['prefix'].rstrip('/')}/{d.WHEELHOUSE_SUBDIR}"
-    return reach_fleet_wheelhouse(directory, dest, f"Upload the fleet wheelhouse to {dest}")
+    return directory
 
 
 @deploy("vLLM system libraries", data_defaults=DEFAULTS)
@@ -317,15 +306,14 @@ def _wheel_source(spec: dict[str, Any], reqs: list[str]) -> tuple[str | None, st
     """Where the install takes its wheels from, ``(wheelhouse, find_links, trusted_host)``: the
     uploaded ``install.wheelhouse``, else the fleet wheelhouse (``install.wheels: fleet``), else
     the index plus uploaded extra wheels (host data ``vllm_find_links``); nothing to install, none."""
-    ins = spec["install"]
-    prefix = ins["prefix"].rstrip("/")
-    if reqs and ins.get("wheelhouse"):
-        return upload(f"Upload the wheelhouse to {prefix}/{d.WHEELHOUSE_SUBDIR}", local_dir(ins["wheelhouse"], "install.wheelhouse"),
-                      f"{prefix}/{d.WHEELHOUSE_SUBDIR}"), None, None
-    if reqs and ins["wheels"] == "fleet":
-        wheelhouse, trusted_host = _fleet_wheelhouse(spec)
+    if not reqs:
+        return None, None, None
+    prefix = spec["install"]["prefix"].rstrip("/")
+    dest = f"{prefix}/{d.WHEELHOUSE_SUBDIR}"
+    wheelhouse, trusted_host = wheel_source(spec, dest, f"Upload the fleet wheelhouse to {dest}", lambda: _fleet_directory(spec))
+    if wheelhouse:
         return wheelhouse, None, trusted_host
-    if reqs and host.data.get("vllm_find_links"):
+    if host.data.get("vllm_find_links"):
         return None, upload(f"Upload extra wheels to {prefix}/{d.FIND_LINKS_SUBDIR}",
                             local_dir(host.data.get("vllm_find_links"), "host data vllm_find_links"),
                             f"{prefix}/{d.FIND_LINKS_SUBDIR}"), None
