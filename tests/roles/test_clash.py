@@ -54,13 +54,13 @@ def test_the_state_read_finds_what_another_deployment_holds(tmp_path):
 
 
 def _want(ports=(), gpus=(), site=None) -> clash.Held:
-    return clash.Held({p: f"vllm-new-{i}.service" for i, p in enumerate(ports)}, {g: "vllm-new-0.service" for g in gpus},
-                      [site] if site else [])
+    return clash.Held({p: f"vllm-new-{i}.service" for i, p in enumerate(ports)}, [site] if site else [],
+                      {g: ["vllm-new-0.service"] for g in gpus})
 
 
 def test_clashes_name_the_other_deployment_and_the_fix(tmp_path):
-    theirs = {"old": clash.Held({8000: "vllm-old-0.service"}, {0: "vllm-old-0.service", 1: "vllm-old-0.service"},
-                                [(80, "_", True, "/etc/nginx/conf.d/vllm-fleet-old.conf")])}
+    theirs = {"old": clash.Held({8000: "vllm-old-0.service"}, [(80, "_", True, "/etc/nginx/conf.d/vllm-fleet-old.conf")],
+                                {0: ["vllm-old-0.service"], 1: ["vllm-old-0.service"]})}
     lines = clash.clashes({"new": _want([8000], [1], (80, "_", True, "proxy.listen 80"))}, theirs, {"new"})
     assert lines == [
         "port 8000 (vllm-new-0.service) is taken by deployment 'old' (vllm-old-0.service): give new another server.port",

@@ -49,18 +49,21 @@ def unit_of(path: str) -> str | None:
 
 @dataclass
 class Held:
-    """What one deployment holds on a host: {port: where}, {gpu: where}, [(listen, server_name,
-    default, where)], {gpu: [units]} (several: replicas.per_gpu) and {unit: its
+    """What one deployment holds on a host: {port: where}, [(listen, server_name, default,
+    where)], {gpu: [units]} (several: replicas.per_gpu) and {unit: its
     --gpu-memory-utilization}, the share of each of its GPUs it takes (a unit not listed: all)."""
 
     ports: dict[int, str] = field(default_factory=dict)
-    gpus: dict[int, str] = field(default_factory=dict)
     sites: list[tuple[int, str, bool, str]] = field(default_factory=list)
     units: dict[int, list[str]] = field(default_factory=dict)
     shares: dict[str, float] = field(default_factory=dict)
 
+    @property
+    def gpus(self) -> dict[int, str]:
+        """{gpu: the unit on it} (the last one placed there, when several share it)."""
+        return {gpu: units[-1] for gpu, units in self.units.items() if units}
+
     def use_gpu(self, gpu: int, unit: str, share: float | None = None) -> None:
-        self.gpus[gpu] = unit
         if unit not in self.units.setdefault(gpu, []):
             self.units[gpu].append(unit)
         if share is not None:
@@ -68,8 +71,7 @@ class Held:
 
     def on_gpu(self, gpu: int) -> dict[str, float]:
         """{unit: share} of this deployment's units on GPU ``gpu``."""
-        units = self.units.get(gpu) or ([self.gpus[gpu]] if gpu in self.gpus else [])
-        return {u: self.shares.get(u, 1.0) for u in units}
+        return {u: self.shares.get(u, 1.0) for u in self.units.get(gpu, [])}
 
 
 def _gpus(env_text: str | None) -> list[int]:
