@@ -142,6 +142,16 @@ def test_not_fitting_is_an_error_with_numbers_and_fix_order():
     assert not at(problems(RT, engine__gpu_memory_utilization=0.5), "engine.gpu_memory_utilization")
 
 
+def test_the_model_facts_are_read_once_for_the_checks_and_the_plan(monkeypatch):
+    """hardware_problems reads the model's facts once; the memory plan gets them (no second read)."""
+    r, s = load(RT, engine__gpu_memory_utilization=0.3)
+    reads = []
+    real = hwchecks.catalog.facts_for
+    monkeypatch.setattr(hwchecks.catalog, "facts_for", lambda resolved: reads.append(1) or real(resolved))
+    assert at(hwchecks.hardware_problems(r, s), "engine.gpu_memory_utilization", "error")  # the plan ran
+    assert len(reads) == 1
+
+
 def test_unknown_gpu_suggests_a_name():
     err = at(problems(RT, hardware__gpu="rtx-3090"), "hardware.gpu", "error")
     assert err and "did you mean `rtx3090`" in err[0].fix

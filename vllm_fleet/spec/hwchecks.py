@@ -100,7 +100,7 @@ def _gpu_count(c: _Facts) -> None:
     resolved, par, hw = c.r, c.r["parallel"], c.r["hardware"]
     tp, pp, dp = par["tensor"], par["pipeline"], par["data"]
     reps = int(resolved["replicas"]["per_host"])
-    share = int(resolved["replicas"]["per_gpu"])
+    share = planner.replicas_per_gpu(resolved)
     want = hw["gpus_per_node"] * par["nodes"]
     if share > 1 and reps % share:
         c.add("replicas.per_gpu", f"replicas.per_host {reps} is not a multiple of replicas.per_gpu {share}: a GPU group would be shared by fewer",
@@ -230,7 +230,7 @@ def _memory_plan(c: _Facts) -> None:
     if c.g is None or c.cpu or any(p.path == "parallel.tensor" and p.severity == "error" for p in c.out):
         return
     m, e, g = c.r["model"], c.r["engine"], c.g
-    p = planner.plan(c.r)
+    p = planner.plan(c.r, facts=(c.facts, c.how))  # the facts hardware_problems read
     if p["fits"]:
         return
     path = "model.quantization" if (p.get("quantization") is None and p["weights_gib"] > 0.5 * p["budget_gib"]) else "engine.gpu_memory_utilization"

@@ -208,7 +208,7 @@ def _plan_settings(resolved: dict[str, Any], g: dict[str, Any], how: str, gpus_p
         "gpus_per_node": gpus_per_node or hw["gpus_per_node"], "nodes": par["nodes"],
         "max_model_len": m["max_model_len"], "max_num_seqs": e["max_num_seqs"],
         "gpu_memory_utilization": e["gpu_memory_utilization"], "kv_cache_dtype": e["kv_cache_dtype"],
-        "replicas_per_gpu": int(resolved["replicas"]["per_gpu"]),
+        "replicas_per_gpu": replicas_per_gpu(resolved),
         "block_tokens": BLOCK_TOKENS, "notes": [],
     }
 
@@ -275,8 +275,10 @@ def _kv_capacity(out: dict[str, Any], resolved: dict[str, Any], kv_bytes: float,
                      f"(max_num_seqs {e['max_num_seqs']}): long requests beyond that queue or are preempted")
 
 
-def plan(resolved: dict[str, Any], gpu: str | None = None, gpus_per_node: int | None = None) -> dict[str, Any]:
+def plan(resolved: dict[str, Any], gpu: str | None = None, gpus_per_node: int | None = None,
+         facts: tuple[dict[str, Any] | None, str] | None = None) -> dict[str, Any]:
     """The memory plan per GPU for a resolved spec. Raises KeyError for an unknown GPU name.
+    ``facts``: the model's ``(facts, how)`` when the caller has read them (catalog.facts_for).
 
     Keys: gpu, model, tensor, pipeline, data, weights_gib, overhead_gib, kv_cache_gib,
     kv_bytes_per_token (per GPU), kv_bytes_per_token_model (all layers and heads), kv_tokens,
@@ -284,7 +286,7 @@ def plan(resolved: dict[str, Any], gpu: str | None = None, gpus_per_node: int | 
     is unknown), decode_floor_ms (weights bytes / bandwidth), notes.
     """
     g = _plan_gpu(resolved, gpu)
-    facts, how = catalog.facts_for(resolved)
+    facts, how = facts if facts is not None else catalog.facts_for(resolved)
     out = _plan_settings(resolved, g, how, gpus_per_node)
     tp, pp = out["tensor"], out["pipeline"]
     cpu = g["name"] == "cpu"
