@@ -610,8 +610,8 @@ def _add(files: dict[str, RenderedFile], path: str, f: RenderedFile, target: str
     files[path] = f
 
 
-def _node_files(resolved: dict[str, Any], node: Node, all_nodes: list[Node], with_inventory: bool) -> dict[str, RenderedFile]:
-    p = paths(resolved)
+def _node_files(resolved: dict[str, Any], p: dict[str, str], node: Node, all_nodes: list[Node], with_inventory: bool) -> dict[str, RenderedFile]:
+    """The files of one deployment's node (``p``: its :func:`paths`)."""
     files: dict[str, RenderedFile] = {}
     if node.roles & SERVICE_PARTS:
         _add(files, p["vllm_env"], _vllm_env_file(resolved), node.target)
@@ -710,14 +710,14 @@ def ray_firewall_files(layout: Layout, h: HostLayout) -> dict[str, RenderedFile]
 
 def fill_files(layout: Layout) -> None:
     """Every host's files and secrets, and the control machine's (called by layout.build)."""
+    paths_of = {dep: paths(r) for dep, r in layout.deployments.items()}  # once per deployment
     for h in layout.hosts.values():
         files: dict[str, RenderedFile] = {}
         for dep, node in h.parts.items():
-            r = layout.deployments[dep]
+            r, p = layout.deployments[dep], paths_of[dep]
             nodes = layout.nodes(dep)
-            for path, f in _node_files(r, node, nodes, layout.with_inventory).items():
+            for path, f in _node_files(r, p, node, nodes, layout.with_inventory).items():
                 _add(files, path, f, h.name)
-            p = paths(r)
             if "server" in node.roles and r["server"].get("api_key"):
                 h.secrets.append(Secret(dep, "api_key", (p["secrets_env"],)))
             if "proxy" in node.roles and r["proxy"]["auth"] == "api_key":

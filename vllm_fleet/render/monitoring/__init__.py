@@ -328,9 +328,11 @@ def _dcgm_unit(header: str, argv: list[str]) -> str:
     ])
 
 
-def _exporter_files(resolved: dict[str, Any], node: "_Node", all_nodes: list["_Node"], with_inventory: bool, header: str) -> dict[str, Any]:
-    """What every monitored node runs: the node exporter's settings and, on a GPU node, dcgm-exporter's fields and unit."""
-    mon, p = resolved["monitoring"], paths(resolved)
+def _exporter_files(resolved: dict[str, Any], p: dict[str, str], node: "_Node", all_nodes: list["_Node"], with_inventory: bool,
+                    header: str) -> dict[str, Any]:
+    """What every monitored node runs: the node exporter's settings and, on a GPU node, dcgm-exporter's fields and unit
+    (``p``: :func:`paths`)."""
+    mon = resolved["monitoring"]
     out: dict[str, Any] = {}
     addr = private_address(node, with_inventory)
     if mon["node_exporter"]:
@@ -346,9 +348,8 @@ def _exporter_files(resolved: dict[str, Any], node: "_Node", all_nodes: list["_N
     return out
 
 
-def _blackbox_files(resolved: dict[str, Any], header: str) -> dict[str, Any]:
+def _blackbox_files(resolved: dict[str, Any], p: dict[str, str], header: str) -> dict[str, Any]:
     """The blackbox exporter's module (GET /health, the self-signed certificate accepted) and its settings."""
-    p = paths(resolved)
     tls = resolved["proxy"]["tls"]
     module: dict[str, Any] = {"prober": "http", "timeout": "5s",
                               "http": {"valid_status_codes": [200], "method": "GET", "preferred_ip_protocol": "ip4"}}
@@ -360,9 +361,9 @@ def _blackbox_files(resolved: dict[str, Any], header: str) -> dict[str, Any]:
                 [f"--config.file={p['blackbox_config']}", f"--web.listen-address={BLACKBOX_LISTEN}"]), 0o644)}
 
 
-def _grafana_files(resolved: dict[str, Any], header: str, listen: str) -> dict[str, Any]:
+def _grafana_files(resolved: dict[str, Any], p: dict[str, str], header: str, listen: str) -> dict[str, Any]:
     """Grafana's provisioning: the Prometheus data source at ``listen``, the dashboards' provider, the dashboard."""
-    mon, p = resolved["monitoring"], paths(resolved)
+    mon = resolved["monitoring"]
     ds = {"apiVersion": 1, "datasources": [{
         "name": "vllm-fleet Prometheus", "uid": GRAFANA_DATASOURCE_UID, "type": "prometheus", "access": "proxy",
         "url": f"http://{listen}", "isDefault": False, "editable": False}]}
@@ -381,8 +382,8 @@ def node_files(resolved: dict[str, Any], node: "_Node", all_nodes: list["_Node"]
     if not mon["enabled"] or not node.roles:  # a host the deploy does not touch gets nothing
         return {}
     header = HEADER.format(name=resolved["name"])
-    p = paths(resolved)
-    out: dict[str, RenderedFile] = _exporter_files(resolved, node, all_nodes, with_inventory, header)
+    p = paths(resolved)  # once per node: every part below places its files there
+    out: dict[str, RenderedFile] = _exporter_files(resolved, p, node, all_nodes, with_inventory, header)
     if "monitoring" not in node.roles:
         return out
     listen = f"{prometheus_address(resolved, node, with_inventory)}:{mon['prometheus_port']}"
@@ -393,7 +394,7 @@ def node_files(resolved: dict[str, Any], node: "_Node", all_nodes: list["_Node"]
     out[p["prometheus_config"]] = RenderedFile(_yaml(header, prometheus_config(resolved, node, all_nodes, with_inventory)), 0o644)
     out[p["rules"]] = RenderedFile(rules(resolved, all_nodes), 0o644)
     if mon["health_probe"]:
-        out.update(_blackbox_files(resolved, header))
+        out.update(_blackbox_files(resolved, p, header))
     if mon["grafana"]["enabled"]:
-        out.update(_grafana_files(resolved, header, listen))
+        out.update(_grafana_files(resolved, p, header, listen))
     return out
