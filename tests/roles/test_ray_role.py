@@ -15,8 +15,9 @@ import pytest
 from pyinfra.api.exceptions import DeployError
 
 from vllm_fleet.render.layout import build
+from vllm_fleet.roles.common.state import HostState, Snapshot
 from vllm_fleet.roles.ray import compare_versions, detect_ifname, install_ray
-from vllm_fleet.roles.ray.facts import Ipv4Interfaces, SystemdActive, parse_ipv4_interfaces
+from vllm_fleet.roles.ray.facts import Ipv4Interfaces, parse_ipv4_interfaces
 from vllm_fleet.roles.vllm import CPU_RAY_FILES, cpu_ray_adaptation_files, install_vllm
 from vllm_fleet.roles.vllm.facts import DistVersions, SitePackagesFiles
 from vllm_fleet.render import files as render
@@ -42,7 +43,8 @@ def spec_of(name: str) -> dict:
     return spec
 
 
-def run_node(harness, host: str, inventory=INVENTORY, facts=None, data=None, spec=None):
+def layout_of(host: str, inventory=INVENTORY, data=None, spec=None):
+    """``(spec, layout)`` with ``host`` as the harness's testhost."""
     spec = spec or spec_of("lab-tiny-pp2.yaml")
     inv = copy.deepcopy(inventory)
     if host != "testhost":  # the harness's host is always called testhost
@@ -51,11 +53,37 @@ def run_node(harness, host: str, inventory=INVENTORY, facts=None, data=None, spe
     for h in inv.values():  # the deploy detects the interface before it builds the layout (roles.common)
         h.setdefault("data", {}).setdefault("socket_ifname", "host0")
     inv["testhost"]["data"].update(data or {})
-    layout = build([spec], inv)  # a new layout per run: a fresh cluster registry (Layout.shared)
-    f = {SystemdActive: "inactive"}
+    return spec, build([spec], inv)  # a new layout per run: a fresh cluster registry (Layout.shared)
+
+
+def run_node(harness, host: str, inventory=INVENTORY, facts=None, data=None, spec=None, lines=("end",), strict=False):
+    """install_ray on ``host``, its state read answered with host_state.sh's ``lines`` (default:
+    a host where nothing of Ray is yet)."""
+    spec, layout = layout_of(host, inventory, data, spec)
+    f = {HostState: lambda query: Snapshot.parse(list(lines))}
     f.update(facts or {})
     h = layout.hosts["testhost"]
-    return harness.run(install_ray, spec, h.parts[spec["name"]], layout, h.files, facts=f, data=data or {})
+    run = harness.run(install_ray, spec, h.parts[spec["name"]], layout, h.files, facts=f, data=data or {}, strict=strict)
+    run.cluster = layout.shared[f"ray:{spec['name']}"]
+    return run
+
+
+def converged_lines(host: str, active: str = "active") -> list[str]:
+    """host_state.sh's output on a Ray node where every file, directory and unit of the role is in place."""
+    spec, layout = layout_of(host)
+    h = layout.hosts["testhost"]
+    ray_files = [p for p in h.files if "ray" in p or p.endswith(("/node.env", "/vllm.env"))]
+    out = []
+    for p in ray_files:
+        f = h.files[p]
+        out += [f"stat\t{p}\tregular file\t{f.owner}\t{f.group}\t{f.mode:o}\t{len(f.content)}",
+                f"sha\t{p}\t{hashlib.sha256(f.content.encode()).hexdigest()}"]
+    user = spec["server"]["user"]
+    out += [f"stat\t/var/lib/vllm-fleet/ray\tdirectory\t{user}\t{user}\t750\t4096",
+            f"stat\t{spec['install']['prefix']}/bin\tdirectory\troot\troot\t755\t4096"]
+    for unit in ("ray-head.service" if host == "testhost" else "ray-worker.service", "vllm-fleet-ray-firewall.service"):
+        out += [f"unit\tId={unit}", "unit\tLoadState=loaded", f"unit\tActiveState={active}", "unit\tUnitFileState=enabled", "unit\t"]
+    return out + ["end"]
 
 
 def env_values(text: str) -> dict[str, str]:
@@ -194,6 +222,65 @@ def test_worker_node(harness):
     assert "--address 10.10.0.11:6379" in unit
     assert not run.has_op("Wait for the Ray cluster") and "/etc/systemd/system/ray-head.service" not in run.uploads
     assert run.op("Restart ray-worker.service").conditional
+
+
+# -------------------------------------------------- from the one state read (roles.common.state)
+
+def test_a_converged_head_is_read_once_and_gets_no_operation_but_the_execute_time_checks(harness):
+    """Every file, directory and unit of the head in place: the state read is the only fact (no
+    File/Sha256File per file, no systemctl is-active), no put, no restart, nothing started; what
+    is left are the version check and the cluster wait, python callbacks that run only when a
+    node starts."""
+    run = run_node(harness, "testhost", lines=converged_lines("testhost"), strict=True)
+    assert [name for name, _ in run.asked] == ["HostState"]
+    assert [op.name.rsplit(" | ", 1)[-1] for op in run.ops] == [
+        "Record Python, Ray and vLLM versions", "Same versions on every Ray node",
+        "Wait for the Ray cluster: 2 nodes, 2 GPUs (deadline 180 s)"], run
+    assert all(op.conditional for op in run.ops) and not run.uploads
+    assert run.cluster["not_active"] == {"testhost": False}  # ray-head.service active, from the read
+
+
+def test_a_converged_worker_reads_only_what_its_restart_needs(harness):
+    """A worker's restart follows the head's, another host's plan: it stays (conditional) and
+    reads pyinfra's own unit facts; nothing else beyond the state read."""
+    run = run_node(harness, "lab2", lines=converged_lines("lab2"))
+    assert [name for name, _ in run.asked][0] == "HostState"
+    assert {name for name, _ in run.asked[1:]} == {"SystemdStatus", "SystemdEnabled"}, run.asked  # the restart's own
+    assert {tuple(kw["services"]) for _, kw in run.asked[1:]} == {("ray-worker.service",)}
+    assert [op.name.rsplit(" | ", 1)[-1] for op in run.ops if op.name.rsplit(" | ", 1)[-1].startswith(("Put", "Restart", "ray-", "vllm-fleet"))] == [
+        "Restart ray-worker.service (its inputs changed, or the head restarted)"]
+    assert not run.uploads and run.cluster["not_active"] == {"testhost": False}
+
+
+def test_an_inactive_node_is_known_from_the_state_read(harness):
+    run = run_node(harness, "testhost", lines=converged_lines("testhost", active="inactive"))
+    assert run.cluster["not_active"] == {"testhost": True}
+    assert run.op("ray-head.service running and enabled") and run.op("vllm-fleet-ray-firewall.service active and enabled")
+    assert [name for name, _ in run.asked][0] == "HostState" and "File" not in {name for name, _ in run.asked}
+
+
+def test_the_serve_deploy_reads_the_ray_nodes_state_in_its_one_read(harness):
+    """deploys/serve.py's one query holds install_ray's on the head and on the worker (no second read)."""
+    from pyinfra.api import deploy
+
+    from vllm_fleet.deploys.serve import state_query
+    from vllm_fleet.roles.ray import state_query as ray_query
+
+    got = {}
+
+    @deploy("serve's query")
+    def serve_query(spec, h):
+        got["serve"] = state_query({"specs": {spec["name"]: spec}}, h)
+
+    for host in ("testhost", "lab2"):
+        spec, layout = layout_of(host)
+        h = layout.hosts["testhost"]
+        q = ray_query(spec, h.parts[spec["name"]], h.files)
+        unit = "ray-head.service" if host == "testhost" else "ray-worker.service"
+        assert f"/etc/systemd/system/{unit}" in q.sha and unit in q.units and "/var/lib/vllm-fleet/ray" in q.stat
+        assert "/etc/vllm-fleet/ray-firewall.nft" in q.sha and "vllm-fleet-ray-firewall.service" in q.units
+        harness.run(serve_query, spec, h)
+        assert not q - got["serve"], (host, q - got["serve"])
 
 
 def test_single_node_spec_is_left_alone(harness):

@@ -31,7 +31,7 @@ from pyinfra import host
 from vllm_fleet.render import monitoring as _monitoring
 from vllm_fleet.render.files import paths as render_paths
 from vllm_fleet.render.layout import SERVICE_PARTS, HostLayout
-from vllm_fleet.roles import nginx, router, service, teardown
+from vllm_fleet.roles import nginx, ray, router, service, teardown
 from vllm_fleet.roles.common import clash, host_layout, load_deploy_spec, preflight, write_generated_secrets
 from vllm_fleet.roles.common.state import Query, Snapshot, load_host_state
 from vllm_fleet.roles.monitoring import install_monitoring
@@ -59,6 +59,7 @@ def state_query(ctx: dict, h: HostLayout | None) -> Query:
             q = q | service.server_stack_query(spec)
             if node.instances:
                 q = q | service.state_query(spec, node, rendered)
+            q = q | ray.state_query(spec, node, rendered)  # Query() unless a Ray head or worker
         if "proxy" in node.roles:
             q = q | nginx.state_query(spec, rendered) | Query(stat=(render_paths(spec)["router_unit"],))
         if "router" in node.roles:

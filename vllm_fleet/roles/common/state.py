@@ -4,15 +4,18 @@ pyinfra's operations each read their own facts (a directory: one ``sudo sh -c`` 
 file: two; a unit: two; a user: three), and each operation's generator runs twice, once while
 the plan is built and once when it executes: a no-op deploy of one lab host was 86 round trips.
 Here the deploy (vllm_fleet/deploys/serve.py; the rollout's update step too) first asks each
-role what it will compare (``state_query`` of pyenv, vllm, model, service, nginx), reads all of it with one
+role what it will compare (``state_query`` of pyenv, vllm, model, service, ray, nginx, router), reads all of it with one
 :class:`HostState` fact (the script ``vllm_fleet/host/scripts/host_state.sh``), and the roles then
 create an operation only where the state differs. A converged host gets no operation (so also
 no fact and no command when the plan executes); a host that differs gets pyinfra's own
 operation, which reads its facts and converges as it always did.
 
-Without a loaded snapshot (a role called on its own: an own deploy, the role tests) nothing is
-known and every operation is created as before. A snapshot is read while the plan is built and
-is not refreshed: an operation decides once, from the state the plan saw.
+A role that is query + apply (service, ray) takes its snapshot with :func:`role_state` (its own
+``state_query``): the deploy's one read when it asked all of that (no further command), else the
+part it did not ask, read then in one round trip (a role called on its own: an own deploy, the
+role tests). Where no snapshot was loaded for a role that reads :func:`host_state` alone,
+nothing is known and every operation is created as before. A snapshot is read while the plan is
+built and is not refreshed: an operation decides once, from the state the plan saw.
 
 Example::
 
@@ -71,6 +74,22 @@ class Query:
                 merged[f.name] = tuple(dict.fromkeys((*getattr(self, f.name), *getattr(other, f.name))))
         return Query(**merged)
 
+    def __sub__(self, other: "Query") -> "Query":
+        """What this query asks that ``other`` does not (envs: per python, the probes not asked)."""
+        left = {}
+        for f in fields(self):
+            if f.name == "envs":
+                have = dict(other.envs)
+                left["envs"] = tuple((py, tuple(a for a in args if a not in have[py])) for py, args in self.envs
+                                     if py not in have or any(a not in have[py] for a in args))
+            else:
+                theirs = set(getattr(other, f.name))
+                left[f.name] = tuple(v for v in getattr(self, f.name) if v not in theirs)
+        return Query(**left)
+
+    def __bool__(self) -> bool:
+        return any(getattr(self, f.name) for f in fields(self))
+
     def argv(self) -> list[str]:
         """host_state.sh's arguments (KIND VALUE pairs)."""
         out: list[str] = []
@@ -125,6 +144,20 @@ class Snapshot:
         self.globbed: dict[str, dict[str, str | None]] = {}
         self.glob_units: dict[str, tuple[str, str]] = {}  # unit file path -> (is-active, is-enabled)
         self.query = Query()
+
+    def merge(self, other: "Snapshot") -> None:
+        """Add what ``other`` read (another query's answers) to this snapshot: known when both are."""
+        for name, value in vars(other).items():
+            if isinstance(value, dict) and name != "envs":
+                getattr(self, name).update(value)
+        for py, env in other.envs.items():  # the same env probed for more names: one answer
+            mine = self.envs.setdefault(py, {"python": None, "dist": {}, "file": {}, "done": True})
+            mine["dist"].update(env["dist"])
+            mine["file"].update(env["file"])
+            mine["python"] = env["python"] or mine["python"]
+            mine["done"] = mine["done"] and env["done"]
+        self.known = self.known and other.known
+        self.query = self.query | other.query
 
     @classmethod
     def parse(cls, lines: list[str]) -> "Snapshot":
@@ -395,13 +428,34 @@ def host_state() -> Snapshot:
     return found[1] if found and found[0] is st else Snapshot()
 
 
-def load_host_state(query: Query) -> Snapshot:
-    """Read ``query`` on this host in one round trip (the HostState fact) and keep it for this
-    deploy's roles (:func:`host_state`)."""
-    st, key = _key()
+def _read(query: Query) -> Snapshot:
     snap = host.get_fact(HostState, query=query)
     if not isinstance(snap, Snapshot):  # a scripted or failed fact: nothing known
         snap = Snapshot()
     snap.query = query
+    return snap
+
+
+def load_host_state(query: Query) -> Snapshot:
+    """Read ``query`` on this host in one round trip (the HostState fact) and keep it for this
+    deploy's roles (:func:`host_state`)."""
+    st, key = _key()
+    snap = _read(query)
     _SNAPSHOTS[key] = (st, snap)
+    return snap
+
+
+def role_state(query: Query) -> Snapshot:
+    """The snapshot a role compares against (its ``state_query``): this host's, when the deploy's
+    one read asked all of ``query`` (deploys/serve.py and rollout.py do: no further command);
+    else what it did not ask, read now in one round trip and added to it (a role called on its
+    own, e.g. from a deploy of the user's own, reads its state itself: never a fact per file)."""
+    st, key = _key()
+    found = _SNAPSHOTS.get(key)
+    if not found or found[0] is not st:
+        return load_host_state(query)
+    snap = found[1]
+    missing = query - snap.query
+    if missing:
+        snap.merge(_read(missing))
     return snap

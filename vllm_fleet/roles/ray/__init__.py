@@ -53,12 +53,13 @@ from typing import Any
 from pyinfra import host
 from pyinfra.api import StringCommand, deploy
 from pyinfra.api.exceptions import DeployError
-from pyinfra.operations import files, python, systemd
+from pyinfra.operations import python, systemd
 from pyinfra.operations.util import any_changed
 
 from vllm_fleet.host import programs
 from vllm_fleet.host.programs import argv as cmd
-from vllm_fleet.roles.common import as_root, put_rendered
+from vllm_fleet.roles.common import as_root, directory, put_rendered, rendered_query, service_running
+from vllm_fleet.roles.common.state import Converged, Query, host_state, pending, role_state
 from vllm_fleet.roles.vllm.facts import parse_probe
 from vllm_fleet.render import command
 from vllm_fleet.render.layout import Layout, Node
@@ -66,9 +67,9 @@ from vllm_fleet.render import files as render
 
 from . import defaults as d
 from .defaults import DEFAULTS
-from .facts import Ipv4Interfaces, SystemdActive, detect_ifname
+from .facts import Ipv4Interfaces, detect_ifname
 
-__all__ = ["install_ray", "RayResult", "detect_ifname", "compare_versions", "DEFAULTS"]
+__all__ = ["install_ray", "state_query", "RayResult", "detect_ifname", "compare_versions", "DEFAULTS"]
 
 
 def _cluster(layout: Layout, name: str) -> dict[str, Any]:
@@ -183,6 +184,7 @@ def install_ray(spec: dict[str, Any], node: Node, layout: Layout, rendered: dict
     role = _ray_role(node)
     if role is None:
         return RayResult(None)
+    role_state(state_query(spec, node, rendered))  # deploys/serve.py read it already: no command
     unit_path, owned, env_ops, unit_op = _put_node_files(spec, role, rendered)
     _ray_firewall(spec, rendered, unit_op)
     # versions equal on every node before anything (re)starts
@@ -197,16 +199,44 @@ def install_ray(spec: dict[str, Any], node: Node, layout: Layout, rendered: dict
     return RayResult(role, owned, env_ops, _Changed(cluster, "starts"))
 
 
+def _node_files(spec: dict[str, Any], role: str, rendered: dict[str, Any]) -> tuple[str, list[str], list[str]]:
+    """``(the node's unit path, the files this role puts, the directories it makes)``: the env
+    files, the unit (head: and the cluster wait script), Ray's temp directory."""
+    p = render.paths(spec)
+    unit_path = p["ray_head_unit"] if role == "head" else p["ray_worker_unit"]
+    owned, dirs = [p["vllm_env"], p["node_env"], unit_path], [p["ray_tmpdir"]]
+    if role == "head" and p["wait_ray"] in rendered:
+        owned.append(p["wait_ray"])
+        dirs.append(f"{spec['install']['prefix']}/bin")
+    return unit_path, owned, dirs
+
+
+def _firewall_files(spec: dict[str, Any], rendered: dict[str, Any]) -> list[str]:
+    """The firewall's rules and unit, when the layout rendered them (host data ray_firewall)."""
+    p = render.paths(spec)
+    return [p["ray_firewall_rules"], p["ray_firewall_unit"]] if p["ray_firewall_rules"] in rendered else []
+
+
+def state_query(spec: dict[str, Any], node: Node, rendered: dict[str, Any]) -> Query:
+    """What install_ray compares against (vllm_fleet.roles.common.state): its files (env files,
+    unit, cluster wait script, firewall), its directories, the node's unit and the firewall's."""
+    role = _ray_role(node)
+    if role is None:
+        return Query()
+    unit_path, owned, dirs = _node_files(spec, role, rendered)
+    fw = _firewall_files(spec, rendered)
+    return (rendered_query(rendered, [path for path in owned + fw if path in rendered])
+            | Query(stat=tuple(dirs), units=(Path(unit_path).name, *((d.FIREWALL_UNIT,) if fw else ()))))
+
+
 def _put_node_files(spec: dict[str, Any], role: str, rendered: dict[str, Any]) -> tuple[str, list[str], list, Any]:
     """1. Ray's temp directory, the env files, the node's unit (head: and the cluster wait
     script). Returns ``(unit path, the paths put, the env files' operations, the unit's)``."""
-    p, srv, ins = render.paths(spec), spec["server"], spec["install"]
-    files.directory(name="Ray temp directory", path=p["ray_tmpdir"], user=srv["user"], group=srv["user"], mode="750")
-    unit_path = p["ray_head_unit"] if role == "head" else p["ray_worker_unit"]
-    owned = [p["vllm_env"], p["node_env"], unit_path]
-    if role == "head" and p["wait_ray"] in rendered:
-        files.directory(name="Helper scripts directory", path=f"{ins['prefix']}/bin", user="root", group="root", mode="755")
-        owned.append(p["wait_ray"])
+    p, srv = render.paths(spec), spec["server"]
+    unit_path, owned, dirs = _node_files(spec, role, rendered)
+    directory(name="Ray temp directory", path=dirs[0], user=srv["user"], group=srv["user"], mode="750")
+    if len(dirs) > 1:
+        directory(name="Helper scripts directory", path=dirs[1], user="root", group="root", mode="755")
     put = put_rendered(rendered, owned)
     return unit_path, owned, [put[p["vllm_env"]], put[p["node_env"]]], put[unit_path]
 
@@ -214,23 +244,26 @@ def _put_node_files(spec: dict[str, Any], role: str, rendered: dict[str, Any]) -
 def _ray_firewall(spec: dict[str, Any], rendered: dict[str, Any], unit_op: Any) -> None:
     """2. The firewall of Ray's ports (rendered by the layout unless host data ray_firewall is
     false), and systemd's daemon-reload when the node's or the firewall's unit changed."""
-    p = render.paths(spec)
-    fw_ops = []
-    if p["ray_firewall_rules"] in rendered:
-        fw = put_rendered(rendered, [p["ray_firewall_rules"], p["ray_firewall_unit"]])
-        fw_ops = [fw[p["ray_firewall_rules"]], fw[p["ray_firewall_unit"]]]
-    systemd.daemon_reload(name="systemd daemon-reload (Ray units)", _if=any_changed(unit_op, *fw_ops[1:]))
+    fw = _firewall_files(spec, rendered)
+    put = put_rendered(rendered, fw) if fw else {}
+    fw_ops = [put[path] for path in fw]
+    # (operations only where something differs: a converged node gets none, vllm_fleet.roles.common.state)
+    if pending(unit_op, *fw_ops[1:]):
+        systemd.daemon_reload(name="systemd daemon-reload (Ray units)", _if=any_changed(unit_op, *fw_ops[1:]))
     if fw_ops:
-        systemd.service(name=f"{d.FIREWALL_UNIT}: load the rules (they changed)", service=d.FIREWALL_UNIT,
-                        running=True, restarted=True, enabled=True, _if=any_changed(*fw_ops))
-        systemd.service(name=f"{d.FIREWALL_UNIT} active and enabled", service=d.FIREWALL_UNIT, running=True, enabled=True)
+        if pending(*fw_ops):
+            systemd.service(name=f"{d.FIREWALL_UNIT}: load the rules (they changed)", service=d.FIREWALL_UNIT,
+                            running=True, restarted=True, enabled=True, _if=any_changed(*fw_ops))
+        service_running(name=f"{d.FIREWALL_UNIT} active and enabled", service=d.FIREWALL_UNIT, running=True, enabled=True)
 
 
 def _version_check(spec: dict[str, Any], unit: str, cluster: dict[str, Any]) -> None:
     """3. Whether this node's unit is active (a node that is not starts), and, when anything of
     the cluster starts (host data ``ray_version_check``), every node's Python, Ray and vLLM
-    versions recorded and compared before anything (re)starts."""
-    active = (host.get_fact(SystemdActive, unit=unit) or "") == "active"
+    versions recorded and compared before anything (re)starts. Active or not comes from the
+    host's state read (not read: not active)."""
+    seen = host_state().unit(unit) or {}
+    active = seen.get("ActiveState") == "active"
     cluster["not_active"][host.name] = not active
     anything_starts = lambda: any(cluster["not_active"].values()) or _Changed(cluster, "inputs").did_change()  # noqa: E731
     if host.data.get("ray_version_check"):
@@ -242,16 +275,19 @@ def _version_check(spec: dict[str, Any], unit: str, cluster: dict[str, Any]) -> 
 
 def _start_node(role: str, unit: str, inputs: list, cluster: dict[str, Any]) -> None:
     """4. Head, then workers: restart only on their own inputs (workers also after a head
-    restart); running and enabled."""
+    restart); running and enabled. The head's restart exists only where one of its inputs may
+    change; a worker's always (conditional): whether the head restarts is another host's plan,
+    which may not be built yet when this one is."""
     if role == "head":
-        restart = systemd.service(name=f"Restart {unit} (its inputs changed)", service=unit, running=True,
-                                  restarted=True, enabled=True, _if=any_changed(*inputs))
+        restart = (systemd.service(name=f"Restart {unit} (its inputs changed)", service=unit, running=True,
+                                   restarted=True, enabled=True, _if=any_changed(*inputs))
+                   if pending(*inputs) else Converged(f"restart {unit}"))
         cluster["head_restart"].append(restart)
     else:
         restart = systemd.service(name=f"Restart {unit} (its inputs changed, or the head restarted)", service=unit,
                                   running=True, restarted=True, enabled=True,
                                   _if=any_changed(*inputs, _Changed(cluster, "head_restart")))
-    running = systemd.service(name=f"{unit} running and enabled", service=unit, running=True, enabled=True)
+    running = service_running(name=f"{unit} running and enabled", service=unit, running=True, enabled=True)
     cluster["starts"].extend([restart, running])
 
 
