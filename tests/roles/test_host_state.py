@@ -92,6 +92,35 @@ def test_queries_merge_without_repeats():
     assert m.envs == (("/py", ("dist:x", "dist:y")), ("/py2", ()))
 
 
+def test_a_role_reads_only_what_the_deploys_read_did_not_ask(harness):
+    """role_state: nothing more when the deploy's one read asked it all; else one read of just the
+    rest, added to the snapshot (a role called on its own reads its state itself)."""
+    from vllm_fleet.roles.common.state import role_state
+
+    deploy_q, role_q = Query(stat=("/a",), units=("x.service",)), Query(stat=("/a", "/b"), units=("x.service",))
+    lines = {"/a": "stat\t/a\t-", "/b": "stat\t/b\tdirectory\troot\troot\t755\t4096"}
+
+    def read(query):
+        return Snapshot.parse([lines[path] for path in query.stat] + ["end"])
+
+    seen = {}
+
+    @deploy("a deploy's read, then a role's")
+    def both(first):
+        if first is not None:
+            load_host_state(first)
+        snap = role_state(role_q)
+        seen.update(absent=snap.absent("/a"), b=snap.directory_ok("/b", "root"), known=snap.known)
+
+    for first, reads in ((role_q | deploy_q, [role_q | deploy_q]), (deploy_q, [deploy_q, Query(stat=("/b",))]), (None, [role_q])):
+        run = harness.run(both, first, facts={HostState: read}, strict=True)
+        assert [kw["query"] for _, kw in run.asked] == reads
+        assert seen == {"absent": True, "b": True, "known": True}
+    assert not role_q - (role_q | deploy_q) and (role_q - deploy_q) == Query(stat=("/b",))
+    envs = Query(envs=(("/py", ("dist:x", "dist:y")),)) - Query(envs=(("/py", ("dist:x",)),))
+    assert envs == Query(envs=(("/py", ("dist:y",)),))
+
+
 # -- roles against a snapshot -------------------------------------------------------------------
 
 
@@ -155,6 +184,34 @@ def test_a_converged_host_gets_no_operation(harness):
     assert [(op.name.rsplit(" | ", 1)[-1], op.commands) for op in run.ops] == [
         (f"{node.instances[0].unit} answers a chat on port {node.instances[0].port}", [])]
     assert [name for name, _ in run.asked] == ["HostState"]  # one read, no other fact
+
+
+@pytest.mark.parametrize("state", ["active", "failed"])
+def test_the_service_role_on_its_own_reads_its_state_once(harness, state):
+    """install_service called on its own (no deploy read the host before): its own state read is
+    the only fact, the older release's unit, the unit directory, the recorded configuration and
+    the unit's state come from it; a converged host gets no operation but the replica's chat, and
+    a unit systemd has failed gets its failed state cleared and is started, nothing else."""
+    from pyinfra.facts.systemd import SystemdEnabled, SystemdStatus
+
+    from vllm_fleet.roles import service
+
+    spec, h, node = _lab()
+    unit = node.instances[0].unit
+    lines = converged_lines(spec, h, node, "k3y")
+    at = lines.index(f"unit\tId={unit}")  # the unit's own ActiveState (nginx's stays active)
+    lines[at + 2] = f"unit\tActiveState={state}"
+    run = harness.run(service.install_service, spec=spec, node=node, rendered=h.files, api_key="k3y",
+                      facts={HostState: lambda query: Snapshot.parse(lines), SystemdStatus: {unit: False}, SystemdEnabled: {unit: True}},
+                      strict=True)
+    names = [op.name.rsplit(" | ", 1)[-1] for op in run.ops]
+    if state == "active":
+        assert [name for name, _ in run.asked] == ["HostState"]
+        assert names == [f"{unit} answers a chat on port {node.instances[0].port}"]
+    else:
+        assert [name for name, _ in run.asked][0] == "HostState" and "Command" not in {name for name, _ in run.asked}
+        assert names[:2] == [f"Clear {unit}'s failed state before (re)starting", f"{unit} running and enabled"], names
+        assert not any(n.startswith(("Put ", "Restart ", "Stop and disable")) for n in names), names
 
 
 def test_one_file_that_differs_gets_its_put_and_the_restart_it_needs(harness):

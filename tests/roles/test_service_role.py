@@ -4,13 +4,14 @@ stopped and removed before the new ones start, and only a rollout batch's instan
 
 from __future__ import annotations
 
+import base64
 import copy
 from pathlib import Path
 
 from pyinfra.facts.files import File, Sha256File
-from pyinfra.facts.server import Command
 
 from vllm_fleet.render.layout import build
+from vllm_fleet.roles.common.state import HostState, Snapshot
 from vllm_fleet.roles.service import applied_token, install_service
 from vllm_fleet.spec.load import load, resolve
 
@@ -18,28 +19,39 @@ REPO = Path(__file__).resolve().parents[2]
 INV = {"testhost": {"address": "10.10.0.11", "groups": ["servers", "proxy"], "data": {"replicas_per_host": 2}}}
 
 
-def _run(harness, legacy="no", listed="", stamps=None, only=None, key="k3y"):
+def state_lines(legacy: str | None = None, listed: str = "", stamps=None, failed=()) -> list[str]:
+    """host_state.sh's answer to the role's state read: the older release's vllm.service
+    (``legacy``: its text, None when absent), the unit directory's entries, the recorded
+    configurations (``stamps``: {path: text}), the replicas' units (``failed``: failed ones)."""
+    b64 = lambda text: base64.b64encode(text.encode()).decode()  # noqa: E731
+    out = [f"read\t/etc/systemd/system/vllm.service\t{b64(legacy) if legacy is not None else '-'}",
+           "ls\t/etc/systemd/system\t.", *(f"ls\t/etc/systemd/system\t{u}" for u in listed.split())]
+    out += [f"read\t{path}\t{b64(text)}" for path, text in (stamps or {}).items()]
+    for i in (0, 1):
+        unit = f"vllm-lab-tiny-replicas-{i}.service"
+        out += [f"unit\tId={unit}", "unit\tLoadState=loaded", f"unit\tActiveState={'failed' if unit in failed else 'active'}",
+                "unit\tUnitFileState=enabled", "unit\t"]
+    return out + ["end"]
+
+
+def _run(harness, legacy=None, listed="", stamps=None, only=None, key="k3y", failed=()):
     spec = resolve(load(REPO / "deployments" / "lab-tiny-replicas.yaml"))
     layout = build([spec], copy.deepcopy(INV))
     h = layout.hosts["testhost"]
     node = h.parts[spec["name"]]
+    lines = state_lines(legacy, listed, stamps, failed)
+    facts = {HostState: lambda query: Snapshot.parse(lines), File: lambda path: None, Sha256File: lambda path: None}
+    run = harness.run(install_service, spec, node, h.files, key, facts=facts, only=only)
+    # the role's own state read is all it asks of the host beyond pyinfra's operations' facts
+    assert [name for name, _ in run.asked].count("HostState") == 1 and "Command" not in {name for name, _ in run.asked}, run.asked
+    return spec, node, h, run
 
-    def command(**kw):
-        cmd = kw["_args"][0]
-        if "vllm.service" in cmd and "grep -qx" in cmd:
-            return legacy
-        if cmd.startswith("ls -1"):
-            return listed
-        if cmd.startswith("cat "):
-            return (stamps or {}).get(cmd.split()[1], "")
-        return ""
 
-    facts = {Command: command, File: lambda path: None, Sha256File: lambda path: None}
-    return spec, node, h, harness.run(install_service, spec, node, h.files, key, facts=facts, only=only)
+LEGACY = "[Unit]\nDescription=vLLM lab-tiny-replicas: tiny (an older release)\n"
 
 
 def test_one_unit_per_replica_and_the_old_unit_removed_first(harness):
-    spec, node, h, run = _run(harness, legacy="yes", listed="vllm-lab-tiny-replicas-0.service vllm-lab-tiny-replicas-5.service")
+    spec, node, h, run = _run(harness, legacy=LEGACY, listed="vllm-lab-tiny-replicas-0.service vllm-lab-tiny-replicas-5.service vllm-other-7.service")
     names = [op.name.split(" | ", 1)[-1] for op in run.ops]
     for i in (0, 1):
         assert f"/etc/systemd/system/vllm-lab-tiny-replicas-{i}.service" in run.uploads
@@ -50,6 +62,7 @@ def test_one_unit_per_replica_and_the_old_unit_removed_first(harness):
     first_restart = min(i for i, n in enumerate(names) if n.startswith("Restart vllm-lab-tiny-replicas-"))
     assert stop_old < first_restart and stop_5 < first_restart  # port 8000 free before replica 0 starts
     assert not any("Stop and disable vllm-lab-tiny-replicas-0" in n for n in names)  # a current unit stays
+    assert not any("vllm-other-7" in n for n in names)  # another deployment's
     # never started before (no record): both start, wait for /health on their own ports, are recorded
     assert "Wait for vllm-lab-tiny-replicas-1.service /health on port 8001 (deadline 300 s)" in names
     assert run.uploads["/etc/vllm-fleet/lab-tiny-replicas/replica-1.applied"].strip() == applied_token(spec, h.files, node.instances[1], "k3y")
@@ -98,3 +111,10 @@ def test_the_applied_stamp_is_what_a_later_run_compares_with(harness):
     assert len(restart) == 2 and all("(it runs an older configuration)" in op.name for op in restart), [op.name for op in restart]
     new = _stamps(rekeyed)
     assert set(new) == set(stamps) and all(new[p] != stamps[p] for p in stamps)
+
+
+def test_another_deployments_older_unit_stays(harness):
+    """The older release's vllm.service goes only when its text (from the state read) names this deployment."""
+    _, _, _, run = _run(harness, legacy=LEGACY.replace("lab-tiny-replicas:", "lab-tiny:"))
+    assert not any("vllm.service" in op.name for op in run.ops), run
+

@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 from pyinfra import host
-from pyinfra.facts.server import Command
 from pyinfra.api import StringCommand, deploy
 from pyinfra.operations import files, python, server, systemd
 from pyinfra.operations.util import any_changed
@@ -22,7 +21,7 @@ from pyinfra.operations.util import any_changed
 from vllm_fleet.host import programs
 from vllm_fleet.host.programs import argv as cmd
 from vllm_fleet.roles.common import as_root, directory, put_rendered, put_secret, rendered_query, service_running
-from vllm_fleet.roles.common.state import Converged, Query, Snapshot, host_state, pending
+from vllm_fleet.roles.common.state import Converged, Query, Snapshot, pending, role_state
 from vllm_fleet.render import command
 from vllm_fleet.render import files as render
 from vllm_fleet.render.layout import LEGACY_UNIT, Node
@@ -281,13 +280,6 @@ def _still_starting(snap: Snapshot, unit: str, stamp: str, health_timeout: int, 
     return None
 
 
-def _legacy_unit_script(name: str) -> str:
-    """Whether the older release's one ``vllm.service`` here belongs to deployment ``name``."""
-    legacy = f"{render.SYSTEMD_DIR}/{LEGACY_UNIT}"
-    return StringCommand(cmd("test", "-f", legacy), "&&", cmd("grep", "-qx", f"Description=vLLM {name}:.*", legacy),
-                         "&&", "echo", "yes", "||", "echo", "no")
-
-
 @deploy("vLLM service", data_defaults=DEFAULTS)
 def install_service(spec: dict[str, Any], node: Node, rendered: dict[str, Any], api_key: str | None,
                     restart_on: list | None = None, only: list[int] | None = None, prove_replicas: bool = True):
@@ -314,9 +306,10 @@ def install_service(spec: dict[str, Any], node: Node, rendered: dict[str, Any], 
         install_service(spec=spec, node=host_layout(ctx).parts[spec["name"]], rendered=rendered_for_host(ctx),
                         api_key=ctx["secrets"]["api_key"], restart_on=[vllm_op, model_op])
     """
+    # what the deploy's one state read holds (deploys/serve.py, rollout.py); called on its own: read now
+    snap = role_state(state_query(spec, node, rendered))
     _service_directories(spec, node, rendered)
     files_ = _put_service_files(spec, node, rendered, api_key)
-    snap = host_state()
     removed = _remove_stale_units(spec["name"], node, snap)
     unit_ops = [files_.put[u] for u in files_.units.values()]
     if pending(*unit_ops, *removed):
@@ -380,22 +373,15 @@ def _put_service_files(spec: dict[str, Any], node: Node, rendered: dict[str, Any
 
 def _stale_units(name: str, node: Node, snap: Snapshot) -> list[str]:
     """Units of deployment ``name`` that the layout no longer has: an older release's
-    ``vllm.service`` of it, and replicas above the current count (from the host's state read,
-    else facts)."""
-    known, legacy_text = snap.content(f"{render.SYSTEMD_DIR}/{LEGACY_UNIT}")
-    if known:
-        mine = re.compile(re.escape(f"Description=vLLM {name}:") + ".*")
-        stale = [LEGACY_UNIT] if any(mine.fullmatch(line) for line in (legacy_text or "").splitlines()) else []
-    else:
-        stale = [LEGACY_UNIT] if (host.get_fact(Command, _legacy_unit_script(name)) or "").strip() == "yes" else []
-    pattern = "^vllm-" + name.replace(".", "[.]") + "-[0-9]+[.]service$"
-    entries = snap.listing(render.SYSTEMD_DIR)
-    if entries is not None:
-        listed = " ".join(u for u in entries if re.search(pattern, u))
-    else:
-        listed = host.get_fact(Command, StringCommand(cmd("ls", "-1", render.SYSTEMD_DIR), "2>/dev/null", "|",
-                                                         cmd("grep", "-E", pattern), "||", "true")) or ""
-    return stale + sorted(u for u in listed.split() if u not in {i.unit for i in node.instances})
+    ``vllm.service`` of it (its text, read with the host's state: ``Description=vLLM NAME: ...``),
+    and replicas above the current count (the unit directory's listing, read with it). A read that
+    did not complete knows of none: nothing is removed on a guess."""
+    _, legacy_text = snap.content(f"{render.SYSTEMD_DIR}/{LEGACY_UNIT}")
+    mine = re.compile(re.escape(f"Description=vLLM {name}:") + ".*")
+    stale = [LEGACY_UNIT] if any(mine.fullmatch(line) for line in (legacy_text or "").splitlines()) else []
+    pattern = re.compile("^vllm-" + re.escape(name) + "-[0-9]+[.]service$")
+    current = {i.unit for i in node.instances}
+    return stale + sorted(u for u in snap.listing(render.SYSTEMD_DIR) or [] if pattern.search(u) and u not in current)
 
 
 def _remove_stale_units(name: str, node: Node, snap: Snapshot) -> list:
@@ -418,17 +404,15 @@ def _restart_trigger(snap: Snapshot, path: str, op: Any, content: str) -> Any:
 
 
 def _recorded_token(snap: Snapshot, stamp: str) -> str:
-    """The configuration an instance was last recorded healthy with (``replica-N.applied``; "" when none)."""
-    known, text = snap.content(stamp)
-    return ((text or "") if known else (host.get_fact(Command, StringCommand(cmd("cat", stamp), "2>/dev/null", "||", "true")) or "")).strip()
+    """The configuration an instance was last recorded healthy with (``replica-N.applied``, read
+    with the host's state; "" when none or not read: the instance then restarts)."""
+    _, text = snap.content(stamp)
+    return (text or "").strip()
 
 
 def _failed_now(snap: Snapshot, unit: str) -> bool:
-    """Whether systemd has the unit failed now (the host's state read, else a fact)."""
-    seen = snap.unit(unit)
-    if seen is not None:
-        return seen.get("ActiveState") == "failed"
-    return (host.get_fact(Command, StringCommand(cmd("systemctl", "is-failed", unit), "||", "true")) or "").strip() == "failed"
+    """Whether systemd has the unit failed now (its ActiveState in the host's state read)."""
+    return (snap.unit(unit) or {}).get("ActiveState") == "failed"
 
 
 def _converge_instance(spec: dict[str, Any], rendered: dict[str, Any], inst: Any, api_key: str | None, snap: Snapshot,
