@@ -10,6 +10,8 @@ Deploy function
     of what the service role puts), ``env_ops`` (operations whose change must restart vLLM on
     this host) and ``cluster_restarted`` (an object with ``did_change()``, true at execute time
     when any Ray node of the cluster was (re)started: restart vLLM on the head after it).
+    ``state_query(spec, node, rendered)``: what it compares against (its files, directories and
+    units), part of the deploy's one state read (deploys/serve.py; vllm_fleet.roles.common.state).
 
 Which node a host is comes from the layout (its part's roles ``ray-head`` / ``ray-worker``);
 anything else is left alone. The interface Gloo/NCCL use (``socket_ifname``) is host data, else
