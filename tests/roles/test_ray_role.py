@@ -281,6 +281,14 @@ def test_the_serve_deploy_reads_the_ray_nodes_state_in_its_one_read(harness):
         assert "/etc/vllm-fleet/ray-firewall.nft" in q.sha and "vllm-fleet-ray-firewall.service" in q.units
         harness.run(serve_query, spec, h)
         assert not q - got["serve"], (host, q - got["serve"])
+        node = h.parts[spec["name"]]
+        if node.instances:  # the head's vLLM: install_service gets the files Ray does not own, and asks no more
+            from vllm_fleet.roles import service
+            from vllm_fleet.roles.ray import _node_files
+
+            owned = _node_files(spec, "head", h.files)[1]
+            rest = service.state_query(spec, node, {p: f for p, f in h.files.items() if p not in owned})
+            assert not rest - got["serve"], rest - got["serve"]
 
 
 def test_single_node_spec_is_left_alone(harness):
