@@ -55,7 +55,7 @@ from typing import Any
 from pyinfra import host
 from pyinfra.api import StringCommand, deploy
 from pyinfra.api.exceptions import DeployError
-from pyinfra.operations import python, systemd
+from pyinfra.operations import python, server, systemd
 from pyinfra.operations.util import any_changed
 
 from vllm_fleet.host import programs
@@ -286,9 +286,12 @@ def _start_node(role: str, unit: str, inputs: list, cluster: dict[str, Any]) -> 
                    if pending(*inputs) else Converged(f"restart {unit}"))
         cluster["head_restart"].append(restart)
     else:
-        restart = systemd.service(name=f"Restart {unit} (its inputs changed, or the head restarted)", service=unit,
-                                  running=True, restarted=True, enabled=True,
-                                  _if=any_changed(*inputs, _Changed(cluster, "head_restart")))
+        # a command, not systemd.service: pyinfra's operation would read the unit's facts while
+        # planning, on every converged worker, for a restart that happens only at execute time;
+        # `systemctl restart` starts a stopped unit too, and "running and enabled" follows
+        restart = server.shell(name=f"Restart {unit} (its inputs changed, or the head restarted)",
+                               commands=[cmd("systemctl", "restart", unit)],
+                               _if=any_changed(*inputs, _Changed(cluster, "head_restart")))
     running = service_running(name=f"{unit} running and enabled", service=unit, running=True, enabled=True)
     cluster["starts"].extend([restart, running])
 
