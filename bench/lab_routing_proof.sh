@@ -24,11 +24,11 @@ log "wait for lab3 back"; for _ in $(seq 60); do $PY -m vllm_fleet status invent
 log "rollout"; $PY bench/rollout.py --spec deployments/lab-tiny-routing.yaml --concurrency 3 --out "$OUTDIR/rollout.json" 2>&1 | tail -30 | tee "$OUTDIR/rollout.log"
 # leave the lab as other tests expect it: no lab-tiny-routing on the hosts (their deploys bring theirs)
 $PY -m vllm_fleet down inventory/lab.py --spec deployments/lab-tiny-routing.yaml -y > "$OUTDIR/down.log" 2>&1; log "down lab-tiny-routing: rc $?"
-# the CI lab test (tests/lab/test_routing.py: lab1's lab-tiny switched to cache_aware and back), timed
+# the CI lab test (tests/lab/test_rollout.py: session routing on the 3 replicas), timed
 if [ -n "${LAB_ROUTING_CI_TEST:-1}" ]; then
   log "CI lab test"; T0=$(date +%s)
   env -u VLLM_FLEET_LAB_SERVERS VLLM_FLEET_KEEP_LAB=1 VLLM_FLEET_REQUIRE_LAB=1 VLLM_FLEET_LAB_TEST_HOSTS=3 \
-      .venv/bin/pytest -q -p no:randomly tests/lab/test_routing.py > "$OUTDIR/ci-test.log" 2>&1
+      .venv/bin/pytest -q -p no:randomly tests/lab/test_rollout.py -k session_routing > "$OUTDIR/ci-test.log" 2>&1
   log "CI lab test: rc $? in $(( $(date +%s) - T0 )) s"; tail -5 "$OUTDIR/ci-test.log"
 fi
 log "done"
