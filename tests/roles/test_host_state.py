@@ -241,14 +241,24 @@ def test_without_a_snapshot_every_operation_is_created(harness):
     assert {"nginx package", "Remove the default site", "nginx running and enabled", "Reload nginx (config changed)"} <= set(names)
 
 
-@pytest.mark.parametrize("installed,expect_op", [({"libnuma1": ["2.0.16"]}, False), ({}, True)])
-def test_installed_packages_bring_no_apt_operation(harness, installed, expect_op):
+@pytest.mark.parametrize("lines,expect_op", [(["deb\tlibnuma1\tii \t2.0.16", "end"], False), (["end"], True)])
+def test_installed_packages_bring_no_apt_operation(harness, lines, expect_op):
     """No lists refresh (`apt-get update` reaches the network) when the package is installed,
-    however old the lists are; a missing package is installed after one."""
+    however old the lists are; a missing package is installed after one. The role called on its
+    own (no deploy snapshot) reads just its packages in one state read, never dpkg's whole list."""
+    from vllm_fleet.roles.common.state import HostState, Snapshot
     from vllm_fleet.roles.vllm import install_system_libraries
 
     spec, _, _ = _lab()
-    run = harness.run(install_system_libraries, spec, facts={DebPackages: installed, "AptUpdateTime": None})
+    asked = []
+
+    def state(query):
+        asked.append(query.debs)
+        return Snapshot.parse(lines)
+
+    run = harness.run(install_system_libraries, spec, facts={HostState: state, DebPackages: {"libnuma1": ["2.0.16"]} if not expect_op else {},
+                                                             "AptUpdateTime": None})
+    assert asked == [("libnuma1",)] and ("DebPackages" in {n for n, _ in run.asked}) == expect_op, run.asked
     assert run.has_op("system libraries") == expect_op
     if expect_op:
         assert any("apt-get" in c and "update" in c for c in run.commands) and any("libnuma1" in c for c in run.commands)

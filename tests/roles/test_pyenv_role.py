@@ -58,9 +58,13 @@ def test_venv_fresh(harness):
 
 def test_venv_present_no_changes(harness):
     spec = spec_of("lab-tiny.yaml")
-    facts = {DebPackages: {"python3-venv": ["3.11.2-1+b1"]}, Directory: directory(755), EnvPython: "3.11"}
+    from vllm_fleet.roles.common.state import HostState, Snapshot
+
+    facts = {HostState: lambda query: Snapshot.parse(["deb\tpython3-venv\tii \t3.11.2-1+b1", "end"]),
+             Directory: directory(755), EnvPython: "3.11"}
     run = harness.run(pyenv, spec, facts=facts, strict=True)
     assert not run.changed, run
+    assert "DebPackages" not in {n for n, _ in run.asked}, run.asked  # the package from the state read
 
 
 # ------------------------------------------------------------------------------------ conda

@@ -485,17 +485,14 @@ def packages(name: str, packages: list[str], **kwargs: Any) -> Any:
 
         packages(name="nginx package", packages=["nginx"])
     """
-    from pyinfra.facts.deb import DebPackages
     from pyinfra.operations import apt
 
-    from .state import Converged, host_state
+    from .state import Converged, Query, role_state
 
     names = list(packages)
-    if host_state().debs_installed(names):
-        return Converged(", ".join(names))
-    installed = host.get_fact(DebPackages) or {}
-    if installed and all(n in installed for n in names):
-        host.noop(f"{', '.join(names)} installed")
+    # the deploy's one read (the roles' state queries ask their packages), else one read of
+    # just these: never dpkg's whole list as a fact beside it
+    if role_state(Query(debs=tuple(names))).debs_installed(names):
         return Converged(", ".join(names))
     kwargs.setdefault("update", True)
     kwargs.setdefault("cache_time", 3600)
