@@ -51,20 +51,34 @@ def test_venv_fresh(harness):
     prefix = spec["install"]["prefix"]
     assert run.op("Install prefix").commands == [f"mkdir -p {prefix}", f"chmod 755 {prefix}", f"chown root:root {prefix}"]
     assert any(c.endswith("install python3-venv") for c in run.op("python3-venv").commands)
-    assert run.op("venv at").commands == [f"python3 -m venv {prefix}/env"]
+    assert run.op("venv at").commands == [f"test -x {prefix}/env/bin/python || python3 -m venv {prefix}/env"]
     assert env_python(spec) == f"{prefix}/env/bin/python"
     assert "conda" not in "\n".join(run.commands) and "miniforge" not in "\n".join(run.commands).lower()
 
 
-def test_venv_present_no_changes(harness):
-    spec = spec_of("lab-tiny.yaml")
+def _state(debs=(), python=None, env="/opt/vllm-fleet/lab-tiny/env/bin/python"):
+    """The one state read's answer (vllm_fleet.roles.common.state): these packages installed, the
+    env's python (None: absent)."""
     from vllm_fleet.roles.common.state import HostState, Snapshot
 
-    facts = {HostState: lambda query: Snapshot.parse(["deb\tpython3-venv\tii \t3.11.2-1+b1", "end"]),
-             Directory: directory(755), EnvPython: "3.11"}
-    run = harness.run(pyenv, spec, facts=facts, strict=True)
+    lines = [f"deb\t{d}\tii \t1" for d in debs] + ([f"py\t{env}\tpython {python}"] if python else []) + [f"py\t{env}\t.", "end"]
+    return {HostState: lambda query: Snapshot.parse(lines)}
+
+
+def test_venv_present_no_changes(harness):
+    """Packages and the env's python from the one state read (the role on its own reads it once):
+    no DebPackages or EnvPython fact, no operation."""
+    spec = spec_of("lab-tiny.yaml")
+    run = harness.run(pyenv, spec, facts={**_state(["python3-venv"], "3.11.2"), Directory: directory(755)}, strict=True)
     assert not run.changed, run
-    assert "DebPackages" not in {n for n, _ in run.asked}, run.asked  # the package from the state read
+    assert not {"DebPackages", "EnvPython"} & {n for n, _ in run.asked}, run.asked
+
+
+def test_a_venv_whose_read_did_not_complete_is_made_only_when_absent(harness):
+    spec = spec_of("lab-tiny.yaml")
+    run = harness.run(pyenv, spec, facts={DebPackages: {}, Directory: None})  # the read answered nothing
+    prefix = spec["install"]["prefix"]
+    assert run.op("venv at").commands == [f"test -x {prefix}/env/bin/python || python3 -m venv {prefix}/env"]
 
 
 # ------------------------------------------------------------------------------------ conda
@@ -147,8 +161,8 @@ def test_cuda_venv_gets_python_headers_and_a_c_compiler(harness):
     install = [c for c in run.op("python3-venv").commands if " install " in c]
     assert install and install[0].endswith("install python3-venv python3-dev gcc")
     # installed: nothing
-    have = {p: ["1"] for p in ("python3-venv", "python3-dev", "gcc")}
-    again = harness.run(pyenv, spec, facts={DebPackages: have, Directory: directory(755), EnvPython: "3.12"})
+    again = harness.run(pyenv, spec, facts={**_state(["python3-venv", "python3-dev", "gcc"], "3.12.3", env=env_python(spec)),
+                                            Directory: directory(755)})
     assert not again.changed
     # the CPU venv (lab) stays without them
     cpu = harness.run(pyenv, spec_of("lab-tiny.yaml"), facts={DebPackages: {}, Directory: None, EnvPython: None})

@@ -44,7 +44,7 @@ from pyinfra.operations import apt, server
 from vllm_fleet.host.programs import argv as cmd
 from vllm_fleet.render import command
 from vllm_fleet.roles.common import directory, packages as common_packages
-from vllm_fleet.roles.common.state import Query, host_state
+from vllm_fleet.roles.common.state import Query, host_state, role_state
 
 from . import defaults as d
 from .defaults import DEFAULTS
@@ -111,10 +111,11 @@ def _venv(env: str, cuda: bool) -> None:
         packages += [p for p in host.data.get("pyenv_cuda_venv_packages") if p not in packages]
     common_packages(name="python3-venv" + (" and the headers + C compiler Triton builds with" if cuda else ""),
                     packages=packages, update=False)
-    probed = host_state().env(f"{env}/bin/python")
-    have = probed["python"] if probed is not None else host.get_fact(EnvPython, env=env)
-    if have is None:
-        server.shell(name=f"venv at {env}", commands=[cmd("python3", "-m", "venv", env)])
+    py = f"{env}/bin/python"
+    probed = role_state(Query(envs=((py, ()),))).env(py)  # the deploy's read, or one of its own
+    if probed is None or probed["python"] is None:
+        # guarded: a read that did not complete never re-makes an env that is there
+        server.shell(name=f"venv at {env}", commands=[StringCommand(cmd("test", "-x", py), "||", cmd("python3", "-m", "venv", env))])
 
 
 def _miniforge() -> str:
