@@ -328,3 +328,34 @@ def test_a_model_in_place_gets_no_operation_and_a_changed_file_only_its_upload(h
                                            File: {"user": "vllm"}, Sha1File: "x"})
     names = [op.name.rsplit(" | ", 1)[-1] for op in run.ops]
     assert names == ["Model file model.safetensors", "Verify the model against MANIFEST.sha256 (as vllm)"], names
+
+
+def _tls_lab():
+    from vllm_fleet.render.layout import build
+    from vllm_fleet.spec.load import load, resolve
+
+    spec = resolve(load(REPO / "deployments" / "lab-tiny.yaml"))
+    spec["proxy"]["listen"] = 443
+    spec["proxy"]["tls"].update(enabled=True, self_signed=True)
+    layout = build([spec], copy.deepcopy({"testhost": {"address": "10.10.0.11", "groups": ["servers", "proxy"], "data": {}}}))
+    return spec, layout.hosts["testhost"]
+
+
+def test_a_self_signed_certificate_in_place_is_known_from_the_state_read_only(harness):
+    """The nginx role on its own: the certificate's stat comes from one state read (no File
+    fact), and a certificate that is there is never made again. When the read knows nothing the
+    command itself leaves an existing certificate alone (clients may pin it)."""
+    from vllm_fleet.render import files as render
+    from vllm_fleet.roles import nginx
+    from vllm_fleet.roles.common.state import HostState, Snapshot
+
+    spec, h = _tls_lab()
+    crt = render.paths(spec)["tls_certificate"]
+    there = [f"stat\t{crt}\tregular file\troot\troot\t644\t1200", "end"]
+    run = harness.run(nginx.install_nginx, spec=spec, rendered=h.files, api_key="k3y",
+                      facts={HostState: lambda query: Snapshot.parse(there), DebPackages: {}})
+    assert not run.has_op("Self-signed TLS certificate"), run
+    assert ("File", {"path": crt}) not in run.asked, run.asked
+    unknown = harness.run(nginx.install_nginx, spec=spec, rendered=h.files, api_key="k3y", facts={DebPackages: {}})
+    (line,) = unknown.op("Self-signed TLS certificate").commands
+    assert line.startswith(f"[ -f {crt} ] || {{ openssl req -x509 ") and line.endswith("; }"), line

@@ -7,8 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from pyinfra import host
-from pyinfra.api import StringCommand, deploy
-from pyinfra.facts.files import File
+from pyinfra.api import QuoteString, StringCommand, deploy
 from pyinfra.operations import files, server, systemd
 from pyinfra.operations.util import any_changed
 
@@ -16,7 +15,7 @@ from vllm_fleet.host import programs
 from vllm_fleet.host.programs import argv as cmd
 from vllm_fleet.roles.common import (DeployError, atomic_put, packages, put_rendered, put_secret, rendered_query,
                                      service_running)
-from vllm_fleet.roles.common.state import Query, host_state, pending
+from vllm_fleet.roles.common.state import Query, host_state, pending, role_state
 
 from .defaults import DEFAULTS
 
@@ -88,15 +87,18 @@ def _tls_files(spec: dict[str, Any], secret_text: dict[str, str], *, tls_key: st
         return []
     crt, key = paths["tls_certificate"], paths["tls_certificate_key"]
     if tls["self_signed"]:
-        known, there = host_state().path(crt)  # state_query stats it: no fact on a converged host
-        if there if known else host.get_fact(File, path=crt):
+        # state_query stats it (the deploy's one read; a role called on its own reads it once)
+        _, there = role_state(Query(stat=(crt,))).path(crt)
+        if there:
             return []
+        # guarded: a read that did not complete never replaces a certificate clients may pin
         return [server.shell(
             name="Self-signed TLS certificate",
             commands=[StringCommand(
+                "[", "-f", QuoteString(crt), "]", "||", "{",
                 cmd("openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", int(host.data.get("nginx_self_signed_days")),
                     "-subj", f"/CN={prx['server_name'] if prx['server_name'] != '_' else host.name}", "-keyout", key, "-out", crt),
-                "&&", cmd("chmod", "600", key))],
+                "&&", cmd("chmod", "600", key), ";", "}")],
         )]
     if not tls_certificate or not tls_key:
         raise DeployError(f"{host.name}: proxy.tls: the certificate and its key were not read on the control machine "
