@@ -10,6 +10,7 @@ vLLM venv's real huggingface_hub; the files on the "host" are checked with the s
 
 from __future__ import annotations
 
+import base64
 import copy
 import hashlib
 import json
@@ -24,8 +25,9 @@ from pyinfra.api.exceptions import DeployError
 from pyinfra.facts.files import Directory, File, FileContents, FindFiles
 
 from vllm_fleet.fetch import hubcache
+from vllm_fleet.roles.common.state import HostState, Snapshot
 from vllm_fleet.roles.model import install_model
-from vllm_fleet.roles.model.facts import FileSizes, FreeBytes
+from vllm_fleet.roles.model.facts import FreeBytes
 from vllm_fleet.spec.load import load, resolve
 from vllm_fleet.lab.tinymodel import DEFAULT_OUT
 
@@ -81,10 +83,10 @@ def fleet_spec(**model):
     return spec
 
 
-def bare_host(path=None):
-    """Facts of a host without the model (and with room for it)."""
-    return {FileContents: None, File: None, Directory: None, FindFiles: [], FileSizes: {},
-            FreeBytes: 100 << 30}
+def bare_host(path=None, lines=()):
+    """Facts of a host without the model (and with room for it): the state read (the marker,
+    then the cache's tree) finds nothing but ``lines``; pyinfra's own operations see no file."""
+    return {HostState: lambda query: Snapshot.parse([*lines, "end"]), File: None, Directory: None, FreeBytes: 100 << 30}
 
 
 def _sha(p: Path) -> str:
@@ -154,9 +156,30 @@ def test_concurrent_fills_share_one_download(hub, tmp_path):
 def test_converged_host_gets_nothing_and_the_hub_is_not_asked(harness, hub):
     h = hub()
     spec = fleet_spec()
-    run = harness.run(install_model, spec, facts={FileContents: [f"{SOURCE}@{COMMIT}"]}, strict=True)
+    marker = base64.b64encode(f"{SOURCE}@{COMMIT}\n".encode()).decode()
+    lines = [f"read\t{spec['model']['path']}/.vllm-fleet-hub\t{marker}", "end"]
+    run = harness.run(install_model, spec, facts={HostState: lambda query: Snapshot.parse(lines)}, strict=True)
     assert not run.changed and not run.uploads
     assert h.requests == []
+    assert [name for name, _ in run.asked] == ["HostState"], run.asked  # the marker from the one state read
+
+
+def test_a_new_revision_removes_the_files_the_old_one_had_from_the_state_read(harness, hub):
+    """The marker names an older revision: the cache's tree is read in one more state read (not
+    FindFiles/FileSizes), and a file the new revision lacks is removed with the old marker."""
+    hub()
+    spec = fleet_spec()
+    root = spec["model"]["path"]
+    old = base64.b64encode(f"{SOURCE}@{'d' * 40}\n".encode()).decode()
+    lines = [f"read\t{root}/.vllm-fleet-hub\t{old}", f"find\t{root}\t.", f"find\t{root}\t9 .vllm-fleet-hub",
+             f"find\t{root}\t5 model-00002-of-00002.safetensors"]
+    there = {"mode": 644, "user": "vllm", "group": "vllm"}
+    facts = {**bare_host(lines=lines), FindFiles: [], FileContents: None,  # pyinfra's removal reads the file's stat
+             File: harness.per_arg("path", {f"{root}/.vllm-fleet-hub": there, f"{root}/model-00002-of-00002.safetensors": there})}
+    run = harness.run(install_model, spec, facts=facts)
+    removed = sorted(op.commands[0] for op in run.ops if "Remove" in op.name)
+    assert removed == [f"rm -f {root}/.vllm-fleet-hub", f"rm -f {root}/model-00002-of-00002.safetensors"], run
+    assert not {"FindFiles", "FileSizes", "FileContents"} & {name for name, _ in run.asked}, run.asked
 
 
 def test_commit_already_cached_needs_no_network(hub, tmp_path, monkeypatch):

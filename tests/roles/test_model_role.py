@@ -4,6 +4,7 @@ checked with the system's own sha256sum."""
 
 from __future__ import annotations
 
+import base64
 import copy
 import hashlib
 import json
@@ -14,10 +15,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from pyinfra.facts.files import Directory, File, FileContents, FindFiles, Md5File, Sha1File, Sha256File
+from pyinfra.facts.files import Directory, File, FileContents, Md5File, Sha1File, Sha256File
 
-from vllm_fleet.roles.model import ModelMissing, NoSpace, install_model
-from vllm_fleet.roles.model.facts import FileSizes, FreeBytes
+from vllm_fleet.roles.common.state import HostState, Query, Snapshot
+from vllm_fleet.roles.model import ModelMissing, NoSpace, StateUnknown, install_model
+from vllm_fleet.roles.model.facts import FreeBytes
 from vllm_fleet.spec.load import load, resolve
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -51,23 +53,40 @@ def sha256sum_lines(d: Path) -> str:
     return out
 
 
-def remote_state(spec, local: Path):
-    """Facts of a host where the upload already happened (owner, mode, checksums)."""
+def state(lines):
+    """The HostState fact answering host_state.sh's ``lines`` (``end`` appended: a read that completed)."""
+    return {HostState: lambda query: Snapshot.parse([*lines, "end"])}
+
+
+BARE = {**state([]), File: None, Directory: None}  # a host without the model: nothing at model.path
+
+
+def remote_state(spec, local: Path, extra=()):
+    """A host where the upload already happened: the state read's lines (owner, mode, sha256,
+    the files under model.path, and ``extra``: ``{relpath: bytes}`` there besides), and the facts
+    pyinfra's own operations read where the snapshot differs (owner, mode, checksums)."""
     root, user = spec["model"]["path"], spec["server"]["user"]
-    files_ = {f"{root}/{p.relative_to(local).as_posix()}": p for p in local.rglob("*") if p.is_file()}
-    manifest = sha256sum_lines(local).encode()
-    sha1 = {k: hashlib.sha1(v.read_bytes()).hexdigest() for k, v in files_.items()}
-    sha1[f"{root}/MANIFEST.sha256"] = hashlib.sha1(manifest).hexdigest()
+    files_ = {f"{root}/{p.relative_to(local).as_posix()}": p.read_bytes() for p in local.rglob("*") if p.is_file()}
+    files_[f"{root}/MANIFEST.sha256"] = sha256sum_lines(local).encode()
+    files_.update({f"{root}/{rel}": data for rel, data in dict(extra).items()})
+    sha1 = {k: hashlib.sha1(v).hexdigest() for k, v in files_.items()}
     meta = {"mode": 644, "user": user, "group": user}
     dirs = {root: {"mode": 755, "user": user, "group": user}, f"{root}/sub": {"mode": 755, "user": user, "group": user}}
+    lines = [f"stat\t{path}\tdirectory\t{user}\t{user}\t755\t4096" for path in dirs] + [f"find\t{root}\t."]
+    for path, data in files_.items():
+        lines += [f"stat\t{path}\tregular file\t{user}\t{user}\t644\t{len(data)}",
+                  f"sha\t{path}\t{hashlib.sha256(data).hexdigest()}", f"find\t{root}\t{len(data)} {path[len(root) + 1:]}"]
     return {
+        **state(lines),
         File: lambda path: meta if path in sha1 else None,
         Directory: lambda path: dirs.get(path),
         Sha1File: lambda path: sha1.get(path),
         Md5File: None, Sha256File: None,
-        FindFiles: sorted(sha1),
-        FileSizes: {k[len(root) + 1:]: v.stat().st_size for k, v in files_.items()},
     }
+
+
+def read_fact_names(run):
+    return {name for name, _ in run.asked}
 
 
 # ------------------------------------------------------------------------------------ upload
@@ -79,8 +98,7 @@ def test_no_space_for_the_model_stops_before_any_operation(harness, local_model)
     spec = lab_spec(local_dir=str(local_model))
     size = sum(p.stat().st_size for p in local_model.rglob("*") if p.is_file())
     # exactly the 1 GiB margin free: the files do not fit with it to spare
-    facts = {File: None, Directory: None, FindFiles: [], FileSizes: {},
-             FreeBytes: lambda path: GIB + size - 1 if path.startswith("/var/lib") else 100 * GIB}
+    facts = {**BARE, FreeBytes: lambda path: GIB + size - 1 if path.startswith("/var/lib") else 100 * GIB}
     with pytest.raises(NoSpace, match=r"host testhost: not enough disk space for model.path /var/lib/vllm-fleet/lab-tiny/model: "
                                       r"4 file\(s\) to upload.*model_keep_free_bytes.*no host was changed"):
         harness.run(install_model, spec, facts=facts)
@@ -98,10 +116,31 @@ def test_files_already_there_need_no_space_and_tmp_must_hold_the_largest(harness
     with pytest.raises(NoSpace, match=r"uploads each file through /tmp first.*_temp_dir"):
         harness.run(install_model, spec, facts=facts)
 
+
+def test_a_read_that_did_not_complete_counts_no_file_as_there_and_removes_none(harness, local_model):
+    """The state read knew nothing (the host's answer had no ``end``): every file is to upload
+    as far as the space check goes (it can only be stricter), no file is removed as stale, and
+    no fact per file (FindFiles, FileSizes) stands in for the read."""
+    spec = lab_spec(local_dir=str(local_model))
+    root = spec["model"]["path"]
+    facts = remote_state(spec, local_model, extra={"model-00002-of-00002.safetensors": b"stale"})
+    facts[HostState] = lambda query: Snapshot.parse(["stat\t/x\t-"])  # cut off before `end`
+    facts["FindFiles"] = [f"{root}/model-00002-of-00002.safetensors"]
+    facts["FileSizes"] = {p.relative_to(local_model).as_posix(): p.stat().st_size for p in local_model.rglob("*") if p.is_file()}
+    facts[FreeBytes] = 0  # had the files counted as there, no check would have run
+    with pytest.raises(NoSpace, match="4 file"):
+        harness.run(install_model, spec, facts=facts)
+    facts[FreeBytes] = 100 * GIB
+    run = harness.run(install_model, spec, facts=facts)
+    assert not run.has_op("Remove"), run
+    assert not {"FindFiles", "FileSizes"} & read_fact_names(run), run.asked
+    assert not run.uploads.keys() - {f"{root}/MANIFEST.sha256"}  # pyinfra's own facts: the files are there
+
+
 def test_upload_fresh(harness, local_model):
     spec = lab_spec(local_dir=str(local_model))
     root, user = spec["model"]["path"], spec["server"]["user"]
-    run = harness.run(install_model, spec, facts={File: None, Directory: None, FindFiles: []})
+    run = harness.run(install_model, spec, facts=BARE)
     assert run.uploads[f"{root}/MANIFEST.sha256"] == sha256sum_lines(local_model)
     for rel in ("config.json", "tokenizer.json", "model.safetensors", "sub/extra.txt"):
         assert run.uploads[f"{root}/{rel}"] == (local_model / rel).read_text()
@@ -119,6 +158,7 @@ def test_upload_second_deploy_no_changes(harness, local_model):
     run = harness.run(install_model, spec, facts=remote_state(spec, local_model), strict=True)
     assert not run.changed, run
     assert not run.has_op("Verify the model")
+    assert read_fact_names(run) == {"HostState"}, run.asked  # the one state read, no fact per file
 
 
 def test_upload_changed_file_only(harness, local_model):
@@ -135,13 +175,10 @@ def test_upload_changed_file_only(harness, local_model):
 def test_upload_removes_stale_files(harness, local_model):
     spec = lab_spec(local_dir=str(local_model))
     root = spec["model"]["path"]
-    facts = remote_state(spec, local_model)
-    stale = f"{root}/model-00002-of-00002.safetensors"
-    facts[FindFiles] = facts[FindFiles] + [stale]
-    known = facts[File]
-    facts[File] = lambda path: {"mode": 644, "user": "vllm", "group": "vllm"} if path == stale else known(path=path)
+    facts = remote_state(spec, local_model, extra={"model-00002-of-00002.safetensors": b"stale"})
     run = harness.run(install_model, spec, facts=facts)
     assert run.op("Remove").commands == [f"rm -f {root}/model-00002-of-00002.safetensors"]
+    assert "FindFiles" not in read_fact_names(run), run.asked  # the files there: from the state read
 
 
 def test_upload_missing_local_dir(harness, tmp_path):
@@ -159,10 +196,16 @@ def hub_spec(**model):
                        "local_dir": None, "hub_fetch": "host", **model})
 
 
+def marker(spec, text=None):
+    """The state read of model.path's hub marker: ``text`` (None: no marker)."""
+    b64 = base64.b64encode(text.encode()).decode() if text is not None else "-"
+    return state([f"read\t{spec['model']['path']}/.vllm-fleet-hub\t{b64}"])
+
+
 def test_hub_download_token_never_on_the_command_line(harness):
     spec = hub_spec()
     token_path = f"{spec['install']['config_dir']}/hub-token"
-    run = harness.run(install_model, spec, hub_token=TOKEN, facts={FileContents: None, File: None})
+    run = harness.run(install_model, spec, hub_token=TOKEN, facts={**marker(spec), File: None})
     assert all(TOKEN not in c for c in run.commands), "the token must never be in a command"
     assert any(TOKEN in text for path, text in run.uploads.items() if path.startswith(token_path))
     assert f"chmod 600 {token_path}.tmp-vllm-fleet" in run.commands or \
@@ -179,7 +222,7 @@ def test_hub_download_token_never_on_the_command_line(harness):
 
 def _hub_script(harness, spec, token_file="", data=None):
     """The download command's python argv (script and arguments) as the role would send it."""
-    run = harness.run(install_model, spec, facts={FileContents: None}, data=data)
+    run = harness.run(install_model, spec, facts=marker(spec), data=data)
     argv = shlex.split(next(c for c in run.commands if "snapshot_download" in c))
     args = argv[argv.index(f"{spec['install']['prefix']}/env/bin/python") + 1:]
     args[-1] = token_file
@@ -307,29 +350,48 @@ def test_hub_corrupted_file_is_removed_and_not_marked(harness, hub, tmp_path):
 
 def test_hub_skipped_when_marker_matches(harness):
     spec = hub_spec()
-    run = harness.run(install_model, spec, facts={FileContents: [f"Qwen/Qwen2.5-7B-Instruct-AWQ@{'a' * 40}"]},
-                      strict=True)
+    run = harness.run(install_model, spec, facts=marker(spec, f"Qwen/Qwen2.5-7B-Instruct-AWQ@{'a' * 40}\n"), strict=True)
     assert not run.changed
+    assert run.asked == [("HostState", {"query": Query(read=(f"{spec['model']['path']}/.vllm-fleet-hub",))})]
 
 
 def test_hub_new_revision_downloads_again(harness):
     spec = hub_spec()
-    run = harness.run(install_model, spec, facts={FileContents: ["Qwen/Qwen2.5-7B-Instruct-AWQ@" + "b" * 40]})
+    run = harness.run(install_model, spec, facts=marker(spec, "Qwen/Qwen2.5-7B-Instruct-AWQ@" + "b" * 40 + "\n"))
     assert any("snapshot_download" in c for c in run.commands)
+
+
+def test_hub_downloads_when_the_read_did_not_complete(harness):
+    """No marker known (the read was cut off): the download runs (it resumes and verifies what
+    is there); no FileContents fact stands in for the read."""
+    spec = hub_spec()
+    run = harness.run(install_model, spec, facts={FileContents: [f"Qwen/Qwen2.5-7B-Instruct-AWQ@{'a' * 40}"]})
+    assert any("snapshot_download" in c for c in run.commands)
+    assert "FileContents" not in read_fact_names(run), run.asked
 
 
 # -------------------------------------------------------------------------------------- none
 
 def test_none_present(harness):
     spec = lab_spec(transfer="none")
-    run = harness.run(install_model, spec, facts={File: {"mode": 644}}, strict=True)
+    config = f"{spec['model']['path']}/config.json"
+    run = harness.run(install_model, spec, facts=state([f"stat\t{config}\tregular file\tvllm\tvllm\t644\t42"]), strict=True)
     assert not run.changed
-    assert run.asked == [("File", {"path": f"{spec['model']['path']}/config.json"})]
+    assert run.asked == [("HostState", {"query": Query(stat=(config,))})]
 
 
 def test_none_missing_names_the_host(harness):
+    config = f"{lab_spec()['model']['path']}/config.json"
     with pytest.raises(ModelMissing, match=r"host gpu7: .*/config.json does not exist"):
-        harness.run(install_model, lab_spec(transfer="none"), facts={File: None}, host="gpu7")
+        harness.run(install_model, lab_spec(transfer="none"), facts=state([f"stat\t{config}\t-"]), host="gpu7")
+
+
+def test_none_on_a_read_that_did_not_complete_is_not_a_missing_model(harness):
+    """The read was cut off: not ModelMissing (nothing says the weights are absent) but its own
+    error naming the host and how to retry; no File fact stands in for the read."""
+    with pytest.raises(StateUnknown, match=r"host gpu7: .*did not complete.*run the deploy again") as err:
+        harness.run(install_model, lab_spec(transfer="none"), facts={File: {"mode": 644}}, host="gpu7")
+    assert not isinstance(err.value, ModelMissing)
 
 
 # --------------------------------------------------------------- upload for real with @local

@@ -41,6 +41,12 @@ Deploy function
     - ``none``: the weights must already be at ``model.path``: a plan-time check that
       ``model.path/config.json`` exists; ``ModelMissing`` (names the host) otherwise.
 
+What is on the host comes from one state read (``state_query``; ``role_state``: the deploy's
+snapshot, or one read when the role runs on its own), never a fact per file. When that read did
+not complete the role is conservative: the space check counts no file as there, no file is
+removed as stale, the hub download runs (it resumes and verifies), and ``none`` stops with
+``StateUnknown`` (not ``ModelMissing``: nothing says the model is absent).
+
 Example (deploys/serve.py)::
 
     from vllm_fleet.roles.model import install_model
@@ -59,23 +65,27 @@ from typing import Any
 from pyinfra import host
 from pyinfra.api import QuoteString, StringCommand, deploy
 from pyinfra.api.exceptions import DeployError
-from pyinfra.facts.files import File, FileContents, FindFiles
 from pyinfra.operations import files, server
 
 from vllm_fleet.host.programs import argv as cmd, python
 from vllm_fleet.render import command
 from vllm_fleet.roles.common import directory, progress, secret_file
-from vllm_fleet.roles.common.state import Converged, Query, host_state
+from vllm_fleet.roles.common.state import Converged, Query, Snapshot, role_state
 
 from . import defaults as d
 from .defaults import DEFAULTS
-from .facts import FileSizes, FreeBytes
+from .facts import FreeBytes
 
-__all__ = ["install_model", "local_manifest", "manifest_text", "ModelMissing", "NoSpace", "DEFAULTS"]
+__all__ = ["install_model", "local_manifest", "manifest_text", "ModelMissing", "NoSpace", "StateUnknown", "DEFAULTS"]
 
 
 class ModelMissing(DeployError):
     """``transfer: none`` and the host has no model at ``model.path`` (the message names the host)."""
+
+
+class StateUnknown(DeployError):
+    """``transfer: none`` and the host's state read did not complete: whether the model is at
+    ``model.path`` is not known (the message names the host and how to retry)."""
 
 
 class NoSpace(DeployError):
@@ -87,12 +97,13 @@ def _gib(n: int) -> str:
     return f"{n / 2**30:.2f} GiB"
 
 
-def _check_space(spec: dict, local: Path, entries: list[tuple[str, str]]) -> None:
+def _check_space(spec: dict, local: Path, entries: list[tuple[str, str]], snap: Snapshot) -> None:
     """Plan-time: the files that will be (re)written must fit, with ``model_keep_free_bytes`` to
-    spare, before any operation exists (a full disk half-way through leaves a broken model)."""
+    spare, before any operation exists (a full disk half-way through leaves a broken model). The
+    files there come from the state read; a read that did not complete counts none (every file
+    is to upload: the check can only be stricter)."""
     root = spec["model"]["path"].rstrip("/")
-    have = host_state().files_under(root)
-    have = have if have is not None else host.get_fact(FileSizes, root=root)
+    have = snap.files_under(root) or {}
     todo = [(rel, (local / rel).stat().st_size) for rel, _ in entries]
     todo = [(rel, size) for rel, size in todo if have.get(rel) != size]
     if not todo:
@@ -143,6 +154,14 @@ def local_manifest(local_dir: str | Path) -> list[tuple[str, str]]:
     return list(_MANIFESTS[key])
 
 
+def _tree_query(root: str, entries: list[tuple[str, str]]) -> Query:
+    """The tree ``entries`` would make at ``root``: every file, directory and the manifest
+    (stat, sha256) and the files there (find)."""
+    files_ = [f"{root}/{rel}" for rel, _ in entries] + [f"{root}/{d.MANIFEST}"]
+    dirs = [root] + [f"{root}/{sub}" for sub in sorted({str(Path(rel).parent) for rel, _ in entries} - {"."})]
+    return Query(stat=tuple(dirs + files_), sha=tuple(files_), find=(root,))
+
+
 def state_query(spec: dict) -> Query:
     """What install_model compares against (vllm_fleet.roles.common.state): for ``upload`` every
     file, directory and the manifest at model.path (stat, sha256, the files there); for ``hub``
@@ -153,10 +172,7 @@ def state_query(spec: dict) -> Query:
         local = Path(m["local_dir"]).expanduser()
         if not local.is_dir():
             return Query()
-        entries = local_manifest(local)
-        files_ = [f"{root}/{rel}" for rel, _ in entries] + [f"{root}/{d.MANIFEST}"]
-        dirs = [root] + [f"{root}/{sub}" for sub in sorted({str(Path(rel).parent) for rel, _ in entries} - {"."})]
-        return Query(stat=tuple(dirs + files_), sha=tuple(files_), find=(root,))
+        return _tree_query(root, local_manifest(local))
     if m["transfer"] == "hub":
         return Query(read=(f"{root}/{d.HUB_MARKER}",))
     return Query(stat=(f"{root}/config.json",))
@@ -169,31 +185,30 @@ def manifest_text(entries: list[tuple[str, str]]) -> str:
 _env_python = command.env_python
 
 
-def _upload(spec: dict) -> list:
+def _upload(spec: dict, snap: Snapshot) -> list:
     local = Path(spec["model"]["local_dir"]).expanduser()
-    return _put_tree(spec, local, local_manifest(local))
+    return _put_tree(spec, local, local_manifest(local), snap)
 
 
-def _put_tree(spec: dict, local: Path, entries: list[tuple[str, str]], marker: str | None = None) -> list:
+def _put_tree(spec: dict, local: Path, entries: list[tuple[str, str]], snap: Snapshot, marker: str | None = None) -> list:
     """Put the files ``entries`` (``[(relative path, sha256)]``) of the control machine's
-    directory ``local`` at model.path as ``upload`` does. ``marker`` (the fleet hub cache's
-    ``<source>@<revision>``): the hub marker is written after the verification, which then
-    always runs (a stale marker is removed first, with the other files not in the manifest)."""
+    directory ``local`` at model.path as ``upload`` does, compared against ``snap`` (a read of
+    ``_tree_query``). ``marker`` (the fleet hub cache's ``<source>@<revision>``): the hub marker
+    is written after the verification, which then always runs (a stale marker is removed first,
+    with the other files not in the manifest). A read that did not complete removes nothing."""
     m, user = spec["model"], spec["server"]["user"]
     root = m["path"].rstrip("/")
-    _check_space(spec, local, entries)
+    _check_space(spec, local, entries, snap)
     fmode, dmode = host.data.get("model_file_mode"), host.data.get("model_dir_mode")
 
-    snap = host_state()
     ops = [directory(name=f"Model directory {root}", path=root, user=user, group=user, mode=dmode)]
     subdirs = sorted({str(Path(rel).parent) for rel, _ in entries} - {"."})
     for sub in subdirs:
         ops.append(directory(name=f"Model directory {root}/{sub}", path=f"{root}/{sub}",
                              user=user, group=user, mode=dmode))
     wanted = {f"{root}/{rel}" for rel, _ in entries} | {f"{root}/{d.MANIFEST}"}
-    there = snap.files_under(root)
-    there = [f"{root}/{rel}" for rel in there] if there is not None else host.get_fact(FindFiles, path=root)
-    for stale in sorted(set(there or []) - wanted):
+    there = {f"{root}/{rel}" for rel in snap.files_under(root) or {}}  # unknown: none (nothing removed on a guess)
+    for stale in sorted(there - wanted):
         ops.append(files.file(name=f"Remove {stale} (not in the manifest)", path=stale, present=False))
     for rel, sha in entries:
         if snap.file_ok(f"{root}/{rel}", sha, user, user, fmode):
@@ -240,10 +255,13 @@ def _hub_fleet(spec: dict, hub_token: str | None, revision: str, want: str) -> l
                                     log=logger.info)
     except hubcache.HubError as exc:
         raise DeployError(str(exc)) from None
-    return _put_tree(spec, directory, hubcache.manifest(directory), marker=want)
+    entries = hubcache.manifest(directory)
+    # the files there: the deploy's read asked only the marker; the cache's tree, read once now
+    snap = role_state(_tree_query(m["path"].rstrip("/"), entries))
+    return _put_tree(spec, directory, entries, snap, marker=want)
 
 
-def _hub(spec: dict, hub_token: str | None) -> list:
+def _hub(spec: dict, hub_token: str | None, snap: Snapshot) -> list:
     m, ins, user = spec["model"], spec["install"], spec["server"]["user"]
     root = m["path"].rstrip("/")
     revision = m.get("revision") or "main"
@@ -253,8 +271,8 @@ def _hub(spec: dict, hub_token: str | None) -> list:
     if hub_token and m["hub_fetch"] == "host":  # fleet: the token stays on the control machine
         token_path = f"{ins['config_dir'].rstrip('/')}/{d.HUB_TOKEN_FILE}"
         ops.append(secret_file(name="Hub token (0600 root)", path=token_path, content=hub_token + "\n"))
-    known, text = host_state().content(f"{root}/{d.HUB_MARKER}")
-    have = (text.splitlines() if text else None) if known else host.get_fact(FileContents, path=f"{root}/{d.HUB_MARKER}")
+    _, text = snap.content(f"{root}/{d.HUB_MARKER}")  # unknown: download (the script resumes and verifies)
+    have = text.splitlines() if text else None
     if have and have[0].strip() == want:
         host.noop(f"model {want} already at {root}")
         return []
@@ -275,10 +293,14 @@ def _hub(spec: dict, hub_token: str | None) -> list:
     return [op]
 
 
-def _none(spec: dict) -> list:
+def _none(spec: dict, snap: Snapshot) -> list:
     root = spec["model"]["path"].rstrip("/")
-    known, present = host_state().path(f"{root}/config.json")
-    present = present if known else host.get_fact(File, path=f"{root}/config.json")
+    known, present = snap.path(f"{root}/config.json")
+    if not known:
+        raise StateUnknown(
+            f"host {host.name}: model.transfer is none, and the read of this host's state did not complete, "
+            f"so whether {root}/config.json exists is not known (nothing was changed on this host). "
+            "Check that the host is reachable and that its sudo works, then run the deploy again.")
     if not present:
         raise ModelMissing(
             f"host {host.name}: model.transfer is none but {root}/config.json does not exist. "
@@ -305,10 +327,14 @@ def install_model(spec: dict[str, Any], hub_token: str | None = None) -> list:
         model_changed = install_model(spec=spec, hub_token=None)
     """
     transfer = spec["model"]["transfer"]
+    if transfer not in ("upload", "hub", "none"):
+        raise DeployError(f"model.transfer: {transfer!r} is not resolved (expected upload, hub or none)")
+    query = state_query(spec)
+    # the deploy's snapshot (it asked this), or one read of it when the role runs on its own;
+    # an upload without its local directory has nothing to read (_upload says what is missing)
+    snap = role_state(query) if query else Snapshot()
     if transfer == "upload":
-        return _upload(spec)
+        return _upload(spec, snap)
     if transfer == "hub":
-        return _hub(spec, hub_token)
-    if transfer == "none":
-        return _none(spec)
-    raise DeployError(f"model.transfer: {transfer!r} is not resolved (expected upload, hub or none)")
+        return _hub(spec, hub_token, snap)
+    return _none(spec, snap)

@@ -1,4 +1,5 @@
-"""Facts for the model role: free space where the weights go, and the sizes already there."""
+"""Facts for the model role: free space where the weights go (what is already there comes from
+the state read, vllm_fleet.roles.common.state)."""
 
 from __future__ import annotations
 
@@ -30,26 +31,3 @@ class FreeBytes(FactBase):
         except (IndexError, ValueError):
             return None
 
-
-class FileSizes(FactBase):
-    """``{relative path: size in bytes}`` of every regular file under ``root`` (``{}`` when
-    ``root`` does not exist).
-
-    ``host.get_fact(FileSizes, root="/var/lib/vllm-fleet/x/model")`` -> ``{"config.json": 655}``
-    """
-
-    def command(self, root: str) -> StringCommand:
-        return StringCommand(argv("test", "-d", root), "&&", argv("find", root, "-type", "f", "-printf", "%s %P\\n"),
-                             "||", "true")
-
-    @staticmethod
-    def default() -> dict:
-        return {}
-
-    def process(self, output: list[str]) -> dict[str, int]:
-        out = {}
-        for line in output:
-            size, _, rel = line.partition(" ")
-            if rel and size.isdigit():
-                out[rel] = int(size)
-        return out
