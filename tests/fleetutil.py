@@ -92,3 +92,23 @@ def health_server():
     srv = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     return srv, srv.server_address[1]
+
+
+def env_state(dists: dict | None = None, files: dict | None = None, python: str | None = "3.11.2") -> dict:
+    """Scripted facts: the HostState fact (vllm_fleet.roles.common.state) answering every env probe
+    a query asks as host_state.sh prints it: ``dists`` ``{name: version}`` installed (the others,
+    and None, absent), ``files`` ``{site-packages relpath: sha256}``; ``python=None``: no python
+    in the env (the probe prints nothing but its ``.``)."""
+    from vllm_fleet.roles.common.state import HostState, Snapshot
+
+    def answer(query):
+        lines = []
+        for py, args in query.envs:
+            if python:
+                lines.append(f"py\t{py}\tpython {python}")
+                for arg in args:
+                    kind, _, name = arg.partition(":")
+                    lines.append(f"py\t{py}\t{kind} {name}={(dists if kind == 'dist' else files or {}).get(name) or ''}")
+            lines.append(f"py\t{py}\t.")
+        return Snapshot.parse([*lines, "end"])
+    return {HostState: answer}

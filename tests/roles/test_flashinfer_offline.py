@@ -28,6 +28,9 @@ import pytest
 
 from vllm_fleet.fetch import flashinfer
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from fleetutil import env_state  # noqa: E402
+
 REPO = Path(__file__).resolve().parents[2]
 REPORT = json.loads((REPO / "tests" / "fixtures" / "flashinfer" / "vllm-0.33.0-0.20.2-report.json").read_text())
 
@@ -74,22 +77,20 @@ def _spec(**install):
 
 def test_a_cuda_install_adds_the_cubin_from_the_same_index(harness):
     from vllm_fleet.roles.vllm import install_vllm
-    from vllm_fleet.roles.vllm.facts import DistVersions
-
     spec = _spec(index_url="https://mirror.example/simple")
-    run = harness.run(install_vllm, spec, facts={DistVersions: {}})
+    run = harness.run(install_vllm, spec, facts={**env_state({})})
     install, cubin = run.commands[0], run.commands[1]
     assert "--index-url https://mirror.example/simple" in install and "--index-url https://mirror.example/simple" in cubin
     assert '"flashinfer-cubin==$v"' in cubin and "--no-deps" in cubin
     assert run.index("flashinfer-cubin") > run.index("vllm==0.33.0")  # after vLLM, at its flashinfer's version
     # installed already: nothing at all (no op, so no restart)
-    assert not harness.run(install_vllm, spec, facts={DistVersions: {"vllm": "0.33.0"}}).changed
+    assert not harness.run(install_vllm, spec, facts={**env_state({"vllm": "0.33.0"})}).changed
     # the CPU build: no cubin
     from vllm_fleet.spec.load import load, resolve
 
     cpu = resolve(load(REPO / "deployments" / "lab-tiny.yaml"))
     cpu["install"].update({"wheels": "host", "installer": "pip"})
-    assert not any("flashinfer" in c for c in harness.run(install_vllm, cpu, facts={DistVersions: {}}).commands)
+    assert not any("flashinfer" in c for c in harness.run(install_vllm, cpu, facts={**env_state({})}).commands)
 
 
 def _fake_env(tmp_path: Path, fi_version: str | None, pip_rc: int = 0) -> Path:

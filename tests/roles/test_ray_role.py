@@ -9,6 +9,7 @@ import hashlib
 import json
 import shlex
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -19,9 +20,12 @@ from vllm_fleet.roles.common.state import HostState, Snapshot
 from vllm_fleet.roles.ray import compare_versions, detect_ifname, install_ray
 from vllm_fleet.roles.ray.facts import Ipv4Interfaces, parse_ipv4_interfaces
 from vllm_fleet.roles.vllm import CPU_RAY_FILES, cpu_ray_adaptation_files, install_vllm
-from vllm_fleet.roles.vllm.facts import DistVersions, SitePackagesFiles
+from vllm_fleet.roles.vllm.facts import SitePackagesFiles
 from vllm_fleet.render import files as render
 from vllm_fleet.spec.load import load, resolve
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from fleetutil import env_state  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -309,7 +313,7 @@ def _installed(spec):
 
 def test_cpu_ray_spec_gets_the_adaptation_once(harness):
     spec = spec_of("lab-tiny-pp2.yaml")
-    run = harness.run(install_vllm, spec, facts={DistVersions: _installed(spec), SitePackagesFiles: {}}, strict=True)
+    run = harness.run(install_vllm, spec, facts=env_state(_installed(spec)), strict=True)
     op = run.op("adaptation")
     argv = shlex.split(op.commands[0])
     assert argv[0] == "/opt/vllm-fleet/lab-tiny-pp2/env/bin/python"
@@ -317,14 +321,15 @@ def test_cpu_ray_spec_gets_the_adaptation_once(harness):
     assert set(written) == set(CPU_RAY_FILES)
     assert written["vllm_fleet_lab_cpu_ray.pth"].strip() == "import vllm_fleet_lab_cpu_ray"
     have = {n: hashlib.sha256(t.encode()).hexdigest() for n, t in cpu_ray_adaptation_files().items()}
-    again = harness.run(install_vllm, spec, facts={DistVersions: _installed(spec), SitePackagesFiles: have}, strict=True)
+    again = harness.run(install_vllm, spec, facts={**env_state(_installed(spec), have), SitePackagesFiles: {}})
     assert not again.changed, again
+    assert [n for n, _ in again.asked] == ["HostState"], again.asked  # the files from the env probe, no fact
 
 
 @pytest.mark.parametrize("name", sorted(p.name for p in (REPO / "deployments").glob("*.yaml")))
 def test_only_cpu_with_ray_ever_gets_the_adaptation(harness, name):
     spec = spec_of(name)
-    for facts in ({DistVersions: {}}, {DistVersions: _installed(spec)}):
+    for facts in (env_state({}), env_state(_installed(spec))):
         run = harness.run(install_vllm, spec, facts={**facts, SitePackagesFiles: {}})
         touched = any("vllm_fleet_lab_cpu_ray" in c for c in run.commands)
         assert touched == (spec["install"]["accelerator"] == "cpu" and spec["parallel"]["backend"] == "ray"), (name, run)
@@ -335,7 +340,7 @@ def test_only_cpu_with_ray_ever_gets_the_adaptation(harness, name):
 def test_cuda_ray_spec_never_gets_it_even_with_a_cpu_like_install(harness):
     spec = spec_of("2node-ray-pp2.yaml")
     assert spec["install"]["accelerator"] == "cuda" and spec["parallel"]["backend"] == "ray"
-    run = harness.run(install_vllm, spec, facts={DistVersions: {}, SitePackagesFiles: {}})
+    run = harness.run(install_vllm, spec, facts={**env_state({}), SitePackagesFiles: {}})
     assert not any("vllm_fleet_lab_cpu_ray" in c or "ray_device_key" in c for c in run.commands)
 
 

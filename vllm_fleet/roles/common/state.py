@@ -35,6 +35,7 @@ from typing import Any
 
 from pyinfra import host
 from pyinfra.api import FactBase, StringCommand
+from pyinfra.api.exceptions import DeployError
 
 from vllm_fleet.host import programs
 
@@ -102,6 +103,11 @@ class Query:
         for py, args in self.envs:
             out += ["py", py, "pycode", code, "pyargs", " ".join(args) or "-"]
         return out
+
+
+class StateUnknown(DeployError):
+    """A role cannot decide from a state read that did not complete (no ``end``), and guessing
+    would change or disrupt something: the message names the host and how to retry."""
 
 
 class HostState(FactBase):

