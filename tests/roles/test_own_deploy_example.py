@@ -1,13 +1,18 @@
 """The own-deploy example in docs/own-servers.md ("Your own pyinfra deploy with vllm-fleet's
 roles") runs as written: its @deploy, given a spec through host data, adds the user's own step
-and the roles' operations in order (no host: facts are those of a bare Debian 12 host)."""
+and the roles' operations in order (no host: facts are those of a bare Debian 12 host, whose
+state read finds nothing: no file, no package, no python in the env)."""
 
 from __future__ import annotations
 
 import re
+import sys
 from pathlib import Path
 
 import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from fleetutil import env_state  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -37,7 +42,7 @@ def test_the_documented_own_deploy_runs(harness, tmp_path, monkeypatch):
     run = harness.run(ns["my_inference_host"], host="gpu1", groups=["servers", "proxy"],
                       data={"vllm_fleet_spec": str(spec), "ssh_hostname": "192.0.2.10"},
                       facts={"LinuxDistribution": harness.distro("debian-12"), "Os": "Linux", "Arch": "x86_64",
-                             "Which": lambda command=None: f"/usr/bin/{command}"})
+                             "Which": lambda command=None: f"/usr/bin/{command}", **env_state(python=None)})
     names = [op.name for op in run.ops]
     first = lambda text: next(i for i, n in enumerate(names) if text in n)  # noqa: E731
     assert first("Write generated secret files") < first("Our own tools") < first("Put /etc/systemd/system/vllm-lab-tiny-0.service") \
