@@ -35,6 +35,7 @@ import sys
 import tarfile
 import zipfile
 from pathlib import Path
+from typing import Callable
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
@@ -117,6 +118,26 @@ def platform_args() -> list[str]:
     return out
 
 
+def resolve(report: Path, target: Path, constraints: Path, pinned: dict[str, str], args: list[str],
+            replaced: Callable[[str, str], None] = lambda n, v: None, tries: int = 40) -> bool:
+    """pip's resolver (``--dry-run --report``) for ``args`` with ``pinned`` as ``==`` constraints;
+    a pin that a requirement contradicts is dropped (``replaced`` is told) and pip asked again.
+    False when pip fails for another reason (its output is shown) or the pins never settle."""
+    for _ in range(tries):
+        constraints.write_text("".join(f"{n}=={v}\n" for n, v in sorted(pinned.items())))
+        r = pip("install", "--dry-run", "--ignore-installed", "--report", str(report), "--target", str(target),
+                *platform_args(), "-c", str(constraints), *args, capture=True)
+        if r.returncode == 0:
+            return True
+        clash = re.findall(r"The user requested \(constraint\) ([A-Za-z0-9_.-]+)==", r.stdout + r.stderr)
+        if not clash:
+            sys.stderr.write(r.stdout[-3000:] + r.stderr[-3000:])
+            return False
+        for n in clash:
+            replaced(n, pinned.pop(norm(n), "?"))
+    return False
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--resolve-only", action="store_true")
@@ -136,22 +157,9 @@ def main() -> int:
     # The image's versions are kept unless vllm/pyinfra pin another one (numba, say): then that
     # constraint is dropped and the pinned version joins the wheel set (pip replaces it there).
     pinned = dict(device)
-    replaced = []
-    for _ in range(40):
-        constraints.write_text("".join(f"{n}=={v}\n" for n, v in sorted(pinned.items())))
-        r = pip("install", "--dry-run", "--ignore-installed", "--report", str(report), "--target", str(work / "tgt"),
-                *platform_args(), "--find-links", str(stubs), "-c", str(constraints),
-                f"vllm=={VLLM}", f"pyinfra=={PYINFRA}", capture=True)
-        if r.returncode == 0:
-            break
-        clash = re.findall(r"The user requested \(constraint\) ([A-Za-z0-9_.-]+)==", r.stdout + r.stderr)
-        if not clash:
-            sys.stderr.write(r.stdout[-3000:] + r.stderr[-3000:])
-            return 1
-        for n in clash:
-            print(f"image's {n}=={pinned.pop(norm(n), '?')} conflicts: replaced", flush=True)
-            replaced.append(norm(n))
-    else:
+    stubs_args = ["--find-links", str(stubs)]
+    if not resolve(report, work / "tgt", constraints, pinned, [*stubs_args, f"vllm=={VLLM}", f"pyinfra=={PYINFRA}"],
+                   lambda n, v: print(f"image's {n}=={v} conflicts: replaced", flush=True)):
         return 1
     items = json.loads(report.read_text())["install"]
     missing = []
@@ -173,19 +181,8 @@ def main() -> int:
     # the vLLM set already has where the router accepts them (one wheel serves both)
     have = {**device, **{n: v for n, v, _ in missing}}
     router_report = work / "router-report.json"
-    for _ in range(20):
-        constraints.write_text("".join(f"{n}=={v}\n" for n, v in sorted(have.items()) if n != "vllm-router"))
-        r = pip("install", "--dry-run", "--ignore-installed", "--report", str(router_report), "--target", str(work / "rtgt"),
-                *platform_args(), "-c", str(constraints), f"vllm-router=={ROUTER}", capture=True)
-        if r.returncode == 0:
-            break
-        clash = re.findall(r"The user requested \(constraint\) ([A-Za-z0-9_.-]+)==", r.stdout + r.stderr)
-        if not clash:
-            sys.stderr.write(r.stdout[-3000:] + r.stderr[-3000:])
-            return 1
-        for n in clash:
-            have.pop(norm(n), None)
-    else:
+    have.pop("vllm-router", None)
+    if not resolve(router_report, work / "rtgt", constraints, have, [f"vllm-router=={ROUTER}"]):
         return 1
     in_set = {(n, v) for n, v, _ in missing}
     router_only = sorted({(norm(it["metadata"]["name"]), it["metadata"]["version"])
