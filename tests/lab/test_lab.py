@@ -130,6 +130,44 @@ def test_errors_a_user_can_act_on(lab, tmp_path):
     assert res.returncode == 2 and "needs root" in res.stderr
 
 
+def test_lxcfs_left_dead_by_an_earlier_run_is_replaced(tmp_path):
+    """A lab whose lxcfs died (killed, or a machine restored from an image) leaves a FUSE mount
+    that fails every stat with ENOTCONN: `up` and `down` must take it off, not crash on it.
+    Its own state dir, no lab fixture: the shared lab's lxcfs is not touched."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting lxcfs needs root")
+    import errno
+    import signal
+
+    cfg = nspawn.LabConfig(state_dir=tmp_path / "state")
+    cfg.state_dir.mkdir()
+    st = {"made": {}}
+    try:
+        nspawn.lxcfs_up(cfg, st)
+        pid = nspawn.read_pid(cfg.state_dir / "lxcfs.pid")
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)  # our child: reaped, its FUSE connection is gone
+        with pytest.raises(OSError) as stale:
+            os.listdir(cfg.lxcfs_dir)  # a readdir reaches the (gone) daemon; a stat may be cached
+        assert stale.value.errno == errno.ENOTCONN  # the situation CI met
+
+        nspawn.lxcfs_up(cfg, st)  # up again: a live lxcfs on the same path
+        assert float((cfg.lxcfs_dir / "proc" / "uptime").read_text().split()[0]) >= 0
+
+        pid = nspawn.read_pid(cfg.state_dir / "lxcfs.pid")
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        nspawn.lxcfs_down(cfg)  # down over a dead one
+        assert not nspawn.mounted(cfg.lxcfs_dir)
+        assert cfg.lxcfs_dir.is_dir()
+    finally:
+        if nspawn.mounted(cfg.lxcfs_dir):
+            subprocess.run(["umount", "-l", str(cfg.lxcfs_dir)], check=False)
+        pid = nspawn.read_pid(cfg.state_dir / "lxcfs.pid")
+        if pid and nspawn.pid_alive(pid, "lxcfs"):
+            os.kill(pid, 9)
+
+
 @pytest.mark.lab_last
 def test_down_removes_everything_and_is_idempotent(lab):
     if not lab["owned"]:

@@ -436,9 +436,11 @@ def lxcfs_up(cfg: LabConfig, st: dict) -> None:
     pidf = cfg.state_dir / "lxcfs.pid"
     if pid_alive(read_pid(pidf), "lxcfs") and mounted(cfg.lxcfs_dir):
         return
-    cfg.lxcfs_dir.mkdir(parents=True, exist_ok=True)
+    # A mount whose lxcfs is gone (killed, or a machine restored from an image) answers every
+    # stat with ENOTCONN: take it off by the mount table before touching the path.
     if mounted(cfg.lxcfs_dir):
-        run(["umount", "-l", str(cfg.lxcfs_dir)], check=False)
+        run(["umount", "-l", str(cfg.lxcfs_dir)], check=False, capture=True)
+    cfg.lxcfs_dir.mkdir(parents=True, exist_ok=True)
     logf = open(cfg.state_dir / "lxcfs.log", "ab")
     p = subprocess.Popen(["lxcfs", "-f", "-p", str(cfg.state_dir / "lxcfs.lock"), str(cfg.lxcfs_dir)],
                          stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT, start_new_session=True)
@@ -461,7 +463,7 @@ def lxcfs_down(cfg: LabConfig) -> None:
         if pid_alive(pid, "lxcfs"):
             os.kill(pid, signal.SIGKILL)
             wait_gone(pid, "lxcfs", 5)
-    if cfg.lxcfs_dir.exists() and mounted(cfg.lxcfs_dir):
+    if mounted(cfg.lxcfs_dir):  # by the mount table: a stale FUSE mount fails exists() with ENOTCONN
         run(["umount", str(cfg.lxcfs_dir)], check=False, capture=True)
         if mounted(cfg.lxcfs_dir):
             run(["umount", "-l", str(cfg.lxcfs_dir)], check=False, capture=True)
