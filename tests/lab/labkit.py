@@ -63,3 +63,34 @@ def copy_tree(src: "LabHost", dst: "LabHost", path: str) -> float:
     out.stdout.close()
     assert out.wait(timeout=60) == 0 and into.returncode == 0, into.stderr
     return round(time.monotonic() - t0, 1)
+
+
+#: What a deploy may change on a host, as plain readers see it (root's find, sha256sum, systemctl,
+#: nft, ss): the files under the directories vllm-fleet writes (the environment's tree only to its
+#: top, vLLM's caches under /var/lib/vllm-fleet not at all: both stay after `down` by design), the
+#: units of the parts it runs, the nftables tables and the listening TCP sockets.
+FOOTPRINT = r"""
+dirs='/etc/systemd/system /etc/nginx /etc/vllm-fleet /etc/prometheus /etc/default /opt/vllm-fleet'
+echo '## files'
+find $dirs -maxdepth 4 -path '/opt/vllm-fleet/*/env/*' -prune -o -printf '%p %y %m %u:%g\n' 2>/dev/null | sort
+find $(echo $dirs | sed 's#/opt/vllm-fleet##') -type f -exec sha256sum {} + 2>/dev/null | sort -k2
+echo '## units'
+systemctl list-units --all --plain --no-legend 'vllm*' 'nginx*' 'ray*' 'prometheus*' | awk '{print $1, $2, $3, $4}' | sort
+systemctl list-unit-files --no-legend 'vllm*' 'nginx*' 'ray*' 'prometheus*' | awk '{print $1, $2}' | sort
+echo '## nft'
+nft list tables 2>/dev/null | sort
+echo '## listening'
+ss -ltnH | awk '{print $4}' | sort -u
+"""
+
+
+def footprint(h: LabHost) -> list[str]:
+    """The host's :data:`FOOTPRINT` lines (compare two with :func:`footprint_diff`)."""
+    return h.ssh(FOOTPRINT, user="root").stdout.splitlines()
+
+
+def footprint_diff(before: list[str], after: list[str]) -> list[str]:
+    """The lines only one side has, '-' before / '+' after (empty: the same host state)."""
+    import difflib
+
+    return [ln for ln in difflib.unified_diff(before, after, lineterm="", n=0) if ln[:1] in "+-" and ln[:3] not in ("+++", "---")]

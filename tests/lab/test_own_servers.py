@@ -18,6 +18,8 @@ the checkout, against lab1 as a user's own host (their inventory, no lab default
     vllm-fleet down    -> unit, env files, site gone (ssh, systemctl, nginx -t, curl); env and
                           weights kept; a second down changes nothing
     vllm-fleet diff    -> exit 1, every file to add
+    deploy, then down  -> the host as before the deploy: files, units, nft tables, listening
+                          ports (labkit.footprint: find, sha256sum, systemctl, nft, ss)
 
 The deployment is lab-tiny's (same name, so the environment and weights an earlier lab test
 installed on lab1 are reused; the pip cache is the lab's shared one). Time per step: printed and
@@ -38,7 +40,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from labkit import REPO
+from labkit import REPO, footprint, footprint_diff
 
 pytestmark = pytest.mark.lab
 
@@ -213,6 +215,18 @@ def test_the_whole_flow_from_a_wheel(tool, lab_hosts):
     assert r.returncode == 1, r.out[-3000:]
     assert "+ /etc/systemd/system/vllm-lab-tiny-0.service: new" in r.out and "+ /etc/nginx/conf.d/vllm-fleet-lab-tiny.conf: new" in r.out
     assert "+ /etc/vllm-fleet/lab-tiny/secrets.env: new (secret, content not shown)" in r.out and key not in r.out
+
+    # (issue 22) `down` leaves the host as the deploy found it: deploy again onto this state (the
+    # environment and weights in place, nothing else), then down, and compare what plain readers see
+    before = footprint(lab1)
+    r = fleet(tool, "deploy", "inventory.py", "-y", step="deploy (onto the state down left)")
+    assert r.returncode == 0, r.out[-4000:]
+    assert json.loads(curl("-H", f"Authorization: Bearer {key}", f"http://{lab1.address}/v1/models").stdout)["data"][0]["id"] == "tiny"
+    assert footprint_diff(before, footprint(lab1)), "the deploy changed nothing the footprint sees: it cannot tell"
+    r = fleet(tool, "down", "inventory.py", "-y", step="down (back to the state before)")
+    assert r.returncode == 0, r.out[-4000:]
+    left = footprint_diff(before, footprint(lab1))
+    assert not left, "\n".join(left)
 
 
 def other_deployment_steps(tool, lab1, spec, key):
