@@ -118,3 +118,21 @@ def test_another_deployments_older_unit_stays(harness):
     _, _, _, run = _run(harness, legacy=LEGACY.replace("lab-tiny-replicas:", "lab-tiny:"))
     assert not any("vllm.service" in op.name for op in run.ops), run
 
+
+
+def test_a_state_read_that_did_not_complete_restarts_nothing(harness):
+    """No ``end`` line (the read was cut: a dropped connection, a sudo that stopped answering):
+    what each instance runs is not known. Restarting every replica on that guess would stop the
+    service for nothing: the role stops this host with a message that names it and says how to
+    retry, before any operation."""
+    import pytest
+
+    from vllm_fleet.roles.common.state import StateUnknown
+
+    spec = resolve(load(REPO / "deployments" / "lab-tiny-replicas.yaml"))
+    h = build([spec], copy.deepcopy(INV)).hosts["testhost"]
+    cut = [ln for ln in state_lines(stamps={"/etc/vllm-fleet/lab-tiny-replicas/replica-0.applied": "x"}) if ln != "end"]
+    facts = {HostState: lambda query: Snapshot.parse(cut), File: lambda path: None, Sha256File: lambda path: None}
+    with pytest.raises(StateUnknown, match=r"host testhost: the read of this host's state did not complete, so what each "
+                                           r"vLLM instance of lab-tiny-replicas runs is not known.*run the deploy again"):
+        harness.run(install_service, spec, h.parts[spec["name"]], h.files, "k3y", facts=facts)
