@@ -37,14 +37,9 @@ import requests
 from vllm_fleet.host import programs
 from vllm_fleet.host.transport import Transport
 from vllm_fleet.serving.session import load_fleet
+from vllm_fleet.serving.words import WORDS
 
 #: Short common English words: about one token each for Qwen/Llama tokenizers.
-WORDS = ("time year people way day man thing woman life child world school state family student group country problem "
-         "hand part place case week company system program question work government number night point home water room "
-         "mother area money story fact month lot right study book eye job word business issue side kind head house "
-         "service friend father power hour game line end member law car city name team minute idea kid body back "
-         "face others level office door health person art war history party result change morning reason research "
-         "girl guy moment air teacher force education").split()
 COUNTERS = {"vllm:prefix_cache_hits_total": "hits", "vllm:prefix_cache_queries_total": "queries",
             "vllm:request_success_total": "requests"}
 
