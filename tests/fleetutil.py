@@ -112,3 +112,13 @@ def env_state(dists: dict | None = None, files: dict | None = None, python: str 
             lines.append(f"py\t{py}\t.")
         return Snapshot.parse([*lines, "end"])
     return {HostState: answer}
+
+
+def free_lines(query, free) -> list[str]:
+    """host_state.sh's ``free`` lines for every path ``query`` asks with ``free``: ``free`` is the
+    bytes available there, an int or ``f(path)`` (None: df gave no figure, the script's ``-``)."""
+    out = []
+    for path in query.free:
+        n = free(path) if callable(free) else free
+        out.append(f"free\t{path}\t{'-' if n is None else n}")
+    return out

@@ -70,6 +70,35 @@ def test_the_script_reads_files_dirs_users_and_an_env(tmp_path):
     assert s.env(str(tmp_path / "no-env" / "python")) == {"python": None, "dist": {}, "file": {}, "done": True}
 
 
+def test_the_script_reads_free_bytes_where_a_path_is_or_will_be(tmp_path):
+    """``free``: df's "avail" of the path's filesystem, or of its nearest existing parent for a
+    path not made yet (model.path before the first upload), checked against os.statvfs (an
+    independent reader; the figures move with other writers, so within a margin)."""
+    (tmp_path / "d").mkdir()
+    asked = (str(tmp_path / "d"), str(tmp_path / "not" / "made" / "yet"), "/proc/no-such-vf")
+
+    def avail(path):
+        st = os.statvfs(path)
+        return st.f_bavail * st.f_frsize
+    before = avail(tmp_path)
+    q = Query(free=asked)
+    lines = run_script(q)
+    after = avail(tmp_path)
+    assert lines[-1] == "end" and [ln.split("\t")[:2] for ln in lines[:-1]] == [["free", p] for p in asked], lines
+    s = Snapshot.parse(lines)
+    s.query = q
+    margin = 256 << 20
+    for path in asked[:2]:
+        known, n = s.free(path)
+        assert known and min(before, after) - margin <= n <= max(before, after) + margin, (path, n, before, after)
+    assert s.free(asked[2]) == (True, avail("/proc"))  # /proc: df's figure for its filesystem (0)
+    assert s.free("/not-asked") == (False, None)
+    assert Snapshot.parse(["free\t/x\t-", "end"]).avail == {"/x": None}  # df gave no figure
+    cut = Snapshot.parse(lines[:-1])  # no `end`: a figure from a read that did not complete is not believed
+    cut.query = q
+    assert cut.free(asked[0]) == (False, None)
+
+
 def test_units_and_packages_parse_and_an_unfinished_read_knows_nothing():
     lines = ["unit\tId=nginx.service", "unit\tLoadState=loaded", "unit\tActiveState=active", "unit\tUnitFileState=enabled",
              "unit\t", "unit\tLoadState=not-found", "unit\tId=x.service", "unit\tActiveState=failed", "unit\tUnitFileState=",
@@ -324,7 +353,8 @@ def test_a_model_in_place_gets_no_operation_and_a_changed_file_only_its_upload(h
     lines = _model_lines(spec, local, drift="model.safetensors")
     from pyinfra.facts.files import File, Sha1File
 
-    run = harness.run(_model, spec, facts={HostState: lambda query: Snapshot.parse(lines), "FreeBytes": 1 << 40,
+    room = [f"free\t{spec['model']['path']}\t{1 << 40}", "free\t/tmp\t" + str(1 << 40)]  # the space check's figures
+    run = harness.run(_model, spec, facts={HostState: lambda query: Snapshot.parse(room + lines),
                                            File: {"user": "vllm"}, Sha1File: "x"})
     names = [op.name.rsplit(" | ", 1)[-1] for op in run.ops]
     assert names == ["Model file model.safetensors", "Verify the model against MANIFEST.sha256 (as vllm)"], names

@@ -26,13 +26,12 @@ from pyinfra.facts.files import Directory, File, FileContents, FindFiles
 
 from vllm_fleet.fetch import hubcache
 from vllm_fleet.roles.common.state import HostState, Snapshot
-from vllm_fleet.roles.model import install_model
-from vllm_fleet.roles.model.facts import FreeBytes
+from vllm_fleet.roles.model import NoSpace, install_model
 from vllm_fleet.spec.load import load, resolve
 from vllm_fleet.lab.tinymodel import DEFAULT_OUT
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from fleetutil import pyinfra_local, require_vllm_venv, write_model_deploy  # noqa: E402
+from fleetutil import free_lines, pyinfra_local, require_vllm_venv, write_model_deploy  # noqa: E402
 from hubstandin import StandInHub  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
@@ -83,10 +82,11 @@ def fleet_spec(**model):
     return spec
 
 
-def bare_host(path=None, lines=()):
-    """Facts of a host without the model (and with room for it): the state read (the marker,
-    then the cache's tree) finds nothing but ``lines``; pyinfra's own operations see no file."""
-    return {HostState: lambda query: Snapshot.parse([*lines, "end"]), File: None, Directory: None, FreeBytes: 100 << 30}
+def bare_host(path=None, lines=(), free=100 << 30):
+    """Facts of a host without the model (and with room for it: ``free`` bytes wherever the read
+    asks): the state read (the marker, then the cache's tree) finds nothing but ``lines``;
+    pyinfra's own operations see no file."""
+    return {HostState: lambda query: Snapshot.parse([*lines, *free_lines(query, free), "end"]), File: None, Directory: None}
 
 
 def _sha(p: Path) -> str:
@@ -131,6 +131,19 @@ def test_three_hosts_one_download_and_every_host_gets_the_files_as_upload_does(h
         # the marker goes after every file and the manifest, with the check
         assert run.index(f"> {root}/.vllm-fleet-hub") > run.index("sha256sum --quiet") > \
             run.index(f"upload:{root}/MANIFEST.sha256") > max(run.index(f"upload:{root}/{r}") for r in WANTED)
+
+
+def test_a_host_without_room_stops_before_any_operation(harness, hub):
+    """The free bytes at model.path come with the cache's tree in the same state read (no fact of
+    their own): a full filesystem stops the plan with NoSpace, no operation made."""
+    hub()
+    spec = fleet_spec()
+    root = spec["model"]["path"]
+    with pytest.raises(NoSpace, match=rf"not enough disk space for model.path {root}: {len(WANTED)} file"):
+        harness.run(install_model, spec, facts={**bare_host(free=lambda p: 0 if p == root else 100 << 30)}, strict=True)
+    run = harness.run(install_model, spec, facts=bare_host())
+    assert run.changed and "FreeBytes" not in {name for name, _ in run.asked}, run.asked
+    assert [kw["query"].free for name, kw in run.asked if name == "HostState"] == [(), (root, "/tmp")]
 
 
 def test_concurrent_fills_share_one_download(hub, tmp_path):

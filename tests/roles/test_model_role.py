@@ -19,11 +19,10 @@ from pyinfra.facts.files import Directory, File, FileContents, Md5File, Sha1File
 
 from vllm_fleet.roles.common.state import HostState, Query, Snapshot
 from vllm_fleet.roles.model import ModelMissing, NoSpace, StateUnknown, install_model
-from vllm_fleet.roles.model.facts import FreeBytes
 from vllm_fleet.spec.load import load, resolve
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from fleetutil import pyinfra_local, require_vllm_venv, write_model_deploy  # noqa: E402
+from fleetutil import free_lines, pyinfra_local, require_vllm_venv, write_model_deploy  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 TOKEN = "hf_" + "s3cr3t" * 5
@@ -53,15 +52,16 @@ def sha256sum_lines(d: Path) -> str:
     return out
 
 
-def state(lines):
-    """The HostState fact answering host_state.sh's ``lines`` (``end`` appended: a read that completed)."""
-    return {HostState: lambda query: Snapshot.parse([*lines, "end"])}
+def state(lines, free=None):
+    """The HostState fact answering host_state.sh's ``lines`` (``end`` appended: a read that
+    completed) and, with ``free`` (bytes: an int or ``f(path)``), a ``free`` line per path asked."""
+    return {HostState: lambda query: Snapshot.parse([*lines, *(free_lines(query, free) if free is not None else []), "end"])}
 
 
 BARE = {**state([]), File: None, Directory: None}  # a host without the model: nothing at model.path
 
 
-def remote_state(spec, local: Path, extra=()):
+def remote_state(spec, local: Path, extra=(), free=None):
     """A host where the upload already happened: the state read's lines (owner, mode, sha256,
     the files under model.path, and ``extra``: ``{relpath: bytes}`` there besides), and the facts
     pyinfra's own operations read where the snapshot differs (owner, mode, checksums)."""
@@ -77,7 +77,7 @@ def remote_state(spec, local: Path, extra=()):
         lines += [f"stat\t{path}\tregular file\t{user}\t{user}\t644\t{len(data)}",
                   f"sha\t{path}\t{hashlib.sha256(data).hexdigest()}", f"find\t{root}\t{len(data)} {path[len(root) + 1:]}"]
     return {
-        **state(lines),
+        **state(lines, free),
         File: lambda path: meta if path in sha1 else None,
         Directory: lambda path: dirs.get(path),
         Sha1File: lambda path: sha1.get(path),
@@ -94,46 +94,73 @@ def read_fact_names(run):
 GIB = 1 << 30
 
 
+def on_model_path(there: int, elsewhere: int = 100 * GIB):
+    """``free`` for :func:`state`: ``there`` bytes on model.path's filesystem, ``elsewhere`` in the temp dir."""
+    return lambda path: there if path.startswith("/var/lib") else elsewhere
+
+
 def test_no_space_for_the_model_stops_before_any_operation(harness, local_model):
     spec = lab_spec(local_dir=str(local_model))
     size = sum(p.stat().st_size for p in local_model.rglob("*") if p.is_file())
-    # exactly the 1 GiB margin free: the files do not fit with it to spare
-    facts = {**BARE, FreeBytes: lambda path: GIB + size - 1 if path.startswith("/var/lib") else 100 * GIB}
+    # exactly the 1 GiB margin free: the files do not fit with it to spare; the free bytes come
+    # from the one state read (strict: no other fact is read before the stop)
+    facts = {**BARE, **state([], free=on_model_path(GIB + size - 1))}
     with pytest.raises(NoSpace, match=r"host testhost: not enough disk space for model.path /var/lib/vllm-fleet/lab-tiny/model: "
                                       r"4 file\(s\) to upload.*model_keep_free_bytes.*no host was changed"):
-        harness.run(install_model, spec, facts=facts)
-    facts[FreeBytes] = lambda path: GIB + size if path.startswith("/var/lib") else 100 * GIB
-    assert harness.run(install_model, spec, facts=facts).changed  # fits with exactly the margin left
+        harness.run(install_model, spec, facts=facts, strict=True)
+    facts.update(state([], free=on_model_path(GIB + size)))
+    run = harness.run(install_model, spec, facts=facts)
+    assert run.changed  # fits with exactly the margin left
+    assert "FreeBytes" not in read_fact_names(run), run.asked
+
+
+def test_the_free_bytes_are_read_with_the_tree_in_one_read(harness, local_model):
+    """state_query asks the free bytes at model.path and in the temp dir pyinfra uploads
+    through (host data ``_temp_dir``) with the tree: the one read the deploy makes."""
+    from vllm_fleet.roles.model import state_query
+
+    spec = lab_spec(local_dir=str(local_model))
+    root = spec["model"]["path"]
+    run = harness.run(install_model, spec, facts=state([], free=on_model_path(100 * GIB)), data={"_temp_dir": "/scratch"})
+    (query,) = [kw["query"] for name, kw in run.asked if name == "HostState"]
+    assert query.free == (root, "/scratch") and query.find == (root,)
+    with pytest.raises(NoSpace, match="uploads each file through /scratch first"):
+        harness.run(install_model, spec, facts=state([], free=on_model_path(100 * GIB, 10)), data={"_temp_dir": "/scratch"})
+    assert lab_spec(transfer="none")["model"]["transfer"] == "none"
+    assert not state_query(lab_spec(transfer="none")).free  # no upload: no free bytes asked
 
 
 def test_files_already_there_need_no_space_and_tmp_must_hold_the_largest(harness, local_model):
     spec = lab_spec(local_dir=str(local_model))
-    facts = remote_state(spec, local_model)
-    facts[FreeBytes] = 0  # a full disk: nothing to upload, so no check and no change
-    assert not harness.run(install_model, spec, facts=facts).changed
+    full = remote_state(spec, local_model, free=0)  # a full disk: nothing to upload, so no check and no change
+    small_tmp = remote_state(spec, local_model, free=on_model_path(10 * GIB, 10))
+    assert not harness.run(install_model, spec, facts=full).changed
     (local_model / "model.safetensors").write_text("weights " * 200)  # larger: must go through /tmp
-    facts[FreeBytes] = lambda path: 10 * GIB if path.startswith("/var/lib") else 10
     with pytest.raises(NoSpace, match=r"uploads each file through /tmp first.*_temp_dir"):
-        harness.run(install_model, spec, facts=facts)
+        harness.run(install_model, spec, facts=small_tmp)
+
+
+def test_df_with_no_figure_is_not_a_stop(harness, local_model):
+    """host_state.sh prints ``free PATH -`` when df gave no figure: nothing to compare, the upload
+    goes on (as before, when the free-space fact read nothing)."""
+    spec = lab_spec(local_dir=str(local_model))
+    assert harness.run(install_model, spec, facts={**BARE, **state([], free=lambda path: None)}).changed
 
 
 def test_a_read_that_did_not_complete_counts_no_file_as_there_and_removes_none(harness, local_model):
-    """The state read knew nothing (the host's answer had no ``end``): every file is to upload
-    as far as the space check goes (it can only be stricter), no file is removed as stale, and
-    no fact per file (FindFiles, FileSizes) stands in for the read."""
+    """The state read knew nothing (the host's answer had no ``end``): every file is put (pyinfra's
+    own facts decide), no file is removed as stale, and no fact per file (FindFiles, FileSizes)
+    or free-space fact stands in for the read. Its free bytes are not believed either (a cut
+    read): the space check has no figure and does not stop the upload."""
     spec = lab_spec(local_dir=str(local_model))
     root = spec["model"]["path"]
     facts = remote_state(spec, local_model, extra={"model-00002-of-00002.safetensors": b"stale"})
-    facts[HostState] = lambda query: Snapshot.parse(["stat\t/x\t-"])  # cut off before `end`
+    facts[HostState] = lambda query: Snapshot.parse([*free_lines(query, 0), "stat\t/x\t-"])  # cut off before `end`
     facts["FindFiles"] = [f"{root}/model-00002-of-00002.safetensors"]
     facts["FileSizes"] = {p.relative_to(local_model).as_posix(): p.stat().st_size for p in local_model.rglob("*") if p.is_file()}
-    facts[FreeBytes] = 0  # had the files counted as there, no check would have run
-    with pytest.raises(NoSpace, match="4 file"):
-        harness.run(install_model, spec, facts=facts)
-    facts[FreeBytes] = 100 * GIB
     run = harness.run(install_model, spec, facts=facts)
     assert not run.has_op("Remove"), run
-    assert not {"FindFiles", "FileSizes"} & read_fact_names(run), run.asked
+    assert not {"FindFiles", "FileSizes", "FreeBytes"} & read_fact_names(run), run.asked
     assert not run.uploads.keys() - {f"{root}/MANIFEST.sha256"}  # pyinfra's own facts: the files are there
 
 

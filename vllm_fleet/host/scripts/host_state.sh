@@ -18,6 +18,8 @@
 #   py PYTHON LINE / py PYTHON .          (an env's probe: `py PYTHON`, `pycode CODE`, `pyargs ARGS`)
 #   glob PATTERN .  then  glob PATTERN PATH BASE64   (every small regular file a shell glob matches;
 #                                         a *.service one also: globunit PATH ACTIVE ENABLED)
+#   free PATH BYTES                       (df's "avail" of PATH's filesystem, or of its nearest existing
+#                                          parent when PATH is not there yet; `-` when df gave no figure)
 # Reads only; changes nothing.
 set -f
 TAB=$(printf '\t')
@@ -73,6 +75,12 @@ CHAT_ARGS
         --data "{\"model\": \"$cmodel\", \"max_tokens\": $ctok, \"temperature\": 0, \"messages\": [{\"role\": \"user\", \"content\": \"Say OK.\"}]}" \
         "http://127.0.0.1:$cport/v1/chat/completions" 2>/dev/null)
       printf 'chat\t%s\t%s\t%s\n' "$cport" "$(printf '%s' "$cout" | tail -n 1)" "$(printf '%s' "$cout" | sed '$d' | base64 -w0)" ;;
+    free)
+      p=$v
+      while [ ! -e "$p" ] && [ "$p" != / ] && [ "$p" != . ]; do p=$(dirname -- "$p"); done
+      a=$(df -B1 --output=avail -- "$p" 2>/dev/null | sed -n '2{s/ //g;p;}')
+      case $a in ''|*[!0-9]*) a=- ;; esac
+      printf 'free\t%s\t%s\n' "$v" "$a" ;;
     user)
       if l=$(getent passwd -- "$v"); then printf 'user\t%s\t%s\n' "$v" "$l"; else printf 'user\t%s\t-\n' "$v"; fi ;;
     deb) debs="$debs $v" ;;

@@ -46,8 +46,10 @@ _TYPES = {"regular file": "file", "regular empty file": "file", "directory": "di
 class Query:
     """What to read: paths to stat / hash / read, directories to list (``ls``) or walk for files
     (``find``), users, Debian packages, systemd units, Python envs to probe
-    (``{python: (dist:NAME | file:RELPATH, ...)}`` as tuples of pairs), and shell globs whose
-    small files to read (``globs``: e.g. every vllm-fleet unit on the host)."""
+    (``{python: (dist:NAME | file:RELPATH, ...)}`` as tuples of pairs), shell globs whose
+    small files to read (``globs``: e.g. every vllm-fleet unit on the host), and paths whose
+    filesystem's free bytes to read (``free``: the nearest existing parent's, for a path not
+    made yet)."""
 
     stat: tuple[str, ...] = ()
     sha: tuple[str, ...] = ()
@@ -61,6 +63,7 @@ class Query:
     chats: tuple[str, ...] = ()
     envs: tuple[tuple[str, tuple[str, ...]], ...] = ()
     globs: tuple[str, ...] = ()
+    free: tuple[str, ...] = ()
 
     def __or__(self, other: "Query") -> "Query":
         merged = {}
@@ -96,7 +99,8 @@ class Query:
         out: list[str] = []
         for kind, values in (("stat", self.stat), ("sha", self.sha), ("read", self.read), ("ls", self.ls),
                              ("find", self.find), ("user", self.users), ("deb", self.debs), ("unit", self.units),
-                             ("glob", self.globs), ("age", self.ages), ("chat", self.chats)):
+                             ("glob", self.globs), ("age", self.ages), ("chat", self.chats),
+                             ("free", self.free)):
             for v in values:
                 out += [kind, v]
         code = programs.script("env_probe.py") if self.envs else ""
@@ -149,6 +153,7 @@ class Snapshot:
         self.envs: dict[str, dict] = {}
         self.globbed: dict[str, dict[str, str | None]] = {}
         self.glob_units: dict[str, tuple[str, str]] = {}  # unit file path -> (is-active, is-enabled)
+        self.avail: dict[str, int | None] = {}  # path asked with ``free`` -> bytes available
         self.query = Query()
 
     def merge(self, other: "Snapshot") -> None:
@@ -239,6 +244,14 @@ class Snapshot:
         if not self._asked("ages", path):
             return False, None
         return True, self.ages.get(path)
+
+    def free(self, path: str) -> tuple[bool, int | None]:
+        """``(known, bytes available to unprivileged writers on PATH's filesystem, or None when df
+        gave no figure)`` of a path asked with ``free`` (a path not made yet: its nearest existing
+        parent's filesystem)."""
+        if not self._asked("free", path):
+            return False, None
+        return True, self.avail.get(path)
 
     def unit_ok(self, name: str, running: bool = True, enabled: bool = True) -> bool:
         u = self.unit(name)
@@ -350,6 +363,10 @@ def _age_line(s: Snapshot, key: str, value: str) -> None:
     s.ages[key] = int(value) if value.lstrip("-").isdigit() else None
 
 
+def _free_line(s: Snapshot, key: str, value: str) -> None:
+    s.avail[key] = int(value) if value.isdigit() else None
+
+
 def _py_line(s: Snapshot, key: str, value: str) -> None:
     env = s.envs.setdefault(key, {"python": None, "dist": {}, "file": {}, "done": False})
     if value == ".":
@@ -376,7 +393,8 @@ def _unit_line(s: Snapshot, unit: dict[str, str], rest: str) -> dict[str, str]:
 
 _LINES = {"stat": _stat_line, "sha": _sha_line, "read": _read_line, "ls": _ls_line, "find": _find_line,
           "glob": _glob_line, "globunit": _globunit_line, "user": _user_line, "deb": _deb_line,
-          "started": _started_line, "chat": _chat_line, "age": _age_line, "py": _py_line}
+          "started": _started_line, "chat": _chat_line, "age": _age_line, "py": _py_line,
+          "free": _free_line}
 
 
 def _owner_mode_ok(st: dict, user: str | None, group: str | None, mode: Any) -> bool:

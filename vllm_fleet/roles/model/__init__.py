@@ -14,8 +14,8 @@ Deploy function
       ``server.user``, mode 644 (dirs 755); files on the host that are not in the manifest are
       removed (a stale shard would be loaded by vLLM); the manifest goes last. Before any of
       that (plan time): the files still to upload must fit on ``model.path``'s filesystem with
-      ``model_keep_free_bytes`` to spare, and the largest in pyinfra's temp directory
-      (``NoSpace`` names the host, the sizes and the fix). Only when
+      ``model_keep_free_bytes`` to spare, and the largest in pyinfra's temp directory (both
+      free figures from the state read; ``NoSpace`` names the host, the sizes and the fix). Only when
       something changed: ``sha256sum --strict -c MANIFEST.sha256`` runs on the host as the
       service user (so it also proves the files are readable by it); on a mismatch the manifest
       is removed and the host fails. (Whether anything changes is known while the plan is
@@ -41,11 +41,14 @@ Deploy function
     - ``none``: the weights must already be at ``model.path``: a plan-time check that
       ``model.path/config.json`` exists; ``ModelMissing`` (names the host) otherwise.
 
-What is on the host comes from one state read (``state_query``; ``role_state``: the deploy's
-snapshot, or one read when the role runs on its own), never a fact per file. When that read did
-not complete the role is conservative: the space check counts no file as there, no file is
-removed as stale, the hub download runs (it resumes and verifies), and ``none`` stops with
-``StateUnknown`` (not ``ModelMissing``: nothing says the model is absent).
+What is on the host (the files under model.path, the free bytes there and in the temp directory)
+comes from one state read (``state_query``; ``role_state``: the deploy's snapshot, or one read
+when the role runs on its own), never a fact per file. When that read did not complete the role
+is conservative: no file is counted as there (each is put, pyinfra's ``files.put`` deciding from
+its own facts), no file is removed as stale, the hub download runs (it resumes and verifies), and
+``none`` stops with ``StateUnknown`` (not ``ModelMissing``: nothing says the model is absent).
+The free bytes are then not known either, so the space check cannot stop the upload (as when df
+gives no figure).
 
 Example (deploys/serve.py)::
 
@@ -74,7 +77,6 @@ from vllm_fleet.roles.common.state import Converged, Query, Snapshot, StateUnkno
 
 from . import defaults as d
 from .defaults import DEFAULTS
-from .facts import FreeBytes
 
 __all__ = ["install_model", "local_manifest", "manifest_text", "ModelMissing", "NoSpace", "StateUnknown", "DEFAULTS"]
 
@@ -92,11 +94,17 @@ def _gib(n: int) -> str:
     return f"{n / 2**30:.2f} GiB"
 
 
+def _temp_dir() -> str:
+    """The directory pyinfra uploads each file through on this host (its ``_temp_dir`` data, else /tmp)."""
+    return host.data.get("_temp_dir") or "/tmp"
+
+
 def _check_space(spec: dict, local: Path, entries: list[tuple[str, str]], snap: Snapshot) -> None:
     """Plan-time: the files that will be (re)written must fit, with ``model_keep_free_bytes`` to
     spare, before any operation exists (a full disk half-way through leaves a broken model). The
-    files there come from the state read; a read that did not complete counts none (every file
-    is to upload: the check can only be stricter)."""
+    files there and the free bytes (at model.path and in the temp dir) come from the state read
+    (``_tree_query``); a read that did not complete counts no file as there, and with no free
+    figure (that read, or a df that printed none) that filesystem is not checked."""
     root = spec["model"]["path"].rstrip("/")
     have = snap.files_under(root) or {}
     todo = [(rel, (local / rel).stat().st_size) for rel, _ in entries]
@@ -105,16 +113,16 @@ def _check_space(spec: dict, local: Path, entries: list[tuple[str, str]], snap: 
         return
     need = sum(size for _, size in todo) - sum(have.get(rel, 0) for rel, _ in todo)
     keep = int(host.data.get("model_keep_free_bytes") or 0)
-    free = host.get_fact(FreeBytes, path=root)
+    _, free = snap.free(root)
     if free is not None and free - max(need, 0) < keep:
         raise NoSpace(
             f"host {host.name}: not enough disk space for model.path {root}: {len(todo)} file(s) to upload, "
             f"{_gib(max(need, 0))} more than is there now, {_gib(free)} free, and model_keep_free_bytes asks "
             f"{_gib(keep)} to stay free. Fix: free space on that filesystem, point model.path at a larger one, "
             "or lower model_keep_free_bytes; no host was changed")
-    temp_dir = host.data.get("_temp_dir") or "/tmp"
+    temp_dir = _temp_dir()
     largest = max(size for _, size in todo)
-    tmp_free = host.get_fact(FreeBytes, path=temp_dir)
+    _, tmp_free = snap.free(temp_dir)
     if tmp_free is not None and tmp_free < largest:
         raise NoSpace(
             f"host {host.name}: pyinfra uploads each file through {temp_dir} first, and the largest model file "
@@ -151,15 +159,17 @@ def local_manifest(local_dir: str | Path) -> list[tuple[str, str]]:
 
 def _tree_query(root: str, entries: list[tuple[str, str]]) -> Query:
     """The tree ``entries`` would make at ``root``: every file, directory and the manifest
-    (stat, sha256) and the files there (find)."""
+    (stat, sha256), the files there (find), and the free bytes at ``root`` and in the temp
+    directory uploads go through (free: the space check)."""
     files_ = [f"{root}/{rel}" for rel, _ in entries] + [f"{root}/{d.MANIFEST}"]
     dirs = [root] + [f"{root}/{sub}" for sub in sorted({str(Path(rel).parent) for rel, _ in entries} - {"."})]
-    return Query(stat=tuple(dirs + files_), sha=tuple(files_), find=(root,))
+    return Query(stat=tuple(dirs + files_), sha=tuple(files_), find=(root,), free=(root, _temp_dir()))
 
 
 def state_query(spec: dict) -> Query:
     """What install_model compares against (vllm_fleet.roles.common.state): for ``upload`` every
-    file, directory and the manifest at model.path (stat, sha256, the files there); for ``hub``
+    file, directory and the manifest at model.path (stat, sha256, the files there) and the free
+    bytes there and in the temp directory; for ``hub``
     the marker; for ``none`` config.json."""
     m = spec["model"]
     root = m["path"].rstrip("/")
