@@ -94,15 +94,18 @@ def health_server():
     return srv, srv.server_address[1]
 
 
-def env_state(dists: dict | None = None, files: dict | None = None, python: str | None = "3.11.2") -> dict:
+def env_state(dists: dict | None = None, files: dict | None = None, python: str | None = "3.11.2",
+              target: dict | None = None) -> dict:
     """Scripted facts: the HostState fact (vllm_fleet.roles.common.state) answering every env probe
     a query asks as host_state.sh prints it: ``dists`` ``{name: version}`` installed (the others,
     and None, absent), ``files`` ``{site-packages relpath: sha256}``; ``python=None``: no python
-    in the env (the probe prints nothing but its ``.``)."""
+    in the env (the probe prints nothing but its ``.``); ``target``: what the host's wheels must
+    fit (``{"python": "3.11", "glibc": "2.36", "machine": "x86_64"}``), for every python the
+    query asks with ``targets`` (None: the host printed none of it)."""
     from vllm_fleet.roles.common.state import HostState, Snapshot
 
     def answer(query):
-        lines = []
+        lines = [f"target\t{py}\t{k}={v}" for py in query.targets for k, v in (target or {}).items()]
         for py, args in query.envs:
             if python:
                 lines.append(f"py\t{py}\tpython {python}")

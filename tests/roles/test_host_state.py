@@ -148,6 +148,7 @@ def test_a_role_reads_only_what_the_deploys_read_did_not_ask(harness):
     assert not role_q - (role_q | deploy_q) and (role_q - deploy_q) == Query(stat=("/b",))
     envs = Query(envs=(("/py", ("dist:x", "dist:y")),)) - Query(envs=(("/py", ("dist:x",)),))
     assert envs == Query(envs=(("/py", ("dist:y",)),))
+    assert Query(envs=(("/py", ("dist:x",)),)) - Query(targets=("python3",)) == Query(envs=(("/py", ("dist:x",)),))
 
 
 # -- roles against a snapshot -------------------------------------------------------------------

@@ -5,6 +5,7 @@ command the role would send."""
 from __future__ import annotations
 
 import shlex
+import sys
 from pathlib import Path
 
 import pytest
@@ -12,8 +13,10 @@ import pytest
 import vllm_fleet.fetch.wheelhouse as wh
 from vllm_fleet.render import files as render
 from vllm_fleet.roles.router import install_router
-from vllm_fleet.roles.vllm.facts import PythonTarget
 from vllm_fleet.spec import load as spec_load
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from fleetutil import env_state  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 INV = {"lab1": {"address": "10.10.0.11", "groups": ["servers", "proxy"], "data": {}}}
@@ -28,7 +31,7 @@ def _run(harness, monkeypatch, tmp_path, data=None, **install):
     monkeypatch.setattr(wh, "ensure", lambda reqs, target, **kw: ensured.append(reqs) or house)
     monkeypatch.setattr(wh, "serve", lambda directory, address: 4242)
     run = harness.run(install_router, spec, render.render(spec, INV)["lab1"], data=data or {},
-                      facts={PythonTarget: {"python": "3.11", "glibc": "2.36", "machine": "x86_64"}})
+                      facts=env_state(target={"python": "3.11", "glibc": "2.36", "machine": "x86_64"}))
     pip = next(shlex.split(c) for c in run.commands if " -m pip install " in c)
     return spec, run, pip, ensured
 
@@ -57,3 +60,45 @@ def test_uploaded_wheels(harness, monkeypatch, tmp_path, how):
 def test_the_hosts_index(harness, monkeypatch, tmp_path):
     _, run, pip, ensured = _run(harness, monkeypatch, tmp_path, wheels="host", index_url="https://pypi.example/simple")
     assert not ensured and _source(pip) == ["--index-url", "https://pypi.example/simple"]
+
+
+def test_the_target_comes_from_the_state_read(harness, monkeypatch, tmp_path):
+    """The router's fleet wheels are downloaded for the host's python3, C library and machine
+    as the state read gives them (one read of them when the role runs on its own; no fact of
+    their own); a read that did not complete downloads nothing."""
+    from vllm_fleet.roles.common.state import HostState, Snapshot, StateUnknown
+
+    _, run, _, ensured = _run(harness, monkeypatch, tmp_path, wheels="fleet")
+    assert ensured and "PythonTarget" not in {n for n, _ in run.asked}, run.asked
+    assert [kw["query"].targets for n, kw in run.asked if n == "HostState" and kw["query"].targets] == [("python3",)]
+    spec = spec_load.resolve(spec_load.load(REPO / "deployments" / "lab-tiny-routing.yaml"))
+    spec["install"]["wheels"] = "fleet"
+    monkeypatch.setattr(wh, "ensure", lambda *a, **kw: pytest.fail("downloaded on a guess"))
+    with pytest.raises(StateUnknown, match="host testhost: the read of this host's state did not complete, so the "
+                                           "Python, C library and machine the fleet wheelhouse must fit are not known"):
+        harness.run(install_router, spec, render.render(spec, INV)["lab1"],
+                    facts={HostState: lambda query: Snapshot.parse(["target\tpython3\tmachine=x86_64"])})
+
+
+def test_the_serve_deploys_one_read_asks_the_target_once_for_vllm_and_the_router(harness):
+    import copy
+
+    from pyinfra.api import deploy
+
+    from vllm_fleet.deploys.serve import state_query
+    from vllm_fleet.render.layout import build
+    from vllm_fleet.roles import router, vllm
+
+    spec = spec_load.resolve(spec_load.load(REPO / "deployments" / "lab-tiny-routing.yaml"))
+    spec["install"]["wheels"] = "fleet"
+    h = build([spec], copy.deepcopy(INV)).hosts["lab1"]
+    assert {"router", "proxy"} <= h.parts[spec["name"]].roles and h.parts[spec["name"]].instances
+    got = {}
+
+    @deploy("serve's query")
+    def serve_query():
+        got["serve"] = state_query({"specs": {spec["name"]: spec}}, h)
+        got["vllm"], got["router"] = vllm.state_query(spec), router.state_query(spec, h.files)
+
+    harness.run(serve_query)
+    assert got["vllm"].targets == got["router"].targets == got["serve"].targets == ("python3",)

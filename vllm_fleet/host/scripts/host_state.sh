@@ -20,6 +20,8 @@
 #                                         a *.service one also: globunit PATH ACTIVE ENABLED)
 #   free PATH BYTES                       (df's "avail" of PATH's filesystem, or of its nearest existing
 #                                          parent when PATH is not there yet; `-` when df gave no figure)
+#   target PY machine=M / glibc=V / python=X.Y   (what the host's wheels must fit: uname -m, the C library,
+#                                          the system python PY's version; no python= line without PY)
 # Reads only; changes nothing.
 set -f
 TAB=$(printf '\t')
@@ -81,6 +83,21 @@ CHAT_ARGS
       a=$(df -B1 --output=avail -- "$p" 2>/dev/null | sed -n '2{s/ //g;p;}')
       case $a in ''|*[!0-9]*) a=- ;; esac
       printf 'free\t%s\t%s\n' "$v" "$a" ;;
+    target)
+      printf 'target\t%s\tmachine=%s\n' "$v" "$(uname -m)"
+      printf 'target\t%s\tglibc=%s\n' "$v" "$(getconf GNU_LIBC_VERSION 2>/dev/null | cut -d' ' -f2)"
+      if tpy=$(command -v -- "$v" 2>/dev/null); then
+        # Debian's python3 is a link to python3.X: its name says the version (no interpreter
+        # start); anything else (a venv's, pyenv's shim) is asked
+        tname=$(readlink -f -- "$tpy" 2>/dev/null)
+        tname=${tname##*/}
+        tver=""
+        case ${tname#python} in
+          [0-9].[0-9]|[0-9].[0-9][0-9]) tver=${tname#python} ;;
+        esac
+        [ -n "$tver" ] || tver=$("$tpy" -S -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null)
+        printf 'target\t%s\tpython=%s\n' "$v" "$tver"
+      fi ;;
     user)
       if l=$(getent passwd -- "$v"); then printf 'user\t%s\t%s\n' "$v" "$l"; else printf 'user\t%s\t-\n' "$v"; fi ;;
     deb) debs="$debs $v" ;;

@@ -47,9 +47,10 @@ class Query:
     """What to read: paths to stat / hash / read, directories to list (``ls``) or walk for files
     (``find``), users, Debian packages, systemd units, Python envs to probe
     (``{python: (dist:NAME | file:RELPATH, ...)}`` as tuples of pairs), shell globs whose
-    small files to read (``globs``: e.g. every vllm-fleet unit on the host), and paths whose
+    small files to read (``globs``: e.g. every vllm-fleet unit on the host), paths whose
     filesystem's free bytes to read (``free``: the nearest existing parent's, for a path not
-    made yet)."""
+    made yet), and the system pythons (``targets``: a command, e.g. ``python3``) for which to
+    read what a host's wheels must fit (that python's X.Y, the C library, the machine)."""
 
     stat: tuple[str, ...] = ()
     sha: tuple[str, ...] = ()
@@ -64,6 +65,7 @@ class Query:
     envs: tuple[tuple[str, tuple[str, ...]], ...] = ()
     globs: tuple[str, ...] = ()
     free: tuple[str, ...] = ()
+    targets: tuple[str, ...] = ()
 
     def __or__(self, other: "Query") -> "Query":
         merged = {}
@@ -84,7 +86,7 @@ class Query:
         for f in fields(self):
             if f.name == "envs":
                 have = dict(other.envs)
-                left["envs"] = tuple((py, tuple(a for a in args if a not in have[py])) for py, args in self.envs
+                left["envs"] = tuple((py, tuple(a for a in args if a not in have.get(py, ()))) for py, args in self.envs
                                      if py not in have or any(a not in have[py] for a in args))
             else:
                 theirs = set(getattr(other, f.name))
@@ -100,7 +102,7 @@ class Query:
         for kind, values in (("stat", self.stat), ("sha", self.sha), ("read", self.read), ("ls", self.ls),
                              ("find", self.find), ("user", self.users), ("deb", self.debs), ("unit", self.units),
                              ("glob", self.globs), ("age", self.ages), ("chat", self.chats),
-                             ("free", self.free)):
+                             ("free", self.free), ("target", self.targets)):
             for v in values:
                 out += [kind, v]
         code = programs.script("env_probe.py") if self.envs else ""
@@ -154,6 +156,7 @@ class Snapshot:
         self.globbed: dict[str, dict[str, str | None]] = {}
         self.glob_units: dict[str, tuple[str, str]] = {}  # unit file path -> (is-active, is-enabled)
         self.avail: dict[str, int | None] = {}  # path asked with ``free`` -> bytes available
+        self.targets: dict[str, dict[str, str]] = {}  # python asked with ``targets`` -> what wheels must fit
         self.query = Query()
 
     def merge(self, other: "Snapshot") -> None:
@@ -252,6 +255,12 @@ class Snapshot:
         if not self._asked("free", path):
             return False, None
         return True, self.avail.get(path)
+
+    def target(self, python: str = "python3") -> dict[str, str] | None:
+        """``{"python": "3.11", "glibc": "2.36", "machine": "x86_64"}``: what the host's wheels must
+        fit, for the system ``python`` asked with ``targets`` (a value the host did not report is
+        absent: no such python, no ``python``), or None when not read."""
+        return dict(self.targets.get(python, {})) if self._asked("targets", python) else None
 
     def unit_ok(self, name: str, running: bool = True, enabled: bool = True) -> bool:
         u = self.unit(name)
@@ -367,6 +376,13 @@ def _free_line(s: Snapshot, key: str, value: str) -> None:
     s.avail[key] = int(value) if value.isdigit() else None
 
 
+def _target_line(s: Snapshot, key: str, value: str) -> None:
+    name, _, v = value.partition("=")
+    found = s.targets.setdefault(key, {})
+    if name and v:
+        found[name] = v
+
+
 def _py_line(s: Snapshot, key: str, value: str) -> None:
     env = s.envs.setdefault(key, {"python": None, "dist": {}, "file": {}, "done": False})
     if value == ".":
@@ -394,7 +410,7 @@ def _unit_line(s: Snapshot, unit: dict[str, str], rest: str) -> dict[str, str]:
 _LINES = {"stat": _stat_line, "sha": _sha_line, "read": _read_line, "ls": _ls_line, "find": _find_line,
           "glob": _glob_line, "globunit": _globunit_line, "user": _user_line, "deb": _deb_line,
           "started": _started_line, "chat": _chat_line, "age": _age_line, "py": _py_line,
-          "free": _free_line}
+          "free": _free_line, "target": _target_line}
 
 
 def _owner_mode_ok(st: dict, user: str | None, group: str | None, mode: Any) -> bool:

@@ -1,7 +1,9 @@
 """How a host reaches the wheels the control machine holds for it: a directory given in the spec
 or host data (``install.wheelhouse``, ``vllm_find_links``), or the fleet wheelhouse
 (:mod:`vllm_fleet.fetch.wheelhouse`) served over HTTP at host data ``vllm_wheel_serve_address``,
-else uploaded with ``files.sync``. One place for the vllm and router roles.
+else uploaded with ``files.sync``; and what the fleet wheelhouse must fit on the host (its
+python3, C library and machine: :func:`target_query`, :func:`host_target`, from the one state
+read). One place for the vllm and router roles.
 """
 
 from __future__ import annotations
@@ -16,6 +18,9 @@ from pyinfra.operations import files
 from vllm_fleet.fetch import wheelhouse as wh
 
 from . import progress
+from .state import Query, StateUnknown, role_state
+
+SYSTEM_PYTHON = "python3"  # the host's python whose X.Y the fleet wheelhouse is downloaded for
 
 
 def local_dir(path: str, what: str) -> str:
@@ -62,6 +67,32 @@ def wheel_source(spec: dict[str, Any], dest: str, upload_name: str,
     return None, None
 
 
+def fleet_wheels(spec: dict[str, Any]) -> bool:
+    """True when the role's wheels come from the fleet wheelhouse (``install.wheels: fleet`` and
+    no ``install.wheelhouse``, which wins: :func:`wheel_source`'s order)."""
+    return spec["install"]["wheels"] == "fleet" and not spec["install"].get("wheelhouse")
+
+
+def target_query(spec: dict[str, Any]) -> Query:
+    """What :func:`host_target` reads, for the roles' ``state_query`` (so the deploy's one read
+    asks it; the vllm and router roles ask the same, once): the host's target, when the wheels
+    are the fleet's; else nothing."""
+    return Query(targets=(SYSTEM_PYTHON,)) if fleet_wheels(spec) else Query()
+
+
+def host_target() -> dict[str, str]:
+    """``{"python": "3.11", "glibc": "2.36", "machine": "x86_64"}``: what the fleet wheelhouse
+    must fit on this host, from the state read (``role_state``: the deploy's, or one read when
+    the role runs on its own). A value the host did not report is absent (no python3: no
+    ``python``). A read that did not complete: StateUnknown (nothing to download for)."""
+    target = role_state(Query(targets=(SYSTEM_PYTHON,))).target(SYSTEM_PYTHON)
+    if target is None:
+        raise StateUnknown(f"host {host.name}: the read of this host's state did not complete, so the Python, C library "
+                           "and machine the fleet wheelhouse must fit are not known (nothing was changed on this host). "
+                           "Check that the host is reachable and that its sudo works, then run the deploy again.")
+    return target
+
+
 def source_args(spec: dict[str, Any], *, wheelhouse: str | None, find_links: str | None = None) -> list[str]:
     """pip's (and uv's) source flags: the wheelhouse alone (``--no-index``), else the index
     (``install.index_url``) plus extra find-links."""
@@ -71,4 +102,5 @@ def source_args(spec: dict[str, Any], *, wheelhouse: str | None, find_links: str
     return argv + (["--find-links", find_links] if find_links else [])
 
 
-__all__ = ["local_dir", "upload", "reach_fleet_wheelhouse", "wheel_source", "source_args"]
+__all__ = ["local_dir", "upload", "reach_fleet_wheelhouse", "wheel_source", "source_args", "fleet_wheels",
+           "target_query", "host_target", "SYSTEM_PYTHON"]

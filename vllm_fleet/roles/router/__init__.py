@@ -25,7 +25,7 @@ from vllm_fleet.host import programs
 from vllm_fleet.host.programs import argv as cmd
 from vllm_fleet.host.programs import chain, if_then
 from vllm_fleet.roles.common import DeployError, packages, put_rendered, rendered_query
-from vllm_fleet.roles.common.wheels import source_args, wheel_source
+from vllm_fleet.roles.common.wheels import host_target, source_args, target_query, wheel_source
 from vllm_fleet.roles.common.state import Query, host_state, pending
 
 from .defaults import DEFAULTS
@@ -44,13 +44,15 @@ def requirement(spec: dict[str, Any]) -> str:
 
 
 def state_query(spec: dict[str, Any], rendered: dict[str, Any]) -> Query:
-    """What install_router compares against: its unit, its venv's vllm-router, the unit's state."""
+    """What install_router compares against: its unit, its venv's vllm-router, the unit's state
+    and (fleet wheels) what the wheelhouse must fit on the host (the vllm role asks the same)."""
     from vllm_fleet.render import files as render
 
     p = render.paths(spec)
     return (rendered_query(rendered, [p["router_unit"]])
             | Query(units=(p["router_unit"].rsplit("/", 1)[1],), debs=tuple(host.data.get("router_venv_packages") or DEFAULTS["router_venv_packages"]),
-                    envs=((f"{env_dir(spec)}/bin/python", (f"dist:{PACKAGE}",)),)))
+                    envs=((f"{env_dir(spec)}/bin/python", (f"dist:{PACKAGE}",)),))
+            | target_query(spec))
 
 
 def _wheel_source(spec: dict[str, Any]) -> list[str]:
@@ -64,9 +66,7 @@ def _wheel_source(spec: dict[str, Any]) -> list[str]:
 def _fleet_directory(spec: dict[str, Any]) -> Path:
     """``install.wheels: fleet``: the control machine's wheelhouse of vllm-router for this host's
     Python and platform (vllm_fleet.fetch.wheelhouse)."""
-    from vllm_fleet.roles.vllm.facts import PythonTarget
-
-    target = host.get_fact(PythonTarget)
+    target = host_target()
     lacking = [k for k in ("python", "glibc", "machine") if not target.get(k)]
     if lacking:
         raise PyDeployError(f"host {host.name}: the router's wheels (install.wheels: fleet) need the host's {', '.join(lacking)}; "

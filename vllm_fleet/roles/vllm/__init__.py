@@ -50,7 +50,7 @@ from pyinfra.api import StringCommand, deploy
 from pyinfra.operations import server
 
 from vllm_fleet.roles.common import packages
-from vllm_fleet.roles.common.wheels import local_dir, source_args, upload, wheel_source
+from vllm_fleet.roles.common.wheels import host_target, local_dir, source_args, target_query, upload, wheel_source
 from vllm_fleet.roles.common.state import Query, StateUnknown, role_state
 
 from vllm_fleet.host.programs import argv as cmd, python
@@ -59,7 +59,6 @@ from vllm_fleet.lab.vllmcpu import dist_info_files
 
 from . import defaults as d
 from .defaults import DEFAULTS
-from .facts import PythonTarget
 
 __all__ = ["install_vllm", "requirements", "missing", "pip_install_command", "uv_install_command",
            "install_commands", "flashinfer_cubin_command", "wheelhouse_requirements", "cpu_ray_adaptation_files",
@@ -209,7 +208,7 @@ def _fleet_directory(spec: dict) -> Path:
     from vllm_fleet.fetch import wheelhouse as wh
 
     ins = spec["install"]
-    target = host.get_fact(PythonTarget)
+    target = host_target()
     if ins["env_manager"] == "conda":
         target = {**target, "python": str(ins["python"])}
     lacking = [k for k in ("python", "glibc", "machine") if not target.get(k)]
@@ -253,11 +252,12 @@ def install_system_libraries(spec: dict[str, Any]) -> None:
 
 def state_query(spec: dict[str, Any]) -> Query:
     """What install_system_libraries and install_vllm compare against (vllm_fleet.roles.common.state):
-    the system libraries, the env's distributions and (cpu + ray) the adaptation's files."""
+    the system libraries, the env's distributions, (cpu + ray) the adaptation's files and (fleet
+    wheels) what the wheelhouse must fit on the host."""
     probes = [f"dist:{n}" for n in probe_names(spec)]
     if cpu_ray_adaptation_wanted(spec):
         probes += [f"file:{n}" for n in CPU_RAY_FILES]
-    q = Query(envs=((env_python(spec), tuple(probes)),))
+    q = Query(envs=((env_python(spec), tuple(probes)),)) | target_query(spec)
     if spec["install"]["accelerator"] == "cpu":
         q = q | Query(debs=tuple(d.CPU_APT_PACKAGES))
     return q

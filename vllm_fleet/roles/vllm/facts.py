@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pyinfra.api import FactBase, StringCommand
 
-from vllm_fleet.host.programs import argv, python, shell
+from vllm_fleet.host.programs import argv, python
 
 
 def parse_versions(lines: list[str]) -> dict[str, str | None]:
@@ -64,21 +64,3 @@ class SitePackagesFiles(FactBase):
 
     def process(self, output):
         return parse_probe(output, "file")
-
-
-class PythonTarget(FactBase):
-    """``{"python": "3.11", "glibc": "2.36", "machine": "x86_64"}``: what the host's wheels must
-    fit (the system python3's version, the C library, the CPU), for the fleet wheelhouse
-    (``install.wheels: fleet``). Read only when something is to be installed. A value the host
-    does not report is absent (no python3: no ``python``)."""
-
-    def command(self) -> StringCommand:
-        return shell("python_target.sh")
-
-    @staticmethod
-    def default() -> dict:
-        return {}
-
-    def process(self, output):
-        return {k: v for k, v in parse_versions(output).items() if v}
-
