@@ -125,3 +125,48 @@ def free_lines(query, free) -> list[str]:
         n = free(path) if callable(free) else free
         out.append(f"free\t{path}\t{'-' if n is None else n}")
     return out
+
+
+def host_state(files: dict | None = None, dirs: dict | None = None, units: dict | None = None,
+               debs: tuple = (), complete: bool = True) -> dict:
+    """Scripted facts: the HostState fact (vllm_fleet.roles.common.state) answering a query's
+    stat, sha, read, glob, deb and unit entries as host_state.sh prints them on a host holding
+    ``files`` ``{path: text}`` or ``{path: (text, user, group, mode)}`` (root:root 644 when text
+    alone), the directories ``dirs`` ``{path: (user, group, mode)}``, the units ``units``
+    ``{name: {"ActiveState": ..., "UnitFileState": ...}}`` (loaded; any other unit asked:
+    not-found) and the packages ``debs`` installed. ``complete=False``: the read stopped before
+    its ``end`` (nothing is known)."""
+    import base64
+    import hashlib
+    from pathlib import PurePosixPath
+
+    from vllm_fleet.roles.common.state import HostState, Snapshot
+
+    def norm(v):
+        return (v, "root", "root", 0o644) if isinstance(v, str) else v
+
+    have = {p: norm(v) for p, v in (files or {}).items()}
+    b64 = lambda text: base64.b64encode(text.encode()).decode()  # noqa: E731
+
+    def answer(query):
+        lines = []
+        for p in query.stat:
+            if p in have:
+                text, user, group, mode = have[p]
+                lines.append(f"stat\t{p}\tregular file\t{user}\t{group}\t{mode:o}\t{len(text.encode())}")
+            elif p in (dirs or {}):
+                user, group, mode = dirs[p]
+                lines.append(f"stat\t{p}\tdirectory\t{user}\t{group}\t{mode:o}\t4096")
+            else:
+                lines.append(f"stat\t{p}\t-")
+        lines += [f"sha\t{p}\t" + (hashlib.sha256(have[p][0].encode()).hexdigest() if p in have else "-") for p in query.sha]
+        lines += [f"read\t{p}\t" + (b64(have[p][0]) if p in have else "-") for p in query.read]
+        for g in query.globs:
+            lines.append(f"glob\t{g}\t.")
+            lines += [f"glob\t{g}\t{p}\t{b64(have[p][0])}" for p in sorted(have) if PurePosixPath(p).match(g)]
+        lines += [f"deb\t{d}\tii \t1" for d in query.debs if d in debs]
+        for u in query.units:
+            props = {"LoadState": "loaded", **units[u]} if u in (units or {}) else {"LoadState": "not-found", "ActiveState": "inactive"}
+            lines += [f"unit\tId={u}", *(f"unit\t{k}={v}" for k, v in props.items()), "unit"]
+        return Snapshot.parse([*lines, *(["end"] if complete else [])])
+    return {HostState: answer}

@@ -1,18 +1,24 @@
 """roles/teardown (what `vllm-fleet down` runs): from the host's rendered files, the commands that
-remove one deployment; another deployment's files are left alone; a second run changes nothing."""
+remove one deployment; another deployment's files are left alone; a second run changes nothing.
+What is on the host comes from the one state read (HostState, scripted as host_state.sh prints it)."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
+from pyinfra.api import deploy
 from pyinfra.facts.files import Directory, File
-from pyinfra.facts.server import Command
 from pyinfra.facts.systemd import SystemdEnabled, SystemdStatus
 
 from vllm_fleet.render import files as render
-from vllm_fleet.roles.teardown import owned_script, remove_deployment
+from vllm_fleet.roles.common.state import HostState, StateUnknown
+from vllm_fleet.roles.teardown import mine, remove_deployment, state_query
 from vllm_fleet.spec.load import load_and_check
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from fleetutil import host_state  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -26,26 +32,29 @@ def replicas():
     return resolved, render.render(resolved, inv)
 
 
-def _facts(owned: list[str], nginx_active: bool = True, dirs: list[str] = ()):
-    def command(_args=()):
-        cmd = _args[0]
-        if cmd.startswith("systemctl is-active nginx"):
-            return "active" if nginx_active else "inactive"
-        return "\n".join(owned)
-
-    present = {p: {"mode": 644, "user": "root", "group": "root", "size": 1} for p in owned}
-    units = {Path(p).name: True for p in owned if p.startswith("/etc/systemd/system/")}
-    return {Command: command, File: lambda path=None: present.get(path),
+def _facts(on_host: dict[str, str], nginx_active: bool = True, dirs: list[str] = (), complete: bool = True):
+    """A host holding ``on_host`` ({path: text}): the state read, and the facts pyinfra's own
+    remove and stop operations read."""
+    present = {p: {"mode": 644, "user": "root", "group": "root", "size": 1} for p in on_host}
+    units = {Path(p).name: True for p in on_host if p.startswith("/etc/systemd/system/")}
+    nginx = {"ActiveState": "active" if nginx_active else "inactive", "UnitFileState": "enabled"}
+    return {**host_state(on_host, units={"nginx.service": nginx}, complete=complete),
+            File: lambda path=None: present.get(path),
             Directory: lambda path=None: {"mode": 755} if path in dirs else None,
             SystemdStatus: {**units, "nginx.service": nginx_active}, SystemdEnabled: units}
+
+
+def _texts(files: dict) -> dict[str, str]:
+    return {p: f.content for p, f in files.items()}
 
 
 def test_removes_units_files_site_and_firewall_of_this_deployment(harness, replicas):
     spec, rendered = replicas
     files = rendered["lab1"]
-    owned = sorted({*files, "/etc/vllm-fleet/api-firewall.nft", "/etc/systemd/system/vllm-fleet-api-firewall.service"})
+    owned = sorted(files)
+    assert {"/etc/vllm-fleet/api-firewall.nft", "/etc/systemd/system/vllm-fleet-api-firewall.service"} <= set(owned)
     stamp = "/etc/vllm-fleet/lab-tiny-replicas/replica-0.applied"  # written by the service role, not rendered
-    run = harness.run(remove_deployment, spec=spec, rendered=files, facts=_facts([*owned, stamp]))
+    run = harness.run(remove_deployment, spec=spec, rendered=files, facts=_facts({**_texts(files), stamp: "x"}))
     units = [p for p in owned if p.startswith("/etc/systemd/system/")]
     assert {Path(u).name for u in units} == {"vllm-lab-tiny-replicas-0.service", "vllm-fleet-api-firewall.service"}  # names from the files
     for u in units:  # stopped and disabled before their files go
@@ -62,26 +71,54 @@ def test_removes_units_files_site_and_firewall_of_this_deployment(harness, repli
     assert run.index(f"rm -f {site}") < run.index("nginx -t") < run.index("systemctl reload nginx")
     assert run.op("nginx -t").conditional and run.op("Reload nginx").conditional
     assert not any("/opt/vllm-fleet" in c or "/var/lib/vllm-fleet" in c for c in run.commands)  # env and weights stay
+    # what was on the host came from one state read (no command fact, no systemctl is-active)
+    assert [n for n, _ in run.asked].count("HostState") == 1 and "Command" not in [n for n, _ in run.asked], run.asked
+
+
+def test_nginx_not_running_is_validated_not_reloaded(harness, replicas):
+    spec, rendered = replicas
+    run = harness.run(remove_deployment, spec=spec, rendered=rendered["lab1"], facts=_facts(_texts(rendered["lab1"]), nginx_active=False))
+    assert run.has_op("nginx -t") and not run.has_op("Reload nginx")
 
 
 def test_nothing_of_it_left_is_a_no_op(harness, replicas):
     spec, rendered = replicas
-    run = harness.run(remove_deployment, spec=spec, rendered=rendered["lab1"], facts=_facts([]))
+    run = harness.run(remove_deployment, spec=spec, rendered=rendered["lab1"], facts=_facts({}))
     assert not run.changed, run
 
 
-def test_another_deployments_files_are_not_candidates_unless_they_name_this_one(replicas):
-    """Which files are this deployment's is decided on the host: they name it, or lie in its own
-    directories; a shared path (the firewall rules, the node exporter's defaults) is grepped."""
+def test_a_read_that_did_not_complete_removes_nothing(harness, replicas):
+    """The state read stopped before its end: which files are the deployment's is not known, so
+    the host stops with StateUnknown (naming it and how to retry) instead of removing on a guess."""
     spec, rendered = replicas
-    script = owned_script(spec, ["/etc/vllm-fleet/api-firewall.nft", "/etc/vllm-fleet/lab-tiny-replicas/vllm.env"]).get_raw_value()
-    assert "grep -qsF 'for deployment lab-tiny-replicas:' /etc/vllm-fleet/api-firewall.nft" in script
-    assert "[ -f /etc/vllm-fleet/lab-tiny-replicas/vllm.env ] && echo" in script
+    with pytest.raises(StateUnknown, match="host lab1: the read of this host's state did not complete.*run the command again"):
+        harness.run(remove_deployment, spec=spec, rendered=rendered["lab1"], facts=_facts(_texts(rendered["lab1"]), complete=False),
+                    host="lab1")
 
 
-def test_owned_script_on_a_real_directory(tmp_path, replicas):
-    """The script run here on stand-in files: ours and other deployments' side by side."""
+def test_another_deployments_files_are_left_alone(harness, replicas):
+    """Which files are this deployment's is decided from the read: they name it, or lie in its
+    own directories; a shared path (the firewall rules, a package's defaults) without the marker,
+    another deployment's unit of a longer name are not."""
+    spec, rendered = replicas
+    files = _texts(rendered["lab2"])
+    other = "# Rendered by vllm-fleet for deployment lab-tiny-replicas-x: edit the spec\n"
+    files["/etc/vllm-fleet/api-firewall.nft"] = other
+    files["/etc/systemd/system/vllm-fleet-api-firewall.service"] = other
+    files["/etc/systemd/system/vllm-lab-tiny-replicas-x-0.service"] = other
+    run = harness.run(remove_deployment, spec=spec, rendered=rendered["lab2"], facts=_facts(files))
+    assert "rm -f /etc/systemd/system/vllm-lab-tiny-replicas-0.service" in run.commands
+    assert "rm -f /etc/vllm-fleet/lab-tiny-replicas/vllm.env" in run.commands
+    assert not [c for c in run.commands if "firewall" in c or "lab-tiny-replicas-x" in c], run.commands
+
+
+def test_which_files_are_its_own_on_a_real_directory(tmp_path, replicas):
+    """host_state.sh run here on stand-in files (ours and other deployments' side by side), read
+    as remove_deployment reads it: a file outside the deployment's directories is its own only
+    when its text names it, and `lab-tiny` does not take `lab-tiny-replicas`'s files or back."""
     import subprocess
+
+    from vllm_fleet.roles.common.state import Snapshot
 
     spec, _ = replicas
     ours = tmp_path / "ours.conf"
@@ -90,19 +127,25 @@ def test_owned_script_on_a_real_directory(tmp_path, replicas):
     theirs.write_text("# Rendered by vllm-fleet for deployment other: edit the spec\n")
     prefix_clash = tmp_path / "prefix.conf"  # `lab-tiny` must not match `lab-tiny-replicas`'s files or vice versa
     prefix_clash.write_text("# Rendered by vllm-fleet for deployment lab-tiny: edit the spec\n")
-    out = subprocess.run(["bash", "-c", owned_script(spec, [str(ours), str(theirs), str(prefix_clash), str(tmp_path / "gone")]).get_raw_value()],
-                         capture_output=True, text=True).stdout.split()
-    assert out == [str(ours)]
-    short = {**spec, "name": "lab-tiny"}  # and the shorter name does not take the longer one's files
-    out = subprocess.run(["bash", "-c", owned_script(short, [str(ours), str(prefix_clash)]).get_raw_value()], capture_output=True, text=True).stdout.split()
-    assert out == [str(prefix_clash)]
+    paths = [str(ours), str(theirs), str(prefix_clash), str(tmp_path / "gone")]
+
+    def owned(spec_):
+        q = state_query(spec_, {}, paths)
+        assert set(q.read) == set(paths) and not q.stat  # none in its own directories: their text decides
+        out = subprocess.run(["sh", "-c", HostState().command(q).get_raw_value()], capture_output=True, text=True, timeout=60)
+        snap = Snapshot.parse(out.stdout.splitlines())
+        snap.query = q
+        return [x for x in paths if mine(spec_, x, snap)]
+
+    assert owned(spec) == [str(ours)]
+    assert owned({**spec, "name": "lab-tiny"}) == [str(prefix_clash)]
 
 
 def test_purge_removes_environment_weights_and_config(harness, replicas):
     spec, rendered = replicas
     ins = spec["install"]
     dirs = [ins["prefix"], ins["state_dir"], ins["config_dir"]]
-    run = harness.run(remove_deployment, spec=spec, rendered=rendered["lab2"], facts=_facts([], dirs=dirs),
+    run = harness.run(remove_deployment, spec=spec, rendered=rendered["lab2"], facts=_facts({}, dirs=dirs),
                       data={"vllm_fleet_purge": True})
     for d in dirs:
         assert f"rm -rf {d}" in run.commands
@@ -114,8 +157,7 @@ def test_exporters_whose_configuration_was_this_deployments_are_stopped(harness)
     resolved, _ = load_and_check(REPO / "deployments" / "lab-tiny-monitoring.yaml", hardware=False)
     inv = {"lab1": {"address": "10.10.0.11", "groups": ["servers", "proxy", "monitoring"], "data": {}}}
     files = render.render(resolved, inv)["lab1"]
-    owned = sorted(files)
-    facts = _facts(owned)
+    facts = _facts(_texts(files))
     facts[SystemdStatus] = {**facts[SystemdStatus], "prometheus.service": True, "prometheus-node-exporter.service": True,
                             "prometheus-blackbox-exporter.service": True}
     facts[SystemdEnabled] = dict(facts[SystemdStatus])
@@ -125,22 +167,9 @@ def test_exporters_whose_configuration_was_this_deployments_are_stopped(harness)
     assert "rm -f /etc/prometheus/prometheus.yml" in run.commands and "rm -f /etc/default/prometheus-node-exporter" in run.commands
 
 
-def _snap(files: dict[str, str], query, globs: dict[str, list[str]]):
-    """A state read of a host holding ``files`` ({path: text}): host_state.sh's output lines for
-    the query's stat, read and glob entries, parsed as the deploy parses them."""
-    import base64
-
-    from vllm_fleet.roles.common.state import Snapshot
-
-    def b64(text: str) -> str:
-        return base64.b64encode(text.encode()).decode()
-
-    lines = [f"stat\t{p}\t" + ("regular file\troot\troot\t644\t10" if p in files else "-") for p in query.stat]
-    lines += [f"read\t{p}\t" + (b64(files[p]) if p in files else "-") for p in query.read]
-    for g, paths in globs.items():
-        lines.append(f"glob\t{g}\t.")
-        lines += [f"glob\t{g}\t{p}\t{b64(files.get(p, 'x'))}" for p in paths]
-    snap = Snapshot.parse([*lines, "end"])
+def _snap(files: dict[str, str], query):
+    """The state read of ``query`` on a host holding ``files`` ({path: text}), parsed as the deploy parses it."""
+    snap = host_state(files)[HostState](query)
     snap.query = query
     return snap
 
@@ -148,7 +177,7 @@ def _snap(files: dict[str, str], query, globs: dict[str, list[str]]):
 def test_leftovers_are_what_the_layout_no_longer_gives_the_host(replicas):
     """serve's leftovers (issue 22): lab2 dropped from the deployment keeps nothing of it; lab1
     still its proxy keeps its site, TLS files and router unit out of the list; a converged host
-    has none. Paths only: whether each names the deployment is checked on the host at removal."""
+    has none. Only files the read shows as the deployment's."""
     from vllm_fleet.roles.common import clash
     from vllm_fleet.roles.teardown import leftover_query, leftovers
 
@@ -164,8 +193,10 @@ def test_leftovers_are_what_the_layout_no_longer_gives_the_host(replicas):
     # not this deployment's: a package's own defaults file (no marker), another deployment's unit
     on_lab2["/etc/default/prometheus-node-exporter"] = 'ARGS=""\n'
     on_lab2["/etc/systemd/system/vllm-lab-tiny-replicas-x-0.service"] = "# Rendered by vllm-fleet for deployment lab-tiny-replicas-x: ...\n"
-    snap = _snap(on_lab2, q, {clash.UNITS: [*units, "/etc/systemd/system/vllm-lab-tiny-replicas-x-0.service"],
-                              envs: [*(p for p in lab2_had if "/replica-" in p), "/etc/vllm-fleet/other/replica-0.env"]})
+    on_lab2["/etc/vllm-fleet/other/replica-0.env"] = "# Rendered by vllm-fleet for deployment other: ...\n"
+    snap = _snap(on_lab2, q)
+    assert set(snap.matching(clash.UNITS)) == {*units, "/etc/systemd/system/vllm-fleet-api-firewall.service",
+                                                "/etc/systemd/system/vllm-lab-tiny-replicas-x-0.service"}
     assert leftovers(resolved, None, {}, snap) == sorted(lab2_had)  # not the package's file, not the other deployment's unit
     assert render.paths(resolved)["tls_certificate_key"] in q.stat and render.paths(resolved)["tls_certificate_key"] not in q.read
     # lab1 converged: nothing (its own files are rendered for it, the TLS files and router unit are the roles')
@@ -175,9 +206,29 @@ def test_leftovers_are_what_the_layout_no_longer_gives_the_host(replicas):
     q1 = leftover_query(resolved, Node(), lab1)
     assert not set(q1.stat) & set(lab1)
     assert render.paths(resolved)["tls_certificate"] not in q1.stat
-    snap1 = _snap({}, q1, {clash.UNITS: [p for p in lab1 if p.startswith("/etc/systemd/system/vllm-")], envs: []})
+    snap1 = _snap(_texts(lab1), q1)
     assert leftovers(resolved, Node(), lab1, snap1) == []
     # not read (no snapshot): nothing is known, nothing listed
     from vllm_fleet.roles.common.state import Snapshot
 
     assert leftovers(resolved, None, {}, Snapshot()) == []
+
+
+def test_pruning_on_serve_takes_what_it_removes_from_the_deploys_one_read(harness, replicas):
+    """serve's pruning: the deploy's one read (leftover_query) already holds what remove_deployment
+    asks (state_query of the leftovers: their stat or text, the units' glob, nginx's unit), so
+    removing the leftovers of lab2, dropped from the deployment, adds no command."""
+    from vllm_fleet.roles.common.state import load_host_state
+    from vllm_fleet.roles.teardown import leftover_query, leftovers
+
+    spec, rendered = replicas
+
+    @deploy("serve's pruning")
+    def prune():
+        snap = load_host_state(leftover_query(spec, None, {}))  # the deploy's one read (deploys/serve.py)
+        remove_deployment(spec=spec, rendered={}, paths=leftovers(spec, None, {}, snap))
+
+    run = harness.run(prune, facts=_facts(_texts(rendered["lab2"])))
+    assert "rm -f /etc/systemd/system/vllm-lab-tiny-replicas-0.service" in run.commands
+    assert "rm -f /etc/vllm-fleet/lab-tiny-replicas/replica-0.env" in run.commands
+    assert [n for n, _ in run.asked].count("HostState") == 1 and "Command" not in [n for n, _ in run.asked], run.asked

@@ -1,6 +1,12 @@
 """Remove one deployment from a host: its units stopped, disabled and removed, its files, its
 nginx site (then `nginx -t` and reload), its API firewall table, its exporters' configuration;
 environments and weights stay unless purged. Other deployments on the host are left alone.
+
+Query + apply over the one state read (vllm_fleet.roles.common.state): :func:`state_query` asks
+what removing needs to know (which candidate files are there and this deployment's, whether
+nginx runs), :func:`remove_deployment` takes its snapshot with ``role_state`` (on serve, the
+deploy's read: :func:`leftover_query` holds it; on ``down``, one read) and decides from it alone
+(:func:`mine`). A read that did not complete raises ``StateUnknown``: nothing is removed on a guess.
 """
 
 from __future__ import annotations
@@ -9,8 +15,7 @@ from pathlib import PurePosixPath
 from typing import Any
 
 from pyinfra import host
-from pyinfra.api import QuoteString, StringCommand, deploy
-from pyinfra.facts.server import Command
+from pyinfra.api import StringCommand, deploy
 from pyinfra.operations import files, server, systemd
 from pyinfra.operations.util import any_changed
 
@@ -20,7 +25,7 @@ from vllm_fleet.render import files as render
 from vllm_fleet.render import monitoring
 from vllm_fleet.render.layout import Node
 from vllm_fleet.roles.common import clash, op_per
-from vllm_fleet.roles.common.state import Query, Snapshot
+from vllm_fleet.roles.common.state import Query, Snapshot, StateUnknown, role_state
 from vllm_fleet.roles.monitoring import SERVICE_OF
 from vllm_fleet.roles.ray import defaults as ray_defaults
 from vllm_fleet.roles.service import defaults as service_defaults
@@ -63,11 +68,52 @@ LEFTOVER_PATHS = ("vllm_env", "secrets_env", "node_env", "wait_ray", "wait_healt
 
 def leftover_query(spec: dict[str, Any], node: Node | None, rendered: dict[str, Any]) -> Query:
     """What the deploy's one state read must see to find this deployment's leftovers on the host
-    (:func:`leftovers`): its fixed paths that this host's layout does not render, and its
-    replicas' env files."""
-    paths = _leftover_candidates(spec, node, rendered)
-    return Query(stat=tuple(x for x in paths if owned_by_path(spec, x)),  # never the TLS key's content
-                 read=tuple(x for x in paths if not owned_by_path(spec, x)), globs=(clash.UNITS, _replica_envs(spec)))
+    (:func:`leftovers`) and to remove them (:func:`state_query` of those paths, so the pruning's
+    ``remove_deployment`` adds no command): its fixed paths that this host's layout does not
+    render, its replicas' units and env files (the globs), nginx's unit."""
+    return state_query(spec, rendered, _leftover_candidates(spec, node, rendered)) | Query(globs=_globs(spec))
+
+
+def state_query(spec: dict[str, Any], rendered: dict[str, Any], paths: list[str] | None = None) -> Query:
+    """What :func:`remove_deployment` compares against (vllm_fleet.roles.common.state): of each
+    path (default: :func:`candidates`), a stat when the path alone says it is this deployment's
+    (:func:`owned_by_path`: never the TLS key's content), else its text (to find the
+    :func:`marker`); a replica unit or env file through the glob that covers it (the clash check
+    reads those already); nginx's unit when the site is among them (reloaded only when it runs)."""
+    paths = candidates(spec, rendered) if paths is None else paths
+    single = [x for x in paths if _glob_of(spec, x) is None]
+    return Query(stat=tuple(x for x in single if owned_by_path(spec, x)),
+                 read=tuple(x for x in single if not owned_by_path(spec, x)),
+                 globs=tuple(dict.fromkeys(g for x in paths if (g := _glob_of(spec, x)) is not None)),
+                 units=("nginx.service",) if render.paths(spec)["nginx_site"] in paths else ())
+
+
+def _globs(spec: dict[str, Any]) -> tuple[str, str]:
+    return clash.UNITS, _replica_envs(spec)
+
+
+def _glob_of(spec: dict[str, Any], path: str) -> str | None:
+    """The glob of :func:`state_query` that reads ``path`` (a ``vllm-*.service`` unit, a
+    ``replica-N.env`` file), or None (the path is stat'ed or read on its own)."""
+    return next((g for g in _globs(spec) if PurePosixPath(path).match(g)), None)
+
+
+def mine(spec: dict[str, Any], path: str, snap: Snapshot) -> bool | None:
+    """Whether the state read (:func:`state_query`) shows ``path`` as this deployment's file on
+    the host: a regular file there that lies in its own directories (:func:`owned_by_path`) or
+    whose text names it (:func:`marker`; a package's own /etc/default/prometheus or another
+    deployment's unit does not). None when the read did not ask it or did not complete."""
+    glob = _glob_of(spec, path)
+    if glob is not None:
+        found = snap.matching(glob)
+        if found is None:
+            return None
+        return path in found and (owned_by_path(spec, path) or marker(spec["name"]) in (found[path] or ""))
+    if owned_by_path(spec, path):
+        known, st = snap.path(path)
+        return bool(st and st["type"] == "file") if known else None
+    known, text = snap.content(path)
+    return marker(spec["name"]) in (text or "") if known else None
 
 
 def _replica_envs(spec: dict[str, Any]) -> str:
@@ -90,17 +136,14 @@ def leftovers(spec: dict[str, Any], node: Node | None, rendered: dict[str, Any],
     deploy of this deployment put there and this host's layout no longer gives it: its fixed
     paths, and (when no instance of it is left here: the service role removes the units of fewer
     replicas itself) its ``vllm-NAME-N.service`` units and ``replica-N.env`` files. Only files
-    that are this deployment's (:func:`owned_by_path`, else their text names it): a package's
-    own /etc/default/prometheus or another deployment's ray-head.service is not a leftover, so a
-    converged host has none (and no operation). :func:`owned_script` checks again at removal."""
-    mark = marker(spec["name"])
-    found = [x for x in _leftover_candidates(spec, node, rendered)
-             if (snap.path(x)[1] is not None if owned_by_path(spec, x) else mark in (snap.content(x)[1] or ""))]
+    that are this deployment's (:func:`mine`), so a converged host has none (and no operation);
+    a read that did not complete finds none."""
+    found = [x for x in _leftover_candidates(spec, node, rendered) if mine(spec, x, snap)]
     if node is None or not node.instances:
-        mine = spec["install"]["config_dir"].rstrip("/") + "/replica-"
-        found += [x for x, text in (snap.matching(clash.UNITS) or {}).items()
-                  if clash.unit_of(x) == spec["name"] and mark in (text or "") and x not in rendered]
-        found += [x for x in (snap.matching(_replica_envs(spec)) or {}) if x.startswith(mine) and x not in rendered]
+        prefix = spec["install"]["config_dir"].rstrip("/") + "/replica-"
+        found += [x for x in (snap.matching(clash.UNITS) or {})
+                  if clash.unit_of(x) == spec["name"] and x not in rendered and mine(spec, x, snap)]
+        found += [x for x in (snap.matching(_replica_envs(spec)) or {}) if x.startswith(prefix) and x not in rendered]
     return sorted(set(found))
 
 
@@ -120,19 +163,6 @@ def owned_by_path(spec: dict[str, Any], path: str) -> bool:
     return path.startswith(own_dirs) or path in (p["tls_certificate"], p["tls_certificate_key"])
 
 
-def owned_script(spec: dict[str, Any], paths: list[str]) -> StringCommand:
-    """Prints the paths that exist and belong to this deployment (:func:`owned_by_path`, else the
-    file names it)."""
-    lines = []
-    for path in paths:
-        if owned_by_path(spec, path):
-            lines.append(StringCommand("[", "-f", QuoteString(path), "]", "&&", cmd("echo", path), ";"))
-        else:
-            lines.append(StringCommand("[", "-f", QuoteString(path), "]", "&&", cmd("grep", "-qsF", marker(spec["name"]), path),
-                                       "&&", cmd("echo", path), ";"))
-    return StringCommand(*lines, "true")
-
-
 @deploy("Remove the deployment", data_defaults=DEFAULTS)
 def remove_deployment(spec: dict[str, Any], rendered: dict[str, Any], purge: bool | None = None,
                       paths: list[str] | None = None):
@@ -148,7 +178,10 @@ def remove_deployment(spec: dict[str, Any], rendered: dict[str, Any], purge: boo
       host), each still only when it names this deployment; the install-time directories are
       left to the vllm role and nothing is purged
 
-    Idempotent: a second run finds nothing of the deployment and changes nothing.
+    What is on the host comes from the state read (:func:`state_query`, through ``role_state``:
+    serve's one read already holds it, else one read). A read that did not complete raises
+    ``StateUnknown`` and removes nothing. Idempotent: a second run finds nothing of the
+    deployment and changes nothing.
 
     **Example:**
 
@@ -162,13 +195,19 @@ def remove_deployment(spec: dict[str, Any], rendered: dict[str, Any], purge: boo
     pruning = paths is not None
     p = render.paths(spec)
     paths = candidates(spec, rendered) if paths is None else paths
-    owned = [line.strip() for line in (host.get_fact(Command, owned_script(spec, paths)) or "").splitlines() if line.strip()]
+    snap = role_state(state_query(spec, rendered, paths))
+    if not snap.known:
+        raise StateUnknown(
+            f"host {host.name}: the read of this host's state did not complete, so which files of deployment "
+            f"{spec['name']} are there is not known (nothing was removed from this host). Check that the host is "
+            "reachable and that its sudo works, then run the command again.")
+    owned = [x for x in paths if mine(spec, x, snap)]
     units = [x for x in owned if x.startswith(UNIT_DIR) and x.endswith(UNIT_SUFFIXES)]
 
     _stop(spec, owned, units)
     removed = _remove_files(owned, units)
     if p["nginx_site"] in owned:
-        _reload_nginx(removed[p["nginx_site"]])
+        _reload_nginx(removed[p["nginx_site"]], snap)
     _remove_directories(spec, owned, removed, purge=purge, install_time=not pruning)
     if not owned and not purge and not pruning:
         host.noop(f"nothing of deployment {spec['name']} on this host")
@@ -215,10 +254,10 @@ def _remove_files(owned: list[str], units: list[str]) -> dict[str, Any]:
     return removed
 
 
-def _reload_nginx(site: Any) -> None:
-    """4. nginx without the site: validated, then reloaded (never restarted) when it runs."""
-    is_active = StringCommand(cmd("systemctl", "is-active", "nginx"), "2>/dev/null", "||", "true")
-    active = (host.get_fact(Command, is_active) or "").strip() == "active"
+def _reload_nginx(site: Any, snap: Snapshot) -> None:
+    """4. nginx without the site: validated, then reloaded (never restarted) when it runs (its
+    unit as the state read saw it)."""
+    active = (snap.unit("nginx.service") or {}).get("ActiveState") == "active"
     server.shell(name="nginx -t (validate before reload)", commands=[cmd("nginx", "-t")], _if=site.did_change)
     if active:
         systemd.service(name="Reload nginx (site removed)", service="nginx", reloaded=True, _if=site.did_change)
