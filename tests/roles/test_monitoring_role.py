@@ -1,22 +1,25 @@
 """vllm_fleet/roles/monitoring through the commands it would send (scripted facts): Debian's exporters and
 Prometheus with their listen addresses placed before the packages start them, promtool before
-every reload, and on GPU hosts NVIDIA's DCGM + dcgm-exporter (no GPU here: the commands only)."""
+every reload, and on GPU hosts NVIDIA's DCGM + dcgm-exporter (no GPU here: the commands only).
+What is on the host comes from the one state read (HostState, scripted as host_state.sh prints it)."""
 
 from __future__ import annotations
 
 import copy
+import sys
 from pathlib import Path
 
 import pytest
 from pyinfra.api.exceptions import PyinfraError
-from pyinfra.facts.deb import DebPackages
-from pyinfra.facts.files import File
-from pyinfra.facts.server import Which
 
-from vllm_fleet.roles.monitoring import install_monitoring
+from vllm_fleet.roles.common.state import HostState, StateUnknown
+from vllm_fleet.roles.monitoring import install_monitoring, state_query
 from vllm_fleet.render import monitoring
 from vllm_fleet.render import files as render
 from vllm_fleet.spec.load import load, resolve
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from fleetutil import host_state  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 LAB = {"testhost": {"address": "10.10.0.11", "groups": ["servers", "proxy", "monitoring"], "data": {"private_address": "10.10.0.11"}}}
@@ -37,7 +40,7 @@ def spec_of(name: str, **mon) -> dict:
 
 def run(harness, spec, inventory, facts=None, data=None, host="testhost"):
     rendered = render.render(spec, copy.deepcopy(inventory))[host]
-    f = {DebPackages: {}, File: None, Which: None}
+    f = host_state()  # a host with nothing of it (the read completed)
     f.update(facts or {})
     return harness.run(install_monitoring, spec=spec, rendered=rendered, facts=f, data=data or {}), rendered
 
@@ -80,23 +83,46 @@ def test_lab_host_listen_addresses_first_then_packages_then_promtool(harness):
     assert not r.has_op("dcgm")  # a CPU host
 
 
+SERVICES = ("prometheus", "prometheus-node-exporter", "prometheus-blackbox-exporter")
+
+
 def test_second_run_changes_nothing(harness):
+    """A converged monitoring host (the state read shows every file with its owner and mode, the
+    directories, the packages, the services active and enabled): no operation but the
+    conditional restarts and reloads, and no fact read for the files, directories or packages."""
     spec = spec_of("lab-tiny-monitoring.yaml")
     rendered = render.render(spec, copy.deepcopy(LAB))["testhost"]
-    import hashlib
-
-    files = {path: {"user": f.owner, "group": f.group, "mode": int(f"{f.mode:o}"), "size": len(f.content)} for path, f in rendered.items()}
-    sums = {path: hashlib.sha256(f.content.encode()).hexdigest() for path, f in rendered.items()}
-    pkgs = {n: ["1"] for n in ("prometheus", "prometheus-node-exporter", "prometheus-blackbox-exporter")}
-    facts = {DebPackages: pkgs, File: harness.per_arg("path", files), "Sha1File": harness.per_arg("path", {p: None for p in sums}), "Sha256File": harness.per_arg("path", sums),
-             "SystemdStatus": {f"{u}.service": True for u in ("prometheus", "prometheus-node-exporter", "prometheus-blackbox-exporter")},
-             "SystemdEnabled": {f"{u}.service": True for u in ("prometheus", "prometheus-node-exporter", "prometheus-blackbox-exporter")},
-             "Directory": {"mode": 755, "user": "root", "group": "root"}}
-    r = harness.run(install_monitoring, spec=spec, rendered=rendered, facts={**facts, Which: None},
-                    data={"monitoring_apt_cache_time": 10**9})
-    # (apt-get update is cache_time's business: the lab test checks the real second deploy)
-    unconditional = [op for op in r.ops if op.commands and not op.conditional and "apt-get update" not in op.commands]
+    files = {path: (f.content, f.owner, f.group, f.mode) for path, f in rendered.items()}
+    dirs = {str(Path(p).parent): ("root", "root", 0o755) for p in rendered}
+    units = {f"{u}.service": {"ActiveState": "active", "UnitFileState": "enabled"} for u in SERVICES}
+    r = harness.run(install_monitoring, spec=spec, rendered=rendered, facts=host_state(files, dirs, units, debs=SERVICES))
+    unconditional = [op for op in r.ops if op.commands and not op.conditional]
     assert unconditional == [], r
+    assert not {"File", "Sha256File", "Directory", "DebPackages"} & {n for n, _ in r.asked}, r.asked
+    assert [n for n, _ in r.asked].count("HostState") == 1, r.asked
+
+
+def test_the_serve_deploys_one_read_holds_what_the_role_compares(harness):
+    """deploys/serve.py's one query holds install_monitoring's (the files, packages, services,
+    Grafana's unit), so the role adds no read of its own."""
+    from pyinfra.api import deploy
+
+    from vllm_fleet.deploys.serve import state_query as serve_query
+    from vllm_fleet.render.layout import build
+
+    spec = spec_of("lab-tiny-monitoring.yaml", grafana={"enabled": True, "dashboards_dir": "/var/lib/grafana/dashboards/vllm-fleet"})
+    h = build([spec], copy.deepcopy(LAB)).hosts["testhost"]
+    got = {}
+
+    @deploy("serve's query")
+    def queries():
+        got["serve"], got["role"] = serve_query({"specs": {spec["name"]: spec}}, h), state_query(spec, dict(h.files))
+
+    harness.run(queries)
+    q = got["role"]
+    assert monitoring.PROMETHEUS_CONFIG in q.sha and "prometheus-node-exporter" in q.debs
+    assert "grafana-server.service" in q.units and "prometheus.service" in q.units
+    assert not q - got["serve"], q - got["serve"]
 
 
 def test_gpu_hosts_get_dcgm_and_the_exporter_on_the_private_address(harness, tmp_path):
@@ -121,10 +147,18 @@ def test_gpu_host_without_a_dcgm_exporter_binary_stops_with_a_hint(harness):
 
 
 def test_gpu_host_with_dcgm_exporter_already_installed(harness):
-    r, _ = run(harness, spec_of("2node-ray-pp2.yaml"), GPU2,
-               facts={File: harness.per_arg("path", {monitoring.DCGM_BINARY: {"mode": 755, "user": "root", "group": "root"}})})
+    r, _ = run(harness, spec_of("2node-ray-pp2.yaml"), GPU2, facts=host_state({monitoring.DCGM_BINARY: ("ELF", "root", "root", 0o755)}))
     assert "upload:/usr/local/bin/dcgm-exporter" not in r.commands
     assert "systemctl enable dcgm-exporter.service" in r.commands
+    assert not [a for a in r.asked if a[0] == "File" and a[1].get("path") == monitoring.DCGM_BINARY], r.asked  # as the read saw it
+
+
+def test_gpu_host_whose_read_did_not_complete_stops_without_a_guess(harness):
+    """Whether dcgm-exporter is on the host is not known: StateUnknown (names the host, how to
+    retry), not the "missing" hint and not a unit that would start without its binary."""
+    with pytest.raises(StateUnknown, match="host testhost: the read of this host's state did not complete.*"
+                                           "whether /usr/local/bin/dcgm-exporter is there"):
+        run(harness, spec_of("2node-ray-pp2.yaml"), GPU2, facts=host_state(complete=False))
 
 
 def test_dcgm_off_or_cpu_means_no_dcgm(harness):
@@ -141,10 +175,12 @@ def test_monitoring_host_of_a_gpu_fleet(harness):
 
 def test_grafana_provisioned_and_restarted_only_when_installed(harness):
     spec = spec_of("lab-tiny-monitoring.yaml", grafana={"enabled": True, "dashboards_dir": "/var/lib/grafana/dashboards/vllm-fleet"})
-    r, _ = run(harness, spec, LAB, facts={Which: harness.per_arg("command", {"grafana-server": "/usr/sbin/grafana-server"})})
+    installed = {"grafana-server.service": {"ActiveState": "active", "UnitFileState": "enabled"}}  # its package's unit
+    r, _ = run(harness, spec, LAB, facts=host_state(units=installed))
     assert uploaded(r, "/etc/grafana/provisioning/datasources/vllm-fleet.yaml")
     assert "vllm-fleet-vllm" in uploaded(r, "/var/lib/grafana/dashboards/vllm-fleet/vllm-fleet.json")
     assert "url: http://10.10.0.11:9090" in uploaded(r, "/etc/grafana/provisioning/datasources/vllm-fleet.yaml")
     assert r.op("Restart Grafana").conditional
-    r2, _ = run(harness, spec, LAB)  # Grafana not installed: the files, no restart
+    r2, _ = run(harness, spec, LAB)  # Grafana not installed (no such unit): the files, no restart
     assert uploaded(r2, "/etc/grafana/provisioning/dashboards/vllm-fleet.yaml") and not r2.has_op("Restart Grafana")
+    assert "Which" not in {n for n, _ in r.asked + r2.asked}

@@ -31,7 +31,7 @@ from pyinfra import host
 from vllm_fleet.render import monitoring as _monitoring
 from vllm_fleet.render.files import paths as render_paths
 from vllm_fleet.render.layout import SERVICE_PARTS, HostLayout
-from vllm_fleet.roles import nginx, ray, router, service, teardown
+from vllm_fleet.roles import monitoring, nginx, ray, router, service, teardown
 from vllm_fleet.roles.common import clash, host_layout, load_deploy_spec, preflight, write_generated_secrets
 from vllm_fleet.roles.common.state import Query, Snapshot, load_host_state
 from vllm_fleet.roles.monitoring import install_monitoring
@@ -64,7 +64,15 @@ def state_query(ctx: dict, h: HostLayout | None) -> Query:
             q = q | nginx.state_query(spec, rendered) | Query(stat=(render_paths(spec)["router_unit"],))
         if "router" in node.roles:
             q = q | router.state_query(spec, rendered)
+        if _monitors(spec, rendered):
+            q = q | monitoring.state_query(spec, rendered)
     return q
+
+
+def _monitors(spec: dict, rendered: dict) -> bool:
+    """Whether serve() runs the monitoring role for this deployment here (monitoring.enabled, and
+    the layout gives the host monitoring files)."""
+    return bool(spec["monitoring"]["enabled"] and set(rendered) & set(_monitoring.paths(spec).values()))
 
 
 def serve() -> None:
@@ -99,7 +107,7 @@ def serve() -> None:
     # Monitoring last (monitoring.enabled): exporters on every host above, Prometheus on `monitoring` hosts.
     for name in h.parts:
         spec = ctx["specs"][name]
-        if spec["monitoring"]["enabled"] and set(rendered) & set(_monitoring.paths(spec).values()):
+        if _monitors(spec, rendered):
             install_monitoring(spec=spec, rendered=rendered)
     # Last, once the new parts serve: what the layout no longer gives this host
     prune_leftovers(ctx, h, snap)

@@ -2,6 +2,14 @@
 Prometheus (+ the blackbox exporter for /health probes, + Grafana provisioning) on the hosts of
 the `monitoring` group. Every file is rendered by vllm_fleet.render.monitoring; this role places them,
 installs Debian's packages, validates with promtool and restarts/reloads only on change.
+
+Query + apply over the one state read (vllm_fleet.roles.common.state): :func:`state_query` asks
+the monitoring files, their directories, the packages, the services, the dcgm-exporter binary
+and Grafana's unit; deploys/serve.py puts it in the deploy's one read, and
+:func:`install_monitoring` takes its snapshot with ``role_state`` (one read when it runs on its
+own). A read that did not complete stops the host with ``StateUnknown`` where the role must know
+(the dcgm-exporter binary, Grafana installed); puts and packages then fall back to pyinfra's own
+operations, which read their facts.
 """
 
 from __future__ import annotations
@@ -11,13 +19,14 @@ from typing import Any
 
 from pyinfra import host, logger
 from pyinfra.api import deploy
-from pyinfra.facts.files import File
-from pyinfra.facts.server import Which
 from pyinfra.operations import files, server, systemd
 from pyinfra.operations.util import any_changed
 
 from vllm_fleet.host.programs import argv as cmd
-from vllm_fleet.roles.common import DeployError, packages as common_packages, put_rendered
+from vllm_fleet.render import monitoring
+from vllm_fleet.roles.common import DeployError, directory, packages as common_packages, put_rendered, rendered_query
+from vllm_fleet.roles.common import service_running
+from vllm_fleet.roles.common.state import Query, Snapshot, StateUnknown, role_state
 
 from .defaults import DEFAULTS
 
@@ -32,19 +41,57 @@ SERVICE_OF = {"node_exporter_defaults": NODE_EXPORTER, "prometheus_defaults": PR
               "blackbox_defaults": BLACKBOX, "blackbox_config": BLACKBOX}
 
 
+def _data(key: str) -> Any:
+    """Host data ``key``, else the role's default (state_query runs outside the deploy too)."""
+    value = host.data.get(key)
+    return DEFAULTS[key] if value is None else value
+
+
+def _parts(spec: dict[str, Any], rendered: dict[str, Any]) -> list[tuple[str, list[str], list[str]]]:
+    """``(path that calls for the part, its packages, its services)`` of each monitoring part this
+    host's rendered files call for: node exporter, DCGM, Prometheus (+ the blackbox exporter)."""
+    p, probe = monitoring.paths(spec), spec["monitoring"]["health_probe"]
+    parts = [(p["node_exporter_defaults"], [_data("monitoring_node_exporter_package")], [NODE_EXPORTER]),
+             (p["dcgm_unit"], list(_data("monitoring_dcgm_packages")), [DCGM_EXPORTER]),
+             (p["prometheus_config"], [_data("monitoring_prometheus_package"), *([_data("monitoring_blackbox_package")] if probe else [])],
+              [PROMETHEUS, *([BLACKBOX] if probe else [])])]
+    return [part for part in parts if part[0] in rendered]
+
+
+def state_query(spec: dict[str, Any], rendered: dict[str, Any]) -> Query:
+    """What install_monitoring compares against (vllm_fleet.roles.common.state): this host's
+    rendered monitoring files and their directories, the packages and services of its parts, the
+    dcgm-exporter binary (GPU hosts) and Grafana's unit (Grafana provisioning)."""
+    p = monitoring.paths(spec)
+    mine = [x for x in p.values() if x in rendered]
+    parts = _parts(spec, rendered)
+    q = rendered_query(rendered, mine) | Query(
+        stat=tuple(sorted({os.path.dirname(x) for x in mine})) + ((monitoring.DCGM_BINARY,) if p["dcgm_unit"] in rendered else ()),
+        debs=tuple(n for _, pkgs, _ in parts for n in pkgs),
+        units=tuple(f"{u}.service" for _, _, units in parts for u in units))
+    return q | (Query(units=(f"{GRAFANA}.service",)) if p["grafana_datasource"] in rendered else Query())
+
+
+def _must_know(snap: Snapshot, what: str) -> None:
+    if not snap.known:
+        raise StateUnknown(f"host {host.name}: the read of this host's state did not complete, so {what} is not known "
+                           "(nothing was changed on this host). Check that the host is reachable and that its sudo works, "
+                           "then run the deploy again.")
+
+
 def _put(rendered: dict[str, Any], paths: list[str]) -> dict[str, Any]:
     """put_rendered, after making missing parent directories (atomic puts need them: e.g.
     /etc/prometheus before its package exists). Existing directories are left as they are
     (Grafana's own, for instance)."""
     for d in sorted({os.path.dirname(path) for path in paths if path in rendered}):
-        files.directory(name=f"Directory {d}", path=d, present=True)
+        directory(name=f"Directory {d}", path=d)
     return put_rendered(rendered, paths)
 
 
 def _apt(name: str, packages: list[str]):
     # installed packages: no operation, so no apt lists refresh hours later (roles.common.packages)
     return common_packages(name=name, packages=packages, update=True, no_recommends=True,
-                           cache_time=int(host.data.get("monitoring_apt_cache_time")))
+                           cache_time=int(_data("monitoring_apt_cache_time")))
 
 
 @deploy("monitoring", data_defaults=DEFAULTS)
@@ -57,40 +104,40 @@ def install_monitoring(spec: dict[str, Any], rendered: dict[str, Any]):
       node exporter defaults (every host), the DCGM exporter unit (GPU hosts), Prometheus'
       defaults, config and rules, the blackbox exporter's, Grafana's provisioning (monitoring hosts)
 
+    What is on the host comes from the state read (:func:`state_query`, through ``role_state``:
+    the deploy's, or one read when the role runs on its own).
+
     **Example:**
 
     .. code:: python
 
         install_monitoring(spec=ctx["spec"], rendered=rendered_for_host(ctx))
     """
-    from vllm_fleet.render import monitoring
-
     p = monitoring.paths(spec)
+    snap = role_state(state_query(spec, rendered))  # the deploy's read: no command
     if p["node_exporter_defaults"] in rendered:
         # The listen address first: the package starts the exporter at install time, and dpkg
         # (--force-confold) keeps this file, so it never listens on 0.0.0.0.
         args = _put(rendered, [p["node_exporter_defaults"]])
-        _apt("node exporter package", [host.data.get("monitoring_node_exporter_package")])
-        systemd.service(name="node exporter running and enabled", service=NODE_EXPORTER, running=True, enabled=True)
+        _apt("node exporter package", [_data("monitoring_node_exporter_package")])
+        service_running(name="node exporter running and enabled", service=NODE_EXPORTER)
         systemd.service(name="Restart node exporter (listen address changed)", service=NODE_EXPORTER, restarted=True,
                         _if=any_changed(*args.values()))
     if p["dcgm_unit"] in rendered:
-        _dcgm(p, rendered)
+        _dcgm(p, rendered, snap)
     if p["prometheus_config"] in rendered:
-        _prometheus(spec, p, rendered)
+        _prometheus(spec, p, rendered, snap)
 
 
-def _dcgm(p: dict[str, str], rendered: dict[str, Any]) -> None:
-    from vllm_fleet.render import monitoring
-
-    _apt("NVIDIA DCGM packages", list(host.data.get("monitoring_dcgm_packages")))
-    binary = host.data.get("monitoring_dcgm_exporter_binary")
+def _dcgm(p: dict[str, str], rendered: dict[str, Any], snap: Snapshot) -> None:
+    _apt("NVIDIA DCGM packages", list(_data("monitoring_dcgm_packages")))
+    binary = _data("monitoring_dcgm_exporter_binary")
     changed = []
     if binary:
         if not os.path.isfile(os.path.expanduser(binary)):
             raise DeployError(f"{host.name}: monitoring_dcgm_exporter_binary {binary} is not a file on this machine; no host was changed")
         changed.append(files.put(name="dcgm-exporter binary", src=os.path.expanduser(binary), dest=monitoring.DCGM_BINARY, mode="755"))
-    elif not host.get_fact(File, path=monitoring.DCGM_BINARY):
+    elif not _is_file(snap, monitoring.DCGM_BINARY):
         raise DeployError(
             f"{host.name}: monitoring.dcgm_exporter is on for this GPU host but {monitoring.DCGM_BINARY} is missing: set host data "
             "`monitoring_dcgm_exporter_binary` to a dcgm-exporter binary on the control machine (NVIDIA/dcgm-exporter, `make binary`), "
@@ -98,36 +145,43 @@ def _dcgm(p: dict[str, str], rendered: dict[str, Any]) -> None:
     put = _put(rendered, [p["dcgm_counters"], p["dcgm_unit"]])
     changed += put.values()
     systemd.daemon_reload(name="systemd daemon-reload (dcgm-exporter unit changed)", _if=put[p["dcgm_unit"]].did_change)
-    systemd.service(name="dcgm-exporter running and enabled", service=DCGM_EXPORTER, running=True, enabled=True)
+    service_running(name="dcgm-exporter running and enabled", service=DCGM_EXPORTER)
     systemd.service(name="Restart dcgm-exporter (changed)", service=DCGM_EXPORTER, restarted=True, _if=any_changed(*changed))
 
 
-def _prometheus(spec: dict[str, Any], p: dict[str, str], rendered: dict[str, Any]) -> None:
+def _is_file(snap: Snapshot, path: str) -> bool:
+    """Whether the state read shows a regular file at ``path`` (StateUnknown when it did not complete)."""
+    _must_know(snap, f"whether {path} is there")
+    return bool((st := snap.path(path)[1]) and st["type"] == "file")
+
+
+def _prometheus(spec: dict[str, Any], p: dict[str, str], rendered: dict[str, Any], snap: Snapshot) -> None:
     mon = spec["monitoring"]
     defaults = [p["prometheus_defaults"]] + ([p["blackbox_defaults"], p["blackbox_config"]] if p["blackbox_defaults"] in rendered else [])
     # Listen addresses (and the prober's config its arguments name) before the packages: their
     # postinst starts the services, and dpkg's --force-confold keeps these files.
     args = _put(rendered, defaults)
-    packages = [host.data.get("monitoring_prometheus_package")]
+    packages = [_data("monitoring_prometheus_package")]
     if mon["health_probe"]:
-        packages.append(host.data.get("monitoring_blackbox_package"))
+        packages.append(_data("monitoring_blackbox_package"))
     _apt("Prometheus packages", packages)
     config = _put(rendered, [p["prometheus_config"], p["rules"]])
     server.shell(name="promtool check config (validate before reload)",
                  commands=[cmd("promtool", "check", "config", p["prometheus_config"])], _if=any_changed(*config.values()))
-    systemd.service(name="Prometheus running and enabled", service=PROMETHEUS, running=True, enabled=True)
+    service_running(name="Prometheus running and enabled", service=PROMETHEUS)
     systemd.service(name="Restart Prometheus (arguments changed)", service=PROMETHEUS, restarted=True,
                     _if=args[p["prometheus_defaults"]].did_change)
     config_changed = any_changed(*config.values())
     systemd.service(name="Reload Prometheus (config or rules changed)", service=PROMETHEUS, reloaded=True,
                     _if=lambda: config_changed() and not args[p["prometheus_defaults"]].did_change())  # a restart reads them anyway
     if mon["health_probe"]:
-        systemd.service(name="blackbox exporter running and enabled", service=BLACKBOX, running=True, enabled=True)
+        service_running(name="blackbox exporter running and enabled", service=BLACKBOX)
         systemd.service(name="Restart blackbox exporter (changed)", service=BLACKBOX, restarted=True,
                         _if=any_changed(args[p["blackbox_defaults"]], args[p["blackbox_config"]]))
     if p["grafana_datasource"] in rendered:
         graf = _put(rendered, [p["grafana_datasource"], p["grafana_dashboards"], p["grafana_dashboard"]])
-        if host.get_fact(Which, command=GRAFANA):
+        _must_know(snap, "whether Grafana is installed")
+        if (snap.unit(f"{GRAFANA}.service") or {}).get("LoadState") == "loaded":  # its package's unit
             systemd.service(name="Restart Grafana (provisioning changed)", service=GRAFANA, restarted=True,
                             _if=any_changed(*graf.values()))
         else:
