@@ -20,7 +20,12 @@ Deploy functions (``spec`` is the resolved spec dict from ``vllm_fleet.spec.load
         ``conda create -y -p {prefix}/env --override-channels -c conda-forge python=X.Y`` unless
         the env exists with that Python. An env with another Python stops the deploy
         (``EnvMismatch``) rather than being replaced.
-    Both read facts while the plan is built, so a second deploy issues no command.
+    What is on the host comes from the one state read (``state_query``; ``role_state``: the
+    deploy's, or one read when the role runs on its own): the user, the directories, the venv
+    packages, the env's python version (the env probe), a stat of ``{root}/bin/conda`` and the
+    recorded Miniforge version; a second deploy issues no command. A conda env or Miniforge whose
+    read did not complete stops the host with ``StateUnknown`` (``conda create`` over an existing
+    env would replace it); a venv is made with a guard (``test -x PY || python3 -m venv ENV``).
 
 Example (deploys/serve.py)::
 
@@ -44,11 +49,10 @@ from pyinfra.operations import apt, server
 from vllm_fleet.host.programs import argv as cmd
 from vllm_fleet.render import command
 from vllm_fleet.roles.common import directory, packages as common_packages
-from vllm_fleet.roles.common.state import Query, host_state, role_state
+from vllm_fleet.roles.common.state import Query, Snapshot, StateUnknown, host_state, role_state
 
 from . import defaults as d
 from .defaults import DEFAULTS
-from .facts import MINIFORGE_MARKER, EnvPython, MiniforgeInstall
 
 __all__ = ["pyenv", "service_dirs", "state_query", "env_dir", "env_python", "EnvMismatch", "DEFAULTS"]
 
@@ -77,17 +81,36 @@ def service_dirs(spec: dict) -> None:
     directory(name="State directory", path=ins["state_dir"], user=user, group=user, mode=d.STATE_DIR_MODE)
 
 
+def _data(key: str):
+    """Host data ``key``, else the role's default (state_query runs outside the deploy too)."""
+    value = host.data.get(key)
+    return DEFAULTS[key] if value is None else value
+
+
+def _miniforge_root() -> str:
+    return _data("pyenv_miniforge_root").rstrip("/")
+
+
 def state_query(spec: dict) -> Query:
     """What service_dirs and pyenv compare against (vllm_fleet.roles.common.state): the user,
-    the directories, the venv packages and the env's python (probed with the vllm role's)."""
+    the directories, the env's python (probed with the vllm role's); for a venv its packages,
+    for conda the Miniforge (``bin/conda`` stat'ed, the recorded version read) and the C compiler."""
     ins = spec["install"]
-    q = Query(stat=(ins["prefix"], ins["config_dir"], ins["state_dir"]), users=(spec["server"]["user"],))
+    q = Query(stat=(ins["prefix"], ins["config_dir"], ins["state_dir"]), users=(spec["server"]["user"],),
+              envs=((env_python(spec), ()),))
+    cuda = ins["accelerator"] == "cuda"
     if ins["env_manager"] == "venv":
-        packages = list(host.data.get("pyenv_venv_packages") or DEFAULTS["pyenv_venv_packages"])
-        if ins["accelerator"] == "cuda":
-            packages += list(host.data.get("pyenv_cuda_venv_packages") or DEFAULTS["pyenv_cuda_venv_packages"])
-        q = q | Query(debs=tuple(packages), envs=((env_python(spec), ()),))
-    return q
+        packages = list(_data("pyenv_venv_packages")) + (list(_data("pyenv_cuda_venv_packages")) if cuda else [])
+        return q | Query(debs=tuple(packages))
+    root = _miniforge_root()
+    return q | Query(stat=(f"{root}/bin/conda",), read=(f"{root}/{d.MINIFORGE_MARKER}",),
+                     debs=tuple(_data("pyenv_cuda_conda_packages")) if cuda else ())
+
+
+def _unknown(what: str) -> StateUnknown:
+    return StateUnknown(f"host {host.name}: the read of this host's state did not complete, so {what} is not known "
+                        "(nothing was changed on this host). Check that the host is reachable and that its sudo works, "
+                        "then run the deploy again.")
 
 
 def _user(user: str, home: str) -> None:
@@ -105,24 +128,27 @@ def _user(user: str, home: str) -> None:
     )
 
 
-def _venv(env: str, cuda: bool) -> None:
+def _venv(env: str, cuda: bool, snap: Snapshot) -> None:
     packages = list(host.data.get("pyenv_venv_packages"))
     if cuda:
         packages += [p for p in host.data.get("pyenv_cuda_venv_packages") if p not in packages]
     common_packages(name="python3-venv" + (" and the headers + C compiler Triton builds with" if cuda else ""),
                     packages=packages, update=False)
     py = f"{env}/bin/python"
-    probed = role_state(Query(envs=((py, ()),))).env(py)  # the deploy's read, or one of its own
+    probed = snap.env(py)
     if probed is None or probed["python"] is None:
         # guarded: a read that did not complete never re-makes an env that is there
         server.shell(name=f"venv at {env}", commands=[StringCommand(cmd("test", "-x", py), "||", cmd("python3", "-m", "venv", env))])
 
 
-def _miniforge() -> str:
-    root = host.data.get("pyenv_miniforge_root").rstrip("/")
+def _miniforge(snap: Snapshot) -> str:
+    root = _miniforge_root()
     version = host.data.get("pyenv_miniforge_version")
-    current = host.get_fact(MiniforgeInstall, root=root)
-    if current and current["version"] == version:
+    known, conda = snap.path(f"{root}/bin/conda")
+    if not known:
+        raise _unknown(f"whether Miniforge is installed at {root}")
+    installed = bool(conda and conda["type"] in ("file", "link") and conda["mode"] & 0o111)
+    if installed and (snap.content(f"{root}/{d.MINIFORGE_MARKER}")[1] or "").strip() == version:
         return root
     url, sha256 = host.data.get("pyenv_miniforge_url"), host.data.get("pyenv_miniforge_sha256")
     download_dir = host.data.get("pyenv_download_dir").rstrip("/")
@@ -136,17 +162,20 @@ def _miniforge() -> str:
             cmd("curl", "-fsSL", "--retry", "3", "-o", part, url),
             StringCommand(cmd("echo", f"{sha256}  {part}"), "|", cmd("sha256sum", "--check", "--strict", "-")),
             cmd("mv", part, installer),
-            cmd("bash", installer, "-b", *(["-u"] if current else []), "-p", root),
-            StringCommand(cmd("printf", "%s\\n", version), ">", QuoteString(f"{root}/{MINIFORGE_MARKER}")),
+            cmd("bash", installer, "-b", *(["-u"] if installed else []), "-p", root),
+            StringCommand(cmd("printf", "%s\\n", version), ">", QuoteString(f"{root}/{d.MINIFORGE_MARKER}")),
             cmd("rm", "-f", installer),
         ],
     )
     return root
 
 
-def _conda_env(env: str, python: str) -> None:
-    root = _miniforge()
-    current = host.get_fact(EnvPython, env=env)
+def _conda_env(env: str, python: str, snap: Snapshot) -> None:
+    root = _miniforge(snap)
+    probed = snap.env(f"{env}/bin/python")
+    if probed is None:
+        raise _unknown(f"the Python of {env}")
+    current = ".".join((probed["python"] or "").split(".")[:2]) or None  # major.minor, None: no env
     if current is None:
         channel = host.data.get("pyenv_conda_channel")
         server.shell(
@@ -166,11 +195,13 @@ def _conda_env(env: str, python: str) -> None:
 def pyenv(spec: dict) -> None:
     ins = spec["install"]
     env = env_dir(spec)
+    snap = role_state(state_query(spec))  # the deploy's read, or one of its own
     directory(name="Install prefix", path=ins["prefix"], user="root", group="root", mode=d.PREFIX_MODE)
     cuda = ins["accelerator"] == "cuda"
     if ins["env_manager"] == "venv":
-        _venv(env, cuda)
+        _venv(env, cuda, snap)
     else:
         if cuda and host.data.get("pyenv_cuda_conda_packages"):
-            apt.packages(name="C compiler Triton builds with", packages=list(host.data.get("pyenv_cuda_conda_packages")))
-        _conda_env(env, str(ins["python"]))
+            common_packages(name="C compiler Triton builds with", packages=list(host.data.get("pyenv_cuda_conda_packages")),
+                            update=False)
+        _conda_env(env, str(ins["python"]), snap)

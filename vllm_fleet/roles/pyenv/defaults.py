@@ -13,6 +13,8 @@ MINIFORGE_URL = (
     f"{MINIFORGE_VERSION}/Miniforge3-{MINIFORGE_VERSION}-Linux-x86_64.sh"
 )
 MINIFORGE_SHA256 = "848194851a98903134187fbb4ab50efe87b003e0c0f808f97644b7524a62bf2c"
+# The file in the Miniforge root where vllm-fleet records the version it installed.
+MINIFORGE_MARKER = ".vllm-fleet-miniforge-version"
 
 DEFAULTS = {
     # Where Miniforge is installed (shared by every deployment on the host).
