@@ -4,7 +4,8 @@
 
 The spec comes from where the serve deploy takes it (vllm_fleet/spec/source.py) and is validated
 the same way; each host gets vllm_fleet.roles.teardown with its rendered files (what to remove
-comes from them). Hosts with nothing of the deployment are left alone.
+comes from them, and what of it is on the host from one state read). Hosts with nothing of the
+deployment are left alone.
 """
 
 from vllm_fleet.roles.common import load_deploy_spec, preflight, rendered_for_host

@@ -292,6 +292,14 @@ def preflight() -> None:
             "_sudo_password in the host's data; no host was changed")
 
 
+def role_data(key: str, defaults: dict[str, Any]) -> Any:
+    """Host data ``key``, else the role's default from ``defaults`` (its DEFAULTS): inside the
+    role's ``@deploy`` pyinfra's data_defaults give the same; a role's ``state_query`` runs
+    outside it (deploys/serve.py builds the one read before any role runs)."""
+    value = host.data.get(key)
+    return defaults[key] if value is None else value
+
+
 def rendered_for_host(ctx: dict[str, Any]) -> dict[str, Any]:
     """Every file the layout places on this host ({path: RenderedFile})."""
     h = host_layout(ctx)

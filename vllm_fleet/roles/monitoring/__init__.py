@@ -25,8 +25,8 @@ from pyinfra.operations.util import any_changed
 from vllm_fleet.host.programs import argv as cmd
 from vllm_fleet.render import monitoring
 from vllm_fleet.roles.common import DeployError, directory, packages as common_packages, put_rendered, rendered_query
-from vllm_fleet.roles.common import service_running
-from vllm_fleet.roles.common.state import Query, Snapshot, StateUnknown, role_state
+from vllm_fleet.roles.common import role_data, service_running
+from vllm_fleet.roles.common.state import Query, Snapshot, role_state, unknown
 
 from .defaults import DEFAULTS
 
@@ -42,9 +42,7 @@ SERVICE_OF = {"node_exporter_defaults": NODE_EXPORTER, "prometheus_defaults": PR
 
 
 def _data(key: str) -> Any:
-    """Host data ``key``, else the role's default (state_query runs outside the deploy too)."""
-    value = host.data.get(key)
-    return DEFAULTS[key] if value is None else value
+    return role_data(key, DEFAULTS)
 
 
 def _parts(spec: dict[str, Any], rendered: dict[str, Any]) -> list[tuple[str, list[str], list[str]]]:
@@ -74,9 +72,7 @@ def state_query(spec: dict[str, Any], rendered: dict[str, Any]) -> Query:
 
 def _must_know(snap: Snapshot, what: str) -> None:
     if not snap.known:
-        raise StateUnknown(f"host {host.name}: the read of this host's state did not complete, so {what} is not known "
-                           "(nothing was changed on this host). Check that the host is reachable and that its sudo works, "
-                           "then run the deploy again.")
+        raise unknown(what)
 
 
 def _put(rendered: dict[str, Any], paths: list[str]) -> dict[str, Any]:

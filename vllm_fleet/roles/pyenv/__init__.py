@@ -48,8 +48,8 @@ from pyinfra.operations import apt, server
 
 from vllm_fleet.host.programs import argv as cmd
 from vllm_fleet.render import command
-from vllm_fleet.roles.common import directory, packages as common_packages
-from vllm_fleet.roles.common.state import Query, Snapshot, StateUnknown, host_state, role_state
+from vllm_fleet.roles.common import directory, packages as common_packages, role_data
+from vllm_fleet.roles.common.state import Query, Snapshot, host_state, role_state, unknown
 
 from . import defaults as d
 from .defaults import DEFAULTS
@@ -82,9 +82,7 @@ def service_dirs(spec: dict) -> None:
 
 
 def _data(key: str):
-    """Host data ``key``, else the role's default (state_query runs outside the deploy too)."""
-    value = host.data.get(key)
-    return DEFAULTS[key] if value is None else value
+    return role_data(key, DEFAULTS)
 
 
 def _miniforge_root() -> str:
@@ -105,12 +103,6 @@ def state_query(spec: dict) -> Query:
     root = _miniforge_root()
     return q | Query(stat=(f"{root}/bin/conda",), read=(f"{root}/{d.MINIFORGE_MARKER}",),
                      debs=tuple(_data("pyenv_cuda_conda_packages")) if cuda else ())
-
-
-def _unknown(what: str) -> StateUnknown:
-    return StateUnknown(f"host {host.name}: the read of this host's state did not complete, so {what} is not known "
-                        "(nothing was changed on this host). Check that the host is reachable and that its sudo works, "
-                        "then run the deploy again.")
 
 
 def _user(user: str, home: str) -> None:
@@ -146,7 +138,7 @@ def _miniforge(snap: Snapshot) -> str:
     version = host.data.get("pyenv_miniforge_version")
     known, conda = snap.path(f"{root}/bin/conda")
     if not known:
-        raise _unknown(f"whether Miniforge is installed at {root}")
+        raise unknown(f"whether Miniforge is installed at {root}")
     installed = bool(conda and conda["type"] in ("file", "link") and conda["mode"] & 0o111)
     if installed and (snap.content(f"{root}/{d.MINIFORGE_MARKER}")[1] or "").strip() == version:
         return root
@@ -174,7 +166,7 @@ def _conda_env(env: str, python: str, snap: Snapshot) -> None:
     root = _miniforge(snap)
     probed = snap.env(f"{env}/bin/python")
     if probed is None:
-        raise _unknown(f"the Python of {env}")
+        raise unknown(f"the Python of {env}")
     current = ".".join((probed["python"] or "").split(".")[:2]) or None  # major.minor, None: no env
     if current is None:
         channel = host.data.get("pyenv_conda_channel")

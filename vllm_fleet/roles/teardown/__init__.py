@@ -25,7 +25,7 @@ from vllm_fleet.render import files as render
 from vllm_fleet.render import monitoring
 from vllm_fleet.render.layout import Node
 from vllm_fleet.roles.common import clash, op_per
-from vllm_fleet.roles.common.state import Query, Snapshot, StateUnknown, role_state
+from vllm_fleet.roles.common.state import Query, Snapshot, role_state, unknown
 from vllm_fleet.roles.monitoring import SERVICE_OF
 from vllm_fleet.roles.ray import defaults as ray_defaults
 from vllm_fleet.roles.service import defaults as service_defaults
@@ -197,10 +197,8 @@ def remove_deployment(spec: dict[str, Any], rendered: dict[str, Any], purge: boo
     paths = candidates(spec, rendered) if paths is None else paths
     snap = role_state(state_query(spec, rendered, paths))
     if not snap.known:
-        raise StateUnknown(
-            f"host {host.name}: the read of this host's state did not complete, so which files of deployment "
-            f"{spec['name']} are there is not known (nothing was removed from this host). Check that the host is "
-            "reachable and that its sudo works, then run the command again.")
+        raise unknown(f"which files of deployment {spec['name']} are there", changed="nothing was removed from this host",
+                      run="the command")
     owned = [x for x in paths if mine(spec, x, snap)]
     units = [x for x in owned if x.startswith(UNIT_DIR) and x.endswith(UNIT_SUFFIXES)]
 
