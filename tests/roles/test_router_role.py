@@ -74,8 +74,8 @@ def test_the_target_comes_from_the_state_read(harness, monkeypatch, tmp_path):
     spec = spec_load.resolve(spec_load.load(REPO / "deployments" / "lab-tiny-routing.yaml"))
     spec["install"]["wheels"] = "fleet"
     monkeypatch.setattr(wh, "ensure", lambda *a, **kw: pytest.fail("downloaded on a guess"))
-    with pytest.raises(StateUnknown, match="host testhost: the read of this host's state did not complete, so the "
-                                           "Python, C library and machine the fleet wheelhouse must fit are not known"):
+    with pytest.raises(StateUnknown, match="host testhost: the read of this host's state did not complete, so which "
+                                           "Python, C library and machine the fleet wheelhouse must fit is not known"):
         harness.run(install_router, spec, render.render(spec, INV)["lab1"],
                     facts={HostState: lambda query: Snapshot.parse(["target\tpython3\tmachine=x86_64"])})
 

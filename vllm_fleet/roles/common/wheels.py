@@ -18,7 +18,7 @@ from pyinfra.operations import files
 from vllm_fleet.fetch import wheelhouse as wh
 
 from . import progress
-from .state import Query, StateUnknown, role_state
+from .state import Query, role_state, unknown
 
 SYSTEM_PYTHON = "python3"  # the host's python whose X.Y the fleet wheelhouse is downloaded for
 
@@ -87,9 +87,7 @@ def host_target() -> dict[str, str]:
     ``python``). A read that did not complete: StateUnknown (nothing to download for)."""
     target = role_state(Query(targets=(SYSTEM_PYTHON,))).target(SYSTEM_PYTHON)
     if target is None:
-        raise StateUnknown(f"host {host.name}: the read of this host's state did not complete, so the Python, C library "
-                           "and machine the fleet wheelhouse must fit are not known (nothing was changed on this host). "
-                           "Check that the host is reachable and that its sudo works, then run the deploy again.")
+        raise unknown("which Python, C library and machine the fleet wheelhouse must fit")
     return target
 
 

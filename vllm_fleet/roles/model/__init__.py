@@ -73,7 +73,7 @@ from pyinfra.operations import files, server
 from vllm_fleet.host.programs import argv as cmd, python
 from vllm_fleet.render import command
 from vllm_fleet.roles.common import directory, progress, secret_file
-from vllm_fleet.roles.common.state import Converged, Query, Snapshot, StateUnknown, role_state
+from vllm_fleet.roles.common.state import Converged, Query, Snapshot, StateUnknown, role_state, unknown
 
 from . import defaults as d
 from .defaults import DEFAULTS
@@ -302,10 +302,7 @@ def _none(spec: dict, snap: Snapshot) -> list:
     root = spec["model"]["path"].rstrip("/")
     known, present = snap.path(f"{root}/config.json")
     if not known:
-        raise StateUnknown(
-            f"host {host.name}: model.transfer is none, and the read of this host's state did not complete, "
-            f"so whether {root}/config.json exists is not known (nothing was changed on this host). "
-            "Check that the host is reachable and that its sudo works, then run the deploy again.")
+        raise unknown(f"whether {root}/config.json exists (model.transfer is none)")
     if not present:
         raise ModelMissing(
             f"host {host.name}: model.transfer is none but {root}/config.json does not exist. "

@@ -21,7 +21,7 @@ from pyinfra.operations.util import any_changed
 from vllm_fleet.host import programs
 from vllm_fleet.host.programs import argv as cmd
 from vllm_fleet.roles.common import as_root, directory, put_rendered, put_secret, rendered_query, service_running
-from vllm_fleet.roles.common.state import Converged, Query, Snapshot, StateUnknown, pending, role_state
+from vllm_fleet.roles.common.state import Converged, Query, Snapshot, pending, role_state, unknown
 from vllm_fleet.render import command
 from vllm_fleet.render import files as render
 from vllm_fleet.render.layout import LEGACY_UNIT, Node
@@ -310,10 +310,8 @@ def install_service(spec: dict[str, Any], node: Node, rendered: dict[str, Any], 
     snap = role_state(state_query(spec, node, rendered))
     if not snap.known:
         # every instance's record unknown: each would restart on a guess and stop serving for nothing
-        raise StateUnknown(f"host {host.name}: the read of this host's state did not complete, so what each vLLM instance "
-                           f"of {spec['name']} runs is not known (restarting them on a guess would interrupt serving; "
-                           "nothing was changed on this host). Check that the host is reachable and that its sudo works, "
-                           "then run the deploy again.")
+        raise unknown(f"what each vLLM instance of {spec['name']} runs",
+                      changed="restarting them on a guess would interrupt serving; nothing was changed on this host")
     _service_directories(spec, node, rendered)
     files_ = _put_service_files(spec, node, rendered, api_key)
     removed = _remove_stale_units(spec["name"], node, snap)

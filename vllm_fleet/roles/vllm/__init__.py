@@ -51,7 +51,7 @@ from pyinfra.operations import server
 
 from vllm_fleet.roles.common import packages
 from vllm_fleet.roles.common.wheels import host_target, local_dir, source_args, target_query, upload, wheel_source
-from vllm_fleet.roles.common.state import Query, StateUnknown, role_state
+from vllm_fleet.roles.common.state import Query, role_state, unknown
 
 from vllm_fleet.host.programs import argv as cmd, python
 from vllm_fleet.render import command
@@ -301,9 +301,7 @@ def _probed(spec: dict[str, Any], py: str) -> dict:
     (installing on a guess would restart vLLM for nothing; nothing on the host is changed)."""
     probed = role_state(state_query(spec)).env(py)
     if probed is None:
-        raise StateUnknown(f"host {host.name}: the read of this host's state did not complete, so what is installed in "
-                           f"{py} is not known (nothing was changed on this host). Check that the host is reachable "
-                           "and that its sudo works, then run the deploy again.")
+        raise unknown(f"what is installed in {py}")
     return probed
 
 
