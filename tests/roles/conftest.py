@@ -11,7 +11,7 @@ API: the ``harness`` fixture (tests never import conftest: other test folders ma
 
     def test_something(harness):
         run = harness.run(nvidia, spec,            # deploy function and its arguments
-                          facts={LinuxDistribution: harness.distro("debian-12"), NvidiaGpus: [],
+                          facts={LinuxDistribution: harness.distro("debian-12"), HostState: read,
                                  File: harness.per_arg("path", {"/etc/x": {...}}, default=None)},
                           host="gpu1", data={"nvidia_reboot_timeout": 5}, strict=False,
                           groups=["servers"])     # inventory groups of the host (default none)

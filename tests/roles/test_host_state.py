@@ -113,6 +113,21 @@ def test_units_and_packages_parse_and_an_unfinished_read_knows_nothing():
     assert not cut.known and not cut.unit_ok("nginx.service") and not cut.debs_installed(["nginx"])
 
 
+def test_held_packages_count_as_installed_and_patterns_read_every_match():
+    """dpkg's ``hi`` (held: NVIDIA drivers often are) is installed, as pyinfra's DebPackages
+    counts it; ``rc`` is not. A pattern asked with ``debs`` is handed to dpkg-query as it is
+    (run here for real): every package it matches is known, a name it does not match is not."""
+    s = Snapshot.parse(["deb\tnvidia-driver-cuda\thi \t580.1", "deb\tx\trc \t1", "end"])
+    s.query = Query(debs=("nvidia-driver-cuda", "x"))
+    assert s.debs_installed(["nvidia-driver-cuda"]) and not s.debs_installed(["x"])
+    q = Query(debs=("dpk?",))
+    r = subprocess.run(["/bin/sh", "-c", HostState().command(q).get_raw_value()], capture_output=True, text=True, timeout=60)
+    real = Snapshot.parse(r.stdout.splitlines())
+    real.query = q
+    assert real.known and real.debs_installed(["dpkg"])  # this machine's dpkg, matched by the pattern
+    assert not real.debs_installed(["dpkg-no-such-package"]) and not real.debs_installed(["tar"])
+
+
 def test_queries_merge_without_repeats():
     a = Query(stat=("/a", "/b"), envs=(("/py", ("dist:x",)),))
     b = Query(stat=("/b", "/c"), units=("u",), envs=(("/py", ("dist:x", "dist:y")), ("/py2", ())))

@@ -22,6 +22,11 @@
 #                                          parent when PATH is not there yet; `-` when df gave no figure)
 #   target PY machine=M / glibc=V / python=X.Y   (what the host's wheels must fit: uname -m, the C library,
 #                                          the system python PY's version; no python= line without PY)
+#   gpus FIELDS .  then  gpus FIELDS LINE (nvidia-smi --query-gpu=FIELDS --format=csv,noheader,nounits, one
+#                                          line per GPU, or its message when no driver answers;
+#                                          `gpus FIELDS -` alone when the host has no nvidia-smi)
+#   pci DIR .  then  pci DIR VENDOR CLASS (every device under a sysfs directory, e.g. /sys/bus/pci/devices,
+#                                          read with the shell's own `read`: no process per device)
 # Reads only; changes nothing.
 set -f
 TAB=$(printf '\t')
@@ -98,6 +103,23 @@ CHAT_ARGS
         [ -n "$tver" ] || tver=$("$tpy" -S -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null)
         printf 'target\t%s\tpython=%s\n' "$v" "$tver"
       fi ;;
+    gpus)
+      if command -v nvidia-smi >/dev/null 2>&1; then
+        printf 'gpus\t%s\t.\n' "$v"
+        nvidia-smi --query-gpu="$v" --format=csv,noheader,nounits 2>/dev/null |
+          while IFS= read -r l; do [ -n "$l" ] && printf 'gpus\t%s\t%s\n' "$v" "$l"; done
+      else
+        printf 'gpus\t%s\t-\n' "$v"
+      fi ;;
+    pci)
+      printf 'pci\t%s\t.\n' "$v"
+      set +f
+      for d in "$v"/*; do
+        if [ -r "$d/vendor" ] && [ -r "$d/class" ] && read -r pven <"$d/vendor" && read -r pcls <"$d/class"; then
+          printf 'pci\t%s\t%s %s\n' "$v" "$pven" "$pcls"
+        fi
+      done
+      set -f ;;
     user)
       if l=$(getent passwd -- "$v"); then printf 'user\t%s\t%s\n' "$v" "$l"; else printf 'user\t%s\t-\n' "$v"; fi ;;
     deb) debs="$debs $v" ;;

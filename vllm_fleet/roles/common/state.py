@@ -4,7 +4,7 @@ pyinfra's operations each read their own facts (a directory: one ``sudo sh -c`` 
 file: two; a unit: two; a user: three), and each operation's generator runs twice, once while
 the plan is built and once when it executes: a no-op deploy of one lab host was 86 round trips.
 Here the deploy (vllm_fleet/deploys/serve.py; the rollout's update step too) first asks each
-role what it will compare (``state_query`` of pyenv, vllm, model, service, ray, nginx, router), reads all of it with one
+role what it will compare (``state_query`` of nvidia, pyenv, vllm, model, service, ray, nginx, router), reads all of it with one
 :class:`HostState` fact (the script ``vllm_fleet/host/scripts/host_state.sh``), and the roles then
 create an operation only where the state differs. A converged host gets no operation (so also
 no fact and no command when the plan executes); a host that differs gets pyinfra's own
@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import fnmatch
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -49,8 +50,12 @@ class Query:
     (``{python: (dist:NAME | file:RELPATH, ...)}`` as tuples of pairs), shell globs whose
     small files to read (``globs``: e.g. every vllm-fleet unit on the host), paths whose
     filesystem's free bytes to read (``free``: the nearest existing parent's, for a path not
-    made yet), and the system pythons (``targets``: a command, e.g. ``python3``) for which to
-    read what a host's wheels must fit (that python's X.Y, the C library, the machine)."""
+    made yet), the system pythons (``targets``: a command, e.g. ``python3``) for which to
+    read what a host's wheels must fit (that python's X.Y, the C library, the machine), the
+    GPUs nvidia-smi reports (``gpus``: its ``--query-gpu`` fields, e.g.
+    ``name,memory.total``) and the PCI devices under a sysfs directory (``pci``: e.g.
+    ``/sys/bus/pci/devices``, each device's vendor and class). ``debs`` may hold dpkg
+    patterns (``nvidia-fabricmanager*``): every package dpkg knows that matches is read."""
 
     stat: tuple[str, ...] = ()
     sha: tuple[str, ...] = ()
@@ -66,6 +71,8 @@ class Query:
     globs: tuple[str, ...] = ()
     free: tuple[str, ...] = ()
     targets: tuple[str, ...] = ()
+    gpus: tuple[str, ...] = ()
+    pci: tuple[str, ...] = ()
 
     def __or__(self, other: "Query") -> "Query":
         merged = {}
@@ -102,7 +109,8 @@ class Query:
         for kind, values in (("stat", self.stat), ("sha", self.sha), ("read", self.read), ("ls", self.ls),
                              ("find", self.find), ("user", self.users), ("deb", self.debs), ("unit", self.units),
                              ("glob", self.globs), ("age", self.ages), ("chat", self.chats),
-                             ("free", self.free), ("target", self.targets)):
+                             ("free", self.free), ("target", self.targets),
+                             ("gpus", self.gpus), ("pci", self.pci)):
             for v in values:
                 out += [kind, v]
         code = programs.script("env_probe.py") if self.envs else ""
@@ -163,6 +171,8 @@ class Snapshot:
         self.glob_units: dict[str, tuple[str, str]] = {}  # unit file path -> (is-active, is-enabled)
         self.avail: dict[str, int | None] = {}  # path asked with ``free`` -> bytes available
         self.targets: dict[str, dict[str, str]] = {}  # python asked with ``targets`` -> what wheels must fit
+        self.smi: dict[str, list[str] | None] = {}  # fields asked with ``gpus`` -> nvidia-smi's lines (None: no nvidia-smi)
+        self.pcis: dict[str, list[str]] = {}  # sysfs directory asked with ``pci`` -> "VENDOR CLASS" per device
         self.query = Query()
 
     def merge(self, other: "Snapshot") -> None:
@@ -229,8 +239,14 @@ class Snapshot:
         u = self.users.get(name) if self._asked("users", name) else None
         return bool(u and (home is None or u["home"] == home) and (shell is None or u["shell"] == shell))
 
+    def _deb_asked(self, name: str) -> bool:
+        return self._asked("debs", name) or (self.known and any(
+            fnmatch.fnmatchcase(name, p) for p in self.query.debs if any(c in p for c in "*?[")))
+
     def debs_installed(self, names: list[str] | tuple[str, ...]) -> bool:
-        return all(self._asked("debs", n) and self.debs.get(n, {}).get("installed") for n in names)
+        """True when every package (a name asked with ``debs``, or matched by a pattern asked) is
+        installed (dpkg's ``ii`` or ``hi``, held: what pyinfra's DebPackages counts)."""
+        return all(self._deb_asked(n) and self.debs.get(n, {}).get("installed") for n in names)
 
     def unit(self, name: str) -> dict | None:
         """``{"LoadState", "ActiveState", "SubState", "UnitFileState", "NRestarts"}`` of a unit, or
@@ -267,6 +283,19 @@ class Snapshot:
         fit, for the system ``python`` asked with ``targets`` (a value the host did not report is
         absent: no such python, no ``python``), or None when not read."""
         return dict(self.targets.get(python, {})) if self._asked("targets", python) else None
+
+    def nvidia_smi(self, fields: str) -> tuple[bool, list[str] | None]:
+        """``(known, nvidia-smi --query-gpu=FIELDS --format=csv,noheader,nounits's lines, or None
+        when the host has no nvidia-smi)`` of fields asked with ``gpus``. Its message when no
+        driver answers is among the lines, as nvidia-smi prints it (stdout)."""
+        if not self._asked("gpus", fields):
+            return False, None
+        return True, self.smi.get(fields)
+
+    def pci_devices(self, directory: str) -> list[str] | None:
+        """``"VENDOR CLASS"`` (sysfs' words: ``0x10de 0x030200``) of every device under a sysfs
+        directory asked with ``pci`` ([] when none), or None when not read."""
+        return list(self.pcis.get(directory, [])) if self._asked("pci", directory) else None
 
     def unit_ok(self, name: str, running: bool = True, enabled: bool = True) -> bool:
         u = self.unit(name)
@@ -361,7 +390,7 @@ def _user_line(s: Snapshot, key: str, value: str) -> None:
 
 def _deb_line(s: Snapshot, key: str, value: str) -> None:
     status, _, version = value.partition("\t")
-    s.debs[key] = {"installed": status.startswith("ii"), "version": version}
+    s.debs[key] = {"installed": status[:2] in ("ii", "hi"), "version": version}
 
 
 def _started_line(s: Snapshot, key: str, value: str) -> None:
@@ -387,6 +416,21 @@ def _target_line(s: Snapshot, key: str, value: str) -> None:
     found = s.targets.setdefault(key, {})
     if name and v:
         found[name] = v
+
+
+def _gpus_line(s: Snapshot, key: str, value: str) -> None:
+    if value == "-":
+        s.smi[key] = None
+    elif value == ".":
+        s.smi[key] = []
+    elif s.smi.get(key) is not None:
+        s.smi[key].append(value)
+
+
+def _pci_line(s: Snapshot, key: str, value: str) -> None:
+    found = s.pcis.setdefault(key, [])
+    if value != ".":
+        found.append(value)
 
 
 def _py_line(s: Snapshot, key: str, value: str) -> None:
@@ -416,7 +460,7 @@ def _unit_line(s: Snapshot, unit: dict[str, str], rest: str) -> dict[str, str]:
 _LINES = {"stat": _stat_line, "sha": _sha_line, "read": _read_line, "ls": _ls_line, "find": _find_line,
           "glob": _glob_line, "globunit": _globunit_line, "user": _user_line, "deb": _deb_line,
           "started": _started_line, "chat": _chat_line, "age": _age_line, "py": _py_line,
-          "free": _free_line, "target": _target_line}
+          "free": _free_line, "target": _target_line, "gpus": _gpus_line, "pci": _pci_line}
 
 
 def _owner_mode_ok(st: dict, user: str | None, group: str | None, mode: Any) -> bool:
@@ -477,6 +521,17 @@ def host_state() -> Snapshot:
 def _read(query: Query) -> Snapshot:
     snap = host.get_fact(HostState, query=query)
     if not isinstance(snap, Snapshot):  # a scripted or failed fact: nothing known
+        snap = Snapshot()
+    snap.query = query
+    return snap
+
+
+def read_now(query: Query, on: Any = None) -> Snapshot:
+    """Read ``query`` on a host now, not kept for the roles: a check while the plan executes
+    (e.g. the GPUs after a reboot), where the plan's snapshot is no longer the host's state.
+    ``on``: the host a ``python.call`` function was given (default: the current one)."""
+    snap = (on or host).get_fact(HostState, query=query)
+    if not isinstance(snap, Snapshot):
         snap = Snapshot()
     snap.query = query
     return snap

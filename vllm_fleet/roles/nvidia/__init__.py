@@ -7,13 +7,21 @@ Deploy function
     open_kernel_modules}`` and ``hardware.{gpu, gpus_per_node}``; host data in
     ``defaults.DEFAULTS`` (``nvidia_reboot``, ``nvidia_reboot_timeout``, ...).
 
-What it does, decided from facts while the plan is built
+What it reads (``state_query``, in the deploy's one state read, vllm_fleet.roles.common.state;
+the role called on its own reads it in one round trip): the ``/etc/*-release`` files (parsed by
+pyinfra's LinuxDistribution parser), nvidia-smi's GPUs, the PCI devices in sysfs (NVSwitches),
+/proc/sys/kernel/osrelease and /proc/modules, the Secure Boot EFI variable, apt's source files,
+and whether the toolkit and a fabric manager are installed (dpkg). A read that did not complete
+stops the host (``StateUnknown``) before anything is installed. After a reboot the GPU check
+reads nvidia-smi again (the same state read, of the GPUs alone).
+
+What it does, decided from that read while the plan is built
     - ``install.accelerator: cpu``: nothing.
     - ``driver_branch`` is a minimum (default: what the pinned vLLM's CUDA needs, see
       ``vllm_fleet.spec.defaults.VLLM_CUDA``): nvidia-smi answering with that branch or a newer one,
       the toolkit installed (or not wanted) and, on NVSwitch boards, the fabric manager present:
       nothing but the GPU check, no reboot.
-    - Otherwise, before anything is installed: Secure Boot on (``SecureBoot`` fact) without host
+    - Otherwise, before anything is installed: Secure Boot on (the EFI variable) without host
       data ``nvidia_secure_boot_mok`` stops the host (an unsigned DKMS module never loads).
     - Source ``nvidia``: NVIDIA's CUDA apt repository via its keyring package (Debian also gets
       ``contrib``), the branch pinning package ``nvidia-driver-pinning-<branch>``, then the
@@ -32,7 +40,7 @@ What it does, decided from facts while the plan is built
       install changed something; then a check that nvidia-smi reports the branch (or newer) and
       the spec's GPUs. ``nvidia_reboot: false`` stops the host instead of rebooting, with a
       message (``RebootNeeded``). No reboot when only the toolkit was missing.
-    - NVSwitch boards (``NvSwitches`` fact, from the PCI bus): ``nvidia-fabricmanager`` of the
+    - NVSwitch boards (NVIDIA bridges, class 0x0680, on the PCI bus): ``nvidia-fabricmanager`` of the
       running (or installed) branch, enabled.
 
 Failures
@@ -61,18 +69,18 @@ from io import StringIO
 from pyinfra import host, logger
 from pyinfra.api import deploy
 from pyinfra.api.exceptions import DeployError
-from pyinfra.facts.deb import DebPackages
-from pyinfra.facts.server import KernelModules, KernelVersion, LinuxDistribution
 from pyinfra.operations import apt, files, python, server, systemd
 from pyinfra.operations.util import any_changed
 
 from . import defaults as d
 from .defaults import DEFAULTS
-from .facts import NVIDIA_SMI_COMMAND, AptComponents, NvidiaGpus, NvSwitches, SecureBoot, driver_branch
 from .gpucheck import describe, gpu_mismatch
+from .parse import (NVIDIA_SMI_COMMAND, NVIDIA_SMI_QUERY, apt_source_lines, driver_branch, parse_apt_components,
+                    parse_nvidia_smi, parse_os_release, parse_pci_classes, secure_boot_on)
 from vllm_fleet.host.programs import argv as cmd
+from vllm_fleet.roles.common.state import Query, Snapshot, StateUnknown, read_now, role_state
 
-__all__ = ["nvidia", "GpuMismatch", "UnsupportedHost", "RebootNeeded", "cuda_repo_dir", "kernel_flavour", "DEFAULTS"]
+__all__ = ["nvidia", "state_query", "GpuMismatch", "UnsupportedHost", "RebootNeeded", "cuda_repo_dir", "kernel_flavour", "DEFAULTS"]
 
 NOUVEAU_BLACKLIST_TEXT = (
     "# Written by vllm-fleet (vllm_fleet/roles/nvidia): the NVIDIA driver needs nouveau unloaded.\n"
@@ -130,9 +138,9 @@ def cuda_repo_dir(distro: dict, host_name: str) -> str:
     )
 
 
-def _ensure_debian_components(codename: str, wanted: list[str]) -> None:
+def _ensure_debian_components(h: "_Host", codename: str, wanted: list[str]) -> None:
     """Add missing apt components to the Debian suites of the existing sources (both formats)."""
-    present = host.get_fact(AptComponents, suite=codename)
+    present = parse_apt_components(h.apt_sources, codename)
     missing = [c for c in wanted if c not in present]
     if not missing:
         return
@@ -152,7 +160,13 @@ def _ensure_debian_components(codename: str, wanted: list[str]) -> None:
 def _check_gpus_now(state, host, branch: str, hardware: dict) -> None:  # noqa: ARG001
     """Runs on the host after the reboot (pyinfra passes state, host): the branch is loaded and
     the GPUs match the spec."""
-    gpus = host.get_fact(NvidiaGpus)
+    snap = read_now(GPUS_QUERY, on=host)  # the GPUs now, after the reboot (not the plan's read)
+    known, lines = snap.nvidia_smi(NVIDIA_SMI_QUERY)
+    if not known:
+        raise StateUnknown(f"host {host.name}: after installing driver branch {branch} and rebooting, the read of "
+                           "nvidia-smi's GPUs did not complete, so the driver and GPUs were not checked. Check that the "
+                           "host is reachable and that its sudo works, then run the deploy again.")
+    gpus = parse_nvidia_smi(lines or [])
     loaded = driver_branch(gpus)
     if loaded is None or int(loaded) < int(branch):
         raise GpuMismatch(
@@ -172,10 +186,44 @@ def _reboot_needed(state, host, branch: str) -> None:  # noqa: ARG001
         f"is false. Fix: reboot {host.name}, then deploy again (or set nvidia_reboot: true to let the deploy reboot it).")
 
 
+GPUS_QUERY = Query(gpus=(NVIDIA_SMI_QUERY,))
+
+
+def state_query(spec: dict) -> Query:
+    """What the nvidia role decides from (vllm_fleet.roles.common.state), for the deploy's one
+    read (roles.service.server_stack_query asks it): nothing with ``install.accelerator: cpu``;
+    else the ``/etc/*-release`` files (the distribution), nvidia-smi's GPUs, the PCI devices
+    (NVSwitches), the running kernel's release and modules (nouveau), the Secure Boot EFI
+    variable, apt's source files (Debian's components), and whether the toolkit and a fabric
+    manager (any branch: ``nvidia-fabricmanager*``) are installed.
+
+    **Example:**
+
+    .. code:: python
+
+        load_host_state(state_query(spec) | other_role.state_query(spec))
+    """
+    if spec["install"]["accelerator"] != "cuda":
+        return Query()
+    return GPUS_QUERY | Query(
+        globs=(d.OS_RELEASE_GLOB, *d.APT_SOURCE_GLOBS),
+        read=(d.KERNEL_RELEASE, d.KERNEL_MODULES, d.SECURE_BOOT_EFIVAR, d.APT_SOURCES_LIST),
+        pci=(d.PCI_DEVICES,),
+        debs=(_toolkit(spec), d.FABRICMANAGER_PATTERN))
+
+
+def _toolkit(spec: dict) -> str:
+    nv = spec["install"]["nvidia"]
+    if nv["source"] == "nvidia":
+        major, minor = nv["cuda_version"].split(".")
+        return d.CUDA_REPO_TOOLKIT.format(major=major, minor=minor)
+    return d.DISTRO_TOOLKIT
+
+
 @dataclass
 class _Host:
-    """What the nvidia role decides from: the spec's NVIDIA settings and the host's facts
-    (read once, in this order, by _read_host)."""
+    """What the nvidia role decides from: the spec's NVIDIA settings and the host's state (one
+    read, :func:`state_query`; decided in this order by _read_host)."""
 
     branch: str  # the oldest driver branch accepted
     source: str  # install.nvidia.source: nvidia (NVIDIA's repository) or distro
@@ -192,6 +240,10 @@ class _Host:
     nvswitches: int
     fabricmanager: str | None
     fabricmanager_ok: bool
+    kernel: str  # the running kernel's release
+    modules: set  # the kernel modules loaded now
+    secure_boot: bool
+    apt_sources: list  # apt's source files' lines (parse_apt_components)
 
     @property
     def is_debian(self) -> bool:
@@ -220,16 +272,24 @@ def nvidia(spec: dict) -> None:
 
 
 def _read_host(spec: dict) -> _Host:
-    """The spec's NVIDIA settings and the host's facts: distribution, GPUs (a GPU that differs
-    from the spec's hardware stops here), the loaded branch, NVSwitches, installed packages."""
+    """The spec's NVIDIA settings and the host's state (the deploy's one read, or one read of
+    :func:`state_query` when the role runs on its own): distribution, GPUs (a GPU that differs
+    from the spec's hardware stops here), the loaded branch, NVSwitches, installed packages. A
+    read that did not complete: StateUnknown (a guessed "no driver" would install one and reboot)."""
     ins, hw = spec["install"], spec["hardware"]
     nv = ins["nvidia"]
     branch = str(nv["driver_branch"])
     source = nv["source"]
     compute_only = bool(host.data.get("nvidia_compute_only"))
-    distro = host.get_fact(LinuxDistribution)
+    snap = role_state(state_query(spec))
+    if not snap.known:
+        raise StateUnknown(
+            f"host {host.name}: the read of this host's state did not complete, so its distribution, GPUs and NVIDIA "
+            "driver are not known (nothing was changed on this host: a driver installed on a guess would reboot it). "
+            "Check that the host is reachable and that its sudo works, then run the deploy again.")
+    distro = parse_os_release(snap.matching(d.OS_RELEASE_GLOB) or {})
     repo_dir = cuda_repo_dir(distro, host.name)
-    gpus = host.get_fact(NvidiaGpus)
+    gpus = parse_nvidia_smi(snap.nvidia_smi(NVIDIA_SMI_QUERY)[1] or [])
     if gpus:
         problem = gpu_mismatch(gpus, hw, host.name)
         if problem:
@@ -239,22 +299,30 @@ def _read_host(spec: dict) -> _Host:
     driver_ok = loaded is not None and int(loaded) >= int(branch)
     if not driver_ok and source == "distro" and distro["name"] == "Debian":
         _check_debian_ships(spec, distro, branch)
-    if source == "nvidia":
-        major, minor = nv["cuda_version"].split(".")
-        toolkit = d.CUDA_REPO_TOOLKIT.format(major=major, minor=minor)
-    else:
-        toolkit = d.DISTRO_TOOLKIT
+    toolkit = _toolkit(spec)
     want_toolkit = bool(host.data.get("nvidia_install_toolkit"))
     # NVSwitch boards need the fabric manager of the branch that runs (the loaded one when it is
     # kept, else the one installed now).
-    nvswitches = host.get_fact(NvSwitches) if host.data.get("nvidia_fabricmanager") else 0
+    nvswitches = parse_pci_classes(snap.pci_devices(d.PCI_DEVICES) or []) if host.data.get("nvidia_fabricmanager") else 0
     fabricmanager = _fabricmanager_package(source, distro["name"], loaded if driver_ok else branch, host.name) if nvswitches else None
-    packages = host.get_fact(DebPackages) if (want_toolkit or fabricmanager) else {}
     return _Host(branch=branch, source=source, open_modules=bool(nv["open_kernel_modules"]), compute_only=compute_only,
                  distro=distro, repo_dir=repo_dir, gpus=gpus, loaded=loaded, driver_ok=driver_ok,
-                 toolkit=toolkit, want_toolkit=want_toolkit, toolkit_ok=not want_toolkit or toolkit in packages,
+                 toolkit=toolkit, want_toolkit=want_toolkit, toolkit_ok=not want_toolkit or snap.debs_installed([toolkit]),
                  nvswitches=nvswitches, fabricmanager=fabricmanager,
-                 fabricmanager_ok=fabricmanager is None or fabricmanager in packages)
+                 fabricmanager_ok=fabricmanager is None or snap.debs_installed([fabricmanager]),
+                 **_kernel_and_sources(snap))
+
+
+def _kernel_and_sources(snap: Snapshot) -> dict:
+    """The running kernel's release and modules, Secure Boot, apt's source files' lines."""
+    modules = snap.content(d.KERNEL_MODULES)[1] or ""
+    sources = [snap.content(d.APT_SOURCES_LIST)[1]]
+    for pattern in d.APT_SOURCE_GLOBS:
+        sources += list((snap.matching(pattern) or {}).values())
+    return {"kernel": (snap.content(d.KERNEL_RELEASE)[1] or "").strip(),
+            "modules": {line.split(" ", 1)[0] for line in modules.splitlines() if line.strip()},
+            "secure_boot": secure_boot_on(snap.content(d.SECURE_BOOT_EFIVAR)[1]),
+            "apt_sources": apt_source_lines(sources)}
 
 
 def _check_debian_ships(spec: dict, distro: dict, branch: str) -> None:
@@ -273,7 +341,7 @@ def _check_debian_ships(spec: dict, distro: dict, branch: str) -> None:
 
 def _refuse_unsigned_module(h: _Host) -> None:
     """Secure Boot with an unsigned DKMS module: the driver would install and never load."""
-    if not h.driver_ok and host.get_fact(SecureBoot) and not host.data.get("nvidia_secure_boot_mok"):
+    if not h.driver_ok and h.secure_boot and not host.data.get("nvidia_secure_boot_mok"):
         raise UnsupportedHost(
             f"host {host.name}: UEFI Secure Boot is on, and the NVIDIA kernel module DKMS builds is not signed with a key "
             "the firmware trusts, so it would never load. Nothing was installed. Fix: turn Secure Boot off in the "
@@ -287,7 +355,7 @@ def _package_sources(h: _Host) -> None:
     codename = h.distro["release_meta"].get("VERSION_CODENAME", "")
     if h.source == "nvidia":
         if h.is_debian:
-            _ensure_debian_components(codename, d.DEBIAN_CUDA_REPO_COMPONENTS)
+            _ensure_debian_components(h, codename, d.DEBIAN_CUDA_REPO_COMPONENTS)
         download_dir = host.data.get("nvidia_download_dir")
         keyring_path = f"{download_dir}/{d.CUDA_KEYRING_DEB}"
         files.directory(name="Download directory", path=download_dir, mode="0755")
@@ -299,14 +367,17 @@ def _package_sources(h: _Host) -> None:
         )
         apt.deb(name="Install the CUDA repository keyring", src=keyring_path)
     elif h.is_debian:
-        _ensure_debian_components(codename, d.DEBIAN_COMPONENTS)
+        _ensure_debian_components(h, codename, d.DEBIAN_COMPONENTS)
     apt.update(name="Update apt package lists")
 
 
 def _install_driver(h: _Host) -> list:
     """2. Driver: DKMS + headers, nouveau blacklist, the branch's driver packages, persistence
     mode. Returns the operations whose change needs a reboot."""
-    kernel = host.get_fact(KernelVersion)
+    kernel = h.kernel
+    if not kernel:
+        raise StateUnknown(f"host {host.name}: {d.KERNEL_RELEASE} gave no kernel release, so the headers DKMS needs are not "
+                           "known (nothing was changed on this host). Check the host's /proc, then run the deploy again.")
     apt.packages(
         name="DKMS and kernel headers (running kernel + meta-package)",
         packages=[p.format(kernel=kernel, flavour=kernel_flavour(kernel)) for p in d.DKMS_PACKAGES],
@@ -366,7 +437,7 @@ def _reboot_and_verify(h: _Host, driver_changes: list, hw: dict) -> None:
     """4. Reboot into the new driver (or away from nouveau), then verify on the host. Without a
     driver answering (or with nouveau loaded) always; with an older branch loaded only when the
     install changed something (otherwise the check below names what is loaded)."""
-    nouveau_loaded = "nouveau" in host.get_fact(KernelModules)
+    nouveau_loaded = "nouveau" in h.modules
     if h.driver_ok and not nouveau_loaded:
         return
     condition = None if (h.loaded is None or nouveau_loaded) else any_changed(*driver_changes)

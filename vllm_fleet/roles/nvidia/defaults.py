@@ -100,6 +100,17 @@ DKMS_PACKAGES = ["dkms", "linux-headers-{kernel}", "linux-headers-{flavour}"]
 # Secure Boot state from the EFI variable (last byte 1 = on); absent without EFI.
 SECURE_BOOT_EFIVAR = "/sys/firmware/efi/efivars/SecureBoot-8be4df61-93ca-11d2-aa0d-e0a5c5a8d5b0"
 
+# What the state read asks (roles/nvidia state_query): the files pyinfra's LinuxDistribution fact
+# reads, the running kernel's release (uname -r) and modules, apt's source files (one-line and
+# deb822), the PCI bus, and the fabric manager of any branch (its name carries the branch on Ubuntu).
+OS_RELEASE_GLOB = "/etc/*-release"
+KERNEL_RELEASE = "/proc/sys/kernel/osrelease"
+KERNEL_MODULES = "/proc/modules"
+APT_SOURCES_LIST = "/etc/apt/sources.list"
+APT_SOURCE_GLOBS = ("/etc/apt/sources.list.d/*.list", "/etc/apt/sources.list.d/*.sources")
+PCI_DEVICES = "/sys/bus/pci/devices"
+FABRICMANAGER_PATTERN = "nvidia-fabricmanager*"
+
 NOUVEAU_BLACKLIST = "/etc/modprobe.d/blacklist-nouveau.conf"
 
 # How nvidia-smi names the catalogue GPUs, and their memory (GiB as nvidia-smi reports MiB/1024).

@@ -199,11 +199,12 @@ def install_server_stack(spec: dict[str, Any], hub_token: str | None) -> tuple[l
 
 
 def server_stack_query(spec: dict[str, Any]) -> Query:
-    """What install_server_stack's roles compare against (vllm_fleet.roles.common.state): the
-    service user and directories, the env, vLLM's system libraries and distributions, the model."""
-    from vllm_fleet.roles import model, pyenv, vllm
+    """What install_server_stack's roles compare against (vllm_fleet.roles.common.state): what
+    the NVIDIA driver's install decides from (CUDA hosts), the service user and directories, the env, vLLM's system
+    libraries and distributions, the model."""
+    from vllm_fleet.roles import model, nvidia, pyenv, vllm
 
-    return pyenv.state_query(spec) | vllm.state_query(spec) | model.state_query(spec)
+    return nvidia.state_query(spec) | pyenv.state_query(spec) | vllm.state_query(spec) | model.state_query(spec)
 
 
 def applied_token(spec: dict[str, Any], rendered: dict[str, Any], inst: Any, api_key: str | None) -> str:

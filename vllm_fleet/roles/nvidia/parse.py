@@ -1,7 +1,10 @@
-"""Facts for the nvidia role: the GPUs and driver nvidia-smi reports, and Debian's apt components.
+"""What the nvidia role reads of a host, from the one state read (vllm_fleet.roles.common.state):
+the GPUs and driver nvidia-smi reports, the distribution, the NVSwitches on the PCI bus, Secure
+Boot and Debian's apt components.
 
-The parsers are plain functions (``parse_nvidia_smi``, ``parse_apt_components``) so tests feed them
-raw command output; the ``FactBase`` classes only add the command pyinfra runs on the host.
+Plain functions of the lines and texts host_state.sh prints (``parse_nvidia_smi``,
+``parse_os_release``, ``parse_pci_classes``, ``secure_boot_on``, ``parse_apt_components``), so
+tests feed them raw output; the role's ``state_query`` says what is read.
 """
 
 from __future__ import annotations
@@ -9,7 +12,7 @@ from __future__ import annotations
 import re
 from typing import TypedDict
 
-from pyinfra.api import FactBase, QuoteString, StringCommand
+from pyinfra.facts.server import LinuxDistribution
 
 NVIDIA_SMI_QUERY = "name,memory.total,driver_version,compute_cap"
 NVIDIA_SMI_COMMAND = f"nvidia-smi --query-gpu={NVIDIA_SMI_QUERY} --format=csv,noheader,nounits"
@@ -53,33 +56,23 @@ def driver_branch(gpus: list[Gpu]) -> str | None:
     return None
 
 
-class NvidiaGpus(FactBase[list]):
-    """The GPUs the loaded NVIDIA driver sees: a list of ``Gpu`` dicts.
-
-    Empty when nvidia-smi is absent (pyinfra then returns the default without running the
-    command), when the driver is not loaded, or when no GPU is found.
-    """
-
-    def command(self) -> StringCommand:
-        # nvidia-smi exits non-zero when the driver is not loaded; that state is "no GPUs".
-        return StringCommand(NVIDIA_SMI_COMMAND, "2>/dev/null", "||", "true")
-
-    def requires_command(self) -> str:
-        return "nvidia-smi"
-
-    @staticmethod
-    def default() -> list:
-        return []
-
-    def process(self, output: list[str]) -> list[Gpu]:
-        return parse_nvidia_smi(output)
+def parse_os_release(files: dict[str, str | None]) -> dict:
+    """pyinfra's LinuxDistribution fact value (``{"name": "Ubuntu", "major": 24, "minor": 4,
+    "release_meta": {...}}``) from the ``/etc/*-release`` files' texts (``{path: text}``, as the
+    state read's ``globs`` gives them), parsed by pyinfra's own parser: the same value the fact
+    gives for the same files."""
+    lines: list[str] = []
+    for path, text in sorted(files.items()):
+        if text is not None:
+            lines += [path, *text.splitlines(), "---"]
+    return LinuxDistribution().process(lines)
 
 
 def parse_apt_components(lines: list[str], suite: str) -> set[str]:
     """Components enabled for ``suite`` (e.g. ``bookworm``) in apt sources.
 
     Reads one-line (``deb URI suite comp...``) and deb822 (``Suites:`` / ``Components:``)
-    stanzas, as printed by :class:`AptComponents` (stanzas separated by blank lines).
+    stanzas, the files' lines one after another with a blank line after each file.
     """
     components: set[str] = set()
     stanza: dict[str, str] = {}
@@ -109,25 +102,14 @@ def parse_apt_components(lines: list[str], suite: str) -> set[str]:
     return components
 
 
-class AptComponents(FactBase[set]):
-    """Components enabled for one suite (``host.get_fact(AptComponents, suite="bookworm")``) in
-    /etc/apt/sources.list and sources.list.d (one-line .list and deb822 .sources files)."""
-
-    _suite = ""
-
-    def command(self, suite: str) -> StringCommand:
-        # pyinfra calls command() and process() on the same instance: keep the suite for process.
-        self._suite = suite
-        return StringCommand("sh", "-c", QuoteString(
-            "for f in /etc/apt/sources.list /etc/apt/sources.list.d/*.list "
-            '/etc/apt/sources.list.d/*.sources; do [ -f "$f" ] && cat "$f" && echo; done; true'))
-
-    @staticmethod
-    def default() -> set:
-        return set()
-
-    def process(self, output: list[str]) -> set[str]:
-        return parse_apt_components(output, self._suite)
+def apt_source_lines(texts: list[str | None]) -> list[str]:
+    """The lines of apt's source files (``None``: absent), a blank line after each file, for
+    :func:`parse_apt_components`."""
+    lines: list[str] = []
+    for text in texts:
+        if text is not None:
+            lines += [*text.splitlines(), ""]
+    return lines
 
 
 def parse_pci_classes(lines: list[str]) -> int:
@@ -142,39 +124,7 @@ def parse_pci_classes(lines: list[str]) -> int:
     return count
 
 
-class NvSwitches(FactBase[int]):
-    """How many NVIDIA NVSwitch devices the PCI bus has (HGX/DGX A100, H100, H200 boards: CUDA
-    needs nvidia-fabricmanager there). Read from sysfs, so it works before any driver is installed."""
-
-    def command(self) -> StringCommand:
-        return StringCommand("sh", "-c", QuoteString('for d in /sys/bus/pci/devices/*; do [ -r "$d/class" ] && '
-                                                     'echo "$(cat "$d/vendor") $(cat "$d/class")"; done 2>/dev/null; true'))
-
-    @staticmethod
-    def default() -> int:
-        return 0
-
-    def process(self, output: list[str]) -> int:
-        return parse_pci_classes(output)
-
-
-def parse_secure_boot(lines: list[str]) -> bool:
-    """``od -An -tu1`` of the SecureBoot EFI variable: 4 attribute bytes then the value; 1 = on."""
-    values = " ".join(lines).split()
-    return bool(values) and values[-1] == "1"
-
-
-class SecureBoot(FactBase[bool]):
-    """Whether UEFI Secure Boot is on (False without EFI or without the variable)."""
-
-    def command(self) -> StringCommand:
-        from .defaults import SECURE_BOOT_EFIVAR
-
-        return StringCommand("od", "-An", "-tu1", QuoteString(SECURE_BOOT_EFIVAR), "2>/dev/null", "||", "true")
-
-    @staticmethod
-    def default() -> bool:
-        return False
-
-    def process(self, output: list[str]) -> bool:
-        return parse_secure_boot(output)
+def secure_boot_on(efivar: str | None) -> bool:
+    """The SecureBoot EFI variable's content (4 attribute bytes, then the value; None: no EFI or
+    no variable): on when the value is 1."""
+    return bool(efivar) and efivar[-1] == "\x01"
