@@ -162,7 +162,7 @@ def read_for_real(query: Query, path_env: str | None = None) -> Snapshot:
 
 def test_gpus_kind_runs_nvidia_smi_for_real(harness, tmp_path):
     """The `gpus` kind: nvidia-smi asked for the fields in CSV, its lines kept as printed (the
-    parser gets what the NvidiaGpus fact got); no nvidia-smi: `-`, no GPU."""
+    parser gets nvidia-smi's stdout as printed); no nvidia-smi: `-`, no GPU."""
     fake = tmp_path / "bin" / "nvidia-smi"
     fake.parent.mkdir()
     fake.write_text("#!/bin/sh\n"

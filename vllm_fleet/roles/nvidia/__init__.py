@@ -78,7 +78,7 @@ from .gpucheck import describe, gpu_mismatch
 from .parse import (NVIDIA_SMI_COMMAND, NVIDIA_SMI_QUERY, apt_source_lines, driver_branch, parse_apt_components,
                     parse_nvidia_smi, parse_os_release, parse_pci_classes, secure_boot_on)
 from vllm_fleet.host.programs import argv as cmd
-from vllm_fleet.roles.common.state import Query, Snapshot, StateUnknown, read_now, role_state
+from vllm_fleet.roles.common.state import Query, Snapshot, StateUnknown, read_now, role_state, unknown
 
 __all__ = ["nvidia", "state_query", "GpuMismatch", "UnsupportedHost", "RebootNeeded", "cuda_repo_dir", "kernel_flavour", "DEFAULTS"]
 
@@ -283,10 +283,8 @@ def _read_host(spec: dict) -> _Host:
     compute_only = bool(host.data.get("nvidia_compute_only"))
     snap = role_state(state_query(spec))
     if not snap.known:
-        raise StateUnknown(
-            f"host {host.name}: the read of this host's state did not complete, so its distribution, GPUs and NVIDIA "
-            "driver are not known (nothing was changed on this host: a driver installed on a guess would reboot it). "
-            "Check that the host is reachable and that its sudo works, then run the deploy again.")
+        raise unknown("what the host runs (its distribution, GPUs, NVIDIA driver)",
+                      changed="nothing was changed on this host: a driver installed on a guess would reboot it")
     distro = parse_os_release(snap.matching(d.OS_RELEASE_GLOB) or {})
     repo_dir = cuda_repo_dir(distro, host.name)
     gpus = parse_nvidia_smi(snap.nvidia_smi(NVIDIA_SMI_QUERY)[1] or [])
