@@ -55,6 +55,16 @@ def test_uploaded_wheels(harness, monkeypatch, tmp_path, how):
     what = "wheelhouse" if how == "wheelhouse" else "router's wheels"
     assert run.has_op(f"Upload the {what} to {dest}")
     assert _source(pip) == ["--no-index", "--find-links", dest]
+    # install-time only: removed once vllm-router answers --help, as the vllm role's wheelhouse
+    op = run.op(f"pip install vllm-router=={spec['proxy']['routing']['router']['version']}")
+    assert op.commands[-1] == f"rm -rf {dest}" and "vllm-router --help" in op.commands[-2], op.commands
+
+
+def test_uploaded_wheels_kept_when_asked_and_never_removed_over_http(harness, monkeypatch, tmp_path):
+    spec, run, _, _ = _run(harness, monkeypatch, tmp_path, data={"vllm_keep_wheelhouse": True}, wheelhouse=str(tmp_path))
+    assert not any(c.startswith("rm -rf") for c in run.commands), run.commands
+    spec, run, _, _ = _run(harness, monkeypatch, tmp_path, data={"vllm_wheel_serve_address": "10.10.0.1"}, wheels="fleet")
+    assert not any(c.startswith("rm -rf") for c in run.commands), run.commands
 
 
 def test_the_hosts_index(harness, monkeypatch, tmp_path):

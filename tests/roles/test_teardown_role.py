@@ -75,6 +75,19 @@ def test_removes_units_files_site_and_firewall_of_this_deployment(harness, repli
     assert [n for n, _ in run.asked].count("HostState") == 1 and "Command" not in [n for n, _ in run.asked], run.asked
 
 
+def test_install_time_wheels_go_the_environment_stays(harness, replicas):
+    """Wheels uploaded for an install (vLLM's wheelhouse and find-links, uv's cache, the router's
+    wheels) are removed by `down`; the environments stay (without --purge)."""
+    spec, rendered = replicas
+    prefix = spec["install"]["prefix"]
+    install_time = [f"{prefix}/wheelhouse", f"{prefix}/find-links", f"{prefix}/uv-cache", f"{prefix}/router-wheels"]
+    run = harness.run(remove_deployment, spec=spec, rendered=rendered["lab1"],
+                      facts=_facts(_texts(rendered["lab1"]), dirs=[*install_time, f"{prefix}/env", f"{prefix}/router"]))
+    for d in install_time:
+        assert f"rm -rf {d}" in run.commands, (d, run.commands)
+    assert not any(c.startswith("rm -rf") and c.split()[-1] in (f"{prefix}/env", f"{prefix}/router") for c in run.commands)
+
+
 def test_nginx_not_running_is_validated_not_reloaded(harness, replicas):
     spec, rendered = replicas
     run = harness.run(remove_deployment, spec=spec, rendered=rendered["lab1"], facts=_facts(_texts(rendered["lab1"]), nginx_active=False))

@@ -55,12 +55,19 @@ def state_query(spec: dict[str, Any], rendered: dict[str, Any]) -> Query:
             | target_query(spec))
 
 
-def _wheel_source(spec: dict[str, Any]) -> list[str]:
+def wheels_dir(spec: dict[str, Any]) -> str:
+    """Where the router's wheels are uploaded on the host (install-time only: removed after a
+    verified install, and by `down`)."""
+    return f"{env_dir(spec)}-wheels"
+
+
+def _wheel_source(spec: dict[str, Any]) -> tuple[list[str], str | None]:
     """pip's source arguments for this host (roles.common.wheels' order; the fleet wheel server's
-    address a trusted host)."""
-    dest = f"{env_dir(spec)}-wheels"
+    address a trusted host), and the directory the wheels were uploaded to (None: not uploaded)."""
+    dest = wheels_dir(spec)
     wheelhouse, address = wheel_source(spec, dest, f"Upload the router's wheels to {dest}", lambda: _fleet_directory(spec))
-    return source_args(spec, wheelhouse=wheelhouse) + (["--trusted-host", address] if address else [])
+    uploaded = dest if wheelhouse == dest else None
+    return source_args(spec, wheelhouse=wheelhouse) + (["--trusted-host", address] if address else []), uploaded
 
 
 def _fleet_directory(spec: dict[str, Any]) -> Path:
@@ -77,15 +84,19 @@ def _fleet_directory(spec: dict[str, Any]) -> Path:
         raise PyDeployError(str(exc)) from None
 
 
-def _pip_install(spec: dict[str, Any], env: str, source: list[str]) -> list[StringCommand]:
+def _pip_install(spec: dict[str, Any], env: str, source: list[str], uploaded: str | None) -> list[StringCommand]:
     """The router's venv (made when missing), the pinned vllm-router installed into it from
-    ``source``, and its console script run once (``--help``)."""
+    ``source``, its console script run once (``--help``), then the ``uploaded`` wheels removed
+    (install-time only, as the vllm role's, unless host data ``vllm_keep_wheelhouse``)."""
     py = f"{env}/bin/python"
     pip = cmd(py, "-m", "pip", "install", "--no-input", "--disable-pip-version-check", "--progress-bar", "off",
               "--no-cache-dir", "--timeout", str(int(host.data.get("router_pip_timeout"))), *source, requirement(spec))
-    return [chain(cmd("test", "-x", py), cmd("python3", "-m", "venv", env), op="||"),
-            pip,
-            StringCommand(cmd(f"{env}/bin/vllm-router", "--help"), ">/dev/null")]
+    commands = [chain(cmd("test", "-x", py), cmd("python3", "-m", "venv", env), op="||"),
+                pip,
+                StringCommand(cmd(f"{env}/bin/vllm-router", "--help"), ">/dev/null")]
+    if uploaded and not host.data.get("vllm_keep_wheelhouse"):
+        commands.append(cmd("rm", "-rf", uploaded))
+    return commands
 
 
 def _wait_command(unit: str, port: int, timeout: float) -> StringCommand:
@@ -126,8 +137,8 @@ def install_router(spec: dict[str, Any], rendered: dict[str, Any]):
     probed = host_state().env(py)
     have = (probed or {}).get("dist", {}).get(PACKAGE) if probed is not None else None
     if have != version:
-        source = _wheel_source(spec)
-        changed.append(server.shell(name=f"pip install {requirement(spec)} into {env}", commands=_pip_install(spec, env, source)))
+        source, uploaded = _wheel_source(spec)
+        changed.append(server.shell(name=f"pip install {requirement(spec)} into {env}", commands=_pip_install(spec, env, source, uploaded)))
     else:
         host.noop(f"{requirement(spec)} already installed in {env}")
     put = put_rendered(rendered, [p["router_unit"]])
@@ -158,4 +169,4 @@ def remove_router(spec: dict[str, Any], rendered: dict[str, Any]) -> None:
                                    cmd("rm", "-f", p["router_unit"]), cmd("systemctl", "daemon-reload"))])
 
 
-__all__ = ["install_router", "remove_router", "state_query", "requirement"]
+__all__ = ["install_router", "remove_router", "state_query", "requirement", "wheels_dir"]

@@ -28,6 +28,7 @@ from vllm_fleet.roles.common import clash, op_per
 from vllm_fleet.roles.common.state import Query, Snapshot, role_state, unknown
 from vllm_fleet.roles.monitoring import SERVICE_OF
 from vllm_fleet.roles.ray import defaults as ray_defaults
+from vllm_fleet.roles.router import wheels_dir as router_wheels_dir
 from vllm_fleet.roles.service import defaults as service_defaults
 from vllm_fleet.roles.vllm import defaults as vd
 
@@ -282,9 +283,10 @@ def _remove_directories(spec: dict[str, Any], owned: list[str], removed: dict[st
         # what only an install needs (uploaded wheels, uv's cache): never kept after down; the
         # environment itself stays (vllm_fleet_purge removes it)
         prefix = spec["install"]["prefix"].rstrip("/")
-        for sub in (vd.WHEELHOUSE_SUBDIR, vd.FIND_LINKS_SUBDIR, vd.UV_CACHE_SUBDIR):
-            with op_per(f"{prefix}/{sub}"):
-                files.directory(name=f"Remove {prefix}/{sub} (install-time only)", path=f"{prefix}/{sub}", present=False)
+        for d in (*(f"{prefix}/{sub}" for sub in (vd.WHEELHOUSE_SUBDIR, vd.FIND_LINKS_SUBDIR, vd.UV_CACHE_SUBDIR)),
+                  router_wheels_dir(spec)):
+            with op_per(d):
+                files.directory(name=f"Remove {d} (install-time only)", path=d, present=False)
     if not purge and in_cfg:  # it held only this deployment's rendered files
         server.shell(name=f"Remove {cfg} if empty", commands=[cmd("rmdir", "--ignore-fail-on-non-empty", cfg)],
                      _if=any_changed(*in_cfg))
