@@ -151,23 +151,24 @@ def test_stream_arrives_incrementally_through_nginx(server):
 
 
 def _read_stream(proc: subprocess.Popen, got: dict) -> None:
-    """Count a stream's SSE events and note when its last one arrived (a thread per stream)."""
+    """Count a stream's SSE events and note when its first and last ones arrived (a thread per stream)."""
     for line in proc.stdout:
         if line.startswith("data:"):
             got["events"] = got.get("events", 0) + 1
             got["last"], got["last_at"] = line.strip(), time.time()
+            got.setdefault("first_at", got["last_at"])
+    got["ended"] = True
     proc.wait()
 
 
-# Runs on the host: poll vLLM's own gauge there every 50 ms and restart the unit as soon as every
-# stream's request is running (30 s at most; a request that reaches vLLM after SIGTERM is refused,
-# as it should be, so the restart waits for all of them). From the control machine each poll was an ssh round trip,
-# slower under CI's load than the tiny model's whole 480-token generation (~2 s): CI saw the
-# streams end ~30 s before SIGTERM in 3 attempts of 3.
-_WATCH_AND_RESTART = (
-    "echo watching; for i in $(seq 600); do "
-    "n=$(curl -s --max-time 1 http://127.0.0.1:8000/metrics | awk '/^vllm:num_requests_running/ {s+=$NF} END {printf \"%d\", s}'); "
-    "[ \"${n:-0}\" -ge STREAMS ] && break; sleep 0.05; done; echo \"running=${n:-0}\"; systemctl restart UNIT")
+# Runs on the host, started (ssh connected) before the streams: restarts the unit the moment the
+# test writes a line, so SIGTERM follows the streams' first tokens by one write on an open ssh
+# session. The trigger is the clients' own first tokens, not vLLM's gauge: while the tiny model
+# streams (4 x 480 tokens in about 1.5 s on the lab) vLLM's /metrics does not answer at all (a poll
+# sent mid-generation returned only after the streams ended), so CI's watcher never saw a request
+# running and restarted after the streams, in 3 attempts of 3. A request that reaches vLLM after
+# SIGTERM is refused, as it should be, so the restart waits for every stream's first token.
+_RESTART_ON_LINE = "echo watching; read go; systemctl restart UNIT"
 
 
 def _drain_attempt(server, unit: str, streams: int = 4) -> tuple[list[dict], list[float], str]:
@@ -175,33 +176,35 @@ def _drain_attempt(server, unit: str, streams: int = 4) -> tuple[list[dict], lis
                        "stream": True, "ignore_eos": True})
     since = time.time() - 1
     got: list[dict] = [{} for _ in range(streams)]
-    # Restart once vLLM itself has all the requests running (its own gauge, read on the host), not
-    # on the client's events: the CPU build may send a whole generation in one burst.
-    watcher = subprocess.Popen([*server.ssh_argv("root"), _WATCH_AND_RESTART.replace("UNIT", unit).replace("STREAMS", str(streams))],
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    watcher = subprocess.Popen([*server.ssh_argv("root"), _RESTART_ON_LINE.replace("UNIT", unit)],
+                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     assert watcher.stdout.readline().strip() == "watching", "the restart watcher did not start on the host"
-    procs, readers = [], []
+    readers = []
     for g in got:
         proc = subprocess.Popen(["curl", "-sN", "--max-time", "300", "-H", f"Authorization: Bearer {api_key()}",
                                  "-H", "Content-Type: application/json", "-d", body, f"http://{server.address}/v1/chat/completions"],
                                 stdout=subprocess.PIPE, text=True, bufsize=1)
-        procs.append(proc)
         readers.append(threading.Thread(target=_read_stream, args=(proc, g), daemon=True))
         readers[-1].start()
-    out, _ = watcher.communicate(timeout=300)
+    deadline = time.time() + 120
+    while not all("first_at" in g or g.get("ended") for g in got) and time.time() < deadline:
+        time.sleep(0.005)
+    out, _ = watcher.communicate("go\n", timeout=300)
     assert watcher.returncode == 0, out
     for r in readers:
         r.join(timeout=300)
     journal = server.ssh(f"journalctl -u {unit} -o short-unix --no-pager --since @{since:.0f}", user="root").stdout
-    trig = [float(ln.split()[0]) for ln in journal.splitlines() if "shutdown triggered" in ln]
-    assert trig, journal[-3000:]
-    return got, trig, journal
+    # when systemd began the stop (its own line, logged as it sends SIGTERM): vLLM's "shutdown
+    # triggered" is logged by its event loop, which may get to it only once the streams are out
+    stops = [float(ln.split()[0]) for ln in journal.splitlines() if "systemd[1]: Stopping" in ln]
+    assert stops and "shutdown triggered" in journal, journal[-3000:]
+    return got, stops, journal
 
 
 def test_restart_drains_an_in_flight_stream(server):
     """`systemctl restart` while streams are being generated: vLLM drains them (--shutdown-timeout
     from server.shutdown_timeout, TimeoutStopSec= above it) instead of aborting them, so every
-    client gets every token and [DONE]; the journal shows SIGTERM arrived while a stream still ran
+    client gets every token and [DONE]; systemd's journal line shows SIGTERM was sent while a stream still ran
     (an attempt where every stream had ended before it proves nothing and is repeated, up to 3)."""
     unit = "vllm-lab-tiny-0.service"
     unit_text = server.ssh(f"systemctl cat {unit}", user="root").stdout
@@ -216,6 +219,9 @@ def test_restart_drains_an_in_flight_stream(server):
             assert "mode=drain" in journal, journal[-3000:]
             assert main_pid(server, unit) != before
             tried.append((round(trig[0], 2), [round(g["last_at"], 2) for g in got]))
+            ends = ", ".join(f"{g['last_at'] - trig[0]:+.2f}" for g in got)
+            print(f"drain attempt: systemd stopped the unit {trig[0] - min(g['first_at'] for g in got):.2f} s after the "
+                  f"first token; the streams ended {ends} s from then")
             if any(g["last_at"] > trig[0] for g in got):
                 break
             wait_healthy(server)
