@@ -276,7 +276,7 @@ def test_diff_with_an_unreachable_host_is_exit_2(tmp_path, monkeypatch):
 # -- down ------------------------------------------------------------------------------------------
 
 
-def test_down_runs_the_packaged_teardown(tmp_path):
+def test_down_runs_the_packaged_down_deploy(tmp_path):
     run = Recorder()
     rc = downmod.cmd_down(_args(_inventory(tmp_path, ONE_HOST), spec=str(_spec(tmp_path)), purge=True), runner=run)
     assert rc == 0

@@ -3,7 +3,8 @@
 Checks the inputs as `vllm-fleet deploy` does (nothing contacted when they fail), then runs the
 packaged deploy ``vllm_fleet.deploys.down.down`` with pyinfra: on each host the deployment's
 units are stopped, disabled and removed, its env files, nginx site (then ``nginx -t`` and reload),
-API firewall table and exporters' configuration removed (vllm_fleet/roles/teardown/README.md).
+API firewall table and exporters' configuration removed: each role with ``present=False``
+(docs/down.md).
 Environments and weights stay unless ``--purge``. Other deployments on the hosts are left alone;
 a second run changes nothing. Exit codes as `deploy`: 0 done, 1 input problem (nothing
 contacted), 2 usage, 3 pyinfra failed on a host.

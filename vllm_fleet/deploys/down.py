@@ -3,12 +3,38 @@
     pyinfra -y INVENTORY vllm_fleet.deploys.down.down --data vllm_fleet_spec=SPEC [--data vllm_fleet_purge=true]
 
 The spec comes from where the serve deploy takes it (vllm_fleet/spec/source.py) and is validated
-the same way; each host gets vllm_fleet.roles.teardown with its rendered files (what to remove
-comes from them, and what of it is on the host from one state read). Hosts with nothing of the
+the same way. `down` is the roles serve runs, with ``present=False``, in the reverse of serve's
+order: monitoring, nginx (site gone, `nginx -t`, reload), the router, the vLLM units and their
+files (and the API firewall), the Ray node, then what only an install needs (or, purged, the
+environment, weights, caches and config directory). Each role removes only the files the host's
+copy shows as the deployment's (vllm_fleet.roles.common.remove). Hosts with nothing of the
 deployment are left alone.
 """
 
-from vllm_fleet.roles.common import load_deploy_spec, preflight, rendered_for_host
+from __future__ import annotations
+
+from typing import Any
+
+from pyinfra import host
+from pyinfra.api import deploy
+from pyinfra.operations import server
+from pyinfra.operations.util import any_changed
+
+from vllm_fleet.host.programs import argv as cmd
+from vllm_fleet.render import files as render
+from vllm_fleet.roles.common import load_deploy_spec, preflight, remove, rendered_for_host
+from vllm_fleet.roles.common.state import role_state, unknown
+from vllm_fleet.roles.monitoring import install_monitoring
+from vllm_fleet.roles.nginx import install_nginx
+from vllm_fleet.roles.ray import install_ray
+from vllm_fleet.roles.router import install_router
+from vllm_fleet.roles.service import install_server_stack, install_service, purging
+from vllm_fleet.roles.service.defaults import DEFAULTS
+
+#: The roles that place a deployment's files (vllm_fleet.render.files.part_of), in the order they
+#: are removed: the reverse of serve's, so nginx stops pointing at vLLM before vLLM stops.
+REMOVAL_ORDER = (("monitoring", install_monitoring), ("nginx", install_nginx), ("router", install_router),
+                 ("service", install_service), ("ray", install_ray))
 
 
 def down() -> None:
@@ -18,6 +44,55 @@ def down() -> None:
     if not rendered:
         return
     preflight()
-    from vllm_fleet.roles.teardown import remove_deployment
-
     remove_deployment(spec=ctx["spec"], rendered=rendered)
+
+
+@deploy("Remove the deployment", data_defaults=DEFAULTS)
+def remove_deployment(spec: dict[str, Any], rendered: dict[str, Any], purge: bool | None = None,
+                      paths: list[str] | None = None):
+    """
+    Remove this deployment from the host: each role that placed a part of it, with ``present=False``.
+
+    + spec: the resolved deployment spec
+    + rendered: this host's rendered files ({path: RenderedFile}); a file is removed only when
+      the host's copy names this deployment (another deployment's file is left alone)
+    + purge: also remove the environment, weights, caches and config directory (default: host
+      data ``vllm_fleet_purge``)
+    + paths: remove only these (serve's pruning: what the layout no longer gives the host), each
+      by the role that places it and still only when it names this deployment; the install-time
+      directories are left to the vllm role and nothing is purged
+
+    What is on the host comes from one state read (vllm_fleet.roles.common.remove.removal_query of
+    every path; on serve the deploy's read already holds it); the roles then take their share of
+    that snapshot and add no command. A read that did not complete raises ``StateUnknown`` and
+    removes nothing. Idempotent: a second run finds nothing of the deployment and changes nothing.
+
+    **Example:**
+
+    .. code:: python
+
+        ctx = load_deploy_spec()
+        remove_deployment(spec=ctx["spec"], rendered=rendered_for_host(ctx))
+    """
+    pruning = paths is not None
+    purge = purging(purge) and not pruning
+    paths = remove.candidates(spec, rendered) if paths is None else paths
+    site = render.paths(spec)["nginx_site"]
+    snap = role_state(remove.removal_query(spec, paths, units=("nginx.service",) if site in paths else ()))
+    if not snap.known:
+        raise unknown(f"which files of deployment {spec['name']} are there", changed="nothing was removed from this host",
+                      run="the command")
+    parts = remove.by_part(spec, paths)
+    removed: dict[str, Any] = {}
+    for part, role in REMOVAL_ORDER:
+        if part in parts:
+            removed |= role(spec=spec, rendered=rendered, present=False, paths=parts[part])
+    if not pruning:
+        install_server_stack(spec=spec, present=False, purge=purge)
+    cfg = spec["install"]["config_dir"].rstrip("/")
+    in_cfg = [op for x, op in removed.items() if x.startswith(cfg + "/")]
+    if not purge and in_cfg:  # it held only this deployment's files
+        server.shell(name=f"Remove {cfg} if empty", commands=[cmd("rmdir", "--ignore-fail-on-non-empty", cfg)],
+                     _if=any_changed(*in_cfg))
+    if not removed and not purge and not pruning:
+        host.noop(f"nothing of deployment {spec['name']} on this host")

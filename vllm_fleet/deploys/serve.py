@@ -21,8 +21,9 @@ vLLM instances (one unit per replica; an older release's vllm.service of the dep
 removed); then (proxy.routing cache_aware) vLLM's router, nginx and the smoke tests for every
 deployment the host proxies (through nginx, the path users take); monitoring last.
 Last, what the layout no longer gives a host (monitoring turned off, the proxy moved, a
-deployment dropped from the host's data) is removed by the teardown role (only files that name
-the deployment; its environment and weights stay, as after `down`). A host with no part gets
+deployment dropped from the host's data) is removed by the roles that placed it, with
+``present=False`` (vllm_fleet.deploys.down.remove_deployment on just those paths: only files that
+name the deployment; its environment and weights stay, as after `down`). A host with no part gets
 the one state read for that and is otherwise left alone.
 """
 
@@ -31,16 +32,16 @@ from pyinfra import host
 from vllm_fleet.render import monitoring as _monitoring
 from vllm_fleet.render.files import paths as render_paths
 from vllm_fleet.render.layout import SERVICE_PARTS, HostLayout
-from vllm_fleet.roles import monitoring, nginx, ray, router, service, teardown
-from vllm_fleet.roles.common import clash, host_layout, load_deploy_spec, preflight, write_generated_secrets
+from vllm_fleet.deploys.down import remove_deployment
+from vllm_fleet.roles import monitoring, nginx, ray, router, service
+from vllm_fleet.roles.common import clash, host_layout, load_deploy_spec, preflight, remove, write_generated_secrets
 from vllm_fleet.roles.common.state import Query, Snapshot, load_host_state
 from vllm_fleet.roles.monitoring import install_monitoring
 from vllm_fleet.roles.nginx import install_nginx
 from vllm_fleet.roles.ray import install_ray
-from vllm_fleet.roles.router import install_router, remove_router
+from vllm_fleet.roles.router import install_router
 from vllm_fleet.roles.service import api_firewall, install_server_stack, install_service
 from vllm_fleet.roles.smoke import run_smoke
-from vllm_fleet.roles.teardown import leftovers, remove_deployment
 
 
 def state_query(ctx: dict, h: HostLayout | None) -> Query:
@@ -49,7 +50,7 @@ def state_query(ctx: dict, h: HostLayout | None) -> Query:
     rendered = dict(h.files) if h else {}
     q = Query()
     for name, spec in ctx["specs"].items():  # what earlier deploys left that the layout no longer gives
-        q = q | teardown.leftover_query(spec, h.parts.get(name) if h else None, rendered)
+        q = q | remove.leftover_query(spec, h.parts.get(name) if h else None, rendered)
     if not h:  # no clash check (nothing is put here), so not the other deployments' sites
         return q
     q = q | clash.query() | (service.api_firewall_query(rendered) if any(n.instances for n in h.parts.values()) else Query())
@@ -61,7 +62,8 @@ def state_query(ctx: dict, h: HostLayout | None) -> Query:
                 q = q | service.state_query(spec, node, rendered)
             q = q | ray.state_query(spec, node, rendered)  # Query() unless a Ray head or worker
         if "proxy" in node.roles:
-            q = q | nginx.state_query(spec, rendered) | Query(stat=(render_paths(spec)["router_unit"],))
+            # the router's unit: removed by the router role (present=False) when the policy is no longer cache_aware
+            q = q | nginx.state_query(spec, rendered) | remove.removal_query(spec, [render_paths(spec)["router_unit"]])
         if "router" in node.roles:
             q = q | router.state_query(spec, rendered)
         if _monitors(spec, rendered):
@@ -116,12 +118,13 @@ def serve() -> None:
 def prune_leftovers(ctx: dict, h: HostLayout | None, snap: Snapshot) -> bool:
     """Remove what an earlier deploy of these deployments put on this host and the layout no
     longer gives it (monitoring turned off, the proxy moved, the deployment dropped from the
-    host's data): the teardown role on just those paths (vllm_fleet.roles.teardown.leftovers).
+    host's data): the roles that placed them, with ``present=False``, on just those paths
+    (vllm_fleet.roles.common.remove.leftovers; vllm_fleet.deploys.down.remove_deployment).
     True when there was something to remove. A converged host: nothing, and no operation."""
     rendered = dict(h.files) if h else {}
     found = False
     for name, spec in ctx["specs"].items():
-        paths = leftovers(spec, h.parts.get(name) if h else None, rendered, snap)
+        paths = remove.leftovers(spec, h.parts.get(name) if h else None, rendered, snap)
         if paths:
             remove_deployment(spec=spec, rendered=rendered, paths=paths)
             found = True
@@ -158,4 +161,4 @@ def install_proxies(ctx: dict, h: HostLayout, rendered: dict) -> None:
             install_router(spec=spec, rendered=rendered)
         install_nginx(spec=spec, rendered=rendered, api_key=sec["api_key"], tls_key=sec["tls_key"], tls_certificate=sec["tls_certificate"])
         if "router" not in node.roles:
-            remove_router(spec=spec, rendered=rendered)
+            install_router(spec=spec, rendered=rendered, present=False)

@@ -142,6 +142,28 @@ def paths(resolved: dict[str, Any]) -> dict[str, str]:
     }
 
 
+#: The role that places each of :func:`paths`' files on a host, by name: its ``present=False``
+#: removes them (`down`, and serve's pruning of what the layout no longer gives a host). Every
+#: file of vllm_fleet.render.monitoring.paths is the monitoring role's; any other file (the
+#: replicas' units and env files) the service role's.
+PLACED_BY = {
+    "vllm_env": "service", "node_env": "service", "secrets_env": "service", "wait_health": "service",
+    "api_firewall_rules": "service", "api_firewall_unit": "service",
+    "ray_head_unit": "ray", "ray_worker_unit": "ray", "wait_ray": "ray", "ray_firewall_rules": "ray", "ray_firewall_unit": "ray",
+    "nginx_site": "nginx", "nginx_auth": "nginx", "tls_certificate": "nginx", "tls_certificate_key": "nginx",
+    "router_unit": "router",
+}
+
+
+def part_of(resolved: dict[str, Any], path: str) -> str:
+    """The role that places ``path`` on a host for this deployment (:data:`PLACED_BY`):
+    ``service``, ``ray``, ``nginx``, ``router`` or ``monitoring``."""
+    named = {p: PLACED_BY[k] for k, p in paths(resolved).items() if k in PLACED_BY}
+    if path in named:
+        return named[path]
+    return "monitoring" if path in monitoring.paths(resolved).values() else "service"
+
+
 def _auth_var(resolved: dict[str, Any]) -> str:
     """``vfa_NAME`` (1 when the request's key is right): at most 44 characters for a 40-character
     name. nginx's stock variables_hash_bucket_size (64) holds a variable name of at most 46; a

@@ -25,7 +25,7 @@ from pyinfra.operations.util import any_changed
 from vllm_fleet.host.programs import argv as cmd
 from vllm_fleet.render import monitoring
 from vllm_fleet.roles.common import DeployError, directory, packages as common_packages, put_rendered, rendered_query
-from vllm_fleet.roles.common import role_data, service_running
+from vllm_fleet.roles.common import remove, role_data, service_running
 from vllm_fleet.roles.common.state import Query, Snapshot, role_state, unknown
 
 from .defaults import DEFAULTS
@@ -36,7 +36,7 @@ BLACKBOX = "prometheus-blackbox-exporter"
 DCGM_EXPORTER = "dcgm-exporter"
 GRAFANA = "grafana-server"
 #: The packaged service each monitoring file configures (vllm_fleet.render.monitoring.paths keys): what
-#: the teardown role stops when it removes a deployment's file (units like DCGM's are rendered).
+#: the role's ``present=False`` stops when it removes a deployment's file (units like DCGM's are rendered).
 SERVICE_OF = {"node_exporter_defaults": NODE_EXPORTER, "prometheus_defaults": PROMETHEUS, "prometheus_config": PROMETHEUS,
               "blackbox_defaults": BLACKBOX, "blackbox_config": BLACKBOX}
 
@@ -91,14 +91,19 @@ def _apt(name: str, packages: list[str]):
 
 
 @deploy("monitoring", data_defaults=DEFAULTS)
-def install_monitoring(spec: dict[str, Any], rendered: dict[str, Any]):
+def install_monitoring(spec: dict[str, Any], rendered: dict[str, Any], present: bool = True, paths: list[str] | None = None):
     """
-    Install and configure what this host's rendered monitoring files call for.
+    Install and configure what this host's rendered monitoring files call for, or
+    (``present=False``) remove them.
 
     + spec: the resolved deployment spec (``monitoring.enabled`` true)
     + rendered: this host's rendered files ({path: RenderedFile}); the monitoring ones are used:
       node exporter defaults (every host), the DCGM exporter unit (GPU hosts), Prometheus'
       defaults, config and rules, the blackbox exporter's, Grafana's provisioning (monitoring hosts)
+    + present: False stops and disables the exporters and Prometheus whose configuration is this
+      deployment's (and its rendered units, DCGM's), then removes those files; the packages stay
+    + paths: with ``present=False``, remove only these (serve's pruning: monitoring turned off);
+      default: every monitoring file of the deployment
 
     What is on the host comes from the state read (:func:`state_query`, through ``role_state``:
     the deploy's, or one read when the role runs on its own).
@@ -108,7 +113,10 @@ def install_monitoring(spec: dict[str, Any], rendered: dict[str, Any]):
     .. code:: python
 
         install_monitoring(spec=ctx["spec"], rendered=rendered_for_host(ctx))
+        install_monitoring(spec=ctx["spec"], rendered=rendered_for_host(ctx), present=False)
     """
+    if not present:
+        return _absent(spec, rendered, paths)
     p = monitoring.paths(spec)
     snap = role_state(state_query(spec, rendered))  # the deploy's read: no command
     if p["node_exporter_defaults"] in rendered:
@@ -123,6 +131,19 @@ def install_monitoring(spec: dict[str, Any], rendered: dict[str, Any]):
         _dcgm(p, rendered, snap)
     if p["prometheus_config"] in rendered:
         _prometheus(spec, p, rendered, snap)
+
+
+def _absent(spec: dict[str, Any], rendered: dict[str, Any], paths: list[str] | None) -> dict[str, Any]:
+    """present=False: 1. the deployment's monitoring units stopped and disabled, and the packaged
+    services whose configuration file is this deployment's (:data:`SERVICE_OF`), once each; 2. the
+    files removed. {path: its remove operation}."""
+    paths = remove.placed(spec, rendered, "monitoring") if paths is None else paths
+    owned, _ = remove.owned(spec, paths, "monitoring files")
+    remove.stop_units(remove.units_of(owned))
+    mon = monitoring.paths(spec)
+    services = dict.fromkeys(svc for key, svc in SERVICE_OF.items() if mon.get(key) in owned)
+    remove.stop_units(list(services), why=f" (its configuration was {spec['name']}'s)")
+    return remove.remove_files(owned, "monitoring")
 
 
 def _dcgm(p: dict[str, str], rendered: dict[str, Any], snap: Snapshot) -> None:

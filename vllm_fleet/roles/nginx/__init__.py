@@ -13,7 +13,7 @@ from pyinfra.operations.util import any_changed
 
 from vllm_fleet.host import programs
 from vllm_fleet.host.programs import argv as cmd
-from vllm_fleet.roles.common import (DeployError, atomic_put, packages, put_rendered, put_secret, rendered_query,
+from vllm_fleet.roles.common import (DeployError, atomic_put, packages, put_rendered, put_secret, remove, rendered_query,
                                      service_running)
 from vllm_fleet.roles.common.state import Query, host_state, pending, role_state
 
@@ -23,10 +23,10 @@ DEFAULT_SITE = "/etc/nginx/sites-enabled/default"
 
 
 @deploy("nginx proxy", data_defaults=DEFAULTS)
-def install_nginx(spec: dict[str, Any], rendered: dict[str, Any], api_key: str | None, tls_key: str | None = None,
-                  tls_certificate: str | None = None):
+def install_nginx(spec: dict[str, Any], rendered: dict[str, Any], api_key: str | None = None, tls_key: str | None = None,
+                  tls_certificate: str | None = None, present: bool = True, paths: list[str] | None = None):
     """
-    Install nginx and the vllm-fleet site for this deployment.
+    Install nginx and the vllm-fleet site for this deployment, or (``present=False``) remove it.
 
     + spec: the resolved deployment spec
     + rendered: this host's rendered files ({path: RenderedFile}); the /etc/nginx ones are used
@@ -34,6 +34,11 @@ def install_nginx(spec: dict[str, Any], rendered: dict[str, Any], api_key: str |
     + tls_key: the TLS private key's value when proxy.tls.certificate_key is set (0600 root, never shown)
     + tls_certificate: the certificate's text when proxy.tls.certificate is set (both are read on the
       control machine by ``load_deploy_spec``: ``ctx["secrets"]["tls_key"]``, ``["tls_certificate"]``)
+    + present: False removes this deployment's site, auth include and TLS files (those the host's
+      copy shows as the deployment's: vllm_fleet.roles.common.remove.mine), then ``nginx -t`` and a
+      reload when nginx runs; the package and other sites stay. The secrets are not needed then.
+    + paths: with ``present=False``, remove only these (serve's pruning: what the layout no longer
+      gives the host); default: every nginx file the deployment may have here
 
     **Example:**
 
@@ -41,7 +46,10 @@ def install_nginx(spec: dict[str, Any], rendered: dict[str, Any], api_key: str |
 
         install_nginx(spec=ctx["spec"], rendered=rendered_for_host(ctx), api_key=ctx["secrets"]["api_key"],
                       tls_key=ctx["secrets"]["tls_key"], tls_certificate=ctx["secrets"]["tls_certificate"])
+        install_nginx(spec=ctx["spec"], rendered=rendered_for_host(ctx), present=False)  # the site gone
     """
+    if not present:
+        return _absent(spec, rendered, paths)
     from vllm_fleet.render import files as render
     from vllm_fleet.render.secrets import host_secret_files
 
@@ -73,6 +81,23 @@ def install_nginx(spec: dict[str, Any], rendered: dict[str, Any], api_key: str |
     service_running(name="nginx running and enabled", service="nginx", running=True, enabled=True)
     if pending(*changed):
         systemd.service(name="Reload nginx (config changed)", service="nginx", reloaded=True, _if=any_changed(*changed))
+
+
+def _absent(spec: dict[str, Any], rendered: dict[str, Any], paths: list[str] | None) -> dict[str, Any]:
+    """present=False: the deployment's nginx files removed; the site's removal validated with
+    ``nginx -t`` and reloaded (never restarted) when nginx runs (its unit as the state read saw
+    it). {path: its remove operation}."""
+    from vllm_fleet.render import files as render
+
+    paths = remove.placed(spec, rendered, "nginx") if paths is None else paths
+    owned, snap = remove.owned(spec, paths, "nginx files", units=("nginx.service",))
+    removed = remove.remove_files(owned, "nginx")
+    site = removed.get(render.paths(spec)["nginx_site"])
+    if site is not None:
+        server.shell(name="nginx -t (validate before reload)", commands=[cmd("nginx", "-t")], _if=site.did_change)
+        if (snap.unit("nginx.service") or {}).get("ActiveState") == "active":
+            systemd.service(name="Reload nginx (site removed)", service="nginx", reloaded=True, _if=site.did_change)
+    return removed
 
 
 def _tls_files(spec: dict[str, Any], secret_text: dict[str, str], *, tls_key: str | None, tls_certificate: str | None) -> list:

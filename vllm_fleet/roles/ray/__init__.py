@@ -60,7 +60,7 @@ from pyinfra.operations.util import any_changed
 
 from vllm_fleet.host import programs
 from vllm_fleet.host.programs import argv as cmd
-from vllm_fleet.roles.common import as_root, directory, put_rendered, rendered_query, service_running
+from vllm_fleet.roles.common import as_root, directory, put_rendered, remove, rendered_query, service_running
 from vllm_fleet.roles.common.state import Converged, Query, host_state, pending, role_state
 from vllm_fleet.roles.vllm.facts import parse_probe
 from vllm_fleet.render import command
@@ -164,9 +164,11 @@ def _ray_role(node: Node) -> str | None:
 
 
 @deploy("Ray node", data_defaults=DEFAULTS)
-def install_ray(spec: dict[str, Any], node: Node, layout: Layout, rendered: dict[str, Any], restart_on: list | None = None) -> RayResult:
+def install_ray(spec: dict[str, Any], node: Node | None = None, layout: Layout | None = None, rendered: dict[str, Any] | None = None,
+                restart_on: list | None = None, present: bool = True, paths: list[str] | None = None) -> RayResult | dict[str, Any]:
     """
-    Configure and (re)start this host's Ray node (head or worker) of a ``ray`` multi-node server.
+    Configure and (re)start this host's Ray node (head or worker) of a ``ray`` multi-node server,
+    or (``present=False``) stop and remove it.
 
     + spec: the resolved deployment spec
     + node: this deployment's part of the host's layout (``vllm_fleet.render.layout.Node``; its roles say head or worker)
@@ -174,6 +176,11 @@ def install_ray(spec: dict[str, Any], node: Node, layout: Layout, rendered: dict
     + rendered: this host's rendered files ({path: RenderedFile}: node.env with the interface, the
       Ray unit, the firewall)
     + restart_on: operations (the vLLM/Ray install) whose change must restart this Ray node
+    + present: False stops, disables and removes the deployment's Ray unit, the cluster wait
+      script and Ray's firewall (its nftables table deleted), when the host's copy names the
+      deployment; ``node`` and ``layout`` are not needed then. Returns {path: its remove operation}
+    + paths: with ``present=False``, remove only these (serve's pruning: fewer Ray nodes);
+      default: every Ray file of the deployment here
 
     **Example:**
 
@@ -182,7 +189,10 @@ def install_ray(spec: dict[str, Any], node: Node, layout: Layout, rendered: dict
         h = host_layout(ctx)
         ray = install_ray(spec=spec, node=h.parts[spec["name"]], layout=ctx["layout"], rendered=h.files,
                           restart_on=vllm_changed)
+        install_ray(spec=spec, rendered=h.files, present=False)
     """
+    if not present:
+        return remove.remove_units_and_files(spec, remove.placed(spec, rendered or {}, "ray") if paths is None else paths, "ray")
     role = _ray_role(node)
     if role is None:
         return RayResult(None)

@@ -16,15 +16,15 @@ from pathlib import Path
 from typing import Any
 
 from pyinfra import host
-from pyinfra.api import QuoteString, StringCommand, deploy
+from pyinfra.api import StringCommand, deploy
 from pyinfra.api.exceptions import DeployError as PyDeployError
 from pyinfra.operations import server, systemd
 
 from vllm_fleet.fetch import wheelhouse as wh
 from vllm_fleet.host import programs
 from vllm_fleet.host.programs import argv as cmd
-from vllm_fleet.host.programs import chain, if_then
-from vllm_fleet.roles.common import DeployError, packages, put_rendered, rendered_query
+from vllm_fleet.host.programs import chain
+from vllm_fleet.roles.common import DeployError, packages, put_rendered, remove, rendered_query
 from vllm_fleet.roles.common.wheels import host_target, source_args, target_query, wheel_source
 from vllm_fleet.roles.common.state import Query, host_state, pending
 
@@ -108,19 +108,26 @@ def _wait_command(unit: str, port: int, timeout: float) -> StringCommand:
 
 
 @deploy("vLLM router", data_defaults=DEFAULTS)
-def install_router(spec: dict[str, Any], rendered: dict[str, Any]):
+def install_router(spec: dict[str, Any], rendered: dict[str, Any], present: bool = True, paths: list[str] | None = None):
     """
-    Install and start vLLM's router for this deployment (proxy hosts with part ``router``).
+    Install and start vLLM's router for this deployment (proxy hosts with part ``router``), or
+    (``present=False``) stop and remove it.
 
     + spec: the resolved deployment spec
     + rendered: this host's rendered files (the router's unit is used)
+    + present: False stops, disables and removes the router's unit (the policy is no longer
+      cache_aware here, the proxy moved, `down`); its venv stays
+    + paths: with ``present=False``, remove only these; default: the router's unit
 
     **Example:**
 
     .. code:: python
 
         install_router(spec=spec, rendered=rendered)
+        install_router(spec=spec, rendered=rendered, present=False)  # routing no longer cache_aware
     """
+    if not present:
+        return _absent(spec, rendered, paths)
     from vllm_fleet.render import files as render
 
     p = render.paths(spec)
@@ -153,20 +160,10 @@ def install_router(spec: dict[str, Any], rendered: dict[str, Any]):
                      commands=[_wait_command(unit, spec["proxy"]["routing"]["router"]["port"], host.data.get("router_start_timeout"))])
 
 
-def remove_router(spec: dict[str, Any], rendered: dict[str, Any]) -> None:
-    """The policy is no longer cache_aware here: stop and remove the router's unit (its venv stays)."""
-    from vllm_fleet.render import files as render
-
-    p = render.paths(spec)
-    if p["router_unit"] in rendered:
-        return
-    unit = p["router_unit"].rsplit("/", 1)[1]
-    if host_state().absent(p["router_unit"]):
-        return
-    server.shell(name=f"Stop and remove {unit} (routing is no longer cache_aware)",
-                 commands=[if_then(StringCommand("[", "-e", QuoteString(p["router_unit"]), "]"),
-                                   chain(cmd("systemctl", "disable", "--now", unit), "true", op="||"),
-                                   cmd("rm", "-f", p["router_unit"]), cmd("systemctl", "daemon-reload"))])
+def _absent(spec: dict[str, Any], rendered: dict[str, Any], paths: list[str] | None) -> dict[str, Any]:
+    """present=False: the router's unit stopped, disabled and removed (when the host's copy is this
+    deployment's); its venv stays, as the vLLM environment does. {path: its remove operation}."""
+    return remove.remove_units_and_files(spec, remove.placed(spec, rendered, "router") if paths is None else paths, "router")
 
 
-__all__ = ["install_router", "remove_router", "state_query", "requirement", "wheels_dir"]
+__all__ = ["install_router", "state_query", "requirement", "wheels_dir"]

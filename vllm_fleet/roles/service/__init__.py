@@ -20,7 +20,7 @@ from pyinfra.operations.util import any_changed
 
 from vllm_fleet.host import programs
 from vllm_fleet.host.programs import argv as cmd
-from vllm_fleet.roles.common import as_root, directory, put_rendered, put_secret, rendered_query, service_running
+from vllm_fleet.roles.common import as_root, directory, op_per, put_rendered, put_secret, remove, rendered_query, service_running
 from vllm_fleet.roles.common.state import Converged, Query, Snapshot, pending, role_state, unknown
 from vllm_fleet.render import command
 from vllm_fleet.render import files as render
@@ -164,7 +164,8 @@ def api_firewall_query(rendered: dict[str, Any]) -> Query:
             | Query(stat=(str(Path(rules_path).parent),), units=(d.API_FIREWALL_UNIT,)))
 
 
-def install_server_stack(spec: dict[str, Any], hub_token: str | None) -> tuple[list, list]:
+def install_server_stack(spec: dict[str, Any], hub_token: str | None = None, present: bool = True,
+                         purge: bool | None = None) -> tuple[list, list] | dict[str, Any]:
     """
     Everything the vLLM units stand on, in order: the NVIDIA driver (GPU hosts), the service user
     and directories, the Python env, vLLM's system libraries, the pinned vLLM, the model weights.
@@ -173,9 +174,17 @@ def install_server_stack(spec: dict[str, Any], hub_token: str | None) -> tuple[l
 
     + spec: the resolved deployment spec
     + hub_token: the model hub token's value (None when the model is local or public)
+    + present: False removes what only an install needs (the vllm role's uploaded wheelhouse and
+      find-links, uv's cache, the router's uploaded wheels); the environment, the weights and
+      vLLM's caches stay for a later deploy, and the driver, the service user and the
+      distribution packages always stay
+    + purge: with ``present=False``, also the deployment's own directories: the environment
+      (install.prefix), install.state_dir, model.path and install.config_dir (default: host data
+      ``vllm_fleet_purge``; `vllm-fleet down --purge` sets it)
 
     Returns ``(vllm_changed, model_changed)``: the operations that change vLLM and the model, for
-    ``install_service(restart_on=...)`` (and roles.ray's, which restarts Ray on vLLM changes only).
+    ``install_service(restart_on=...)`` (and roles.ray's, which restarts Ray on vLLM changes only);
+    with ``present=False`` {directory: its remove operation}.
 
     **Example:**
 
@@ -183,7 +192,10 @@ def install_server_stack(spec: dict[str, Any], hub_token: str | None) -> tuple[l
 
         vllm_changed, model_changed = install_server_stack(spec=spec, hub_token=ctx["secrets"]["hub_token"])
         install_service(spec=spec, rendered=rendered, api_key=key, restart_on=[*vllm_changed, *model_changed])
+        install_server_stack(spec=spec, present=False, purge=True)  # `down --purge`
     """
+    if not present:
+        return _stack_absent(spec, purge)
     from vllm_fleet.roles.model import install_model
     from vllm_fleet.roles.nvidia import nvidia
     from vllm_fleet.roles.pyenv import pyenv, service_dirs
@@ -196,6 +208,26 @@ def install_server_stack(spec: dict[str, Any], hub_token: str | None) -> tuple[l
     vllm_changed = install_vllm(spec=spec)
     model_changed = install_model(spec=spec, hub_token=hub_token)
     return list(vllm_changed or []), list(model_changed or [])
+
+
+def purging(purge: bool | None = None) -> bool:
+    """``purge``, else host data ``vllm_fleet_purge`` (true, "true", "1", "yes")."""
+    value = host.data.get("vllm_fleet_purge") if purge is None else purge
+    return value in (True, "true", "True", "1", 1, "yes")
+
+
+def _stack_absent(spec: dict[str, Any], purge: bool | None) -> dict[str, Any]:
+    from vllm_fleet.roles.router import wheels_dir as router_wheels_dir
+    from vllm_fleet.roles.vllm import defaults as vd
+
+    ins = spec["install"]
+    if purging(purge):
+        return remove.directories(sorted({ins["prefix"], ins["state_dir"], spec["model"]["path"], ins["config_dir"]}), "purge")
+    # what only an install needs (uploaded wheels, uv's cache): never kept after down (the vllm
+    # and router roles remove them after a verified install already, unless vllm_keep_wheelhouse)
+    prefix = ins["prefix"].rstrip("/")
+    return remove.directories([*(f"{prefix}/{sub}" for sub in (vd.WHEELHOUSE_SUBDIR, vd.FIND_LINKS_SUBDIR, vd.UV_CACHE_SUBDIR)),
+                               router_wheels_dir(spec)], "install-time only")
 
 
 def server_stack_query(spec: dict[str, Any]) -> Query:
@@ -282,10 +314,12 @@ def _still_starting(snap: Snapshot, unit: str, stamp: str, health_timeout: int, 
 
 
 @deploy("vLLM service", data_defaults=DEFAULTS)
-def install_service(spec: dict[str, Any], node: Node, rendered: dict[str, Any], api_key: str | None,
-                    restart_on: list | None = None, only: list[int] | None = None, prove_replicas: bool = True):
+def install_service(spec: dict[str, Any], node: Node | None = None, rendered: dict[str, Any] | None = None,
+                    api_key: str | None = None, restart_on: list | None = None, only: list[int] | None = None,
+                    prove_replicas: bool = True, present: bool = True, paths: list[str] | None = None):
     """
-    Install and (re)start this host's vLLM instances of one deployment from the layout.
+    Install and (re)start this host's vLLM instances of one deployment from the layout, or
+    (``present=False``) stop and remove them.
 
     + spec: the resolved deployment spec
     + node: this deployment's part of the host's layout (``vllm_fleet.render.layout.Node``: its instances)
@@ -295,6 +329,12 @@ def install_service(spec: dict[str, Any], node: Node, rendered: dict[str, Any], 
     + only: instance indexes to (re)start (a rollout's batch); the others are left as they run
     + prove_replicas: one short chat per replica on its host (``smoke.enabled``; roles.smoke.replica_chat);
       False where the caller proves them itself (the rollout's smoke_replica)
+    + present: False stops and disables the deployment's units here (its replicas' and the API
+      firewall's, when the host's copy names it), removes them, its env files, helper scripts and
+      the replicas' ``.applied`` records, and deletes the firewall's nftables table; ``node`` and
+      ``api_key`` are not needed then
+    + paths: with ``present=False``, remove only these (serve's pruning: what the layout no
+      longer gives the host); default: every service file of the deployment here
 
     Units of this deployment that the layout no longer has (fewer replicas) and an older
     release's ``vllm.service`` of this deployment are stopped, disabled and removed first, so
@@ -306,7 +346,10 @@ def install_service(spec: dict[str, Any], node: Node, rendered: dict[str, Any], 
 
         install_service(spec=spec, node=host_layout(ctx).parts[spec["name"]], rendered=rendered_for_host(ctx),
                         api_key=ctx["secrets"]["api_key"], restart_on=[vllm_op, model_op])
+        install_service(spec=spec, rendered=rendered_for_host(ctx), present=False)
     """
+    if not present:
+        return _absent(spec, rendered or {}, paths)
     # what the deploy's one state read holds (deploys/serve.py, rollout.py); called on its own: read now
     snap = role_state(state_query(spec, node, rendered))
     if not snap.known:
@@ -329,6 +372,19 @@ def install_service(spec: dict[str, Any], node: Node, rendered: dict[str, Any], 
             continue
         restarts.append(_converge_instance(spec, rendered, inst, api_key, snap, files_, shared, prove_replicas))
     return restarts
+
+
+def _absent(spec: dict[str, Any], rendered: dict[str, Any], paths: list[str] | None) -> dict[str, Any]:
+    """present=False: the units stopped and disabled, the files removed (the firewall's table
+    deleted), then each removed replica's ``replica-N.applied`` record. {path: its operation}."""
+    paths = remove.placed(spec, rendered, "service") if paths is None else paths
+    removed = remove.remove_units_and_files(spec, paths, "service")
+    cfg = spec["install"]["config_dir"].rstrip("/") + "/replica-"
+    stamps = [x[: -len(".env")] + ".applied" for x in sorted(removed) if x.startswith(cfg) and x.endswith(".env")]
+    for stamp in stamps:  # the service role's record of what each instance runs, beside its replica-N.env
+        with op_per(stamp):
+            removed[stamp] = files.file(name=f"Remove {stamp}", path=stamp, present=False)
+    return removed
 
 
 def _service_directories(spec: dict[str, Any], node: Node, rendered: dict[str, Any]) -> None:

@@ -9,6 +9,10 @@ DEFAULTS = {
     "vllm_fleet_health_interval": 3,
     # Lines of the journal shown when the service does not become healthy in time.
     "vllm_fleet_journal_lines": 60,
+    # `down` (install_server_stack(present=False)): also remove the deployment's environment
+    # (install.prefix), weights and caches (install.state_dir, model.path) and its config
+    # directory. `vllm-fleet down --purge` sets it.
+    "vllm_fleet_purge": False,
 }
 # vllm_api_firewall / vllm_api_firewall_allow (host data): read by the layout, which renders the
 # firewall (vllm_fleet.render.layout.HOST_DATA_DEFAULTS has their defaults and meaning).

@@ -1,5 +1,6 @@
-"""roles/teardown (what `vllm-fleet down` runs): from the host's rendered files, the commands that
-remove one deployment; another deployment's files are left alone; a second run changes nothing.
+"""`down` (vllm_fleet.deploys.down.remove_deployment: the roles with present=False) from the host's
+rendered files, the commands that remove one deployment; another deployment's files are left
+alone; a second run changes nothing.
 What is on the host comes from the one state read (HostState, scripted as host_state.sh prints it)."""
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ from pyinfra.facts.systemd import SystemdEnabled, SystemdStatus
 
 from vllm_fleet.render import files as render
 from vllm_fleet.roles.common.state import HostState, StateUnknown
-from vllm_fleet.roles.teardown import mine, remove_deployment, state_query
+from vllm_fleet.deploys.down import remove_deployment
+from vllm_fleet.roles.common.remove import mine, removal_query
 from vllm_fleet.spec.load import load_and_check
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -143,7 +145,7 @@ def test_which_files_are_its_own_on_a_real_directory(tmp_path, replicas):
     paths = [str(ours), str(theirs), str(prefix_clash), str(tmp_path / "gone")]
 
     def owned(spec_):
-        q = state_query(spec_, {}, paths)
+        q = removal_query(spec_, paths)
         assert set(q.read) == set(paths) and not q.stat  # none in its own directories: their text decides
         out = subprocess.run(["sh", "-c", HostState().command(q).get_raw_value()], capture_output=True, text=True, timeout=60)
         snap = Snapshot.parse(out.stdout.splitlines())
@@ -192,7 +194,7 @@ def test_leftovers_are_what_the_layout_no_longer_gives_the_host(replicas):
     still its proxy keeps its site, TLS files and router unit out of the list; a converged host
     has none. Only files the read shows as the deployment's."""
     from vllm_fleet.roles.common import clash
-    from vllm_fleet.roles.teardown import leftover_query, leftovers
+    from vllm_fleet.roles.common.remove import leftover_query, leftovers
 
     resolved, rendered = replicas
     lab1, lab2_had = dict(rendered["lab1"]), sorted(rendered["lab2"])
@@ -229,10 +231,10 @@ def test_leftovers_are_what_the_layout_no_longer_gives_the_host(replicas):
 
 def test_pruning_on_serve_takes_what_it_removes_from_the_deploys_one_read(harness, replicas):
     """serve's pruning: the deploy's one read (leftover_query) already holds what remove_deployment
-    asks (state_query of the leftovers: their stat or text, the units' glob, nginx's unit), so
+    asks (removal_query of the leftovers: their stat or text, the units' glob, nginx's unit), so
     removing the leftovers of lab2, dropped from the deployment, adds no command."""
     from vllm_fleet.roles.common.state import load_host_state
-    from vllm_fleet.roles.teardown import leftover_query, leftovers
+    from vllm_fleet.roles.common.remove import leftover_query, leftovers
 
     spec, rendered = replicas
 
@@ -245,3 +247,38 @@ def test_pruning_on_serve_takes_what_it_removes_from_the_deploys_one_read(harnes
     assert "rm -f /etc/systemd/system/vllm-lab-tiny-replicas-0.service" in run.commands
     assert "rm -f /etc/vllm-fleet/lab-tiny-replicas/replica-0.env" in run.commands
     assert [n for n, _ in run.asked].count("HostState") == 1 and "Command" not in [n for n, _ in run.asked], run.asked
+
+
+def test_each_role_removes_its_own_part_and_down_goes_in_reverse_order(harness, replicas):
+    """`down` is the roles with present=False: the nginx site goes (and nginx reloads) before the
+    vLLM units stop, so the proxy stops sending to them first; the Ray role is not called on a
+    host without Ray files."""
+    spec, rendered = replicas
+    files = rendered["lab1"]
+    run = harness.run(remove_deployment, spec=spec, rendered=files, facts=_facts(_texts(files)))
+    site = render.paths(spec)["nginx_site"]
+    reload_at = run.commands.index("systemctl reload nginx.service")
+    assert run.commands.index(f"rm -f {site}") < reload_at < run.commands.index("systemctl stop vllm-lab-tiny-replicas-0.service")
+    assert not [c for c in run.commands if "ray" in c.split(" ")[-1]], run.commands
+
+
+def test_the_router_role_removes_its_unit_when_routing_is_no_longer_cache_aware(harness):
+    """serve on a proxy whose policy is no longer cache_aware: install_router(present=False) stops,
+    disables and removes the router unit the host holds for this deployment, and leaves one that
+    names another deployment; with no unit there it sends nothing."""
+    from vllm_fleet.roles.router import install_router
+
+    resolved, _ = load_and_check(REPO / "deployments" / "lab-tiny-routing.yaml", hardware=False)
+    inv = {"lab1": {"address": "10.10.0.11", "groups": ["servers", "proxy"], "data": {}}}
+    files = render.render({**resolved, "proxy": {**resolved["proxy"], "routing": {**resolved["proxy"]["routing"], "policy": "round_robin"}}},
+                          inv)["lab1"]
+    unit = render.paths(resolved)["router_unit"]
+    assert unit not in files
+    ours = f"# Rendered by vllm-fleet for deployment {resolved['name']}: edit the spec\n[Unit]\n"
+    run = harness.run(install_router, spec=resolved, rendered=files, present=False, facts=_facts({unit: ours}))
+    name = Path(unit).name
+    assert f"systemctl stop {name}" in run.commands and f"systemctl disable {name}" in run.commands
+    assert f"rm -f {unit}" in run.commands and "systemctl daemon-reload" in run.commands
+    theirs = "# Rendered by vllm-fleet for deployment other: edit the spec\n"
+    assert harness.run(install_router, spec=resolved, rendered=files, present=False, facts=_facts({unit: theirs})).commands == []
+    assert harness.run(install_router, spec=resolved, rendered=files, present=False, facts=_facts({})).commands == []

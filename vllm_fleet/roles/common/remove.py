@@ -1,0 +1,247 @@
+"""How every role undoes what it placed (its ``present=False``): which of a deployment's files may
+be on a host, which of them the host's copy shows as the deployment's own, and the operations that
+stop, disable and remove them.
+
+The roles own their parts (vllm_fleet.render.files.part_of names the role of each path); this
+module owns the rules they share:
+
+- :func:`candidates`: every path a deployment may have on a host (its rendered files, plus what
+  the roles place beside them: TLS files, the router's unit, the firewalls);
+- :func:`leftovers`: of those, what the host's layout no longer gives it (serve's pruning);
+- :func:`removal_query` and :func:`mine`: the one state read's questions and the one rule for
+  "this file is the deployment's" (it lies in the deployment's own directories, or its text names
+  the deployment); another deployment's file, or a package's own, is never touched;
+- :func:`owned`, :func:`stop_units`, :func:`remove_files`: the operations, over that read alone.
+
+`down` (vllm_fleet.deploys.down) is the roles with ``present=False`` in the reverse of serve's
+order; serve (vllm_fleet.deploys.serve) ends with the roles whose part the layout dropped, on
+just those paths.
+"""
+
+from __future__ import annotations
+
+from pathlib import PurePosixPath
+from typing import Any
+
+from pyinfra.api import StringCommand
+from pyinfra.operations import files, server, systemd
+from pyinfra.operations.util import any_changed
+
+from vllm_fleet.host.programs import argv as cmd
+from vllm_fleet.host.programs import if_then
+from vllm_fleet.render import files as render
+from vllm_fleet.render import monitoring
+from vllm_fleet.render.layout import Node
+from vllm_fleet.roles.common import clash, op_per
+from vllm_fleet.roles.common.state import Query, Snapshot, role_state, unknown
+
+UNIT_DIR = "/etc/systemd/system/"
+UNIT_SUFFIXES = (".service", ".socket", ".timer", ".path", ".mount", ".target")
+
+#: The firewall units the roles place ({unit path: nftables table}): stopping one deletes its
+#: table, unless it was not running (then the table is deleted on its own).
+FIREWALL_TABLES = {f"{UNIT_DIR}{render.API_FIREWALL_UNIT}": render.API_FIREWALL_TABLE,
+                   f"{UNIT_DIR}{render.RAY_FIREWALL_UNIT}": render.RAY_FIREWALL_TABLE}
+
+# What `serve` removes from a host when the layout no longer gives it there (monitoring turned off,
+# the proxy moved, the deployment dropped from the host's data, fewer Ray nodes), by render.paths'
+# names: the units, the configuration and the nginx site. The environment, the weights and
+# vLLM's caches stay, as after `down` without --purge (a later deploy reuses them).
+LEFTOVER_PATHS = ("vllm_env", "secrets_env", "node_env", "wait_ray", "wait_health", "nginx_site", "nginx_auth",
+                  "tls_certificate", "tls_certificate_key", "router_unit", "ray_head_unit", "ray_worker_unit",
+                  "api_firewall_rules", "api_firewall_unit", "ray_firewall_rules", "ray_firewall_unit")
+
+
+def marker(name: str) -> str:
+    """The text every file of deployment ``name`` carries (the renderer's header, the roles' own);
+    the colon keeps `lab-tiny` from matching `lab-tiny-replicas`'s files."""
+    return f"for deployment {name}:"
+
+
+def candidates(spec: dict[str, Any], rendered: dict[str, Any]) -> list[str]:
+    """Every path this deployment may have placed on the host: its rendered files, the TLS files
+    of its nginx site and the router's unit, and the API and Ray firewalls (rules and unit)."""
+    p = render.paths(spec)
+    out = set(rendered)
+    if p["nginx_site"] in rendered:
+        # the router's unit too: a spec whose policy is no longer cache_aware still removes it
+        out |= {p["tls_certificate"], p["tls_certificate_key"], p["router_unit"]}
+    if any(x.startswith(UNIT_DIR) for x in rendered):
+        out |= {p[k] for k in ("api_firewall_rules", "api_firewall_unit", "ray_firewall_rules", "ray_firewall_unit")}
+    return sorted(out)
+
+
+def by_part(spec: dict[str, Any], paths: list[str]) -> dict[str, list[str]]:
+    """``paths`` by the role that places each (vllm_fleet.render.files.part_of), in a stable order."""
+    out: dict[str, list[str]] = {}
+    for x in sorted(paths):
+        out.setdefault(render.part_of(spec, x), []).append(x)
+    return out
+
+
+def placed(spec: dict[str, Any], rendered: dict[str, Any], part: str) -> list[str]:
+    """Every path the role ``part`` may have placed for this deployment on a host with these
+    rendered files (:func:`candidates` of that part): a role's ``present=False`` default."""
+    return by_part(spec, candidates(spec, rendered)).get(part, [])
+
+
+def removal_query(spec: dict[str, Any], paths: list[str], units: tuple[str, ...] = ()) -> Query:
+    """What :func:`mine` and :func:`owned` compare against (vllm_fleet.roles.common.state): of each
+    path, a stat when the path alone says it is this deployment's (:func:`owned_by_path`: never
+    the TLS key's content), else its text (to find the :func:`marker`); a replica unit or env file
+    through the glob that covers it (the clash check reads those already); plus ``units``."""
+    single = [x for x in paths if _glob_of(spec, x) is None]
+    return Query(stat=tuple(x for x in single if owned_by_path(spec, x)),
+                 read=tuple(x for x in single if not owned_by_path(spec, x)),
+                 globs=tuple(dict.fromkeys(g for x in paths if (g := _glob_of(spec, x)) is not None)),
+                 units=units)
+
+
+def _globs(spec: dict[str, Any]) -> tuple[str, str]:
+    return clash.UNITS, _replica_envs(spec)
+
+
+def _glob_of(spec: dict[str, Any], path: str) -> str | None:
+    """The glob of :func:`removal_query` that reads ``path`` (a ``vllm-*.service`` unit, a
+    ``replica-N.env`` file), or None (the path is stat'ed or read on its own)."""
+    return next((g for g in _globs(spec) if PurePosixPath(path).match(g)), None)
+
+
+def _replica_envs(spec: dict[str, Any]) -> str:
+    """The glob of the replicas' env files: clash's own (already read for every deploy) when
+    install.config_dir is the default place, else one under config_dir."""
+    cfg = spec["install"]["config_dir"].rstrip("/")
+    return clash.REPLICA_ENVS if PurePosixPath(f"{cfg}/replica-0.env").match(clash.REPLICA_ENVS) else f"{cfg}/replica-*.env"
+
+
+def owned_by_path(spec: dict[str, Any], path: str) -> bool:
+    """Whether the path alone says the file is this deployment's: it lies in its own directories
+    (install.prefix, install.config_dir) or is its site's TLS certificate or key. Any other file
+    is its own only when it names it (:func:`marker`)."""
+    ins, p = spec["install"], render.paths(spec)
+    own_dirs = (ins["prefix"].rstrip("/") + "/", ins["config_dir"].rstrip("/") + "/")
+    return path.startswith(own_dirs) or path in (p["tls_certificate"], p["tls_certificate_key"])
+
+
+def mine(spec: dict[str, Any], path: str, snap: Snapshot) -> bool | None:
+    """Whether the state read (:func:`removal_query`) shows ``path`` as this deployment's file on
+    the host: a regular file there that lies in its own directories (:func:`owned_by_path`) or
+    whose text names it (:func:`marker`; a package's own /etc/default/prometheus or another
+    deployment's unit does not). None when the read did not ask it or did not complete."""
+    glob = _glob_of(spec, path)
+    if glob is not None:
+        found = snap.matching(glob)
+        if found is None:
+            return None
+        return path in found and (owned_by_path(spec, path) or marker(spec["name"]) in (found[path] or ""))
+    if owned_by_path(spec, path):
+        known, st = snap.path(path)
+        return bool(st and st["type"] == "file") if known else None
+    known, text = snap.content(path)
+    return marker(spec["name"]) in (text or "") if known else None
+
+
+def _leftover_candidates(spec: dict[str, Any], node: Node | None, rendered: dict[str, Any]) -> list[str]:
+    p = render.paths(spec)
+    out = {p[k] for k in LEFTOVER_PATHS} | set(monitoring.paths(spec).values())
+    if node is not None and "proxy" in node.roles:  # the roles' own files beside a site still here
+        out -= {p["tls_certificate"], p["tls_certificate_key"], p["router_unit"]}
+    return sorted(out - set(rendered))
+
+
+def leftover_query(spec: dict[str, Any], node: Node | None, rendered: dict[str, Any]) -> Query:
+    """What the deploy's one state read must see to find this deployment's leftovers on the host
+    (:func:`leftovers`) and to remove them (the roles' ``present=False`` then adds no command):
+    its fixed paths that this host's layout does not render, its replicas' units and env files
+    (the globs), nginx's unit (reloaded when a site goes and nginx runs)."""
+    found = _leftover_candidates(spec, node, rendered)
+    site = render.paths(spec)["nginx_site"]
+    return removal_query(spec, found, units=("nginx.service",) if site in found else ()) | Query(globs=_globs(spec))
+
+
+def leftovers(spec: dict[str, Any], node: Node | None, rendered: dict[str, Any], snap: Snapshot) -> list[str]:
+    """Paths on this host (as the state read of :func:`leftover_query` saw them) that an earlier
+    deploy of this deployment put there and this host's layout no longer gives it: its fixed
+    paths, and (when no instance of it is left here: the service role removes the units of fewer
+    replicas itself) its ``vllm-NAME-N.service`` units and ``replica-N.env`` files. Only files
+    that are this deployment's (:func:`mine`), so a converged host has none (and no operation);
+    a read that did not complete finds none."""
+    found = [x for x in _leftover_candidates(spec, node, rendered) if mine(spec, x, snap)]
+    if node is None or not node.instances:
+        prefix = spec["install"]["config_dir"].rstrip("/") + "/replica-"
+        found += [x for x in (snap.matching(clash.UNITS) or {})
+                  if clash.unit_of(x) == spec["name"] and x not in rendered and mine(spec, x, snap)]
+        found += [x for x in (snap.matching(_replica_envs(spec)) or {}) if x.startswith(prefix) and x not in rendered]
+    return sorted(set(found))
+
+
+def owned(spec: dict[str, Any], paths: list[str], what: str, units: tuple[str, ...] = ()) -> tuple[list[str], Snapshot]:
+    """Of ``paths``, those the host holds as this deployment's (:func:`mine`), and the snapshot
+    (``role_state``: the deploy's one read when it asked :func:`removal_query` already, else one
+    read). A read that did not complete raises ``StateUnknown`` naming ``what``: nothing is
+    removed on a guess."""
+    snap = role_state(removal_query(spec, paths, units))
+    if not snap.known:
+        raise unknown(f"which {what} of deployment {spec['name']} are there", changed="nothing was removed from this host",
+                      run="the command")
+    return [x for x in paths if mine(spec, x, snap)], snap
+
+
+def units_of(paths: list[str]) -> list[str]:
+    """The systemd units among ``paths`` (unit files under /etc/systemd/system)."""
+    return [x for x in paths if x.startswith(UNIT_DIR) and x.endswith(UNIT_SUFFIXES)]
+
+
+def stop_units(units: list[str], why: str = "") -> None:
+    """Stop and disable each unit (paths under /etc/systemd/system, or names) before its file goes
+    (op_per: one operation per unit on every host, so hosts with different files do not show
+    merged or repeated names in pyinfra's output)."""
+    for unit in units:
+        name = unit[len(UNIT_DIR):] if unit.startswith(UNIT_DIR) else unit
+        with op_per(unit):
+            systemd.service(name=f"Stop and disable {name}{why}", service=name, running=False, enabled=False)
+
+
+def remove_files(paths: list[str], what: str) -> dict[str, Any]:
+    """Remove the files (already stopped: :func:`stop_units`); when units were among them, systemd
+    reloaded and their failed state reset (a unit that crash-looped stays listed "not-found
+    failed" after its file is gone, and the host "degraded", until reset-failed); a firewall
+    unit's table deleted (:data:`FIREWALL_TABLES`). ``what`` names the role in the operations'
+    names. Returns {path: its remove operation}."""
+    removed = {}
+    for x in paths:
+        with op_per(x):
+            removed[x] = files.file(name=f"Remove {x}", path=x, present=False)
+    units = units_of(paths)
+    if units:
+        gone = any_changed(*(removed[u] for u in units))
+        systemd.daemon_reload(name=f"systemd daemon-reload ({what}: units removed)", _if=gone)
+        names = [u[len(UNIT_DIR):] for u in units]
+        with op_per(f"systemctl reset-failed {what}"):
+            server.shell(name=f"systemctl reset-failed ({what}: the removed units)",
+                         commands=[StringCommand(cmd("systemctl", "reset-failed", *names), "2>/dev/null", "||", "true")], _if=gone)
+    for unit_path, table in FIREWALL_TABLES.items():
+        if unit_path in paths:  # its stop deleted the table, unless it was not running
+            with op_per(table):
+                server.shell(name=f"Delete nftables table inet {table}",
+                             commands=[if_then(StringCommand(cmd("nft", "list", "table", "inet", table), ">/dev/null", "2>&1"),
+                                               cmd("nft", "delete", "table", "inet", table))])
+    return removed
+
+
+def remove_units_and_files(spec: dict[str, Any], paths: list[str], what: str) -> dict[str, Any]:
+    """A role's ``present=False`` when it placed only files and units: of ``paths``, those that
+    are this deployment's (:func:`owned`), their units stopped and disabled, then removed
+    (:func:`remove_files`). {path: its remove operation}; nothing there: {} and no operation."""
+    mine_, _ = owned(spec, paths, what)
+    stop_units(units_of(mine_))
+    return remove_files(mine_, what) if mine_ else {}
+
+
+def directories(dirs: list[str], why: str) -> dict[str, Any]:
+    """Remove directories (and all below them): {path: operation}."""
+    out = {}
+    for d in dirs:
+        with op_per(d):
+            out[d] = files.directory(name=f"Remove {d} ({why})", path=d, present=False)
+    return out
