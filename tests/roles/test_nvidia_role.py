@@ -546,6 +546,32 @@ def test_the_serve_deploys_one_read_holds_what_the_role_needs(harness):
     assert run.ops == [] and facts_read(run) == ["HostState"]
 
 
+def test_the_read_asks_the_toolkit_and_nvswitches_only_when_the_role_would_install_them(harness):
+    """Host data nvidia_install_toolkit / nvidia_fabricmanager false: the state read asks neither
+    the toolkit's package nor the PCI devices, and the converged role still adds no command."""
+    from pyinfra.api import deploy
+
+    from vllm_fleet.roles.common.state import load_host_state
+
+    spec = cuda_spec(gpu="h200")
+    asked = []
+
+    @deploy("serve's read, then the role")
+    def serve_like(spec):
+        q = state_query(spec)
+        asked.append(q)
+        load_host_state(q)
+        nvidia(spec=spec)
+
+    facts = gpu_host(harness, "ubuntu-24.04", nouveau=False, smi=smi(harness, H200), debs={})
+    run = harness.run(serve_like, spec, facts=facts, strict=True,
+                      data={"nvidia_install_toolkit": False, "nvidia_fabricmanager": False})
+    assert run.ops == [] and facts_read(run) == ["HostState"]
+    (q,) = asked
+    assert not q.pci and not [p for p in q.debs if "toolkit" in p or "fabricmanager" in p], q.debs
+    assert state_query(spec).pci and [p for p in state_query(spec).debs if "toolkit" in p]  # the defaults: both asked
+
+
 class _Host:
     """The host a python.call function is given, answering its HostState read with ``lines``."""
 

@@ -67,6 +67,7 @@ from dataclasses import dataclass
 from io import StringIO
 
 from pyinfra import host, logger
+from pyinfra.context import ctx_host
 from pyinfra.api import deploy
 from pyinfra.api.exceptions import DeployError
 from pyinfra.operations import apt, files, python, server, systemd
@@ -78,6 +79,7 @@ from .gpucheck import describe, gpu_mismatch
 from .parse import (NVIDIA_SMI_COMMAND, NVIDIA_SMI_QUERY, apt_source_lines, driver_branch, parse_apt_components,
                     parse_nvidia_smi, parse_os_release, parse_pci_classes, secure_boot_on)
 from vllm_fleet.host.programs import argv as cmd
+from vllm_fleet.roles.common import role_data
 from vllm_fleet.roles.common.state import Query, Snapshot, StateUnknown, read_now, role_state, unknown
 
 __all__ = ["nvidia", "state_query", "GpuMismatch", "UnsupportedHost", "RebootNeeded", "cuda_repo_dir", "kernel_flavour", "DEFAULTS"]
@@ -205,11 +207,18 @@ def state_query(spec: dict) -> Query:
     """
     if spec["install"]["accelerator"] != "cuda":
         return Query()
+    fabric = _wanted("nvidia_fabricmanager")
     return GPUS_QUERY | Query(
         globs=(d.OS_RELEASE_GLOB, *d.APT_SOURCE_GLOBS),
         read=(d.KERNEL_RELEASE, d.KERNEL_MODULES, d.SECURE_BOOT_EFIVAR, d.APT_SOURCES_LIST),
-        pci=(d.PCI_DEVICES,),
-        debs=(_toolkit(spec), d.FABRICMANAGER_PATTERN))
+        pci=(d.PCI_DEVICES,) if fabric else (),
+        debs=((_toolkit(spec),) if _wanted("nvidia_install_toolkit") else ()) + ((d.FABRICMANAGER_PATTERN,) if fabric else ()))
+
+
+def _wanted(key: str) -> bool:
+    """Host data ``key`` (else the role's default) when a host is being deployed; the default
+    outside one (a query built for a test or a listing)."""
+    return bool(role_data(key, DEFAULTS) if ctx_host.isset() else DEFAULTS[key])
 
 
 def _toolkit(spec: dict) -> str:
