@@ -70,6 +70,20 @@ def test_the_script_reads_files_dirs_users_and_an_env(tmp_path):
     assert s.env(str(tmp_path / "no-env" / "python")) == {"python": None, "dist": {}, "file": {}, "done": True}
 
 
+def test_a_glob_sees_every_matching_file_and_the_text_of_those_up_to_1_mib(tmp_path):
+    """A unit of 200 KiB (a long comment block) is read whole; one over 1 MiB is there with no
+    text (never taken for absent, as a 64 KiB limit once did); a directory that matches is not."""
+    big, huge = tmp_path / "vllm-a-0.service", tmp_path / "vllm-b-0.service"
+    big.write_text("# for deployment a:\n" + "#" * 200_000 + "\n")
+    huge.write_text("#" * (1024 * 1024 + 1))
+    (tmp_path / "vllm-c-0.service").mkdir()
+    snap = Snapshot.parse(run_script(q := Query(globs=(f"{tmp_path}/vllm-*.service",))))
+    snap.query = q
+    found = snap.matching(f"{tmp_path}/vllm-*.service")
+    assert sorted(found) == [str(big), str(huge)]
+    assert found[str(big)] == big.read_text() and found[str(huge)] is None
+
+
 def test_the_script_reads_free_bytes_where_a_path_is_or_will_be(tmp_path):
     """``free``: df's "avail" of the path's filesystem, or of its nearest existing parent for a
     path not made yet (model.path before the first upload), checked against os.statvfs (an

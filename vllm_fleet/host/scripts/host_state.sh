@@ -16,8 +16,9 @@
 #   chat PORT CODE BASE64                 (one short chat with a local vLLM, `chat "PORT SECRETS_ENV MODEL TOKENS"`:
 #                                          the key read from SECRETS_ENV, given to curl on stdin, never in argv)
 #   py PYTHON LINE / py PYTHON .          (an env's probe: `py PYTHON`, `pycode CODE`, `pyargs ARGS`)
-#   glob PATTERN .  then  glob PATTERN PATH BASE64   (every small regular file a shell glob matches;
-#                                         a *.service one also: globunit PATH ACTIVE ENABLED)
+#   glob PATTERN .  then  glob PATTERN PATH BASE64   (every regular file a shell glob matches; BASE64 `-`
+#                                         for one over 1 MiB: there, its text not sent; a *.service
+#                                         one also: globunit PATH ACTIVE ENABLED)
 #   free PATH BYTES                       (df's "avail" of PATH's filesystem, or of its nearest existing
 #                                          parent when PATH is not there yet; `-` when df gave no figure)
 #   target PY machine=M / glibc=V / python=X.Y   (what the host's wheels must fit: uname -m, the C library,
@@ -60,8 +61,12 @@ while [ $# -ge 2 ]; do
       set +f
       # shellcheck disable=SC2086  (the pattern is a glob on purpose)
       for f in $v; do
-        if [ -f "$f" ] && [ "$(stat -c %s -- "$f")" -le 65536 ]; then
-          printf 'glob\t%s\t%s\t%s\n' "$v" "$f" "$(base64 -w0 -- "$f")"
+        if [ -f "$f" ]; then
+          if [ "$(stat -c %s -- "$f")" -le 1048576 ]; then
+            printf 'glob\t%s\t%s\t%s\n' "$v" "$f" "$(base64 -w0 -- "$f")"
+          else
+            printf 'glob\t%s\t%s\t-\n' "$v" "$f"
+          fi
           case $f in
             *.service) if command -v systemctl >/dev/null 2>&1; then
                 printf 'globunit\t%s\t%s\t%s\n' "$f" "$(systemctl is-active -- "${f##*/}" 2>/dev/null)" "$(systemctl is-enabled -- "${f##*/}" 2>/dev/null)"

@@ -314,8 +314,9 @@ class Snapshot:
         return self.lists.get(directory, []) if self._asked("ls", directory) else None
 
     def matching(self, pattern: str) -> dict[str, str | None] | None:
-        """``{path: text}`` of the small files a glob asked with ``globs`` matched ({} when none),
-        or None when not read."""
+        """``{path: text}`` of the files a glob asked with ``globs`` matched ({} when none), or
+        None when not read; a file's text is None when it is not UTF-8 or over 1 MiB (there, but
+        its text not sent: host_state.sh)."""
         return self.globbed.get(pattern, {}) if self._asked("globs", pattern) else None
 
     def unit_file_state(self, path: str) -> tuple[str, str] | None:
@@ -375,7 +376,7 @@ def _glob_line(s: Snapshot, key: str, value: str) -> None:
     found = s.globbed.setdefault(key, {})
     path, _, b64 = value.partition("\t")
     if value != "." and path:
-        found[path] = _b64_text(b64)
+        found[path] = None if b64 == "-" else _b64_text(b64)  # `-`: over 1 MiB, there but not sent
 
 
 def _globunit_line(s: Snapshot, key: str, value: str) -> None:
