@@ -26,7 +26,7 @@ from vllm_fleet.host.programs import argv as cmd
 from vllm_fleet.render import monitoring
 from vllm_fleet.roles.common import DeployError, directory, packages as common_packages, put_rendered, rendered_query
 from vllm_fleet.roles.common import remove, role_data, service_running
-from vllm_fleet.roles.common.state import Query, Snapshot, role_state, unknown
+from vllm_fleet.roles.common.state import Query, Snapshot, pending, role_state, unknown
 
 from .defaults import DEFAULTS
 
@@ -125,8 +125,7 @@ def install_monitoring(spec: dict[str, Any], rendered: dict[str, Any], present: 
         args = _put(rendered, [p["node_exporter_defaults"]])
         _apt("node exporter package", [_data("monitoring_node_exporter_package")])
         service_running(name="node exporter running and enabled", service=NODE_EXPORTER)
-        systemd.service(name="Restart node exporter (listen address changed)", service=NODE_EXPORTER, restarted=True,
-                        _if=any_changed(*args.values()))
+        _restart_on("Restart node exporter (listen address changed)", NODE_EXPORTER, args.values())
     if p["dcgm_unit"] in rendered:
         _dcgm(p, rendered, snap)
     if p["prometheus_config"] in rendered:
@@ -161,9 +160,20 @@ def _dcgm(p: dict[str, str], rendered: dict[str, Any], snap: Snapshot) -> None:
             "or set monitoring.dcgm_exporter: false")
     put = _put(rendered, [p["dcgm_counters"], p["dcgm_unit"]])
     changed += put.values()
-    systemd.daemon_reload(name="systemd daemon-reload (dcgm-exporter unit changed)", _if=put[p["dcgm_unit"]].did_change)
+    if pending(put[p["dcgm_unit"]]):
+        systemd.daemon_reload(name="systemd daemon-reload (dcgm-exporter unit changed)", _if=put[p["dcgm_unit"]].did_change)
     service_running(name="dcgm-exporter running and enabled", service=DCGM_EXPORTER)
-    systemd.service(name="Restart dcgm-exporter (changed)", service=DCGM_EXPORTER, restarted=True, _if=any_changed(*changed))
+    _restart_on("Restart dcgm-exporter (changed)", DCGM_EXPORTER, changed)
+
+
+def _restart_on(name: str, service: str, ops: Any) -> None:
+    """Restart ``service`` when one of ``ops`` (puts, package installs) changes. None of them can
+    when the state read shows their files as rendered (they are ``Converged``): then no
+    operation, so a converged host sends no systemd command (pyinfra's systemd.service reads its
+    facts while the deploy plans, even when its ``_if`` is false)."""
+    ops = pending(*ops)
+    if ops:
+        systemd.service(name=name, service=service, restarted=True, _if=any_changed(*ops))
 
 
 def _is_file(snap: Snapshot, path: str) -> bool:
@@ -183,24 +193,23 @@ def _prometheus(spec: dict[str, Any], p: dict[str, str], rendered: dict[str, Any
         packages.append(_data("monitoring_blackbox_package"))
     _apt("Prometheus packages", packages)
     config = _put(rendered, [p["prometheus_config"], p["rules"]])
-    server.shell(name="promtool check config (validate before reload)",
-                 commands=[cmd("promtool", "check", "config", p["prometheus_config"])], _if=any_changed(*config.values()))
+    if pending(*config.values()):
+        server.shell(name="promtool check config (validate before reload)",
+                     commands=[cmd("promtool", "check", "config", p["prometheus_config"])], _if=any_changed(*config.values()))
     service_running(name="Prometheus running and enabled", service=PROMETHEUS)
-    systemd.service(name="Restart Prometheus (arguments changed)", service=PROMETHEUS, restarted=True,
-                    _if=args[p["prometheus_defaults"]].did_change)
-    config_changed = any_changed(*config.values())
-    systemd.service(name="Reload Prometheus (config or rules changed)", service=PROMETHEUS, reloaded=True,
-                    _if=lambda: config_changed() and not args[p["prometheus_defaults"]].did_change())  # a restart reads them anyway
+    _restart_on("Restart Prometheus (arguments changed)", PROMETHEUS, [args[p["prometheus_defaults"]]])
+    if pending(*config.values()):
+        config_changed = any_changed(*config.values())
+        systemd.service(name="Reload Prometheus (config or rules changed)", service=PROMETHEUS, reloaded=True,
+                        _if=lambda: config_changed() and not args[p["prometheus_defaults"]].did_change())  # a restart reads them anyway
     if mon["health_probe"]:
         service_running(name="blackbox exporter running and enabled", service=BLACKBOX)
-        systemd.service(name="Restart blackbox exporter (changed)", service=BLACKBOX, restarted=True,
-                        _if=any_changed(args[p["blackbox_defaults"]], args[p["blackbox_config"]]))
+        _restart_on("Restart blackbox exporter (changed)", BLACKBOX, [args[p["blackbox_defaults"]], args[p["blackbox_config"]]])
     if p["grafana_datasource"] in rendered:
         graf = _put(rendered, [p["grafana_datasource"], p["grafana_dashboards"], p["grafana_dashboard"]])
         _must_know(snap, "whether Grafana is installed")
         if (snap.unit(f"{GRAFANA}.service") or {}).get("LoadState") == "loaded":  # its package's unit
-            systemd.service(name="Restart Grafana (provisioning changed)", service=GRAFANA, restarted=True,
-                            _if=any_changed(*graf.values()))
+            _restart_on("Restart Grafana (provisioning changed)", GRAFANA, graf.values())
         else:
             logger.warning(f"{host.name}: monitoring.grafana.enabled but Grafana is not installed: the datasource and dashboard "
                            "are provisioned and load when grafana-server is installed (Grafana's apt repository)")
