@@ -282,6 +282,33 @@ def test_sweep_end_to_end_with_a_fake_host(tmp_path, monkeypatch):
     assert "winner" in table and "same vLLM command line" in table
 
 
+def test_the_upstream_step_is_the_rollouts_own_and_a_failure_shows_its_error(tmp_path, monkeypatch):
+    import importlib.util
+
+    t, _ = make_tuner(tmp_path, monkeypatch)
+    seen = []
+    output = "\n".join([f"pyinfra line {i}" for i in range(40)] + ["    [lab1] Error: nginx -t failed", "    the detail"])
+
+    def failing(argv, env):
+        seen.append((argv, env))
+        return 1, output
+
+    t.runner = failing
+    (tmp_path / "out").mkdir()  # run() makes it before the first step
+    with pytest.raises(tune.TuneError) as err:
+        t.set_upstream(["lab2:0"])
+    (argv, env), = seen
+    module, _, func = argv[3].partition(":")  # the packaged deploy `vllm-fleet rollout` runs: pyinfra loads it by name
+    assert (module, func) == ("vllm_fleet.deploys.rollout", "rollout_step")
+    assert f"def {func}(" in Path(importlib.util.find_spec(module).origin).read_text()
+    assert argv[1:3] == ["-y", str(tmp_path / "inv.py")] and argv[4:] == ["--limit", "lab1"]  # on the proxy only
+    assert (env["VLLM_FLEET_ROLLOUT_STEP"], env["VLLM_FLEET_UPSTREAM_DOWN"]) == ("upstream", "lab2:0")
+    assert env["VLLM_FLEET_SPEC"] == str(tmp_path / "spec.yaml")  # absolute
+    assert "lab2:0 out of the upstream on lab1 failed" in str(err.value)
+    assert "Error: nginx -t failed" in str(err.value) and "the detail" in str(err.value)
+    assert "pyinfra line 0" not in str(err.value)  # from the error on, not the whole log
+
+
 def test_resume_runs_only_what_is_left(tmp_path, monkeypatch):
     FakeSession.applied = []
     t, _ = make_tuner(tmp_path, monkeypatch)

@@ -31,17 +31,15 @@ import json
 import math
 import os
 import re
-import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from vllm_fleet.host.rollout_step import failure_tail, run_step, step_command
 
 STATE_DIR = "~/.cache/vllm-fleet/rollout"  # per deployment: <name>.json (replicas left out) and logs
-#: The step pyinfra runs, as a function of the installed package (works from any directory).
-DEPLOY = "vllm_fleet.deploys.rollout:rollout_step"
 
 
 class RolloutError(Exception):
@@ -125,15 +123,6 @@ class RolloutResult:
         return asdict(self)
 
 
-def _tail(text: str, n: int = 25) -> str:
-    lines = [line for line in text.splitlines() if line.strip()]
-    errors = [i for i, line in enumerate(lines) if re.search(r"Error|error:|FAIL|RuntimeError|not healthy", line)]
-    if errors:  # show from the first error line on, at most n lines
-        start = max(0, errors[0] - 2)
-        return "\n".join(lines[start:start + n])
-    return "\n".join(lines[-n:])
-
-
 def _noted(text: str) -> list[str]:
     """The drain/smoke lines the rollout role writes through host.noop (pyinfra prints them)."""
     out = []
@@ -206,23 +195,18 @@ class Rollout:
     # -- running pyinfra ----------------------------------------------------------------------
 
     def _subprocess(self, argv: list[str], env: dict[str, str]) -> tuple[int, str]:
-        r = subprocess.run(argv, cwd=self.cwd, env=env, capture_output=True, text=True, stdin=subprocess.DEVNULL)
-        return r.returncode, r.stdout + r.stderr
+        return run_step(argv, env, cwd=self.cwd)
 
     def _step(self, result: RolloutResult, index: int, step: str, limit: list[str], down: list[str], log: Path,
               update: list[str] | None = None) -> Step:
-        env = {**os.environ, "VLLM_FLEET_SPEC": os.path.abspath(self.spec_path), "VLLM_FLEET_ROLLOUT_STEP": step,
-               "VLLM_FLEET_UPSTREAM_DOWN": ",".join(down), "VLLM_FLEET_UPDATE": ",".join(update or []),
-               "VLLM_FLEET_DRAIN_TIMEOUT": str(self.drain_timeout)}
-        argv = [self.pyinfra, "-y", self.inventory, DEPLOY]
-        for h in limit:
-            argv += ["--limit", h]
+        argv, env = step_command(self.pyinfra, self.inventory, self.spec_path, step, limit=limit, down=down,
+                                 drain_timeout=self.drain_timeout, update=update)
         t0 = time.monotonic()
         rc, out = self.runner(argv, env)
         seconds = time.monotonic() - t0
         with log.open("a") as f:
             f.write(f"\n===== batch {index} step {step} on {','.join(limit)} (down: {','.join(down) or '-'}): rc {rc}, {seconds:.1f} s\n{out}")
-        s = Step(index, step, list(limit), rc == 0, round(seconds, 1), "; ".join(_noted(out)) if rc == 0 else _tail(out))
+        s = Step(index, step, list(limit), rc == 0, round(seconds, 1), "; ".join(_noted(out)) if rc == 0 else failure_tail(out))
         result.steps.append(s)
         return s
 

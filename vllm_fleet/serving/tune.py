@@ -23,20 +23,19 @@ settings on one replica of a live fleet, judged by vLLM's own serving benchmark.
    evidence in comments) and ``tuned-spec.yaml`` (the spec with it merged, validated) for
    ``vllm-fleet rollout``. No winner: how close the best point came.
 
-Wall time per point: restart, warm-up, search. The deploys run pyinfra as a subprocess (as
-:mod:`vllm_fleet.commands.rollout` does); the host sessions go through vllm_fleet.host's transport
-(pyinfra's connectors).
+Wall time per point: restart, warm-up, search. The upstream step runs pyinfra as a subprocess,
+the rollout's own (:mod:`vllm_fleet.host.rollout_step`); the host sessions go through
+vllm_fleet.host's transport (pyinfra's connectors). The verb and its arguments are
+:mod:`vllm_fleet.commands.tune`.
 """
 
 from __future__ import annotations
 
-import argparse
 import copy
 import itertools
 import json
 import math
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -44,7 +43,15 @@ from typing import Any, Callable, Iterable
 
 import yaml
 
+from vllm_fleet.host.fleetview import instance_files
+from vllm_fleet.host.rollout_step import failure_tail, run_step, step_command
+from vllm_fleet.render.command import vllm_argv, vllm_env
+from vllm_fleet.render.layout import LayoutError
+from vllm_fleet.serving import report
 from vllm_fleet.serving.session import BenchError, HostSession, load_fleet, spec_digest
+from vllm_fleet.spec import catalog, checks, planner
+from vllm_fleet.spec.hwchecks import apply_model_facts
+from vllm_fleet.spec.load import Spec, resolve, schema_problems
 
 #: Grid keys -> (spec section, key).
 TUNABLE = {
@@ -93,16 +100,6 @@ def parse_target(text: str) -> dict[str, float]:
     if not out:
         raise TuneError("--target: give at least one limit, e.g. ttft_p99_ms=500,tpot_p99_ms=50")
     return out
-
-
-def _target_arg(text: str) -> dict[str, float]:
-    """argparse's type for --target: a bad one is a usage error (exit 2) before any host."""
-    import argparse
-
-    try:
-        return parse_target(text)
-    except TuneError as exc:
-        raise argparse.ArgumentTypeError(str(exc).removeprefix("--target ")) from None
 
 
 def meets(metrics: dict[str, Any] | None, target: dict[str, float]) -> bool:
@@ -219,11 +216,6 @@ def merge(raw: dict[str, Any], overlay: dict[str, Any]) -> dict[str, Any]:
 
 def check_point(spec: Any, settings: dict[str, Any], workload_tokens: int) -> tuple[dict[str, Any] | None, str | None]:
     """(resolved spec of the point, None) or (None, why it is skipped)."""
-    from vllm_fleet.spec import checks
-    from vllm_fleet.spec import planner
-    from vllm_fleet.spec.hwchecks import apply_model_facts
-    from vllm_fleet.spec.load import Spec, resolve, schema_problems
-
     merged = Spec(raw=merge(spec.raw, overlay_of(settings)), lines={}, path=spec.path)
     problems = schema_problems(merged)
     if not any(p.severity == "error" for p in problems):
@@ -247,8 +239,6 @@ def check_point(spec: Any, settings: dict[str, Any], workload_tokens: int) -> tu
 
 
 def command_key(resolved: dict[str, Any]) -> str:
-    from vllm_fleet.render.command import vllm_argv, vllm_env
-
     return json.dumps([vllm_argv(resolved), sorted(vllm_env(resolved).items()), resolved["parallel"]], default=str)
 
 
@@ -473,12 +463,10 @@ class Tuner:
         self.grid = grid or default_grid(self.resolved, self._gpu())
         self.points = prune(self.spec, points(self.grid, base_settings(self.resolved, self.grid)), input_len + output_len)
         self._prune_layout()
-        self.runner = runner or self._subprocess
+        self.runner = runner or run_step
         self.pyinfra = str(Path(sys.executable).parent / "pyinfra")
 
     def _gpu(self) -> dict[str, Any] | None:
-        from vllm_fleet.spec import catalog
-
         try:
             return catalog.gpu(self.resolved["hardware"].get("gpu") or "cpu")
         except KeyError:
@@ -486,36 +474,22 @@ class Tuner:
 
     # -- hosts ------------------------------------------------------------------------------
 
-    def _subprocess(self, argv: list[str], env: dict[str, str]) -> tuple[int, str]:
-        r = subprocess.run(argv, env=env, capture_output=True, text=True, stdin=subprocess.DEVNULL)
-        return r.returncode, r.stdout + r.stderr
-
     def set_upstream(self, down: list[str]) -> float:
         """The rollout's own upstream step on the proxies (nginx -t, reload, old workers gone)."""
-        from vllm_fleet.commands.rollout import DEPLOY
-
-        env = {**os.environ, "VLLM_FLEET_SPEC": os.path.abspath(self.spec_path), "VLLM_FLEET_ROLLOUT_STEP": "upstream",
-               "VLLM_FLEET_UPSTREAM_DOWN": ",".join(down), "VLLM_FLEET_DRAIN_TIMEOUT": str(self.resolved["rollout"]["drain_timeout"])}
-        argv = [self.pyinfra, "-y", self.inventory, DEPLOY]
-        for h in self.view.proxies:
-            argv += ["--limit", h]
+        argv, env = step_command(self.pyinfra, self.inventory, self.spec_path, "upstream", limit=list(self.view.proxies),
+                                 down=down, drain_timeout=self.resolved["rollout"]["drain_timeout"])
         t0 = time.monotonic()
         rc, text = self.runner(argv, env)
         (self.out / "pyinfra.log").open("a").write(f"\n===== upstream down={down}: rc {rc}\n{text}")
         if rc != 0:
-            from vllm_fleet.commands.rollout import _tail
-
             raise TuneError(f"putting {', '.join(down) or 'every replica'} {'out of' if down else 'back into'} the upstream on "
-                            f"{', '.join(self.view.proxies)} failed:\n{_tail(text)}")
+                            f"{', '.join(self.view.proxies)} failed:\n{failure_tail(text)}")
         return time.monotonic() - t0
 
     def _prune_layout(self) -> None:
         """Skip, with the reason, a point that does not lay out on the inventory (e.g. TP over more
         GPUs than this instance holds) or that changes a file the replica's siblings on its host
         read too (vllm.env, node.env): the tune restarts one instance, the others keep theirs."""
-        from vllm_fleet.host.fleetview import instance_files
-        from vllm_fleet.render.layout import LayoutError
-
         base = instance_files(self.resolved, self.view.hosts, self.rep)
         for p in self.points:
             if p["status"] != "pending":
@@ -532,8 +506,6 @@ class Tuner:
                                 "tune on a host with one replica (--host)")
 
     def files_for(self, resolved: dict[str, Any]) -> dict[str, dict[str, Any]]:
-        from vllm_fleet.host.fleetview import instance_files
-
         files = instance_files(resolved, self.view.hosts, self.rep)
         return {p: {"content": f.content, "mode": f.mode, "owner": f.owner, "group": f.group} for p, f in files.items()}
 
@@ -576,7 +548,7 @@ class Tuner:
             if row:
                 p.update({k: v for k, v in row.items() if k not in ("kind", "id", "settings")})
             elif p["status"] == "skipped":
-                self.say(f"  {p['id']} skipped: {_label(p['settings'])}: {p['reason']}")
+                self.say(f"  {p['id']} skipped: {point_label(p['settings'])}: {p['reason']}")
                 append(self.results, _row(p))
         self.say(f"tune {self.resolved['name']}: {len(self.points)} point(s), {sum(p['status'] == 'skipped' for p in self.points)} skipped, "
                  f"{len(done)} done before, {len(pending)} to run on {self.rep.id} ({self.rep.unit}, port {self.rep.port}); "
@@ -636,7 +608,7 @@ class Tuner:
         return info
 
     def run_point(self, sess: Any, p: dict[str, Any]) -> None:
-        self.say(f"  {p['id']} {_label(p['settings'])}: restart")
+        self.say(f"  {p['id']} {point_label(p['settings'])}: restart")
         ans = sess.call("apply", files=self.files_for(p["resolved"]), unit=self.rep.unit, port=self.rep.port,
                         health_timeout=self.health_timeout, drain_timeout=self.resolved["rollout"]["drain_timeout"])
         p["times"] = {"drain_s": ans.get("drain_s"), "restart_s": ans.get("restart_s"), "restarted": ans.get("restarted")}
@@ -686,8 +658,6 @@ class Tuner:
                  + f" (restart {p['times']['restart_s']} s, warm-up {p['times']['warmup_s']} s, search {p['times']['search_s']} s)")
 
     def finish(self, info: dict[str, Any], seconds: float) -> dict[str, Any]:
-        from vllm_fleet.serving import report
-
         header, _ = read_results(self.results)
         lat_key = "p99_tpot_ms" if "tpot_p99_ms" in self.target else TARGET_KEYS[next(iter(self.target))]
         for p in self.points:
@@ -717,7 +687,7 @@ def _row(p: dict[str, Any]) -> dict[str, Any]:
     return {"kind": "point", **{k: v for k, v in p.items() if k != "resolved"}}
 
 
-def _label(settings: dict[str, Any]) -> str:
+def point_label(settings: dict[str, Any]) -> str:
     return ", ".join(f"{k}={v}" for k, v in settings.items())
 
 
@@ -734,7 +704,7 @@ def format_table(state: dict[str, Any]) -> str:
         b, t = p.get("best") or {}, p.get("times") or {}
         f = lambda v, d=1: "-" if v is None else f"{v:.{d}f}"  # noqa: E731
         mark = " *" if p["id"] == win else " f" if p["id"] in front else ""
-        rows.append((p["id"] + mark, _label(p["settings"]), p["status"], "-" if p.get("best_load") is None else f"{p['best_load']:g}",
+        rows.append((p["id"] + mark, point_label(p["settings"]), p["status"], "-" if p.get("best_load") is None else f"{p['best_load']:g}",
                      f(b.get("p99_ttft_ms")), f(b.get("p99_tpot_ms"), 2), f(b.get("output_throughput"), 0),
                      f(t.get("restart_s")), f(t.get("warmup_s")), f(t.get("search_s"))))
     w = [max(len(r[i]) for r in rows) for i in range(len(head))]
@@ -743,62 +713,8 @@ def format_table(state: dict[str, Any]) -> str:
     lines += [f"  {p['id']} {p['status']}: {p['reason']}" for p in skipped]
     lines.append("(* winner, f on the Pareto front; ms, output tokens/s, seconds)")
     if state.get("winner"):
-        lines.append(f"winner {win}: {_label(state['winner']['settings'])}; overlay {state['overlay_file']}; "
+        lines.append(f"winner {win}: {point_label(state['winner']['settings'])}; overlay {state['overlay_file']}; "
                      f"merged spec {state['tuned_spec']} (vllm-fleet rollout INVENTORY --spec {state['tuned_spec']})")
     else:
         lines.append(f"no winner: {state.get('closest')}")
     return "\n".join(lines)
-
-
-def cmd_tune(args: argparse.Namespace) -> int:
-    from vllm_fleet.host.fleetview import spec_for
-
-    try:
-        try:
-            spec = spec_for(args.inventory, args.spec)
-        except ValueError as exc:
-            raise TuneError(str(exc)) from None
-        target = args.target if isinstance(args.target, dict) else parse_target(args.target)
-        grid = parse_grid(args.grid) if args.grid else None
-        out = args.out or f"tune-{Path(spec).stem}"
-        tuner = Tuner(args.inventory, spec, target, out, grid=grid, host=args.host, budget_min=args.budget, resume=args.resume,
-                      in_place=args.in_place, input_len=args.input_len, output_len=args.output_len, max_probes=args.max_probes,
-                      max_load=args.max_load, prompts_per_stream=args.prompts_per_stream, min_prompts=args.min_prompts, dry=args.dry,
-                      load_kind=args.search)
-        if args.dry:
-            for p in tuner.points:
-                print(f"{p['id']} {p['status']:<8} {_label(p['settings'])}" + (f"  ({p['reason']})" if p["reason"] else ""))
-            return 0
-        state = tuner.run()
-    except TuneError as exc:
-        print(f"vllm-fleet tune: {exc}", file=sys.stderr)
-        return 1
-    print(format_table(state))
-    print("report: " + ", ".join(state["report"]) + f"; results {tuner.results}")
-    return 0 if state.get("winner") else 1
-
-
-def add_cli(sub: Any) -> None:
-    p = sub.add_parser("tune", help="sweep engine settings on one replica against a latency target; write the winner as an overlay (docs/tuning.md)")
-    p.add_argument("inventory", metavar="INVENTORY")
-    p.add_argument("--spec", help="the deployed spec (default: the inventory's data vllm_fleet_spec, $VLLM_FLEET_SPEC; the lab: deployments/lab-tiny.yaml)")
-    from vllm_fleet.commands.argtypes import count, number
-
-    p.add_argument("--target", required=True, type=_target_arg, help="limits in ms, e.g. ttft_p99_ms=500,tpot_p99_ms=50 (ttft/tpot/itl/e2el, p50/p90/p99)")
-    p.add_argument("--grid", help="instead of the default grid: KEY=V1,V2;KEY=... with KEY one of " + ", ".join(TUNABLE))
-    p.add_argument("--budget", type=number(0, 525_600), metavar="MIN", help="stop before a point that would end past this many minutes")
-    p.add_argument("--resume", action="store_true", help="go on with the results in --out (points done are not run again)")
-    p.add_argument("--host", help="the replica to tune: HOST:N, or HOST for its first instance (default: the last replica not on a proxy host)")
-    p.add_argument("--in-place", action="store_true", help="do not take the replica out of the upstream (e.g. the only replica)")
-    p.add_argument("--out", metavar="DIR", help="results, report, overlay (default ./tune-SPECNAME)")
-    p.add_argument("--input-len", type=count(1, 1 << 20), default=128, help="random prompt tokens (default 128)")
-    p.add_argument("--output-len", type=count(1, 1 << 20), default=128, help="output tokens per request (default 128)")
-    p.add_argument("--max-probes", type=count(1, 1000), help="benchmark runs per point in the load search (default: enough to double up to "
-                   "the highest load, + 2 bisection steps: 7 for max_num_seqs 16, 10 for 128)")
-    p.add_argument("--search", choices=("concurrency", "rate"), default="concurrency",
-                   help="search the highest --max-concurrency (default) or request rate (requests/s) meeting the target")
-    p.add_argument("--max-load", type=number(0, 1_000_000), help="highest load tried (default: the point's max_num_seqs; rate: 64/s)")
-    p.add_argument("--prompts-per-stream", type=count(1, 1_000_000), default=4, help="prompts per probe = max(--min-prompts, this x concurrency)")
-    p.add_argument("--min-prompts", type=count(1, 1_000_000), default=8)
-    p.add_argument("--dry", action="store_true", help="print the grid after pruning and stop (no host is touched)")
-    p.set_defaults(func=cmd_tune)
