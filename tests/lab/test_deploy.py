@@ -356,6 +356,28 @@ def test_status_command(server):
     assert row["version"].startswith("0.32.0")
 
 
+def _requests_served(host) -> float:
+    """vLLM's own count of finished requests on the host (its /metrics, read over ssh)."""
+    text = host.ssh("curl -s --max-time 20 127.0.0.1:8000/metrics", user="root").stdout
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith("vllm:request_success_total{"))
+
+
+def test_bench_command_runs_on_the_host_over_ssh(server, tmp_path):
+    """`vllm-fleet bench` opens its session on the host through the transport (pyinfra's ssh
+    connector) and runs `vllm bench serve` there, through nginx and direct: one short level."""
+    before = _requests_served(server)
+    out = tmp_path / "bench"
+    r = subprocess.run([str(Path(sys.executable).parent / "vllm-fleet"), "bench", "inventory/lab.py", "--spec", str(SPEC),
+                        "--host", f"{server.name}:0", "--concurrency", "1", "--input-len", "8", "--output-len", "4",
+                        "--min-prompts", "2", "--prompts-per-level", "1", "--warmups", "0", "--out", str(out)],
+                       cwd=REPO, capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
+    runs = {x["target"]: x["result"] for x in json.loads((out / "bench.json").read_text())["runs"]}
+    assert set(runs) == {"proxy", "direct"}
+    assert all(res["completed"] == 2 and res["failed"] == 0 for res in runs.values()), runs
+    assert _requests_served(server) - before >= 4  # the host's vLLM served them
+
+
 def test_client_settings_written(server):
     settings = json.loads(Path(os.path.expanduser("~/.config/vllm-fleet/lab-tiny/openai.json")).read_text())
     assert settings["base_url"] == f"http://{server.address}/v1" and settings["model"] == "tiny"

@@ -163,11 +163,13 @@ class Session:
         if proc is not None:
             self.stdin, self.stdout, self.stderr = proc.stdin, proc.stdout, proc.stderr
         else:
-            import io
-
-            self.stdin = io.TextIOWrapper(chan.makefile_stdin("wb"), write_through=True)
-            self.stdout = io.TextIOWrapper(chan.makefile("rb"))
-            self.stderr = io.TextIOWrapper(chan.makefile_stderr("rb"))
+            # paramiko's own files, line buffered, text (str) both ways: their readline returns as
+            # soon as a line has arrived. Not io.TextIOWrapper over them: it reads 8 KiB chunks,
+            # and paramiko's read(n) waits for n bytes or EOF, so a one-line answer never came
+            # back (tests/test_transport_session.py).
+            self.stdin = chan.makefile_stdin("w", 1)
+            self.stdout = chan.makefile("r", 1)
+            self.stderr = chan.makefile_stderr("r", 1)
 
     @property
     def returncode(self) -> int | None:
