@@ -546,3 +546,11 @@ def test_cuda_units_make_nvidia_uvm_and_keep_caches_under_the_state_dir():
     cpu_unit = next(f.content for files in render.render(cpu).values() for p, f in files.items()
                     if p.startswith("/etc/systemd/system/vllm-") and p.endswith(".service"))
     assert "nvidia-modprobe" not in cpu_unit and "nvidia-persistenced" not in cpu_unit
+
+
+def test_vllms_path_uses_the_env_of_a_prefix_written_with_a_trailing_slash():
+    resolved = copy.deepcopy(resolved_of("lab-tiny"))
+    resolved["install"]["prefix"] = "/opt/vllm-fleet/x/"
+    resolved["install"]["accelerator"] = "cuda"
+    env = command.vllm_env(resolved)
+    assert env["PATH"].split(":")[0] == "/opt/vllm-fleet/x/env/bin" == command.env_paths(resolved)["env"] + "/bin"

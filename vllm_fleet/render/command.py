@@ -226,7 +226,7 @@ def vllm_env(resolved: dict[str, Any]) -> dict[str, str]:
         env["FLASHINFER_WORKSPACE_BASE"] = f"{state}/cache/flashinfer"
         env["DG_JIT_CACHE_DIR"] = f"{state}/cache/deep_gemm"
         env["CUDA_CACHE_PATH"] = f"{state}/cache/nv"
-        env["PATH"] = f"{resolved['install']['prefix']}/env/bin:{SYSTEM_PATH}"
+        env["PATH"] = f"{env_paths(resolved)['env']}/bin:{SYSTEM_PATH}"
     if resolved["proxy"]["enabled"]:
         env["VLLM_HTTP_TIMEOUT_KEEP_ALIVE"] = str(UPSTREAM_KEEP_ALIVE_S)
     if resolved["parallel"].get("backend") == "ray":
