@@ -74,9 +74,13 @@ from vllm_fleet.host.programs import argv as cmd, python
 from vllm_fleet.render import command
 from vllm_fleet.roles.common import directory, progress, secret_file
 from vllm_fleet.roles.common.state import Converged, Query, Snapshot, StateUnknown, role_state, unknown
+from vllm_fleet.spec.sections import reads
 
 from . import defaults as d
 from .defaults import DEFAULTS
+
+#: The spec sections this role reads (vllm_fleet.spec.sections; the role's README says which and why).
+SECTIONS = ("name", "install", "model", "server")
 
 __all__ = ["install_model", "local_manifest", "manifest_text", "ModelMissing", "NoSpace", "StateUnknown", "DEFAULTS"]
 
@@ -166,6 +170,7 @@ def _tree_query(root: str, entries: list[tuple[str, str]]) -> Query:
     return Query(stat=tuple(dirs + files_), sha=tuple(files_), find=(root,), free=(root, _temp_dir()))
 
 
+@reads(*SECTIONS)
 def state_query(spec: dict) -> Query:
     """What install_model compares against (vllm_fleet.roles.common.state): for ``upload`` every
     file, directory and the manifest at model.path (stat, sha256, the files there) and the free
@@ -313,6 +318,7 @@ def _none(spec: dict, snap: Snapshot) -> list:
 
 
 @deploy("Model weights", data_defaults=DEFAULTS)
+@reads(*SECTIONS)
 def install_model(spec: dict[str, Any], hub_token: str | None = None) -> list:
     """
     Put the model's weights at ``model.path`` (upload with checksums, hub download, or check).

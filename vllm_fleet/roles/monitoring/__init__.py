@@ -27,8 +27,12 @@ from vllm_fleet.render import monitoring
 from vllm_fleet.roles.common import DeployError, directory, packages as common_packages, put_rendered, rendered_query
 from vllm_fleet.roles.common import remove, role_data, service_running
 from vllm_fleet.roles.common.state import Query, Snapshot, pending, role_state, unknown
+from vllm_fleet.spec.sections import reads
 
 from .defaults import DEFAULTS
+
+#: The spec sections this role reads (vllm_fleet.spec.sections; the role's README says which and why).
+SECTIONS = ("name", "install", "monitoring")
 
 PROMETHEUS = "prometheus"
 NODE_EXPORTER = "prometheus-node-exporter"
@@ -56,6 +60,7 @@ def _parts(spec: dict[str, Any], rendered: dict[str, Any]) -> list[tuple[str, li
     return [part for part in parts if part[0] in rendered]
 
 
+@reads(*SECTIONS)
 def state_query(spec: dict[str, Any], rendered: dict[str, Any]) -> Query:
     """What install_monitoring compares against (vllm_fleet.roles.common.state): this host's
     rendered monitoring files and their directories, the packages and services of its parts, the
@@ -91,6 +96,7 @@ def _apt(name: str, packages: list[str]):
 
 
 @deploy("monitoring", data_defaults=DEFAULTS)
+@reads(*SECTIONS)
 def install_monitoring(spec: dict[str, Any], rendered: dict[str, Any], present: bool = True, paths: list[str] | None = None):
     """
     Install and configure what this host's rendered monitoring files call for, or

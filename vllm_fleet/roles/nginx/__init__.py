@@ -16,13 +16,18 @@ from vllm_fleet.host.programs import argv as cmd
 from vllm_fleet.roles.common import (DeployError, atomic_put, packages, put_rendered, put_secret, remove, rendered_query,
                                      service_running)
 from vllm_fleet.roles.common.state import Query, host_state, pending, role_state
+from vllm_fleet.spec.sections import reads
 
 from .defaults import DEFAULTS
+
+#: The spec sections this role reads (vllm_fleet.spec.sections; the role's README says which and why).
+SECTIONS = ("install", "monitoring", "name", "proxy", "server")
 
 DEFAULT_SITE = "/etc/nginx/sites-enabled/default"
 
 
 @deploy("nginx proxy", data_defaults=DEFAULTS)
+@reads(*SECTIONS)
 def install_nginx(spec: dict[str, Any], rendered: dict[str, Any], api_key: str | None = None, tls_key: str | None = None,
                   tls_certificate: str | None = None, present: bool = True, paths: list[str] | None = None):
     """
@@ -170,6 +175,7 @@ def _validate_or_restore(name: str, keep: list[str]):
     return programs.shell("nginx_test_or_restore.sh", name, f"{ROLLBACK_DIR}/{name}", *keep)
 
 
+@reads(*SECTIONS)
 def state_query(spec: dict[str, Any], rendered: dict[str, Any]) -> Query:
     """What install_nginx compares against (vllm_fleet.roles.common.state): the package, the
     default site, this deployment's site, auth include and TLS files, nginx's unit."""

@@ -81,6 +81,11 @@ from .parse import (NVIDIA_SMI_COMMAND, NVIDIA_SMI_QUERY, apt_source_lines, driv
 from vllm_fleet.host.programs import argv as cmd
 from vllm_fleet.roles.common import role_data
 from vllm_fleet.roles.common.state import Query, Snapshot, StateUnknown, read_now, role_state, unknown
+from vllm_fleet.spec.sections import reads
+
+#: The spec sections this role reads (vllm_fleet.spec.sections; the role's README says which and why).
+SECTIONS = ("hardware", "install")
+
 
 __all__ = ["nvidia", "state_query", "GpuMismatch", "UnsupportedHost", "RebootNeeded", "cuda_repo_dir", "kernel_flavour", "DEFAULTS"]
 
@@ -191,6 +196,7 @@ def _reboot_needed(state, host, branch: str) -> None:  # noqa: ARG001
 GPUS_QUERY = Query(gpus=(NVIDIA_SMI_QUERY,))
 
 
+@reads(*SECTIONS)
 def state_query(spec: dict) -> Query:
     """What the nvidia role decides from (vllm_fleet.roles.common.state), for the deploy's one
     read (roles.service.server_stack_query asks it): nothing with ``install.accelerator: cpu``;
@@ -260,6 +266,7 @@ class _Host:
 
 
 @deploy("NVIDIA driver and CUDA", data_defaults=DEFAULTS)
+@reads(*SECTIONS)
 def nvidia(spec: dict) -> None:
     """The NVIDIA driver (and toolkit, fabric manager) a CUDA spec needs on this host, in four
     steps (sources, driver, toolkit + fabric manager, reboot + check); nothing when the branch or

@@ -50,9 +50,13 @@ from vllm_fleet.host.programs import argv as cmd
 from vllm_fleet.render import command
 from vllm_fleet.roles.common import directory, packages as common_packages, role_data
 from vllm_fleet.roles.common.state import Query, Snapshot, host_state, role_state, unknown
+from vllm_fleet.spec.sections import reads
 
 from . import defaults as d
 from .defaults import DEFAULTS
+
+#: The spec sections this role reads (vllm_fleet.spec.sections; the role's README says which and why).
+SECTIONS = ("install", "server")
 
 __all__ = ["pyenv", "service_dirs", "state_query", "env_dir", "env_python", "EnvMismatch", "DEFAULTS"]
 
@@ -69,6 +73,7 @@ env_python = command.env_python
 
 
 @deploy("Service user and directories", data_defaults=DEFAULTS)
+@reads(*SECTIONS)
 def service_dirs(spec: dict) -> None:
     ins, user = spec["install"], spec["server"]["user"]
     home = str(PurePosixPath(ins["state_dir"]).parent)
@@ -89,6 +94,7 @@ def _miniforge_root() -> str:
     return _data("pyenv_miniforge_root").rstrip("/")
 
 
+@reads(*SECTIONS)
 def state_query(spec: dict) -> Query:
     """What service_dirs and pyenv compare against (vllm_fleet.roles.common.state): the user,
     the directories, the env's python (probed with the vllm role's); for a venv its packages,
@@ -184,6 +190,7 @@ def _conda_env(env: str, python: str, snap: Snapshot) -> None:
 
 
 @deploy("Python environment", data_defaults=DEFAULTS)
+@reads(*SECTIONS)
 def pyenv(spec: dict) -> None:
     ins = spec["install"]
     env = env_dir(spec)

@@ -66,10 +66,14 @@ from vllm_fleet.roles.vllm.facts import parse_probe
 from vllm_fleet.render import command
 from vllm_fleet.render.layout import Layout, Node
 from vllm_fleet.render import files as render
+from vllm_fleet.spec.sections import reads
 
 from . import defaults as d
 from .defaults import DEFAULTS
 from .facts import Ipv4Interfaces, detect_ifname
+
+#: The spec sections this role reads (vllm_fleet.spec.sections; the role's README says which and why).
+SECTIONS = ("engine", "env", "hardware", "install", "monitoring", "name", "parallel", "proxy", "server")
 
 __all__ = ["install_ray", "state_query", "RayResult", "detect_ifname", "compare_versions", "DEFAULTS"]
 
@@ -164,6 +168,7 @@ def _ray_role(node: Node) -> str | None:
 
 
 @deploy("Ray node", data_defaults=DEFAULTS)
+@reads(*SECTIONS)
 def install_ray(spec: dict[str, Any], node: Node | None = None, layout: Layout | None = None, rendered: dict[str, Any] | None = None,
                 restart_on: list | None = None, present: bool = True, paths: list[str] | None = None) -> RayResult | dict[str, Any]:
     """
@@ -229,6 +234,7 @@ def _firewall_files(spec: dict[str, Any], rendered: dict[str, Any]) -> list[str]
     return [p["ray_firewall_rules"], p["ray_firewall_unit"]] if p["ray_firewall_rules"] in rendered else []
 
 
+@reads(*SECTIONS)
 def state_query(spec: dict[str, Any], node: Node, rendered: dict[str, Any]) -> Query:
     """What install_ray compares against (vllm_fleet.roles.common.state): its files (env files,
     unit, cluster wait script, firewall), its directories, the node's unit and the firewall's."""

@@ -48,8 +48,12 @@ from vllm_fleet.host import programs
 from vllm_fleet.roles.common import as_root, put_rendered
 from vllm_fleet.render import command
 from vllm_fleet.render import files as render
+from vllm_fleet.spec.sections import reads
 
 from .defaults import DEFAULTS
+
+#: The spec sections this role reads (vllm_fleet.spec.sections; the role's README says which and why).
+SECTIONS = ("name", "install", "model", "proxy", "server")
 
 __all__ = ["upstream", "router_workers", "drain", "smoke_replica", "parse_metrics", "DEFAULTS"]
 
@@ -153,6 +157,7 @@ def _sync_router(py: str, port: int, keep: list[str], remove: list[str]) -> None
 
 
 @deploy("Rollout: router workers", data_defaults=DEFAULTS)
+@reads(*SECTIONS)
 def router_workers(spec: dict[str, Any], workers: list[tuple[str, bool]]):
     """
     ``cache_aware``: the router's worker list (its /remove_worker, /add_worker API on loopback)
@@ -177,6 +182,7 @@ def router_workers(spec: dict[str, Any], workers: list[tuple[str, bool]]):
 
 
 @deploy("Rollout: nginx upstream", data_defaults=DEFAULTS)
+@reads(*SECTIONS)
 def upstream(spec: dict[str, Any], rendered: dict[str, Any], drain_timeout: float):
     """
     Put this proxy host's nginx site (replicas being updated marked ``down``); on a change:
@@ -204,6 +210,7 @@ def upstream(spec: dict[str, Any], rendered: dict[str, Any], drain_timeout: floa
 
 
 @deploy("Rollout: drain the replica", data_defaults=DEFAULTS)
+@reads(*SECTIONS)
 def drain(spec: dict[str, Any], drain_timeout: float, port: int | None = None):
     """
     Wait until a vLLM instance on this host has no running and no waiting request (bounded).
@@ -225,6 +232,7 @@ def drain(spec: dict[str, Any], drain_timeout: float, port: int | None = None):
 
 
 @deploy("Rollout: the replica's own smoke test", data_defaults=DEFAULTS)
+@reads(*SECTIONS)
 def smoke_replica(spec: dict[str, Any], port: int | None = None, unit: str = "vllm.service"):
     """
     Smoke-test a vLLM instance on this host directly (not through the proxy): health, models, a

@@ -27,8 +27,12 @@ from vllm_fleet.host.programs import chain
 from vllm_fleet.roles.common import DeployError, packages, put_rendered, remove, rendered_query
 from vllm_fleet.roles.common.wheels import host_target, source_args, target_query, wheel_source
 from vllm_fleet.roles.common.state import Query, host_state, pending
+from vllm_fleet.spec.sections import reads
 
 from .defaults import DEFAULTS
+
+#: The spec sections this role reads (vllm_fleet.spec.sections; the role's README says which and why).
+SECTIONS = ("install", "monitoring", "name", "proxy")
 
 PACKAGE = "vllm-router"
 
@@ -43,6 +47,7 @@ def requirement(spec: dict[str, Any]) -> str:
     return f"{PACKAGE}=={spec['proxy']['routing']['router']['version']}"
 
 
+@reads(*SECTIONS)
 def state_query(spec: dict[str, Any], rendered: dict[str, Any]) -> Query:
     """What install_router compares against: its unit, its venv's vllm-router, the unit's state
     and (fleet wheels) what the wheelhouse must fit on the host (the vllm role asks the same)."""
@@ -108,6 +113,7 @@ def _wait_command(unit: str, port: int, timeout: float) -> StringCommand:
 
 
 @deploy("vLLM router", data_defaults=DEFAULTS)
+@reads(*SECTIONS)
 def install_router(spec: dict[str, Any], rendered: dict[str, Any], present: bool = True, paths: list[str] | None = None):
     """
     Install and start vLLM's router for this deployment (proxy hosts with part ``router``), or

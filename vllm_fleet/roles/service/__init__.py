@@ -28,9 +28,16 @@ from vllm_fleet.render.layout import LEGACY_UNIT, Node
 from vllm_fleet.render.secrets import host_secret_files
 from vllm_fleet.roles.smoke import chat_on_host, replica_chat, replica_chat_query
 from vllm_fleet.serving.smoke import judge_replica_chat
+from vllm_fleet.spec.sections import reads
 
 from . import defaults as d
 from .defaults import DEFAULTS
+
+#: The spec sections this role reads (vllm_fleet.spec.sections; the role's README says which and why).
+SECTIONS = ("engine", "env", "install", "model", "monitoring", "name", "parallel", "proxy", "server", "smoke")
+
+#: What install_server_stack hands its roles (nvidia, pyenv, vllm, model): the union of theirs.
+STACK_SECTIONS = ("hardware", "install", "model", "name", "parallel", "server")
 
 UNIT = LEGACY_UNIT  # the default name of _wait_healthy's unit (callers pass an instance's)
 
@@ -164,6 +171,7 @@ def api_firewall_query(rendered: dict[str, Any]) -> Query:
             | Query(stat=(str(Path(rules_path).parent),), units=(d.API_FIREWALL_UNIT,)))
 
 
+@reads(*STACK_SECTIONS)
 def install_server_stack(spec: dict[str, Any], hub_token: str | None = None, present: bool = True,
                          purge: bool | None = None) -> tuple[list, list] | dict[str, Any]:
     """
@@ -230,6 +238,7 @@ def _stack_absent(spec: dict[str, Any], purge: bool | None) -> dict[str, Any]:
                                router_wheels_dir(spec)], "install-time only")
 
 
+@reads(*STACK_SECTIONS)
 def server_stack_query(spec: dict[str, Any]) -> Query:
     """What install_server_stack's roles compare against (vllm_fleet.roles.common.state): what
     the NVIDIA driver's install decides from (CUDA hosts), the service user and directories, the env, vLLM's system
@@ -263,6 +272,7 @@ def _instance_dirs(spec: dict[str, Any], node: Node) -> list[str]:
     return sorted(set(dirs), key=lambda x: (x.count("/"), x))
 
 
+@reads(*SECTIONS)
 def state_query(spec: dict[str, Any], node: Node, rendered: dict[str, Any]) -> Query:
     """What install_service compares against (vllm_fleet.roles.common.state): its directories,
     files (rendered, the key's env file), units and their state, the recorded configurations,
@@ -314,6 +324,7 @@ def _still_starting(snap: Snapshot, unit: str, stamp: str, health_timeout: int, 
 
 
 @deploy("vLLM service", data_defaults=DEFAULTS)
+@reads(*SECTIONS)
 def install_service(spec: dict[str, Any], node: Node | None = None, rendered: dict[str, Any] | None = None,
                     api_key: str | None = None, restart_on: list | None = None, only: list[int] | None = None,
                     prove_replicas: bool = True, present: bool = True, paths: list[str] | None = None):

@@ -26,8 +26,12 @@ from pyinfra.api import FunctionCommand, deploy, operation
 from vllm_fleet.host import programs
 from vllm_fleet.render import command
 from vllm_fleet.roles.common import as_root
+from vllm_fleet.spec.sections import reads
 
 from .defaults import DEFAULTS
+
+#: The spec sections this role reads (vllm_fleet.spec.sections; the role's README says which and why).
+SECTIONS = ("name", "install", "model", "proxy", "server", "smoke")
 
 
 def endpoint(spec: dict[str, Any], address: str) -> str:
@@ -201,6 +205,7 @@ def replica_chat(spec: dict[str, Any], unit: str, port: int):
 
 
 @deploy("Smoke tests", data_defaults=DEFAULTS)
+@reads(*SECTIONS)
 def run_smoke(spec: dict[str, Any], api_key: str | None, address: str | None = None, local_port: int | None = None):
     """
     Smoke-test the deployment through this host's proxy (or vLLM itself when the proxy is off).

@@ -56,9 +56,13 @@ from vllm_fleet.roles.common.state import Query, role_state, unknown
 from vllm_fleet.host.programs import argv as cmd, python
 from vllm_fleet.render import command
 from vllm_fleet.lab.vllmcpu import dist_info_files
+from vllm_fleet.spec.sections import reads
 
 from . import defaults as d
 from .defaults import DEFAULTS
+
+#: The spec sections this role reads (vllm_fleet.spec.sections; the role's README says which and why).
+SECTIONS = ("install", "parallel")
 
 __all__ = ["install_vllm", "requirements", "missing", "pip_install_command", "uv_install_command",
            "install_commands", "flashinfer_cubin_command", "wheelhouse_requirements", "cpu_ray_adaptation_files",
@@ -228,6 +232,7 @@ def _fleet_directory(spec: dict) -> Path:
 
 
 @deploy("vLLM system libraries", data_defaults=DEFAULTS)
+@reads(*SECTIONS)
 def install_system_libraries(spec: dict[str, Any]) -> None:
     """
     The distribution packages the chosen vLLM build needs at run time (before ``install_vllm``).
@@ -250,6 +255,7 @@ def install_system_libraries(spec: dict[str, Any]) -> None:
         packages(name="CPU build's system libraries", packages=list(d.CPU_APT_PACKAGES), update=True, cache_time=3600)
 
 
+@reads(*SECTIONS)
 def state_query(spec: dict[str, Any]) -> Query:
     """What install_system_libraries and install_vllm compare against (vllm_fleet.roles.common.state):
     the system libraries, the env's distributions, (cpu + ray) the adaptation's files and (fleet
@@ -264,6 +270,7 @@ def state_query(spec: dict[str, Any]) -> Query:
 
 
 @deploy("vLLM", data_defaults=DEFAULTS)
+@reads(*SECTIONS)
 def install_vllm(spec: dict[str, Any]) -> list:
     """
     Install the pinned vLLM build (and Ray / extra packages) into ``{install.prefix}/env``.
