@@ -79,7 +79,7 @@ from vllm_fleet.spec.sections import reads
 from . import defaults as d
 from .defaults import DEFAULTS
 
-#: The spec sections this role reads (vllm_fleet.spec.sections; the role's README says which and why).
+#: The spec sections this role reads (vllm_fleet.spec.sections); its README lists them.
 SECTIONS = ("name", "install", "model", "server")
 
 __all__ = ["install_model", "local_manifest", "manifest_text", "ModelMissing", "NoSpace", "StateUnknown", "DEFAULTS"]

@@ -83,7 +83,7 @@ from vllm_fleet.roles.common import role_data
 from vllm_fleet.roles.common.state import Query, Snapshot, StateUnknown, read_now, role_state, unknown
 from vllm_fleet.spec.sections import reads
 
-#: The spec sections this role reads (vllm_fleet.spec.sections; the role's README says which and why).
+#: The spec sections this role reads (vllm_fleet.spec.sections); its README lists them.
 SECTIONS = ("hardware", "install")
 
 

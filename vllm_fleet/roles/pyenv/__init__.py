@@ -55,7 +55,7 @@ from vllm_fleet.spec.sections import reads
 from . import defaults as d
 from .defaults import DEFAULTS
 
-#: The spec sections this role reads (vllm_fleet.spec.sections; the role's README says which and why).
+#: The spec sections this role reads (vllm_fleet.spec.sections); its README lists them.
 SECTIONS = ("install", "server")
 
 __all__ = ["pyenv", "service_dirs", "state_query", "env_dir", "env_python", "EnvMismatch", "DEFAULTS"]

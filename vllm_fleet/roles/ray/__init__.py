@@ -72,7 +72,7 @@ from . import defaults as d
 from .defaults import DEFAULTS
 from .facts import Ipv4Interfaces, detect_ifname
 
-#: The spec sections this role reads (vllm_fleet.spec.sections; the role's README says which and why).
+#: The spec sections this role reads (vllm_fleet.spec.sections); its README lists them.
 SECTIONS = ("engine", "env", "hardware", "install", "monitoring", "name", "parallel", "proxy", "server")
 
 __all__ = ["install_ray", "state_query", "RayResult", "detect_ifname", "compare_versions", "DEFAULTS"]

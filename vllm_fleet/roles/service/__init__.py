@@ -26,18 +26,21 @@ from vllm_fleet.render import command
 from vllm_fleet.render import files as render
 from vllm_fleet.render.layout import LEGACY_UNIT, Node
 from vllm_fleet.render.secrets import host_secret_files
+from vllm_fleet.roles import model, nvidia, pyenv, vllm
+from vllm_fleet.roles.router import wheels_dir as router_wheels_dir
 from vllm_fleet.roles.smoke import chat_on_host, replica_chat, replica_chat_query
+from vllm_fleet.roles.vllm import defaults as vd
 from vllm_fleet.serving.smoke import judge_replica_chat
 from vllm_fleet.spec.sections import reads
 
 from . import defaults as d
 from .defaults import DEFAULTS
 
-#: The spec sections this role reads (vllm_fleet.spec.sections; the role's README says which and why).
+#: The spec sections this role reads (vllm_fleet.spec.sections); its README lists them.
 SECTIONS = ("engine", "env", "install", "model", "monitoring", "name", "parallel", "proxy", "server", "smoke")
 
 #: What install_server_stack hands its roles (nvidia, pyenv, vllm, model): the union of theirs.
-STACK_SECTIONS = ("hardware", "install", "model", "name", "parallel", "server")
+STACK_SECTIONS = tuple(sorted(set().union(*(r.SECTIONS for r in (nvidia, pyenv, vllm, model)))))
 
 UNIT = LEGACY_UNIT  # the default name of _wait_healthy's unit (callers pass an instance's)
 
@@ -204,17 +207,12 @@ def install_server_stack(spec: dict[str, Any], hub_token: str | None = None, pre
     """
     if not present:
         return _stack_absent(spec, purge)
-    from vllm_fleet.roles.model import install_model
-    from vllm_fleet.roles.nvidia import nvidia
-    from vllm_fleet.roles.pyenv import pyenv, service_dirs
-    from vllm_fleet.roles.vllm import install_system_libraries, install_vllm
-
-    nvidia(spec=spec)
-    service_dirs(spec=spec)
-    pyenv(spec=spec)
-    install_system_libraries(spec=spec)
-    vllm_changed = install_vllm(spec=spec)
-    model_changed = install_model(spec=spec, hub_token=hub_token)
+    nvidia.nvidia(spec=spec)
+    pyenv.service_dirs(spec=spec)
+    pyenv.pyenv(spec=spec)
+    vllm.install_system_libraries(spec=spec)
+    vllm_changed = vllm.install_vllm(spec=spec)
+    model_changed = model.install_model(spec=spec, hub_token=hub_token)
     return list(vllm_changed or []), list(model_changed or [])
 
 
@@ -225,9 +223,6 @@ def purging(purge: bool | None = None) -> bool:
 
 
 def _stack_absent(spec: dict[str, Any], purge: bool | None) -> dict[str, Any]:
-    from vllm_fleet.roles.router import wheels_dir as router_wheels_dir
-    from vllm_fleet.roles.vllm import defaults as vd
-
     ins = spec["install"]
     if purging(purge):
         return remove.directories(sorted({ins["prefix"], ins["state_dir"], spec["model"]["path"], ins["config_dir"]}), "purge")
@@ -243,8 +238,6 @@ def server_stack_query(spec: dict[str, Any]) -> Query:
     """What install_server_stack's roles compare against (vllm_fleet.roles.common.state): what
     the NVIDIA driver's install decides from (CUDA hosts), the service user and directories, the env, vLLM's system
     libraries and distributions, the model."""
-    from vllm_fleet.roles import model, nvidia, pyenv, vllm
-
     return nvidia.state_query(spec) | pyenv.state_query(spec) | vllm.state_query(spec) | model.state_query(spec)
 
 

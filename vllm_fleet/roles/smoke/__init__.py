@@ -30,7 +30,7 @@ from vllm_fleet.spec.sections import reads
 
 from .defaults import DEFAULTS
 
-#: The spec sections this role reads (vllm_fleet.spec.sections; the role's README says which and why).
+#: The spec sections this role reads (vllm_fleet.spec.sections); its README lists them.
 SECTIONS = ("name", "install", "model", "proxy", "server", "smoke")
 
 

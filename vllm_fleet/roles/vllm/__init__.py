@@ -61,7 +61,7 @@ from vllm_fleet.spec.sections import reads
 from . import defaults as d
 from .defaults import DEFAULTS
 
-#: The spec sections this role reads (vllm_fleet.spec.sections; the role's README says which and why).
+#: The spec sections this role reads (vllm_fleet.spec.sections); its README lists them.
 SECTIONS = ("install", "parallel")
 
 __all__ = ["install_vllm", "requirements", "missing", "pip_install_command", "uv_install_command",
