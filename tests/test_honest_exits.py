@@ -23,7 +23,7 @@ from vllm_fleet.commands import deploy as deploycmd
 REPO = Path(__file__).resolve().parents[1]
 RUNNER = """
 import sys
-from vllm_fleet.commands.pyinfra_run import run
+from vllm_fleet.host.pyinfra_run import run
 sys.exit(run(["pyinfra", "@local", "exec", "-y", "--", "sleep", "30"], "vllm-fleet deploy", "vllm-fleet deploy inv.py -y"))
 """
 
@@ -63,7 +63,7 @@ def test_ctrl_c_exits_130_with_one_line_and_no_traceback(tmp_path, to):
 def test_bare_pyinfra_of_a_packaged_deploy_exits_130(tmp_path):
     """The deploy file installs the handler when pyinfra loads it (a bare `pyinfra INV deploys/serve.py`)."""
     deploy = tmp_path / "slow.py"
-    deploy.write_text("from pyinfra.operations import server\nfrom vllm_fleet.commands.pyinfra_run import install_sigint\n"
+    deploy.write_text("from pyinfra.operations import server\nfrom vllm_fleet.host.pyinfra_run import install_sigint\n"
                       "install_sigint()\nserver.shell(name='slow', commands=['sleep 30'])\n")
     pyinfra = str(Path(sys.executable).parent / "pyinfra")
     proc, out = _start(tmp_path, f"import os; os.execv({pyinfra!r}, [{pyinfra!r}, '-y', '@local', {str(deploy)!r}])")

@@ -158,7 +158,7 @@ def run_pyinfra(argv: list[str], runner: Callable[[list[str]], int] | None = Non
     with one line: what may still run on the hosts and ``again``, the command to run next)."""
     if runner:
         return runner(argv)
-    from vllm_fleet.commands.pyinfra_run import run
+    from vllm_fleet.host.pyinfra_run import run
 
     return run(argv, what, again or " ".join(argv))
 

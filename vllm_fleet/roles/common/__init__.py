@@ -4,10 +4,10 @@ writing secrets without ever showing their value (not even with pyinfra's --diff
 
 from __future__ import annotations
 
-from contextlib import contextmanager
-
+import hashlib
 import os
 import sys
+from contextlib import contextmanager
 from io import StringIO
 from pathlib import Path
 from typing import Any
@@ -18,6 +18,12 @@ from pyinfra.api.exceptions import PyinfraError
 from pyinfra.facts.files import File, Sha256File
 
 from vllm_fleet.host.network import Ipv4Interfaces, detect_ifname
+from vllm_fleet.host.pyinfra_run import install_sigint
+from vllm_fleet.render.layout import SERVICE_PARTS, Layout, LayoutError, build, render_entry
+from vllm_fleet.render.secrets import SecretError, read_spec_secrets, write_generated
+from vllm_fleet.roles.common import progress
+from vllm_fleet.spec.pipeline import check
+from vllm_fleet.spec.source import SpecSourceError, spec_sources
 
 _CACHE: dict[str, Any] = {}
 _GENERATED: dict[Path, str] = {}  # generate: true secrets planned this run ({path: value}), written at execute time
@@ -31,8 +37,6 @@ def spec_paths(h: Any = None) -> list[str]:
     """The specs a host's deploy uses (:mod:`vllm_fleet.spec.source`: data `vllm_fleet_spec`, a
     path or a list, else $VLLM_FLEET_SPEC, paths separated by ``:``, else the lab's own for the lab
     inventory); no spec: a DeployError saying how."""
-    from vllm_fleet.spec.source import SpecSourceError, spec_sources
-
     h = h or host
     try:
         return spec_sources(h.data, h.name)[0]
@@ -81,16 +85,12 @@ def upstream_down() -> set[str]:
 def inventory_hosts() -> dict[str, dict[str, Any]]:
     """The inventory as the layout wants it: {name: {address, groups, data}} (the host data the
     layout reads: vllm_fleet.render.layout's docstring; vllm_fleet.render.layout.render_entry)."""
-    from vllm_fleet.render.layout import render_entry
-
     return {h.name: render_entry(h.name, list(h.groups), h.data) for h in inventory}
 
 
-def _detect_ifnames(layout: Any, hosts: dict[str, dict[str, Any]]) -> bool:
+def _detect_ifnames(layout: Layout, hosts: dict[str, dict[str, Any]]) -> bool:
     """Multi-node nodes without a configured interface: the one holding the node's private
     address (a fact of that host), into its data. True when anything was filled in."""
-    from vllm_fleet.render.layout import SERVICE_PARTS
-
     filled = False
     for dep, r in layout.deployments.items():
         if int(r["parallel"]["nodes"]) < 2 or r["parallel"].get("socket_ifname"):
@@ -119,10 +119,7 @@ def load_deploy_spec() -> dict[str, Any]:
     "secrets": {name: {...}}, "paths": {name: spec file}}`` plus, for the first spec, the
     single-deployment keys ``spec``, ``secrets``, ``rendered`` ({host: files}) and ``path``.
     """
-    from vllm_fleet.commands.pyinfra_run import install_sigint
-
     install_sigint()  # Ctrl-C: one line and exit 130, not pyinfra's traceback and exit 0
-    from vllm_fleet.roles.common import progress
 
     progress.install()  # a line every few seconds while an upload, install or wait runs
     paths, per_host = fleet_spec_paths()
@@ -156,9 +153,6 @@ def load_deploy_spec() -> dict[str, Any]:
 def _checked_spec(path: str, generated: dict) -> tuple[dict[str, Any], dict[str, Any]]:
     """One spec checked (its problems printed with YAML path and fix; errors stop the deploy), its
     secrets read on this machine and an uploaded model's directory present: ``(resolved, secrets)``."""
-    from vllm_fleet.spec.pipeline import check
-    from vllm_fleet.render.secrets import SecretError, read_spec_secrets
-
     checked = check(path)
     if not checked.ok:
         text = "\n".join(f"  {p.format()}" for p in checked.problems)
@@ -191,11 +185,9 @@ def _hosts_own_deployments(hosts: dict[str, Any], per_host: dict[str, Any], name
                 data["deployments"] = [names[_norm(p)] for p in own or []]
 
 
-def _fleet_layout(specs: dict[str, dict[str, Any]], hosts: dict[str, Any], sources: dict[str, str], paths: list[str]) -> Any:
+def _fleet_layout(specs: dict[str, dict[str, Any]], hosts: dict[str, Any], sources: dict[str, str], paths: list[str]) -> Layout:
     """The one layout of the deploy (built again when the hosts' interfaces were read: facts
     first, then the layout); a layout error stops the deploy, printed."""
-    from vllm_fleet.render.layout import LayoutError, build
-
     try:
         layout = build(list(specs.values()), hosts, down=upstream_down(), sources=sources)
         if _detect_ifnames(layout, hosts):  # facts first, then the one layout the deploy uses
@@ -214,8 +206,6 @@ def host_layout(ctx: dict[str, Any]) -> Any:
 
 def _tls_certificate(resolved: dict[str, Any], base_dir: Path) -> str | None:
     """proxy.tls.certificate's text (a file on the control machine, relative to the spec)."""
-    from vllm_fleet.render.secrets import SecretError
-
     tls = resolved["proxy"].get("tls") or {}
     if not (tls.get("enabled") and tls.get("certificate")) or tls.get("self_signed"):
         return None
@@ -231,8 +221,6 @@ def _tls_certificate(resolved: dict[str, Any], base_dir: Path) -> str | None:
 
 
 def _write_generated(generated: dict[Path, str]) -> None:
-    from vllm_fleet.render.secrets import write_generated
-
     for p in write_generated(generated):
         logger.info(f"vllm-fleet: generated secret file {p} (mode 0600)")
 
@@ -323,8 +311,6 @@ def secret_file(path: str, content: str, user: str = "root", group: str = "root"
         secret_file(name="API key", path="/etc/vllm-fleet/x/secrets.env",
                     content=f"VLLM_API_KEY={key}\\n")
     """
-    import hashlib
-
     want = hashlib.sha256(content.encode()).hexdigest()
     remote = host.get_fact(File, path=path)
     have = host.get_fact(Sha256File, path=path) if remote else None
@@ -372,8 +358,6 @@ def atomic_put(dest: str, content: str, user: str = "root", group: str = "root",
         atomic_put(name="Put /etc/systemd/system/vllm.service", dest="/etc/systemd/system/vllm.service",
                    content=unit_text, mode="644")
     """
-    import hashlib
-
     want = hashlib.sha256(content.encode()).hexdigest()
     remote = host.get_fact(File, path=dest)
     have = host.get_fact(Sha256File, path=dest) if remote else None
@@ -402,8 +386,6 @@ def op_per(key: str):
     b") and repeats in pyinfra's output, and a host's row can vanish into another's. Inside
     ``op_per(path)`` the same path is one operation on every host and another path another.
     """
-    import hashlib
-
     host.loop_position.append(int(hashlib.sha256(key.encode()).hexdigest()[:12], 16))
     try:
         yield
@@ -412,8 +394,6 @@ def op_per(key: str):
 
 
 def _sha256(text: str) -> str:
-    import hashlib
-
     return hashlib.sha256(text.encode()).hexdigest()
 
 

@@ -8,7 +8,7 @@ reached pyinfra alone (an interrupted deploy that reports success). Here:
   interrupted, what may still run on the hosts, what to run next) and leaves at once with exit
   130 (``os._exit``: no greenlet is unwound, so no traceback). The packaged deploys call it when
   pyinfra loads them (so a bare ``pyinfra inventory.py deploys/serve.py`` gets it for the run),
-  and ``python -m vllm_fleet.commands.pyinfra_run`` (what :func:`run` starts) installs it
+  and ``python -m vllm_fleet.host.pyinfra_run`` (what :func:`run` starts) installs it
   before pyinfra's CLI starts (so also while it connects).
 - :func:`run` starts pyinfra as a child and, while it runs, takes SIGINT itself (a Ctrl-C in a
   terminal reaches both: the child stops, the parent waits for it and reports), so an interrupted
@@ -59,7 +59,7 @@ def install_sigint() -> None:
 
 
 def main() -> None:  # pragma: no cover - a subprocess
-    """``python -m vllm_fleet.commands.pyinfra_run ARGS``: pyinfra's CLI with :func:`install_sigint`
+    """``python -m vllm_fleet.host.pyinfra_run ARGS``: pyinfra's CLI with :func:`install_sigint`
     in place from the start (pyinfra's main() sets its own SIGINT handler: it is ignored)."""
     real = signal.signal
 
@@ -78,7 +78,7 @@ def main() -> None:  # pragma: no cover - a subprocess
 
 def child_argv(argv: Sequence[str]) -> list[str]:
     """``pyinfra ARGS`` -> the same run through :func:`main` (this interpreter, pyinfra's CLI)."""
-    return [sys.executable, "-m", "vllm_fleet.commands.pyinfra_run", *argv[1:]]
+    return [sys.executable, "-m", "vllm_fleet.host.pyinfra_run", *argv[1:]]
 
 
 def run(argv: Sequence[str], what: str, again: str) -> int:
