@@ -112,7 +112,7 @@ def jit_features(resolved: dict[str, Any], compute_capability: float | None) -> 
     for key, val in JIT_ENV.items():
         if env.get(key, "").upper() == val:
             why.append(f"env.{key}={val}")
-    args = [str(a) for a in resolved.get("engine", {}).get("extra_args") or []]
+    args = [str(a) for a in resolved["engine"]["extra_args"]]
     for i, a in enumerate(args):
         if a == "--attention-backend" and i + 1 < len(args) and args[i + 1].upper() == "FLASHINFER":
             why.append("engine.extra_args --attention-backend FLASHINFER")

@@ -588,7 +588,7 @@ def client_settings(resolved: dict[str, Any], nodes: list[Node] | None = None) -
         "model": resolved["model"]["served_name"],
         "api_key": {"secret": dict(ref) if ref else None, "where": describe_secret(ref)},
     }
-    if prx.get("enabled", True):
+    if prx["enabled"]:
         policy = routing_policy(resolved, server_replicas(nodes) if nodes else int(resolved["replicas"]["per_host"]))
         out["routing"] = {"policy": policy}
         if policy == "session":

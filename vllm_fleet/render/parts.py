@@ -349,7 +349,7 @@ def _host_parts(resolved: dict[str, Any], inventory: dict[str, dict[str, Any]], 
     fixed to :data:`GROUPS`)."""
     name = resolved["name"]
     proxy_on = resolved["proxy"]["enabled"]
-    monitoring_on = bool((resolved.get("monitoring") or {}).get("enabled"))
+    monitoring_on = bool(resolved["monitoring"]["enabled"])
     out = _inventory_nodes(resolved, inventory)
     servers = [n for n in out if "server" in n.roles]
     workers = [n for n in out if "worker" in n.roles]
@@ -413,7 +413,7 @@ def _role_parts(resolved: dict[str, Any], problems: list[str], source: str) -> l
         out.append(Node("worker", {"worker"}, None, 1, {}))
     if resolved["proxy"]["enabled"]:
         out.append(Node("proxy", {"proxy"}))
-    if (resolved.get("monitoring") or {}).get("enabled"):
+    if resolved["monitoring"]["enabled"]:
         out.append(Node("monitoring", {"monitoring"}))
     for n in out:
         if n.roles & {"server", "worker"}:
@@ -445,16 +445,16 @@ def _listen_ports(resolved: dict[str, Any], node: Node) -> list[tuple[int, int, 
         router = resolved["proxy"]["routing"]["router"]
         out.append((int(router["port"]),) * 2 + (f"vLLM router of {name} (proxy.routing.router.port)",))
         out.append((int(router["metrics_port"]),) * 2 + (f"vLLM router metrics of {name} (proxy.routing.router.metrics_port)",))
-    mon = resolved.get("monitoring") or {}
-    if mon.get("enabled") and node.roles:
-        if mon.get("node_exporter", True):
+    mon = resolved["monitoring"]
+    if mon["enabled"] and node.roles:
+        if mon["node_exporter"]:
             out.append((int(mon["node_exporter_port"]),) * 2 + (f"node exporter (monitoring.node_exporter_port of {name})",))
         cuda = resolved["install"]["accelerator"] == "cuda"
-        if mon.get("dcgm_exporter", True) and cuda and node.roles & SERVICE_PARTS:
+        if mon["dcgm_exporter"] and cuda and node.roles & SERVICE_PARTS:
             out.append((int(mon["dcgm_exporter_port"]),) * 2 + (f"dcgm-exporter (monitoring.dcgm_exporter_port of {name})",))
         if "monitoring" in node.roles:
             out.append((int(mon["prometheus_port"]),) * 2 + (f"Prometheus of {name} (monitoring.prometheus_port)",))
-            if mon.get("health_probe", True):
+            if mon["health_probe"]:
                 bb = int(BLACKBOX_LISTEN.rpartition(":")[2])
                 out.append((bb, bb, "blackbox exporter (vllm-fleet's fixed port)"))
     if node.roles & {"ray-head", "ray-worker"}:
@@ -560,7 +560,7 @@ def _one_per_host(host: str, h: HostLayout, deployments: dict[str, dict[str, Any
     """What a host has once for every deployment there: monitoring, an nginx site per port and name, a Ray cluster."""
     out: list[str] = []
     # two monitored deployments on one host: one Prometheus and one node exporter per host
-    monitored = [dep for dep, n in h.parts.items() if n.roles and (deployments[dep].get("monitoring") or {}).get("enabled")]
+    monitored = [dep for dep, n in h.parts.items() if n.roles and deployments[dep]["monitoring"]["enabled"]]
     if len(monitored) > 1:
         out.append(f"{host}: deployments {', '.join(monitored)} both have monitoring.enabled and this host is part of both: "
                    "their monitoring files (the node exporter's and Prometheus' configuration) are one per host. "

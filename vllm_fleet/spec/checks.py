@@ -338,8 +338,8 @@ def _secret_env(r: dict[str, Any], spec: Spec | None, add: Add) -> None:
 
 def _monitoring(r: dict[str, Any], spec: Spec | None, add: Add) -> None:
     """Monitoring's ports are its own, and its GPU memory alert sits above what vLLM reserves."""
-    mon = r.get("monitoring") or {}
-    if not mon.get("enabled"):
+    mon = r["monitoring"]
+    if not mon["enabled"]:
         return
     e, srv, prx, ins = r["engine"], r["server"], r["proxy"], r["install"]
     ports = {"server.port": srv["port"], "proxy.listen": prx["listen"], "monitoring.prometheus_port": mon["prometheus_port"],

@@ -170,7 +170,7 @@ def overhead(facts: dict[str, Any], resolved: dict[str, Any], g: dict[str, Any],
 
 def replicas_per_gpu(resolved: dict[str, Any]) -> int:
     """How many vLLMs share each GPU group (replicas.per_gpu)."""
-    return int((resolved.get("replicas") or {}).get("per_gpu", 1) or 1)
+    return int(resolved["replicas"]["per_gpu"])
 
 
 def replica_gpu_utilization(resolved: dict[str, Any]) -> float:

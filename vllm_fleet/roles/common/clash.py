@@ -135,8 +135,8 @@ def wanted(ctx: dict[str, Any], h: HostLayout) -> dict[str, Held]:
                 held.use_gpu(g, inst.unit, share)
         if "proxy" in node.roles:
             prx = ctx["specs"][name]["proxy"]
-            if prx.get("enabled", True):
-                sn = prx.get("server_name", "_")
+            if prx["enabled"]:
+                sn = prx["server_name"]
                 held.sites.append((int(prx["listen"]), sn, sn == "_", f"proxy.listen {prx['listen']}"))
     return out
 
