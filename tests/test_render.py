@@ -554,3 +554,18 @@ def test_vllms_path_uses_the_env_of_a_prefix_written_with_a_trailing_slash():
     resolved["install"]["accelerator"] = "cuda"
     env = command.vllm_env(resolved)
     assert env["PATH"].split(":")[0] == "/opt/vllm-fleet/x/env/bin" == command.env_paths(resolved)["env"] + "/bin"
+
+
+def test_a_prefix_written_with_a_trailing_slash_gives_no_double_slash_anywhere():
+    """install.prefix "/opt/vf/x/" (the schema allows the slash): resolve keeps one spelling, so
+    no path the deploy places or names (the router's venv, the wait scripts, the env) and no
+    rendered file holds "x//"."""
+    text = (REPO / "deployments" / "lab-tiny-routing.yaml").read_text()
+    raw = spec.loads(text).raw
+    raw.setdefault("install", {})["prefix"] = "/opt/vf/x/"
+    resolved = spec.resolve(spec.loads(json.dumps(raw)))
+    assert resolved["install"]["prefix"] == "/opt/vf/x"
+    assert [k for k, v in render.paths(resolved).items() if "//" in v] == []
+    rendered = render.render(resolved, INVENTORY_ROUTING)
+    assert [(h, p) for h, files in rendered.items() for p, f in files.items() if "x//" in p or "x//" in f.content] == []
+    assert any("/opt/vf/x/router/bin/vllm-router" in f.content for files in rendered.values() for f in files.values())

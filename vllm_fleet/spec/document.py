@@ -561,7 +561,9 @@ def _resolve_install(out: dict[str, Any], root: dict[str, Any]) -> None:
     acc = ins["accelerator"]
     ins.setdefault("vllm_version", defaults.VLLM_VERSION[acc])
     ins["vllm_package"] = defaults.VLLM_PACKAGE[acc]
-    ins.setdefault("prefix", defaults.PREFIX.format(name=name))
+    # the one spelling of the prefix every path is built from: written with a trailing slash
+    # (the schema allows it) it would give "//" in every path joined to it
+    ins["prefix"] = ins.get("prefix", defaults.PREFIX.format(name=name)).rstrip("/") or "/"
     ins.setdefault("ray_version", defaults.RAY_VERSION)
     nv = {**_schema_defaults(root["properties"]["install"]["properties"]["nvidia"]), **(ins.get("nvidia") or {})}
     if acc == "cuda":

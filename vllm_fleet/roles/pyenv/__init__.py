@@ -126,13 +126,12 @@ def _user(user: str, home: str) -> None:
     )
 
 
-def _venv(env: str, cuda: bool, snap: Snapshot) -> None:
+def _venv(env: str, py: str, cuda: bool, snap: Snapshot) -> None:
     packages = list(host.data.get("pyenv_venv_packages"))
     if cuda:
         packages += [p for p in host.data.get("pyenv_cuda_venv_packages") if p not in packages]
     common_packages(name="python3-venv" + (" and the headers + C compiler Triton builds with" if cuda else ""),
                     packages=packages, update=False)
-    py = f"{env}/bin/python"
     probed = snap.env(py)
     if probed is None or probed["python"] is None:
         # guarded: a read that did not complete never re-makes an env that is there
@@ -168,9 +167,9 @@ def _miniforge(snap: Snapshot) -> str:
     return root
 
 
-def _conda_env(env: str, python: str, snap: Snapshot) -> None:
+def _conda_env(env: str, py: str, python: str, snap: Snapshot) -> None:
     root = _miniforge(snap)
-    probed = snap.env(f"{env}/bin/python")
+    probed = snap.env(py)
     if probed is None:
         raise unknown(f"the Python of {env}")
     current = ".".join((probed["python"] or "").split(".")[:2]) or None  # major.minor, None: no env
@@ -193,14 +192,15 @@ def _conda_env(env: str, python: str, snap: Snapshot) -> None:
 @reads(*SECTIONS)
 def pyenv(spec: dict) -> None:
     ins = spec["install"]
-    env = env_dir(spec)
+    paths = command.env_paths(spec)
+    env = paths["env"]
     snap = role_state(state_query(spec))  # the deploy's read, or one of its own
     directory(name="Install prefix", path=ins["prefix"], user="root", group="root", mode=d.PREFIX_MODE)
     cuda = ins["accelerator"] == "cuda"
     if ins["env_manager"] == "venv":
-        _venv(env, cuda, snap)
+        _venv(env, paths["python"], cuda, snap)
     else:
         if cuda and host.data.get("pyenv_cuda_conda_packages"):
             common_packages(name="C compiler Triton builds with", packages=list(host.data.get("pyenv_cuda_conda_packages")),
                             update=False)
-        _conda_env(env, str(ins["python"]), snap)
+        _conda_env(env, paths["python"], str(ins["python"]), snap)
