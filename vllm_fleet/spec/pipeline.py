@@ -17,6 +17,7 @@ import copy
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
+from vllm_fleet.spec import checks, hwchecks
 from vllm_fleet.spec import document as specmod
 from vllm_fleet.spec.document import Problem, Spec, SpecError
 
@@ -105,11 +106,7 @@ def check(path: str, *, hardware: bool = True, overrides: dict[tuple[str, str], 
             if value is not None:
                 resolved[section][key] = value
         if hardware:
-            from vllm_fleet.spec.hwchecks import apply_model_facts
-
-            apply_model_facts(resolved)
-        from vllm_fleet.spec import checks
-
+            hwchecks.apply_model_facts(resolved)
         later = checks.run(resolved, spec, hardware=hardware)
     except Exception:
         if not schema_errors:
