@@ -168,5 +168,7 @@ def host_state(files: dict | None = None, dirs: dict | None = None, units: dict 
         for u in query.units:
             props = {"LoadState": "loaded", **units[u]} if u in (units or {}) else {"LoadState": "not-found", "ActiveState": "inactive"}
             lines += [f"unit\tId={u}", *(f"unit\t{k}={v}" for k, v in props.items()), "unit"]
-        return Snapshot.parse([*lines, *(["end"] if complete else [])])
+        snap = Snapshot.parse([*lines, *(["end"] if complete else [])])
+        snap.query = query  # what was asked, as the roles' read (state._read) and diff's read_host record it
+        return snap
     return {HostState: answer}

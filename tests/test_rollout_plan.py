@@ -31,7 +31,11 @@ from vllm_fleet.render import files as render
 from vllm_fleet.spec import load as spec
 from vllm_fleet.serving.loadgen import LoadGen
 from vllm_fleet.commands.rollout import Rollout, RolloutError, batch_size, plan_batches
-from fleetutil import wait_listening
+from fleetutil import host_state, wait_listening
+from vllm_fleet.roles.common.state import HostState
+
+#: A host with none of the deployment's files or units, as its state read answers.
+bare_host = host_state()[HostState]
 
 REPO = Path(__file__).resolve().parent.parent
 SPEC = REPO / "deployments" / "lab-tiny-replicas.yaml"
@@ -161,7 +165,7 @@ def test_cli_dry_prints_batches_and_what_each_would_change(tmp_path, monkeypatch
     spec_copy = tmp_path / "replicas.yaml"
     spec_copy.write_text(yaml.safe_dump(data))
     read = []
-    monkeypatch.setattr(diffmod, "read_host", lambda address, data, script: read.append(address) or "")
+    monkeypatch.setattr(diffmod, "read_host", lambda address, data, query: read.append(address) or bare_host(query))
     assert main(["rollout", inv, "--spec", str(spec_copy), "--batch-percent", "50", "--dry", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["batches"] == [["lab1:0", "lab2:0"], ["lab3:0", "lab4:0"]]

@@ -4,8 +4,9 @@ Per host of the deployment(s) (the same inputs and checks as `vllm-fleet deploy`
 contacted when they fail):
 
 * files: every file rendered for the host (``render.render(resolved, inventory)``) against the
-  one on the host, read through the one transport (vllm_fleet.host.transport: pyinfra's connector):
-  a unified diff, or "new" when it is missing, plus mode/owner changes. Files that hold a secret
+  one on the host, read in the one state read (host_state.sh, the deploy's own: a stat, sha256
+  and text per file, no text for a secret) through the one transport (vllm_fleet.host.transport:
+  pyinfra's connector): a unified diff, or "new" when it is missing, plus mode/owner changes. Files that hold a secret
   (:func:`vllm_fleet.render.secrets.host_secret_files`: the API key's env file and nginx include, the
   TLS key) are compared by sha256 only: "secret differs", never their text;
 * units: every rendered systemd unit that is not active and enabled;
@@ -22,11 +23,10 @@ Core module: pyinfra's connectors only through vllm_fleet.host.transport (its CL
 from __future__ import annotations
 
 import argparse
-import base64
 import difflib
+import hashlib
 import json
 import os
-import shlex
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -34,6 +34,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from vllm_fleet.commands.deploy import DEPLOY, Deployment, PlanError, plan, pyinfra_argv
+from vllm_fleet.host.transport import Transport
+from vllm_fleet.roles.common.state import Query, Snapshot, state_command
 
 UNIT_DIR = "/etc/systemd/system/"
 UNIT_SUFFIXES = (".service", ".socket", ".timer", ".path", ".mount", ".target")
@@ -84,62 +86,40 @@ def expected_files(d: Deployment, host: str) -> tuple[dict[str, Any], set[str]]:
     return files, secret_paths
 
 
-def _read_script(paths: list[str], secret: set[str], units: list[str]) -> str:
-    lines = []
-    for i, p in enumerate(paths):
-        q = shlex.quote(p)
-        body = "" if p in secret else f"; base64 -w0 {q}"
-        lines.append(f"echo '@@ {i}'; if [ -f {q} ]; then stat -c '%a %U %G' {q}; sha256sum {q} | cut -c1-64{body}; echo; "
-                     "else echo missing; fi")
-    for i, u in enumerate(units):
-        q = shlex.quote(u)
-        lines.append(f"echo '@u {i}'; echo \"$(systemctl is-active {q} 2>/dev/null)\"; echo \"$(systemctl is-enabled {q} 2>/dev/null)\"")
-    return "\n".join(lines) + "\n"
+def read_query(paths: Sequence[str], secret: set[str], units: Sequence[str]) -> Query:
+    """What diff reads of a host: each file's stat and sha256, the text of every file but a
+    secret (a secret's text is never read), and each unit's state."""
+    return Query(stat=tuple(paths), sha=tuple(paths), read=tuple(p for p in paths if p not in secret), units=tuple(units))
 
 
-def parse_read(out: str, paths: list[str], units: list[str]) -> tuple[dict[str, dict[str, Any] | None], dict[str, tuple[str, str]]]:
-    """({path: None (missing) | {mode, owner, group, sha256, text}}, {unit: (active, enabled)})."""
+def remote_state(snap: Snapshot, paths: Sequence[str], units: Sequence[str]) -> tuple[dict[str, dict[str, Any] | None], dict[str, tuple[str, str]]]:
+    """({path: None (not a regular file) | {mode, owner, group, sha256, text}}, {unit: (active,
+    enabled)}) from the snapshot of :func:`read_query` (a secret's text is "": never read)."""
     files: dict[str, dict[str, Any] | None] = {}
-    states: dict[str, tuple[str, str]] = {}
-    lines = out.split("\n")
-    i = 0
-    while i < len(lines):
-        line = lines[i]
-        if line.startswith("@@ "):
-            path = paths[int(line[3:])]
-            if lines[i + 1] == "missing":
-                files[path] = None
-                i += 2
-                continue
-            mode, owner, group = lines[i + 1].split()
-            sha, b64 = lines[i + 2].strip(), lines[i + 3].strip()  # b64 is empty for secrets (never sent)
-            text = base64.b64decode(b64).decode(errors="replace") if b64 else ""
-            files[path] = {"mode": int(mode, 8), "owner": owner, "group": group, "sha256": sha, "text": text}
-            i += 4
-            continue
-        if line.startswith("@u "):
-            unit = units[int(line[3:])]
-            states[unit] = (lines[i + 1].strip(), lines[i + 2].strip())
-            i += 3
-            continue
-        i += 1
+    for path in paths:
+        st = snap.path(path)[1]
+        files[path] = None if not st or st["type"] != "file" else {
+            "mode": st["mode"], "owner": st["user"], "group": st["group"], "sha256": snap.shas.get(path),
+            "text": snap.content(path)[1] or ""}
+    states = {}
+    for unit in units:
+        u = snap.unit(unit) or {}
+        states[unit] = (u.get("ActiveState", ""), u.get("UnitFileState", ""))
     return files, states
 
 
-def read_host(address: str, data: dict[str, Any], script: str) -> str:
-    """The read script's output from the host at ``address`` (``@local`` included), through the
-    one transport (vllm_fleet.host.transport: pyinfra's connector for that host)."""
-    from vllm_fleet.host.programs import argv
-    from vllm_fleet.host.transport import Transport
-
+def read_host(address: str, data: dict[str, Any], query: Query) -> Snapshot:
+    """``query`` read on the host at ``address`` (``@local`` included) by the deploy's own state
+    read (host_state.sh), through the one transport (vllm_fleet.host.transport: pyinfra's
+    connector for that host)."""
     with Transport({address: {"address": address, "data": data}}) as t:
-        r = t.run(address, argv("bash", "-c", script), timeout=60)
-    return r.stdout
+        r = t.run(address, state_command(query), timeout=60)
+    snap = Snapshot.parse(r.stdout.splitlines())
+    snap.query = query
+    return snap
 
 
 def compare(host: str, d: Deployment, remote: dict[str, dict[str, Any] | None], states: dict[str, tuple[str, str]]) -> HostDiff:
-    import hashlib
-
     want, secret = expected_files(d, host)
     hd = HostDiff(host, d.resolved["name"])
     for path, f in sorted(want.items()):
@@ -183,16 +163,18 @@ def diff_files(deployments: list[Deployment], hosts: Sequence[str] | None = None
             want, secret = expected_files(d, h)
             paths = sorted(want)
             units = unit_names(want)
-            jobs.append((d, h, paths, units, _read_script(paths, secret, units)))
+            jobs.append((d, h, paths, units, read_query(paths, secret, units)))
 
     def one(job):
-        d, h, paths, units, script = job
+        d, h, paths, units, query = job
         try:
-            out = read_host(d.inventory[h]["address"], d.connection.get(h, {}), script)
+            snap = read_host(d.inventory[h]["address"], d.connection.get(h, {}), query)
         except Exception as exc:  # unreachable host, bad key: say so, go on with the others
             return HostDiff(h, d.resolved["name"], error=f"cannot read the host: {type(exc).__name__}: {exc}")
-        remote, states = parse_read(out, paths, units)
-        return compare(h, d, remote, states)
+        if not snap.known:
+            return HostDiff(h, d.resolved["name"], error="the read of the host's state did not complete (is its sudo "
+                                                         "passwordless?): run `vllm-fleet diff` again")
+        return compare(h, d, *remote_state(snap, paths, units))
 
     if not jobs:
         return []

@@ -130,6 +130,12 @@ def unknown(what: str, changed: str = "nothing was changed on this host", run: s
                         f"({changed}). Check that the host is reachable and that its sudo works, then run {run} again.")
 
 
+def state_command(query: Query) -> StringCommand:
+    """The one state read's command line: host_state.sh asked ``query`` (the HostState fact
+    sends it; so does `vllm-fleet diff` through the one transport)."""
+    return programs.shell("host_state.sh", *query.argv())
+
+
 class HostState(FactBase):
     """
     Everything a :class:`Query` asks, read in one command (``vllm_fleet/host/scripts/host_state.sh``):
@@ -138,7 +144,7 @@ class HostState(FactBase):
     """
 
     def command(self, query: Query) -> StringCommand:
-        return programs.shell("host_state.sh", *query.argv())
+        return state_command(query)
 
     @staticmethod
     def default() -> "Snapshot":
