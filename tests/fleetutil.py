@@ -102,7 +102,7 @@ def env_state(dists: dict | None = None, files: dict | None = None, python: str 
     in the env (the probe prints nothing but its ``.``); ``target``: what the host's wheels must
     fit (``{"python": "3.11", "glibc": "2.36", "machine": "x86_64"}``), for every python the
     query asks with ``targets`` (None: the host printed none of it)."""
-    from vllm_fleet.roles.common.state import HostState, Snapshot
+    from vllm_fleet.host.state import HostState, Snapshot
 
     def answer(query):
         lines = [f"target\t{py}\t{k}={v}" for py in query.targets for k, v in (target or {}).items()]
@@ -140,7 +140,7 @@ def host_state(files: dict | None = None, dirs: dict | None = None, units: dict 
     import hashlib
     from pathlib import PurePosixPath
 
-    from vllm_fleet.roles.common.state import HostState, Snapshot
+    from vllm_fleet.host.state import HostState, Snapshot
 
     def norm(v):
         return (v, "root", "root", 0o644) if isinstance(v, str) else v

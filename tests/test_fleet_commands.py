@@ -26,7 +26,7 @@ from vllm_fleet.commands import down as downmod
 
 from vllm_fleet.commands import init as initmod
 from vllm_fleet.commands.cli import main
-from vllm_fleet.roles.common.state import HostState
+from vllm_fleet.host.state import HostState
 from fleetutil import host_state
 
 REPO = Path(__file__).resolve().parents[1]

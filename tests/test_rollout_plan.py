@@ -32,7 +32,7 @@ from vllm_fleet.spec import load as spec
 from vllm_fleet.serving.loadgen import LoadGen
 from vllm_fleet.commands.rollout import Rollout, RolloutError, batch_size, plan_batches
 from fleetutil import host_state, wait_listening
-from vllm_fleet.roles.common.state import HostState
+from vllm_fleet.host.state import HostState
 
 #: A host with none of the deployment's files or units, as its state read answers.
 bare_host = host_state()[HostState]

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from vllm_fleet.roles.common import clash
-from vllm_fleet.roles.common.state import HostState, Query, Snapshot
+from vllm_fleet.host.state import HostState, Query, Snapshot
 
 REPO = Path(__file__).resolve().parents[2]
 GOLDEN = REPO / "tests" / "golden" / "8xh100-qwen7b-tp2x4+inventory" / "h100-a"

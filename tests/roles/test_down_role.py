@@ -14,7 +14,8 @@ from pyinfra.facts.files import Directory, File
 from pyinfra.facts.systemd import SystemdEnabled, SystemdStatus
 
 from vllm_fleet.render import files as render
-from vllm_fleet.roles.common.state import HostState, StateUnknown
+from vllm_fleet.host.state import HostState
+from vllm_fleet.roles.common.state import StateUnknown
 from vllm_fleet.deploys.down import remove_deployment
 from vllm_fleet.roles.common.remove import mine, removal_query
 from vllm_fleet.spec.load import load_and_check
@@ -133,7 +134,7 @@ def test_which_files_are_its_own_on_a_real_directory(tmp_path, replicas):
     when its text names it, and `lab-tiny` does not take `lab-tiny-replicas`'s files or back."""
     import subprocess
 
-    from vllm_fleet.roles.common.state import Snapshot
+    from vllm_fleet.host.state import Snapshot
 
     spec, _ = replicas
     ours = tmp_path / "ours.conf"
@@ -224,7 +225,7 @@ def test_leftovers_are_what_the_layout_no_longer_gives_the_host(replicas):
     snap1 = _snap(_texts(lab1), q1)
     assert leftovers(resolved, Node(), lab1, snap1) == []
     # not read (no snapshot): nothing is known, nothing listed
-    from vllm_fleet.roles.common.state import Snapshot
+    from vllm_fleet.host.state import Snapshot
 
     assert leftovers(resolved, None, {}, Snapshot()) == []
 

@@ -23,7 +23,9 @@ import pytest
 from pyinfra.api import deploy
 from pyinfra.facts.deb import DebPackages
 
-from vllm_fleet.roles.common.state import HostState, Query, Snapshot, load_host_state
+from vllm_fleet.host.state import HostState, Query, Snapshot
+
+from vllm_fleet.roles.common.state import load_host_state
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -305,7 +307,7 @@ def test_installed_packages_bring_no_apt_operation(harness, lines, expect_op):
     """No lists refresh (`apt-get update` reaches the network) when the package is installed,
     however old the lists are; a missing package is installed after one. The role called on its
     own (no deploy snapshot) reads just its packages in one state read, never dpkg's whole list."""
-    from vllm_fleet.roles.common.state import HostState, Snapshot
+    from vllm_fleet.host.state import HostState, Snapshot
     from vllm_fleet.roles.vllm import install_system_libraries
 
     spec, _, _ = _lab()
@@ -407,7 +409,7 @@ def test_a_self_signed_certificate_in_place_is_known_from_the_state_read_only(ha
     command itself leaves an existing certificate alone (clients may pin it)."""
     from vllm_fleet.render import files as render
     from vllm_fleet.roles import nginx
-    from vllm_fleet.roles.common.state import HostState, Snapshot
+    from vllm_fleet.host.state import HostState, Snapshot
 
     spec, h = _tls_lab()
     crt = render.paths(spec)["tls_certificate"]

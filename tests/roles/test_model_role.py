@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from pyinfra.facts.files import Directory, File, FileContents, Md5File, Sha1File, Sha256File
 
-from vllm_fleet.roles.common.state import HostState, Query, Snapshot
+from vllm_fleet.host.state import HostState, Query, Snapshot
 from vllm_fleet.roles.model import ModelMissing, NoSpace, StateUnknown, install_model
 from vllm_fleet.spec.load import load, resolve
 

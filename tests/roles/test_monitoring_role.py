@@ -12,7 +12,9 @@ from pathlib import Path
 import pytest
 from pyinfra.api.exceptions import PyinfraError
 
-from vllm_fleet.roles.common.state import HostState, StateUnknown
+from vllm_fleet.host.state import HostState
+
+from vllm_fleet.roles.common.state import StateUnknown
 from vllm_fleet.roles.monitoring import install_monitoring, state_query
 from vllm_fleet.render import monitoring
 from vllm_fleet.render import files as render

@@ -18,7 +18,7 @@ from pyinfra.facts.files import File, Sha256File
 from pyinfra.facts.systemd import SystemdEnabled, SystemdStatus
 
 from vllm_fleet.roles import nginx
-from vllm_fleet.roles.common.state import HostState, Snapshot
+from vllm_fleet.host.state import HostState, Snapshot
 from test_host_state import _lab, _service_and_nginx, converged_lines
 
 

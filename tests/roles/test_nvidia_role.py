@@ -21,7 +21,8 @@ from pyinfra.facts.files import Directory, File
 from pyinfra.facts.server import LinuxDistribution, Which
 
 from vllm_fleet.spec import checks
-from vllm_fleet.roles.common.state import HostState, Query, Snapshot, StateUnknown
+from vllm_fleet.host.state import HostState, Query, Snapshot
+from vllm_fleet.roles.common.state import StateUnknown
 from vllm_fleet.roles.nvidia import (GpuMismatch, RebootNeeded, UnsupportedHost, _check_gpus_now, _reboot_needed,
                                      kernel_flavour, nvidia, state_query)
 from vllm_fleet.roles.nvidia import defaults as d

@@ -49,7 +49,7 @@ def _state(debs=(), python=None, env="/opt/vllm-fleet/lab-tiny/env/bin/python", 
     there (root:root 0755); ``complete=False``: the read stopped before its end (nothing known)."""
     import base64
 
-    from vllm_fleet.roles.common.state import HostState, Snapshot
+    from vllm_fleet.host.state import HostState, Snapshot
 
     lines = [f"deb\t{d}\tii \t1" for d in debs] + ([f"py\t{env}\tpython {python}"] if python else []) + [f"py\t{env}\t."]
     if prefix:

@@ -16,7 +16,7 @@ import pytest
 from pyinfra.api.exceptions import DeployError
 
 from vllm_fleet.render.layout import build
-from vllm_fleet.roles.common.state import HostState, Snapshot
+from vllm_fleet.host.state import HostState, Snapshot
 from vllm_fleet.roles.ray import compare_versions, detect_ifname, install_ray
 from vllm_fleet.roles.ray.facts import Ipv4Interfaces, parse_ipv4_interfaces
 from vllm_fleet.roles.vllm import CPU_RAY_FILES, cpu_ray_adaptation_files, install_vllm

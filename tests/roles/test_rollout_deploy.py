@@ -16,7 +16,7 @@ import yaml
 from pyinfra.api import deploy
 
 from test_host_state import converged_lines  # noqa: E402  (tests/roles is on sys.path under pytest)
-from vllm_fleet.roles.common.state import HostState, Snapshot
+from vllm_fleet.host.state import HostState, Snapshot
 
 REPO = Path(__file__).resolve().parents[2]
 

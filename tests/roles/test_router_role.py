@@ -76,7 +76,8 @@ def test_the_target_comes_from_the_state_read(harness, monkeypatch, tmp_path):
     """The router's fleet wheels are downloaded for the host's python3, C library and machine
     as the state read gives them (one read of them when the role runs on its own; no fact of
     their own); a read that did not complete downloads nothing."""
-    from vllm_fleet.roles.common.state import HostState, Snapshot, StateUnknown
+    from vllm_fleet.host.state import HostState, Snapshot
+    from vllm_fleet.roles.common.state import StateUnknown
 
     _, run, _, ensured = _run(harness, monkeypatch, tmp_path, wheels="fleet")
     assert ensured and "PythonTarget" not in {n for n, _ in run.asked}, run.asked

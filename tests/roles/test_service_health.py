@@ -34,7 +34,7 @@ from fleetutil import health_server  # noqa: E402
 
 from vllm_fleet.host import programs  # noqa: E402
 from vllm_fleet.roles import service  # noqa: E402
-from vllm_fleet.roles.common.state import HostState, Snapshot  # noqa: E402
+from vllm_fleet.host.state import HostState, Snapshot  # noqa: E402
 
 
 def _my_cgroup() -> str:
@@ -231,7 +231,7 @@ def test_the_state_script_reads_a_units_start_and_a_files_age(tmp_path, monkeypa
     import subprocess
     import time
 
-    from vllm_fleet.roles.common.state import Query
+    from vllm_fleet.host.state import Query
 
     bin_ = tmp_path / "bin"
     bin_.mkdir()
@@ -289,7 +289,7 @@ def test_the_state_read_chats_with_each_replica_with_the_key_off_the_command_lin
     the answer is judged as the deploy does (served model, message, completion tokens)."""
     import subprocess
 
-    from vllm_fleet.roles.common.state import Query
+    from vllm_fleet.host.state import Query
     from vllm_fleet.serving.smoke import judge_replica_chat
 
     srv = ThreadingHTTPServer(("127.0.0.1", 0), _Chat)

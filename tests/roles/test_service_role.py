@@ -11,7 +11,7 @@ from pathlib import Path
 from pyinfra.facts.files import File, Sha256File
 
 from vllm_fleet.render.layout import build
-from vllm_fleet.roles.common.state import HostState, Snapshot
+from vllm_fleet.host.state import HostState, Snapshot
 from vllm_fleet.roles.service import applied_token, install_service
 from vllm_fleet.spec.load import load, resolve
 

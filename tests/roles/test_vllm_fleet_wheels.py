@@ -211,7 +211,9 @@ def test_a_read_of_the_target_that_did_not_complete_downloads_nothing(harness, f
     stops with StateUnknown instead of downloading wheels for a guessed platform."""
     from pyinfra.api import deploy
 
-    from vllm_fleet.roles.common.state import HostState, Query, Snapshot, StateUnknown, load_host_state
+    from vllm_fleet.host.state import HostState, Query, Snapshot
+
+    from vllm_fleet.roles.common.state import StateUnknown, load_host_state
     from vllm_fleet.roles.vllm import state_query
 
     spec = spec_of()
@@ -231,7 +233,7 @@ def test_a_read_of_the_target_that_did_not_complete_downloads_nothing(harness, f
 
 
 def _target(path_env: str) -> dict:
-    from vllm_fleet.roles.common.state import HostState, Query, Snapshot
+    from vllm_fleet.host.state import HostState, Query, Snapshot
 
     q = Query(targets=("python3",))
     r = subprocess.run(["/bin/sh", "-c", HostState().command(q).get_raw_value()], capture_output=True, text=True,

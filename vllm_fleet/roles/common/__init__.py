@@ -430,7 +430,7 @@ def put_secret(name: str, path: str, content: str, user: str = "root", group: st
 
 
 def rendered_query(rendered: dict[str, Any], paths: list[str] | None = None) -> Any:
-    """The snapshot :class:`~vllm_fleet.roles.common.state.Query` of rendered files (and other
+    """The snapshot :class:`~vllm_fleet.host.state.Query` of rendered files (and other
     paths, e.g. secrets) that :func:`put_rendered` / :func:`put_secret` compare against."""
     from .state import Query
 

@@ -33,7 +33,8 @@ from vllm_fleet.render import files as render
 from vllm_fleet.render import monitoring
 from vllm_fleet.render.layout import Node
 from vllm_fleet.roles.common import clash, op_per
-from vllm_fleet.roles.common.state import Query, Snapshot, role_state, unknown
+from vllm_fleet.host.state import Query, Snapshot
+from vllm_fleet.roles.common.state import role_state, unknown
 
 UNIT_DIR = "/etc/systemd/system/"
 UNIT_SUFFIXES = (".service", ".socket", ".timer", ".path", ".mount", ".target")

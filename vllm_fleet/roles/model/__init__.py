@@ -73,7 +73,8 @@ from pyinfra.operations import files, server
 from vllm_fleet.host.programs import argv as cmd, python
 from vllm_fleet.render import command
 from vllm_fleet.roles.common import directory, progress, secret_file
-from vllm_fleet.roles.common.state import Converged, Query, Snapshot, StateUnknown, role_state, unknown
+from vllm_fleet.host.state import Query, Snapshot
+from vllm_fleet.roles.common.state import Converged, StateUnknown, role_state, unknown
 from vllm_fleet.spec.sections import reads
 
 from . import defaults as d

@@ -26,7 +26,8 @@ from vllm_fleet.host.programs import argv as cmd
 from vllm_fleet.render import monitoring
 from vllm_fleet.roles.common import DeployError, directory, packages as common_packages, put_rendered, rendered_query
 from vllm_fleet.roles.common import remove, role_data, service_running
-from vllm_fleet.roles.common.state import Query, Snapshot, pending, role_state, unknown
+from vllm_fleet.host.state import Query, Snapshot
+from vllm_fleet.roles.common.state import pending, role_state, unknown
 from vllm_fleet.spec.sections import reads
 
 from .defaults import DEFAULTS

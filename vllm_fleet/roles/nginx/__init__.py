@@ -15,7 +15,8 @@ from vllm_fleet.host import programs
 from vllm_fleet.host.programs import argv as cmd
 from vllm_fleet.roles.common import (DeployError, atomic_put, packages, put_rendered, put_secret, remove, rendered_query,
                                      service_running)
-from vllm_fleet.roles.common.state import Query, host_state, pending, role_state
+from vllm_fleet.host.state import Query
+from vllm_fleet.roles.common.state import host_state, pending, role_state
 from vllm_fleet.spec.sections import reads
 
 from .defaults import DEFAULTS

@@ -80,7 +80,8 @@ from .parse import (NVIDIA_SMI_COMMAND, NVIDIA_SMI_QUERY, apt_source_lines, driv
                     parse_nvidia_smi, parse_os_release, parse_pci_classes, secure_boot_on)
 from vllm_fleet.host.programs import argv as cmd
 from vllm_fleet.roles.common import role_data
-from vllm_fleet.roles.common.state import Query, Snapshot, StateUnknown, read_now, role_state, unknown
+from vllm_fleet.host.state import Query, Snapshot
+from vllm_fleet.roles.common.state import StateUnknown, read_now, role_state, unknown
 from vllm_fleet.spec.sections import reads
 
 #: The spec sections this role reads (vllm_fleet.spec.sections); its README lists them.

@@ -49,7 +49,8 @@ from pyinfra.operations import apt, server
 from vllm_fleet.host.programs import argv as cmd
 from vllm_fleet.render import command
 from vllm_fleet.roles.common import directory, packages as common_packages, role_data
-from vllm_fleet.roles.common.state import Query, Snapshot, host_state, role_state, unknown
+from vllm_fleet.host.state import Query, Snapshot
+from vllm_fleet.roles.common.state import host_state, role_state, unknown
 from vllm_fleet.spec.sections import reads
 
 from . import defaults as d

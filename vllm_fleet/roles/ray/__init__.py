@@ -61,7 +61,8 @@ from pyinfra.operations.util import any_changed
 from vllm_fleet.host import programs
 from vllm_fleet.host.programs import argv as cmd
 from vllm_fleet.roles.common import as_root, directory, put_rendered, remove, rendered_query, service_running
-from vllm_fleet.roles.common.state import Converged, Query, host_state, pending, role_state
+from vllm_fleet.host.state import Query
+from vllm_fleet.roles.common.state import Converged, host_state, pending, role_state
 from vllm_fleet.roles.vllm.facts import parse_probe
 from vllm_fleet.render import command
 from vllm_fleet.render.layout import Layout, Node

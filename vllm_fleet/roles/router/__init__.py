@@ -26,7 +26,8 @@ from vllm_fleet.host.programs import argv as cmd
 from vllm_fleet.host.programs import chain
 from vllm_fleet.roles.common import DeployError, packages, put_rendered, remove, rendered_query
 from vllm_fleet.roles.common.wheels import host_target, source_args, target_query, wheel_source
-from vllm_fleet.roles.common.state import Query, host_state, pending
+from vllm_fleet.host.state import Query
+from vllm_fleet.roles.common.state import host_state, pending
 from vllm_fleet.spec.sections import reads
 
 from .defaults import DEFAULTS

@@ -21,7 +21,8 @@ from pyinfra.operations.util import any_changed
 from vllm_fleet.host import programs
 from vllm_fleet.host.programs import argv as cmd
 from vllm_fleet.roles.common import as_root, directory, op_per, put_rendered, put_secret, remove, rendered_query, service_running
-from vllm_fleet.roles.common.state import Converged, Query, Snapshot, pending, role_state, unknown
+from vllm_fleet.host.state import Query, Snapshot
+from vllm_fleet.roles.common.state import Converged, pending, role_state, unknown
 from vllm_fleet.render import command
 from vllm_fleet.render import files as render
 from vllm_fleet.render.layout import LEGACY_UNIT, Node

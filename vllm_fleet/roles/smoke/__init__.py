@@ -158,7 +158,7 @@ def replica_chat_query(spec: dict[str, Any], port: int) -> str:
 def chat_on_host(spec: dict[str, Any], port: int) -> tuple[str, str]:
     """One short chat with the replica on ``port`` of this host, run there now (host_state.sh's
     ``chat``: the key from secrets.env, never in a command line): ``(HTTP code, body)``."""
-    from vllm_fleet.roles.common.state import HostState, Query, Snapshot
+    from vllm_fleet.host.state import HostState, Query, Snapshot
 
     q = Query(chats=(replica_chat_query(spec, port),))
     _, out = host.run_shell_command(HostState().command(q), **as_root(), _timeout=90)

@@ -51,7 +51,8 @@ from pyinfra.operations import server
 
 from vllm_fleet.roles.common import packages
 from vllm_fleet.roles.common.wheels import host_target, local_dir, source_args, target_query, upload, wheel_source
-from vllm_fleet.roles.common.state import Query, role_state, unknown
+from vllm_fleet.host.state import Query
+from vllm_fleet.roles.common.state import role_state, unknown
 
 from vllm_fleet.host.programs import argv as cmd, python
 from vllm_fleet.render import command
