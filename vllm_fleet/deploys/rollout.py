@@ -25,10 +25,8 @@ import os
 
 from pyinfra import host
 
-from vllm_fleet.roles.common import DeployError, host_layout, load_deploy_spec, write_generated_secrets
 from vllm_fleet.host.state import Query
-
-#: The instances of the batch being updated (``HOST:N``, comma-separated; a host name: all of its).
+from vllm_fleet.roles.common import DeployError, host_layout, load_deploy_spec, write_generated_secrets
 from vllm_fleet.roles.common.state import load_host_state
 
 #: The instances of the batch being updated (``HOST:N``, comma-separated; a host name: all of its).
