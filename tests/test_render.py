@@ -549,9 +549,9 @@ def test_cuda_units_make_nvidia_uvm_and_keep_caches_under_the_state_dir():
 
 
 def test_vllms_path_uses_the_env_of_a_prefix_written_with_a_trailing_slash():
-    resolved = copy.deepcopy(resolved_of("lab-tiny"))
-    resolved["install"]["prefix"] = "/opt/vllm-fleet/x/"
-    resolved["install"]["accelerator"] = "cuda"
+    raw = spec.loads((REPO / "deployments" / "lab-tiny.yaml").read_text()).raw
+    raw["install"] = {**(raw.get("install") or {}), "prefix": "/opt/vllm-fleet/x/", "accelerator": "cuda"}
+    resolved = spec.resolve(spec.loads(json.dumps(raw)))
     env = command.vllm_env(resolved)
     assert env["PATH"].split(":")[0] == "/opt/vllm-fleet/x/env/bin" == command.env_paths(resolved)["env"] + "/bin"
 

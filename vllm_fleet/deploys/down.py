@@ -89,7 +89,7 @@ def remove_deployment(spec: dict[str, Any], rendered: dict[str, Any], purge: boo
             removed |= role(spec=spec, rendered=rendered, present=False, paths=parts[part])
     if not pruning:
         install_server_stack(spec=spec, present=False, purge=purge)
-    cfg = spec["install"]["config_dir"].rstrip("/")
+    cfg = spec["install"]["config_dir"]
     in_cfg = [op for x, op in removed.items() if x.startswith(cfg + "/")]
     if not purge and in_cfg:  # it held only this deployment's files
         server.shell(name=f"Remove {cfg} if empty", commands=[cmd("rmdir", "--ignore-fail-on-non-empty", cfg)],

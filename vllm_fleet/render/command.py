@@ -40,9 +40,9 @@ UPSTREAM_KEEP_ALIVE_S = 75
 
 def env_paths(resolved: dict[str, Any]) -> dict[str, str]:
     """The deployment's environment on the hosts (venv or conda ``-p``): ``env`` (the directory),
-    ``python`` and ``uv`` in it; ``install.prefix`` may end in ``/``. The one place these paths
+    ``python`` and ``uv`` in it (resolve gives ``install.prefix`` without a trailing ``/``). The one place these paths
     are built (vllm_fleet.render.files.paths() carries them too)."""
-    env = f"{resolved['install']['prefix'].rstrip('/')}/env"
+    env = f"{resolved['install']['prefix']}/env"
     return {"env": env, "python": f"{env}/bin/python", "uv": f"{env}/bin/uv"}
 
 

@@ -111,7 +111,7 @@ def _glob_of(spec: dict[str, Any], path: str) -> str | None:
 def _replica_envs(spec: dict[str, Any]) -> str:
     """The glob of the replicas' env files: clash's own (already read for every deploy) when
     install.config_dir is the default place, else one under config_dir."""
-    cfg = spec["install"]["config_dir"].rstrip("/")
+    cfg = spec["install"]["config_dir"]
     return clash.REPLICA_ENVS if PurePosixPath(f"{cfg}/replica-0.env").match(clash.REPLICA_ENVS) else f"{cfg}/replica-*.env"
 
 
@@ -120,7 +120,7 @@ def owned_by_path(spec: dict[str, Any], path: str) -> bool:
     (install.prefix, install.config_dir) or is its site's TLS certificate or key. Any other file
     is its own only when it names it (:func:`marker`)."""
     ins, p = spec["install"], render.paths(spec)
-    own_dirs = (ins["prefix"].rstrip("/") + "/", ins["config_dir"].rstrip("/") + "/")
+    own_dirs = (ins["prefix"] + "/", ins["config_dir"] + "/")
     return path.startswith(own_dirs) or path in (p["tls_certificate"], p["tls_certificate_key"])
 
 
@@ -169,7 +169,7 @@ def leftovers(spec: dict[str, Any], node: Node | None, rendered: dict[str, Any],
     a read that did not complete finds none."""
     found = [x for x in _leftover_candidates(spec, node, rendered) if mine(spec, x, snap)]
     if node is None or not node.instances:
-        prefix = spec["install"]["config_dir"].rstrip("/") + "/replica-"
+        prefix = spec["install"]["config_dir"] + "/replica-"
         found += [x for x in (snap.matching(clash.UNITS) or {})
                   if clash.unit_of(x) == spec["name"] and x not in rendered and mine(spec, x, snap)]
         found += [x for x in (snap.matching(_replica_envs(spec)) or {}) if x.startswith(prefix) and x not in rendered]

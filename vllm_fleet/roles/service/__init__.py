@@ -229,7 +229,7 @@ def _stack_absent(spec: dict[str, Any], purge: bool | None) -> dict[str, Any]:
         return remove.directories(sorted({ins["prefix"], ins["state_dir"], spec["model"]["path"], ins["config_dir"]}), "purge")
     # what only an install needs (uploaded wheels, uv's cache): never kept after down (the vllm
     # and router roles remove them after a verified install already, unless vllm_keep_wheelhouse)
-    prefix = ins["prefix"].rstrip("/")
+    prefix = ins["prefix"]
     return remove.directories([*(f"{prefix}/{sub}" for sub in (vd.WHEELHOUSE_SUBDIR, vd.FIND_LINKS_SUBDIR, vd.UV_CACHE_SUBDIR)),
                                router_wheels_dir(spec)], "install-time only")
 
@@ -384,7 +384,7 @@ def _absent(spec: dict[str, Any], rendered: dict[str, Any], paths: list[str] | N
     deleted), then each removed replica's ``replica-N.applied`` record. {path: its operation}."""
     paths = remove.placed(spec, rendered, "service") if paths is None else paths
     removed = remove.remove_units_and_files(spec, paths, "service")
-    cfg = spec["install"]["config_dir"].rstrip("/") + "/replica-"
+    cfg = spec["install"]["config_dir"] + "/replica-"
     stamps = [x[: -len(".env")] + ".applied" for x in sorted(removed) if x.startswith(cfg) and x.endswith(".env")]
     for stamp in stamps:  # the service role's record of what each instance runs, beside its replica-N.env
         with op_per(stamp):

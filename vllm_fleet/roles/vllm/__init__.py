@@ -144,7 +144,7 @@ def uv_install_command(spec: dict, reqs: list[str], *, find_links: str | None = 
     the service user and could not write ``__pycache__``), uv's cache under the prefix (same
     filesystem: files are hard-linked, not copied) and removed afterwards."""
     ins = spec["install"]
-    prefix = ins["prefix"].rstrip("/")
+    prefix = ins["prefix"]
     argv = ["env", f"UV_CACHE_DIR={prefix}/{d.UV_CACHE_SUBDIR}", f"UV_HTTP_TIMEOUT={timeout}",
             command.env_paths(spec)["uv"], "pip", "install", "--no-progress", "--python", env_python(spec),
             "--compile-bytecode"]
@@ -167,7 +167,7 @@ def install_commands(spec: dict, reqs: list[str], *, installer: str, cache_dir: 
     bootstrap = pip_install_command(spec, [d.UV_REQUIREMENT], cache_dir=cache_dir, find_links=find_links,
                                     wheelhouse=wheelhouse, timeout=timeout, trusted_host=trusted_host)
     uv = uv_install_command(spec, reqs, find_links=find_links, wheelhouse=wheelhouse, timeout=timeout)
-    remove_cache = cmd("rm", "-rf", f"{spec['install']['prefix'].rstrip('/')}/{d.UV_CACHE_SUBDIR}")
+    remove_cache = cmd("rm", "-rf", f"{spec['install']['prefix']}/{d.UV_CACHE_SUBDIR}")
     fallback = cmd("echo", "vllm role: uv pip install failed; installing with pip instead")
     return [StringCommand("{", bootstrap, "&&", uv, ";", "}", "||", "{", fallback, ">&2;", remove_cache, ";", pip, ";", "}"),
             remove_cache]
@@ -325,7 +325,7 @@ def _wheel_source(spec: dict[str, Any], reqs: list[str]) -> tuple[str | None, st
     the index plus uploaded extra wheels (host data ``vllm_find_links``); nothing to install, none."""
     if not reqs:
         return None, None, None
-    prefix = spec["install"]["prefix"].rstrip("/")
+    prefix = spec["install"]["prefix"]
     dest = f"{prefix}/{d.WHEELHOUSE_SUBDIR}"
     wheelhouse, trusted_host = wheel_source(spec, dest, f"Upload the fleet wheelhouse to {dest}", lambda: _fleet_directory(spec))
     if wheelhouse:
@@ -360,7 +360,7 @@ def _install_vllm_commands(spec: dict[str, Any], reqs: list[str], *, wheelhouse:
     commands.append(python(py, "verify_vllm.py", ins["vllm_package"], ins["vllm_version"]))
     # the uploaded wheels are install-time only: not kept in the prefix unless asked (an install
     # that needs them again uploads them again)
-    prefix = ins["prefix"].rstrip("/")
+    prefix = ins["prefix"]
     uploaded = [x for x in (find_links, None if trusted_host else wheelhouse) if x and x.startswith(prefix + "/")]
     if uploaded and not host.data.get("vllm_keep_wheelhouse"):
         commands.append(cmd("rm", "-rf", *uploaded))
