@@ -153,15 +153,15 @@ class FakeHost:
     """Answers diff's state read (a Query) as host_state.sh would on a host holding
     {path: (text, mode, owner, group)} and {unit: (active, enabled)} (any other unit: not found)."""
 
-    def __init__(self, files=None, units=None):
-        self.files, self.units = dict(files or {}), dict(units or {})
+    def __init__(self, files=None, units=None, complete=True):
+        self.files, self.units, self.complete = dict(files or {}), dict(units or {}), complete
         self.queries: list = []
 
     def __call__(self, address, data, query):
         self.queries.append(query)
         files = {p: (text, owner, group, mode) for p, (text, mode, owner, group) in self.files.items()}
         units = {u: {"ActiveState": a, "UnitFileState": e} for u, (a, e) in self.units.items()}
-        return host_state(files=files, units=units)[HostState](query)
+        return host_state(files=files, units=units, complete=self.complete)[HostState](query)
 
 
 def _deployed(d, host: str) -> dict:
@@ -251,6 +251,15 @@ def test_diff_of_a_bare_host_lists_everything_to_add_and_the_operations(tmp_path
 diffmod._planned = diffmod.planned_operations  # the real function, for the stand-in above
 
 
+def test_diff_of_a_host_whose_read_did_not_complete_is_exit_2_naming_it(tmp_path, monkeypatch, capsys):
+    """A state read cut short (no ``end``: sudo asked for a password, the connection dropped) is
+    no evidence that files are missing: the host is reported unread (exit 2), not as all new."""
+    monkeypatch.setattr(diffmod, "read_host", FakeHost(complete=False))
+    assert diffmod.run(str(_inventory(tmp_path, ONE_HOST)), str(_spec(tmp_path)), files_only=True) == 2
+    out = capsys.readouterr().out
+    assert "gpu1" in out and "did not complete" in out and ": new" not in out
+
+
 def test_diff_with_an_unreachable_host_is_exit_2(tmp_path, monkeypatch):
     def refuse(address, data, query):
         raise OSError("connection refused")
@@ -328,6 +337,7 @@ def test_diff_reads_a_host_with_the_one_state_read_for_real(tmp_path):
     """read_host through the @local connector runs host_state.sh for real: each file's mode,
     owner, sha256 and text as stat/sha256sum see them; a secret's text never leaves the host
     (not in the read's output at all); a missing path and a directory are no file."""
+    import grp
     import hashlib
     import os
     import pwd
@@ -335,6 +345,8 @@ def test_diff_reads_a_host_with_the_one_state_read_for_real(tmp_path):
     conf, secret, missing, folder = (str(tmp_path / n) for n in ("site.conf", "secrets.env", "gone.conf", "dir"))
     Path(conf).write_text("listen 80;\n")
     os.chmod(conf, 0o640)
+    if os.geteuid() == 0:  # a group other than the owner's name, so the two cannot be mixed up unseen
+        os.chown(conf, -1, next(g.gr_gid for g in grp.getgrall() if g.gr_name not in ("root", pwd.getpwuid(0).pw_name)))
     Path(secret).write_text("VLLM_API_KEY=sk-never-sent\n")
     os.mkdir(folder)
     paths = [conf, secret, missing, folder]
@@ -342,8 +354,9 @@ def test_diff_reads_a_host_with_the_one_state_read_for_real(tmp_path):
     assert snap.known
     assert "sk-never-sent" not in repr(vars(snap))
     files, _ = diffmod.remote_state(snap, paths, [])
-    me = pwd.getpwuid(os.stat(conf).st_uid).pw_name
-    assert files[conf] == {"mode": 0o640, "owner": me, "group": files[conf]["group"], "text": "listen 80;\n",
+    st = os.stat(conf)
+    owner, group = pwd.getpwuid(st.st_uid).pw_name, grp.getgrgid(st.st_gid).gr_name
+    assert files[conf] == {"mode": 0o640, "owner": owner, "group": group, "text": "listen 80;\n",
                            "sha256": hashlib.sha256(b"listen 80;\n").hexdigest()}
     assert files[secret]["text"] == "" and files[secret]["sha256"] == hashlib.sha256(b"VLLM_API_KEY=sk-never-sent\n").hexdigest()
     assert files[missing] is None and files[folder] is None
