@@ -420,4 +420,4 @@ def test_a_self_signed_certificate_in_place_is_known_from_the_state_read_only(ha
     assert ("File", {"path": crt}) not in run.asked, run.asked
     unknown = harness.run(nginx.install_nginx, spec=spec, rendered=h.files, api_key="k3y", facts={DebPackages: {}})
     (line,) = unknown.op("Self-signed TLS certificate").commands
-    assert line.startswith(f"[ -f {crt} ] || {{ openssl req -x509 ") and line.endswith("; }"), line
+    assert line.startswith(f"test -f {crt} || {{ openssl req -x509 ") and line.endswith("; }"), line

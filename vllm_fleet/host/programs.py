@@ -10,6 +10,12 @@ command, and masks nothing by accident):
     shell("host_state.sh", "stat", "/etc/x")      # sh -c '<host_state.sh>' host-state stat /etc/x
     chain(argv(...), argv(...), op="&&")          # one command line of several
     if_then(argv("test", "-e", p), argv(...))     # if test -e p ; then ... ; fi
+    group(argv(...), argv(...))                   # { ... ; ... ; }
+    to_file(argv("printf", "%s\\n", v), p)        # printf '%s\n' v > p
+    quiet(argv(...)), to_stderr(argv(...))        # ... >/dev/null 2>&1, ... >&2
+
+Roles build their command lines with these alone (tests/roles/test_commands.py forbids a bare
+``StringCommand(`` there): a value is never pasted into a line unquoted.
 
 A Python script says ``# vllm-fleet: include NAME`` on a line of its own to have that file of the
 same folder put there (``api_key.py``: the one reader of the API key line on a host).
@@ -75,6 +81,36 @@ def if_then(condition, *then) -> StringCommand:
     for c in then:
         bits += [_bit(c), ";"]
     return StringCommand(*bits, "fi")
+
+
+def group(*commands) -> StringCommand:
+    """``{ A ; B ; }``: several commands run as one (the right side of ``||``, say)."""
+    bits: list = ["{"]
+    for c in commands:
+        bits += [_bit(c), ";"]
+    return StringCommand(*bits, "}")
+
+
+def to_file(command, path) -> StringCommand:
+    """``COMMAND > PATH``: its output written to ``path`` (quoted)."""
+    return StringCommand(_bit(command), ">", QuoteString(str(path)))
+
+
+def quiet(command, *, out: bool = True, err: bool = True) -> StringCommand:
+    """``COMMAND >/dev/null 2>/dev/null``: its standard output (``out``) and/or errors (``err``)
+    dropped; ``2>&1`` when both go."""
+    bits = [_bit(command)] + ([">/dev/null"] if out else []) + (["2>&1" if out else "2>/dev/null"] if err else [])
+    return StringCommand(*bits)
+
+
+def to_stderr(command) -> StringCommand:
+    """``COMMAND >&2``: its output said on standard error."""
+    return StringCommand(_bit(command), ">&2")
+
+
+def with_stderr(command) -> StringCommand:
+    """``COMMAND 2>&1``: its errors in its output (one stream to read back)."""
+    return StringCommand(_bit(command), "2>&1")
 
 
 def python(interpreter: str, name: str, *args, isolated: bool = False) -> StringCommand:

@@ -13,10 +13,11 @@ from pathlib import Path
 from typing import Any
 
 from pyinfra import host, inventory, logger
-from pyinfra.api import FileUploadCommand, StringCommand, operation
+from pyinfra.api import FileUploadCommand, operation
 from pyinfra.api.exceptions import PyinfraError
 from pyinfra.facts.files import File, Sha256File
 
+from vllm_fleet.host.programs import argv, chain
 from vllm_fleet.host.network import Ipv4Interfaces, detect_ifname
 from vllm_fleet.host.pyinfra_run import install_sigint
 from vllm_fleet.render.layout import SERVICE_PARTS, Layout, LayoutError, build, render_entry
@@ -317,18 +318,18 @@ def secret_file(path: str, content: str, user: str = "root", group: str = "root"
     if have != want:
         parent = os.path.dirname(path)
         # Create the directory private if it is missing; never loosen an existing one.
-        yield StringCommand("test", "-d", parent, "||", "install", "-d", "-m", "700", parent)
+        yield chain(argv("test", "-d", parent), argv("install", "-d", "-m", "700", parent), op="||")
         tmp = f"{path}.tmp-vllm-fleet"
         # Create the temp file with the final mode before the content lands in it.
-        yield StringCommand("install", "-m", "600", "/dev/null", tmp)
+        yield argv("install", "-m", "600", "/dev/null", tmp)
         yield FileUploadCommand(StringIO(content), tmp)
-        yield StringCommand("chown", f"{user}:{group}", tmp)
-        yield StringCommand("chmod", mode, tmp)
-        yield StringCommand("mv", "-f", tmp, path)  # atomic: never a half-written secret
+        yield argv("chown", f"{user}:{group}", tmp)
+        yield argv("chmod", mode, tmp)
+        yield argv("mv", "-f", tmp, path)  # atomic: never a half-written secret
     # pyinfra's File fact gives the mode as the octal digits read as an int (0600 -> 600).
     elif remote and (remote.get("user") != user or remote.get("group") != group or int(remote.get("mode") or 0) != int(mode)):
-        yield StringCommand("chown", f"{user}:{group}", path)
-        yield StringCommand("chmod", mode, path)
+        yield argv("chown", f"{user}:{group}", path)
+        yield argv("chmod", mode, path)
 
 
 UNIT_SUFFIXES = (".service", ".socket", ".timer", ".path", ".mount", ".target")
@@ -365,15 +366,15 @@ def atomic_put(dest: str, content: str, user: str = "root", group: str = "root",
         tmp = f"{dest}.tmp-vllm-fleet"
         yield FileUploadCommand(StringIO(content), tmp, remote_temp_filename=host.get_temp_filename(tmp))
         if user or group:
-            yield StringCommand("chown", f"{user}:{group}" if group else user, tmp)
-        yield StringCommand("chmod", mode, tmp)
-        yield StringCommand("mv", "-f", tmp, dest)
+            yield argv("chown", f"{user}:{group}" if group else user, tmp)
+        yield argv("chmod", mode, tmp)
+        yield argv("mv", "-f", tmp, dest)
         return
     # pyinfra's File fact gives the mode as the octal digits read as an int (0644 -> 644).
     if (user and remote.get("user") != user) or (group and remote.get("group") != group):
-        yield StringCommand("chown", f"{user}:{group}" if group else user, dest)
+        yield argv("chown", f"{user}:{group}" if group else user, dest)
     if int(remote.get("mode") or 0) != int(mode):
-        yield StringCommand("chmod", mode, dest)
+        yield argv("chmod", mode, dest)
 
 
 @contextmanager

@@ -23,12 +23,11 @@ from __future__ import annotations
 from pathlib import PurePosixPath
 from typing import Any
 
-from pyinfra.api import StringCommand
 from pyinfra.operations import files, server, systemd
 from pyinfra.operations.util import any_changed
 
 from vllm_fleet.host.programs import argv as cmd
-from vllm_fleet.host.programs import if_then
+from vllm_fleet.host.programs import chain, if_then, quiet
 from vllm_fleet.render import files as render
 from vllm_fleet.render import monitoring
 from vllm_fleet.render.layout import Node
@@ -220,12 +219,12 @@ def remove_files(paths: list[str], what: str) -> dict[str, Any]:
         names = [u[len(UNIT_DIR):] for u in units]
         with op_per(f"systemctl reset-failed {what}"):
             server.shell(name=f"systemctl reset-failed ({what}: the removed units)",
-                         commands=[StringCommand(cmd("systemctl", "reset-failed", *names), "2>/dev/null", "||", "true")], _if=gone)
+                         commands=[chain(quiet(cmd("systemctl", "reset-failed", *names), out=False), cmd("true"), op="||")], _if=gone)
     for unit_path, table in FIREWALL_TABLES.items():
         if unit_path in paths:  # its stop deleted the table, unless it was not running
             with op_per(table):
                 server.shell(name=f"Delete nftables table inet {table}",
-                             commands=[if_then(StringCommand(cmd("nft", "list", "table", "inet", table), ">/dev/null", "2>&1"),
+                             commands=[if_then(quiet(cmd("nft", "list", "table", "inet", table)),
                                                cmd("nft", "delete", "table", "inet", table))])
     return removed
 

@@ -66,11 +66,12 @@ from pathlib import Path
 from typing import Any
 
 from pyinfra import host
-from pyinfra.api import QuoteString, StringCommand, deploy
+from pyinfra.api import deploy
 from pyinfra.api.exceptions import DeployError
 from pyinfra.operations import files, server
 
-from vllm_fleet.host.programs import argv as cmd, python
+from vllm_fleet.host.programs import argv as cmd
+from vllm_fleet.host.programs import chain, group, python, to_file, to_stderr
 from vllm_fleet.render import command
 from vllm_fleet.roles.common import directory, progress, secret_file
 from vllm_fleet.host.state import Query, Snapshot
@@ -234,13 +235,13 @@ def _put_tree(spec: dict, local: Path, entries: list[tuple[str, str]], snap: Sna
     else:
         ops.append(files.put(name=f"Model manifest {d.MANIFEST}", src=StringIO(text),
                              dest=f"{root}/{d.MANIFEST}", user=user, group=user, mode=fmode))
-    check = StringCommand(cmd("cd", root), "&&", cmd("runuser", "-u", user, "--", "sha256sum", "--quiet", "--strict", "-c", d.MANIFEST),
-                          "||", "{", cmd("rm", "-f", d.MANIFEST), ";", cmd("echo", "model upload: checksum mismatch on the host"),
-                          ">&2;", "exit", "1;", "}")
+    check = chain(chain(cmd("cd", root), cmd("runuser", "-u", user, "--", "sha256sum", "--quiet", "--strict", "-c", d.MANIFEST)),
+                  group(cmd("rm", "-f", d.MANIFEST), to_stderr(cmd("echo", "model upload: checksum mismatch on the host")),
+                        cmd("exit", "1")), op="||")
     commands = [check]
     if marker:
         mark = f"{root}/{d.HUB_MARKER}"
-        commands += [StringCommand(cmd("printf", "%s\\n", marker), ">", QuoteString(mark)),
+        commands += [to_file(cmd("printf", "%s\\n", marker), mark),
                      cmd("chown", f"{user}:{user}", mark)]
     # Decided while the plan is built (will_change runs each operation's checks now), not with
     # _if: a converged host then has no operation at all, and a `--dry --json` plan shows none
@@ -291,7 +292,7 @@ def _hub(spec: dict, hub_token: str | None, snap: Snapshot) -> list:
         return _hub_fleet(spec, hub_token, revision, want)
     env = {"HF_HUB_OFFLINE": "0", "HF_HUB_DISABLE_PROGRESS_BARS": "1",
            "HF_HUB_DISABLE_TELEMETRY": "1", **(host.data.get("model_hub_env") or {})}
-    download = StringCommand(cmd("env", *(f"{k}={v}" for k, v in sorted(env.items()))), python(
+    download = cmd("env", *(f"{k}={v}" for k, v in sorted(env.items())), python(
         _env_python(spec), "hub_download.py", m["source"], revision, root, d.HUB_MARKER,
         json.dumps(list(host.data.get("model_hub_ignore") or [])), str(int(host.data.get("model_keep_free_bytes") or 0)),
         token_path))

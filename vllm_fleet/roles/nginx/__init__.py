@@ -7,12 +7,13 @@ from __future__ import annotations
 from typing import Any
 
 from pyinfra import host
-from pyinfra.api import QuoteString, StringCommand, deploy
+from pyinfra.api import deploy
 from pyinfra.operations import files, server, systemd
 from pyinfra.operations.util import any_changed
 
 from vllm_fleet.host import programs
 from vllm_fleet.host.programs import argv as cmd
+from vllm_fleet.host.programs import chain, group
 from vllm_fleet.roles.common import (DeployError, atomic_put, packages, put_rendered, put_secret, remove, rendered_query,
                                      service_running)
 from vllm_fleet.host.state import Query
@@ -125,11 +126,10 @@ def _tls_files(spec: dict[str, Any], secret_text: dict[str, str], *, tls_key: st
         # guarded: a read that did not complete never replaces a certificate clients may pin
         return [server.shell(
             name="Self-signed TLS certificate",
-            commands=[StringCommand(
-                "[", "-f", QuoteString(crt), "]", "||", "{",
+            commands=[chain(cmd("test", "-f", crt), group(chain(
                 cmd("openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", int(host.data.get("nginx_self_signed_days")),
                     "-subj", f"/CN={prx['server_name'] if prx['server_name'] != '_' else host.name}", "-keyout", key, "-out", crt),
-                "&&", cmd("chmod", "600", key), ";", "}")],
+                cmd("chmod", "600", key))), op="||")],
         )]
     if not tls_certificate or not tls_key:
         raise DeployError(f"{host.name}: proxy.tls: the certificate and its key were not read on the control machine "

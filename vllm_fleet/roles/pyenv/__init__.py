@@ -42,11 +42,12 @@ from __future__ import annotations
 from pathlib import PurePosixPath
 
 from pyinfra import host
-from pyinfra.api import QuoteString, StringCommand, deploy
+from pyinfra.api import deploy
 from pyinfra.api.exceptions import DeployError
 from pyinfra.operations import apt, server
 
 from vllm_fleet.host.programs import argv as cmd
+from vllm_fleet.host.programs import chain, to_file
 from vllm_fleet.render import command
 from vllm_fleet.roles.common import directory, packages as common_packages, role_data
 from vllm_fleet.host.state import Query, Snapshot
@@ -136,7 +137,7 @@ def _venv(env: str, py: str, cuda: bool, snap: Snapshot) -> None:
     probed = snap.env(py)
     if probed is None or probed["python"] is None:
         # guarded: a read that did not complete never re-makes an env that is there
-        server.shell(name=f"venv at {env}", commands=[StringCommand(cmd("test", "-x", py), "||", cmd("python3", "-m", "venv", env))])
+        server.shell(name=f"venv at {env}", commands=[chain(cmd("test", "-x", py), cmd("python3", "-m", "venv", env), op="||")])
 
 
 def _miniforge(snap: Snapshot) -> str:
@@ -158,10 +159,10 @@ def _miniforge(snap: Snapshot) -> str:
         commands=[
             cmd("mkdir", "-p", download_dir),
             cmd("curl", "-fsSL", "--retry", "3", "-o", part, url),
-            StringCommand(cmd("echo", f"{sha256}  {part}"), "|", cmd("sha256sum", "--check", "--strict", "-")),
+            chain(cmd("echo", f"{sha256}  {part}"), cmd("sha256sum", "--check", "--strict", "-"), op="|"),
             cmd("mv", part, installer),
             cmd("bash", installer, "-b", *(["-u"] if installed else []), "-p", root),
-            StringCommand(cmd("printf", "%s\\n", version), ">", QuoteString(f"{root}/{d.MINIFORGE_MARKER}")),
+            to_file(cmd("printf", "%s\\n", version), f"{root}/{d.MINIFORGE_MARKER}"),
             cmd("rm", "-f", installer),
         ],
     )

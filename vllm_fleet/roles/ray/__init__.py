@@ -53,13 +53,14 @@ from pathlib import Path
 from typing import Any
 
 from pyinfra import host
-from pyinfra.api import StringCommand, deploy
+from pyinfra.api import deploy
 from pyinfra.api.exceptions import DeployError
 from pyinfra.operations import python, server, systemd
 from pyinfra.operations.util import any_changed
 
 from vllm_fleet.host import programs
 from vllm_fleet.host.programs import argv as cmd
+from vllm_fleet.host.programs import with_stderr
 from vllm_fleet.roles.common import as_root, directory, put_rendered, remove, rendered_query, service_running
 from vllm_fleet.host.state import Query
 from vllm_fleet.roles.common.state import Converged, host_state, pending, role_state
@@ -147,7 +148,7 @@ def _wait_cluster(py: str, script: str, user: str, env: dict[str, str], args: li
     argv = ["runuser", "-u", user, "--", "env", *[f"{k}={v}" for k, v in env.items()], py, script, *args,
             "--timeout", str(timeout), "--interval", "3"]
     t0 = time.monotonic()
-    ok, out = host.run_shell_command(StringCommand(cmd(*argv), "2>&1"), **as_root(),
+    ok, out = host.run_shell_command(with_stderr(cmd(*argv)), **as_root(),
                                      _timeout=timeout + 120)
     text = "\n".join(getattr(out, "stdout_lines", []) or [])
     if not ok:

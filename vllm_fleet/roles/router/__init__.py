@@ -23,7 +23,7 @@ from pyinfra.operations import server, systemd
 from vllm_fleet.fetch import wheelhouse as wh
 from vllm_fleet.host import programs
 from vllm_fleet.host.programs import argv as cmd
-from vllm_fleet.host.programs import chain
+from vllm_fleet.host.programs import chain, group, quiet
 from vllm_fleet.roles.common import DeployError, packages, put_rendered, remove, rendered_query
 from vllm_fleet.roles.common.wheels import host_target, source_args, target_query, wheel_source
 from vllm_fleet.host.state import Query
@@ -99,7 +99,7 @@ def _pip_install(spec: dict[str, Any], env: str, source: list[str], uploaded: st
               "--no-cache-dir", "--timeout", str(int(host.data.get("router_pip_timeout"))), *source, requirement(spec))
     commands = [chain(cmd("test", "-x", py), cmd("python3", "-m", "venv", env), op="||"),
                 pip,
-                StringCommand(cmd(f"{env}/bin/vllm-router", "--help"), ">/dev/null")]
+                quiet(cmd(f"{env}/bin/vllm-router", "--help"), err=False)]
     if uploaded and not host.data.get("vllm_keep_wheelhouse"):
         commands.append(cmd("rm", "-rf", uploaded))
     return commands
@@ -109,8 +109,8 @@ def _wait_command(unit: str, port: int, timeout: float) -> StringCommand:
     """Wait until the router lists its workers on loopback (scripts/router_wait.py: it serves once
     its startup wait is over) and print what it lists; after ``timeout`` seconds print the unit's
     journal and fail."""
-    return StringCommand(programs.python("python3", "router_wait.py", int(port), float(timeout)),
-                         "||", "{", cmd("journalctl", "-u", unit, "-n", "30", "--no-pager"), ";", cmd("exit", "1"), ";", "}")
+    return chain(programs.python("python3", "router_wait.py", int(port), float(timeout)),
+                 group(cmd("journalctl", "-u", unit, "-n", "30", "--no-pager"), cmd("exit", "1")), op="||")
 
 
 @deploy("vLLM router", data_defaults=DEFAULTS)

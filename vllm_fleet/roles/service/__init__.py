@@ -14,12 +14,13 @@ from pathlib import Path
 from typing import Any
 
 from pyinfra import host
-from pyinfra.api import StringCommand, deploy
+from pyinfra.api import deploy
 from pyinfra.operations import files, python, server, systemd
 from pyinfra.operations.util import any_changed
 
 from vllm_fleet.host import programs
 from vllm_fleet.host.programs import argv as cmd
+from vllm_fleet.host.programs import if_then
 from vllm_fleet.roles.common import as_root, directory, op_per, put_rendered, put_secret, remove, rendered_query, service_running
 from vllm_fleet.host.state import Query, Snapshot
 from vllm_fleet.roles.common.state import Converged, pending, role_state, unknown
@@ -517,7 +518,7 @@ def _restart_instance(unit: str, snap: Snapshot, relevant: list, stale_now: bool
     # start until reset: reset it when it is failed now or when it is about to restart.
     failed_now = _failed_now(snap, unit)
     if failed_now or stale_now or pending(*relevant):
-        server.shell(name=f"Clear {unit}'s failed state before (re)starting", commands=[StringCommand("if", cmd("systemctl", "is-failed", "--quiet", unit), ";", "then", cmd("systemctl", "reset-failed", unit), ";", "fi")],
+        server.shell(name=f"Clear {unit}'s failed state before (re)starting", commands=[if_then(cmd("systemctl", "is-failed", "--quiet", unit), cmd("systemctl", "reset-failed", unit))],
                      _if=(lambda: True) if failed_now else when)
     why = ("its inputs changed" if not stale_now else "it runs an older configuration" if have
            else "first start of this configuration")  # no stamp: never started by a deploy

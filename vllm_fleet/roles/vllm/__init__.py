@@ -54,7 +54,8 @@ from vllm_fleet.roles.common.wheels import host_target, local_dir, source_args, 
 from vllm_fleet.host.state import Query
 from vllm_fleet.roles.common.state import role_state, unknown
 
-from vllm_fleet.host.programs import argv as cmd, python
+from vllm_fleet.host.programs import argv as cmd
+from vllm_fleet.host.programs import chain, group, python, shell, to_stderr
 from vllm_fleet.render import command
 from vllm_fleet.lab.vllmcpu import dist_info_files
 from vllm_fleet.spec.sections import reads
@@ -169,11 +170,8 @@ def install_commands(spec: dict, reqs: list[str], *, installer: str, cache_dir: 
     uv = uv_install_command(spec, reqs, find_links=find_links, wheelhouse=wheelhouse, timeout=timeout)
     remove_cache = cmd("rm", "-rf", f"{spec['install']['prefix']}/{d.UV_CACHE_SUBDIR}")
     fallback = cmd("echo", "vllm role: uv pip install failed; installing with pip instead")
-    return [StringCommand("{", bootstrap, "&&", uv, ";", "}", "||", "{", fallback, ">&2;", remove_cache, ";", pip, ";", "}"),
+    return [chain(group(chain(bootstrap, uv)), group(to_stderr(fallback), remove_cache, pip), op="||"),
             remove_cache]
-
-
-_FLASHINFER_VERSION = 'import importlib.metadata as m; print(m.version("flashinfer-python"))'
 
 
 def flashinfer_cubin_command(spec: dict, *, cache_dir: str | None, find_links: str | None = None,
@@ -183,17 +181,13 @@ def flashinfer_cubin_command(spec: dict, *, cache_dir: str | None, find_links: s
     FlashInfer downloads its kernels at first use, which a host without internet cannot;
     :mod:`vllm_fleet.fetch.flashinfer`). The version is read in the env after vLLM's install, so
     it follows any vLLM release. No flashinfer-python (a build without it): nothing. The source
-    lacking that version: a warning on stderr, not a failure."""
+    lacking that version: a warning on stderr, not a failure (scripts/flashinfer_cubin.sh)."""
     from vllm_fleet.fetch import flashinfer
 
-    py = env_python(spec)
     pip = pip_install_command(spec, ["--no-deps"], cache_dir=cache_dir, find_links=find_links, wheelhouse=wheelhouse,
                               timeout=timeout, trusted_host=trusted_host)
     source = "install.wheelhouse / the fleet wheelhouse" if wheelhouse else (spec["install"].get("index_url") or "the package index")
-    warn = (f"vllm role: WARNING: {flashinfer.CUBIN}==$v (FlashInfer's pre-built kernels, the version of {flashinfer.PYTHON}) "
-            f"is not in {source}: FlashInfer downloads them at first use, which a host without internet cannot")
-    return StringCommand("if", "v=$(", cmd(py, "-c", _FLASHINFER_VERSION), "2>/dev/null)", "&&", '[ -n "$v" ];', "then",
-                         pip, f'"{flashinfer.CUBIN}==$v"', "||", "echo", f'"{warn}"', ">&2;", "fi")
+    return shell("flashinfer_cubin.sh", env_python(spec), flashinfer.PYTHON, flashinfer.CUBIN, source, pip)
 
 
 def wheelhouse_requirements(spec: dict) -> list[str]:
