@@ -318,6 +318,76 @@ def test_a_40_character_name_passes_nginx_t_under_debians_stock_config(tmp_path)
     assert r.returncode == 0, r.stderr
 
 
+def _site_and_auth(tmp_path: Path, name: str, **changes) -> tuple[str, str, dict]:
+    """The proxy's nginx site (its TLS certificate and key made where the site names them) and the
+    real auth include, for lab-tiny named ``name`` plus ``changes``."""
+    import subprocess
+
+    from vllm_fleet.render import files as render
+
+    resolved = _resolved(_spec(tmp_path, name=name, **changes))
+    site = render.render(resolved)["proxy"][render.NGINX_SITE.format(name=name)].content
+    if "ssl_certificate " in site:
+        subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=test",
+                        "-keyout", str(tmp_path / f"{name}.key"), "-out", str(tmp_path / f"{name}.crt")], check=True, capture_output=True)
+    return site, render.nginx_auth_content(resolved, "sk-test_Key-123"), resolved
+
+
+LONGEST_NAME = "a" + "b" * 39  # the schema's pattern allows 40 characters
+LONGEST_HEADER = "X" + "h" * 62 + "Z"  # proxy.routing.session_header: 64
+
+
+@pytest.mark.skipif(not Path("/etc/nginx/nginx.conf").is_file(), reason="Debian's nginx is not installed")
+@pytest.mark.parametrize("routing", [
+    {"replicas": {"per_host": 2}},  # auto: session for 2+ replicas (its map variable), no routing key given
+    {"replicas": {"per_host": 2}, "proxy": {"routing": {"policy": "session", "session_header": LONGEST_HEADER},
+                                            "tls": {"enabled": True, "self_signed": True}, "listen": 443}},
+    {"replicas": {"per_host": 2}, "proxy": {"routing": {"policy": "cache_aware"}}},
+], ids=["auto-2-replicas", "session-tls-longest-header", "cache_aware"])
+def test_every_nginx_name_fits_debians_stock_hashes_at_the_longest_name(tmp_path, routing):
+    """Round 3, class 2: `$vllm_fleet_<name>_pool` failed "could not build variables_hash" from a
+    31-character name. Every nginx name derived from a user's value (variables, upstreams, zones)
+    is at most render.files.NGINX_NAME_MAX characters, and the site passes nginx -t under
+    Debian's own nginx.conf (variables_hash_bucket_size 64)."""
+    import re
+
+    from vllm_fleet.render import files as render
+
+    site, auth, _ = _site_and_auth(tmp_path, LONGEST_NAME, **routing)
+    names = re.findall(r"^\s*(?:upstream|map \S+) \$?(\w+) \{", site, re.M) + re.findall(r"shared:(\w+):", site)
+    names += re.findall(r"^map \S+ \$(\w+) \{", auth, re.M)
+    r = _debian_nginx_t(tmp_path, site, auth)
+    assert r.returncode == 0, r.stderr
+    assert names and all(len(n) <= render.NGINX_NAME_MAX for n in names), names
+
+
+def test_nginx_names_are_bounded_and_distinct():
+    from vllm_fleet.render.files import NGINX_NAME_MAX, nginx_name
+
+    assert nginx_name("vllm_fleet_", "lab-tiny", "_pool") == "vllm_fleet_lab_tiny_pool"  # short names read as before
+    a, b = nginx_name("vllm_fleet_", "x" * 39 + "a", "_pool"), nginx_name("vllm_fleet_", "x" * 39 + "b", "_pool")
+    assert a != b and len(a) == len(b) == NGINX_NAME_MAX and a.startswith("vllm_fleet_xxx") and a.endswith("_pool")
+    assert all(len(nginx_name("vllm_fleet_", "n" * k, "_session")) <= NGINX_NAME_MAX for k in range(1, 300))
+
+
+@pytest.mark.skipif(not Path("/etc/nginx/nginx.conf").is_file(), reason="Debian's nginx is not installed")
+@pytest.mark.parametrize("ref", [{"file": "/" + "/".join(["k" * 250] * 16) + "/key"}, {"env": "K" * 5000}], ids=["file-4k", "env-5k"])
+def test_a_long_secret_reference_stays_out_of_the_nginx_auth_include(tmp_path, ref):
+    """Round 3, class 3: the auth include echoed server.api_key.file in a comment; a legal path of
+    ~4,050 characters made nginx -t fail ("too long parameter"). The include names the kind of
+    reference only, in the placeholder render writes and in the file the deploy writes."""
+    from vllm_fleet.render import files as render
+
+    site, auth, resolved = _site_and_auth(tmp_path, "lab-tiny", server={"api_key": ref})
+    value = ref.get("file") or ref.get("env")
+    assert len(value) > 4000
+    placeholder = render.render(resolved)["proxy"][f"{render.NGINX_SECRET_DIR}/lab-tiny-auth.conf"].content
+    for text in (auth, placeholder):
+        r = _debian_nginx_t(tmp_path, site, text)
+        assert r.returncode == 0, r.stderr
+        assert value not in text and max(map(len, text.splitlines())) < 200
+
+
 # ---------------------------------------------------------------------------------------------
 # Command-line numbers (classes 14-17): refused by argparse (exit 2, usage) before any host
 

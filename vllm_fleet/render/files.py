@@ -20,6 +20,7 @@ Pure functions: no host is touched, no secret read, pyinfra not imported.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import shlex
@@ -164,12 +165,36 @@ def part_of(resolved: dict[str, Any], path: str) -> str:
     return "monitoring" if path in monitoring.paths(resolved).values() else "service"
 
 
+#: The longest nginx name (variable, upstream, shared zone) this module derives from a user's
+#: value. nginx's stock variables_hash_bucket_size (64) holds a variable name of at most 46
+#: characters; a longer one fails ``nginx -t`` ("could not build variables_hash"), and raising
+#: the bucket size is an http-wide directive two sites cannot both set.
+NGINX_NAME_MAX = 46
+
+
+def nginx_name(prefix: str, value: str, suffix: str = "") -> str:
+    """``PREFIX + VALUE + SUFFIX`` as an nginx identifier (``[A-Za-z0-9_]``), at most
+    :data:`NGINX_NAME_MAX` characters by construction: up to 45 as is, else cut and ended by 8 hex
+    characters of the value's sha256 (exactly 46, so a cut name never equals an uncut one)."""
+    ident = _safe_ident(value)
+    whole = f"{prefix}{ident}{suffix}"
+    if len(whole) < NGINX_NAME_MAX:
+        return whole
+    digest = hashlib.sha256(value.encode()).hexdigest()[:8]
+    keep = NGINX_NAME_MAX - len(prefix) - len(suffix) - len(digest) - 1
+    if keep < 1:
+        raise ValueError(f"nginx_name: prefix {prefix!r} and suffix {suffix!r} leave no room")
+    return f"{prefix}{ident[:keep]}_{digest}{suffix}"
+
+
 def _auth_var(resolved: dict[str, Any]) -> str:
-    """``vfa_NAME`` (1 when the request's key is right): at most 44 characters for a 40-character
-    name. nginx's stock variables_hash_bucket_size (64) holds a variable name of at most 46; a
-    longer one fails ``nginx -t`` ("could not build variables_hash"), and raising the bucket size is
-    an http-wide directive two sites cannot both set."""
-    return f"vfa_{_safe_ident(resolved['name'])}"
+    """``vfa_NAME`` (1 when the request's key is right): see :func:`nginx_name`."""
+    return nginx_name("vfa_", resolved["name"])
+
+
+def _upstream_name(resolved: dict[str, Any], suffix: str = "") -> str:
+    """The deployment's nginx upstream (``_session``: the hashed one) and zone names."""
+    return nginx_name("vllm_fleet_", resolved["name"], suffix)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -206,8 +231,16 @@ def nginx_auth_content(resolved: dict[str, Any], api_key: str | None) -> str:
         auth_var=_auth_var(resolved),
         key=None if api_key is None else _check_key(api_key),
         key_regex=None if api_key is None else re.escape(_check_key(api_key)),
-        secret_ref=describe_secret(resolved["server"].get("api_key")),
+        secret_ref=_secret_kind(resolved["server"].get("api_key")),
     )
+
+
+def _secret_kind(ref: dict[str, Any] | None) -> str:
+    """What kind of reference a secret is, for the nginx auth include's comment: never the path or
+    the variable's name (a user's value of any length; nginx's parser refuses a line over 4 KiB)."""
+    if not ref:
+        return "none configured"
+    return "a file on the control machine" if "file" in ref else "an environment variable on the control machine"
 
 
 def _backend(resolved: dict[str, Any]) -> str:
@@ -519,7 +552,6 @@ def _nginx_site(resolved: dict[str, Any], node: Node, all_nodes: list[Node], wit
     prx, p = resolved["proxy"], paths(resolved)
     tls = bool((prx.get("tls") or {}).get("enabled"))
     policy = routing_policy(resolved, server_replicas(all_nodes))
-    ident = _safe_ident(resolved["name"])
     header_var = "$http_" + prx["routing"]["session_header"].lower().replace("-", "_")
     content = _template(
         "nginx-site.conf.j2",
@@ -528,12 +560,14 @@ def _nginx_site(resolved: dict[str, Any], node: Node, all_nodes: list[Node], wit
         auth=prx["auth"] == "api_key",
         auth_include=p["nginx_auth"],
         auth_var=_auth_var(resolved),
-        upstream_name=f"vllm_fleet_{ident}",
+        upstream_name=_upstream_name(resolved),
+        session_upstream=_upstream_name(resolved, "_session"),
+        tls_zone=_upstream_name(resolved, "_tls"),
         upstream_servers=_upstreams(resolved, node, all_nodes, with_inventory),
         policy=policy,
         session_header=prx["routing"]["session_header"],
         session_var=header_var,
-        pool_var=f"$vllm_fleet_{ident}_pool",
+        pool_var="$" + nginx_name("vllm_fleet_", resolved["name"], "_pool"),
         router=f"127.0.0.1:{prx['routing']['router']['port']}",
         router_metrics=f"127.0.0.1:{prx['routing']['router']['metrics_port']}" if "router" in node.roles else None,
         keepalive=NGINX_KEEPALIVE,
@@ -553,7 +587,7 @@ def _nginx_site(resolved: dict[str, Any], node: Node, all_nodes: list[Node], wit
         metrics_allow=prx.get("metrics_allow") or [],
         # /metrics of THIS host's vLLM when it runs one (the upstream may balance over several
         # replicas, whose counters must not be mixed in one scrape target)
-        metrics_upstream=f"127.0.0.1:{node.instances[0].port}" if "server" in node.roles and node.instances else f"vllm_fleet_{_safe_ident(resolved['name'])}",
+        metrics_upstream=f"127.0.0.1:{node.instances[0].port}" if "server" in node.roles and node.instances else _upstream_name(resolved),
         # /metrics/N and /health/N: replica N of THIS host alone, for a monitoring host elsewhere
         # (vLLM listens on loopback; /metrics is replica 0's, /health the upstream's)
         replica_upstreams=[(i.index, f"127.0.0.1:{i.port}") for i in node.instances if i.role == "server"]
