@@ -75,3 +75,55 @@ def test_one_replica_per_gpu_each_sees_only_its_own():
     site = files[f"/etc/nginx/conf.d/vllm-fleet-{name}.conf"]
     for port in ports:
         assert re.search(rf"server 127\.0\.0\.1:{port}\b", site), f"replica on {port} not in the upstream"
+
+
+# --- the syscall filter, read back by systemd's own parser (issue 39) ----------------------------
+
+def _security(tmp_path: Path, unit: str) -> dict[str, dict]:
+    """``systemd-analyze security --offline=true --json=short`` of a rendered unit: systemd 252's own
+    reading of its sandbox, one entry per check (e.g. ``SystemCallFilter=~@debug``)."""
+    import json
+    import shutil
+    import subprocess
+
+    import pytest
+
+    if not shutil.which("systemd-analyze"):
+        pytest.skip("systemd-analyze not installed (apt-get install systemd)")
+    path = tmp_path / "vllm-probe.service"
+    path.write_text(unit)
+    out = subprocess.run(["systemd-analyze", "security", "--offline=true", "--json=short", str(path)],
+                         capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip(), out.stderr
+    return {c["name"]: c for c in json.loads(out.stdout)}
+
+
+def _syscall_checks(checks: dict[str, dict]) -> dict[str, tuple]:
+    return {k: (c["set"], c["description"]) for k, c in checks.items() if k.startswith("SystemCallFilter=")}
+
+
+def test_a_tp2_unit_allows_pidfd_getfd_and_nothing_else_beyond_system_service(tmp_path):
+    """CUDA IPC of cuMem memory between a host's ranks needs pidfd_getfd (in @debug, not in
+    @system-service). systemd's parser must read exactly one change against a one-GPU unit: @debug
+    allowed, with pidfd_getfd the call it names; every other syscall group as before."""
+    tp2 = next(iter(_units(_files("h200-qwen7b-bf16-tp2")).values()))
+    tp1 = next(iter(_units(_files("h200-qwen7b-bf16")).values()))
+    lines = [l for l in tp2.splitlines() if l.startswith("SystemCall")]
+    assert lines == ["SystemCallArchitectures=native", "SystemCallFilter=@system-service",
+                     "SystemCallFilter=pidfd_getfd", "SystemCallErrorNumber=EPERM"]
+    two = _syscall_checks(_security(tmp_path, tp2))
+    one = _syscall_checks(_security(tmp_path, tp1))
+    debug = "SystemCallFilter=~@debug"
+    assert one[debug][0] is True and "@debug is not included" in one[debug][1]
+    assert two[debug][0] is False and "pidfd_getfd is allowed" in two[debug][1], two[debug]
+    assert {k: v for k, v in two.items() if k != debug} == {k: v for k, v in one.items() if k != debug}
+
+
+def test_a_one_gpu_unit_keeps_the_plain_system_service_filter(tmp_path):
+    """One GPU per instance (TP 1, replicas per GPU): no rank shares memory with another, so the
+    filter stays @system-service alone (systemd-analyze security: @debug not included)."""
+    for name in ("h200-qwen7b-bf16", "h200x2-qwen7b-replicas"):
+        for unit in _units(_files(name)).values():
+            assert "SystemCallFilter=pidfd_getfd" not in unit.splitlines()
+            checks = _security(tmp_path, unit)
+            assert checks["SystemCallFilter=~@debug"]["set"] is True, (name, checks["SystemCallFilter=~@debug"])

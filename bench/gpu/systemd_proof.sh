@@ -25,22 +25,7 @@ mkdir -p $W $OUT
 log() { echo "[$(date -u +%T)] $*"; }
 note() { python3 "$ROOT/bench/gpu/systemd_proof.py" note "$@"; }
 
-systemd_pid() {  # the namespace's PID 1 (the child of `unshare`), started once per machine
-  local sd=""
-  [ -f $W/sd.pid ] && sd=$(cat $W/sd.pid) && [ -d /proc/$sd ] && [ "$(cat /proc/$sd/comm)" = systemd ] && { echo $sd; return; }
-  setsid unshare --pid --fork --mount --mount-proc --propagation private \
-      /usr/lib/systemd/systemd --system --log-target=kmsg </dev/null >$W/systemd.out 2>&1 &
-  local u
-  for _ in $(seq 40); do
-    sleep 0.5
-    for u in $(pgrep -x unshare); do
-      sd=$(pgrep -P $u | head -1)
-      [ -n "$sd" ] && [ "$(cat /proc/$sd/comm 2>/dev/null)" = systemd ] && { echo $sd > $W/sd.pid; echo $sd; return; }
-    done
-  done
-  return 1
-}
-ns() { nsenter -t "$SD" -a "$@"; }
+source "$HERE/nsd.sh"  # install_systemd, systemd_pid (the namespace's PID 1, started once per machine), ns
 in_root() { ns sh -c "cd '$ROOT' && $*"; }
 
 case "$what" in
@@ -75,15 +60,8 @@ one)
   note image "@$W/image.txt"
 
   # -- Debian 12's systemd, sudo where the image lacks it (roles run some probes with _sudo)
-  # --skip-old-files: the image's own (newer) libraries stay; only what it lacks is added
-  tar --skip-old-files -xf "$CARRY/systemd-deb12.tar" -C / 2>&1 | tail -2
+  install_systemd "$CARRY/systemd-deb12.tar"
   if ! command -v sudo >/dev/null && ls "$CARRY"/debs/sudo_*.deb >/dev/null 2>&1; then dpkg -x "$CARRY"/debs/sudo_*.deb /; fi
-  # Debian's units name /lib/systemd/...; this image's /lib is a directory of its own (not a link
-  # to /usr/lib as on Debian 12), and the tar holds the real /usr/lib paths.
-  [ -e /lib/systemd/systemd ] || { [ -d /lib/systemd ] && ! [ -L /lib/systemd ] && cp -an /lib/systemd/. /usr/lib/systemd/ && rm -rf /lib/systemd; ln -sfn /usr/lib/systemd /lib/systemd; }
-  # The same for the C library: libc.so (the linker script gcc reads) names /lib/x86_64-linux-gnu/
-  # libc.so.6, which this image's /lib lacks (Triton's launcher build failed with "ld: cannot find").
-  [ -e /lib/x86_64-linux-gnu/libc.so.6 ] || [ -e /lib/x86_64-linux-gnu ] || ln -s /usr/lib/x86_64-linux-gnu /lib/x86_64-linux-gnu
   SD=$(systemd_pid) || { log "systemd did not start"; ls -l /usr/lib/systemd/systemd; cat $W/systemd.out; dmesg | grep -i systemd | tail -20; exit 1; }
   for _ in $(seq 30); do st=$(ns systemctl is-system-running 2>/dev/null); case $st in running|degraded) break;; esac; sleep 1; done
   log "systemd PID $SD in its namespace: $st ($(ns systemctl --version | head -1))"

@@ -405,8 +405,16 @@ def _vllm_unit(resolved: dict[str, Any], node: Node, inst: Instance, all_nodes: 
         timeout_stop=resolved["server"]["shutdown_timeout"] + STOP_MARGIN,
         syslog_identifier=inst.unit.removesuffix(".service"),
         read_write_paths=_read_write_paths(resolved),
+        cuda_ipc=_local_gpus(resolved),
     )
     return RenderedFile(content, 0o644), wait
+
+
+def _local_gpus(resolved: dict[str, Any]) -> int:
+    """The GPUs one instance's ranks use on its host when more than one (TP, or PP stages on the
+    same host: they exchange GPU memory through CUDA IPC), else 0 (CPU, or one GPU)."""
+    n = world_size_per_node(resolved) if resolved["install"]["accelerator"] == "cuda" else 0
+    return n if n > 1 else 0
 
 
 def ray_ports(resolved: dict[str, Any]) -> list[str]:
