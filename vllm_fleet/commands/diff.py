@@ -36,9 +36,9 @@ from typing import Any, Callable, Sequence
 from vllm_fleet.commands.deploy import DEPLOY, Deployment, PlanError, plan, pyinfra_argv
 from vllm_fleet.host.transport import Transport
 from vllm_fleet.host.state import Query, Snapshot, state_command
+from vllm_fleet.render.layout import SYSTEMD_DIR, UNIT_SUFFIXES
 
-UNIT_DIR = "/etc/systemd/system/"
-UNIT_SUFFIXES = (".service", ".socket", ".timer", ".path", ".mount", ".target")
+UNIT_DIR = f"{SYSTEMD_DIR}/"
 # Operations whose change is a file shown above (by their names in the roles).
 FILE_OPS = ("Put ", "API key (0600", "nginx auth include", "TLS private key", "TLS certificate")
 

@@ -33,7 +33,8 @@ import jinja2
 from vllm_fleet.render import monitoring
 from vllm_fleet.render.command import RAY_TMPDIR, env_bin, env_paths, env_python, state_env, vllm_argv, vllm_env, world_size_per_node
 from vllm_fleet.render.parts import (HOST_DATA_DEFAULTS, SERVICE_PARTS, HostLayout, Instance, Layout, LayoutError,  # noqa: F401
-                                    Node, Secret, build_parts, _cpu_sets, _multi, firewall_addresses, routing_policy, server_replicas)
+                                    Node, Secret, build_parts, _cpu_sets, _multi, firewall_addresses, routing_policy, server_replicas,
+                                    SYSTEMD_DIR, UNIT_SUFFIXES)
 from vllm_fleet.render.text import (HEADER, EnvRef,  # noqa: F401  (the renderer's names too)
                                    RenderedFile, RenderError, comment_text, describe_secret, env_file, nginx_quote,
                                    systemd_command, systemd_quote, systemd_text)
@@ -44,7 +45,6 @@ TEMPLATES = Path(__file__).resolve().parent / "templates"
 # ---------------------------------------------------------------------------------------------
 # Defaults of the rendered files (documented in docs/rendered-files.md)
 
-SYSTEMD_DIR = "/etc/systemd/system"
 NGINX_SITE = "/etc/nginx/conf.d/vllm-fleet-{name}.conf"
 ROUTER_UNIT = "vllm-router-{name}.service"
 #: The router waits this long at start for every replica to answer /health, then serves with

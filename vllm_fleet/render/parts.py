@@ -77,7 +77,9 @@ HOST_DATA_DEFAULTS: dict[str, Any] = {
 #: proxy.routing.policy `auto` with 2+ replicas (docs/routing.md says why, with the numbers).
 AUTO_POLICY = "session"
 
+#: Where the deploy places systemd units (the one spelling), and what a unit file's name ends with.
 SYSTEMD_DIR = "/etc/systemd/system"
+UNIT_SUFFIXES = (".service", ".socket", ".timer", ".path", ".mount", ".target")
 #: The unit of an older release (one vLLM per host): the deploy stops, disables and removes it.
 LEGACY_UNIT = "vllm.service"
 SERVICE_PARTS = frozenset({"server", "worker", "ray-head", "ray-worker"})

@@ -31,7 +31,7 @@ from typing import Any
 import jinja2
 import yaml
 
-from vllm_fleet.render.parts import BLACKBOX_LISTEN, Node as _Node, _multi
+from vllm_fleet.render.parts import BLACKBOX_LISTEN, SYSTEMD_DIR, Node as _Node, _multi
 from vllm_fleet.render.text import HEADER, RenderedFile, RenderError, systemd_command
 from vllm_fleet.spec.ports import RAY_FIXED_PORTS
 
@@ -46,7 +46,7 @@ RULES_DIR = "/etc/prometheus/vllm-fleet"
 NODE_EXPORTER_DEFAULTS = "/etc/default/prometheus-node-exporter"
 BLACKBOX_DEFAULTS = "/etc/default/prometheus-blackbox-exporter"
 BLACKBOX_CONFIG = "/etc/prometheus/vllm-fleet-blackbox.yml"
-DCGM_UNIT = "/etc/systemd/system/dcgm-exporter.service"
+DCGM_UNIT = f"{SYSTEMD_DIR}/dcgm-exporter.service"
 DCGM_COUNTERS = "/etc/dcgm-exporter/vllm-fleet-counters.csv"
 DCGM_BINARY = "/usr/local/bin/dcgm-exporter"
 GRAFANA_DATASOURCE = "/etc/grafana/provisioning/datasources/vllm-fleet.yaml"

@@ -20,7 +20,7 @@ from pyinfra.facts.files import File, Sha256File
 from vllm_fleet.host.programs import argv, chain
 from vllm_fleet.host.network import Ipv4Interfaces, detect_ifname
 from vllm_fleet.host.pyinfra_run import install_sigint
-from vllm_fleet.render.layout import SERVICE_PARTS, Layout, LayoutError, build, render_entry
+from vllm_fleet.render.layout import SERVICE_PARTS, UNIT_SUFFIXES, Layout, LayoutError, build, render_entry
 from vllm_fleet.render.secrets import SecretError, read_spec_secrets, write_generated
 from vllm_fleet.roles.common import progress
 from vllm_fleet.spec.pipeline import check
@@ -330,9 +330,6 @@ def secret_file(path: str, content: str, user: str = "root", group: str = "root"
     elif remote and (remote.get("user") != user or remote.get("group") != group or int(remote.get("mode") or 0) != int(mode)):
         yield argv("chown", f"{user}:{group}", path)
         yield argv("chmod", mode, path)
-
-
-UNIT_SUFFIXES = (".service", ".socket", ".timer", ".path", ".mount", ".target")
 
 
 @operation()

@@ -23,16 +23,16 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from vllm_fleet.render.layout import HostLayout
+from vllm_fleet.render.layout import SYSTEMD_DIR, HostLayout
 from vllm_fleet.spec.planner import replica_gpu_utilization, shares_fit_one_gpu
 
 from .state import Query, Snapshot
 
-UNITS = "/etc/systemd/system/vllm-*.service"
+UNITS = f"{SYSTEMD_DIR}/vllm-*.service"
 SITES = "/etc/nginx/conf.d/vllm-fleet-*.conf"
 REPLICA_ENVS = "/etc/vllm-fleet/*/replica-*.env"
 
-_UNIT = re.compile(r"^/etc/systemd/system/vllm-(?P<name>.+)-(?P<index>\d+)\.service$")
+_UNIT = re.compile(rf"^{re.escape(SYSTEMD_DIR)}/vllm-(?P<name>.+)-(?P<index>\d+)\.service$")
 _SITE = re.compile(r"^/etc/nginx/conf\.d/vllm-fleet-(?P<name>.+)\.conf$")
 _ENV = re.compile(r"^/etc/vllm-fleet/(?P<name>[^/]+)/replica-(?P<index>\d+)\.env$")
 

@@ -30,13 +30,12 @@ from vllm_fleet.host.programs import argv as cmd
 from vllm_fleet.host.programs import chain, if_then, quiet
 from vllm_fleet.render import files as render
 from vllm_fleet.render import monitoring
-from vllm_fleet.render.layout import Node
+from vllm_fleet.render.layout import SYSTEMD_DIR, UNIT_SUFFIXES, Node
 from vllm_fleet.roles.common import clash, op_per
 from vllm_fleet.host.state import Query, Snapshot
 from vllm_fleet.roles.common.state import role_state, unknown
 
-UNIT_DIR = "/etc/systemd/system/"
-UNIT_SUFFIXES = (".service", ".socket", ".timer", ".path", ".mount", ".target")
+UNIT_DIR = f"{SYSTEMD_DIR}/"
 
 #: The firewall units the roles place ({unit path: nftables table}): stopping one deletes its
 #: table, unless it was not running (then the table is deleted on its own).

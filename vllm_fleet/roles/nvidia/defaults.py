@@ -5,6 +5,8 @@ hardware.gpu, gpus_per_node) come from the resolved spec; the values here are ho
 (overridable per host or group, e.g. ``nvidia_reboot_timeout``) or fixed tables.
 """
 
+from vllm_fleet.render.layout import SYSTEMD_DIR
+
 # Host data defaults (``@deploy(data_defaults=DEFAULTS)``): override in inventory/group_data.
 DEFAULTS = {
     # Reboot after a new driver or a nouveau blacklist: pyinfra's server.reboot arguments.
@@ -68,7 +70,7 @@ CUDA_REPO_FABRICMANAGER = {"Debian": "nvidia-fabricmanager", "Ubuntu": "nvidia-f
 UBUNTU_DISTRO_FABRICMANAGER = "nvidia-fabricmanager-{branch}"
 # nvidia-persistenced with persistence mode on (NVIDIA's own Ansible role ships this override:
 # packaged units start it with --no-persistence-mode on some distributions).
-PERSISTENCED_OVERRIDE = "/etc/systemd/system/nvidia-persistenced.service.d/vllm-fleet.conf"
+PERSISTENCED_OVERRIDE = f"{SYSTEMD_DIR}/nvidia-persistenced.service.d/vllm-fleet.conf"
 PERSISTENCED_OVERRIDE_TEXT = (
     "# Written by vllm-fleet (vllm_fleet/roles/nvidia): keep the GPUs initialised between CUDA programs.\n"
     "[Service]\n"
