@@ -209,7 +209,7 @@ def test_prefix_counters_and_main_pids_are_read_on_the_host_through_the_transpor
     import threading
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-    from vllm_fleet.host.fleetview import FleetView, Replica
+    from vllm_fleet.render.fleetview import FleetView, Replica
     from vllm_fleet.serving import multiturn
 
     class Metrics(BaseHTTPRequestHandler):

@@ -399,7 +399,7 @@ proxy = [("lab1", {"ssh_hostname": "10.10.0.11", "ssh_user": "lab"})]
 
 def test_fleet_view_replicas_are_layout_instances(tmp_path):
     from vllm_fleet.commands.bench import targets
-    from vllm_fleet.host.fleetview import fleet_view
+    from vllm_fleet.render.fleetview import fleet_view
     from vllm_fleet.spec.inventory import load_inventory
     from vllm_fleet.spec.load import load_and_check
 
@@ -492,7 +492,7 @@ def test_host_session_on_local_runs_without_ssh(tmp_path):
     """An @local host (pyinfra's local connector: a GPU machine deploying to itself, no sshd) gets
     the host helper through a local shell, for real: its answers come from this machine."""
     from vllm_fleet.commands.bench import HostSession
-    from vllm_fleet.host.fleetview import fleet_view
+    from vllm_fleet.render.fleetview import fleet_view
 
     spec = yaml.safe_load((REPO / "deployments" / "lab-tiny.yaml").read_text())
     spec["install"]["prefix"] = str(tmp_path / "prefix")

@@ -21,7 +21,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from vllm_fleet.host.fleetview import FleetView, spec_for
+from vllm_fleet.render.fleetview import FleetView
+from vllm_fleet.spec.inventory import spec_for
 from vllm_fleet.serving.session import (BenchError, HostSession,  # noqa: F401  (bench's names too)
                                        load_fleet, served_tokenizer, spec_digest)
 

@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from vllm_fleet.host.rollout_step import failure_tail, run_step, step_command
+from vllm_fleet.spec.inventory import spec_for
 
 STATE_DIR = "~/.cache/vllm-fleet/rollout"  # per deployment: <name>.json (replicas left out) and logs
 
@@ -279,21 +280,11 @@ def format_table(result: RolloutResult) -> str:
 
 
 def cmd_rollout(args: argparse.Namespace) -> int:
-    spec = args.spec
-    if not spec:  # the inventory's (vllm_fleet.spec.source): one spec for all replicas
-        from vllm_fleet.spec.inventory import InventoryError, load_inventory
-        from vllm_fleet.spec.source import SpecSourceError, spec_source
-
-        try:
-            found = {spec_source(h["data"], n)[0] for n, h in load_inventory(args.inventory).items()}
-        except (InventoryError, SpecSourceError) as exc:
-            print(f"vllm-fleet rollout: {exc}; no host was changed", file=sys.stderr)
-            return 1
-        if len(found) != 1:
-            print(f"vllm-fleet rollout: the inventory's hosts name {len(found)} specs ({', '.join(sorted(found))}): "
-                  "give the one to roll out with --spec; no host was changed", file=sys.stderr)
-            return 1
-        spec = found.pop()
+    try:  # --spec, else the inventory's (vllm_fleet.spec.source): one spec for all replicas
+        spec = spec_for(args.inventory, args.spec)
+    except ValueError as exc:
+        print(f"vllm-fleet rollout: {exc}; no host was changed", file=sys.stderr)
+        return 1
     try:
         ro = Rollout(args.inventory, spec, size=args.batch_size, percent=args.batch_percent,
                      drain_timeout=args.drain_timeout, say=(lambda m: print(m, file=sys.stderr)) if args.json else print)

@@ -13,7 +13,7 @@ import threading
 from pathlib import Path
 from typing import Any, Callable
 
-from vllm_fleet.host.fleetview import FleetView, fleet_view
+from vllm_fleet.render.fleetview import FleetView, fleet_view
 from vllm_fleet.host.programs import argv
 from vllm_fleet.host.transport import HostError, Transport
 from vllm_fleet.render import command

@@ -43,7 +43,7 @@ from typing import Any, Callable, Iterable
 
 import yaml
 
-from vllm_fleet.host.fleetview import instance_files
+from vllm_fleet.render.fleetview import instance_files
 from vllm_fleet.host.rollout_step import failure_tail, run_step, step_command
 from vllm_fleet.render.command import vllm_argv, vllm_env
 from vllm_fleet.render.layout import LayoutError

@@ -31,6 +31,8 @@ import tempfile
 from pathlib import Path
 from typing import Any, Sequence
 
+from vllm_fleet.spec.source import SpecSourceError, spec_source
+
 #: Seconds an inventory file may take to load (a file that blocks is an input error, not a hang).
 LOAD_TIMEOUT = 60
 
@@ -155,6 +157,20 @@ def _describe(exc: BaseException, path: str) -> str:
         text = type(exc).__name__
     where = [f.lineno for f in traceback.extract_tb(exc.__traceback__) if os.path.abspath(f.filename) == os.path.abspath(path)]
     return text + (f" (line {where[-1]})" if where else "")
+
+
+def spec_for(inventory: str, spec: str | None) -> str:
+    """``--spec``, else the one spec the inventory's hosts name (vllm_fleet.spec.source, as
+    ``vllm-fleet rollout`` finds it). Raises ValueError with what to do."""
+    if spec:
+        return spec
+    try:
+        found = {spec_source(h["data"], n)[0] for n, h in load_inventory(inventory).items()}
+    except (InventoryError, SpecSourceError) as exc:
+        raise ValueError(str(exc)) from None
+    if len(found) != 1:
+        raise ValueError(f"the inventory's hosts name {len(found)} specs ({', '.join(sorted(found))}): give one with --spec")
+    return found.pop()
 
 
 if __name__ == "__main__":  # pragma: no cover - run by load_inventory

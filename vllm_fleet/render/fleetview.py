@@ -19,6 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from vllm_fleet.render import files as render
+from vllm_fleet.render import layout
 
 
 @dataclass(frozen=True)
@@ -58,17 +60,12 @@ class FleetView:
 def instance_files(resolved: dict[str, Any], inventory: dict[str, dict[str, Any]], replica: Replica) -> dict[str, Any]:
     """{path: RenderedFile} of ``replica``'s ``files`` as the layout renders ``resolved`` (e.g. a
     tune point's settings) on ``inventory``. Raises :class:`vllm_fleet.render.layout.LayoutError`."""
-    from vllm_fleet.render import layout
-
     files = layout.build(resolved, inventory).hosts[replica.host].files
     return {p: files[p] for p in replica.files if p in files}
 
 
 def fleet_view(resolved: dict[str, Any], inventory: dict[str, dict[str, Any]]) -> FleetView:
     """Raises :class:`vllm_fleet.render.layout.LayoutError` when the spec and inventory do not lay out."""
-    from vllm_fleet.render import layout
-    from vllm_fleet.render import files as render
-
     lay = layout.build(resolved, inventory)
     name = resolved["name"]
     p = render.paths(resolved)
@@ -86,20 +83,3 @@ def fleet_view(resolved: dict[str, Any], inventory: dict[str, dict[str, Any]]) -
     proxies = [host for host, h in lay.hosts.items() if "proxy" in h.roles(name)]
     listen = int(resolved["proxy"]["listen"]) if resolved["proxy"]["enabled"] else None
     return FleetView(replicas, proxies, listen, inventory)
-
-
-def spec_for(inventory: str, spec: str | None) -> str:
-    """``--spec``, else the one spec the inventory's hosts name (vllm_fleet.spec.source, as
-    ``vllm-fleet rollout`` finds it). Raises ValueError with what to do."""
-    if spec:
-        return spec
-    from vllm_fleet.spec.inventory import InventoryError, load_inventory
-    from vllm_fleet.spec.source import SpecSourceError, spec_source
-
-    try:
-        found = {spec_source(h["data"], n)[0] for n, h in load_inventory(inventory).items()}
-    except (InventoryError, SpecSourceError) as exc:
-        raise ValueError(str(exc)) from None
-    if len(found) != 1:
-        raise ValueError(f"the inventory's hosts name {len(found)} specs ({', '.join(sorted(found))}): give one with --spec")
-    return found.pop()
