@@ -54,6 +54,7 @@ def probe_unit(text: str, python: str, script: str, result: str) -> str:
 
 
 def render_cmd(a) -> int:
+    a.out, a.spec = str(Path(a.out).resolve()), str(Path(a.spec).resolve())  # the --ref run works elsewhere
     if a.ref:  # the same function, run against the vllm_fleet of an earlier commit
         with tempfile.TemporaryDirectory() as tmp:
             arch = subprocess.run(["git", "-C", str(ROOT), "archive", a.ref, "vllm_fleet"], capture_output=True, check=True).stdout

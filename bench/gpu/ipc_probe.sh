@@ -9,7 +9,7 @@
 # installed as vllm-ipc-LABEL.service (its env files beside it, Restart=no in a drop-in so a failed
 # import is read once), started, and read back: the test's result file, the journal, `systemctl
 # show` (systemd's own reading of SystemCallFilter) and `systemd-analyze security`. One more trial,
-# `control-nofilter`, is the first trial's unit without its SystemCallFilter= lines: the test itself
+# `control-nofilter`, is the `before` trial's unit without its SystemCallFilter= lines: the test itself
 # works there. $OUT/LABEL.json per trial, $OUT/h200-ipc-sandbox.json all of them.
 set -uo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd); ROOT=$(cd "$HERE/../.." && pwd)
@@ -25,7 +25,7 @@ SD=$(systemd_pid) || { log "systemd did not start"; cat $W/systemd.out; exit 1; 
 for _ in $(seq 30); do st=$(ns systemctl is-system-running 2>/dev/null); case $st in running|degraded) break;; esac; sleep 1; done
 log "systemd PID $SD: $st ($(ns systemctl --version | head -1)); $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader)"
 
-first=$(ls -d "$DIR"/*/ | head -1)
+first="$DIR/before"; [ -d "$first" ] || first=$(ls -d "$DIR"/*/ | head -1)
 mkdir -p "$DIR/control-nofilter"
 grep -v '^SystemCallFilter=' "$first/unit" > "$DIR/control-nofilter/unit"
 sed 's/"label": "[^"]*"/"label": "control-nofilter"/' "$first/meta.json" > "$DIR/control-nofilter/meta.json"
