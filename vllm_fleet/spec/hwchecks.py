@@ -116,7 +116,7 @@ def _gpu_count(c: _Facts) -> None:
 
 
 def _flashinfer(c: _Facts) -> None:
-    """FlashInfer's kernels on hosts without internet (vllm_fleet.fetch.flashinfer)."""
+    """FlashInfer's kernels on hosts without internet (vllm_fleet.spec.flashinfer)."""
     if c.r["install"]["accelerator"] == "cuda" and not c.cpu:
         c.out.extend(flashinfer_problems(c.r, c.cc, c.spec))
 
@@ -274,7 +274,7 @@ def flashinfer_problems(resolved: dict[str, Any], cc: float | None, spec: Spec |
     toolkit there either)."""
     from pathlib import Path
 
-    from vllm_fleet.fetch import flashinfer
+    from vllm_fleet.spec import flashinfer
 
     out: list[Problem] = []
     ins = resolved["install"]

