@@ -7,7 +7,7 @@ file on that host. Prints progress and a table; writes ``bench.json`` (the spec,
 version, GPU and driver read from the host (none on a CPU host: said so), time, every run) and
 the report (``report.html``, self-contained, inline SVG; PNG plots with the ``bench`` extra).
 
-The host side is :mod:`vllm_fleet.serving.benchhost` (a file streamed through the one transport,
+The host side is ``vllm_fleet/host/scripts/benchhost.py`` (a file streamed through the one transport,
 vllm_fleet.host.transport: vLLM imported once, one JSON request per line).
 """
 

@@ -1,5 +1,5 @@
 """The control side of a benchmark or tuning run on a server host: the fleet it runs against
-(:func:`load_fleet`) and one session to the helper :mod:`vllm_fleet.serving.benchhost` there
+(:func:`load_fleet`) and one session to the helper ``host/scripts/benchhost.py`` there
 (:class:`HostSession`). `vllm-fleet bench` (vllm_fleet.commands.bench), the multi-turn workload
 (:mod:`vllm_fleet.serving.multiturn`) and `vllm-fleet tune` (:mod:`vllm_fleet.serving.tune`)
 share it.
@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from vllm_fleet.render.fleetview import FleetView, fleet_view
+from vllm_fleet.host import programs
 from vllm_fleet.host.programs import argv
 from vllm_fleet.host.transport import HostError, Transport
 from vllm_fleet.render import command
@@ -23,7 +24,6 @@ from vllm_fleet.spec.inventory import InventoryError, load_inventory
 from vllm_fleet.spec.load import SpecError
 from vllm_fleet.spec.pipeline import load_checked
 
-HOST_SCRIPT = Path(__file__).resolve().parent / "benchhost.py"
 BOOTSTRAP = ("import json,sys; d=json.loads(sys.stdin.readline()); "
              "exec(compile(d['script'], 'benchhost.py', 'exec'), {'CFG': d['cfg'], '__name__': 'benchhost'})")
 
@@ -32,7 +32,7 @@ class BenchError(Exception):
 
 
 class HostSession:
-    """One session to :mod:`vllm_fleet.serving.benchhost` on a host, through the one transport
+    """One session to ``host/scripts/benchhost.py`` on a host, through the one transport
     (vllm_fleet.host.transport: pyinfra's connector for the host, @local included):
     ``call(op, **args) -> dict``."""
 
@@ -50,7 +50,7 @@ class HostSession:
         self.err: list[str] = []
         self._t = threading.Thread(target=self._drain_stderr, daemon=True)
         self._t.start()
-        self.p.stdin.write(json.dumps({"script": HOST_SCRIPT.read_text(), "cfg": cfg}) + "\n")  # the key: on stdin only
+        self.p.stdin.write(json.dumps({"script": programs.script("benchhost.py"), "cfg": cfg}) + "\n")  # the key: on stdin only
         self.p.stdin.flush()
         first = self.p.stdout.readline()
         if not first.strip().startswith('{"ready"'):

@@ -244,7 +244,7 @@ def serve():
     shutil.rmtree(WORK, ignore_errors=True)
 
 
-if __name__ in ("benchhost", "__main__"):  # sent over SSH (benchcmd.BOOTSTRAP) or run by hand; never on import
+if __name__ in ("benchhost", "__main__"):  # sent over SSH (vllm_fleet.serving.session.BOOTSTRAP) or run by hand; never on import
     if not CFG:
         CFG = json.loads(sys.stdin.readline())  # by hand: the config as the first line on stdin
     setup()
