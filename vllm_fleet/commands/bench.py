@@ -23,6 +23,7 @@ from typing import Any, Callable
 
 from vllm_fleet.render.fleetview import FleetView
 from vllm_fleet.spec.inventory import spec_for
+from vllm_fleet.spec.load import routing_policies
 from vllm_fleet.serving.session import (BenchError, HostSession,  # noqa: F401  (bench's names too)
                                        load_fleet, served_tokenizer, spec_digest)
 
@@ -125,7 +126,7 @@ def cmd_multi_turn(args: argparse.Namespace, spec: str) -> int:
     from vllm_fleet.serving import multiturn
 
     policies = [p.strip() for p in args.policies.split(",")] if args.policies else None
-    allowed = ("least_conn", "round_robin", "session", "cache_aware")
+    allowed = [p for p in routing_policies() if p != "auto"]  # a policy in effect, as the schema names them
     bad = [p for p in policies or [] if p not in allowed]
     if bad:
         print(f"vllm-fleet bench: --policies: unknown {', '.join(bad)} (one of: {', '.join(allowed)})", file=sys.stderr)

@@ -33,11 +33,12 @@ import jinja2
 from vllm_fleet.render import monitoring
 from vllm_fleet.render.command import RAY_TMPDIR, env_bin, env_paths, env_python, state_env, vllm_argv, vllm_env, world_size_per_node
 from vllm_fleet.render.parts import (HOST_DATA_DEFAULTS, SERVICE_PARTS, HostLayout, Instance, Layout, LayoutError,  # noqa: F401
-                                    Node, Secret, build_parts, _cpu_sets, _multi, firewall_addresses, routing_policy, server_replicas,
+                                    Node, Secret, build_parts, _cpu_sets, _multi, firewall_addresses,
                                     SYSTEMD_DIR, UNIT_SUFFIXES)
 from vllm_fleet.render.text import (HEADER, EnvRef,  # noqa: F401  (the renderer's names too)
                                    RenderedFile, RenderError, comment_text, describe_secret, env_file, nginx_quote,
                                    systemd_command, systemd_quote, systemd_text)
+from vllm_fleet.spec.document import ROUTER_POLICY
 from vllm_fleet.spec.ports import RAY_FIXED_PORTS, RAY_WORKER_PORTS  # noqa: F401  (the renderer's names too)
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
@@ -516,12 +517,13 @@ def worker_urls(resolved: dict[str, Any], node: Node, all_nodes: list[Node], wit
     return out
 
 
-def router_argv(resolved: dict[str, Any], workers: list[str]) -> list[str]:
-    """The vllm-router command line (flags of vllm-router 0.1.17, checked in tests/test_routing.py)."""
+def router_argv(resolved: dict[str, Any], workers: list[str], policy: str = ROUTER_POLICY) -> list[str]:
+    """The vllm-router command line (flags of vllm-router 0.1.17, checked in tests/test_routing.py);
+    ``policy``: the layout's (:attr:`Node.policy`)."""
     rt = resolved["proxy"]["routing"]["router"]
     return [
         f"{paths(resolved)['router_env']}/bin/vllm-router", "--host", "127.0.0.1", "--port", str(rt["port"]),
-        "--worker-urls", *workers, "--policy", "cache_aware",
+        "--worker-urls", *workers, "--policy", policy,
         "--cache-threshold", str(rt["cache_threshold"]),
         "--balance-abs-threshold", str(rt["balance_abs_threshold"]),
         "--balance-rel-threshold", str(rt["balance_rel_threshold"]),
@@ -544,11 +546,11 @@ def _router_unit(resolved: dict[str, Any], node: Node, all_nodes: list[Node], wi
         header=HEADER.format(name=resolved["name"]),
         name=resolved["name"],
         version=rt["version"],
-        policy="cache_aware",
+        policy=node.policy,
         workers=workers,
         # replicas on this host first (ordering only; remote ones are waited for by the router)
         after=[i.unit for i in node.instances if i.role == "server"],
-        exec_start=systemd_command(router_argv(resolved, [u for u, _ in workers])),
+        exec_start=systemd_command(router_argv(resolved, [u for u, _ in workers], node.policy)),
         syslog_identifier=ROUTER_UNIT.format(name=resolved["name"]).removesuffix(".service"),
         start_limit_interval=START_LIMIT_INTERVAL,
         start_limit_burst=START_LIMIT_BURST,
@@ -559,7 +561,7 @@ def _router_unit(resolved: dict[str, Any], node: Node, all_nodes: list[Node], wi
 def _nginx_site(resolved: dict[str, Any], node: Node, all_nodes: list[Node], with_inventory: bool) -> RenderedFile:
     prx, p = resolved["proxy"], paths(resolved)
     tls = bool((prx.get("tls") or {}).get("enabled"))
-    policy = routing_policy(resolved, server_replicas(all_nodes))
+    policy = node.policy
     header_var = "$http_" + prx["routing"]["session_header"].lower().replace("-", "_")
     content = _template(
         "nginx-site.conf.j2",
@@ -604,8 +606,9 @@ def _nginx_site(resolved: dict[str, Any], node: Node, all_nodes: list[Node], wit
     return RenderedFile(content, 0o644)
 
 
-def client_settings(resolved: dict[str, Any], nodes: list[Node] | None = None) -> dict[str, Any]:
-    """OpenAI-compatible client settings (base_url, model, where the key is), as a dict."""
+def client_settings(resolved: dict[str, Any], nodes: list[Node] | None = None, policy: str | None = None) -> dict[str, Any]:
+    """OpenAI-compatible client settings (base_url, model, where the key is, the routing
+    ``policy`` the layout decided), as a dict."""
     prx, srv = resolved["proxy"], resolved["server"]
     nodes = nodes or []
     proxies = [n for n in nodes if "proxy" in n.roles and n.address]
@@ -631,7 +634,6 @@ def client_settings(resolved: dict[str, Any], nodes: list[Node] | None = None) -
         "api_key": {"secret": dict(ref) if ref else None, "where": describe_secret(ref)},
     }
     if prx["enabled"]:
-        policy = routing_policy(resolved, server_replicas(nodes) if nodes else int(resolved["replicas"]["per_host"]))
         out["routing"] = {"policy": policy}
         if policy == "session":
             out["routing"]["session_header"] = prx["routing"]["session_header"]
@@ -640,9 +642,9 @@ def client_settings(resolved: dict[str, Any], nodes: list[Node] | None = None) -
     return out
 
 
-def _client_files(resolved: dict[str, Any], nodes: list[Node] | None) -> dict[str, RenderedFile]:
+def _client_files(resolved: dict[str, Any], nodes: list[Node] | None, policy: str | None) -> dict[str, RenderedFile]:
     p = paths(resolved)
-    s = client_settings(resolved, nodes)
+    s = client_settings(resolved, nodes, policy)
     ref = resolved["server"].get("api_key") or {}
     if "file" in ref:
         f = ref["file"]
@@ -792,7 +794,7 @@ def fill_files(layout: Layout) -> None:
             _add(files, path, f, h.name)
         h.files = files
     for dep, r in layout.deployments.items():
-        for path, f in _client_files(r, layout.nodes(dep) if layout.with_inventory else None).items():
+        for path, f in _client_files(r, layout.nodes(dep) if layout.with_inventory else None, layout.policy(dep)).items():
             _add(layout.client, path, f, "client")
 
 

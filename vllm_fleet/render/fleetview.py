@@ -49,6 +49,7 @@ class FleetView:
     proxies: list[str]
     proxy_listen: int | None
     hosts: dict[str, dict[str, Any]] = field(default_factory=dict)
+    policy: str | None = None  # the routing policy in effect, as the layout decided it
 
     def replica(self, name: str) -> Replica | None:
         """The instance ``HOST:N``, or a host's first instance for a plain host name."""
@@ -82,4 +83,4 @@ def fleet_view(resolved: dict[str, Any], inventory: dict[str, dict[str, Any]]) -
                                 inst.env_file, changeable, shared if siblings else ()))
     proxies = [host for host, h in lay.hosts.items() if "proxy" in h.roles(name)]
     listen = int(resolved["proxy"]["listen"]) if resolved["proxy"]["enabled"] else None
-    return FleetView(replicas, proxies, listen, inventory)
+    return FleetView(replicas, proxies, listen, inventory, lay.policy(name))

@@ -49,6 +49,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
 
 from vllm_fleet.render.command import world_size_per_node
+from vllm_fleet.spec.document import ROUTER_POLICY
 from vllm_fleet.spec.hostdata import host_address, inventory_problems, is_address_or_hostname
 from vllm_fleet.spec.planner import replica_gpu_utilization, replicas_per_gpu, shares_fit_one_gpu
 from vllm_fleet.spec.ports import RAY_FIXED_PORTS, RAY_WORKER_PORTS
@@ -134,6 +135,9 @@ class Node:
     data: dict[str, Any] | None = None
     private: str | None = None  # cluster address
     instances: list[Instance] = field(default_factory=list)
+    #: the deployment's routing policy in effect (:func:`routing_policy`, decided once for all its
+    #: nodes when the parts are laid out); None without a proxy
+    policy: str | None = None
 
 
 @dataclass(frozen=True)
@@ -194,6 +198,10 @@ class Layout:
 
     def nodes(self, deployment: str) -> list[Node]:
         return [h.parts[deployment] for h in self.hosts.values() if deployment in h.parts]
+
+    def policy(self, deployment: str) -> str | None:
+        """The deployment's routing policy in effect (decided once: :attr:`Node.policy`)."""
+        return next((n.policy for n in self.nodes(deployment)), None)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -377,7 +385,7 @@ def _host_parts(resolved: dict[str, Any], inventory: dict[str, dict[str, Any]], 
             s.roles.add("proxy")
     out = [n for n in out if n.roles]
     _add_instances(resolved, out, down, problems, source)
-    _add_router(resolved, out)
+    _decide_routing(resolved, out)
     return out
 
 
@@ -394,12 +402,15 @@ def server_replicas(nodes: Iterable[Node]) -> int:
     return sum(1 for n in nodes for i in n.instances if i.role == "server")
 
 
-def _add_router(resolved: dict[str, Any], nodes: list[Node]) -> None:
-    """``cache_aware``: vLLM's router runs beside nginx on every proxy host (part ``router``)."""
-    if routing_policy(resolved, server_replicas(nodes)) == "cache_aware":
-        for n in nodes:
-            if "proxy" in n.roles:
-                n.roles.add("router")
+def _decide_routing(resolved: dict[str, Any], nodes: list[Node]) -> None:
+    """The routing policy in effect, decided once for the deployment from its API-server replicas
+    on all its nodes (each node carries it: ``Node.policy``); ``cache_aware``: vLLM's router runs
+    beside nginx on every proxy host (part ``router``)."""
+    policy = routing_policy(resolved, server_replicas(nodes)) if resolved["proxy"]["enabled"] else None
+    for n in nodes:
+        n.policy = policy
+        if policy == ROUTER_POLICY and "proxy" in n.roles:
+            n.roles.add("router")
 
 
 def _role_parts(resolved: dict[str, Any], problems: list[str], source: str) -> list[Node]:
@@ -422,7 +433,7 @@ def _role_parts(resolved: dict[str, Any], problems: list[str], source: str) -> l
             n.instances = _instances(resolved, n.target, {}, None if n.target != "server" else head, n.node_rank, problems, source)
             for i in n.instances:
                 i.address = "127.0.0.1"
-    _add_router(resolved, out)
+    _decide_routing(resolved, out)
     return out
 
 

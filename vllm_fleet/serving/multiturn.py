@@ -372,7 +372,6 @@ def compare(inventory: str, spec_path: str, policies: list[str] | None, workload
     import os
 
     from vllm_fleet.render import command
-    from vllm_fleet.render.layout import routing_policy
 
     resolved, _, view, key = load_fleet(inventory, spec_path)
     if not view.proxies or view.proxy_listen is None:
@@ -393,7 +392,7 @@ def compare(inventory: str, spec_path: str, policies: list[str] | None, workload
 
     for policy in policies or [None]:
         switched = switch_policy(inventory, spec_path, policy, view, say=say, timeout=deploy_timeout) if policy else None
-        in_effect = policy or routing_policy(resolved, len(view.replicas))
+        in_effect = policy or view.policy
         for name, wl in workloads.items():
             seed += 1
             before = prefix_counters(view, python)

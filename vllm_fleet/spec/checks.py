@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from typing import Any, Callable
 
-from vllm_fleet.spec.document import HOST_PATH, Problem, Spec
+from vllm_fleet.spec.document import HOST_PATH, ROUTER_POLICY, Problem, Spec
 from vllm_fleet.spec.ports import RAY_FIXED_PORTS, RAY_WORKER_PORTS
 
 #: The schema's pattern for model.served_name (the name taken from `source` must fit it too).
@@ -259,7 +259,7 @@ def _routing(r: dict[str, Any], spec: Spec | None, add: Add) -> None:
 def _router_ports(r: dict[str, Any], spec: Spec | None, add: Add) -> None:
     """The cache-aware router's ports: free on the proxy host and outside the replicas' port range."""
     srv, prx = r["server"], r["proxy"]
-    if not (prx["enabled"] and prx["routing"]["policy"] in ("cache_aware", "auto")):
+    if not (prx["enabled"] and prx["routing"]["policy"] in (ROUTER_POLICY, "auto")):  # auto: decided in the layout
         return
     router = prx["routing"]["router"]
     used = {int(prx["listen"]): "proxy.listen", int(srv["port"]): "server.port"}

@@ -326,6 +326,16 @@ def _subschema(path: list[Any]) -> dict[str, Any]:
     return node
 
 
+def routing_policies() -> tuple[str, ...]:
+    """``proxy.routing.policy``'s names, as the schema's enum lists them (``auto`` first)."""
+    return tuple(_subschema(["proxy", "routing", "policy"])["enum"])
+
+
+#: The ``proxy.routing.policy`` that puts vLLM's router beside nginx on the proxy hosts (the others
+#: are nginx's own).
+ROUTER_POLICY = "cache_aware"
+
+
 def _deref(ref: str) -> dict[str, Any]:
     node: Any = schema()
     for part in ref.lstrip("#/").split("/"):

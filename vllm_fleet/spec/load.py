@@ -15,8 +15,8 @@ from typing import Any
 
 from vllm_fleet.spec.document import (  # noqa: F401  (the spec's names)
     CONTROL_CHARS, HOST_PATH, HOST_PATH_PATTERN, MAX_DEPTH, MAX_NODES, MAX_NUMBER_CHARS, MAX_SPEC_BYTES,
-    MULTILINE_TEXT, REMOVED_OPTIONS, RESOLVED_SECTIONS, SCHEMA_PATH, Problem, Spec, SpecError, cuda_min_driver,
-    did_you_mean, is_local_path, load, loads, resolve, schema, schema_problems, vllm_cuda,
+    MULTILINE_TEXT, REMOVED_OPTIONS, RESOLVED_SECTIONS, ROUTER_POLICY, SCHEMA_PATH, Problem, Spec, SpecError, cuda_min_driver,
+    did_you_mean, is_local_path, load, loads, resolve, routing_policies, schema, schema_problems, vllm_cuda,
 )
 from vllm_fleet.spec.pipeline import load_checked
 
