@@ -157,7 +157,7 @@ class FakeHost:
         self.files, self.units, self.complete = dict(files or {}), dict(units or {}), complete
         self.queries: list = []
 
-    def __call__(self, address, data, query):
+    def __call__(self, name, address, data, query):
         self.queries.append(query)
         files = {p: (text, owner, group, mode) for p, (text, mode, owner, group) in self.files.items()}
         units = {u: {"ActiveState": a, "UnitFileState": e} for u, (a, e) in self.units.items()}
@@ -261,7 +261,7 @@ def test_diff_of_a_host_whose_read_did_not_complete_is_exit_2_naming_it(tmp_path
 
 
 def test_diff_with_an_unreachable_host_is_exit_2(tmp_path, monkeypatch):
-    def refuse(address, data, query):
+    def refuse(name, address, data, query):
         raise OSError("connection refused")
 
     monkeypatch.setattr(diffmod, "read_host", refuse)
@@ -350,7 +350,7 @@ def test_diff_reads_a_host_with_the_one_state_read_for_real(tmp_path):
     Path(secret).write_text("VLLM_API_KEY=sk-never-sent\n")
     os.mkdir(folder)
     paths = [conf, secret, missing, folder]
-    snap = diffmod.read_host("@local", {}, diffmod.read_query(paths, {secret}, []))
+    snap = diffmod.read_host("@local", "127.0.0.1", {}, diffmod.read_query(paths, {secret}, []))
     assert snap.known
     assert "sk-never-sent" not in repr(vars(snap))
     files, _ = diffmod.remote_state(snap, paths, [])

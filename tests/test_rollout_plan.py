@@ -165,7 +165,7 @@ def test_cli_dry_prints_batches_and_what_each_would_change(tmp_path, monkeypatch
     spec_copy = tmp_path / "replicas.yaml"
     spec_copy.write_text(yaml.safe_dump(data))
     read = []
-    monkeypatch.setattr(diffmod, "read_host", lambda address, data, query: read.append(address) or bare_host(query))
+    monkeypatch.setattr(diffmod, "read_host", lambda name, address, data, query: read.append(address) or bare_host(query))
     assert main(["rollout", inv, "--spec", str(spec_copy), "--batch-percent", "50", "--dry", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["batches"] == [["lab1:0", "lab2:0"], ["lab3:0", "lab4:0"]]

@@ -88,3 +88,16 @@ def counts(lo: int | None = 1, hi: int | None = None) -> Callable[[str], list[in
 def numbers(lo: float | None = 0, hi: float | None = None, *, lo_open: bool = True) -> Callable[[str], list[float]]:
     """``0.5,2,8``: finite numbers in (lo, hi], none twice."""
     return _listed(number(lo, hi, lo_open=lo_open), "numbers")
+
+
+#: The INVENTORY argument of every command that reaches hosts: what ``pyinfra`` itself takes,
+#: read by the one reader (vllm_fleet.spec.inventory.load_inventory).
+INVENTORY_HELP = ("pyinfra inventory: a .py file, or the hosts inline as pyinfra takes them: @local (this machine), "
+                  "user@host, @ssh/host, host1,host2 (inline hosts are the `servers` group; host data with --data)")
+
+
+def add_inventory_arguments(p: argparse.ArgumentParser, help: str = INVENTORY_HELP) -> None:
+    """INVENTORY and ``--data KEY=VALUE`` (pyinfra's override data: highest precedence; how an
+    inline inventory gets its login, e.g. ``--data ssh_key=~/.ssh/id_ed25519 --data _sudo=true``)."""
+    p.add_argument("inventory", metavar="INVENTORY", help=help)
+    p.add_argument("--data", action="append", metavar="KEY=VALUE", help="pyinfra override data for every host (repeatable)")

@@ -19,7 +19,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from vllm_fleet.render.fleetview import FleetView
 from vllm_fleet.spec.inventory import spec_for
@@ -75,8 +75,8 @@ def format_table(runs: list[dict[str, Any]]) -> str:
 def run_bench(inventory: str, spec_path: str, *, host: str | None = None, concurrency: list[int] | None = None,
               rates: list[float] | None = None, input_len: int = 128, output_len: int = 128, prompts_per_level: int = 8,
               min_prompts: int = 16, warmups: int = 2, dataset: str | None = None, only: list[str] | None = None,
-              say: Callable[[str], None] = print) -> dict[str, Any]:
-    resolved, _, view, key = load_fleet(inventory, spec_path)
+              say: Callable[[str], None] = print, data: Sequence[str] = ()) -> dict[str, Any]:
+    resolved, _, view, key = load_fleet(inventory, spec_path, data=data)
     rep = view.replica(host) if host else next((r for r in view.replicas if r.host not in view.proxies), view.replicas[0])
     if not rep:
         raise BenchError(f"--host {host}: not a replica of {resolved['name']} (replicas: {', '.join(r.id for r in view.replicas)})")
@@ -144,7 +144,7 @@ def cmd_multi_turn(args: argparse.Namespace, spec: str) -> int:
         (out / "routing.json").write_text(json.dumps(result, indent=2, default=str) + "\n")
 
     try:
-        result = multiturn.compare(args.inventory, spec, policies, workloads, on_run=write)
+        result = multiturn.compare(args.inventory, spec, policies, workloads, on_run=write, data=args.data or [])
     except (BenchError, ValueError, RuntimeError) as exc:
         print(f"vllm-fleet bench: {exc}", file=sys.stderr)
         if (out / "routing.json").exists():
@@ -161,7 +161,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from vllm_fleet.serving import report
 
     try:
-        spec = spec_for(args.inventory, args.spec)
+        spec = spec_for(args.inventory, args.spec, args.data or [])
     except ValueError as exc:
         print(f"vllm-fleet bench: {exc}", file=sys.stderr)
         return 1
@@ -171,7 +171,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     try:
         result = run_bench(args.inventory, spec, host=args.host, concurrency=conc, rates=rates, input_len=args.input_len,
                            output_len=args.output_len, prompts_per_level=args.prompts_per_level, min_prompts=args.min_prompts,
-                           warmups=args.warmups, dataset=args.dataset)
+                           warmups=args.warmups, dataset=args.dataset, data=args.data or [])
     except (BenchError, ValueError) as exc:
         print(f"vllm-fleet bench: {exc}", file=sys.stderr)
         return 1
@@ -186,7 +186,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 def add_cli(sub: Any) -> None:
     p = sub.add_parser("bench", help="vLLM's own serving benchmark on a server host, through the proxy and direct (docs/tuning.md)")
-    p.add_argument("inventory", metavar="INVENTORY")
+    from vllm_fleet.commands.argtypes import add_inventory_arguments
+
+    add_inventory_arguments(p)
     p.add_argument("--spec", help="the deployed spec (default: the inventory's data vllm_fleet_spec, $VLLM_FLEET_SPEC; the lab: deployments/lab-tiny.yaml)")
     g = p.add_mutually_exclusive_group()
     from vllm_fleet.commands.argtypes import count, counts, number, numbers

@@ -230,7 +230,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_render)
 
     p = sub.add_parser("status", help="per host: unit state, vLLM version, served model, health")
-    p.add_argument("inventory", metavar="INVENTORY")
+    from vllm_fleet.commands.argtypes import add_inventory_arguments
+
+    add_inventory_arguments(p)
     p.add_argument("--spec", help="the deployment spec (default: each host's data vllm_fleet_spec, $VLLM_FLEET_SPEC; "
                    "the lab inventory: deployments/lab-tiny.yaml)")
     p.add_argument("--json", action="store_true")

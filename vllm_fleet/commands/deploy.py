@@ -292,11 +292,12 @@ def cmd_deploy(args: argparse.Namespace, runner: Callable[[list[str]], int] | No
 
 
 def add_fleet_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("inventory", metavar="INVENTORY", help="pyinfra inventory (.py)")
+    from vllm_fleet.commands.argtypes import add_inventory_arguments
+
+    add_inventory_arguments(p)
     p.add_argument("--spec", help="the deployment spec for every host (default: each host's data vllm_fleet_spec, "
                    "$VLLM_FLEET_SPEC; the lab inventory: deployments/lab-tiny.yaml)")
     p.add_argument("--limit", action="append", metavar="HOSTS", help="only these hosts or groups (pyinfra's --limit; repeatable)")
-    p.add_argument("--data", action="append", metavar="KEY=VALUE", help="pyinfra override data (repeatable)")
 
 
 def add_cli(sub: Any) -> None:

@@ -108,12 +108,12 @@ def remote_state(snap: Snapshot, paths: Sequence[str], units: Sequence[str]) -> 
     return files, states
 
 
-def read_host(address: str, data: dict[str, Any], query: Query) -> Snapshot:
-    """``query`` read on the host at ``address`` (``@local`` included) by the deploy's own state
-    read (host_state.sh), through the one transport (vllm_fleet.host.transport: pyinfra's
-    connector for that host)."""
-    with Transport({address: {"address": address, "data": data}}) as t:
-        r = t.run(address, state_command(query), timeout=60)
+def read_host(name: str, address: str, data: dict[str, Any], query: Query) -> Snapshot:
+    """``query`` read on the inventory host ``name`` (at ``address``; ``@local`` included: this
+    machine, never SSH to 127.0.0.1) by the deploy's own state read (host_state.sh), through the
+    one transport (vllm_fleet.host.transport: pyinfra's connector for that host)."""
+    with Transport({name: {"address": address, "data": data}}) as t:
+        r = t.run(name, state_command(query), timeout=60)
     snap = Snapshot.parse(r.stdout.splitlines())
     snap.query = query
     return snap
@@ -168,7 +168,7 @@ def diff_files(deployments: list[Deployment], hosts: Sequence[str] | None = None
     def one(job):
         d, h, paths, units, query = job
         try:
-            snap = read_host(d.inventory[h]["address"], d.connection.get(h, {}), query)
+            snap = read_host(h, d.inventory[h]["address"], d.connection.get(h, {}), query)
         except Exception as exc:  # unreachable host, bad key: say so, go on with the others
             return HostDiff(h, d.resolved["name"], error=f"cannot read the host: {type(exc).__name__}: {exc}")
         if not snap.known:

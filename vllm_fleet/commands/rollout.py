@@ -35,7 +35,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from vllm_fleet.host.rollout_step import failure_tail, run_step, step_command
 from vllm_fleet.spec.inventory import spec_for
@@ -80,12 +80,12 @@ def plan_batches(servers: list[str], size: int, first: list[str] | None = None) 
     return batches
 
 
-def server_order(inventory_path: str, spec: dict[str, Any] | None = None) -> tuple[list[str], list[str], dict[str, dict[str, Any]]]:
+def server_order(inventory_path: str, spec: dict[str, Any] | None = None, data: Sequence[str] = ()) -> tuple[list[str], list[str], dict[str, dict[str, Any]]]:
     """(instance ids ``HOST:N`` in the layout's order, proxy hosts, {host: {address, groups, data}})."""
     from vllm_fleet.spec.inventory import load_inventory
     from vllm_fleet.render.layout import LayoutError, build
 
-    hosts = load_inventory(inventory_path)
+    hosts = load_inventory(inventory_path, data)
     if spec is None:
         raise RolloutError("server_order needs the resolved spec")
     try:
@@ -140,11 +140,11 @@ class Rollout:
     def __init__(self, inventory: str, spec_path: str, *, size: int | None = None, percent: float | None = None,
                  drain_timeout: float | None = None, pyinfra: str | None = None, cwd: str | None = None,
                  state_dir: str = STATE_DIR, say: Callable[[str], None] = print,
-                 runner: Callable[[list[str], dict[str, str]], tuple[int, str]] | None = None):
+                 runner: Callable[[list[str], dict[str, str]], tuple[int, str]] | None = None, data: Sequence[str] = ()):
         from vllm_fleet.spec.pipeline import load_checked
         from vllm_fleet.spec.load import SpecError
 
-        self.inventory, self.spec_path, self.say = inventory, spec_path, say
+        self.inventory, self.spec_path, self.say, self.data = inventory, spec_path, say, list(data)
         try:
             self.spec, _, _ = load_checked(spec_path)
         except SpecError as exc:
@@ -156,7 +156,7 @@ class Rollout:
         if not self.spec["proxy"]["enabled"]:
             raise RolloutError(f"{spec_path}: proxy.enabled is false: a rollout takes replicas out of the nginx upstream, there is none")
         try:
-            self.servers, self.proxies, self.hosts = server_order(inventory, self.spec)
+            self.servers, self.proxies, self.hosts = server_order(inventory, self.spec, self.data)
         except RolloutError:
             raise
         except Exception as exc:  # InventoryError, or a user file that fails
@@ -201,7 +201,7 @@ class Rollout:
     def _step(self, result: RolloutResult, index: int, step: str, limit: list[str], down: list[str], log: Path,
               update: list[str] | None = None) -> Step:
         argv, env = step_command(self.pyinfra, self.inventory, self.spec_path, step, limit=limit, down=down,
-                                 drain_timeout=self.drain_timeout, update=update)
+                                 drain_timeout=self.drain_timeout, update=update, data=self.data)
         t0 = time.monotonic()
         rc, out = self.runner(argv, env)
         seconds = time.monotonic() - t0
@@ -281,13 +281,13 @@ def format_table(result: RolloutResult) -> str:
 
 def cmd_rollout(args: argparse.Namespace) -> int:
     try:  # --spec, else the inventory's (vllm_fleet.spec.source): one spec for all replicas
-        spec = spec_for(args.inventory, args.spec)
+        spec = spec_for(args.inventory, args.spec, args.data or [])
     except ValueError as exc:
         print(f"vllm-fleet rollout: {exc}; no host was changed", file=sys.stderr)
         return 1
     try:
         ro = Rollout(args.inventory, spec, size=args.batch_size, percent=args.batch_percent,
-                     drain_timeout=args.drain_timeout, say=(lambda m: print(m, file=sys.stderr)) if args.json else print)
+                     drain_timeout=args.drain_timeout, data=args.data or [], say=(lambda m: print(m, file=sys.stderr)) if args.json else print)
     except RolloutError as exc:
         print(f"vllm-fleet rollout: {exc}; no host was changed", file=sys.stderr)
         return 1
@@ -308,7 +308,7 @@ def _dry(ro: Rollout, args: argparse.Namespace) -> int:
     from vllm_fleet.commands.diff import diff_files, format_diff
 
     try:
-        deployments, _ = plan(ro.inventory, ro.spec_path)
+        deployments, _ = plan(ro.inventory, ro.spec_path, ro.data)
     except PlanError as exc:
         print("\n".join(f"vllm-fleet rollout: {line}" for line in exc.lines), file=sys.stderr)
         return 1
@@ -327,7 +327,9 @@ def _dry(ro: Rollout, args: argparse.Namespace) -> int:
 
 def add_cli(sub: Any) -> None:
     p = sub.add_parser("rollout", help="rolling update of the replicas behind nginx, batch by batch (docs/rollout.md)")
-    p.add_argument("inventory", metavar="INVENTORY", help="pyinfra inventory (.py); replicas: the deployment's instances on its `servers` hosts, in order")
+    from vllm_fleet.commands.argtypes import INVENTORY_HELP, add_inventory_arguments
+
+    add_inventory_arguments(p, INVENTORY_HELP + "; replicas: the deployment's instances on its `servers` hosts, in order")
     p.add_argument("--spec", help="the new deployment spec (default: the inventory's data vllm_fleet_spec, $VLLM_FLEET_SPEC; the lab: deployments/lab-tiny.yaml)")
     from vllm_fleet.commands.argtypes import count, number
 

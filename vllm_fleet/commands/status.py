@@ -82,7 +82,7 @@ def status_main(args: argparse.Namespace) -> int:
     from vllm_fleet.spec.source import SpecSourceError, spec_source
 
     try:
-        hosts = load_inventory(args.inventory)
+        hosts = load_inventory(args.inventory, args.data or [])
     except InventoryError as exc:
         print(f"vllm-fleet status: {exc}", file=sys.stderr)
         return 1

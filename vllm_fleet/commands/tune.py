@@ -26,7 +26,7 @@ def _target_arg(text: str) -> dict[str, float]:
 def cmd_tune(args: argparse.Namespace) -> int:
     try:
         try:
-            spec = spec_for(args.inventory, args.spec)
+            spec = spec_for(args.inventory, args.spec, args.data or [])
         except ValueError as exc:
             raise TuneError(str(exc)) from None
         target = args.target if isinstance(args.target, dict) else parse_target(args.target)
@@ -35,7 +35,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
         tuner = Tuner(args.inventory, spec, target, out, grid=grid, host=args.host, budget_min=args.budget, resume=args.resume,
                       in_place=args.in_place, input_len=args.input_len, output_len=args.output_len, max_probes=args.max_probes,
                       max_load=args.max_load, prompts_per_stream=args.prompts_per_stream, min_prompts=args.min_prompts, dry=args.dry,
-                      load_kind=args.search)
+                      load_kind=args.search, data=args.data or [])
         if args.dry:
             for p in tuner.points:
                 print(f"{p['id']} {p['status']:<8} {point_label(p['settings'])}" + (f"  ({p['reason']})" if p["reason"] else ""))
@@ -51,7 +51,9 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
 def add_cli(sub: Any) -> None:
     p = sub.add_parser("tune", help="sweep engine settings on one replica against a latency target; write the winner as an overlay (docs/tuning.md)")
-    p.add_argument("inventory", metavar="INVENTORY")
+    from vllm_fleet.commands.argtypes import add_inventory_arguments
+
+    add_inventory_arguments(p)
     p.add_argument("--spec", help="the deployed spec (default: the inventory's data vllm_fleet_spec, $VLLM_FLEET_SPEC; the lab: deployments/lab-tiny.yaml)")
     p.add_argument("--target", required=True, type=_target_arg, help="limits in ms, e.g. ttft_p99_ms=500,tpot_p99_ms=50 (ttft/tpot/itl/e2el, p50/p90/p99)")
     p.add_argument("--grid", help="instead of the default grid: KEY=V1,V2;KEY=... with KEY one of " + ", ".join(TUNABLE))

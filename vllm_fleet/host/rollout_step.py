@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+from typing import Sequence
 
 #: The packaged deploy every step runs (``pyinfra INVENTORY vllm_fleet.deploys.rollout:rollout_step``).
 DEPLOY = "vllm_fleet.deploys.rollout:rollout_step"
@@ -19,7 +20,7 @@ STEPS = ("upstream", "update")
 
 
 def step_command(pyinfra: str, inventory: str, spec_path: str, step: str, *, limit: list[str], down: list[str],
-                 drain_timeout: float, update: list[str] | None = None) -> tuple[list[str], dict[str, str]]:
+                 drain_timeout: float, update: list[str] | None = None, data: Sequence[str] = ()) -> tuple[list[str], dict[str, str]]:
     """``(argv, env)`` of one step on the hosts in ``limit``.
 
     + pyinfra: the pyinfra executable
@@ -30,6 +31,7 @@ def step_command(pyinfra: str, inventory: str, spec_path: str, step: str, *, lim
     + down: replicas (``HOST:N``) out of the upstream
     + drain_timeout: seconds a replica is given to finish its requests
     + update: the replicas the update step replaces
+    + data: pyinfra's ``--data KEY=VALUE`` host data (an inline inventory's login), as the user gave it
 
     **Example:**
 
@@ -44,6 +46,8 @@ def step_command(pyinfra: str, inventory: str, spec_path: str, step: str, *, lim
            "VLLM_FLEET_UPSTREAM_DOWN": ",".join(down), "VLLM_FLEET_UPDATE": ",".join(update or []),
            "VLLM_FLEET_DRAIN_TIMEOUT": str(drain_timeout)}
     argv = [pyinfra, "-y", inventory, DEPLOY]
+    for d in data:
+        argv += ["--data", d]
     for host in limit:
         argv += ["--limit", host]
     return argv, env

@@ -1,7 +1,8 @@
 """The one way vllm-fleet reaches a host outside a pyinfra operation: pyinfra's own connectors.
 
 `status`, `diff`, the bench/tune helper sessions and any probe that is not an operation run here,
-through the connector pyinfra picks for the inventory host (``@local``: this machine's shell;
+through the connector pyinfra picks for the inventory host (``@local``: this machine's shell, a
+child process of this one (:meth:`Transport._run_local`), never SSH to its own address;
 an address: pyinfra's SSH connector with the host's ``ssh_*`` data; ``@docker/...`` and the other
 ``@`` connectors alike), so a host the deploy reaches is reached the same way by every command.
 
@@ -50,11 +51,21 @@ def _text(command: Any) -> str:
 
 
 def needs_sudo(data: dict[str, Any], name: str) -> bool:
-    """Whether commands run with ``sudo -n`` there: a login as another user than root (never
-    for ``@local``, where the command runs as whoever runs vllm-fleet)."""
+    """Whether commands run with ``sudo -n`` there: the host data's ``_sudo`` where it says (as
+    the deploy's operations do), else a login as another user than root (``ssh_user``, or the
+    ``user@`` of the host's name); never by default on ``@local``, where the command runs as
+    whoever runs vllm-fleet."""
+    if data.get("_sudo") is not None:
+        return bool(data["_sudo"])
     if name.startswith("@"):
         return False
-    return (data.get("ssh_user") or "root") != "root"
+    user = data.get("ssh_user") or (name.rpartition("@")[0] if "@" in name else "") or "root"
+    return user != "root"
+
+
+def is_local(name: str) -> bool:
+    """pyinfra's ``@local`` connector: this machine, reached by a child process (no SSH)."""
+    return name == "@local"
 
 
 class Transport:
@@ -102,8 +113,10 @@ class Transport:
 
     def run(self, name: str, command: Any, *, timeout: int = 60, sudo: bool | None = None) -> Result:
         """Run one command line on host ``name``; :class:`HostError` when it cannot be reached."""
-        host = self._host(name)
         sudo = self.sudo(name) if sudo is None else sudo
+        if is_local(name):
+            return self._run_local(command, timeout=timeout, sudo=sudo)
+        host = self._host(name)
         cmd = command if isinstance(command, StringCommand) else StringCommand(command)
         try:
             ok, out = host.run_shell_command(cmd, _sudo=sudo, _timeout=timeout, print_output=False,
@@ -113,6 +126,23 @@ class Transport:
         stdout = "\n".join(getattr(out, "stdout_lines", []) or [])
         stderr = "\n".join(getattr(out, "stderr_lines", []) or [])
         return Result(bool(ok), 0 if ok else None, stdout + ("\n" if stdout else ""), stderr)
+
+    def _run_local(self, command: Any, *, timeout: int, sudo: bool) -> Result:
+        """``@local``: the command line run by ``sh`` in a child process of this one. Not through
+        pyinfra's local connector: it waits on its child with gevent, whose child watcher works in
+        the main thread only, and :meth:`map` runs every host in a thread of its own (that was
+        "TypeError: child watchers are only available on the default loop")."""
+        line = _text(command)
+        if sudo:
+            line = "sudo -n -H sh -c " + _text(StringCommand(_quote(line)))
+        try:
+            r = subprocess.run(["sh", "-c", line], capture_output=True, text=True, stdin=subprocess.DEVNULL,
+                               timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise HostError(f"@local: the command did not finish in {timeout} s") from None
+        except OSError as exc:
+            raise HostError(f"@local: cannot run sh: {exc}") from None
+        return Result(r.returncode == 0, r.returncode, r.stdout, r.stderr)
 
     def map(self, fn: Callable[[str], T], names: Iterable[str], workers: int = 16) -> list[T]:
         """``fn(name)`` for every host at once (a thread each; pyinfra's connector per host)."""
@@ -129,7 +159,7 @@ class Transport:
         line = _text(command)
         if sudo:
             line = "sudo -n -H sh -c " + _text(StringCommand(_quote(line)))
-        if name == "@local":
+        if is_local(name):
             return Session(proc=subprocess.Popen(["sh", "-c", line], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                                  stderr=subprocess.PIPE, text=True, bufsize=1))
         host = self._host(name)

@@ -50,7 +50,7 @@ from typing import Any, Iterable, Sequence
 
 from vllm_fleet.render.command import world_size_per_node
 from vllm_fleet.spec.document import ROUTER_POLICY
-from vllm_fleet.spec.hostdata import host_address, inventory_problems, is_address_or_hostname
+from vllm_fleet.spec.hostdata import host_address, inline_groups, inventory_problems, is_address_or_hostname
 from vllm_fleet.spec.planner import replica_gpu_utilization, replicas_per_gpu, shares_fit_one_gpu
 from vllm_fleet.spec.ports import RAY_FIXED_PORTS, RAY_WORKER_PORTS
 
@@ -683,7 +683,7 @@ def render_entry(name: str, groups: list[str], data: dict[str, Any], down: bool 
     out.pop("upstream_down", None)
     if down or data.get("upstream_down"):
         out["upstream_down"] = True
-    return {"address": host_address(name, data), "groups": list(groups), "data": out}
+    return {"address": host_address(name, data), "groups": inline_groups(groups), "data": out}
 
 
 def firewall_addresses(addresses: Iterable[str], what: str) -> list[str]:

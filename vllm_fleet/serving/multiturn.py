@@ -30,7 +30,7 @@ import threading
 import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import requests
 
@@ -337,7 +337,7 @@ def main_pids(view: Any, transport: Transport | None = None) -> dict[str, str]:
 
 
 def switch_policy(inventory: str, spec_path: str, policy: str, view: Any, *, say: Callable[[str], None],
-                  timeout: float) -> dict[str, Any]:
+                  timeout: float, data: Sequence[str] = ()) -> dict[str, Any]:
     """Deploy the proxy part with ``proxy.routing.policy`` set to ``policy`` (a copy of the spec,
     removed afterwards); the replicas' vLLM main PIDs before and after show that none restarted."""
     import os
@@ -349,7 +349,7 @@ def switch_policy(inventory: str, spec_path: str, policy: str, view: Any, *, say
         t0 = time.monotonic()
         say(f"routing {policy}: deploying the proxy part ({', '.join(view.proxies)})")
         p = subprocess.run([sys.executable, "-m", "vllm_fleet", "deploy", inventory, "--spec", tmp, "-y",
-                            *[a for h in view.proxies for a in ("--limit", h)]],
+                            *[a for h in view.proxies for a in ("--limit", h)], *[a for d in data for a in ("--data", d)]],
                            capture_output=True, text=True, timeout=timeout)
         if p.returncode != 0:
             raise RuntimeError(f"the deploy with routing {policy} failed (rc {p.returncode}):\n{(p.stdout + p.stderr)[-3000:]}")
@@ -364,7 +364,7 @@ def switch_policy(inventory: str, spec_path: str, policy: str, view: Any, *, say
 
 def compare(inventory: str, spec_path: str, policies: list[str] | None, workloads: dict[str, Workload], *,
             seed: int = 1, say: Callable[[str], None] = print, deploy_timeout: float = 900,
-            on_run: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+            on_run: Callable[[dict[str, Any]], None] | None = None, data: Sequence[str] = ()) -> dict[str, Any]:
     """For each policy (None: the deployed one only): deploy the proxy part with it, then run
     each workload once, reading every replica's prefix-cache counters before and after.
     ``on_run`` gets the result so far after each run (the command writes it, so that a
@@ -373,7 +373,7 @@ def compare(inventory: str, spec_path: str, policies: list[str] | None, workload
 
     from vllm_fleet.render import command
 
-    resolved, _, view, key = load_fleet(inventory, spec_path)
+    resolved, _, view, key = load_fleet(inventory, spec_path, data=data)
     if not view.proxies or view.proxy_listen is None:
         raise ValueError(f"{resolved['name']}: no proxy in front of the replicas (proxy.enabled): routing policies need one")
     proxy = view.proxies[0]
@@ -391,7 +391,7 @@ def compare(inventory: str, spec_path: str, policies: list[str] | None, workload
                 "complete": complete, "runs": list(runs)}
 
     for policy in policies or [None]:
-        switched = switch_policy(inventory, spec_path, policy, view, say=say, timeout=deploy_timeout) if policy else None
+        switched = switch_policy(inventory, spec_path, policy, view, say=say, timeout=deploy_timeout, data=data) if policy else None
         in_effect = policy or view.policy
         for name, wl in workloads.items():
             seed += 1

@@ -11,7 +11,7 @@ import hashlib
 import json
 import threading
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from vllm_fleet.render.fleetview import FleetView, fleet_view
 from vllm_fleet.host import programs
@@ -104,7 +104,7 @@ def spec_digest(path: str) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
-def load_fleet(inventory: str, spec_path: str, need_key: bool = True) -> tuple[dict[str, Any], Any, FleetView, str | None]:
+def load_fleet(inventory: str, spec_path: str, need_key: bool = True, data: Sequence[str] = ()) -> tuple[dict[str, Any], Any, FleetView, str | None]:
     """(resolved spec, Spec, view, API key or None when not ``need_key``): every problem as BenchError, nothing touched."""
     try:
         resolved, _, spec = load_checked(spec_path)  # the spec read once
@@ -112,7 +112,7 @@ def load_fleet(inventory: str, spec_path: str, need_key: bool = True) -> tuple[d
         text = "\n".join(f"  {p.format()}" for p in exc.problems if p.severity == "error")
         raise BenchError(f"{spec_path}: the spec has errors:\n{text}") from None
     try:
-        inv = load_inventory(inventory)
+        inv = load_inventory(inventory, data)
         view = fleet_view(resolved, inv)
     except (InventoryError, LayoutError) as exc:
         raise BenchError(str(exc)) from None

@@ -39,7 +39,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Sequence
 
 import yaml
 
@@ -431,10 +431,11 @@ class Tuner:
                  input_len: int = 128, output_len: int = 128, prompts_per_stream: int = 4, min_prompts: int = 8,
                  max_probes: int | None = None, max_load: float | None = None, warmup_prompts: int = 4, health_timeout: float = 900, dry: bool = False,
                  load_kind: str = "concurrency",
-                 say: Callable[[str], None] = print, runner: Callable[[list[str], dict[str, str]], tuple[int, str]] | None = None):
-        self.inventory, self.spec_path, self.target, self.say = inventory, spec_path, target, say
+                 say: Callable[[str], None] = print, runner: Callable[[list[str], dict[str, str]], tuple[int, str]] | None = None,
+                 data: Sequence[str] = ()):
+        self.inventory, self.spec_path, self.target, self.say, self.data = inventory, spec_path, target, say, list(data)
         try:
-            self.resolved, self.spec, self.view, self.key = load_fleet(inventory, spec_path, need_key=not dry)
+            self.resolved, self.spec, self.view, self.key = load_fleet(inventory, spec_path, need_key=not dry, data=self.data)
         except BenchError as exc:
             raise TuneError(str(exc)) from None
         v = self.view
@@ -477,7 +478,7 @@ class Tuner:
     def set_upstream(self, down: list[str]) -> float:
         """The rollout's own upstream step on the proxies (nginx -t, reload, old workers gone)."""
         argv, env = step_command(self.pyinfra, self.inventory, self.spec_path, "upstream", limit=list(self.view.proxies),
-                                 down=down, drain_timeout=self.resolved["rollout"]["drain_timeout"])
+                                 down=down, drain_timeout=self.resolved["rollout"]["drain_timeout"], data=self.data)
         t0 = time.monotonic()
         rc, text = self.runner(argv, env)
         (self.out / "pyinfra.log").open("a").write(f"\n===== upstream down={down}: rc {rc}\n{text}")

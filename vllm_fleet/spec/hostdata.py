@@ -127,12 +127,52 @@ def inventory_problems(inventory: Mapping[str, Mapping[str, Any]]) -> list[str]:
     return out
 
 
+#: The groups a host given inline (``vllm-fleet deploy @local``, ``user@host``, ``h1,h2``) is in:
+#: the one part such a host can be told to run without an inventory file (vllm_fleet.render.parts).
+INLINE_GROUPS = ("servers",)
+
+
+def inline_groups(groups: Any) -> list[str]:
+    """A host's groups as the layout reads them: those of its inventory file, or for a host given
+    inline (no group but pyinfra's connector groups, ``@local``; a file always gives its hosts at
+    least the file's own group) :data:`INLINE_GROUPS` added."""
+    groups = list(groups or [])
+    if all(str(g).startswith("@") for g in groups):
+        return [*dict.fromkeys(groups), *(g for g in INLINE_GROUPS if g not in groups)]
+    return groups
+
+
+def _login(name: str) -> tuple[str | None, str, int | None]:
+    """``user@host:port`` (pyinfra's SSH shorthand in a host name) -> (user, host, port)."""
+    if name.startswith("@") or "@" not in name:
+        return None, name, None
+    user, _, hostport = name.rpartition("@")
+    host, port = hostport, None
+    if hostport.count(":") == 1 and hostport.rsplit(":", 1)[1].isdigit():
+        host, port = hostport.rsplit(":", 1)[0], int(hostport.rsplit(":", 1)[1])
+    return user or None, host, port
+
+
+def login_data(name: str, data: Mapping[str, Any]) -> dict[str, Any]:
+    """The host data with what a ``user@host[:port]`` name says (``ssh_user``, ``ssh_port``) where
+    the data does not say it: pyinfra's SSH connector reads them from the name, vllm-fleet's
+    transport (sudo or not) and checks from the data."""
+    out = dict(data) if isinstance(data, Mapping) else data
+    user, _, port = _login(name)
+    if isinstance(out, dict):
+        if user and "ssh_user" not in out:
+            out["ssh_user"] = user
+        if port and "ssh_port" not in out:
+            out["ssh_port"] = port
+    return out
+
+
 def host_address(name: str, data: Mapping[str, Any]) -> str:
-    """Where vllm-fleet and clients reach a host: ``ssh_hostname``, else its name (pyinfra's
-    ``@local`` connector: the control machine itself, 127.0.0.1)."""
+    """Where vllm-fleet and clients reach a host: ``ssh_hostname``, else its name (``user@host``:
+    the host; pyinfra's ``@local`` connector: the control machine itself, 127.0.0.1)."""
     address = data.get("ssh_hostname") if isinstance(data, Mapping) else None
     if address:
         return str(address)
     if name == "@local":
         return "127.0.0.1"
-    return str(name)
+    return _login(str(name))[1]

@@ -1,4 +1,5 @@
-"""The one inventory reader: a pyinfra inventory file as pyinfra itself reads it.
+"""The one inventory reader: a pyinfra inventory as pyinfra itself reads it (a .py file, or the
+hosts inline: ``@local``, ``user@host``, ``@ssh/host``, comma-separated lists, with ``--data``).
 
     load_inventory(path, data=()) -> {host: {"address", "groups", "data", "order"}}
 
@@ -14,7 +15,11 @@ input error (:class:`InventoryError`, naming the file) and never this process's 
 writes its answer to a file it is given, never to stdout, so that what the inventory prints does
 not matter.
 
-``address``: the host's ``ssh_hostname`` data, else its name. ``order``: the host's place in each
+Hosts given inline belong to no group of the file, so they are put in the ``servers`` group
+(:func:`vllm_fleet.spec.hostdata.inline_groups`, which the deploy's own read of pyinfra's hosts
+uses too); ``user@host[:port]`` gives the host data ``ssh_user`` (and ``ssh_port``) unless set.
+
+``address``: the host's ``ssh_hostname`` data, else its name (``user@host``: the host). ``order``: the host's place in each
 group (a rollout's batches follow the ``servers`` group's order). The host data itself is checked
 by :mod:`vllm_fleet.spec.hostdata` (the layout does that for every command).
 
@@ -50,8 +55,9 @@ def load_inventory(path: str | Path, data: Sequence[str] = ()) -> dict[str, dict
     in pyinfra's order. ``data``: ``KEY=VALUE`` strings, as pyinfra's ``--data`` (highest
     precedence). Raises :class:`InventoryError`."""
     p = Path(path)
-    if not str(path).strip() or not p.is_file():
-        raise InventoryError(f"inventory {path}: no such file (pass a pyinfra inventory .py file)")
+    if not str(path).strip() or not (p.is_file() or is_inline(str(path))):
+        raise InventoryError(f"inventory {path}: no such file (pass a pyinfra inventory .py file, or the hosts "
+                             "inline as pyinfra takes them: @local, user@host, @ssh/host, host1,host2)")
     for d in data:
         if "=" not in d:
             raise InventoryError(f"--data {d}: give KEY=VALUE")
@@ -83,13 +89,39 @@ def load_inventory(path: str | Path, data: Sequence[str] = ()) -> dict[str, dict
             first = (f"inventory {p}: the file exited (status {r.returncode}) before pyinfra finished reading it: "
                      "an inventory file must only define groups of hosts (no sys.exit, os._exit or raise)")
         raise InventoryError([first, *("  " + t for t in tail)])
-    from vllm_fleet.spec.hostdata import host_address
+    from vllm_fleet.spec.hostdata import host_address, inline_groups, login_data
 
-    hosts = {row["name"]: {"address": host_address(row["name"], row["data"]), "groups": row["groups"],
-                           "data": row["data"], "order": row["order"]} for row in doc["hosts"]}
+    hosts = {}
+    for row in doc["hosts"]:
+        data = login_data(row["name"], row["data"])
+        groups = inline_groups(row["groups"])
+        order = {**row["order"], **{g: i for g, i in _inline_order(doc["hosts"], row["name"]).items() if g in groups}}
+        hosts[row["name"]] = {"address": host_address(row["name"], data), "groups": groups, "data": data, "order": order}
     if not hosts:
         raise InventoryError(f"inventory {p}: no hosts found (module-level lists of host names)")
     return hosts
+
+
+def is_inline(text: str) -> bool:
+    """Whether ``text`` names hosts inline, as pyinfra's command line takes them instead of a file:
+    a connector (``@local``, ``@ssh/host``, ``@docker/...``), ``user@host``, or a comma-separated
+    list of those or of addresses / host names. A lone word (``inventory``, ``hosts.py``) is not:
+    a file name with a typo stays "no such file" instead of a host vllm-fleet would try to reach."""
+    from vllm_fleet.spec.hostdata import is_ipv4
+
+    text = text.strip()
+    if not text or "\n" in text or text.endswith(".py"):
+        return False
+    return "@" in text or "," in text or is_ipv4(text)
+
+
+def _inline_order(rows: list[dict[str, Any]], name: str) -> dict[str, int]:
+    """An inline host's place in the groups :func:`~vllm_fleet.spec.hostdata.inline_groups` gives
+    it: the order the hosts were written in (the inline hosts among ``rows``)."""
+    from vllm_fleet.spec.hostdata import INLINE_GROUPS, inline_groups
+
+    names = [r["name"] for r in rows if inline_groups(r["groups"]) != list(r["groups"])]
+    return {g: names.index(name) for g in INLINE_GROUPS} if name in names else {}
 
 
 def _child(path: str, answer: str, data: Sequence[str]) -> int:
@@ -159,13 +191,13 @@ def _describe(exc: BaseException, path: str) -> str:
     return text + (f" (line {where[-1]})" if where else "")
 
 
-def spec_for(inventory: str, spec: str | None) -> str:
+def spec_for(inventory: str, spec: str | None, data: Sequence[str] = ()) -> str:
     """``--spec``, else the one spec the inventory's hosts name (vllm_fleet.spec.source, as
     ``vllm-fleet rollout`` finds it). Raises ValueError with what to do."""
     if spec:
         return spec
     try:
-        found = {spec_source(h["data"], n)[0] for n, h in load_inventory(inventory).items()}
+        found = {spec_source(h["data"], n)[0] for n, h in load_inventory(inventory, data).items()}
     except (InventoryError, SpecSourceError) as exc:
         raise ValueError(str(exc)) from None
     if len(found) != 1:
