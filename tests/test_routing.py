@@ -263,7 +263,7 @@ def test_a_policy_comparison_cut_short_keeps_the_runs_it_finished(tmp_path, monk
     monkeypatch.setattr(multiturn, "run_workload", lambda *a, **k: multiturn.summarize(
         [{"ok": True, "ttft_s": 0.1, "e2e_s": 0.5, "completion_tokens": 8, "prompt_tokens": 100}], 1.0))
 
-    def switch(inventory, path, policy, v, *, say, timeout):
+    def switch(inventory, path, policy, v, *, say, timeout, data=()):
         if policy == "cache_aware":
             raise RuntimeError("the deploy with routing cache_aware failed (rc 1)")
         return {"deploy_s": 1.0, "vllm_restarted": []}
