@@ -257,7 +257,7 @@ def test_a_policy_comparison_cut_short_keeps_the_runs_it_finished(tmp_path, monk
 
     view = SimpleNamespace(proxies=["lab1"], proxy_listen=80, hosts={"lab1": {"address": "10.10.0.11"}}, replicas=[])
     spec_file = REPO / "deployments" / "lab-tiny-routing.yaml"
-    monkeypatch.setattr(multiturn, "load_fleet", lambda inv, s: (resolved(), None, view, "key"))
+    monkeypatch.setattr(multiturn, "load_fleet", lambda inv, s, data=(): (resolved(), None, view, "key"))
     monkeypatch.setattr(multiturn, "prefix_counters", lambda v, py: {})
     monkeypatch.setattr(multiturn.time, "sleep", lambda s: None)
     monkeypatch.setattr(multiturn, "run_workload", lambda *a, **k: multiturn.summarize(
