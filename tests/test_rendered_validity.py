@@ -413,9 +413,9 @@ def test_smoke_tests_reach_their_own_site_on_a_shared_port(tmp_path):
         base = f"http://127.0.0.1:{listen}"
         smoke.wait_healthy(f"{base}/health", deadline_s=10, interval=0.1)
         assert host_header_for(spec_b) == "b.example"
-        with_name = smoke.run_smoke(base, "model-dep-b", None, expect_auth=False, host_header=host_header_for(spec_b),
+        with_name = smoke.smoke_checks(base, "model-dep-b", None, expect_auth=False, host_header=host_header_for(spec_b),
                                     timeout=10, stream_attempts=1)
-        without = smoke.run_smoke(base, "model-dep-b", None, expect_auth=False, timeout=10, stream_attempts=1)
+        without = smoke.smoke_checks(base, "model-dep-b", None, expect_auth=False, timeout=10, stream_attempts=1)
         got, other = (next(c for c in res.checks if c["name"] == "models") for res in (with_name, without))
         assert got["ok"], got
         assert not other["ok"] and "model-dep-a" in other["detail"], other  # the default site answered

@@ -127,11 +127,11 @@ def _sse_server(buffered_attempts: int, group: int = 0, log: list | None = None)
 
 
 def _stream_check(buffered_attempts: int, group: int = 0, direct_stream=None):
-    from vllm_fleet.serving.smoke import run_smoke
+    from vllm_fleet.serving.smoke import smoke_checks
 
     srv, streams = _sse_server(buffered_attempts, group)
     try:
-        res = run_smoke(f"http://127.0.0.1:{srv.server_port}", "tiny", "k", concurrency=1, direct_stream=direct_stream)
+        res = smoke_checks(f"http://127.0.0.1:{srv.server_port}", "tiny", "k", concurrency=1, direct_stream=direct_stream)
     finally:
         srv.shutdown()
     return next(c for c in res.checks if c["name"] == "stream-incremental"), streams["n"]
@@ -144,12 +144,12 @@ BURST = [0.18] * 66  # the whole generation in one instant, as vLLM's CPU build 
 def test_the_stream_runs_first_and_alone_then_the_rest_at_once_in_a_fixed_report_order():
     """The judged stream meets idle replicas (measured on the lab: after the other checks it met
     replicas still busy-polling); the concurrent chats ask one token each."""
-    from vllm_fleet.serving.smoke import CONCURRENT_TOKENS, run_smoke
+    from vllm_fleet.serving.smoke import CONCURRENT_TOKENS, smoke_checks
 
     log: list = []
     srv, _ = _sse_server(buffered_attempts=0, log=log)
     try:
-        res = run_smoke(f"http://127.0.0.1:{srv.server_port}", "tiny", "k", concurrency=4, max_tokens=32)
+        res = smoke_checks(f"http://127.0.0.1:{srv.server_port}", "tiny", "k", concurrency=4, max_tokens=32)
     finally:
         srv.shutdown()
     assert res.ok, res.summary()
@@ -163,13 +163,13 @@ def test_the_stream_runs_first_and_alone_then_the_rest_at_once_in_a_fixed_report
 
 
 def test_a_failing_check_is_named_with_its_url_and_the_others_still_run():
-    from vllm_fleet.serving.smoke import SmokeError, check_smoke
+    from vllm_fleet.serving.smoke import SmokeError, smoke_checks
 
     srv, _ = _sse_server(buffered_attempts=0)
     url = f"http://127.0.0.1:{srv.server_port}"
     try:
         with pytest.raises(SmokeError) as e:
-            check_smoke(url, "not-served", "k", concurrency=2)  # /v1/models lists "tiny" only
+            smoke_checks(url, "not-served", "k", concurrency=2).raise_for_failures()  # /v1/models lists "tiny" only
     finally:
         srv.shutdown()
     assert str(e.value).startswith(f"smoke tests failed against {url}:") and "models: GET /v1/models -> 200, ids ['tiny']" in str(e.value)

@@ -11,7 +11,7 @@ sandboxing (ProtectSystem=, PrivateTmp=, ...) is not applied. If CUDA does not i
 environment the run says so and falls back to the machine's own environment (recorded in
 ``mode``).
 
-Then: wait for /health (server.health_timeout), vllm_fleet.serving.smoke.run_smoke with the key read from
+Then: wait for /health (server.health_timeout), vllm_fleet.serving.smoke.smoke_checks with the key read from
 the rendered secrets.env, `vllm bench serve` (random token prompts, 512 in / 256 out, ignore_eos)
 at concurrency 1 and 16, the KV cache vLLM logged against vllm_fleet.spec.planner.plan, and SIGTERM /
 SIGKILL as KillMode=mixed. Writes OUTDIR/NAME.json (+ bench JSONs, server log).
@@ -36,7 +36,7 @@ sys.path.insert(0, str(ROOT))
 from vllm_fleet.spec import planner  # noqa: E402
 
 from vllm_fleet.render import files as render
-from vllm_fleet.serving.smoke import run_smoke, wait_healthy  # noqa: E402
+from vllm_fleet.serving.smoke import smoke_checks, wait_healthy  # noqa: E402
 from vllm_fleet.spec.load import load_and_check  # noqa: E402
 
 SYSTEMD_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin"
@@ -132,7 +132,7 @@ def main(spec_path: str, out_dir: str) -> int:
         result["nvidia_smi_serving"] = sh("nvidia-smi --query-gpu=index,name,memory.used,memory.total --format=csv,noheader")
         key = read_env_file(p["secrets_env"])["VLLM_API_KEY"]
         sm = resolved["smoke"]
-        res = run_smoke(base, resolved["model"]["served_name"], key, prompt=sm["prompt"], max_tokens=sm["max_tokens"],
+        res = smoke_checks(base, resolved["model"]["served_name"], key, prompt=sm["prompt"], max_tokens=sm["max_tokens"],
                         concurrency=sm["concurrency"], expect_auth=True)
         print(res.summary(), flush=True)
         result["smoke"] = res.as_dict()

@@ -31,7 +31,7 @@ sys.path.insert(0, str(ROOT))
 from vllm_fleet.spec import planner  # noqa: E402
 
 from vllm_fleet.render import files as render
-from vllm_fleet.serving.smoke import run_smoke  # noqa: E402
+from vllm_fleet.serving.smoke import smoke_checks  # noqa: E402
 from vllm_fleet.spec.load import load_and_check  # noqa: E402
 
 STATE = Path("/var/tmp/vllm-fleet-proof/state.json")
@@ -79,7 +79,7 @@ def ctx(spec_path: str) -> dict:
 
 def smoke(c: dict, base: str) -> dict:
     sm = c["r"]["smoke"]
-    res = run_smoke(base, c["r"]["model"]["served_name"], c["key"], prompt=sm["prompt"], max_tokens=sm["max_tokens"],
+    res = smoke_checks(base, c["r"]["model"]["served_name"], c["key"], prompt=sm["prompt"], max_tokens=sm["max_tokens"],
                     concurrency=sm["concurrency"], expect_auth=True)
     return res.as_dict()
 

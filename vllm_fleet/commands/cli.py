@@ -18,7 +18,7 @@ from vllm_fleet import __version__
 from vllm_fleet.spec.load import Problem
 
 
-from vllm_fleet.commands.problems import load_checked as _load, print_problems as _print_problems
+from vllm_fleet.commands.problems import load_or_exit as _load, print_problems as _print_problems
 
 
 # ---------------------------------------------------------------------------------------------

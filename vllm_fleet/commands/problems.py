@@ -1,13 +1,13 @@
 """How every command reports a spec's problems: each with its YAML path and fix on stderr, then
-the count and "nothing was changed"; load_checked exits 1 when there is an error."""
+the count and "nothing was changed"; :func:`load_or_exit` exits 1 when there is an error."""
 
 from __future__ import annotations
 
 import sys
 from typing import Any, Sequence
 
-from vllm_fleet.spec.load import Problem
-from vllm_fleet.spec.pipeline import check
+from vllm_fleet.spec.load import Problem, SpecError
+from vllm_fleet.spec.pipeline import load_checked
 
 
 def print_problems(problems: Sequence[Problem], source: str, stream=None) -> None:
@@ -20,10 +20,12 @@ def print_problems(problems: Sequence[Problem], source: str, stream=None) -> Non
         print(f"{source}: {len(errors)} error(s), {len(warnings)} warning(s); nothing was changed", file=stream)
 
 
-def load_checked(path: str, *, hardware: bool = True, overrides: dict[str, Any] | None = None) -> tuple[dict[str, Any], list[Problem]]:
-    """Load + check a spec (vllm_fleet.spec.pipeline); print every problem and exit 1 on errors."""
-    c = check(path, hardware=hardware, overrides=overrides)
-    if not c.ok:
-        print_problems(c.problems, path)
-        raise SystemExit(1)
-    return c.resolved, c.problems
+def load_or_exit(path: str, *, hardware: bool = True) -> tuple[dict[str, Any], list[Problem]]:
+    """The one :func:`vllm_fleet.spec.pipeline.load_checked`, for a command: (resolved spec,
+    warnings); on errors every problem printed and exit 1."""
+    try:
+        resolved, warnings, _ = load_checked(path, hardware=hardware)
+    except SpecError as exc:
+        print_problems(exc.problems, path)
+        raise SystemExit(1) from None
+    return resolved, warnings

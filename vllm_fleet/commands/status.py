@@ -77,7 +77,7 @@ def probe_hosts(resolved: dict[str, Any], hosts: dict[str, dict[str, Any]], serv
 
 
 def status_main(args: argparse.Namespace) -> int:
-    from vllm_fleet.commands.problems import load_checked as _load
+    from vllm_fleet.commands.problems import load_or_exit as _load
 
     from vllm_fleet.spec.source import SpecSourceError, spec_source
 

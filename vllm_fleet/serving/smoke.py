@@ -45,6 +45,13 @@ class SmokeResult:
         d["ok"] = self.ok
         return d
 
+    def raise_for_failures(self) -> "SmokeResult":
+        """Itself when every check passed, else :class:`SmokeError` naming every failed check."""
+        if not self.ok:
+            failed = [f"{c['name']}: {c['detail']}" for c in self.checks if not c["ok"]]
+            raise SmokeError(f"smoke tests failed against {self.base_url}:\n  " + "\n  ".join(failed))
+        return self
+
     def summary(self) -> str:
         lines = [f"smoke {self.base_url}:"]
         for c in self.checks:
@@ -196,7 +203,7 @@ def _guarded(out: SmokeResult, name: str, fn: Callable[[SmokeResult], None]) -> 
 
 
 class _Smoke:
-    """The smoke checks against one endpoint (the settings :func:`run_smoke` takes), one method a check."""
+    """The smoke checks against one endpoint (the settings :func:`smoke_checks` takes), one method a check."""
 
     def __init__(self, base_url: str, model: str, api_key: str | None, *, prompt: str, max_tokens: int, concurrency: int,
                  verify: Any, timeout: float, stream_attempts: int, stream_tokens: int,
@@ -290,11 +297,12 @@ class _Smoke:
         _check(out, "concurrent", all(c == 200 for c in codes), f"{self.concurrency} concurrent chats -> {codes}")
 
 
-def run_smoke(base_url: str, model: str, api_key: str | None, *, prompt: str = "Say hello in one short sentence.",
+def smoke_checks(base_url: str, model: str, api_key: str | None, *, prompt: str = "Say hello in one short sentence.",
               max_tokens: int = 32, concurrency: int = 4, expect_auth: bool = True, verify: Any = True,
               timeout: float = 120, stream_attempts: int = 5, stream_tokens: int = 64,
               direct_stream: Callable[[int], list[float]] | None = None, host_header: str | None = None) -> SmokeResult:
-    """Run every check; never raises for a failed check (see :func:`check_smoke`).
+    """Run every check against one endpoint: the one smoke entry point (the smoke role's deploy,
+    ``run_smoke``, calls it). Never raises for a failed check: :meth:`SmokeResult.raise_for_failures`.
 
     ``direct_stream(max_tokens)``, when given, streams the same chat straight from vLLM (on its
     host, bypassing the proxy) and returns the SSE arrival times: it tells a proxy that holds
@@ -332,18 +340,9 @@ def run_smoke(base_url: str, model: str, api_key: str | None, *, prompt: str = "
     return res
 
 
-def check_smoke(*args: Any, **kwargs: Any) -> SmokeResult:
-    """:func:`run_smoke`, raising :class:`SmokeError` naming every failed check."""
-    res = run_smoke(*args, **kwargs)
-    if not res.ok:
-        failed = [f"{c['name']}: {c['detail']}" for c in res.checks if not c["ok"]]
-        raise SmokeError(f"smoke tests failed against {res.base_url}:\n  " + "\n  ".join(failed))
-    return res
-
-
 def wait_healthy(url: str, deadline_s: float, *, verify: Any = True, interval: float = 2.0, host_header: str | None = None) -> float:
     """Poll ``url`` until it answers 200; return seconds waited; raise TimeoutError.
-    ``host_header``: the ``Host`` sent (see :func:`run_smoke`)."""
+    ``host_header``: the ``Host`` sent (see :func:`smoke_checks`)."""
     t0 = time.monotonic()
     last = "no answer"
     while time.monotonic() - t0 < deadline_s:

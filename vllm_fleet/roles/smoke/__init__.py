@@ -76,7 +76,7 @@ def _direct_stream(python: str, spec: dict[str, Any], timeout: float, port: int)
 
 def _run(spec: dict[str, Any], base_url: str, api_key: str | None, timeout: float, settings_path: str,
          stream_tokens: int = 64, direct_python: str | None = None, direct_port: int | None = None) -> None:
-    from vllm_fleet.serving.smoke import check_smoke, wait_healthy, wait_serving
+    from vllm_fleet.serving.smoke import smoke_checks, wait_healthy, wait_serving
 
     sm = spec["smoke"]
     verify = False if spec["proxy"]["tls"]["self_signed"] else True
@@ -90,11 +90,11 @@ def _run(spec: dict[str, Any], base_url: str, api_key: str | None, timeout: floa
     # /health answers on old and new nginx workers alike: wait until the key is accepted (the new
     # site is live) before judging; a real auth problem still fails the checks below.
     wait_serving(base_url, api_key, deadline_s=30, verify=verify, host_header=host_header)
-    res = check_smoke(base_url, spec["model"]["served_name"], api_key, prompt=sm["prompt"], max_tokens=sm["max_tokens"],
+    res = smoke_checks(base_url, spec["model"]["served_name"], api_key, prompt=sm["prompt"], max_tokens=sm["max_tokens"],
                       concurrency=sm["concurrency"], expect_auth=bool(api_key) and spec["proxy"]["auth"] != "none",
                       verify=verify, timeout=timeout, stream_tokens=stream_tokens,
                       direct_stream=_direct_stream(direct_python, spec, timeout, direct_port or spec["server"]["port"]) if direct_python else None,
-                      host_header=host_header)
+                      host_header=host_header).raise_for_failures()
     logger.info(res.summary())
     key_ref = spec["server"].get("api_key") or {}
     settings = {"base_url": f"{base_url}/v1", "model": spec["model"]["served_name"],
