@@ -131,3 +131,55 @@ def test_diff_reads_at_local_here_not_over_ssh_to_its_address(capsys):
     out = capsys.readouterr()
     assert "cannot read the host" not in out.out + out.err and rc in (0, 1), (rc, out.out[-2000:], out.err[-2000:])
     assert "== @local (lab-tiny)" in out.out, out.out[:2000]
+
+
+def _render_local(spec: dict, inventory: str = "@local") -> dict:
+    from vllm_fleet.render import files
+    from vllm_fleet.render.layout import render_entry
+    from vllm_fleet.spec.load import load_and_check
+
+    import yaml, tempfile, os
+
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml", dir=SPEC.parent, delete=False) as f:
+        yaml.safe_dump(spec, f)
+    try:
+        resolved, _ = load_and_check(f.name)
+    finally:
+        os.unlink(f.name)
+    inv = {n: render_entry(n, h["groups"], h["data"]) for n, h in load_inventory(inventory).items()}
+    return files.render(resolved, inv)
+
+
+def _nginx_listen(rendered: dict, host: str) -> list[str]:
+    site = rendered[host]["/etc/nginx/conf.d/vllm-fleet-lab-tiny.conf"].content
+    return [ln.split()[1] for ln in site.splitlines() if ln.strip().startswith("listen ")]
+
+
+def test_the_workstation_serves_its_user_nginx_on_loopback_vllm_behind_it_no_firewall():
+    """@local (the machine under the desk): nginx listens on 127.0.0.1 unless proxy.bind says
+    otherwise, vLLM binds 127.0.0.1 behind it, and so no nftables table is written (none that
+    could cut the user's SSH or desktop sessions). A server (user@host) keeps every address."""
+    import yaml
+
+    spec = yaml.safe_load(SPEC.read_text())
+    here = _render_local(spec)
+    assert _nginx_listen(here, "@local") == ["127.0.0.1:80"]
+    unit = here["@local"]["/etc/systemd/system/vllm-lab-tiny-0.service"].content
+    assert "--host 127.0.0.1 " in unit
+    assert not [p for p in here["@local"] if "nft" in p or "firewall" in p], sorted(here["@local"])
+    assert _nginx_listen(_render_local(spec, "lab@10.10.0.12"), "lab@10.10.0.12") == ["80"]
+    spec["proxy"]["bind"] = "0.0.0.0"  # the spec says otherwise: the network too
+    assert _nginx_listen(_render_local(spec), "@local") == ["0.0.0.0:80"]
+
+
+def test_init_local_writes_an_at_local_inventory_that_deploys_here(tmp_path):
+    import os
+
+    r = run_cli("init", "--local", str(tmp_path))
+    assert r.returncode == 0 and f"vllm-fleet status {tmp_path / 'inventory.py'}" in r.stdout, r.stdout + r.stderr
+    hosts = load_inventory(str(tmp_path / "inventory.py"))
+    assert list(hosts) == ["@local"] and "servers" in hosts["@local"]["groups"]
+    data = hosts["@local"]["data"]
+    assert data["vllm_fleet_spec"] == str(tmp_path / "deployment.yaml") and data["_sudo"] is (os.geteuid() != 0)
+    r = run_cli("validate", str(tmp_path / "deployment.yaml"), "--inventory", str(tmp_path / "inventory.py"))
+    assert r.returncode == 0, r.stdout + r.stderr

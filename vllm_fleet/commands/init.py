@@ -1,5 +1,7 @@
-"""`vllm-fleet init [DIR]`: a commented spec (deployment.yaml) and a pyinfra inventory skeleton
-(inventory.py) for your own hosts, to edit and then `vllm-fleet deploy DIR/inventory.py`.
+"""`vllm-fleet init [DIR] [--local]`: a commented spec (deployment.yaml) and a pyinfra inventory
+skeleton (inventory.py) for your own hosts, to edit and then `vllm-fleet deploy DIR/inventory.py`.
+``--local``: the inventory is this machine (pyinfra's ``@local`` connector, no SSH; with sudo when
+not run as root), so init, deploy, status is the whole path on the machine under the desk.
 
 The spec's first line hooks the schema up for editors (`# yaml-language-server: $schema=PATH`, the
 schema file of this installed package); the spec validates as written (a test checks it). The
@@ -75,6 +77,31 @@ proxy = [
 ]
 '''
 
+LOCAL_INVENTORY = '''\
+"""pyinfra inventory for vllm-fleet (written by `vllm-fleet init --local`): this machine.
+
+    vllm-fleet deploy {inventory_name}          # validate, then converge this machine
+    vllm-fleet status {inventory_name}          # the unit, vLLM's version, the model, /health
+    vllm-fleet diff {inventory_name}            # what a deploy would change (exit 1 when something)
+    vllm-fleet down {inventory_name}            # remove the deployment (weights stay; --purge)
+
+`@local` is pyinfra's connector for the machine vllm-fleet runs on: commands run here as a child
+process, never over SSH (the same as `vllm-fleet deploy @local --spec {spec_name}`). What it
+changes against a server: nginx listens on 127.0.0.1 only (proxy.bind in the spec to serve the
+network), vLLM stays on 127.0.0.1 behind it, so no firewall table is written; `down` removes this
+deployment's site, units and files and leaves nginx itself and your other sites and services alone.
+"""
+
+import os as _os
+from pathlib import Path
+
+_SPEC = str(Path(__file__).resolve().with_name("{spec_name}"))
+
+# run as yourself, the system changes (units, /etc/nginx, /opt) go through `sudo -n`: passwordless
+# sudo for your user, or run vllm-fleet as root (or set _sudo_password here, as pyinfra reads it)
+servers = [("@local", {{"vllm_fleet_spec": _SPEC, "_sudo": _os.geteuid() != 0}})]
+'''
+
 
 def schema_location() -> str:
     from vllm_fleet.spec.load import SCHEMA_PATH
@@ -82,10 +109,12 @@ def schema_location() -> str:
     return SCHEMA_PATH.as_uri()
 
 
-def write(target: Path, force: bool = False) -> list[Path]:
-    """Write the two files into ``target``; return them. Raise FileExistsError naming the first existing one."""
+def write(target: Path, force: bool = False, local: bool = False) -> list[Path]:
+    """Write the two files into ``target``; return them. Raise FileExistsError naming the first
+    existing one. ``local``: the inventory is this machine (``@local``)."""
+    inventory = LOCAL_INVENTORY if local else INVENTORY
     files = {target / SPEC_NAME: SPEC.format(schema=schema_location(), spec_name=SPEC_NAME),
-             target / INVENTORY_NAME: INVENTORY.format(spec_name=SPEC_NAME, inventory_name=INVENTORY_NAME)}
+             target / INVENTORY_NAME: inventory.format(spec_name=SPEC_NAME, inventory_name=INVENTORY_NAME)}
     if not force:
         for p in files:
             if p.exists():
@@ -99,7 +128,7 @@ def write(target: Path, force: bool = False) -> list[Path]:
 def cmd_init(args: argparse.Namespace) -> int:
     target = Path(args.dir)
     try:
-        written = write(target, args.force)
+        written = write(target, args.force, local=args.local)
     except FileExistsError as exc:
         print(f"vllm-fleet init: {exc} exists; nothing was written (edit it, pick another DIR, or --force)", file=sys.stderr)
         return 1
@@ -110,8 +139,10 @@ def cmd_init(args: argparse.Namespace) -> int:
         return 1
     for p in written:
         print(f"wrote {p}")
-    print(f"next: edit both (hosts, model, GPU), then\n  vllm-fleet validate {target / SPEC_NAME}\n"
-          f"  vllm-fleet deploy {target / INVENTORY_NAME}\n(the schema: {schema_location()})")
+    what = "the spec (model, GPU)" if args.local else "both (hosts, model, GPU)"
+    print(f"next: edit {what}, then\n  vllm-fleet validate {target / SPEC_NAME}\n"
+          f"  vllm-fleet deploy {target / INVENTORY_NAME}\n"
+          + (f"  vllm-fleet status {target / INVENTORY_NAME}\n" if args.local else "") + f"(the schema: {schema_location()})")
     return 0
 
 
@@ -125,4 +156,6 @@ def add_cli(sub: Any) -> None:
     p = sub.add_parser("init", help="write a commented spec and an inventory skeleton for your hosts")
     p.add_argument("dir", metavar="DIR", nargs="?", default=".", type=_dir_arg, help="where to write them (default: here)")
     p.add_argument("--force", action="store_true", help="overwrite existing files")
+    p.add_argument("--local", action="store_true", help="the inventory is this machine (pyinfra's @local: no SSH), "
+                   "for one GPU under the desk")
     p.set_defaults(func=cmd_init)

@@ -39,6 +39,7 @@ from vllm_fleet.render.text import (HEADER, EnvRef,  # noqa: F401  (the renderer
                                    RenderedFile, RenderError, comment_text, describe_secret, env_file, nginx_quote,
                                    systemd_command, systemd_quote, systemd_text)
 from vllm_fleet.spec.document import ROUTER_POLICY
+from vllm_fleet.spec.hostdata import is_local
 from vllm_fleet.spec.ports import RAY_FIXED_PORTS, RAY_WORKER_PORTS  # noqa: F401  (the renderer's names too)
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
@@ -558,6 +559,14 @@ def _router_unit(resolved: dict[str, Any], node: Node, all_nodes: list[Node], wi
     return RenderedFile(content, 0o644)
 
 
+def nginx_listen(prx: dict[str, Any], host: str) -> str:
+    """nginx's ``listen``: ``proxy.bind``:``proxy.listen``; without a bind, every address (the
+    port alone), but on pyinfra's ``@local`` host loopback: the workstation the user sits at
+    serves its own user unless the spec says otherwise (docs/own-servers.md)."""
+    bind = prx.get("bind") or ("127.0.0.1" if is_local(host) else None)
+    return f"{bind}:{prx['listen']}" if bind else str(prx["listen"])
+
+
 def _nginx_site(resolved: dict[str, Any], node: Node, all_nodes: list[Node], with_inventory: bool) -> RenderedFile:
     prx, p = resolved["proxy"], paths(resolved)
     tls = bool((prx.get("tls") or {}).get("enabled"))
@@ -587,7 +596,7 @@ def _nginx_site(resolved: dict[str, Any], node: Node, all_nodes: list[Node], wit
         tls=tls,
         tls_certificate=p["tls_certificate"],
         tls_certificate_key=p["tls_certificate_key"],
-        listen=prx["listen"],
+        listen=nginx_listen(prx, node.target),
         default_server=prx["server_name"] == "_",
         server_name=prx["server_name"],
         client_max_body_size=prx["client_max_body_size"],

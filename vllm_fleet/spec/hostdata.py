@@ -127,6 +127,15 @@ def inventory_problems(inventory: Mapping[str, Mapping[str, Any]]) -> list[str]:
     return out
 
 
+#: pyinfra's connector for the control machine itself (``pyinfra @local ...``): the workstation.
+LOCAL = "@local"
+
+
+def is_local(name: Any) -> bool:
+    """Whether the inventory host ``name`` is this machine through pyinfra's ``@local`` connector."""
+    return name == LOCAL
+
+
 #: The groups a host given inline (``vllm-fleet deploy @local``, ``user@host``, ``h1,h2``) is in:
 #: the one part such a host can be told to run without an inventory file (vllm_fleet.render.parts).
 INLINE_GROUPS = ("servers",)
@@ -173,6 +182,6 @@ def host_address(name: str, data: Mapping[str, Any]) -> str:
     address = data.get("ssh_hostname") if isinstance(data, Mapping) else None
     if address:
         return str(address)
-    if name == "@local":
+    if is_local(name):
         return "127.0.0.1"
     return _login(str(name))[1]
