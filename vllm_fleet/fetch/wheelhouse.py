@@ -12,12 +12,15 @@ machine, then installed by every host with ``--no-index`` over the private netwo
    wheels cross the slow link.
 2. :func:`serve` (when host data ``vllm_wheel_serve_address`` names the control machine's address
    on the hosts' network) starts one small HTTP file server bound to that address, on a free
-   port, for the life of the deploy process: hosts install with
-   ``--no-index --find-links http://ADDR:PORT/<key>/`` (pip and uv both read the directory
-   listing). Without that address the role uploads the directory over SSH instead.
+   port, for the life of the deploy process. It serves the wheels of one directory and nothing
+   else (no listing), under a random path only this deploy knows. Hosts fetch each wheel with
+   ``host/scripts/fetch_files.py`` and keep it only when its sha256 is the one :func:`manifest`
+   gives (sent over SSH), then install from that local copy with ``--no-index``. Without that
+   address the role uploads the directory over SSH instead.
 
 Nothing here imports pyinfra (part of the core). ``python -m vllm_fleet.fetch.wheelhouse serve DIR
-ADDR`` is the server (prints its port, exits when its parent does).
+ADDR`` is the server (its path token in $VLLM_FLEET_SERVE_TOKEN; prints its port, exits when its
+parent does).
 """
 
 from __future__ import annotations
@@ -265,35 +268,78 @@ def info(directory: Path) -> dict:
 
 
 # ------------------------------------------------------------------------------------------------
-# The HTTP server the hosts install from
+# The manifest and the HTTP server the hosts fetch from
 
-_servers: dict[tuple[str, str], tuple[subprocess.Popen, int]] = {}
+MANIFEST_CACHE = ".vllm-fleet-sha256.json"
+TOKEN_ENV = "VLLM_FLEET_SERVE_TOKEN"
 
 
-def serve(directory: Path, address: str) -> int:
-    """Serve ``directory`` (read-only, listings included) on ``address`` at a free port for the
-    rest of this process; returns the port. One server per (directory, address), stopped by PID
-    when this process exits (and it stops itself when its parent is gone)."""
+def manifest(directory: Path) -> dict[str, list]:
+    """``{wheel file name: [size, sha256]}`` of ``directory``: what a host checks each fetched
+    wheel against (it reaches the host over SSH, never over the wheel server). Hashed once: the
+    sums are kept beside the wheels keyed by size and mtime, so a later deploy (another process)
+    re-reads only a file that changed (add_flashinfer_cubin adds one after the fill)."""
+    directory = Path(directory)
+    cache_path = directory / MANIFEST_CACHE
+    try:
+        cached = json.loads(cache_path.read_text())
+    except (OSError, ValueError):
+        cached = {}
+    out, fresh = {}, {}
+    for f in sorted(directory.glob("*.whl")):
+        st = f.stat()
+        old = cached.get(f.name)
+        if old and old[:2] == [st.st_size, st.st_mtime_ns]:
+            sha = old[2]
+        else:
+            h = hashlib.sha256()
+            with open(f, "rb") as src:
+                for block in iter(lambda: src.read(1 << 20), b""):
+                    h.update(block)
+            sha = h.hexdigest()
+        fresh[f.name] = [st.st_size, st.st_mtime_ns, sha]
+        out[f.name] = [st.st_size, sha]
+    if fresh != cached:
+        tmp = directory / f".{MANIFEST_CACHE}.{os.getpid()}"
+        tmp.write_text(json.dumps(fresh, indent=0, sort_keys=True))
+        tmp.replace(cache_path)
+    return out
+
+
+_servers: dict[tuple[str, str], tuple[subprocess.Popen, int, str]] = {}
+
+
+def serve(directory: Path, address: str) -> tuple[int, str]:
+    """Serve the wheels of ``directory`` (and nothing else: no listing, no other file of the
+    cache) on ``address`` at a free port for the rest of this process, under a path only this
+    deploy knows: returns ``(port, token)``, each wheel at ``http://ADDRESS:PORT/TOKEN/NAME``.
+    One server per (directory, address), stopped by PID when this process exits (and it stops
+    itself when its parent is gone). What a host fetches is checked against :func:`manifest`."""
     with named_lock(f"serve:{directory}:{address}"):
-        return _serve(directory, address)
+        return _serve(Path(directory), address)
 
 
-def _serve(directory: Path, address: str) -> int:
+def _serve(directory: Path, address: str) -> tuple[int, str]:
+    import secrets
+
     k = (str(directory), address)
     running = _servers.get(k)
     if running and running[0].poll() is None:
-        return running[1]
+        return running[1], running[2]
+    token = secrets.token_urlsafe(24)
+    # the token in the environment (readable by this user only), not in argv (ps shows argv to all)
     proc = subprocess.Popen([sys.executable, "-m", "vllm_fleet.fetch.wheelhouse", "serve", str(directory), address],
-                            stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
+                            stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
+                            env={**os.environ, TOKEN_ENV: token})
     line = proc.stdout.readline() if proc.stdout else ""
     if not line.strip().isdigit():
         proc.kill()
         raise WheelhouseError(f"vllm_wheel_serve_address {address}: the wheel server did not start "
                               f"(is {address} an address of this machine?)")
     port = int(line)
-    _servers[k] = (proc, port)
+    _servers[k] = (proc, port, token)
     atexit.register(_stop, proc)
-    return port
+    return port, token
 
 
 def _stop(proc: subprocess.Popen) -> None:
@@ -305,71 +351,42 @@ def _stop(proc: subprocess.Popen) -> None:
             proc.kill()
 
 
-class _Limited:
-    """A file object that reads at most ``n`` bytes (what copyfile of a 206 answer sends)."""
-
-    def __init__(self, f, n: int):
-        self.f, self.left = f, n
-
-    def read(self, size: int = -1) -> bytes:
-        if self.left <= 0:
-            return b""
-        data = self.f.read(self.left if size < 0 else min(size, self.left))
-        self.left -= len(data)
-        return data
-
-    def close(self) -> None:
-        self.f.close()
-
-
-def _serve_forever(directory: str, address: str) -> None:
-    import functools
+def _serve_forever(directory: str, address: str, token: str) -> None:
     import threading
-    from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-    class Quiet(SimpleHTTPRequestHandler):
-        """Files and listings, plus single byte ranges: uv reads a wheel's metadata from its zip
-        directory at the end with a Range request when the server offers them, and otherwise
-        downloads every wheel twice (once to resolve, once to install; measured: 1.9x bytes)."""
+    names = {p.name for p in Path(directory).glob("*.whl")}  # what there is to fetch, fixed at start
+    prefix = f"/{token}/"
+
+    class Files(BaseHTTPRequestHandler):
+        """GET/HEAD of ``/TOKEN/NAME`` for the wheels present at start; 404 for anything else."""
 
         def log_message(self, *args):  # no per-request lines on the deploy's output
             pass
 
-        def end_headers(self):
-            self.send_header("Accept-Ranges", "bytes")
-            super().end_headers()
-
-        def send_head(self):
-            rng = self.headers.get("Range", "")
-            path = self.translate_path(self.path)
-            if not rng.startswith("bytes=") or "," in rng or not os.path.isfile(path):
-                return super().send_head()
-            size = os.path.getsize(path)
-            first, _, last = rng[len("bytes="):].strip().partition("-")
-            try:
-                if first:
-                    start, end = int(first), min(int(last) if last else size - 1, size - 1)
-                else:
-                    start, end = max(size - int(last), 0), size - 1
-            except ValueError:
-                return super().send_head()
-            if start > end or start >= size:
-                self.send_response(416)
-                self.send_header("Content-Range", f"bytes */{size}")
-                self.send_header("Content-Length", "0")
-                self.end_headers()
+        def _file(self):
+            name = self.path[len(prefix):] if self.path.startswith(prefix) else None
+            if name not in names:
+                self.send_error(404)
                 return None
-            f = open(path, "rb")
-            f.seek(start)
-            self.send_response(206)
-            self.send_header("Content-Type", self.guess_type(path))
-            self.send_header("Content-Range", f"bytes {start}-{end}/{size}")
-            self.send_header("Content-Length", str(end - start + 1))
+            path = os.path.join(directory, name)
+            self.send_response(200)
+            self.send_header("Content-Type", "application/octet-stream")
+            self.send_header("Content-Length", str(os.path.getsize(path)))
             self.end_headers()
-            return _Limited(f, end - start + 1)
+            return path
+
+        def do_HEAD(self):
+            self._file()
+
+        def do_GET(self):
+            path = self._file()
+            if path:
+                with open(path, "rb") as f:
+                    shutil.copyfileobj(f, self.wfile, 1 << 20)
 
     parent = os.getppid()
-    httpd = ThreadingHTTPServer((address, 0), functools.partial(Quiet, directory=directory))
+    httpd = ThreadingHTTPServer((address, 0), Files)
     httpd.daemon_threads = True
     print(httpd.server_address[1], flush=True)
 
@@ -384,10 +401,10 @@ def _serve_forever(directory: str, address: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if len(argv) == 3 and argv[0] == "serve":
-        _serve_forever(argv[1], argv[2])
+    if len(argv) == 3 and argv[0] == "serve" and os.environ.get(TOKEN_ENV):
+        _serve_forever(argv[1], argv[2], os.environ[TOKEN_ENV])
         return 0
-    print("usage: python -m vllm_fleet.fetch.wheelhouse serve DIR ADDRESS", file=sys.stderr)
+    print(f"usage: {TOKEN_ENV}=TOKEN python -m vllm_fleet.fetch.wheelhouse serve DIR ADDRESS", file=sys.stderr)
     return 2
 
 

@@ -1,21 +1,26 @@
 """How a host reaches the wheels the control machine holds for it: a directory given in the spec
 or host data (``install.wheelhouse``, ``vllm_find_links``), or the fleet wheelhouse
-(:mod:`vllm_fleet.fetch.wheelhouse`) served over HTTP at host data ``vllm_wheel_serve_address``,
-else uploaded with ``files.sync``; and what the fleet wheelhouse must fit on the host (its
+(:mod:`vllm_fleet.fetch.wheelhouse`) fetched over HTTP from host data ``vllm_wheel_serve_address``
+and checked against its sha256 before use, else uploaded with ``files.sync``; and what the fleet wheelhouse must fit on the host (its
 python3, C library and machine: :func:`target_query`, :func:`host_target`, from the one state
 read). One place for the vllm and router roles.
 """
 
 from __future__ import annotations
 
+import json
+from io import StringIO
 from pathlib import Path
 from typing import Any, Callable
 
 from pyinfra import host
+from pyinfra.api import FileUploadCommand, operation
 from pyinfra.api.exceptions import DeployError
 from pyinfra.operations import files
 
 from vllm_fleet.fetch import wheelhouse as wh
+from vllm_fleet.host.programs import argv as cmd
+from vllm_fleet.host.programs import python
 
 from . import progress
 from .state import Query, role_state, unknown
@@ -38,33 +43,64 @@ def upload(name: str, src: str | Path, dest: str) -> str:
     return dest
 
 
-def reach_fleet_wheelhouse(directory: Path, dest: str, upload_name: str) -> tuple[str, str | None]:
-    """How this host reads the fleet wheelhouse ``directory`` (``wh.ensure``'s result): served
-    over HTTP at host data ``vllm_wheel_serve_address``, ``(its URL, the address)`` (pip's
-    trusted host); else uploaded to ``dest`` (operation ``upload_name``), ``(dest, None)``."""
+def reach_fleet_wheelhouse(directory: Path, dest: str, upload_name: str) -> tuple[str, list]:
+    """Put the fleet wheelhouse ``directory`` (``wh.ensure``'s result) at ``dest`` on this host:
+    ``(dest, commands to run first)``. With host data ``vllm_wheel_serve_address`` the control
+    machine serves it over HTTP (``wh.serve``: that directory only, under a per-deploy token) and
+    the commands fetch each wheel into ``dest``, keeping it only when its sha256 is the one the
+    control machine sent over SSH (``scripts/fetch_files.py``, its list a root-only file removed
+    after); else it is uploaded over SSH to ``dest`` (operation ``upload_name``) and there is
+    nothing to run first. Either way the install reads ``dest`` with ``--no-index``."""
     address = host.data.get("vllm_wheel_serve_address")
-    if address:
-        try:
-            port = wh.serve(directory.parent, address)
-        except wh.WheelhouseError as exc:
-            raise DeployError(str(exc)) from None
-        return f"http://{address}:{port}/{directory.name}/", address
-    return upload(upload_name, directory, dest), None
+    if not address:
+        return upload(upload_name, directory, dest), []
+    try:
+        port, token = wh.serve(directory, address)
+    except wh.WheelhouseError as exc:
+        raise DeployError(str(exc)) from None
+    listing = f"{dest}.fetch.json"
+    files_ = wh.manifest(directory)
+    fetch_list(name=f"What to fetch into {dest} ({len(files_)} wheels, their sha256)", path=listing,
+               content=json.dumps({"sources": [f"http://{address}:{port}/{token}/"], "files": files_}, sort_keys=True))
+    return dest, [python(SYSTEM_PYTHON, "fetch_files.py", listing, dest), cmd("rm", "-f", listing)]
+
+
+@operation()
+def fetch_list(path: str, content: str):
+    """
+    Put what a host fetches (``scripts/fetch_files.py``'s list: the wheel server's address with
+    this deploy's token, each file's size and sha256) as a root-only file, over SSH. Put every time
+    it is asked for: only an install asks, and the token is new with every deploy.
+
+    + path: remote path (removed by the commands that read it)
+    + content: the list, JSON
+
+    **Example:**
+
+    .. code:: python
+
+        fetch_list(name="What to fetch", path="/opt/vllm-fleet/x/wheelhouse.fetch.json", content=text)
+    """
+    tmp = f"{path}.tmp-vllm-fleet"
+    yield cmd("install", "-m", "600", "/dev/null", tmp)  # the mode before the content lands
+    yield FileUploadCommand(StringIO(content), tmp)
+    yield cmd("chmod", "600", tmp)
+    yield cmd("mv", "-f", tmp, path)
 
 
 def wheel_source(spec: dict[str, Any], dest: str, upload_name: str,
-                 fleet_directory: Callable[[], Path]) -> tuple[str | None, str | None]:
-    """Where a role's pip takes its wheels from, ``(wheelhouse, trusted host)``: ``install.wheelhouse``
-    (a directory on the control machine) uploaded to ``dest``; else with ``install.wheels: fleet``
-    the fleet wheelhouse ``fleet_directory()`` (``wh.ensure``'s result for this host) reached as
-    :func:`reach_fleet_wheelhouse` says (``upload_name``: its upload to ``dest``); else
-    ``(None, None)``: the host's own index. One order for the vllm and router roles."""
+                 fleet_directory: Callable[[], Path]) -> tuple[str | None, list]:
+    """Where a role's pip takes its wheels from, ``(wheelhouse, commands to run first)``:
+    ``install.wheelhouse`` (a directory on the control machine) uploaded to ``dest``; else with
+    ``install.wheels: fleet`` the fleet wheelhouse ``fleet_directory()`` (``wh.ensure``'s result
+    for this host) put at ``dest`` as :func:`reach_fleet_wheelhouse` says (``upload_name``: its
+    upload); else ``(None, [])``: the host's own index. One order for the vllm and router roles."""
     ins = spec["install"]
     if ins.get("wheelhouse"):
-        return upload(f"Upload the wheelhouse to {dest}", local_dir(ins["wheelhouse"], "install.wheelhouse"), dest), None
+        return upload(f"Upload the wheelhouse to {dest}", local_dir(ins["wheelhouse"], "install.wheelhouse"), dest), []
     if ins["wheels"] == "fleet":
         return reach_fleet_wheelhouse(fleet_directory(), dest, upload_name)
-    return None, None
+    return None, []
 
 
 def fleet_wheels(spec: dict[str, Any]) -> bool:

@@ -67,13 +67,14 @@ def wheels_dir(spec: dict[str, Any]) -> str:
     return f"{env_dir(spec)}-wheels"
 
 
-def _wheel_source(spec: dict[str, Any]) -> tuple[list[str], str | None]:
-    """pip's source arguments for this host (roles.common.wheels' order; the fleet wheel server's
-    address a trusted host), and the directory the wheels were uploaded to (None: not uploaded)."""
+def _wheel_source(spec: dict[str, Any]) -> tuple[list[str], str | None, list]:
+    """pip's source arguments for this host (roles.common.wheels' order), the directory the wheels
+    were put in (None: none), and the commands to run first (the fetch of the fleet wheelhouse
+    over HTTP, checked against its sha256: roles.common.wheels.reach_fleet_wheelhouse)."""
     dest = wheels_dir(spec)
-    wheelhouse, address = wheel_source(spec, dest, f"Upload the router's wheels to {dest}", lambda: _fleet_directory(spec))
+    wheelhouse, first = wheel_source(spec, dest, f"Upload the router's wheels to {dest}", lambda: _fleet_directory(spec))
     uploaded = dest if wheelhouse == dest else None
-    return source_args(spec, wheelhouse=wheelhouse) + (["--trusted-host", address] if address else []), uploaded
+    return source_args(spec, wheelhouse=wheelhouse), uploaded, first
 
 
 def _fleet_directory(spec: dict[str, Any]) -> Path:
@@ -151,8 +152,9 @@ def install_router(spec: dict[str, Any], rendered: dict[str, Any], present: bool
     probed = host_state().env(py)
     have = (probed or {}).get("dist", {}).get(PACKAGE) if probed is not None else None
     if have != version:
-        source, uploaded = _wheel_source(spec)
-        changed.append(server.shell(name=f"pip install {requirement(spec)} into {env}", commands=_pip_install(spec, env, source, uploaded)))
+        source, uploaded, first = _wheel_source(spec)
+        changed.append(server.shell(name=f"pip install {requirement(spec)} into {env}",
+                                    commands=[*first, *_pip_install(spec, env, source, uploaded)]))
     else:
         host.noop(f"{requirement(spec)} already installed in {env}")
     put = put_rendered(rendered, [p["router_unit"]])

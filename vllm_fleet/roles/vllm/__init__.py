@@ -120,11 +120,9 @@ def cpu_fixes_needed(spec: dict, installed: dict[str, str | None]) -> bool:
 
 def pip_install_command(spec: dict, reqs: list[str], *, cache_dir: str | None,
                         find_links: str | None = None, wheelhouse: str | None = None,
-                        timeout: int = 120, trusted_host: str | None = None) -> StringCommand:
-    """The pip command line (every value quoted). ``wheelhouse``: a directory
-    or ``http://`` URL holding every wheel (``--no-index``; pip's cache is not used, the wheels
-    are at hand); ``trusted_host``: the wheel server's address (pip ignores plain-http
-    find-links on any other host than localhost without it)."""
+                        timeout: int = 120) -> StringCommand:
+    """The pip command line (every value quoted). ``wheelhouse``: a directory on the host holding
+    every wheel (``--no-index``; pip's cache is not used, the wheels are at hand)."""
     argv = []
     if cache_dir and not wheelhouse:
         argv += ["env", f"PIP_CACHE_DIR={cache_dir}"]
@@ -132,7 +130,7 @@ def pip_install_command(spec: dict, reqs: list[str], *, cache_dir: str | None,
              "--progress-bar", "off", "--timeout", str(timeout)]
     argv += source_args(spec, find_links=find_links, wheelhouse=wheelhouse)
     if wheelhouse:
-        argv += ["--no-cache-dir", *(["--trusted-host", trusted_host] if trusted_host else [])]
+        argv += ["--no-cache-dir"]
     argv += reqs
     return cmd(*argv)
 
@@ -155,17 +153,17 @@ def uv_install_command(spec: dict, reqs: list[str], *, find_links: str | None = 
 
 def install_commands(spec: dict, reqs: list[str], *, installer: str, cache_dir: str | None,
                      find_links: str | None = None, wheelhouse: str | None = None,
-                     timeout: int = 120, trusted_host: str | None = None) -> list[StringCommand]:
+                     timeout: int = 120) -> list[StringCommand]:
     """The shell commands that install ``reqs`` into the env with ``installer`` (``pip`` or
     ``uv``). uv: pip installs the pinned uv (``defaults.UV_REQUIREMENT``) from the same source
     first; when that or uv fails, pip runs the same install (the fallback, said on stderr);
     uv's cache is removed either way."""
     pip = pip_install_command(spec, reqs, cache_dir=cache_dir, find_links=find_links,
-                              wheelhouse=wheelhouse, timeout=timeout, trusted_host=trusted_host)
+                              wheelhouse=wheelhouse, timeout=timeout)
     if installer == "pip":
         return [pip]
     bootstrap = pip_install_command(spec, [d.UV_REQUIREMENT], cache_dir=cache_dir, find_links=find_links,
-                                    wheelhouse=wheelhouse, timeout=timeout, trusted_host=trusted_host)
+                                    wheelhouse=wheelhouse, timeout=timeout)
     uv = uv_install_command(spec, reqs, find_links=find_links, wheelhouse=wheelhouse, timeout=timeout)
     remove_cache = cmd("rm", "-rf", f"{spec['install']['prefix']}/{d.UV_CACHE_SUBDIR}")
     fallback = cmd("echo", "vllm role: uv pip install failed; installing with pip instead")
@@ -174,7 +172,7 @@ def install_commands(spec: dict, reqs: list[str], *, installer: str, cache_dir: 
 
 
 def flashinfer_cubin_command(spec: dict, *, cache_dir: str | None, find_links: str | None = None,
-                             wheelhouse: str | None = None, timeout: int = 120, trusted_host: str | None = None) -> StringCommand:
+                             wheelhouse: str | None = None, timeout: int = 120) -> StringCommand:
     """After vLLM's install (CUDA): ``flashinfer-cubin`` at the env's ``flashinfer-python`` version
     exactly, from the same source as vLLM (vLLM >= 0.26 no longer requires it: without it
     FlashInfer downloads its kernels at first use, which a host without internet cannot;
@@ -184,7 +182,7 @@ def flashinfer_cubin_command(spec: dict, *, cache_dir: str | None, find_links: s
     from vllm_fleet.spec import flashinfer
 
     pip = pip_install_command(spec, ["--no-deps"], cache_dir=cache_dir, find_links=find_links, wheelhouse=wheelhouse,
-                              timeout=timeout, trusted_host=trusted_host)
+                              timeout=timeout)
     source = "install.wheelhouse / the fleet wheelhouse" if wheelhouse else (spec["install"].get("index_url") or "the package index")
     return shell("flashinfer_cubin.sh", env_python(spec), flashinfer.PYTHON, flashinfer.CUBIN, source, pip)
 
@@ -287,11 +285,11 @@ def install_vllm(spec: dict[str, Any]) -> list:
     if not reqs and not fixes:
         host.noop(f"{ins['vllm_package']}=={ins['vllm_version']} and its companions already installed in {py}")
         return _cpu_ray_adaptation(spec)
-    wheelhouse, find_links, trusted_host = _wheel_source(spec, reqs)
+    wheelhouse, find_links, first = _wheel_source(spec, reqs)
     op = server.shell(
         name=(f"pip install {' '.join(reqs)}" if reqs else "CPU build fixes")
         + (" (+ CPU build fixes)" if reqs and ins["accelerator"] == "cpu" else ""),
-        commands=_install_vllm_commands(spec, reqs, wheelhouse=wheelhouse, find_links=find_links, trusted_host=trusted_host),
+        commands=[*first, *_install_vllm_commands(spec, reqs, wheelhouse=wheelhouse, find_links=find_links)],
     )
     return [op, *_cpu_ray_adaptation(spec)]
 
@@ -312,26 +310,26 @@ def _installed(spec: dict[str, Any], py: str) -> dict[str, str | None]:
     return {n: dists.get(n) for n in probe_names(spec)}
 
 
-def _wheel_source(spec: dict[str, Any], reqs: list[str]) -> tuple[str | None, str | None, str | None]:
-    """Where the install takes its wheels from, ``(wheelhouse, find_links, trusted_host)``: the
+def _wheel_source(spec: dict[str, Any], reqs: list[str]) -> tuple[str | None, str | None, list]:
+    """Where the install takes its wheels from, ``(wheelhouse, find_links, commands to run first)``: the
     uploaded ``install.wheelhouse``, else the fleet wheelhouse (``install.wheels: fleet``), else
     the index plus uploaded extra wheels (host data ``vllm_find_links``); nothing to install, none."""
     if not reqs:
-        return None, None, None
+        return None, None, []
     prefix = spec["install"]["prefix"]
     dest = f"{prefix}/{d.WHEELHOUSE_SUBDIR}"
-    wheelhouse, trusted_host = wheel_source(spec, dest, f"Upload the fleet wheelhouse to {dest}", lambda: _fleet_directory(spec))
+    wheelhouse, first = wheel_source(spec, dest, f"Upload the fleet wheelhouse to {dest}", lambda: _fleet_directory(spec))
     if wheelhouse:
-        return wheelhouse, None, trusted_host
+        return wheelhouse, None, first
     if host.data.get("vllm_find_links"):
         return None, upload(f"Upload extra wheels to {prefix}/{d.FIND_LINKS_SUBDIR}",
                             local_dir(host.data.get("vllm_find_links"), "host data vllm_find_links"),
-                            f"{prefix}/{d.FIND_LINKS_SUBDIR}"), None
-    return None, None, None
+                            f"{prefix}/{d.FIND_LINKS_SUBDIR}"), []
+    return None, None, []
 
 
-def _install_vllm_commands(spec: dict[str, Any], reqs: list[str], *, wheelhouse: str | None, find_links: str | None,
-                           trusted_host: str | None) -> list[StringCommand]:
+def _install_vllm_commands(spec: dict[str, Any], reqs: list[str], *, wheelhouse: str | None,
+                           find_links: str | None) -> list[StringCommand]:
     """install_vllm's one operation: install ``reqs`` (and FlashInfer's kernels for a new CUDA
     vLLM), the CPU build's fixes, the check that vLLM imports at its version, and the uploaded
     wheels removed (install-time only, unless host data ``vllm_keep_wheelhouse``)."""
@@ -341,20 +339,19 @@ def _install_vllm_commands(spec: dict[str, Any], reqs: list[str], *, wheelhouse:
     if reqs:
         commands += install_commands(
             spec, reqs, installer=ins["installer"], cache_dir=host.data.get("pip_cache_dir"),
-            find_links=find_links, wheelhouse=wheelhouse, timeout=int(host.data.get("vllm_pip_timeout")),
-            trusted_host=trusted_host)
+            find_links=find_links, wheelhouse=wheelhouse, timeout=int(host.data.get("vllm_pip_timeout")))
         if ins["accelerator"] == "cuda" and any(r.startswith(f"{ins['vllm_package']}==") for r in reqs):
             commands.append(flashinfer_cubin_command(
                 spec, cache_dir=host.data.get("pip_cache_dir"), find_links=find_links, wheelhouse=wheelhouse,
-                timeout=int(host.data.get("vllm_pip_timeout")), trusted_host=trusted_host))
+                timeout=int(host.data.get("vllm_pip_timeout"))))
     if ins["accelerator"] == "cpu":
         commands.append(cmd(py, "-m", "pip", "uninstall", "-y", "--disable-pip-version-check", *d.CPU_REMOVE))
         commands.append(python(py, "write_site_files.py", json.dumps(dist_info_files(ins["vllm_version"]), sort_keys=True)))
     commands.append(python(py, "verify_vllm.py", ins["vllm_package"], ins["vllm_version"]))
-    # the uploaded wheels are install-time only: not kept in the prefix unless asked (an install
-    # that needs them again uploads them again)
+    # the uploaded or fetched wheels are install-time only: not kept in the prefix unless asked (an
+    # install that needs them again puts them there again)
     prefix = ins["prefix"]
-    uploaded = [x for x in (find_links, None if trusted_host else wheelhouse) if x and x.startswith(prefix + "/")]
+    uploaded = [x for x in (find_links, wheelhouse) if x and x.startswith(prefix + "/")]
     if uploaded and not host.data.get("vllm_keep_wheelhouse"):
         commands.append(cmd("rm", "-rf", *uploaded))
     return commands
