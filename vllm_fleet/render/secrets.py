@@ -20,16 +20,19 @@ from pathlib import Path
 from typing import Any
 
 from vllm_fleet.render import files as render
+from vllm_fleet.spec import localpath
 
 class SecretError(Exception):
     pass
 
 
-def secret_path(ref: dict[str, Any], base_dir: Path | None = None) -> Path:
-    p = Path(os.path.expanduser(ref["file"]))
-    if not p.is_absolute() and base_dir is not None:
-        p = base_dir / p
-    return p
+def secret_path(ref: dict[str, Any], base_dir: Path | None = None, yaml_path: str = "secret") -> Path:
+    """The secret file's path here (``~`` expanded, relative to ``base_dir``); a
+    :class:`SecretError` naming ``yaml_path`` when the value can name no file here."""
+    try:
+        return localpath.expand(ref["file"], base_dir)
+    except localpath.LocalPathError as exc:
+        raise SecretError(f"{yaml_path}: {ref['file'][:200]!r} cannot be read: {exc.why}; {exc.fix}") from None
 
 
 @dataclass(frozen=True)
@@ -84,13 +87,16 @@ def write_generated(generated: dict[Path, str]) -> list[Path]:
     A file that appeared meanwhile with another value is an error (its value may already be in use)."""
     written = []
     for p, value in generated.items():
-        p.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         try:
+            p.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
             fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         except FileExistsError:
             if p.read_text().strip() != value:
                 raise SecretError(f"secret file {p} appeared while this deploy ran (another deploy?); run it again") from None
             continue
+        except OSError as exc:
+            raise SecretError(f"cannot create the generated secret file {p}: {exc.strerror or exc}; "
+                              "point the secret's `file:` at a writable place on the control machine") from None
         with os.fdopen(fd, "w") as f:
             f.write(value + "\n")
         written.append(p)
@@ -111,10 +117,13 @@ def read_secret(ref: dict[str, Any] | None, *, yaml_path: str, base_dir: Path | 
         if not value:
             raise SecretError(f"{yaml_path}: environment variable {ref['env']} is not set on the control machine; export it before deploying")
         return value.strip() if kind == "token" else value
-    p = secret_path(ref, base_dir)
+    p = secret_path(ref, base_dir, yaml_path)
     if generated is not None and p in generated:
         return generated[p]
-    if not p.exists():
+    why = localpath.why_unreadable(p, "file")
+    if why not in (None, "it does not exist"):
+        raise SecretError(f"{yaml_path}: cannot read secret file {p}: {why}")
+    if why:
         if not ref.get("generate"):
             raise SecretError(f"{yaml_path}: secret file {p} does not exist; create it (mode 0600) or set `generate: true`")
         if generated is not None:
@@ -126,6 +135,8 @@ def read_secret(ref: dict[str, Any] | None, *, yaml_path: str, base_dir: Path | 
         value = p.read_text()
     except OSError as exc:
         raise SecretError(f"{yaml_path}: cannot read secret file {p}: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise SecretError(f"{yaml_path}: secret file {p} is not UTF-8 text") from None
     if kind == "token":
         value = value.strip()
     if not value.strip():

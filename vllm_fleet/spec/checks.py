@@ -356,6 +356,16 @@ def _monitoring(r: dict[str, Any], spec: Spec | None, add: Add) -> None:
             f"set it above {util} (e.g. 0.98)", "warning")
 
 
+def _control_paths(r: dict[str, Any], spec: Spec | None, add: Add) -> None:
+    """Every path on the control machine the spec names can be read here (spec.localpath).
+    Needs the spec file (relative paths are taken from its directory): a resolved dict alone is
+    not judged against this machine."""
+    from vllm_fleet.spec import localpath
+
+    if spec is not None:
+        localpath.control_path_problems(r, spec.base_dir, add)
+
+
 #: The checks of the spec alone, in the order their problems are reported.
 SPEC_RULES: tuple[Rule, ...] = (
     # parallelism wiring
@@ -368,6 +378,8 @@ SPEC_RULES: tuple[Rule, ...] = (
     _api_key, _server_binding, _tls, _routing, _router_ports,
     # rollout, install, env, monitoring
     _rollout, _accelerator, _driver_branch, _package_source, _secret_env, _monitoring,
+    # paths on the control machine
+    _control_paths,
 )
 
 

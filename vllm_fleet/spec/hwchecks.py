@@ -272,16 +272,17 @@ def flashinfer_problems(resolved: dict[str, Any], cc: float | None, spec: Spec |
     would download its pre-built kernels at first use), and a feature that JIT-compiles FlashInfer
     kernels (nvcc at first use) with ``install.wheelhouse`` (an offline host: no apt for a CUDA
     toolkit there either)."""
-    from pathlib import Path
-
-    from vllm_fleet.spec import flashinfer
+    from vllm_fleet.spec import flashinfer, localpath
 
     out: list[Problem] = []
     ins = resolved["install"]
     wh = ins.get("wheelhouse")
     line = (lambda path: spec.line(path)) if spec else (lambda path: None)
-    if wh and Path(wh).expanduser().is_dir():
-        lacking = flashinfer.wheelhouse_lacks_cubin(Path(wh).expanduser())
+    # a wheelhouse that cannot be read here is the install.wheelhouse problem of spec.localpath;
+    # this optional look inside it is then skipped
+    here = localpath.readable(wh, "dir")[0] if wh else None
+    if here is not None:
+        lacking = flashinfer.wheelhouse_lacks_cubin(here)
         if lacking:
             out.append(Problem(
                 "install.wheelhouse", f"{wh} has {flashinfer.PYTHON} {lacking} but not {flashinfer.CUBIN} {lacking}: vLLM >= 0.26 no "

@@ -23,6 +23,7 @@ from vllm_fleet.host.pyinfra_run import install_sigint
 from vllm_fleet.render.layout import SERVICE_PARTS, UNIT_SUFFIXES, Layout, LayoutError, build, render_entry
 from vllm_fleet.render.secrets import SecretError, read_spec_secrets, write_generated
 from vllm_fleet.roles.common import progress
+from vllm_fleet.spec import localpath
 from vllm_fleet.spec.pipeline import check
 from vllm_fleet.spec.source import SpecSourceError, spec_sources
 
@@ -210,12 +211,13 @@ def _tls_certificate(resolved: dict[str, Any], base_dir: Path) -> str | None:
     tls = resolved["proxy"].get("tls") or {}
     if not (tls.get("enabled") and tls.get("certificate")) or tls.get("self_signed"):
         return None
-    p = Path(os.path.expanduser(tls["certificate"]))
-    p = p if p.is_absolute() else base_dir / p
+    p, why, fix = localpath.readable(tls["certificate"], "file", base_dir)
+    if p is None:
+        raise SecretError(f"proxy.tls.certificate: cannot read {tls['certificate'][:200]!r}: {why}" + (f"; {fix}" if fix else ""))
     try:
         text = p.read_text()
-    except OSError as exc:
-        raise SecretError(f"proxy.tls.certificate: cannot read {p}: {exc.strerror}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SecretError(f"proxy.tls.certificate: cannot read {p}: {getattr(exc, 'strerror', None) or exc}") from None
     if "-----BEGIN" not in text:
         raise SecretError(f"proxy.tls.certificate: {p} is not a PEM file (no -----BEGIN line)")
     return text

@@ -21,6 +21,7 @@ from pyinfra.operations import files
 from vllm_fleet.fetch import wheelhouse as wh
 from vllm_fleet.host.programs import argv as cmd
 from vllm_fleet.host.programs import python
+from vllm_fleet.spec import localpath
 
 from . import progress
 from .state import Query, role_state, unknown
@@ -30,9 +31,9 @@ SYSTEM_PYTHON = "python3"  # the host's python whose X.Y the fleet wheelhouse is
 
 def local_dir(path: str, what: str) -> str:
     """``path`` (``~`` expanded) when it is a directory on the control machine, else a DeployError naming ``what``."""
-    p = Path(path).expanduser()
-    if not p.is_dir():
-        raise DeployError(f"{what}: {p} is not a directory on this machine")
+    p, why, fix = localpath.readable(path, "dir")
+    if p is None:
+        raise DeployError(f"{what}: {path[:200]!r} cannot be read on this machine: {why}" + (f"; {fix}" if fix else ""))
     return str(p)
 
 
