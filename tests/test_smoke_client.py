@@ -56,7 +56,7 @@ def _sse_server(buffered_attempts: int, group: int = 0, log: list | None = None)
     """A stand-in OpenAI endpoint whose streamed chats arrive all at once (as through a buffering
     proxy) for the first `buffered_attempts` streams, then one event every 5 ms; with `group`,
     every stream arrives `group` events at a time (as a proxy flushing full buffers). `log`: gets
-    ``(what, start, end, max_tokens)`` of every request (monotonic seconds)."""
+    ``(what, max_tokens, start, end)`` of every request (monotonic seconds)."""
     import json
     import time
 
@@ -65,15 +65,21 @@ def _sse_server(buffered_attempts: int, group: int = 0, log: list | None = None)
     class H(http.server.BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
 
+        # A request's start and end as events the client's order depends on: the start once its
+        # request was read (not when the handler began to wait on a kept-alive connection), the
+        # end before the response's last byte is written (the client can send its next request
+        # only after reading it; timed after the write, a loaded machine let the next request's
+        # start come first).
         def handle_one_request(self):
-            t0 = time.monotonic()
-            self._what = None
+            self._what = self._end = None
             super().handle_one_request()
             if log is not None and self._what:
-                log.append((*self._what, t0, time.monotonic()))
+                log.append((*self._what, self._end))
+
 
         def _json(self, code, obj):
             body = json.dumps(obj).encode()
+            self._end = time.monotonic()
             self.send_response(code)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(body)))
@@ -89,7 +95,7 @@ def _sse_server(buffered_attempts: int, group: int = 0, log: list | None = None)
 
         def do_POST(self):  # noqa: N802
             req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-            self._what = ("stream" if req.get("stream") else "chat", req.get("max_tokens"))
+            self._what = ("stream" if req.get("stream") else "chat", req.get("max_tokens"), time.monotonic())
             if self.headers.get("Authorization") != "Bearer k":
                 return self._json(401, {"error": "unauthorized"})
             if not req.get("stream"):
@@ -117,6 +123,7 @@ def _sse_server(buffered_attempts: int, group: int = 0, log: list | None = None)
                 for e in events:
                     chunk(e)
                     time.sleep(0.005)
+            self._end = time.monotonic()
             self.wfile.write(b"0\r\n\r\n")
 
         def log_message(self, *args):
