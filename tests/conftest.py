@@ -9,8 +9,10 @@ Skips that are choices stay skips (the long tune test without VLLM_FLEET_LAB_TUN
 with no nginx site, a lab someone else keeps up).
 """
 
+import json
 import os
 import re
+import time
 
 import pytest
 
@@ -48,3 +50,43 @@ def pytest_runtest_makereport(item, call):
 @pytest.fixture
 def cli():
     return run_cli
+
+
+# Setup times of the module- and session-scoped fixtures (the lab's deploys): printed at the end of
+# the run, and appended as JSON lines to $VLLM_FLEET_FIXTURE_TIMES when set (tests/tiers.py reads
+# them back for make test's closing table; under pytest-xdist each worker appends its own).
+FIXTURE_SETUPS: list[dict] = []
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_fixture_setup(fixturedef, request):
+    if fixturedef.scope not in ("module", "session"):
+        yield
+        return
+    t0 = time.monotonic()
+    yield
+    where = request.node.nodeid if fixturedef.scope == "module" else "(session)"
+    FIXTURE_SETUPS.append({"fixture": fixturedef.argname, "scope": fixturedef.scope, "where": where or "(session)",
+                           "seconds": round(time.monotonic() - t0, 2)})
+
+
+def fixture_table(rows: list[dict], least: float = 1.0, top: int = 25) -> list[str]:
+    """The slowest fixture setups, one line each: [tier,] seconds, scope, fixture, where (module or session)."""
+    rows = sorted((r for r in rows if r["seconds"] >= least), key=lambda r: -r["seconds"])[:top]
+    return [(f"{r['tier']:<5} " if "tier" in r else "") + f"{r['seconds']:8.1f}s  {r['scope']:<7}  {r['fixture']:<28}  {r['where']}"
+            for r in rows]
+
+
+def pytest_sessionfinish(session):
+    path = os.environ.get("VLLM_FLEET_FIXTURE_TIMES")
+    if path and FIXTURE_SETUPS:
+        with open(path, "a") as f:
+            f.writelines(json.dumps(r) + "\n" for r in FIXTURE_SETUPS)
+
+
+def pytest_terminal_summary(terminalreporter):
+    lines = fixture_table(FIXTURE_SETUPS)
+    if lines:  # empty on an xdist controller: its workers set the fixtures up
+        terminalreporter.write_sep("=", "module/session fixture setups (>= 1 s)")
+        for line in lines:
+            terminalreporter.write_line(line)
