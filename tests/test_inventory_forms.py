@@ -183,3 +183,25 @@ def test_init_local_writes_an_at_local_inventory_that_deploys_here(tmp_path):
     assert data["vllm_fleet_spec"] == str(tmp_path / "deployment.yaml") and data["_sudo"] is (os.geteuid() != 0)
     r = run_cli("validate", str(tmp_path / "deployment.yaml"), "--inventory", str(tmp_path / "inventory.py"))
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_the_desktops_own_default_site_stays_on_at_local_and_nginx_accepts_both(tmp_path):
+    """On @local the distribution's default site is kept (a desktop's own nginx), and nginx -t
+    accepts it beside vllm-fleet's site on 127.0.0.1 (the port alone would be a duplicate
+    default_server: nginx -t fails, checked here too). A server still loses it by default."""
+    import shutil
+    import subprocess
+
+    from vllm_fleet.roles.nginx import remove_default_site
+
+    assert remove_default_site("@local", None) is False and remove_default_site("gpu1", None) is True
+    assert remove_default_site("@local", True) is True and remove_default_site("gpu1", False) is False
+    if not shutil.which("nginx"):
+        pytest.skip("nginx not installed")
+    debian_default = "server { listen 80 default_server; listen [::]:80 default_server; root /var/www/html; server_name _; }"
+    for listen, ok in (("127.0.0.1:80", True), ("80", False)):
+        conf = tmp_path / f"nginx-{ok}.conf"
+        conf.write_text(f"pid {tmp_path}/nginx.pid; error_log {tmp_path}/error.log;\nevents {{}}\nhttp {{ access_log off;\n"
+                        f"{debian_default}\nserver {{ listen {listen} default_server; server_name _; return 200; }}\n}}\n")
+        r = subprocess.run(["nginx", "-t", "-c", str(conf)], capture_output=True, text=True, timeout=60)
+        assert (r.returncode == 0) is ok, (listen, r.stderr)

@@ -20,12 +20,21 @@ from vllm_fleet.host.state import Query
 from vllm_fleet.roles.common.state import host_state, pending, role_state
 from vllm_fleet.spec.sections import reads
 
+from vllm_fleet.spec.hostdata import is_local
+
 from .defaults import DEFAULTS
 
 #: The spec sections this role reads (vllm_fleet.spec.sections); its README lists them.
 SECTIONS = ("install", "monitoring", "name", "proxy", "server")
 
 DEFAULT_SITE = "/etc/nginx/sites-enabled/default"
+
+
+def remove_default_site(name: str, setting: bool | None) -> bool:
+    """Whether the distribution's default site goes: host data ``nginx_remove_default_site``, else
+    yes on a server and no on ``@local``, the desktop whose own nginx site stays (vllm-fleet's
+    site there listens on 127.0.0.1, render.files.nginx_listen)."""
+    return (not is_local(name)) if setting is None else bool(setting)
 
 
 @deploy("nginx proxy", data_defaults=DEFAULTS)
@@ -65,7 +74,7 @@ def install_nginx(spec: dict[str, Any], rendered: dict[str, Any], api_key: str |
     snap = host_state()
     changed = []
     # The package installs the default site: the snapshot's "absent" holds only when nginx was installed already.
-    if host.data.get("nginx_remove_default_site") and (pending(package) or not snap.absent(DEFAULT_SITE)):
+    if remove_default_site(host.name, host.data.get("nginx_remove_default_site")) and (pending(package) or not snap.absent(DEFAULT_SITE)):
         changed.append(files.link(name="Remove the default site", path=DEFAULT_SITE, present=False))
     secret_paths = {render.paths(spec)[k] for k in ("nginx_auth", "tls_certificate", "tls_certificate_key")}
     paths = render.paths(spec)
