@@ -168,8 +168,10 @@ def test_the_workstation_serves_its_user_nginx_on_loopback_vllm_behind_it_no_fir
     assert "--host 127.0.0.1 " in unit
     assert not [p for p in here["@local"] if "nft" in p or "firewall" in p], sorted(here["@local"])
     assert _nginx_listen(_render_local(spec, "lab@10.10.0.12"), "lab@10.10.0.12") == ["80"]
-    spec["proxy"]["bind"] = "0.0.0.0"  # the spec says otherwise: the network too
-    assert _nginx_listen(_render_local(spec), "@local") == ["0.0.0.0:80"]
+    spec["proxy"]["bind"] = "0.0.0.0"  # the spec says otherwise: the network too, as on a server
+    assert _nginx_listen(_render_local(spec), "@local") == ["80"]
+    spec["proxy"]["bind"] = "10.10.0.11"
+    assert _nginx_listen(_render_local(spec), "@local") == ["10.10.0.11:80"]
 
 
 def test_init_local_writes_an_at_local_inventory_that_deploys_here(tmp_path):

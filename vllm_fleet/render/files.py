@@ -564,7 +564,8 @@ def nginx_listen(prx: dict[str, Any], host: str) -> str:
     port alone), but on pyinfra's ``@local`` host loopback: the workstation the user sits at
     serves its own user unless the spec says otherwise (docs/own-servers.md)."""
     bind = prx.get("bind") or ("127.0.0.1" if is_local(host) else None)
-    return f"{bind}:{prx['listen']}" if bind else str(prx["listen"])
+    # 0.0.0.0 is every address: nginx's "listen PORT", the same socket and text as a server's
+    return f"{bind}:{prx['listen']}" if bind and bind != "0.0.0.0" else str(prx["listen"])
 
 
 def _nginx_site(resolved: dict[str, Any], node: Node, all_nodes: list[Node], with_inventory: bool) -> RenderedFile:
