@@ -59,6 +59,19 @@ def _plan_nginx():
                   tls_key=ctx["secrets"]["tls_key"], tls_certificate=ctx["secrets"]["tls_certificate"])
 
 
+CLIENT: list = []
+
+
+@deploy("plan and the client document")
+def _plan_client():
+    from vllm_fleet.roles.common import load_deploy_spec
+    from vllm_fleet.roles.smoke import client_document
+    from vllm_fleet.spec.load import load_and_check
+
+    load_deploy_spec()
+    CLIENT.append(client_document(load_and_check(CLIENT[0], hardware=False)[0]))
+
+
 # -- where the spec comes from ------------------------------------------------------------------
 
 
@@ -193,3 +206,20 @@ def test_the_checkout_spec_dir_is_not_needed(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     resolved, _ = load_and_check("copy.yaml")
     assert resolved["name"] == "lab-tiny"
+
+
+def test_the_smoke_role_takes_openai_json_from_the_deploys_layout(harness, tmp_path):
+    """What the smoke role writes on the control machine is the deploy's rendered openai.json
+    (vllm_fleet.render.files.client_settings through the one layout), the policy in effect included."""
+    import json
+
+    from vllm_fleet.render import layout as lay
+    from vllm_fleet.spec.load import load_and_check
+
+    spec = _spec(tmp_path)
+    CLIENT[:] = [str(spec)]
+    harness.run(_plan_client, host="gpu1", groups=["servers", "proxy"], data={"vllm_fleet_spec": str(spec)})
+    resolved = load_and_check(spec, hardware=False)[0]
+    want = lay.build(resolved, {"gpu1": {"address": "gpu1", "groups": ["servers", "proxy"], "data": {}}}).client
+    assert CLIENT[1] == json.loads(want["~/.config/vllm-fleet/lab-tiny/openai.json"].content)
+    assert CLIENT[1]["routing"]["policy"] == "least_conn" and CLIENT[1]["base_url"] == "http://gpu1/v1"

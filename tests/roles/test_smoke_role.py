@@ -5,6 +5,7 @@ command that fails the deploy on that host, and its message names the host, the 
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -59,3 +60,21 @@ def test_passing_smoke_tests_are_no_change(harness, role, monkeypatch):
     run = harness.run(role.run_smoke, _spec(), "k3y", host="gpu1", groups=["proxy"], data={"ssh_hostname": "10.0.0.5"})
     assert run.op("Smoke tests through http://10.0.0.5").commands == [] and not run.changed
     assert calls and set(calls) == {"http://10.0.0.5"} and role.seen == []
+
+
+def test_the_smoke_role_writes_openai_json_in_the_rendered_shape(tmp_path):
+    """One shape of openai.json: the smoke role's copy is the layout's document (render.files) with
+    the smoke timings added, never a second set of keys."""
+    from vllm_fleet.render import layout as lay
+    from vllm_fleet.render.files import paths
+    from vllm_fleet.roles.smoke import write_client_settings
+
+    spec = _spec()
+    rendered = lay.build(spec, {"gpu1": {"address": "10.0.0.5", "groups": ["servers", "proxy"], "data": {}}})
+    text = rendered.client[paths(spec)["client_json"]].content
+    out = tmp_path / "openai.json"
+    write_client_settings(str(out), json.loads(text), SimpleNamespace(ttft_s=0.0123, chat_total_s=0.5))
+    got = json.loads(out.read_text())
+    assert {k: v for k, v in got.items() if k != "smoke"} == json.loads(text)
+    assert got["smoke"] == {"ttft_ms": 12.3, "chat_total_ms": 500.0}
+    assert got["base_url"] == "http://10.0.0.5/v1" and "routing" in got and "api_key_file" not in got

@@ -652,6 +652,12 @@ def client_settings(resolved: dict[str, Any], nodes: list[Node] | None = None, p
     return out
 
 
+def client_json(doc: dict[str, Any]) -> str:
+    """The text of ``openai.json``: the one writer of it (the rendered client file, and the smoke
+    role's copy on the control machine, which adds its measurements under ``smoke``)."""
+    return json.dumps(doc, indent=2, sort_keys=True) + "\n"
+
+
 def _client_files(resolved: dict[str, Any], nodes: list[Node] | None, policy: str | None) -> dict[str, RenderedFile]:
     p = paths(resolved)
     s = client_settings(resolved, nodes, policy)
@@ -674,7 +680,7 @@ def _client_files(resolved: dict[str, Any], nodes: list[Node] | None, policy: st
     env = env_file(values, comments)
     doc = {"name": resolved["name"], **s}
     return {
-        p["client_json"]: RenderedFile(json.dumps(doc, indent=2, sort_keys=True) + "\n", 0o644, "", ""),
+        p["client_json"]: RenderedFile(client_json(doc), 0o644, "", ""),
         p["client_env"]: RenderedFile(env, 0o644, "", ""),
     }
 

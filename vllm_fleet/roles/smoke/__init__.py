@@ -96,15 +96,28 @@ def _run(spec: dict[str, Any], base_url: str, api_key: str | None, timeout: floa
                       direct_stream=_direct_stream(direct_python, spec, timeout, direct_port or spec["server"]["port"]) if direct_python else None,
                       host_header=host_header).raise_for_failures()
     logger.info(res.summary())
-    key_ref = spec["server"].get("api_key") or {}
-    settings = {"base_url": f"{base_url}/v1", "model": spec["model"]["served_name"],
-                "api_key_file": os.path.expanduser(key_ref["file"]) if "file" in key_ref else None,
-                "api_key_env": key_ref.get("env"),
-                "smoke": {"ttft_ms": round(res.ttft_s * 1000, 1) if res.ttft_s else None,
-                          "chat_total_ms": round(res.chat_total_s * 1000, 1) if res.chat_total_s else None}}
+    write_client_settings(settings_path, client_document(spec), res)
+
+
+def client_document(spec: dict[str, Any]) -> dict[str, Any]:
+    """This deployment's ``openai.json`` as the deploy's layout renders it (base URL, model, where
+    the key is, the routing policy in effect: vllm_fleet.render.files.client_settings)."""
+    from vllm_fleet.render.files import paths
+    from vllm_fleet.roles.common import load_deploy_spec
+
+    return json.loads(load_deploy_spec()["layout"].client[paths(spec)["client_json"]].content)
+
+
+def write_client_settings(settings_path: str, document: dict[str, Any], res: Any) -> None:
+    """The client settings on the control machine: the rendered ``document`` with the smoke
+    tests' timings under ``smoke``, written by render's one ``openai.json`` writer."""
+    from vllm_fleet.render.files import client_json
+
+    doc = {**document, "smoke": {"ttft_ms": round(res.ttft_s * 1000, 1) if res.ttft_s else None,
+                                 "chat_total_ms": round(res.chat_total_s * 1000, 1) if res.chat_total_s else None}}
     p = Path(os.path.expanduser(settings_path))
     p.parent.mkdir(parents=True, exist_ok=True)
-    p.write_text(json.dumps(settings, indent=2) + "\n")
+    p.write_text(client_json(doc))
 
 
 def _fail(message: str) -> None:
