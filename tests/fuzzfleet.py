@@ -12,10 +12,11 @@ on the inventory the reader gives) under an alarm and classifies:
 * ``refused``: :class:`LayoutError`, every line naming a host, a spec or the inventory;
 * ``accepted``: every rendered file passes its independent reader (``nginx -t`` on each site,
   ``nft -c`` on each firewall, ``systemd-analyze verify`` on each unit, ``promtool check config``
-  on Prometheus' config), no token of any file holds a marker of the host data without the
+  on Prometheus' config), every Prometheus target and blackbox probe reaches its host through the
+  firewalls and nginx allow lists the same render wrote there (tests/scrapecheck.py), no token of any file holds a marker of the host data without the
   special character before it, and every nginx upstream server is an inventory address;
 * anything else is a finding: ``traceback``, ``hang`` (past the alarm), ``bad-refusal``,
-  ``broken-render``, ``injected``, ``altered``.
+  ``broken-render``, ``injected``, ``altered``, ``unwired`` (a scrape those files refuse).
 """
 
 from __future__ import annotations
@@ -34,13 +35,15 @@ import yaml
 from hypothesis import strategies as st
 
 import fuzzspecs
+import scrapecheck
 from vllm_fleet.render import files as render
 from vllm_fleet.render import monitoring
 from vllm_fleet.render.layout import LayoutError, build
 from vllm_fleet.spec import load as specmod
 
 REPO = Path(__file__).resolve().parent.parent
-SPECS = ["lab-tiny", "lab-tiny-monitoring", "lab-tiny-replicas", "lab-tiny-pp2", "h200-qwen7b-bf16", "8xh100-qwen7b-tp2x4", "2node-ray-pp2"]
+SPECS = ["lab-tiny", "lab-tiny-monitoring", "lab-tiny-replicas", "lab-tiny-pp2", "h200-qwen7b-bf16", "8xh100-qwen7b-tp2x4", "2node-ray-pp2",
+         "lab-tiny-routing"]
 GROUPS = ["servers", "workers", "proxy", "monitoring", "ray_workers", "other"]
 SPECIAL = [";", "}", "{", "\n", " ", "#", ":8000", "$", "'", '"', "\x00", "/24"]
 TIMEOUT = 10  # s for one case: a layout that takes longer is a hang
@@ -110,6 +113,8 @@ def fleets(draw: Any) -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]], 
             r["proxy"]["listen"] = int(r["proxy"]["listen"]) + 1
         if draw(st.integers(0, 9)) == 0:
             r["server"]["port"] = draw(st.sampled_from([65535, 65530, 9090, 9100, 10001, 6380]))
+        if draw(st.integers(0, 2)) == 0:  # vLLM beyond loopback (a proxy elsewhere reads it; so may Prometheus)
+            r["server"]["host"] = "0.0.0.0"
         specs.append(r)
     n = draw(st.integers(1, 4))
     marks: dict[str, set[str]] = {}
@@ -131,7 +136,39 @@ def fleets(draw: Any) -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]], 
             data[key] = value
         address = data["ssh_hostname"] if isinstance(data.get("ssh_hostname"), str) and data["ssh_hostname"] else name
         inventory[name] = {"address": address, "groups": groups, "data": data}
+    # monitoring wired across hosts (tests/scrapecheck.py reads it): on for one deployment when a
+    # host is in the `monitoring` group, so that the case is not refused for the lack of one
+    if any("monitoring" in h["groups"] for h in inventory.values()) and not any(r["monitoring"]["enabled"] for r in specs) and draw(st.booleans()):
+        specs[0]["monitoring"]["enabled"] = True
     return specs, inventory, marks
+
+
+WIRED_SPECS = ["lab-tiny-monitoring", "lab-tiny-replicas", "lab-tiny-routing", "2node-ray-pp2", "h200-qwen7b-bf16"]
+
+
+@st.composite
+def wired_fleets(draw: Any) -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]], dict[str, set[str]]]:
+    """Monitoring across hosts (round 3, class 4): one deployment with monitoring on, two to four
+    hosts whose ssh and private networks differ, the proxy, servers and Prometheus on the same or
+    other hosts, vLLM on loopback or beyond, TLS, routing and proxy.metrics_allow varied."""
+    r = copy.deepcopy(RESOLVED[draw(st.sampled_from(WIRED_SPECS))])
+    r["monitoring"]["enabled"] = True
+    r["monitoring"]["health_probe"] = draw(st.booleans())
+    if r["parallel"]["pipeline"] == 1 and draw(st.booleans()):
+        r["server"]["host"] = draw(st.sampled_from(["0.0.0.0", "127.0.0.1"]))
+    r["proxy"]["metrics_allow"] = draw(st.lists(st.sampled_from(["127.0.0.1", "10.20.0.0/24", "10.20.0.13", "192.0.2.0/24", "10.20.0.11/32"]),
+                                                max_size=3, unique=True))
+    if draw(st.integers(0, 3)) == 0:
+        r["proxy"]["listen"], r["proxy"]["tls"] = 443, {**r["proxy"]["tls"], "enabled": True, "self_signed": True}
+    n = draw(st.integers(2, 4))
+    inventory = {}
+    for i in range(n):
+        groups = draw(st.lists(st.sampled_from(["servers", "workers", "proxy", "monitoring"]), min_size=1, max_size=2, unique=True))
+        data: dict[str, Any] = {"ssh_hostname": _addr(i), "private_address": f"10.20.0.{11 + i}"}
+        if "2node" in r["name"] and "servers" in groups:
+            r["parallel"]["head_address"] = data["private_address"]
+        inventory[f"h{i}"] = {"address": _addr(i), "groups": groups, "data": data}
+    return [r], inventory, {}
 
 
 class _Alarm(Exception):
@@ -225,8 +262,11 @@ def check(specs: list[dict[str, Any]], inventory: dict[str, dict[str, Any]], mar
                 for addr in re.findall(r"^\s*server\s+([^\s;:]+):\d+", rf.content, re.M):
                     if addr not in allowed:
                         return Outcome("altered", f"{target}:{path}: upstream server {addr!r} is no inventory address")
+    scrapes, unwired = scrapecheck.unreachable(targets, inventory)
+    if unwired:
+        return Outcome("unwired", "; ".join(unwired)[:800])
     if readers is None:
-        return Outcome("accepted", files=nfiles)
+        return Outcome("accepted", files=nfiles, extra={"scrapes": scrapes})
     by_name = {r["name"]: r for r in specs}
     for target, files in targets.items():
         for name, r in by_name.items():
@@ -252,7 +292,7 @@ def check(specs: list[dict[str, Any]], inventory: dict[str, dict[str, Any]], mar
         bad = readers.promtool_config(files)
         if bad:
             return Outcome("broken-render", f"promtool check config {target}: {bad}")
-    return Outcome("accepted", files=nfiles)
+    return Outcome("accepted", files=nfiles, extra={"scrapes": scrapes})
 
 
 def _is_ip(text: str) -> bool:

@@ -424,7 +424,7 @@ class Readers:
 
 @dataclass
 class Outcome:
-    kind: str  # refused | accepted | traceback | bad-refusal | render-refused | broken-render | injected | outside
+    kind: str  # refused | accepted | traceback | bad-refusal | render-refused | broken-render | injected | outside | unwired
     detail: str = ""
     files: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
@@ -485,6 +485,11 @@ def check(text: str, changes: list[tuple], workdir: Path, readers: Readers | Non
                 for m, specials in marks.items():
                     if m in tok and not any(sp + m in tok for sp in specials):
                         return Outcome("injected", f"{target}:{path}: token {tok[:120]!r} holds {m} without {specials}")
+    import scrapecheck
+
+    scrapes, unwired = scrapecheck.unreachable(targets, None)  # role mode: every part on one host
+    if unwired:
+        return Outcome("unwired", "; ".join(unwired)[:800])
     if readers is not None:
         site_path = render.NGINX_SITE.format(name=resolved["name"])
         auth_path = f"{render.NGINX_SECRET_DIR}/{resolved['name']}-auth.conf"
@@ -500,4 +505,4 @@ def check(text: str, changes: list[tuple], workdir: Path, readers: Readers | Non
                 bad = readers.systemd(units, others)
                 if bad:
                     return Outcome("broken-render", f"systemd-analyze verify {target}: {bad}")
-    return Outcome("accepted", files=nfiles)
+    return Outcome("accepted", files=nfiles, extra={"scrapes": scrapes})

@@ -44,6 +44,7 @@ def test_mutated_specs_are_refused_or_render_valid_files(readers, tmp_path_facto
         out = fuzzspecs.check(fuzzspecs.dump(doc), changes, work, readers)
         assert out.ok, f"{out.kind} for a mutant of {base} {changes}:\n{out.detail}"
         seen[out.kind] += 1
+        seen["scrapes"] = seen.get("scrapes", 0) + out.extra.get("scrapes", 0)
 
     prop()
     # the run exercised both sides (a generator that only made refusals would prove little)
@@ -90,6 +91,34 @@ def test_fuzzed_fleets_are_refused_or_render_valid_files(readers, tmp_path_facto
         out = fuzzfleet.check(specs, inventory, marks, fleet_readers)
         assert out.ok, f"{out.kind} for {[s['name'] for s in specs]} on {inventory}:\n{out.detail}"
         seen[out.kind] += 1
+        seen["scrapes"] = seen.get("scrapes", 0) + out.extra.get("scrapes", 0)
 
     prop()
+    print(f"fleet fuzz: {seen}")
     assert seen["refused"] > 0 and seen["accepted"] > 0, seen
+
+
+WIRED_EXAMPLES = int(os.environ.get("VLLM_FLEET_WIRED_FUZZ_EXAMPLES", "150"))
+
+
+def test_monitoring_wired_across_hosts_reaches_every_target():
+    """Round 3, class 4: Prometheus, the proxy and vLLM on the same or other hosts (ssh and
+    private networks apart): refused naming a host or spec, or every rendered target and probe
+    passes the firewalls and nginx allow lists the same render wrote (tests/scrapecheck.py)."""
+    import fuzzfleet
+
+    seen = {"refused": 0, "accepted": 0, "scrapes": 0}
+
+    @settings(max_examples=WIRED_EXAMPLES, derandomize=True, deadline=None, database=None, print_blob=False,
+              suppress_health_check=list(HealthCheck))
+    @given(fuzzfleet.wired_fleets())
+    def prop(case):
+        specs, inventory, marks = case
+        out = fuzzfleet.check(specs, inventory, marks, None)
+        assert out.ok, f"{out.kind} for {[s['name'] for s in specs]} on {inventory}:\n{out.detail}"
+        seen[out.kind] += 1
+        seen["scrapes"] += out.extra.get("scrapes", 0)
+
+    prop()
+    print(f"wired fuzz: {seen}")
+    assert seen["refused"] > 0 and seen["accepted"] > 0 and seen["scrapes"] > 0, seen

@@ -431,3 +431,86 @@ def test_prometheus_scrapes_each_replica_through_the_hosts_nginx(tmp_path):
         for s in servers:
             s.shutdown()
             s.server_close()
+
+
+# --------------------------------------------------------------------------- monitoring across hosts (round 3, class 4)
+# Every scrape path (direct to vLLM, through nginx /metrics/N and /health/N, to the router's
+# /metrics/router) read against the firewalls and allow lists the same render writes, by
+# tests/scrapecheck.py (which knows nothing of the renderer).
+
+import scrapecheck  # noqa: E402
+
+SPLIT = {  # the issue's layout: the proxy on one host, vLLM on another, Prometheus on a third; ssh and private networks differ
+    "lab1": {"address": "192.0.2.11", "groups": ["proxy"], "data": {"private_address": "10.10.0.11"}},
+    "lab2": {"address": "192.0.2.12", "groups": ["servers"], "data": {"private_address": "10.10.0.12"}},
+    "lab3": {"address": "192.0.2.13", "groups": ["monitoring"], "data": {"private_address": "10.10.0.13"}},
+}
+
+
+def _scrape_problems(r: dict, inv: dict) -> tuple[int, list[str], dict]:
+    files = render.render(r, copy.deepcopy(inv))
+    n, problems = scrapecheck.unreachable(files, inv)
+    return n, problems, files
+
+
+def test_vllm_behind_a_proxy_elsewhere_admits_the_monitoring_host_in_its_api_firewall():
+    """vLLM binds beyond loopback for the proxy on lab1; Prometheus and the blackbox probe on lab3
+    read it directly, so the API firewall on lab2 admits lab3's private address (before: only
+    lab1's, and every replica's metrics and health were dropped)."""
+    r = resolved("lab-tiny-monitoring.yaml")
+    r["server"]["host"] = "0.0.0.0"
+    n, problems, files = _scrape_problems(r, SPLIT)
+    assert n >= 5 and problems == []
+    t = scrape_targets(files["lab3"][monitoring.PROMETHEUS_CONFIG].content)
+    assert [x[0] for x in t["vllm"]] == ["10.10.0.12:8000"] and [x[0] for x in t["vllm-health"]] == ["http://10.10.0.12:8000/health"]
+    fw = files["lab2"][render.API_FIREWALL_FILE].content
+    assert re.search(r"elements = \{ 10\.10\.0\.11, 10\.10\.0\.13 \}", fw) and "tcp dport { 8000 } accept" in fw
+    # the checker reads the firewall: without lab3 there, it says so
+    broken = {**files, "lab2": {**files["lab2"], render.API_FIREWALL_FILE: render.RenderedFile(fw.replace(", 10.10.0.13", ""), 0o644)}}
+    assert any("api-firewall.nft there drops 10.10.0.13" in p for p in scrapecheck.unreachable(broken, SPLIT)[1])
+
+
+def test_scrapes_through_nginx_name_the_private_address():
+    """vLLM on loopback behind lab2's own nginx: /metrics/0 and /health/0 at lab2's private
+    address, the one proxy.metrics_allow is checked against (before: its ssh address)."""
+    inv = {"lab2": {**SPLIT["lab2"], "groups": ["servers", "proxy"]}, "lab3": SPLIT["lab3"]}
+    r = resolved("lab-tiny-monitoring.yaml")
+    n, problems, files = _scrape_problems(r, inv)
+    assert problems == []
+    t = scrape_targets(files["lab3"][monitoring.PROMETHEUS_CONFIG].content)
+    assert [x[0] for x in t["vllm"]] == ["10.10.0.12"] and [x[0] for x in t["vllm-health"]] == ["http://10.10.0.12/health/0"]
+
+
+def test_the_routers_metrics_follow_the_same_rule():
+    """/metrics/router through the proxy's nginx: at its private address, refused with the fix
+    when proxy.metrics_allow does not admit the monitoring host (before: accepted, nginx 403),
+    and from the proxy host itself only when 127.0.0.1 is allowed."""
+    r = resolved("lab-tiny-routing.yaml")
+    r["proxy"]["metrics_allow"] = ["127.0.0.1", "10.10.0.0/24"]
+    n, problems, files = _scrape_problems(r, SPLIT)
+    assert problems == []
+    t = scrape_targets(files["lab3"][monitoring.PROMETHEUS_CONFIG].content)
+    assert [x[0] for x in t["vllm-router"]] == ["10.10.0.11"]
+    r["proxy"]["metrics_allow"] = ["127.0.0.1"]
+    with pytest.raises(render.RenderError, match=r"lab3 \(10\.10\.0\.13\) reads /metrics/router of lab1 .*add 10\.10\.0\.13 .*proxy\.metrics_allow"):
+        render.render(r, copy.deepcopy(SPLIT))
+    local = {"lab1": {**SPLIT["lab1"], "groups": ["proxy", "monitoring"]}, "lab2": SPLIT["lab2"]}
+    r["proxy"]["metrics_allow"] = ["10.10.0.0/24"]
+    with pytest.raises(render.RenderError, match=r"lab1 \(127\.0\.0\.1\) reads /metrics/router of lab1 .*add 127\.0\.0\.1"):
+        render.render(r, copy.deepcopy(local))
+
+
+def test_the_ray_metrics_port_alone_is_opened_to_a_monitoring_host_outside_the_cluster(tmp_path):
+    """2node-ray-pp2: Prometheus on the edge host reads Ray's metrics port of both nodes; the Ray
+    firewall (no authentication behind it) lets the edge reach that port only."""
+    r = resolved("2node-ray-pp2.yaml")
+    n, problems, files = _scrape_problems(r, GPU2)
+    assert problems == [] and n >= 8
+    fw = files["gpu-b"][render.RAY_FIREWALL_FILE].content
+    assert "ip saddr { 10.10.0.5 } tcp dport { 6384 } accept" in fw and "10.10.0.5" not in re.search(r"elements = \{([^}]*)\}", fw).group(1)
+    assert not scrapecheck.firewall_admits(fw, "10.10.0.5", 6380) and scrapecheck.firewall_admits(fw, "10.10.0.5", 6384)
+    nft = shutil.which("nft") or ("/usr/sbin/nft" if Path("/usr/sbin/nft").exists() else None)
+    if nft:
+        (tmp_path / "ray.nft").write_text(fw)
+        out = subprocess.run([nft, "-c", "-f", str(tmp_path / "ray.nft")], capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr

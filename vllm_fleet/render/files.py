@@ -736,6 +736,7 @@ def api_firewall_files(layout: Layout, h: HostLayout) -> dict[str, RenderedFile]
     private addresses), loopback and host data ``vllm_api_firewall_allow``; one nftables table."""
     ports: list[int] = []
     allow: list[str] = []
+    monitors: list[str] = []
     names: list[str] = []
     for dep, node in h.parts.items():
         r = layout.deployments[dep]
@@ -745,14 +746,17 @@ def api_firewall_files(layout: Layout, h: HostLayout) -> dict[str, RenderedFile]
         names.append(dep)
         ports += [i.port for i in node.instances if i.role == "server"]
         allow += [str(layout.hosts[name].private_address) for name in layout.hosts_with("proxy", dep)]
+        # its Prometheus and blackbox probe read these ports directly (monitoring.vllm_targets)
+        monitors += monitoring.scrapers(r, layout.nodes(dep))
     if not ports or not layout.with_inventory or not _data(h, "vllm_api_firewall"):
         return {}
-    addrs = firewall_addresses([*allow, *(_data(h, "vllm_api_firewall_allow") or [])], f"{h.name}: API firewall") or ["127.0.0.1"]
+    addrs = firewall_addresses([*allow, *monitors, *(_data(h, "vllm_api_firewall_allow") or [])], f"{h.name}: API firewall") or ["127.0.0.1"]
     header = HEADER.format(name=", ".join(names))
     ports = sorted(set(ports))
+    whom = "the proxy hosts" + (" and the monitoring hosts" if monitors else "")
     rules, unit = _firewall(header, API_FIREWALL_TABLE, API_FIREWALL_FILE, addrs, ports, peers="api_peers_v4", peer_ports_only=True, about=[
         f"vLLM listens beyond loopback (ports {', '.join(map(str, ports))}) so that the proxy on another host can",
-        f"reach these replicas; only the proxy hosts ({', '.join(addrs)}) and loopback may connect to",
+        f"reach these replicas; only {whom} ({', '.join(addrs)}) and loopback may connect to",
         "those ports, every other address is dropped. Other ports are not touched (this table only drops)."],
         unit_text=dict(what="vLLM's API port", whom="the proxy", before_what="vLLM", ports_name="vLLM's API ports"),
         before=[i.unit for i in h.instances])
@@ -760,13 +764,15 @@ def api_firewall_files(layout: Layout, h: HostLayout) -> dict[str, RenderedFile]
 
 
 def _firewall(header: str, table: str, rules_path: str, allow: list[str], ports: list, *, peers: str,
-              peer_ports_only: bool, about: list[str], unit_text: dict[str, str], before: list[str]) -> tuple[str, str]:
+              peer_ports_only: bool, about: list[str], unit_text: dict[str, str], before: list[str],
+              monitors: Sequence[str] = (), monitor_ports: Sequence[int] = ()) -> tuple[str, str]:
     """One nftables table that drops ``ports`` from every address but ``allow`` and loopback
-    (``peer_ports_only``: the peers may reach only those ports through it), and the oneshot unit
+    (``peer_ports_only``: the peers may reach only those ports through it; ``monitors`` reach
+    ``monitor_ports`` alone), and the oneshot unit
     that loads it before ``before`` (firewall.nft.j2, firewall.service.j2: the API and Ray
     firewalls differ only in these parameters)."""
     rules = _template("firewall.nft.j2", header=header, table=table, allow=allow, ports=ports, peers=peers,
-                      peer_ports_only=peer_ports_only, about=about)
+                      peer_ports_only=peer_ports_only, about=about, monitors=list(monitors), monitor_ports=list(monitor_ports))
     unit = _template("firewall.service.j2", header=header, table=table, rules=rules_path, before=before, **unit_text)
     return rules, unit
 
@@ -780,8 +786,13 @@ def ray_firewall_files(layout: Layout, h: HostLayout) -> dict[str, RenderedFile]
     r = layout.deployments[deps[0]]
     cluster = [str(n.private) for n in layout.nodes(deps[0]) if n.roles & {"ray-head", "ray-worker"}]
     addrs = firewall_addresses([*cluster, *(_data(h, "ray_firewall_allow") or [])], f"{h.name}: Ray firewall")
+    # Prometheus reads Ray's metrics port of every node (monitoring.ray): that port alone for the
+    # monitoring hosts outside the cluster
+    scrape = [a for a in monitoring.scrapers(r, layout.nodes(deps[0])) if r["monitoring"]["ray"] and a not in cluster]
+    monitors = firewall_addresses(scrape, f"{h.name}: Ray firewall (monitoring)") if scrape else []
     header = HEADER.format(name=r["name"])
-    rules, unit = _firewall(header, RAY_FIREWALL_TABLE, RAY_FIREWALL_FILE, addrs, ray_ports(r), peers="ray_peers_v4", peer_ports_only=False, about=[
+    rules, unit = _firewall(header, RAY_FIREWALL_TABLE, RAY_FIREWALL_FILE, addrs, ray_ports(r), peers="ray_peers_v4", peer_ports_only=False,
+                            monitors=monitors, monitor_ports=[RAY_FIXED_PORTS["metrics_export"]], about=[
         "Ray's ports have no authentication: accept them only from the cluster's own addresses",
         f"({', '.join(addrs)}) and loopback; drop them from everywhere else. Other ports are not",
         "touched (this table only drops; the host's own rules still apply)."],

@@ -115,6 +115,40 @@ def _allowed(address: str, allow: list[str]) -> bool:
     return any(ip in ipaddress.ip_network(a, strict=False) for a in allow)
 
 
+def scrape_source(mon_node: "_Node", target: "_Node", with_inventory: bool) -> str:
+    """The address a scrape from the monitoring host arrives from at ``target``: loopback on the
+    same host, else the monitoring host's private address (as every firewall and allow list of
+    the layout reads it)."""
+    if not with_inventory or target.target == mon_node.target:
+        return "127.0.0.1"
+    return private_address(mon_node, True)
+
+
+def through_nginx(resolved: dict[str, Any], mon_node: "_Node", target: "_Node", with_inventory: bool, what: str) -> str:
+    """The one rule of a scrape through ``target``'s nginx (/metrics/N, /health/N,
+    /metrics/router): ``proxy.metrics_allow`` must admit the address it comes from; returns
+    nginx's address and port as the scrape names them (``target``'s private address)."""
+    prx = resolved["proxy"]
+    source = scrape_source(mon_node, target, with_inventory)
+    allow = prx.get("metrics_allow") or []
+    if not _allowed(source, allow):
+        raise RenderError(
+            f"monitoring: {mon_node.target} ({source}) reads {what} of {target.target} through its nginx, but proxy.metrics_allow "
+            f"({', '.join(allow) or 'empty'}) does not include it: add {source} (or its subnet) to proxy.metrics_allow")
+    port, default = prx["listen"], (443 if prx["tls"]["enabled"] else 80)
+    address = source if source == "127.0.0.1" else private_address(target, True)
+    return address if port == default else f"{address}:{port}"
+
+
+def nginx_scheme(prx: dict[str, Any]) -> tuple[str, dict[str, Any] | None]:
+    """(scheme, Prometheus tls_config or None) of a scrape through nginx."""
+    tls = prx["tls"]
+    if not tls["enabled"]:
+        return "http", None
+    return "https", {"insecure_skip_verify": True} if tls["self_signed"] else (
+        {"server_name": prx["server_name"]} if prx["server_name"] != "_" else {})
+
+
 def vllm_targets(resolved: dict[str, Any], mon_node: "_Node", all_nodes: list["_Node"], with_inventory: bool) -> list[dict[str, Any]]:
     """How the monitoring host reads each API server's /metrics and /health.
 
@@ -125,7 +159,6 @@ def vllm_targets(resolved: dict[str, Any], mon_node: "_Node", all_nodes: list["_
     """
     srv, prx = resolved["server"], resolved["proxy"]
     loopback = srv["host"] in ("127.0.0.1", "localhost", "::1")
-    mon_addr = private_address(mon_node, with_inventory)
     out = []
     for s, inst in ((s, i) for s in all_nodes if "server" in s.roles for i in (s.instances or [None])):
         port = inst.port if inst else srv["port"]
@@ -136,20 +169,10 @@ def vllm_targets(resolved: dict[str, Any], mon_node: "_Node", all_nodes: list["_
             if not loopback:
                 target["address"] = f"{private_address(s, True)}:{port}"
             elif "proxy" in s.roles:
-                if not _allowed(mon_addr, prx.get("metrics_allow") or []):
-                    raise RenderError(
-                        f"monitoring: {mon_node.target} ({mon_addr}) reads /metrics of {s.target} through its nginx, but proxy.metrics_allow "
-                        f"({', '.join(prx.get('metrics_allow') or []) or 'empty'}) does not include it: add {mon_addr} (or its subnet) to proxy.metrics_allow")
-                tls = prx["tls"]
-                target["scheme"] = "https" if tls["enabled"] else "http"
-                port = prx["listen"]
-                default = 443 if tls["enabled"] else 80
-                target["address"] = s.address if port == default else f"{s.address}:{port}"
                 n = inst.index if inst else 0
+                target["scheme"], target["tls"] = nginx_scheme(prx)
+                target["address"] = through_nginx(resolved, mon_node, s, True, f"/metrics/{n} and /health/{n}")
                 target["metrics_path"], target["health_path"] = f"/metrics/{n}", f"/health/{n}"
-                if tls["enabled"]:
-                    target["tls"] = {"insecure_skip_verify": True} if tls["self_signed"] else (
-                        {"server_name": prx["server_name"]} if prx["server_name"] != "_" else {})
             else:
                 raise RenderError(
                     f"monitoring: {mon_node.target} cannot read vLLM's /metrics on {s.target}: vLLM listens on {srv['host']} and no proxy runs there: "
@@ -160,17 +183,17 @@ def vllm_targets(resolved: dict[str, Any], mon_node: "_Node", all_nodes: list["_
 
 def router_targets(resolved: dict[str, Any], mon_node: "_Node", all_nodes: list["_Node"], with_inventory: bool) -> list[tuple[str, dict[str, str]]]:
     """vLLM's router (proxy.routing cache_aware) on each proxy host: its Prometheus port is on
-    loopback, read through that host's nginx at /metrics/router (``proxy.metrics_allow``)."""
-    prx = resolved["proxy"]
-    tls = prx["tls"]["enabled"]
-    out = []
-    for n in all_nodes:
-        if "router" not in n.roles:
-            continue
-        port, default = prx["listen"], (443 if tls else 80)
-        address = "127.0.0.1" if not with_inventory or n.target == mon_node.target else n.address
-        out.append((address if port == default else f"{address}:{port}", {"deployment": resolved["name"], "replica": f"router@{n.target}"}))
-    return out
+    loopback, read through that host's nginx at /metrics/router (:func:`through_nginx`)."""
+    return [(through_nginx(resolved, mon_node, n, with_inventory, "/metrics/router"), {"deployment": resolved["name"], "replica": f"router@{n.target}"})
+            for n in all_nodes if "router" in n.roles]
+
+
+def scrapers(resolved: dict[str, Any], all_nodes: list["_Node"]) -> list[str]:
+    """The private addresses of the hosts that scrape this deployment directly (its Prometheus
+    and blackbox probe: the monitoring hosts), for the firewalls of the hosts they read."""
+    if not resolved["monitoring"]["enabled"]:
+        return []
+    return [private_address(n, True) for n in all_nodes if "monitoring" in n.roles]
 
 
 def _scrape(job: str, targets: list[tuple[str, dict[str, str]]], **extra: Any) -> dict[str, Any]:
@@ -203,7 +226,9 @@ def prometheus_config(resolved: dict[str, Any], mon_node: "_Node", all_nodes: li
 
     router = router_targets(resolved, mon_node, all_nodes, with_inventory)
     if router:
-        scrapes.append(_scrape("vllm-router", router, metrics_path="/metrics/router"))
+        scheme, tls_config = nginx_scheme(resolved["proxy"])
+        scrapes.append(_scrape("vllm-router", router, metrics_path="/metrics/router",
+                               **({"scheme": scheme, "tls_config": tls_config} if tls_config is not None else {})))
 
     if mon["health_probe"]:
         urls = [(f"{t['scheme']}://{t['address']}{t['health_path']}", {"deployment": name, "replica": t["replica"]}) for t in vllm]
