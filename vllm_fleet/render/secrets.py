@@ -6,7 +6,7 @@ time, which is what a lab wants; a deploy makes the value in memory while it pla
 file only when it executes (:func:`read_spec_secrets`, :func:`write_generated`), so `--dry` writes
 nothing on the control machine.
 
-:data:`SPEC_SECRETS` is the one list of the secrets a spec can name: the deploy reads them all
+:data:`SPEC_SECRETS` (a spec fact: :mod:`vllm_fleet.spec.localpath`) is the one list of the secrets a spec can name: the deploy reads them all
 from it, `vllm-fleet diff` masks them, and every new secret field goes there.
 """
 
@@ -15,12 +15,13 @@ from __future__ import annotations
 import os
 import secrets as _random
 import stat
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from vllm_fleet.render import files as render
 from vllm_fleet.spec import localpath
+from vllm_fleet.spec.localpath import SPEC_SECRETS, SpecSecret  # noqa: F401  (the secrets' names too)
+
 
 class SecretError(Exception):
     pass
@@ -33,24 +34,6 @@ def secret_path(ref: dict[str, Any], base_dir: Path | None = None, yaml_path: st
         return localpath.expand(ref["file"], base_dir)
     except localpath.LocalPathError as exc:
         raise SecretError(f"{yaml_path}: {ref['file'][:200]!r} cannot be read: {exc.why}; {exc.fix}") from None
-
-
-@dataclass(frozen=True)
-class SpecSecret:
-    """A secret field of the spec: its YAML path, the name the deploy knows its value by, and its
-    kind: ``token`` (one line, no quotes: API keys, hub tokens) or ``pem`` (a PEM block)."""
-
-    yaml_path: str
-    name: str
-    kind: str = "token"
-
-
-#: Every secret a spec can name (the one list): the deploy reads each one, on the control machine.
-SPEC_SECRETS = (
-    SpecSecret("server.api_key", "api_key"),
-    SpecSecret("model.hub_token", "hub_token"),
-    SpecSecret("proxy.tls.certificate_key", "tls_key", "pem"),
-)
 
 
 def ref_at(resolved: dict[str, Any], yaml_path: str) -> dict[str, Any] | None:

@@ -3,7 +3,7 @@
 Every spec value that names a file or directory on the control machine is in
 :data:`CONTROL_PATHS` (the one list): ``model.source`` (``transfer: upload``),
 ``install.wheelhouse``, ``proxy.tls.certificate`` and the ``file`` of every secret reference
-(:data:`vllm_fleet.render.secrets.SPEC_SECRETS`). :func:`control_path_problems` looks at each
+(:data:`SPEC_SECRETS`). :func:`control_path_problems` looks at each
 once per check: a value that can be no path on any Linux machine (a NUL, a name over NAME_MAX,
 a path over PATH_MAX) is an error; one that cannot be read on this machine (``~user`` with no
 such user, missing, the wrong kind, permission denied) is a warning, because the deploy reads it
@@ -116,6 +116,24 @@ class ControlPath:
     may_be_missing: Callable[[dict[str, Any]], bool] = lambda r: False
 
 
+@dataclass(frozen=True)
+class SpecSecret:
+    """A secret field of the spec: its YAML path, the name the deploy knows its value by, and its
+    kind: ``token`` (one line, no quotes: API keys, hub tokens) or ``pem`` (a PEM block)."""
+
+    yaml_path: str
+    name: str
+    kind: str = "token"
+
+
+#: Every secret a spec can name (the one list): the deploy reads each one, on the control machine.
+SPEC_SECRETS = (
+    SpecSecret("server.api_key", "api_key"),
+    SpecSecret("model.hub_token", "hub_token"),
+    SpecSecret("proxy.tls.certificate_key", "tls_key", "pem"),
+)
+
+
 def _get(r: dict[str, Any], dotted: str) -> Any:
     node: Any = r
     for part in dotted.split("."):
@@ -129,8 +147,6 @@ def _tls_on(r: dict[str, Any]) -> dict[str, Any]:
 
 
 def _secret_paths() -> tuple[ControlPath, ...]:
-    from vllm_fleet.render.secrets import SPEC_SECRETS
-
     out = []
     for s in SPEC_SECRETS:
         def value(r: dict[str, Any], at: str = s.yaml_path) -> Any:
