@@ -569,3 +569,33 @@ def test_a_prefix_written_with_a_trailing_slash_gives_no_double_slash_anywhere()
     rendered = render.render(resolved, INVENTORY_ROUTING)
     assert [(h, p) for h, files in rendered.items() for p, f in files.items() if "x//" in p or "x//" in f.content] == []
     assert any("/opt/vf/x/router/bin/vllm-router" in f.content for files in rendered.values() for f in files.values())
+
+
+@pytest.mark.parametrize("case,stem,inventory", _golden_cases(), ids=[c[0] for c in _golden_cases()])
+def test_every_rendered_file_names_its_deployment_and_part(case, stem, inventory):
+    """Each file of the layout says whose it is (RenderedFile.deployment, .part): a role places
+    exactly HostLayout.files_of(its deployment, its part), and a path the layout stops rendering is
+    removed by the part that declares it (render.part_paths), so every rendered path must be
+    declared by its own part (a replica's unit or env file: the service's, by name). A file
+    rendered without its part declaring it (e.g. a new .mount unit) would be placed and never
+    removed: this fails."""
+    from pathlib import PurePosixPath
+
+    from vllm_fleet.render.layout import build
+
+    resolved = resolved_of(stem)
+    layout = build([resolved], copy.deepcopy(inventory))
+    name, declared = resolved["name"], render.part_paths(resolved)
+    replica = [f"/etc/systemd/system/vllm-{name}-*.service", f"{resolved['install']['config_dir']}/replica-*.env"]
+    seen = set()
+    for h in layout.hosts.values():
+        for path, f in h.files.items():
+            assert f.part in render.PARTS and f.deployment in (name, ""), (h.name, path, f.deployment, f.part)
+            assert path in declared[f.part] or (f.part == "service" and any(PurePosixPath(path).match(g) for g in replica)), \
+                (h.name, path, f.part)
+            assert h.files_of(f.deployment, f.part)[path] is f
+            seen.add(f.part)
+        # the parts' files are the host's files, each once
+        assert sum(len(h.files_of(d, p)) for d in (name, "") for p in render.PARTS) == len(h.files)
+    assert {f.part for f in layout.client.values()} == {"client"}
+    assert "service" in seen and ("nginx" in seen) == bool(resolved["proxy"]["enabled"])

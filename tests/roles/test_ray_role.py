@@ -366,3 +366,25 @@ def test_the_adaptation_makes_the_cpu_platform_offer_ray(tmp_path):
     adapted = subprocess.run([py, "-c", f"import site; site.addsitedir({str(tmp_path)!r})\n{probe}"],
                              capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
     assert adapted.stdout.strip().splitlines()[-1] == "cpu 'GPU' 29500-pp-[0-1]-cpushm-10.10.0.12", adapted.stderr[-2000:]
+
+
+def test_on_a_ray_head_the_service_role_places_only_the_service_part(harness):
+    """Each role places exactly the files of its part (RenderedFile.part): on a Ray head, vllm.env,
+    node.env and wait-ray-cluster are the ray role's (Ray starts with them) and install_service,
+    given every file of the host, puts none of them (the old service role picked its files by
+    path prefix and put them again unless serve subtracted the ray role's list)."""
+    from pyinfra.facts.files import File, Sha256File
+
+    from vllm_fleet.host.state import HostState, Snapshot
+    from vllm_fleet.roles.service import install_service
+
+    spec, layout = layout_of("testhost")
+    h = layout.hosts["testhost"]
+    ray_files = set(h.files_of(spec["name"], "ray"))
+    cfg = spec["install"]["config_dir"]
+    assert {f"{cfg}/vllm.env", f"{cfg}/node.env", "/etc/systemd/system/ray-head.service"} <= ray_files
+    facts = {HostState: lambda query: Snapshot.parse(["ls\t/etc/systemd/system\t.", "end"]), File: lambda path: None,
+             Sha256File: lambda path: None}
+    run = harness.run(install_service, spec, h.parts[spec["name"]], h.files, "k3y", facts=facts)
+    assert f"{cfg}/replica-0.env" in run.uploads and "/etc/systemd/system/vllm-lab-tiny-pp2-0.service" in run.uploads, run.uploads
+    assert not ray_files & set(run.uploads), sorted(ray_files & set(run.uploads))

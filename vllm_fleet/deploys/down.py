@@ -31,7 +31,7 @@ from vllm_fleet.roles.router import install_router
 from vllm_fleet.roles.service import install_server_stack, install_service, purging
 from vllm_fleet.roles.service.defaults import DEFAULTS
 
-#: The roles that place a deployment's files (vllm_fleet.render.files.part_of), in the order they
+#: The roles that place a deployment's files (each file's part: remove.by_part), in the order they
 #: are removed: the reverse of serve's, so nginx stops pointing at vLLM before vLLM stops.
 REMOVAL_ORDER = (("monitoring", install_monitoring), ("nginx", install_nginx), ("router", install_router),
                  ("service", install_service), ("ray", install_ray))
@@ -82,7 +82,7 @@ def remove_deployment(spec: dict[str, Any], rendered: dict[str, Any], purge: boo
     if not snap.known:
         raise unknown(f"which files of deployment {spec['name']} are there", changed="nothing was removed from this host",
                       run="the command")
-    parts = remove.by_part(spec, paths)
+    parts = remove.by_part(spec, rendered, paths)
     removed: dict[str, Any] = {}
     for part, role in REMOVAL_ORDER:
         if part in parts:

@@ -141,13 +141,11 @@ def install_servers(ctx: dict, h: HostLayout, rendered: dict) -> None:
         spec, secrets = ctx["specs"][name], ctx["all_secrets"][name]
         vllm_changed, model_changed = install_server_stack(spec=spec, hub_token=secrets["hub_token"])
         restart_on = [*vllm_changed, *model_changed]
-        service_files = rendered
-        if node.roles & {"ray-head", "ray-worker"}:
+        if node.roles & {"ray-head", "ray-worker"}:  # each role places the files of its part (RenderedFile.part)
             ray = install_ray(spec=spec, node=node, layout=ctx["layout"], rendered=rendered, restart_on=vllm_changed)
-            service_files = {path: f for path, f in rendered.items() if path not in ray.owned}
             restart_on += [*ray.env_ops, ray.cluster_restarted]
         if node.instances:
-            install_service(spec=spec, node=node, rendered=service_files, api_key=secrets["api_key"], restart_on=restart_on)
+            install_service(spec=spec, node=node, rendered=rendered, api_key=secrets["api_key"], restart_on=restart_on)
 
 
 def install_proxies(ctx: dict, h: HostLayout, rendered: dict) -> None:

@@ -20,6 +20,7 @@ Pure functions: no host is touched, no secret read, pyinfra not imported.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import re
@@ -145,26 +146,34 @@ def paths(resolved: dict[str, Any]) -> dict[str, str]:
     }
 
 
-#: The role that places each of :func:`paths`' files on a host, by name: its ``present=False``
-#: removes them (`down`, and serve's pruning of what the layout no longer gives a host). Every
-#: file of vllm_fleet.render.monitoring.paths is the monitoring role's; any other file (the
-#: replicas' units and env files) the service role's.
-PLACED_BY = {
-    "vllm_env": "service", "node_env": "service", "secrets_env": "service", "wait_health": "service",
-    "api_firewall_rules": "service", "api_firewall_unit": "service",
-    "ray_head_unit": "ray", "ray_worker_unit": "ray", "wait_ray": "ray", "ray_firewall_rules": "ray", "ray_firewall_unit": "ray",
-    "nginx_site": "nginx", "nginx_auth": "nginx", "tls_certificate": "nginx", "tls_certificate_key": "nginx",
-    "router_unit": "router",
-}
+#: The parts whose roles place a deployment's files on a host, in the order serve installs them
+#: (every rendered file names one: RenderedFile.part), and ``client``, the control machine's files.
+PARTS = ("service", "ray", "router", "nginx", "monitoring")
 
 
-def part_of(resolved: dict[str, Any], path: str) -> str:
-    """The role that places ``path`` on a host for this deployment (:data:`PLACED_BY`):
-    ``service``, ``ray``, ``nginx``, ``router`` or ``monitoring``."""
-    named = {p: PLACED_BY[k] for k, p in paths(resolved).items() if k in PLACED_BY}
-    if path in named:
-        return named[path]
-    return "monitoring" if path in monitoring.paths(resolved).values() else "service"
+def part_paths(resolved: dict[str, Any]) -> dict[str, list[str]]:
+    """Every fixed path each part may place on a host for this deployment ({part: [path]}): its
+    rendered files of fixed name, and what its role puts beside them (the TLS certificate and key
+    of the nginx site). A file the layout renders names its own part (RenderedFile.part); this is
+    where a path the layout no longer renders is looked up: which part's ``present=False`` removes
+    it (serve's pruning; `down`). vllm.env and node.env are the Ray node's (Ray starts with them)
+    or the service's: both parts name them; the service's comes first. The replicas' units and
+    env files (``vllm-NAME-N.service``, ``replica-N.env``) are the service's, found by their globs
+    (vllm_fleet.roles.common.remove)."""
+    p = paths(resolved)
+    return {
+        "service": [p["vllm_env"], p["node_env"], p["secrets_env"], p["wait_health"], p["api_firewall_rules"], p["api_firewall_unit"]],
+        "ray": [p["vllm_env"], p["node_env"], p["ray_head_unit"], p["ray_worker_unit"], p["wait_ray"],
+                p["ray_firewall_rules"], p["ray_firewall_unit"]],
+        "router": [p["router_unit"]],
+        "nginx": [p["nginx_site"], p["nginx_auth"], p["tls_certificate"], p["tls_certificate_key"]],
+        "monitoring": list(monitoring.paths(resolved).values()),
+    }
+
+
+def _owned(files: dict[str, RenderedFile], deployment: str, part: str) -> dict[str, RenderedFile]:
+    """``files`` as ``deployment``'s ``part``'s (RenderedFile.deployment, .part)."""
+    return {path: dataclasses.replace(f, deployment=deployment, part=part) for path, f in files.items()}
 
 
 #: The longest nginx name (variable, upstream, shared zone) this module derives from a user's
@@ -679,10 +688,10 @@ def _client_files(resolved: dict[str, Any], nodes: list[Node] | None, policy: st
                         f"default_headers={{\"{s['routing']['session_header']}\": conversation_id}}.")
     env = env_file(values, comments)
     doc = {"name": resolved["name"], **s}
-    return {
+    return _owned({
         p["client_json"]: RenderedFile(client_json(doc), 0o644, "", ""),
         p["client_env"]: RenderedFile(env, 0o644, "", ""),
-    }
+    }, resolved["name"], "client")
 
 
 def _add(files: dict[str, RenderedFile], path: str, f: RenderedFile, target: str) -> None:
@@ -693,33 +702,39 @@ def _add(files: dict[str, RenderedFile], path: str, f: RenderedFile, target: str
 
 
 def _node_files(resolved: dict[str, Any], p: dict[str, str], node: Node, all_nodes: list[Node], with_inventory: bool) -> dict[str, RenderedFile]:
-    """The files of one deployment's node (``p``: its :func:`paths`)."""
+    """The files of one deployment's node (``p``: its :func:`paths`), each naming its deployment and part."""
     files: dict[str, RenderedFile] = {}
-    if node.roles & SERVICE_PARTS:
-        _add(files, p["vllm_env"], _vllm_env_file(resolved), node.target)
-        _add(files, p["node_env"], _node_env_file(resolved, node), node.target)
+    name = resolved["name"]
+
+    def add(part: str, path: str, f: RenderedFile) -> None:
+        _add(files, path, dataclasses.replace(f, deployment=name, part=part), node.target)
+
+    ray_node = bool(node.roles & {"ray-head", "ray-worker"})
+    if node.roles & SERVICE_PARTS:  # a Ray node's role places them: Ray starts with them
+        add("ray" if ray_node else "service", p["vllm_env"], _vllm_env_file(resolved))
+        add("ray" if ray_node else "service", p["node_env"], _node_env_file(resolved, node))
     for inst in node.instances:
         unit, wait = _vllm_unit(resolved, node, inst, all_nodes)
-        _add(files, f"{SYSTEMD_DIR}/{inst.unit}", unit, node.target)
-        _add(files, inst.env_file, _instance_env_file(resolved, inst), node.target)
+        add("service", f"{SYSTEMD_DIR}/{inst.unit}", unit)
+        add("service", inst.env_file, _instance_env_file(resolved, inst))
         if wait:
-            _add(files, p["wait_ray"], wait, node.target)
+            add("ray", p["wait_ray"], wait)
         if _earlier_on_same_gpus(node, inst) is not None:
-            _add(files, p["wait_health"], RenderedFile((TEMPLATES / "wait-replica-health.py").read_text(), 0o755), node.target)
+            add("service", p["wait_health"], RenderedFile((TEMPLATES / "wait-replica-health.py").read_text(), 0o755))
     if "server" in node.roles:
-        _add(files, p["secrets_env"], RenderedFile(secrets_env_content(resolved, None), 0o600), node.target)
+        add("service", p["secrets_env"], RenderedFile(secrets_env_content(resolved, None), 0o600))
     if "ray-head" in node.roles:
-        _add(files, p["ray_head_unit"], _ray_unit(resolved, node), node.target)
+        add("ray", p["ray_head_unit"], _ray_unit(resolved, node))
     if "ray-worker" in node.roles:
-        _add(files, p["ray_worker_unit"], _ray_unit(resolved, node), node.target)
+        add("ray", p["ray_worker_unit"], _ray_unit(resolved, node))
     for path, f in monitoring.node_files(resolved, node, all_nodes, with_inventory).items():
-        _add(files, path, f, node.target)
+        add("monitoring", path, f)
     if "proxy" in node.roles:
-        _add(files, p["nginx_site"], _nginx_site(resolved, node, all_nodes, with_inventory), node.target)
+        add("nginx", p["nginx_site"], _nginx_site(resolved, node, all_nodes, with_inventory))
         if resolved["proxy"]["auth"] == "api_key":
-            _add(files, p["nginx_auth"], RenderedFile(nginx_auth_content(resolved, None), 0o600), node.target)
+            add("nginx", p["nginx_auth"], RenderedFile(nginx_auth_content(resolved, None), 0o600))
     if "router" in node.roles:
-        _add(files, p["router_unit"], _router_unit(resolved, node, all_nodes, with_inventory), node.target)
+        add("router", p["router_unit"], _router_unit(resolved, node, all_nodes, with_inventory))
     return files
 
 
@@ -760,7 +775,9 @@ def api_firewall_files(layout: Layout, h: HostLayout) -> dict[str, RenderedFile]
         "those ports, every other address is dropped. Other ports are not touched (this table only drops)."],
         unit_text=dict(what="vLLM's API port", whom="the proxy", before_what="vLLM", ports_name="vLLM's API ports"),
         before=[i.unit for i in h.instances])
-    return {API_FIREWALL_FILE: RenderedFile(rules, 0o644), f"{SYSTEMD_DIR}/{API_FIREWALL_UNIT}": RenderedFile(unit, 0o644)}
+    # over every deployment here (deployment ""): the service role places it once per host
+    return _owned({API_FIREWALL_FILE: RenderedFile(rules, 0o644), f"{SYSTEMD_DIR}/{API_FIREWALL_UNIT}": RenderedFile(unit, 0o644)},
+                  "", "service")
 
 
 def _firewall(header: str, table: str, rules_path: str, allow: list[str], ports: list, *, peers: str,
@@ -798,7 +815,8 @@ def ray_firewall_files(layout: Layout, h: HostLayout) -> dict[str, RenderedFile]
         "touched (this table only drops; the host's own rules still apply)."],
         unit_text=dict(what="Ray's ports", whom="the cluster", before_what="Ray starts", ports_name="Ray's ports"),
         before=["ray-head.service", "ray-worker.service"])
-    return {RAY_FIREWALL_FILE: RenderedFile(rules, 0o644), f"{SYSTEMD_DIR}/{RAY_FIREWALL_UNIT}": RenderedFile(unit, 0o644)}
+    return _owned({RAY_FIREWALL_FILE: RenderedFile(rules, 0o644), f"{SYSTEMD_DIR}/{RAY_FIREWALL_UNIT}": RenderedFile(unit, 0o644)},
+                  r["name"], "ray")
 
 
 def fill_files(layout: Layout) -> None:

@@ -149,6 +149,12 @@ class Secret:
     paths: tuple[str, ...] = ()
 
 
+def files_of(files: dict[str, Any], deployment: str, part: str | None = None) -> dict[str, Any]:
+    """Of a host's rendered files ({path: RenderedFile}), those of ``deployment``'s ``part``
+    (every part of it: None), by the owner each file carries (vllm_fleet.render.text.RenderedFile)."""
+    return {path: f for path, f in files.items() if f.deployment == deployment and part in (None, f.part)}
+
+
 @dataclass
 class HostLayout:
     name: str
@@ -163,6 +169,11 @@ class HostLayout:
     @property
     def instances(self) -> list[Instance]:
         return [i for n in self.parts.values() for i in n.instances]
+
+    def files_of(self, deployment: str, part: str | None = None) -> dict[str, Any]:
+        """The files of ``deployment``'s ``part`` (every part: None) on this host: exactly what
+        that part's role places ({path: RenderedFile}); ``deployment`` "" gives the host-wide files."""
+        return files_of(self.files, deployment, part)
 
     def roles(self, deployment: str | None = None) -> set[str]:
         if deployment is not None:

@@ -10,7 +10,7 @@ nothing of vllm_fleet.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 HEADER = "Rendered by vllm-fleet for deployment {name}: edit the spec, not this file (the next deploy overwrites it)."
@@ -18,16 +18,25 @@ HEADER = "Rendered by vllm-fleet for deployment {name}: edit the spec, not this 
 
 @dataclass(frozen=True)
 class RenderedFile:
-    """One file to place on a host: exact content, mode, owner and group.
+    """One file to place on a host: exact content, mode, owner and group, and who places it.
 
     ``owner``/``group`` are empty for files on the control machine (target ``client``): they
     belong to whoever runs vllm-fleet.
+
+    ``deployment`` and ``part`` say whose file it is: the deployment, and the part of it whose role
+    places the file (``service``, ``ray``, ``nginx``, ``router``, ``monitoring``, ``client``;
+    the part names of vllm_fleet.render.files.PARTS). ``deployment`` is empty for a host-wide file
+    over every deployment there (the API firewall). The layout sets both when it renders
+    (vllm_fleet.render.files); a role places exactly ``HostLayout.files_of(deployment, part)``. They
+    are not part of the file's equality: the same bytes are the same file on the host.
     """
 
     content: str
     mode: int
     owner: str = "root"
     group: str = "root"
+    deployment: str = field(default="", compare=False)
+    part: str = field(default="", compare=False)
 
 
 class RenderError(ValueError):

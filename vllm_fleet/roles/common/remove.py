@@ -2,11 +2,12 @@
 be on a host, which of them the host's copy shows as the deployment's own, and the operations that
 stop, disable and remove them.
 
-The roles own their parts (vllm_fleet.render.files.part_of names the role of each path); this
-module owns the rules they share:
+The roles own their parts: a rendered file names its deployment and part (RenderedFile.part), and
+a path the layout does not render is looked up in the parts' declared paths
+(vllm_fleet.render.files.part_paths). This module owns the rules the roles share:
 
-- :func:`candidates`: every path a deployment may have on a host (its rendered files, plus what
-  the roles place beside them: TLS files, the router's unit, the firewalls);
+- :func:`candidates`: every path a deployment may have on a host (its rendered files, plus every
+  path its parts declare: the TLS files, the router's unit, the firewalls, ...);
 - :func:`leftovers`: of those, what the host's layout no longer gives it (serve's pruning);
 - :func:`removal_query` and :func:`mine`: the one state read's questions and the one rule for
   "this file is the deployment's" (it lies in the deployment's own directories, or its text names
@@ -29,8 +30,7 @@ from pyinfra.operations.util import any_changed
 from vllm_fleet.host.programs import argv as cmd
 from vllm_fleet.host.programs import chain, if_then, quiet
 from vllm_fleet.render import files as render
-from vllm_fleet.render import monitoring
-from vllm_fleet.render.layout import SYSTEMD_DIR, UNIT_SUFFIXES, Node
+from vllm_fleet.render.layout import SYSTEMD_DIR, UNIT_SUFFIXES, Node, files_of
 from vllm_fleet.roles.common import clash, op_per
 from vllm_fleet.host.state import Query, Snapshot
 from vllm_fleet.roles.common.state import role_state, unknown
@@ -42,15 +42,6 @@ UNIT_DIR = f"{SYSTEMD_DIR}/"
 FIREWALL_TABLES = {f"{UNIT_DIR}{render.API_FIREWALL_UNIT}": render.API_FIREWALL_TABLE,
                    f"{UNIT_DIR}{render.RAY_FIREWALL_UNIT}": render.RAY_FIREWALL_TABLE}
 
-# What `serve` removes from a host when the layout no longer gives it there (monitoring turned off,
-# the proxy moved, the deployment dropped from the host's data, fewer Ray nodes), by render.paths'
-# names: the units, the configuration and the nginx site. The environment, the weights and
-# vLLM's caches stay, as after `down` without --purge (a later deploy reuses them).
-LEFTOVER_PATHS = ("vllm_env", "secrets_env", "node_env", "wait_ray", "wait_health", "nginx_site", "nginx_auth",
-                  "tls_certificate", "tls_certificate_key", "router_unit", "ray_head_unit", "ray_worker_unit",
-                  "api_firewall_rules", "api_firewall_unit", "ray_firewall_rules", "ray_firewall_unit")
-
-
 def marker(name: str) -> str:
     """The text every file of deployment ``name`` carries (the renderer's header, the roles' own);
     the colon keeps `lab-tiny` from matching `lab-tiny-replicas`'s files."""
@@ -58,30 +49,42 @@ def marker(name: str) -> str:
 
 
 def candidates(spec: dict[str, Any], rendered: dict[str, Any]) -> list[str]:
-    """Every path this deployment may have placed on the host: its rendered files, the TLS files
-    of its nginx site and the router's unit, and the API and Ray firewalls (rules and unit)."""
-    p = render.paths(spec)
-    out = set(rendered)
-    if p["nginx_site"] in rendered:
-        # the router's unit too: a spec whose policy is no longer cache_aware still removes it
-        out |= {p["tls_certificate"], p["tls_certificate_key"], p["router_unit"]}
-    if any(x.startswith(UNIT_DIR) for x in rendered):
-        out |= {p[k] for k in ("api_firewall_rules", "api_firewall_unit", "ray_firewall_rules", "ray_firewall_unit")}
-    return sorted(out)
+    """Every path this deployment may have placed on the host: its rendered files
+    (RenderedFile.deployment), the host-wide ones (the API firewall), and every path its parts
+    declare (vllm_fleet.render.files.part_paths: the TLS files of its nginx site, the router's
+    unit, the Ray firewall, the monitoring files of another layout, ...)."""
+    declared = {x for xs in render.part_paths(spec).values() for x in xs}
+    return sorted(set(files_of(rendered, spec["name"])) | set(files_of(rendered, "")) | declared)
 
 
-def by_part(spec: dict[str, Any], paths: list[str]) -> dict[str, list[str]]:
-    """``paths`` by the role that places each (vllm_fleet.render.files.part_of), in a stable order."""
+def part_of(spec: dict[str, Any], rendered: dict[str, Any], path: str) -> str | None:
+    """The part whose role places ``path`` for this deployment: the part the rendered file names,
+    else the first part that declares the path (vllm_fleet.render.files.part_paths), else a
+    replica's unit or env file the service's (its globs); None: no part of this deployment."""
+    f = rendered.get(path)
+    if f is not None and f.deployment in (spec["name"], ""):
+        return f.part
+    part = next((part for part, xs in render.part_paths(spec).items() if path in xs), None)
+    if part is None and _glob_of(spec, path) is not None:
+        return "service"
+    return part
+
+
+def by_part(spec: dict[str, Any], rendered: dict[str, Any], paths: list[str]) -> dict[str, list[str]]:
+    """``paths`` by the part whose role places each (:func:`part_of`), in a stable order; a path
+    of no part of this deployment is in none."""
     out: dict[str, list[str]] = {}
     for x in sorted(paths):
-        out.setdefault(render.part_of(spec, x), []).append(x)
+        part = part_of(spec, rendered, x)
+        if part is not None:
+            out.setdefault(part, []).append(x)
     return out
 
 
 def placed(spec: dict[str, Any], rendered: dict[str, Any], part: str) -> list[str]:
     """Every path the role ``part`` may have placed for this deployment on a host with these
     rendered files (:func:`candidates` of that part): a role's ``present=False`` default."""
-    return by_part(spec, candidates(spec, rendered)).get(part, [])
+    return by_part(spec, rendered, candidates(spec, rendered)).get(part, [])
 
 
 def removal_query(spec: dict[str, Any], paths: list[str], units: tuple[str, ...] = ()) -> Query:
@@ -141,9 +144,12 @@ def mine(spec: dict[str, Any], path: str, snap: Snapshot) -> bool | None:
 
 
 def _leftover_candidates(spec: dict[str, Any], node: Node | None, rendered: dict[str, Any]) -> list[str]:
-    p = render.paths(spec)
-    out = {p[k] for k in LEFTOVER_PATHS} | set(monitoring.paths(spec).values())
+    """The paths this deployment's parts declare (vllm_fleet.render.files.part_paths) that this
+    host's layout does not render; while its site is still here, not what the nginx role puts
+    beside it (the TLS files) nor the router's unit (install_proxies removes that itself)."""
+    out = {x for xs in render.part_paths(spec).values() for x in xs}
     if node is not None and "proxy" in node.roles:  # the roles' own files beside a site still here
+        p = render.paths(spec)
         out -= {p["tls_certificate"], p["tls_certificate_key"], p["router_unit"]}
     return sorted(out - set(rendered))
 

@@ -24,6 +24,7 @@ from pyinfra.operations.util import any_changed
 
 from vllm_fleet.host.programs import argv as cmd
 from vllm_fleet.render import monitoring
+from vllm_fleet.render.parts import files_of
 from vllm_fleet.roles.common import DeployError, directory, packages as common_packages, put_rendered, rendered_query
 from vllm_fleet.roles.common import remove, role_data, service_running
 from vllm_fleet.host.state import Query, Snapshot
@@ -67,6 +68,7 @@ def state_query(spec: dict[str, Any], rendered: dict[str, Any]) -> Query:
     rendered monitoring files and their directories, the packages and services of its parts, the
     dcgm-exporter binary (GPU hosts) and Grafana's unit (Grafana provisioning)."""
     p = monitoring.paths(spec)
+    rendered = files_of(rendered, spec["name"], "monitoring")
     mine = [x for x in p.values() if x in rendered]
     parts = _parts(spec, rendered)
     q = rendered_query(rendered, mine) | Query(
@@ -124,6 +126,7 @@ def install_monitoring(spec: dict[str, Any], rendered: dict[str, Any], present: 
     """
     if not present:
         return _absent(spec, rendered, paths)
+    rendered = files_of(rendered, spec["name"], "monitoring")  # what this role places, and nothing else
     p = monitoring.paths(spec)
     snap = role_state(state_query(spec, rendered))  # the deploy's read: no command
     if p["node_exporter_defaults"] in rendered:

@@ -17,6 +17,7 @@ from vllm_fleet.host.programs import chain, group
 from vllm_fleet.roles.common import (DeployError, atomic_put, packages, put_rendered, put_secret, remove, rendered_query,
                                      service_running)
 from vllm_fleet.host.state import Query
+from vllm_fleet.render.parts import files_of
 from vllm_fleet.roles.common.state import host_state, pending, role_state
 from vllm_fleet.spec.sections import reads
 
@@ -76,10 +77,9 @@ def install_nginx(spec: dict[str, Any], rendered: dict[str, Any], api_key: str |
     # The package installs the default site: the snapshot's "absent" holds only when nginx was installed already.
     if remove_default_site(host.name, host.data.get("nginx_remove_default_site")) and (pending(package) or not snap.absent(DEFAULT_SITE)):
         changed.append(files.link(name="Remove the default site", path=DEFAULT_SITE, present=False))
-    secret_paths = {render.paths(spec)[k] for k in ("nginx_auth", "tls_certificate", "tls_certificate_key")}
     paths = render.paths(spec)
-    # This deployment's site only (a host's rendered files hold every deployment's).
-    site_paths = [p for p in rendered if p == paths["nginx_site"] and p not in secret_paths]
+    # This deployment's nginx files (files_of its part), but the auth include: put with the key below.
+    site_paths = [p for p in files_of(rendered, spec["name"], "nginx") if p != paths["nginx_auth"]]
     # The auth include (and the TLS files below) before the site that names them.
     secret_text = host_secret_files(spec, {"api_key": api_key, "tls_key": tls_key})
     # A site that breaks `nginx -t` (e.g. a second default server on its port) must not stay:
@@ -192,7 +192,7 @@ def state_query(spec: dict[str, Any], rendered: dict[str, Any]) -> Query:
     from vllm_fleet.render import files as render
 
     paths = render.paths(spec)
-    files_ = [p for p in rendered if p == paths["nginx_site"]] + [paths["nginx_auth"]]
+    files_ = [p for p in files_of(rendered, spec["name"], "nginx") if p != paths["nginx_auth"]] + [paths["nginx_auth"]]
     if spec["proxy"]["tls"]["enabled"]:
         files_ += [paths["tls_certificate"], paths["tls_certificate_key"]]
     pkg = host.data.get("nginx_package") or DEFAULTS["nginx_package"]

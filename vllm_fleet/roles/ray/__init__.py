@@ -6,8 +6,8 @@ Deploy function
     the fleet's, ``rendered`` this host's rendered files (``roles.common.rendered_for_host``).
     Host data in ``defaults.DEFAULTS`` (``ray_cluster_wait_timeout``, ``ray_version_check``);
     ``socket_ifname``, ``ray_firewall``, ``ray_firewall_allow`` are read by the layout.
-    Returns a :class:`RayResult`: ``owned`` (the rendered paths this role placed: leave them out
-    of what the service role puts), ``env_ops`` (operations whose change must restart vLLM on
+    Returns a :class:`RayResult`: ``owned`` (the rendered paths this role placed: the files of
+    its part, ``HostLayout.files_of(deployment, "ray")``, but the firewall's), ``env_ops`` (operations whose change must restart vLLM on
     this host) and ``cluster_restarted`` (an object with ``did_change()``, true at execute time
     when any Ray node of the cluster was (re)started: restart vLLM on the head after it).
     ``state_query(spec, node, rendered)``: what it compares against (its files, directories and
@@ -41,7 +41,7 @@ Example (deploys/serve.py)::
     from vllm_fleet.roles.ray import install_ray
 
     ray = install_ray(spec=spec, node=node, layout=ctx["layout"], rendered=rendered, restart_on=vllm_changed)
-    install_service(spec=spec, node=node, rendered={p: f for p, f in rendered.items() if p not in ray.owned}, ...,
+    install_service(spec=spec, node=node, rendered=rendered, ...,
                     restart_on=[*ray.env_ops, ray.cluster_restarted])
 """
 
@@ -66,7 +66,7 @@ from vllm_fleet.host.state import Query
 from vllm_fleet.roles.common.state import Converged, host_state, pending, role_state
 from vllm_fleet.roles.vllm.facts import parse_probe
 from vllm_fleet.render import command
-from vllm_fleet.render.layout import Layout, Node
+from vllm_fleet.render.layout import Layout, Node, files_of
 from vllm_fleet.render import files as render
 from vllm_fleet.spec.sections import reads
 
@@ -223,17 +223,17 @@ def _node_files(spec: dict[str, Any], role: str, rendered: dict[str, Any]) -> tu
     files, the unit (head: and the cluster wait script), Ray's temp directory."""
     p = render.paths(spec)
     unit_path = p["ray_head_unit"] if role == "head" else p["ray_worker_unit"]
-    owned, dirs = [p["vllm_env"], p["node_env"], unit_path], [p["ray_tmpdir"]]
-    if role == "head" and p["wait_ray"] in rendered:
-        owned.append(p["wait_ray"])
-        dirs.append(f"{spec['install']['prefix']}/bin")
+    # the Ray files of this node (files_of its part) but the firewall's (step 2)
+    owned = [x for x in files_of(rendered, spec["name"], "ray") if x not in _firewall_files(spec, rendered)]
+    dirs = [p["ray_tmpdir"], *([f"{spec['install']['prefix']}/bin"] if p["wait_ray"] in owned else [])]
     return unit_path, owned, dirs
 
 
 def _firewall_files(spec: dict[str, Any], rendered: dict[str, Any]) -> list[str]:
     """The firewall's rules and unit, when the layout rendered them (host data ray_firewall)."""
     p = render.paths(spec)
-    return [p["ray_firewall_rules"], p["ray_firewall_unit"]] if p["ray_firewall_rules"] in rendered else []
+    mine = files_of(rendered, spec["name"], "ray")
+    return [p["ray_firewall_rules"], p["ray_firewall_unit"]] if p["ray_firewall_rules"] in mine else []
 
 
 @reads(*SECTIONS)

@@ -27,6 +27,7 @@ from vllm_fleet.host.programs import chain, group, quiet
 from vllm_fleet.roles.common import DeployError, packages, put_rendered, remove, rendered_query
 from vllm_fleet.roles.common.wheels import host_target, source_args, target_query, wheel_source
 from vllm_fleet.host.state import Query
+from vllm_fleet.render.parts import files_of
 from vllm_fleet.roles.common.state import host_state, pending
 from vllm_fleet.spec.sections import reads
 
@@ -139,7 +140,8 @@ def install_router(spec: dict[str, Any], rendered: dict[str, Any], present: bool
     from vllm_fleet.render import files as render
 
     p = render.paths(spec)
-    if p["router_unit"] not in rendered:
+    mine = files_of(rendered, spec["name"], "router")  # what this role places: the router's unit
+    if p["router_unit"] not in mine:
         raise DeployError(f"{host.name}: no router unit rendered for {spec['name']} (the layout gives this host no `router` part)")
     unit = p["router_unit"].rsplit("/", 1)[1]
     env = env_dir(spec)
@@ -157,7 +159,7 @@ def install_router(spec: dict[str, Any], rendered: dict[str, Any], present: bool
                                     commands=[*first, *_pip_install(spec, env, source, uploaded)]))
     else:
         host.noop(f"{requirement(spec)} already installed in {env}")
-    put = put_rendered(rendered, [p["router_unit"]])
+    put = put_rendered(mine)
     unit_op = put[p["router_unit"]]
     if pending(unit_op):
         systemd.daemon_reload(name="systemd daemon-reload (router unit)", _if=unit_op.did_change)

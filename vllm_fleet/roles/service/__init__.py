@@ -26,7 +26,7 @@ from vllm_fleet.host.state import Query, Snapshot
 from vllm_fleet.roles.common.state import Converged, pending, role_state, unknown
 from vllm_fleet.render import command
 from vllm_fleet.render import files as render
-from vllm_fleet.render.layout import LEGACY_UNIT, Node
+from vllm_fleet.render.layout import LEGACY_UNIT, Node, files_of
 from vllm_fleet.render.secrets import host_secret_files
 from vllm_fleet.roles import model, nvidia, pyenv, vllm
 from vllm_fleet.roles.router import wheels_dir as router_wheels_dir
@@ -151,6 +151,7 @@ def api_firewall(rendered: dict[str, Any]):
         api_firewall(rendered=rendered_for_host(ctx))
     """
     rules_path, unit_path = render.API_FIREWALL_FILE, f"{render.SYSTEMD_DIR}/{render.API_FIREWALL_UNIT}"
+    rendered = files_of(rendered, "", "service")  # the host-wide files this role places: the firewall's
     if rules_path not in rendered:
         return []
     # Before the install (deploys/serve.py calls this first on a host): its directory may not exist yet.
@@ -170,6 +171,7 @@ def api_firewall(rendered: dict[str, Any]):
 def api_firewall_query(rendered: dict[str, Any]) -> Query:
     """What api_firewall compares against (vllm_fleet.roles.common.state)."""
     rules_path, unit_path = render.API_FIREWALL_FILE, f"{render.SYSTEMD_DIR}/{render.API_FIREWALL_UNIT}"
+    rendered = files_of(rendered, "", "service")
     if rules_path not in rendered:
         return Query()
     return (rendered_query(rendered, [rules_path, unit_path])
@@ -274,8 +276,7 @@ def state_query(spec: dict[str, Any], node: Node, rendered: dict[str, Any]) -> Q
     the older release's unit and the unit directory's listing (replicas no longer in the layout)."""
     ins, p = spec["install"], render.paths(spec)
     dirs = _instance_dirs(spec, node) + [p["ray_tmpdir"], f"{ins['prefix']}/bin"]
-    mine = [path for path in rendered if path.startswith((ins["config_dir"] + "/", ins["prefix"] + "/bin/"))
-            or path in {f"{render.SYSTEMD_DIR}/{i.unit}" for i in node.instances}]
+    mine = list(files_of(rendered, spec["name"], "service"))
     stamps = [f"{ins['config_dir']}/replica-{i.index}.applied" for i in node.instances]
     return (rendered_query(rendered, mine + [p["secrets_env"], *stamps])
             | Query(stat=tuple(dirs), read=(f"{render.SYSTEMD_DIR}/{LEGACY_UNIT}", *stamps), ls=(render.SYSTEMD_DIR,),
@@ -356,6 +357,7 @@ def install_service(spec: dict[str, Any], node: Node | None = None, rendered: di
     """
     if not present:
         return _absent(spec, rendered or {}, paths)
+    rendered = files_of(rendered or {}, spec["name"], "service")  # what this role places, and nothing else
     # what the deploy's one state read holds (deploys/serve.py, rollout.py); called on its own: read now
     snap = role_state(state_query(spec, node, rendered))
     if not snap.known:
@@ -426,15 +428,15 @@ class _ServiceFiles:
 def _put_service_files(spec: dict[str, Any], node: Node, rendered: dict[str, Any], api_key: str | None) -> _ServiceFiles:
     """Everything the units name first, the key's env file (0600), the units last (a kill in
     between leaves no unit that points at a missing file)."""
-    ins, p = spec["install"], render.paths(spec)
+    p = render.paths(spec)
     units = {inst.index: f"{render.SYSTEMD_DIR}/{inst.unit}" for inst in node.instances}
-    other = [path for path in rendered if path.startswith(ins["config_dir"] + "/") and not path.endswith("/secrets.env")]
-    extra = [path for path in rendered if path.startswith(ins["prefix"] + "/bin/")]
-    put = put_rendered(rendered, other + extra)
+    # ``rendered``: this role's files (files_of its part); the key's env file is put with the key
+    other = [path for path in rendered if path != p["secrets_env"] and path not in units.values()]
+    put = put_rendered(rendered, other)
     secret_text = host_secret_files(spec, {"api_key": api_key})[p["secrets_env"]]
     secrets_op = put_secret(name="API key (0600, never shown)", path=p["secrets_env"], content=secret_text)
     put.update(put_rendered(rendered, list(units.values())))
-    return _ServiceFiles(put=put, units=units, others=other + extra, secrets_env=p["secrets_env"], secrets_op=secrets_op,
+    return _ServiceFiles(put=put, units=units, others=other, secrets_env=p["secrets_env"], secrets_op=secrets_op,
                          secret_text=secret_text, vllm_env=p["vllm_env"], node_env=p["node_env"])
 
 
