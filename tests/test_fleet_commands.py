@@ -360,3 +360,26 @@ def test_diff_reads_a_host_with_the_one_state_read_for_real(tmp_path):
                            "sha256": hashlib.sha256(b"listen 80;\n").hexdigest()}
     assert files[secret]["text"] == "" and files[secret]["sha256"] == hashlib.sha256(b"VLLM_API_KEY=sk-never-sent\n").hexdigest()
     assert files[missing] is None and files[folder] is None
+
+
+@pytest.mark.parametrize("base,changes,clash", [
+    # Prometheus and the blackbox exporter always share the monitoring host
+    ("lab-tiny-monitoring", {"monitoring": {"prometheus_port": 9115}}, "port 9115 is used by Prometheus"),
+    # every Ray head runs the node exporter too (monitoring.enabled): not on Ray's client-server port
+    ("lab-tiny-pp2", {"monitoring": {"enabled": True, "node_exporter_port": 10001}}, "port 10001 is used by node exporter"),
+])
+def test_validate_sees_ports_of_parts_that_always_share_a_host_without_an_inventory(tmp_path, capsys, base, changes, clash):
+    """Each part declares its ports (render.parts.PART_PORTS); without an inventory the layout
+    checks the parts that always share a host from the spec alone (the old check ran only with an
+    inventory, so `validate` said valid and the second daemon failed to bind on the host)."""
+    data = yaml.safe_load((REPO / "deployments" / f"{base}.yaml").read_text())
+    (tmp_path / "model").mkdir()
+    data["model"]["source"] = str(tmp_path / "model")
+    data["server"]["api_key"] = {"file": str(tmp_path / "k.key"), "generate": True}
+    for section, values in changes.items():
+        data[section] = {**data.get(section, {}), **values}
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(yaml.safe_dump(data))
+    rc = main(["validate", str(spec), "--no-hardware"])
+    err = capsys.readouterr().err
+    assert rc == 1 and clash in err, err

@@ -456,42 +456,95 @@ def _role_parts(resolved: dict[str, Any], problems: list[str], source: str) -> l
 _SHARED = ("nginx", "node exporter", "dcgm-exporter", "blackbox exporter")
 
 
+def vllm_ports(resolved: dict[str, Any], node: Node) -> list[tuple[int, int, str]]:
+    """The service part's: each vLLM replica's port."""
+    return [(i.port, i.port, f"vLLM {i.unit}") for i in node.instances]
+
+
+def nginx_ports(resolved: dict[str, Any], node: Node) -> list[tuple[int, int, str]]:
+    """The nginx part's: proxy.listen, on a proxy."""
+    if "proxy" not in node.roles:
+        return []
+    listen = int(resolved["proxy"]["listen"])
+    return [(listen, listen, f"nginx of {resolved['name']} (proxy.listen)")]
+
+
+def router_ports(resolved: dict[str, Any], node: Node) -> list[tuple[int, int, str]]:
+    """The router part's: vLLM's router beside nginx (proxy.routing, issue 23), its API and metrics ports."""
+    if "router" not in node.roles:
+        return []
+    name, router = resolved["name"], resolved["proxy"]["routing"]["router"]
+    return [(int(router["port"]),) * 2 + (f"vLLM router of {name} (proxy.routing.router.port)",),
+            (int(router["metrics_port"]),) * 2 + (f"vLLM router metrics of {name} (proxy.routing.router.metrics_port)",)]
+
+
+def monitoring_ports(resolved: dict[str, Any], node: Node) -> list[tuple[int, int, str]]:
+    """The monitoring part's: the node exporter on every host of the deployment, dcgm-exporter on a
+    CUDA server or worker, Prometheus and the blackbox exporter on the monitoring host."""
+    name, mon, out = resolved["name"], resolved["monitoring"], []
+    if not (mon["enabled"] and node.roles):
+        return []
+    if mon["node_exporter"]:
+        out.append((int(mon["node_exporter_port"]),) * 2 + (f"node exporter (monitoring.node_exporter_port of {name})",))
+    cuda = resolved["install"]["accelerator"] == "cuda"
+    if mon["dcgm_exporter"] and cuda and node.roles & SERVICE_PARTS:
+        out.append((int(mon["dcgm_exporter_port"]),) * 2 + (f"dcgm-exporter (monitoring.dcgm_exporter_port of {name})",))
+    if "monitoring" in node.roles:
+        out.append((int(mon["prometheus_port"]),) * 2 + (f"Prometheus of {name} (monitoring.prometheus_port)",))
+        if mon["health_probe"]:
+            bb = int(BLACKBOX_LISTEN.rpartition(":")[2])
+            out.append((bb, bb, "blackbox exporter (vllm-fleet's fixed port)"))
+    return out
+
+
+def ray_node_ports(resolved: dict[str, Any], node: Node) -> list[tuple[int, int, str]]:
+    """The ray part's: the head's GCS port, the fixed ports the units pin (the dashboard and the
+    client server on the head only), the worker range."""
+    if not node.roles & {"ray-head", "ray-worker"}:
+        return []
+    name, out = resolved["name"], []
+    fixed = dict(RAY_FIXED_PORTS)
+    if "ray-head" in node.roles:
+        gcs = int(resolved["parallel"]["ray_port"])
+        out.append((gcs, gcs, f"Ray GCS of {name} (parallel.ray_port)"))
+    else:
+        fixed.pop("dashboard", None)
+        fixed.pop("ray_client_server", None)
+    out += [(p, p, f"Ray {k.replace('_', ' ')} of {name} (fixed port)") for k, p in fixed.items()]
+    lo, hi = RAY_WORKER_PORTS
+    out.append((lo, hi, f"Ray worker ports {lo}-{hi} of {name}"))
+    return out
+
+
+#: The ports each listening part declares ({part: its ports on a node}), by the part names of
+#: vllm_fleet.render.files.PARTS; the registry of parts (vllm_fleet.roles.parts) names them per
+#: entry. In the order the port check lists them.
+PART_PORTS = {"service": vllm_ports, "nginx": nginx_ports, "router": router_ports, "monitoring": monitoring_ports,
+              "ray": ray_node_ports}
+
+
 def _listen_ports(resolved: dict[str, Any], node: Node) -> list[tuple[int, int, str]]:
-    """(first port, last port, what) of every listening part of one deployment on one host:
-    vLLM replicas, nginx, the router (when the spec has one), Prometheus, node exporter,
-    dcgm-exporter, blackbox, Ray's GCS, fixed ports and worker range."""
-    name = resolved["name"]
-    out = [(i.port, i.port, f"vLLM {i.unit}") for i in node.instances]
-    if "proxy" in node.roles:
-        listen = int(resolved["proxy"]["listen"])
-        out.append((listen, listen, f"nginx of {name} (proxy.listen)"))
-    if "router" in node.roles:  # vLLM's router beside nginx (proxy.routing, issue 23)
-        router = resolved["proxy"]["routing"]["router"]
-        out.append((int(router["port"]),) * 2 + (f"vLLM router of {name} (proxy.routing.router.port)",))
-        out.append((int(router["metrics_port"]),) * 2 + (f"vLLM router metrics of {name} (proxy.routing.router.metrics_port)",))
-    mon = resolved["monitoring"]
-    if mon["enabled"] and node.roles:
-        if mon["node_exporter"]:
-            out.append((int(mon["node_exporter_port"]),) * 2 + (f"node exporter (monitoring.node_exporter_port of {name})",))
-        cuda = resolved["install"]["accelerator"] == "cuda"
-        if mon["dcgm_exporter"] and cuda and node.roles & SERVICE_PARTS:
-            out.append((int(mon["dcgm_exporter_port"]),) * 2 + (f"dcgm-exporter (monitoring.dcgm_exporter_port of {name})",))
-        if "monitoring" in node.roles:
-            out.append((int(mon["prometheus_port"]),) * 2 + (f"Prometheus of {name} (monitoring.prometheus_port)",))
-            if mon["health_probe"]:
-                bb = int(BLACKBOX_LISTEN.rpartition(":")[2])
-                out.append((bb, bb, "blackbox exporter (vllm-fleet's fixed port)"))
-    if node.roles & {"ray-head", "ray-worker"}:
-        fixed = dict(RAY_FIXED_PORTS)
-        if "ray-head" in node.roles:
-            gcs = int(resolved["parallel"]["ray_port"])
-            out.append((gcs, gcs, f"Ray GCS of {name} (parallel.ray_port)"))
-        else:
-            fixed.pop("dashboard", None)
-            fixed.pop("ray_client_server", None)
-        out += [(p, p, f"Ray {k.replace('_', ' ')} of {name} (fixed port)") for k, p in fixed.items()]
-        lo, hi = RAY_WORKER_PORTS
-        out.append((lo, hi, f"Ray worker ports {lo}-{hi} of {name}"))
+    """(first port, last port, what) of every listening part of one deployment on one host
+    (:data:`PART_PORTS`): vLLM replicas, nginx, the router (when the spec has one), the node
+    exporter, dcgm-exporter, Prometheus, blackbox, Ray's GCS, fixed ports and worker range."""
+    return [p for ports in PART_PORTS.values() for p in ports(resolved, node)]
+
+
+def _role_port_problems(resolved: dict[str, Any], nodes: list[Node], source: str) -> list[str]:
+    """Without an inventory, the ports of the parts that always share a host, from the spec alone:
+    each part's target (the monitoring host: Prometheus, the blackbox exporter, the node exporter;
+    a Ray node: Ray's ports and the exporters; the proxy: nginx and the router), the server
+    together with the Ray head (the server is the head)."""
+    by_target = {n.target: n for n in nodes}
+    groups = [n for n in nodes if n.target != "ray-head"]
+    head = by_target.get("ray-head")
+    if head is not None:
+        server = by_target["server"]
+        groups = [Node("server", server.roles | head.roles, instances=server.instances) if n is server else n for n in groups]
+    out: list[str] = []
+    for n in groups:
+        h = HostLayout(n.target, None, None, {}, parts={resolved["name"]: n})
+        out += _port_problems(n.target, h, {resolved["name"]: resolved}, {resolved["name"]: source})
     return out
 
 
@@ -671,7 +724,9 @@ def build_parts(specs: Sequence[dict[str, Any]] | dict[str, Any], inventory: dic
     hosts: dict[str, HostLayout] = {}
     if inventory is None:
         for name, r in deployments.items():
-            for node in _role_parts(r, problems, src[name]):
+            nodes = _role_parts(r, problems, src[name])
+            problems.extend(_role_port_problems(r, nodes, src[name]))
+            for node in nodes:
                 h = hosts.setdefault(node.target, HostLayout(node.target, node.address, node.private, {}))
                 h.parts[name] = node
     else:
