@@ -364,9 +364,10 @@ def test_diff_reads_a_host_with_the_one_state_read_for_real(tmp_path):
 
 @pytest.mark.parametrize("base,changes,clash", [
     # Prometheus and the blackbox exporter always share the monitoring host
-    ("lab-tiny-monitoring", {"monitoring": {"prometheus_port": 9115}}, "port 9115 is used by Prometheus"),
+    ("lab-tiny-monitoring", {"monitoring": {"prometheus_port": 9115}}, "port 9115 is used by Prometheus of lab-tiny (monitoring.prometheus_port) and by blackbox exporter"),
     # every Ray head runs the node exporter too (monitoring.enabled): not on Ray's client-server port
-    ("lab-tiny-pp2", {"monitoring": {"enabled": True, "node_exporter_port": 10001}}, "port 10001 is used by node exporter"),
+    ("lab-tiny-pp2", {"monitoring": {"enabled": True, "node_exporter_port": 10001}},
+     "port 10001 is used by Ray ray client server of lab-tiny-pp2 (fixed port) and by node exporter"),
 ])
 def test_validate_sees_ports_of_parts_that_always_share_a_host_without_an_inventory(tmp_path, capsys, base, changes, clash):
     """Each part declares its ports (render.parts.PART_PORTS); without an inventory the layout

@@ -531,20 +531,22 @@ def _listen_ports(resolved: dict[str, Any], node: Node) -> list[tuple[int, int, 
 
 
 def _role_port_problems(resolved: dict[str, Any], nodes: list[Node], source: str) -> list[str]:
-    """Without an inventory, the ports of the parts that always share a host, from the spec alone:
-    each part's target (the monitoring host: Prometheus, the blackbox exporter, the node exporter;
-    a Ray node: Ray's ports and the exporters; the proxy: nginx and the router), the server
-    together with the Ray head (the server is the head)."""
-    by_target = {n.target: n for n in nodes}
-    groups = [n for n in nodes if n.target != "ray-head"]
-    head = by_target.get("ray-head")
-    if head is not None:
-        server = by_target["server"]
-        groups = [Node("server", server.roles | head.roles, instances=server.instances) if n is server else n for n in groups]
+    """Without an inventory, from the spec alone: on each part's target (the parts that always
+    share a host: the monitoring host's Prometheus, blackbox and node exporters; a Ray node's
+    ports and its exporters; a server's replicas and its exporters), a monitoring port that another
+    part there (or another monitoring daemon) listens on. The spec's own rules check vLLM, nginx,
+    the router and Ray against each other (vllm_fleet.spec.checks)."""
     out: list[str] = []
-    for n in groups:
-        h = HostLayout(n.target, None, None, {}, parts={resolved["name"]: n})
-        out += _port_problems(n.target, h, {resolved["name"]: resolved}, {resolved["name"]: source})
+    for n in nodes:
+        mon = monitoring_ports(resolved, n)
+        seen = [p for part, ports in PART_PORTS.items() if part != "monitoring" for p in ports(resolved, n)]
+        for lo, hi, what in mon:
+            other = next((o for o in seen if not (lo > o[1] or o[0] > hi)), None)
+            if other is not None:
+                out.append(f"{n.target}: port {max(lo, other[0])} is used by {other[2]} and by {what} ({source}): give one of them "
+                           "another port (monitoring.*_port; the blackbox exporter keeps "
+                           f"{BLACKBOX_LISTEN.rpartition(':')[2]}; Ray keeps {', '.join(map(str, _ray_fixed()))} and its worker range)")
+            seen.append((lo, hi, what))
     return out
 
 
