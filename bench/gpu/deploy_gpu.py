@@ -28,13 +28,13 @@ from vllm_fleet.render import command
 from vllm_fleet.render import files as render
 
 ctx = load_deploy_spec()
-spec = ctx["spec"]
+spec = ctx.spec
 rendered = rendered_for_host(ctx)
 assert "servers" in host.groups and rendered, "bench/gpu/inventory_local.py puts @local in servers"
 
 service_dirs(spec=spec)
 install_vllm(spec=spec)
-install_model(spec=spec, hub_token=ctx["secrets"]["hub_token"])
+install_model(spec=spec, hub_token=ctx.secrets["hub_token"])
 
 ins, srv = spec["install"], spec["server"]
 for d in sorted({v for v in command.vllm_env(spec).values() if v.startswith(ins["state_dir"] + "/")}):
@@ -42,4 +42,4 @@ for d in sorted({v for v in command.vllm_env(spec).values() if v.startswith(ins[
 keep = [p for p in rendered if p.startswith("/etc/systemd/system/") or (p.startswith(ins["config_dir"] + "/") and not p.endswith("/secrets.env"))]
 put_rendered(rendered, keep)
 secret_file(name="API key (0600, never shown)", path=render.paths(spec)["secrets_env"],
-            content=render.secrets_env_content(spec, ctx["secrets"]["api_key"]))
+            content=render.secrets_env_content(spec, ctx.secrets["api_key"]))

@@ -82,15 +82,15 @@ def test_refuse_raises_before_anything_and_knows_nothing_without_a_read():
         roles = {"server"}
 
     h = type("H", (), {"parts": {"new": Node()}})()
-    ctx = {"specs": {"new": {}}}
-    clash.refuse(ctx, h, "lab1", Snapshot())  # nothing read: nothing refused
+    specs = {"new": {}}
+    clash.refuse(specs, h, "lab1", Snapshot())  # nothing read: nothing refused
     s = Snapshot.parse(["glob\t" + clash.UNITS + "\t.",
                         "glob\t" + clash.UNITS + "\t/etc/systemd/system/vllm-old-0.service\t"
                         + __import__("base64").b64encode(b"ExecStart=/x/vllm serve m --host 127.0.0.1 --port 8000\n").decode(),
                         "glob\t" + clash.SITES + "\t.", "glob\t" + clash.REPLICA_ENVS + "\t.", "end"])
     s.query = clash.query()
     with pytest.raises(DeployError, match=r"(?s)host lab1: another vllm-fleet deployment .*\n  port 8000 .* deployment 'old'.*nothing was uploaded or changed"):
-        clash.refuse(ctx, h, "lab1", s)
+        clash.refuse(specs, h, "lab1", s)
 
 
 def test_a_stopped_disabled_unit_left_behind_holds_nothing():
@@ -145,5 +145,5 @@ def test_what_this_deploy_wants_carries_each_replicas_share():
 
     node = type("N", (), {"instances": [Inst(0), Inst(1)], "roles": {"server"}})()
     spec = {"engine": {"gpu_memory_utilization": 0.8}, "replicas": {"per_gpu": 2}, "proxy": {}}
-    want = clash.wanted({"specs": {"new": spec}}, type("H", (), {"parts": {"new": node}})())["new"]
+    want = clash.wanted({"new": spec}, type("H", (), {"parts": {"new": node}})())["new"]
     assert want.on_gpu(0) == {"vllm-new-0.service": 0.4, "vllm-new-1.service": 0.4}

@@ -55,8 +55,8 @@ def _plan_nginx():
     from vllm_fleet.roles.nginx import install_nginx
 
     ctx = load_deploy_spec()
-    install_nginx(spec=ctx["spec"], rendered=rendered_for_host(ctx), api_key=ctx["secrets"]["api_key"],
-                  tls_key=ctx["secrets"]["tls_key"], tls_certificate=ctx["secrets"]["tls_certificate"])
+    install_nginx(spec=ctx.spec, rendered=rendered_for_host(ctx), api_key=ctx.secrets["api_key"],
+                  tls_key=ctx.secrets["tls_key"], tls_certificate=ctx.secrets["tls_certificate"])
 
 
 CLIENT: list = []
@@ -104,7 +104,7 @@ def test_host_data_names_the_spec_and_the_layout_has_only_its_hosts(harness, tmp
     harness.run(_plan, host="gpu1", groups=["servers", "proxy"],
                 data={"vllm_fleet_spec": str(spec), "private_address": "10.0.0.5", "ssh_hostname": "192.0.2.5"})
     (ctx,) = _CACHE.values()
-    assert ctx["path"] == str(spec) and set(ctx["rendered"]) == {"gpu1", "client"}
+    assert ctx.path == str(spec) and set(ctx.rendered) == {"gpu1", "client"}
 
 
 # -- secrets: planned in memory, written when the deploy executes --------------------------------
@@ -119,9 +119,9 @@ def test_planning_writes_no_key_file_and_the_first_operation_does(harness, tmp_p
     assert not key.exists() and not key.parent.exists()  # what pyinfra --dry would leave: nothing
     assert len(run.ops) == 1 and run.op("Write generated secret files on the control machine").commands == ["python:_write_generated"]
     (ctx,) = _CACHE.values()
-    value = ctx["secrets"]["api_key"]
-    assert value.startswith("sk-") and ctx["generated"] == {key: value}
-    _write_generated(ctx["generated"])  # what executing the operation does
+    value = ctx.secrets["api_key"]
+    assert value.startswith("sk-") and ctx.generated == {key: value}
+    _write_generated(ctx.generated)  # what executing the operation does
     assert key.read_text() == value + "\n" and key.stat().st_mode & 0o777 == 0o600
     assert key.parent.stat().st_mode & 0o777 == 0o700
 
@@ -136,7 +136,7 @@ def test_an_existing_key_file_is_read_and_no_operation_is_added(harness, tmp_pat
     key.chmod(0o600)
     run = harness.run(_plan, host="gpu1", groups=["servers"], data={"vllm_fleet_spec": str(spec)})
     assert run.ops == []  # a converged deploy stays at zero changes
-    assert next(iter(_CACHE.values()))["secrets"]["api_key"] == "sk-existing"
+    assert next(iter(_CACHE.values())).secrets["api_key"] == "sk-existing"
 
 
 def test_every_secret_of_the_spec_is_in_the_one_list():

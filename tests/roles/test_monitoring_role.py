@@ -110,14 +110,17 @@ def test_the_serve_deploys_one_read_holds_what_the_role_compares(harness):
 
     from vllm_fleet.deploys.serve import state_query as serve_query
     from vllm_fleet.render.layout import build
+    from vllm_fleet.roles.common import DeployContext
 
     spec = spec_of("lab-tiny-monitoring.yaml", grafana={"enabled": True, "dashboards_dir": "/var/lib/grafana/dashboards/vllm-fleet"})
-    h = build([spec], copy.deepcopy(LAB)).hosts["testhost"]
+    layout = build([spec], copy.deepcopy(LAB))
+    h = layout.hosts["testhost"]
     got = {}
 
     @deploy("serve's query")
     def queries():
-        got["serve"], got["role"] = serve_query({"specs": {spec["name"]: spec}}, h), state_query(spec, dict(h.files))
+        ctx = DeployContext(layout, {spec["name"]: spec}, {}, {}, "")
+        got["serve"], got["role"] = serve_query(ctx, h), state_query(spec, dict(h.files))
 
     harness.run(queries)
     q = got["role"]

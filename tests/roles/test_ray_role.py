@@ -267,13 +267,14 @@ def test_the_serve_deploy_reads_the_ray_nodes_state_in_its_one_read(harness):
     from pyinfra.api import deploy
 
     from vllm_fleet.deploys.serve import state_query
+    from vllm_fleet.roles.common import DeployContext
     from vllm_fleet.roles.ray import state_query as ray_query
 
     got = {}
 
     @deploy("serve's query")
-    def serve_query(spec, h):
-        got["serve"] = state_query({"specs": {spec["name"]: spec}}, h)
+    def serve_query(spec, layout, h):
+        got["serve"] = state_query(DeployContext(layout, {spec["name"]: spec}, {}, {}, ""), h)
 
     for host in ("testhost", "lab2"):
         spec, layout = layout_of(host)
@@ -282,15 +283,13 @@ def test_the_serve_deploy_reads_the_ray_nodes_state_in_its_one_read(harness):
         unit = "ray-head.service" if host == "testhost" else "ray-worker.service"
         assert f"/etc/systemd/system/{unit}" in q.sha and unit in q.units and "/var/lib/vllm-fleet/ray" in q.stat
         assert "/etc/vllm-fleet/ray-firewall.nft" in q.sha and "vllm-fleet-ray-firewall.service" in q.units
-        harness.run(serve_query, spec, h)
+        harness.run(serve_query, spec, layout, h)
         assert not q - got["serve"], (host, q - got["serve"])
         node = h.parts[spec["name"]]
-        if node.instances:  # the head's vLLM: install_service gets the files Ray does not own, and asks no more
+        if node.instances:  # the head's vLLM: install_service places the service part's files, and asks no more
             from vllm_fleet.roles import service
-            from vllm_fleet.roles.ray import _node_files
 
-            owned = _node_files(spec, "head", h.files)[1]
-            rest = service.state_query(spec, node, {p: f for p, f in h.files.items() if p not in owned})
+            rest = service.state_query(spec, node, h.files)
             assert not rest - got["serve"], rest - got["serve"]
 
 

@@ -53,10 +53,10 @@ def _run(harness, drift_suffix: str | None = None):
 
     def host_state(query):
         (ctx,) = _CACHE.values()  # planned before the step reads the host
-        spec, h = ctx["spec"], ctx["layout"].hosts["gpu1"]
+        spec, h = ctx.spec, ctx.layout.hosts["gpu1"]
         node = h.parts[spec["name"]]
         drift = next(p for p in h.files if p.endswith(drift_suffix)) if drift_suffix else None
-        return Snapshot.parse(converged_lines(spec, h, node, ctx["secrets"]["api_key"], drift=drift))
+        return Snapshot.parse(converged_lines(spec, h, node, ctx.secrets["api_key"], drift=drift))
 
     from pyinfra.facts.files import File, Sha256File
     from pyinfra.facts.systemd import SystemdEnabled, SystemdStatus

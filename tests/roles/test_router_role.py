@@ -110,16 +110,18 @@ def test_the_serve_deploys_one_read_asks_the_target_once_for_vllm_and_the_router
     from vllm_fleet.deploys.serve import state_query
     from vllm_fleet.render.layout import build
     from vllm_fleet.roles import router, vllm
+    from vllm_fleet.roles.common import DeployContext
 
     spec = spec_load.resolve(spec_load.load(REPO / "deployments" / "lab-tiny-routing.yaml"))
     spec["install"]["wheels"] = "fleet"
-    h = build([spec], copy.deepcopy(INV)).hosts["lab1"]
+    layout = build([spec], copy.deepcopy(INV))
+    h = layout.hosts["lab1"]
     assert {"router", "proxy"} <= h.parts[spec["name"]].roles and h.parts[spec["name"]].instances
     got = {}
 
     @deploy("serve's query")
     def serve_query():
-        got["serve"] = state_query({"specs": {spec["name"]: spec}}, h)
+        got["serve"] = state_query(DeployContext(layout, {spec["name"]: spec}, {}, {}, ""), h)
         got["vllm"], got["router"] = vllm.state_query(spec), router.state_query(spec, h.files)
 
     harness.run(serve_query)

@@ -44,7 +44,7 @@ def down() -> None:
     if not rendered:
         return
     preflight()
-    remove_deployment(spec=ctx["spec"], rendered=rendered)
+    remove_deployment(spec=ctx.spec, rendered=rendered)
 
 
 @deploy("Remove the deployment", data_defaults=DEFAULTS)
@@ -72,7 +72,7 @@ def remove_deployment(spec: dict[str, Any], rendered: dict[str, Any], purge: boo
     .. code:: python
 
         ctx = load_deploy_spec()
-        remove_deployment(spec=ctx["spec"], rendered=rendered_for_host(ctx))
+        remove_deployment(spec=ctx.spec, rendered=rendered_for_host(ctx))
     """
     pruning = paths is not None
     purge = purging(purge) and not pruning

@@ -45,7 +45,7 @@ def update_query(spec: dict, node, rendered: dict) -> Query:
 def rollout_step() -> None:
     """One rollout step on the current host ($VLLM_FLEET_ROLLOUT_STEP)."""
     ctx = load_deploy_spec()
-    spec = ctx["spec"]
+    spec = ctx.spec
     h = host_layout(ctx)
     node = h.parts.get(spec["name"]) if h else None
     rendered = dict(h.files) if h else {}
@@ -54,7 +54,7 @@ def rollout_step() -> None:
     batch = {i.strip() for i in os.environ.get(UPDATE_ENV, "").split(",") if i.strip()}
 
     if spec["parallel"]["nodes"] > 1:
-        raise DeployError(f"{ctx['path']}: a rolling update replaces single-node replicas (parallel.nodes is {spec['parallel']['nodes']}); "
+        raise DeployError(f"{ctx.path}: a rolling update replaces single-node replicas (parallel.nodes is {spec['parallel']['nodes']}); "
                           "redeploy a multi-node server with deploys/serve.py; no host was changed")
     if step not in ("upstream", "update"):
         raise DeployError(f"VLLM_FLEET_ROLLOUT_STEP must be `upstream` or `update` (got {step!r}); `vllm-fleet rollout` sets it")
@@ -74,7 +74,7 @@ def rollout_step() -> None:
             from vllm_fleet.render.files import worker_urls
             from vllm_fleet.roles.rollout import router_workers
 
-            layout = ctx["layout"]
+            layout = ctx.layout
             urls = worker_urls(spec, node, layout.nodes(spec["name"]), layout.with_inventory)
             router_workers(spec=spec, workers=[(u, inst.down) for u, inst in urls])
 
@@ -92,9 +92,9 @@ def rollout_step() -> None:
             drain(spec=spec, drain_timeout=drain_timeout, port=inst.port)
         # The same server part as deploys/serve.py (single node), with the rollout's health deadline.
         spec = {**spec, "server": {**spec["server"], "health_timeout": spec["rollout"]["health_timeout"]}}
-        vllm_changed, model_changed = install_server_stack(spec=spec, hub_token=ctx["secrets"]["hub_token"])
+        vllm_changed, model_changed = install_server_stack(spec=spec, hub_token=ctx.secrets["hub_token"])
         api_firewall(rendered=rendered)
-        install_service(spec=spec, node=node, rendered=rendered, api_key=ctx["secrets"]["api_key"],
+        install_service(spec=spec, node=node, rendered=rendered, api_key=ctx.secrets["api_key"],
                         restart_on=[*vllm_changed, *model_changed], only=[i.index for i in mine],
                         prove_replicas=False)  # smoke_replica below proves each (more than one chat)
         for inst in mine:

@@ -50,13 +50,13 @@ def state_query(ctx: dict, h: HostLayout | None) -> Query:
     ``h`` None (no part here): only what earlier deploys may have left."""
     rendered = dict(h.files) if h else {}
     q = Query()
-    for name, spec in ctx["specs"].items():  # what earlier deploys left that the layout no longer gives
+    for name, spec in ctx.specs.items():  # what earlier deploys left that the layout no longer gives
         q = q | remove.leftover_query(spec, h.parts.get(name) if h else None, rendered)
     if not h:  # no clash check (nothing is put here), so not the other deployments' sites
         return q
     q = q | clash.query() | (service.api_firewall_query(rendered) if any(n.instances for n in h.parts.values()) else Query())
     for name, node in h.parts.items():
-        spec = ctx["specs"][name]
+        spec = ctx.specs[name]
         if node.roles & SERVICE_PARTS:
             q = q | service.server_stack_query(spec)
             if node.instances:
@@ -96,7 +96,7 @@ def serve() -> None:
     snap = load_host_state(state_query(ctx, h))
     # Another deployment already on this host (deployed from elsewhere) on our ports or GPUs:
     # stop before any upload or change (vllm_fleet.roles.common.clash).
-    clash.refuse(ctx, h, host.name, snap)
+    clash.refuse(ctx.specs, h, host.name, snap)
 
     # vLLM beyond loopback: one firewall over every deployment's instances here, before they start
     if any(n.instances for n in h.parts.values()):
@@ -106,10 +106,10 @@ def serve() -> None:
     for name, node in h.parts.items():  # after every site is in: each deployment's own checks
         if "proxy" in node.roles:
             local = [i.port for i in node.instances if i.role == "server"]
-            run_smoke(spec=ctx["specs"][name], api_key=ctx["all_secrets"][name]["api_key"], local_port=local[0] if local else None)
+            run_smoke(spec=ctx.specs[name], api_key=ctx.all_secrets[name]["api_key"], local_port=local[0] if local else None)
     # Monitoring last (monitoring.enabled): exporters on every host above, Prometheus on `monitoring` hosts.
     for name in h.parts:
-        spec = ctx["specs"][name]
+        spec = ctx.specs[name]
         if _monitors(spec, rendered):
             install_monitoring(spec=spec, rendered=rendered)
     # Last, once the new parts serve: what the layout no longer gives this host
@@ -124,7 +124,7 @@ def prune_leftovers(ctx: dict, h: HostLayout | None, snap: Snapshot) -> bool:
     True when there was something to remove. A converged host: nothing, and no operation."""
     rendered = dict(h.files) if h else {}
     found = False
-    for name, spec in ctx["specs"].items():
+    for name, spec in ctx.specs.items():
         paths = remove.leftovers(spec, h.parts.get(name) if h else None, rendered, snap)
         if paths:
             remove_deployment(spec=spec, rendered=rendered, paths=paths)
@@ -138,11 +138,11 @@ def install_servers(ctx: dict, h: HostLayout, rendered: dict) -> None:
     for name, node in h.parts.items():
         if not node.roles & SERVICE_PARTS:
             continue
-        spec, secrets = ctx["specs"][name], ctx["all_secrets"][name]
+        spec, secrets = ctx.specs[name], ctx.all_secrets[name]
         vllm_changed, model_changed = install_server_stack(spec=spec, hub_token=secrets["hub_token"])
         restart_on = [*vllm_changed, *model_changed]
         if node.roles & {"ray-head", "ray-worker"}:  # each role places the files of its part (RenderedFile.part)
-            ray = install_ray(spec=spec, node=node, layout=ctx["layout"], rendered=rendered, restart_on=vllm_changed)
+            ray = install_ray(spec=spec, node=node, layout=ctx.layout, rendered=rendered, restart_on=vllm_changed)
             restart_on += [*ray.env_ops, ray.cluster_restarted]
         if node.instances:
             install_service(spec=spec, node=node, rendered=rendered, api_key=secrets["api_key"], restart_on=restart_on)
@@ -155,7 +155,7 @@ def install_proxies(ctx: dict, h: HostLayout, rendered: dict) -> None:
     for name, node in h.parts.items():
         if "proxy" not in node.roles:
             continue
-        spec, sec = ctx["specs"][name], ctx["all_secrets"][name]
+        spec, sec = ctx.specs[name], ctx.all_secrets[name]
         if "router" in node.roles:
             install_router(spec=spec, rendered=rendered)
         install_nginx(spec=spec, rendered=rendered, api_key=sec["api_key"], tls_key=sec["tls_key"], tls_certificate=sec["tls_certificate"])

@@ -8,6 +8,7 @@ import hashlib
 import os
 import sys
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from io import StringIO
 from pathlib import Path
 from typing import Any
@@ -27,7 +28,49 @@ from vllm_fleet.spec import localpath
 from vllm_fleet.spec.pipeline import check
 from vllm_fleet.spec.source import SpecSourceError, spec_sources
 
-_CACHE: dict[str, Any] = {}
+
+
+@dataclass
+class DeployContext:
+    """What one deploy plans once, before any operation (:func:`load_deploy_spec`): every spec
+    checked, its secrets read, the fleet's one layout. pyinfra runs the deploy file per host; each
+    host's roles take their part of this."""
+
+    #: the fleet's layout (vllm_fleet.render.layout): every host's parts and files
+    layout: Layout
+    #: {deployment: resolved spec}, in the order the specs were given
+    specs: dict[str, dict[str, Any]]
+    #: {deployment: its secrets' values} (vllm_fleet.render.secrets.SPEC_SECRETS, the TLS certificate)
+    all_secrets: dict[str, dict[str, Any]]
+    #: {deployment: its spec file}
+    sources: dict[str, str]
+    #: the first spec file given
+    path: str
+    #: ``generate: true`` secrets planned this run ({path: value}), written at execute time
+    generated: dict[Path, str] = field(default_factory=dict)
+
+    @property
+    def first(self) -> str:
+        """The first deployment's name (the single-deployment commands: down, rollout)."""
+        return next(iter(self.specs))
+
+    @property
+    def spec(self) -> dict[str, Any]:
+        """The first deployment's resolved spec."""
+        return self.specs[self.first]
+
+    @property
+    def secrets(self) -> dict[str, Any]:
+        """The first deployment's secrets (every deployment's: :attr:`all_secrets`)."""
+        return self.all_secrets[self.first]
+
+    @property
+    def rendered(self) -> dict[str, dict[str, Any]]:
+        """{host: {path: RenderedFile}}, ``client`` last (Layout.files)."""
+        return self.layout.files()
+
+
+_CACHE: dict[str, DeployContext] = {}
 _GENERATED: dict[Path, str] = {}  # generate: true secrets planned this run ({path: value}), written at execute time
 
 
@@ -112,14 +155,13 @@ def _detect_ifnames(layout: Layout, hosts: dict[str, dict[str, Any]]) -> bool:
     return filled
 
 
-def load_deploy_spec() -> dict[str, Any]:
+def load_deploy_spec() -> DeployContext:
     """Check every spec, read their secrets and build the fleet's layout once per deploy (the
     deploy file runs per host).
 
     Every problem is printed with its YAML path and fix, and the deploy stops before any
-    operation exists, so no host is changed. Returns ``{"layout", "specs": {name: resolved},
-    "secrets": {name: {...}}, "paths": {name: spec file}}`` plus, for the first spec, the
-    single-deployment keys ``spec``, ``secrets``, ``rendered`` ({host: files}) and ``path``.
+    operation exists, so no host is changed. Returns the :class:`DeployContext` (the same one
+    for every host of the run).
     """
     install_sigint()  # Ctrl-C: one line and exit 130, not pyinfra's traceback and exit 0
 
@@ -145,10 +187,7 @@ def load_deploy_spec() -> dict[str, Any]:
     hosts = inventory_hosts()
     _hosts_own_deployments(hosts, per_host, names)
     layout = _fleet_layout(specs, hosts, sources, paths)
-    first = next(iter(specs))
-    _CACHE[key] = {"layout": layout, "specs": specs, "all_secrets": secrets, "paths": sources,
-                   "path": paths[0], "spec": specs[first], "secrets": secrets[first], "rendered": layout.files(),
-                   "generated": generated}
+    _CACHE[key] = DeployContext(layout, specs, secrets, sources, paths[0], generated)
     return _CACHE[key]
 
 
@@ -201,9 +240,9 @@ def _fleet_layout(specs: dict[str, dict[str, Any]], hosts: dict[str, Any], sourc
     return layout
 
 
-def host_layout(ctx: dict[str, Any]) -> Any:
+def host_layout(ctx: DeployContext) -> Any:
     """This host's part of the layout (None: the deploy has nothing for it)."""
-    return ctx["layout"].hosts.get(host.name)
+    return ctx.layout.hosts.get(host.name)
 
 
 def _tls_certificate(resolved: dict[str, Any], base_dir: Path) -> str | None:
@@ -228,14 +267,14 @@ def _write_generated(generated: dict[Path, str]) -> None:
         logger.info(f"vllm-fleet: generated secret file {p} (mode 0600)")
 
 
-def write_generated_secrets(ctx: dict[str, Any]) -> None:
+def write_generated_secrets(ctx: DeployContext) -> None:
     """The first operation on every host when the deploy generated a secret: write its file on
     the control machine at execute time, before the value reaches any host (never with --dry)."""
     from pyinfra.operations import python
 
-    if ctx.get("generated"):
+    if ctx.generated:
         python.call(name="Write generated secret files on the control machine (0600)",
-                    function=_write_generated, generated=ctx["generated"])
+                    function=_write_generated, generated=ctx.generated)
 
 
 def as_root() -> dict[str, Any]:
@@ -291,7 +330,7 @@ def role_data(key: str, defaults: dict[str, Any]) -> Any:
     return defaults[key] if value is None else value
 
 
-def rendered_for_host(ctx: dict[str, Any]) -> dict[str, Any]:
+def rendered_for_host(ctx: DeployContext) -> dict[str, Any]:
     """Every file the layout places on this host ({path: RenderedFile})."""
     h = host_layout(ctx)
     return dict(h.files) if h else {}

@@ -123,18 +123,18 @@ def held_on_host(globbed: dict[str, dict[str, str | None]], unit_states: dict[st
     return out
 
 
-def wanted(ctx: dict[str, Any], h: HostLayout) -> dict[str, Held]:
+def wanted(specs: dict[str, dict[str, Any]], h: HostLayout) -> dict[str, Held]:
     """{deployment: Held} of what this deploy puts on host ``h`` (its layout)."""
     out: dict[str, Held] = {}
     for name, node in h.parts.items():
         held = out.setdefault(name, Held())
-        share = replica_gpu_utilization(ctx["specs"][name]) if any(i.gpu_ids for i in node.instances) else None
+        share = replica_gpu_utilization(specs[name]) if any(i.gpu_ids for i in node.instances) else None
         for inst in node.instances:
             held.ports[inst.port] = inst.unit
             for g in inst.gpu_ids or []:
                 held.use_gpu(g, inst.unit, share)
         if "proxy" in node.roles:
-            prx = ctx["specs"][name]["proxy"]
+            prx = specs[name]["proxy"]
             if prx["enabled"]:
                 sn = prx["server_name"]
                 held.sites.append((int(prx["listen"]), sn, sn == "_", f"proxy.listen {prx['listen']}"))
@@ -187,14 +187,14 @@ def clashes(ours: dict[str, Held], theirs: dict[str, Held], managed: set[str]) -
     return out
 
 
-def refuse(ctx: dict[str, Any], h: HostLayout, host_name: str, snap: Snapshot) -> None:
+def refuse(specs: dict[str, dict[str, Any]], h: HostLayout, host_name: str, snap: Snapshot) -> None:
     """Raise DeployError naming every clash with a deployment already on this host; nothing
     is known (no snapshot): nothing is refused."""
     globbed = {g: snap.matching(g) for g in (UNITS, SITES, REPLICA_ENVS)}
     if any(v is None for v in globbed.values()):
         return
     states = {p: st for p in (globbed[UNITS] or {}) if (st := snap.unit_file_state(p)) is not None}
-    lines = clashes(wanted(ctx, h), held_on_host(globbed, states), set(ctx["specs"]))  # type: ignore[arg-type]
+    lines = clashes(wanted(specs, h), held_on_host(globbed, states), set(specs))  # type: ignore[arg-type]
     if lines:
         from pyinfra.api.exceptions import DeployError
 

@@ -54,7 +54,7 @@ Example (deploys/serve.py)::
 
     from vllm_fleet.roles.model import install_model
 
-    model_changed = install_model(spec=spec, hub_token=ctx["secrets"]["hub_token"])
+    model_changed = install_model(spec=spec, hub_token=ctx.secrets["hub_token"])
 """
 
 from __future__ import annotations

@@ -121,8 +121,8 @@ def install_monitoring(spec: dict[str, Any], rendered: dict[str, Any], present: 
 
     .. code:: python
 
-        install_monitoring(spec=ctx["spec"], rendered=rendered_for_host(ctx))
-        install_monitoring(spec=ctx["spec"], rendered=rendered_for_host(ctx), present=False)
+        install_monitoring(spec=ctx.spec, rendered=rendered_for_host(ctx))
+        install_monitoring(spec=ctx.spec, rendered=rendered_for_host(ctx), present=False)
     """
     if not present:
         return _absent(spec, rendered, paths)

@@ -50,7 +50,7 @@ def install_nginx(spec: dict[str, Any], rendered: dict[str, Any], api_key: str |
     + api_key: the API key (for the auth include, 0600 root; nginx reads it as root at start)
     + tls_key: the TLS private key's value when proxy.tls.certificate_key is set (0600 root, never shown)
     + tls_certificate: the certificate's text when proxy.tls.certificate is set (both are read on the
-      control machine by ``load_deploy_spec``: ``ctx["secrets"]["tls_key"]``, ``["tls_certificate"]``)
+      control machine by ``load_deploy_spec``: ``ctx.secrets["tls_key"]``, ``["tls_certificate"]``)
     + present: False removes this deployment's site, auth include and TLS files (those the host's
       copy shows as the deployment's: vllm_fleet.roles.common.remove.mine), then ``nginx -t`` and a
       reload when nginx runs; the package and other sites stay. The secrets are not needed then.
@@ -61,9 +61,9 @@ def install_nginx(spec: dict[str, Any], rendered: dict[str, Any], api_key: str |
 
     .. code:: python
 
-        install_nginx(spec=ctx["spec"], rendered=rendered_for_host(ctx), api_key=ctx["secrets"]["api_key"],
-                      tls_key=ctx["secrets"]["tls_key"], tls_certificate=ctx["secrets"]["tls_certificate"])
-        install_nginx(spec=ctx["spec"], rendered=rendered_for_host(ctx), present=False)  # the site gone
+        install_nginx(spec=ctx.spec, rendered=rendered_for_host(ctx), api_key=ctx.secrets["api_key"],
+                      tls_key=ctx.secrets["tls_key"], tls_certificate=ctx.secrets["tls_certificate"])
+        install_nginx(spec=ctx.spec, rendered=rendered_for_host(ctx), present=False)  # the site gone
     """
     if not present:
         return _absent(spec, rendered, paths)

@@ -40,7 +40,7 @@ Example (deploys/serve.py)::
 
     from vllm_fleet.roles.ray import install_ray
 
-    ray = install_ray(spec=spec, node=node, layout=ctx["layout"], rendered=rendered, restart_on=vllm_changed)
+    ray = install_ray(spec=spec, node=node, layout=ctx.layout, rendered=rendered, restart_on=vllm_changed)
     install_service(spec=spec, node=node, rendered=rendered, ...,
                     restart_on=[*ray.env_ops, ray.cluster_restarted])
 """
@@ -194,7 +194,7 @@ def install_ray(spec: dict[str, Any], node: Node | None = None, layout: Layout |
     .. code:: python
 
         h = host_layout(ctx)
-        ray = install_ray(spec=spec, node=h.parts[spec["name"]], layout=ctx["layout"], rendered=h.files,
+        ray = install_ray(spec=spec, node=h.parts[spec["name"]], layout=ctx.layout, rendered=h.files,
                           restart_on=vllm_changed)
         install_ray(spec=spec, rendered=h.files, present=False)
     """

@@ -196,7 +196,7 @@ def upstream(spec: dict[str, Any], rendered: dict[str, Any], drain_timeout: floa
 
     .. code:: python
 
-        upstream(spec=ctx["spec"], rendered=rendered_for_host(ctx), drain_timeout=120)
+        upstream(spec=ctx.spec, rendered=rendered_for_host(ctx), drain_timeout=120)
     """
     site = render.paths(spec)["nginx_site"]
     if site not in rendered:
@@ -223,7 +223,7 @@ def drain(spec: dict[str, Any], drain_timeout: float, port: int | None = None):
 
     .. code:: python
 
-        drain(spec=ctx["spec"], drain_timeout=120)
+        drain(spec=ctx.spec, drain_timeout=120)
     """
     port = int(port or spec["server"]["port"])
     python.call(name=f"Wait for vLLM's running/waiting requests on port {port} to reach 0 (at most {drain_timeout:.0f} s)",
@@ -246,7 +246,7 @@ def smoke_replica(spec: dict[str, Any], port: int | None = None, unit: str = "vl
 
     .. code:: python
 
-        smoke_replica(spec=ctx["spec"])
+        smoke_replica(spec=ctx.spec)
     """
     port = int(port or spec["server"]["port"])
     python.call(name=f"Smoke test of the replica itself (127.0.0.1:{port} on the host)", function=_smoke,

@@ -205,7 +205,7 @@ def install_server_stack(spec: dict[str, Any], hub_token: str | None = None, pre
 
     .. code:: python
 
-        vllm_changed, model_changed = install_server_stack(spec=spec, hub_token=ctx["secrets"]["hub_token"])
+        vllm_changed, model_changed = install_server_stack(spec=spec, hub_token=ctx.secrets["hub_token"])
         install_service(spec=spec, rendered=rendered, api_key=key, restart_on=[*vllm_changed, *model_changed])
         install_server_stack(spec=spec, present=False, purge=True)  # `down --purge`
     """
@@ -352,7 +352,7 @@ def install_service(spec: dict[str, Any], node: Node | None = None, rendered: di
     .. code:: python
 
         install_service(spec=spec, node=host_layout(ctx).parts[spec["name"]], rendered=rendered_for_host(ctx),
-                        api_key=ctx["secrets"]["api_key"], restart_on=[vllm_op, model_op])
+                        api_key=ctx.secrets["api_key"], restart_on=[vllm_op, model_op])
         install_service(spec=spec, rendered=rendered_for_host(ctx), present=False)
     """
     if not present:

@@ -233,7 +233,7 @@ def run_smoke(spec: dict[str, Any], api_key: str | None, address: str | None = N
 
     .. code:: python
 
-        run_smoke(spec=ctx["spec"], api_key=ctx["secrets"]["api_key"])
+        run_smoke(spec=ctx.spec, api_key=ctx.secrets["api_key"])
     """
     if not spec["smoke"]["enabled"]:
         host.noop("smoke tests disabled in the spec (smoke.enabled: false)")
