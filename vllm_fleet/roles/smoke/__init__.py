@@ -105,7 +105,7 @@ def client_document(spec: dict[str, Any]) -> dict[str, Any]:
     from vllm_fleet.render.files import paths
     from vllm_fleet.roles.common import load_deploy_spec
 
-    return json.loads(load_deploy_spec()["layout"].client[paths(spec)["client_json"]].content)
+    return json.loads(load_deploy_spec().layout.client[paths(spec)["client_json"]].content)
 
 
 def write_client_settings(settings_path: str, document: dict[str, Any], res: Any) -> None:
