@@ -90,3 +90,16 @@ def pytest_terminal_summary(terminalreporter):
         terminalreporter.write_sep("=", "module/session fixture setups (>= 1 s)")
         for line in lines:
             terminalreporter.write_line(line)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _hash_cache(tmp_path_factory):
+    """The control machine's hash cache (vllm_fleet.fetch.treehash) in a directory of this test
+    session (also for the deploys the tests start): never the user's ~/.cache."""
+    old = os.environ.get("VLLM_FLEET_HASH_CACHE")
+    os.environ["VLLM_FLEET_HASH_CACHE"] = str(tmp_path_factory.mktemp("hash-cache"))
+    yield
+    if old is None:
+        os.environ.pop("VLLM_FLEET_HASH_CACHE", None)
+    else:
+        os.environ["VLLM_FLEET_HASH_CACHE"] = old

@@ -92,6 +92,28 @@ def test_deploy_validates_then_runs_the_packaged_deploy(tmp_path, capsys):
     assert "valid: lab-tiny" in capsys.readouterr().err
 
 
+def test_deploy_hashes_the_model_before_pyinfra_and_verify_reaches_the_role(tmp_path, capsys, monkeypatch):
+    """The uploaded model is hashed here before pyinfra starts (its record is in the cache when
+    pyinfra runs; a second deploy reads no file); ``--verify`` is the model role's host data."""
+    spec = _spec(tmp_path)
+    (tmp_path / "model" / "config.json").write_text("{}")
+    cache = tmp_path / "hash-cache"
+    monkeypatch.setenv("VLLM_FLEET_HASH_CACHE", str(cache))
+    inv = _inventory(tmp_path, ONE_HOST)
+    seen: list = []
+
+    def run(argv):
+        seen.append((argv, sorted(p.name for p in cache.glob("*.json"))))
+        return 0
+    assert deploycmd.cmd_deploy(_args(inv, spec=str(spec), verify=True), runner=run) == 0
+    argv, records = seen[0]
+    assert len(records) == 1  # hashed before pyinfra ran
+    assert argv[argv.index("model_verify=true") - 1] == "--data"
+    assert "vllm-fleet deploy: hashing 1 file(s) of " in capsys.readouterr().err
+    assert deploycmd.cmd_deploy(_args(inv, spec=str(spec)), runner=run) == 0
+    assert "model_verify=true" not in seen[1][0] and "hashing" not in capsys.readouterr().err
+
+
 def test_deploy_with_a_bad_spec_contacts_no_host(tmp_path, capsys):
     spec = _spec(tmp_path, model={"servd_name": "x"})
     run = Recorder()

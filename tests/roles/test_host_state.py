@@ -11,6 +11,7 @@ where the host differs.
 
 from __future__ import annotations
 
+import base64
 import copy
 import hashlib
 import os
@@ -70,6 +71,37 @@ def test_the_script_reads_files_dirs_users_and_an_env(tmp_path):
     assert env["python"] == ".".join(map(str, sys.version_info[:3]))
     assert env["dist"] == {"pyinfra": version("pyinfra"), "no-such-dist-vf": None} and env["file"] == {"no-such.pth": None}
     assert s.env(str(tmp_path / "no-env" / "python")) == {"python": None, "dist": {}, "file": {}, "done": True}
+
+
+def _ns(text: str) -> int:
+    """find's ``%T@`` (seconds.fraction) in nanoseconds."""
+    sec, _, frac = text.partition(".")
+    return int(sec) * 10**9 + int((frac + "0" * 9)[:9])
+
+
+def test_tree_lists_each_file_with_its_size_mtime_and_ctime_before_any_hash(tmp_path):
+    """The ``tree`` kind (the model stamp's listing): every regular file under the directory
+    with the size, mtime and ctime os.stat reads (an mtime set back by its owner included); a
+    directory that is not there lists nothing; the listing comes before the hashes of the same
+    read (a file written after it shows another ctime next time)."""
+    d = tmp_path / "d"
+    (d / "sub").mkdir(parents=True)
+    (d / "a.bin").write_bytes(b"x" * 5)
+    (d / "sub" / "b").write_bytes(b"")
+    os.utime(d / "a.bin", ns=(1, 1_700_000_000_123_456_789))  # touch -d: the owner may set it
+    q = Query(tree=(str(d), str(tmp_path / "nope")), sha=(str(d / "a.bin"),))
+    argv = q.argv()
+    assert argv.index("tree") < argv.index("sha")
+    s = Snapshot.parse(run_script(q))
+    s.query = q
+    tree = s.tree(str(d))
+    assert set(tree) == {"a.bin", "sub/b"}
+    for rel, (size, mtime, ctime) in tree.items():
+        st = os.stat(d / rel)
+        assert (size, _ns(mtime), _ns(ctime)) == (st.st_size, st.st_mtime_ns, st.st_ctime_ns), (rel, tree[rel])
+    assert _ns(tree["a.bin"][1]) == 1_700_000_000_123_456_789
+    assert s.tree(str(tmp_path / "nope")) == {} and s.files_under(str(d)) == {"a.bin": 5, "sub/b": 0}
+    assert s.tree("/not/asked") is None
 
 
 def test_a_glob_sees_every_matching_file_and_the_text_of_those_up_to_1_mib(tmp_path):
@@ -346,20 +378,25 @@ def _model(spec):
     model.install_model(spec=spec)
 
 
-def _model_lines(spec, local: Path, drift: str | None = None) -> list[str]:
+def _model_lines(spec, local: Path, drift: str | None = None, stamped: bool = True) -> list[str]:
     """host_state.sh's output for model.path holding the upload (sha256sum of the local files,
-    as the system's tool computes them: an independent reader)."""
+    as the system's tool computes them: an independent reader) and, ``stamped``, the stamp of
+    that verified copy (config_dir/model.stamp: the manifest's sha256 and the same tree lines)."""
     root, user = spec["model"]["path"], spec["server"]["user"]
     rels = sorted(p.relative_to(local).as_posix() for p in local.rglob("*") if p.is_file())
     manifest = subprocess.run(["sha256sum", *rels], cwd=local, capture_output=True, text=True, check=True).stdout
     shas = {rel: line.split()[0] for rel, line in zip(rels, manifest.splitlines())}
     shas["MANIFEST.sha256"] = hashlib.sha256(manifest.encode()).hexdigest()
     sizes = {rel: (local / rel).stat().st_size for rel in rels} | {"MANIFEST.sha256": len(manifest)}
-    out = [f"stat\t{root}\tdirectory\t{user}\t{user}\t755\t4096", f"stat\t{root}/sub\tdirectory\t{user}\t{user}\t755\t4096",
-           f"find\t{root}\t."]
+    t = "1764800000.0000000000"
+    tree = [f"tree\t{root}\t."] + [f"tree\t{root}\t{sizes[rel]} {t} {t} {rel}" for rel in shas]
+    out = [f"stat\t{root}\tdirectory\t{user}\t{user}\t755\t4096", f"stat\t{root}/sub\tdirectory\t{user}\t{user}\t755\t4096", *tree]
     for rel, sha in shas.items():
         out += [f"stat\t{root}/{rel}\tregular file\t{user}\t{user}\t644\t{sizes[rel]}",
-                f"sha\t{root}/{rel}\t{'0' * 64 if rel == drift else sha}", f"find\t{root}\t{sizes[rel]} {rel}"]
+                f"sha\t{root}/{rel}\t{'0' * 64 if rel == drift else sha}"]
+    if stamped:
+        stamp = "\n".join([f"manifest\t{root}\t{hashlib.sha256(manifest.encode()).hexdigest()}", *tree, "end"]) + "\n"
+        out.append(f"read\t{spec['install']['config_dir']}/model.stamp\t{base64.b64encode(stamp.encode()).decode()}")
     return out + ["end"]
 
 
@@ -382,7 +419,7 @@ def test_a_model_in_place_gets_no_operation_and_a_changed_file_only_its_upload(h
     lines = _model_lines(spec, local)
     run = harness.run(_model, spec, facts={HostState: lambda query: Snapshot.parse(lines)}, strict=True)
     assert run.ops == []
-    lines = _model_lines(spec, local, drift="model.safetensors")
+    lines = _model_lines(spec, local, drift="model.safetensors", stamped=False)
     from pyinfra.facts.files import File, Sha1File
 
     room = [f"free\t{spec['model']['path']}\t{1 << 40}", "free\t/tmp\t" + str(1 << 40)]  # the space check's figures

@@ -184,8 +184,9 @@ def test_a_new_revision_removes_the_files_the_old_one_had_from_the_state_read(ha
     spec = fleet_spec()
     root = spec["model"]["path"]
     old = base64.b64encode(f"{SOURCE}@{'d' * 40}\n".encode()).decode()
-    lines = [f"read\t{root}/.vllm-fleet-hub\t{old}", f"find\t{root}\t.", f"find\t{root}\t9 .vllm-fleet-hub",
-             f"find\t{root}\t5 model-00002-of-00002.safetensors"]
+    t = "1764800000.0000000000"
+    lines = [f"read\t{root}/.vllm-fleet-hub\t{old}", f"tree\t{root}\t.", f"tree\t{root}\t9 {t} {t} .vllm-fleet-hub",
+             f"tree\t{root}\t5 {t} {t} model-00002-of-00002.safetensors"]
     there = {"mode": 644, "user": "vllm", "group": "vllm"}
     facts = {**bare_host(lines=lines), FindFiles: [], FileContents: None,  # pyinfra's removal reads the file's stat
              File: harness.per_arg("path", {f"{root}/.vllm-fleet-hub": there, f"{root}/model-00002-of-00002.safetensors": there})}

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from pyinfra.facts.files import Directory, File, FileContents, Md5File, Sha1File, Sha256File
 
-from vllm_fleet.host.state import HostState, Query, Snapshot
+from vllm_fleet.host.state import HostState, Query, Snapshot, state_command
 from vllm_fleet.roles.model import ModelMissing, NoSpace, StateUnknown, install_model
 from vllm_fleet.spec.load import load, resolve
 
@@ -61,21 +61,53 @@ def state(lines, free=None):
 BARE = {**state([]), File: None, Directory: None}  # a host without the model: nothing at model.path
 
 
-def remote_state(spec, local: Path, extra=(), free=None):
+T0 = "1764800000.1000000000"  # find's %T@ / %C@ of a file on the host (seconds.nanoseconds)
+
+
+def tree_of(spec, local: Path, extra=(), times=None) -> dict:
+    """``{relpath: (size, mtime, ctime)}`` of model.path on a host holding the upload of ``local``
+    (and its manifest, and ``extra`` ``{relpath: bytes}``); ``times``: ``{relpath: (mtime, ctime)}``
+    where they are not T0."""
+    files_ = {p.relative_to(local).as_posix(): p.stat().st_size for p in local.rglob("*") if p.is_file()}
+    files_["MANIFEST.sha256"] = len(sha256sum_lines(local).encode())
+    files_.update({rel: len(data) for rel, data in dict(extra).items()})
+    return {rel: (size, *(times or {}).get(rel, (T0, T0))) for rel, size in files_.items()}
+
+
+def stamp_of(spec, manifest: str, tree: dict, complete: bool = True) -> str:
+    """A stamp as the host writes it: the manifest's sha256 (of ``manifest``, sha256sum's lines)
+    and host_state.sh's own ``tree`` lines, ``end`` last (None of the role's code)."""
+    root = spec["model"]["path"]
+    lines = [f"manifest\t{root}\t{hashlib.sha256(manifest.encode()).hexdigest()}", f"tree\t{root}\t."]
+    lines += [f"tree\t{root}\t{size} {m} {c} {rel}" for rel, (size, m, c) in tree.items()]
+    return "\n".join(lines + (["end"] if complete else [])) + "\n"
+
+
+def stamp_path(spec) -> str:
+    return f"{spec['install']['config_dir']}/model.stamp"
+
+
+def remote_state(spec, local: Path, extra=(), free=None, stamp=None, times=None, shas=None):
     """A host where the upload already happened: the state read's lines (owner, mode, sha256,
-    the files under model.path, and ``extra``: ``{relpath: bytes}`` there besides), and the facts
-    pyinfra's own operations read where the snapshot differs (owner, mode, checksums)."""
+    the files under model.path with size, mtime and ctime, ``extra``: ``{relpath: bytes}`` there
+    besides, ``times``: see :func:`tree_of`, ``shas``: ``{relpath: sha256}`` the host's file
+    hashes to instead: a copy corrupted in place), ``stamp``: the stamp's text (None: none there),
+    and the facts pyinfra's own operations read where the snapshot differs (owner, mode, checksums)."""
     root, user = spec["model"]["path"], spec["server"]["user"]
     files_ = {f"{root}/{p.relative_to(local).as_posix()}": p.read_bytes() for p in local.rglob("*") if p.is_file()}
     files_[f"{root}/MANIFEST.sha256"] = sha256sum_lines(local).encode()
     files_.update({f"{root}/{rel}": data for rel, data in dict(extra).items()})
-    sha1 = {k: hashlib.sha1(v).hexdigest() for k, v in files_.items()}
+    sha1 = {k: "0" * 40 if k[len(root) + 1:] in (shas or {}) else hashlib.sha1(v).hexdigest() for k, v in files_.items()}
     meta = {"mode": 644, "user": user, "group": user}
     dirs = {root: {"mode": 755, "user": user, "group": user}, f"{root}/sub": {"mode": 755, "user": user, "group": user}}
-    lines = [f"stat\t{path}\tdirectory\t{user}\t{user}\t755\t4096" for path in dirs] + [f"find\t{root}\t."]
+    lines = [f"stat\t{path}\tdirectory\t{user}\t{user}\t755\t4096" for path in dirs] + [f"tree\t{root}\t."]
+    lines.append(f"read\t{stamp_path(spec)}\t" + (base64.b64encode(stamp.encode()).decode() if stamp else "-"))
     for path, data in files_.items():
+        rel = path[len(root) + 1:]
+        mtime, ctime = (times or {}).get(rel, (T0, T0))
+        sha = (shas or {}).get(rel) or hashlib.sha256(data).hexdigest()
         lines += [f"stat\t{path}\tregular file\t{user}\t{user}\t644\t{len(data)}",
-                  f"sha\t{path}\t{hashlib.sha256(data).hexdigest()}", f"find\t{root}\t{len(data)} {path[len(root) + 1:]}"]
+                  f"sha\t{path}\t{sha}", f"tree\t{root}\t{len(data)} {mtime} {ctime} {rel}"]
     return {
         **state(lines, free),
         File: lambda path: meta if path in sha1 else None,
@@ -122,8 +154,10 @@ def test_the_free_bytes_are_read_with_the_tree_in_one_read(harness, local_model)
     spec = lab_spec(local_dir=str(local_model))
     root = spec["model"]["path"]
     run = harness.run(install_model, spec, facts=state([], free=on_model_path(100 * GIB)), data={"_temp_dir": "/scratch"})
-    (query,) = [kw["query"] for name, kw in run.asked if name == "HostState"]
-    assert query.free == (root, "/scratch") and query.find == (root,)
+    query, full = [kw["query"] for name, kw in run.asked if name == "HostState"]
+    assert query.free == (root, "/scratch") and query.tree == (root,) and query.read == (stamp_path(spec),)
+    assert not query.sha  # the one read hashes nothing; no stamp here: the second read asks the hashes alone
+    assert full == Query(sha=full.sha) and f"{root}/model.safetensors" in full.sha
     with pytest.raises(NoSpace, match="uploads each file through /scratch first"):
         harness.run(install_model, spec, facts=state([], free=on_model_path(100 * GIB, 10)), data={"_temp_dir": "/scratch"})
     assert lab_spec(transfer="none")["model"]["transfer"] == "none"
@@ -132,7 +166,7 @@ def test_the_free_bytes_are_read_with_the_tree_in_one_read(harness, local_model)
 
 def test_files_already_there_need_no_space_and_tmp_must_hold_the_largest(harness, local_model):
     spec = lab_spec(local_dir=str(local_model))
-    full = remote_state(spec, local_model, free=0)  # a full disk: nothing to upload, so no check and no change
+    full = converged(spec, local_model, free=0)  # a full disk: nothing to upload, so no check and no change
     small_tmp = remote_state(spec, local_model, free=on_model_path(10 * GIB, 10))
     assert not harness.run(install_model, spec, facts=full).changed
     (local_model / "model.safetensors").write_text("weights " * 200)  # larger: must go through /tmp
@@ -175,17 +209,109 @@ def test_upload_fresh(harness, local_model):
     assert f"chmod 644 {root}/model.safetensors" in run.commands
     # the manifest goes after every model file, the check after the manifest
     assert run.index(f"upload:{root}/MANIFEST.sha256") > run.index(f"upload:{root}/model.safetensors")
-    verify = run.op("Verify the model")
-    assert verify.commands[0].startswith(f"cd {root} && runuser -u {user} -- sha256sum --quiet --strict -c MANIFEST.sha256")
-    assert "rm -f MANIFEST.sha256" in verify.commands[0]
+    # the tree listed (host_state.sh's own `tree` read) before the check, the stamp kept after it
+    listing, check, keep = run.op("Verify the model").commands
+    assert check.startswith(f"cd {root} && runuser -u {user} -- sha256sum --quiet --strict -c MANIFEST.sha256")
+    stamp = stamp_path(spec)
+    assert f"rm -f MANIFEST.sha256 {stamp}.tmp-vllm-fleet {stamp}" in check  # a failed check leaves no stamp
+    assert listing.startswith(f"mkdir -p {spec['install']['config_dir']} && {{ printf 'manifest\\t%s\\t%s\\n' {root} ")
+    assert f"host-state tree {root} ; }} > {stamp}.tmp-vllm-fleet" in listing
+    assert keep == f"chmod 644 {stamp}.tmp-vllm-fleet && mv -f {stamp}.tmp-vllm-fleet {stamp}"
+
+
+def converged(spec, local: Path, **kw):
+    """A host holding the upload of ``local`` and the stamp of its verified copy."""
+    return remote_state(spec, local, stamp=stamp_of(spec, sha256sum_lines(local), tree_of(spec, local)), **kw)
+
+
+def hash_reads(run) -> list:
+    """The state reads of ``run`` that asked a file's sha256 (the host reads the file whole)."""
+    return [kw["query"] for name, kw in run.asked if name == "HostState" and kw["query"].sha]
 
 
 def test_upload_second_deploy_no_changes(harness, local_model):
+    """A converged host with its stamp: one state read, which hashes no file on the host."""
     spec = lab_spec(local_dir=str(local_model))
-    run = harness.run(install_model, spec, facts=remote_state(spec, local_model), strict=True)
+    run = harness.run(install_model, spec, facts=converged(spec, local_model), strict=True)
     assert not run.changed, run
     assert not run.has_op("Verify the model")
-    assert read_fact_names(run) == {"HostState"}, run.asked  # the one state read, no fact per file
+    assert read_fact_names(run) == {"HostState"} and len(run.asked) == 1, run.asked  # the one state read, no fact per file
+    assert hash_reads(run) == [], run.asked
+
+
+def test_a_copy_verified_before_stamps_is_hashed_once_and_stamped(harness, local_model):
+    """No stamp (a host deployed by an older release): every file's sha256 is read in a second
+    read, all are in place, so nothing is put and vLLM has nothing to restart for; the stamp is
+    put (atomically, root 0644) from the first read's listing, taken before the hashes."""
+    spec = lab_spec(local_dir=str(local_model))
+    cfg = spec["install"]["config_dir"]
+    facts = {**remote_state(spec, local_model), Directory: harness.per_arg("path", {cfg: {"mode": 750}})}
+    run = harness.run(install_model, spec, facts=facts)
+    assert [op.name.split(" | ")[-1] for op in run.ops if op.commands] == ["Stamp the verified model (model.stamp)"], run
+    assert len(hash_reads(run)) == 1
+    stamp = stamp_path(spec)
+    want = stamp_of(spec, sha256sum_lines(local_model), tree_of(spec, local_model))
+    assert sorted(run.uploads[stamp].splitlines()) == sorted(want.splitlines())
+    assert run.op("Stamp the verified model").commands[1:] == [f"chown root:root {stamp}.tmp-vllm-fleet", f"chmod 644 {stamp}.tmp-vllm-fleet",
+                                                              f"mv -f {stamp}.tmp-vllm-fleet {stamp}"]
+
+
+def _differs(spec, local: Path, how: str) -> tuple[str, dict]:
+    """A stamp that no longer says the host's copy is the verified one, and what else the host holds."""
+    tree, manifest, extra = tree_of(spec, local), sha256sum_lines(local), {}
+    size, mtime, ctime = tree["model.safetensors"]
+    if how == "size":
+        tree["model.safetensors"] = (size + 1, mtime, ctime)
+    elif how == "mtime":  # the owner of a file can set it back (touch -d): the ctime is then the one that moves
+        tree["model.safetensors"] = (size, "1764800000.2000000000", ctime)
+    elif how == "ctime":
+        tree["model.safetensors"] = (size, mtime, "1764800000.2000000000")
+    elif how == "added":  # a file there that the verified copy did not have
+        extra = {"model-00002-of-00002.safetensors": b"stale"}
+    elif how == "removed":  # the verified copy had a file the host no longer has
+        tree["gone.safetensors"] = (5, mtime, ctime)
+    elif how == "manifest":  # verified against another manifest
+        manifest = manifest.replace("sub/extra.txt", "sub/other.txt")
+    text = stamp_of(spec, manifest, tree, complete=how != "cut")
+    if how == "root":
+        text = text.replace(spec["model"]["path"], "/srv/other-model")
+    return text, extra
+
+
+@pytest.mark.parametrize("how", ["size", "mtime", "ctime", "added", "removed", "manifest", "cut", "root"])
+def test_any_difference_from_the_stamp_brings_the_full_check(harness, local_model, how):
+    """A file of another size, mtime or ctime, a file added or gone, another manifest, a stamp cut
+    short or of another path: every file's sha256 is read and compared as without a stamp."""
+    spec = lab_spec(local_dir=str(local_model))
+    cfg = spec["install"]["config_dir"]
+    text, extra = _differs(spec, local_model, how)
+    root = spec["model"]["path"]
+    facts = {**remote_state(spec, local_model, stamp=text, extra=extra), Directory: harness.per_arg("path", {cfg: {"mode": 750}}),
+             FileContents: None}
+    run = harness.run(install_model, spec, facts=facts)
+    assert len(hash_reads(run)) == 1, run.asked
+    changed = [op.name.split(" | ")[-1] for op in run.ops if op.commands]
+    if how == "added":  # the stale file goes and the check runs on the host (it writes the stamp)
+        assert changed == [f"Remove {root}/model-00002-of-00002.safetensors (not in the manifest)",
+                           "Verify the model against MANIFEST.sha256 (as vllm)"], run
+    else:  # every file in place: a new stamp from the read, nothing put
+        assert changed == ["Stamp the verified model (model.stamp)"], run
+
+
+def test_verify_hashes_every_file_whatever_the_stamp_says(harness, local_model):
+    """A copy corrupted where the stamp cannot see it (the bytes changed, not the size, mtime or
+    ctime: a disk's bit rot): a plain deploy trusts the stamp; with model_verify (`deploy
+    --verify`) the one state read hashes every file, and the corrupted one is put again."""
+    spec = lab_spec(local_dir=str(local_model))
+    facts = converged(spec, local_model, shas={"model.safetensors": "0" * 64})
+    plain = harness.run(install_model, spec, facts=facts)
+    assert not plain.changed and hash_reads(plain) == [], plain
+    run = harness.run(install_model, spec, facts=facts, data={"model_verify": True})
+    assert len(run.asked) >= 1 and run.asked[0][0] == "HostState" and run.asked[0][1]["query"].sha, run.asked
+    assert len(hash_reads(run)) == 1  # the deploy's one read: no second round trip
+    root = spec["model"]["path"]
+    assert sorted(run.uploads) == [f"{root}/model.safetensors"], run
+    assert run.has_op("Verify the model")
 
 
 def test_upload_changed_file_only(harness, local_model):
@@ -432,6 +558,8 @@ def test_upload_for_real_with_local_connector(tmp_path):
     dest = tmp_path / "host" / "model"
     spec = lab_spec(local_dir=str(local), path=str(dest))
     spec["server"]["user"] = "root"  # a user this machine has
+    spec["install"]["config_dir"] = str(tmp_path / "host" / "etc")  # the stamp's directory (made by the role)
+    stamp = tmp_path / "host" / "etc" / "model.stamp"
     write_model_deploy(tmp_path, spec)
 
     first = pyinfra_local(tmp_path)
@@ -450,6 +578,29 @@ def test_upload_for_real_with_local_connector(tmp_path):
     assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
     assert (dest / "model.safetensors").read_bytes() == (local / "model.safetensors").read_bytes()
     assert not (dest / "model-00002-of-00002.safetensors").exists()
+    assert_stamp_matches(stamp, dest)
+
+    # a no-op: the one state read asks no file's sha256 (pyinfra's -vv shows what it ran)
+    noop = pyinfra_local(tmp_path, "-vv")
+    assert noop.returncode == 0, noop.stderr[-3000:]
+    reads = [ln.split("host-state", 1)[1] for ln in (noop.stdout + noop.stderr).splitlines() if "host-state stat " in ln]
+    assert len(reads) == 1 and f" tree {dest} " in reads[0] and " sha " not in reads[0], reads
+    assert_stamp_matches(stamp, dest)
+
+    # bytes changed where the stamp cannot see it (a disk's bit rot: same size, mtime and ctime;
+    # here: the stamp listed again after the write): a plain deploy trusts the stamp, --verify
+    # (host data model_verify) hashes every file and puts the bad one again
+    good = (local / "model.safetensors").read_bytes()
+    (dest / "model.safetensors").write_bytes(bytes(255 - b for b in good))
+    listing = subprocess.run(["sh", "-c", state_command(Query(tree=(str(dest),))).get_raw_value()],
+                             capture_output=True, text=True, check=True).stdout
+    stamp.write_text(stamp.read_text().splitlines()[0] + "\n" + listing)
+    dry = pyinfra_local(tmp_path, "--dry", "--json", yes=False)
+    assert [op for op in json.loads(dry.stdout)["plan"] if op["hosts_with_change"]] == []  # trusted: the limit of a stamp
+    verify = pyinfra_local(tmp_path, "--data", "model_verify=true")
+    assert verify.returncode == 0, verify.stdout[-3000:] + verify.stderr[-3000:]
+    assert (dest / "model.safetensors").read_bytes() == good
+    assert_stamp_matches(stamp, dest)
 
     # converged: the plan of a third deploy changes nothing
     dry = pyinfra_local(tmp_path, "--dry", "--json", yes=False)
@@ -464,3 +615,27 @@ def test_upload_for_real_with_local_connector(tmp_path):
     changing = [op["name"].split(" | ")[-1] for op in json.loads(dry.stdout)["plan"]
                 if op["hosts_with_change"] or op["hosts_with_conditional_change"]]
     assert changing == ["Model file config.json", "Verify the model against MANIFEST.sha256 (as root)"]
+
+
+def assert_stamp_matches(stamp: Path, dest: Path) -> None:
+    """The stamp on the host, read with os.stat and hashlib (not the role's code): root's, 0644,
+    the sha256 of the MANIFEST.sha256 at ``dest``, and every file there with the size, mtime
+    and ctime os.stat reads now, and no other."""
+    st = stamp.stat()
+    assert (st.st_uid, oct(st.st_mode)[-3:]) == (0, "644")
+    lines = stamp.read_text().splitlines()
+    assert lines[0] == f"manifest\t{dest}\t{hashlib.sha256((dest / 'MANIFEST.sha256').read_bytes()).hexdigest()}"
+    assert lines[1] == f"tree\t{dest}\t." and lines[-1] == "end"
+    seen = {}
+    for line in lines[2:-1]:
+        kind, root, value = line.split("\t")
+        size, mtime, ctime, rel = value.split(" ", 3)
+        assert (kind, root) == ("tree", str(dest))
+        seen[rel] = (int(size), _ns(mtime), _ns(ctime))
+    there = {p.relative_to(dest).as_posix(): p.stat() for p in dest.rglob("*") if p.is_file()}
+    assert seen == {rel: (s.st_size, s.st_mtime_ns, s.st_ctime_ns) for rel, s in there.items()}
+
+
+def _ns(text: str) -> int:
+    sec, _, frac = text.partition(".")
+    return int(sec) * 10**9 + int((frac + "0" * 9)[:9])

@@ -1,4 +1,4 @@
-"""`vllm-fleet deploy INVENTORY [--spec SPEC] [--limit HOSTS] [--dry] [--diff] [-y]`.
+"""`vllm-fleet deploy INVENTORY [--spec SPEC] [--limit HOSTS] [--dry] [--diff] [--verify] [-y]`.
 
 1. The inventory as pyinfra reads it, without connecting (:mod:`vllm_fleet.spec.inventory`:
    pyinfra's own loader in a child process; its data precedence: ``--data`` > host > group incl. ``group_data/*.py`` > all).
@@ -6,8 +6,13 @@
    vllm_fleet_spec=``): validated (schema, semantic, hardware checks), its secrets readable, its
    model directory present, its files rendered for the hosts that deploy it. Any problem: printed
    with its YAML path (or host) and the fix, exit 1, no host contacted.
-3. pyinfra with the packaged deploy ``vllm_fleet.deploys.serve.serve`` and pyinfra's own progress
-   output; ``--dry``/``--diff``/``-y``/``--limit`` are pyinfra's.
+3. The model directory of each ``transfer: upload`` spec hashed on this machine before pyinfra
+   starts (:func:`hash_models`: vllm_fleet.fetch.treehash, a cache kept across runs, so only
+   files not hashed before are read; the deploy process then finds every hash there).
+4. pyinfra with the packaged deploy ``vllm_fleet.deploys.serve.serve`` and pyinfra's own progress
+   output; ``--dry``/``--diff``/``-y``/``--limit`` are pyinfra's. ``--verify`` is pyinfra's
+   ``--data model_verify=true`` (the model role's host data): every file of an uploaded model is
+   hashed on the hosts this time, whatever the stamp of their last verified copy says.
 
 Exit codes: 0 deployed (with ``--dry``: the changes were shown, nothing was changed); 1 the spec,
 the inventory or a secret has a problem (nothing was contacted); 2 usage (also: no -y and no
@@ -182,7 +187,24 @@ def again_command(args: argparse.Namespace, command: str) -> str:
         out += ["--limit", h]
     for d in args.data or []:
         out += ["--data", d]
+    if getattr(args, "verify", False):
+        out.append("--verify")
     return " ".join(out + ["-y"])
+
+
+#: The model role's host data that ``deploy --verify`` sets (vllm_fleet/roles/model/defaults.py).
+VERIFY_DATA = "model_verify=true"
+
+
+def hash_models(deployments: list[Deployment], say: Callable[[str], None]) -> None:
+    """Hash each ``transfer: upload`` model directory here, before pyinfra connects
+    (vllm_fleet.fetch.treehash: only files not hashed before are read; ``say`` is told when any
+    is), so the deploy process, and every later one, finds the hashes in the cache."""
+    from vllm_fleet.fetch.treehash import hash_tree
+
+    for d in deployments:
+        if d.resolved["model"]["transfer"] == "upload":
+            hash_tree(d.resolved["model"]["local_dir"], log=say)
 
 
 def pyinfra_argv(inventory: str, func: str, data: Sequence[str], limit: Sequence[str], *, dry: bool = False,
@@ -277,6 +299,9 @@ def cmd_deploy(args: argparse.Namespace, runner: Callable[[list[str]], int] | No
         for w in d.warnings:
             print(f"vllm-fleet deploy: {w}", file=sys.stderr)
     print(f"vllm-fleet deploy: valid: {summary(deployments)}", file=sys.stderr)
+    hash_models(deployments, lambda m: print(f"vllm-fleet deploy: {m}", file=sys.stderr))
+    if getattr(args, "verify", False):
+        data = [*data, VERIFY_DATA]
     argv = pyinfra_argv(args.inventory, DEPLOY, data, args.limit or [], dry=args.dry, diff=args.diff, yes=args.yes)
     print(f"vllm-fleet deploy: {' '.join(argv)}", file=sys.stderr)
     rc = run_pyinfra(argv, runner, what="vllm-fleet deploy", again=again_command(args, "deploy"))
@@ -308,5 +333,8 @@ def add_cli(sub: Any) -> None:
     add_fleet_arguments(p)
     p.add_argument("--dry", action="store_true", help="show what would change; change nothing (not even here)")
     p.add_argument("--diff", action="store_true", help="pyinfra's --diff: show file diffs while it runs")
+    p.add_argument("--verify", action="store_true",
+                   help="hash every file of an uploaded model on the hosts (model_verify): a converged host is "
+                   "otherwise judged by the stamp of its last verified copy (sizes, mtimes, ctimes)")
     p.add_argument("-y", "--yes", action="store_true", help="do not ask before changing hosts")
     p.set_defaults(func=cmd_deploy)

@@ -36,7 +36,8 @@ _TYPES = {"regular file": "file", "regular empty file": "file", "directory": "di
 @dataclass(frozen=True)
 class Query:
     """What to read: paths to stat / hash / read, directories to list (``ls``) or walk for files
-    (``find``), users, Debian packages, systemd units, Python envs to probe
+    (``find``: each file's size; ``tree``: its size, mtime and ctime, listed before any ``sha``
+    of the same read is hashed), users, Debian packages, systemd units, Python envs to probe
     (``{python: (dist:NAME | file:RELPATH, ...)}`` as tuples of pairs), shell globs whose
     small files to read (``globs``: e.g. every vllm-fleet unit on the host), paths whose
     filesystem's free bytes to read (``free``: the nearest existing parent's, for a path not
@@ -52,6 +53,7 @@ class Query:
     read: tuple[str, ...] = ()
     ls: tuple[str, ...] = ()
     find: tuple[str, ...] = ()
+    tree: tuple[str, ...] = ()
     users: tuple[str, ...] = ()
     debs: tuple[str, ...] = ()
     units: tuple[str, ...] = ()
@@ -96,7 +98,8 @@ class Query:
     def argv(self) -> list[str]:
         """host_state.sh's arguments (KIND VALUE pairs)."""
         out: list[str] = []
-        for kind, values in (("stat", self.stat), ("sha", self.sha), ("read", self.read), ("ls", self.ls),
+        # tree before sha: a listing taken before the hashing (vllm_fleet.roles.model's stamp)
+        for kind, values in (("stat", self.stat), ("tree", self.tree), ("sha", self.sha), ("read", self.read), ("ls", self.ls),
                              ("find", self.find), ("user", self.users), ("deb", self.debs), ("unit", self.units),
                              ("glob", self.globs), ("age", self.ages), ("chat", self.chats),
                              ("free", self.free), ("target", self.targets),
@@ -145,6 +148,7 @@ class Snapshot:
         self.reads: dict[str, str | None] = {}
         self.lists: dict[str, list[str]] = {}
         self.finds: dict[str, dict[str, int]] = {}
+        self.trees: dict[str, dict[str, tuple[int, str, str]]] = {}  # dir asked with ``tree`` -> {rel: (size, mtime, ctime)}
         self.users: dict[str, dict | None] = {}
         self.debs: dict[str, dict] = {}
         self.units: dict[str, dict] = {}
@@ -204,6 +208,12 @@ class Snapshot:
         st = self.stats.get(path) if self._asked("stat", path) else None
         return bool(st and st["type"] == "file" and self._asked("sha", path) and self.shas.get(path) == sha256
                     and _owner_mode_ok(st, user, group, mode))
+
+    def regular_file(self, path: str, user: str | None = None, group: str | None = None, mode: Any = None) -> bool:
+        """True when the snapshot shows PATH (asked with ``stat``) as a regular file with that
+        owner and mode; its content is not compared (nothing says it was hashed)."""
+        st = self.stats.get(path) if self._asked("stat", path) else None
+        return bool(st and st["type"] == "file" and _owner_mode_ok(st, user, group, mode))
 
     def same_content(self, path: str, sha256: str) -> bool:
         """True when the snapshot shows PATH as a regular file with this content, whatever its
@@ -309,8 +319,18 @@ class Snapshot:
         return self.glob_units.get(path) if self.known else None
 
     def files_under(self, root: str) -> dict[str, int] | None:
-        """``{relpath: size}`` of the regular files under ``root`` ({} when absent), or None."""
-        return self.finds.get(root, {}) if self._asked("find", root) else None
+        """``{relpath: size}`` of the regular files under ``root`` asked with ``find`` or ``tree``
+        ({} when absent), or None."""
+        if self._asked("find", root):
+            return self.finds.get(root, {})
+        tree = self.tree(root)
+        return None if tree is None else {rel: size for rel, (size, _, _) in tree.items()}
+
+    def tree(self, root: str) -> dict[str, tuple[int, str, str]] | None:
+        """``{relpath: (size, mtime, ctime)}`` of the regular files under a directory asked with
+        ``tree`` ({} when absent), or None; the times as the host's find printed them
+        (``%T@``, ``%C@``: seconds.nanoseconds), compared as text, never as floats."""
+        return dict(self.trees.get(root, {})) if self._asked("tree", root) else None
 
     def env(self, python: str) -> dict | None:
         """``{"python": "3.11.2" | None, "dist": {name: version|None}, "file": {rel: sha|None}}``
@@ -355,6 +375,13 @@ def _find_line(s: Snapshot, key: str, value: str) -> None:
     size, _, rel = value.partition(" ")
     if value != "." and size.isdigit() and rel:
         s.finds[key][rel] = int(size)
+
+
+def _tree_line(s: Snapshot, key: str, value: str) -> None:
+    s.trees.setdefault(key, {})
+    parts = value.split(" ", 3)
+    if value != "." and len(parts) == 4 and parts[0].isdigit() and parts[3]:
+        s.trees[key][parts[3]] = (int(parts[0]), parts[1], parts[2])
 
 
 def _glob_line(s: Snapshot, key: str, value: str) -> None:
@@ -443,7 +470,7 @@ def _unit_line(s: Snapshot, unit: dict[str, str], rest: str) -> dict[str, str]:
     return unit
 
 
-_LINES = {"stat": _stat_line, "sha": _sha_line, "read": _read_line, "ls": _ls_line, "find": _find_line,
+_LINES = {"stat": _stat_line, "sha": _sha_line, "read": _read_line, "ls": _ls_line, "find": _find_line, "tree": _tree_line,
           "glob": _glob_line, "globunit": _globunit_line, "user": _user_line, "deb": _deb_line,
           "started": _started_line, "chat": _chat_line, "age": _age_line, "py": _py_line,
           "free": _free_line, "target": _target_line, "gpus": _gpus_line, "pci": _pci_line}

@@ -8,6 +8,9 @@
 #   read PATH BASE64                      (a small file's content; `-` when absent)
 #   ls DIR .  then  ls DIR NAME           (one line per entry; no `.` line when DIR is absent)
 #   find DIR .  then  find DIR SIZE RELPATH   (regular files under DIR)
+#   tree DIR .  then  tree DIR SIZE MTIME CTIME RELPATH   (regular files under DIR with find's %T@ and
+#                                         %C@: seconds.nanoseconds of the last write and of the last
+#                                         inode change; the owner of a file can set the first, not the second)
 #   user NAME PASSWD-LINE                 (getent passwd; `-` when absent)
 #   deb NAME STATUS VERSION               (dpkg-query; packages dpkg does not know print nothing)
 #   unit KEY=VALUE / unit (blank)         (systemctl show Id/LoadState/ActiveState/SubState/UnitFileState/NRestarts)
@@ -55,6 +58,11 @@ while [ $# -ge 2 ]; do
       if [ -d "$v" ]; then
         printf 'find\t%s\t.\n' "$v"
         find "$v" -type f -printf '%s %P\n' | while IFS= read -r n; do printf 'find\t%s\t%s\n' "$v" "$n"; done
+      fi ;;
+    tree)
+      if [ -d "$v" ]; then
+        printf 'tree\t%s\t.\n' "$v"
+        find "$v" -type f -printf '%s %T@ %C@ %P\n' | while IFS= read -r n; do printf 'tree\t%s\t%s\n' "$v" "$n"; done
       fi ;;
     glob)
       printf 'glob\t%s\t.\n' "$v"

@@ -9,7 +9,12 @@ Deploy function
 
 ``model.transfer``
     - ``upload``: ``model.local_dir`` on the control machine -> ``model.path``. Every file's
-      sha256 is computed locally into ``MANIFEST.sha256`` (sha256sum format); each file is put
+      sha256 is computed locally into ``MANIFEST.sha256`` (sha256sum format; each file read once:
+      :mod:`vllm_fleet.fetch.treehash` keeps the hashes across deploys, off the gevent loop).
+      A host whose stamp (``{install.config_dir}/model.stamp``, root's) records this manifest
+      and the files under model.path with the size, mtime and ctime they have now is converged
+      from its state read alone: no file is hashed there (host data ``model_verify``, ``deploy
+      --verify``, hashes them all anyway). Otherwise every file's sha256 is read, and each file is put
       with ``files.put`` (which uploads only files whose checksum differs), owned by
       ``server.user``, mode 644 (dirs 755); files on the host that are not in the manifest are
       removed (a stale shard would be loaded by vLLM); the manifest goes last. Before any of
@@ -18,8 +23,10 @@ Deploy function
       free figures from the state read; ``NoSpace`` names the host, the sizes and the fix). Only when
       something changed: ``sha256sum --strict -c MANIFEST.sha256`` runs on the host as the
       service user (so it also proves the files are readable by it); on a mismatch the manifest
-      is removed and the host fails. (Whether anything changes is known while the plan is
-      built, from the same facts ``files.put`` uses: a converged host gets no operation.)
+      and the stamp are removed and the host fails, else the tree as the host listed it just
+      before the check becomes the new stamp. (Whether anything changes is known while the plan
+      is built, from the same facts ``files.put`` uses: a converged host gets no operation; one
+      whose files all match by sha256 but whose stamp is missing or stale gets only a new stamp.)
     - ``hub`` with ``model.hub_fetch: fleet`` (the schema's default): the control machine
       downloads ``source`` at ``revision`` once per fleet into its hub cache
       (:mod:`vllm_fleet.fetch.hubcache`: keyed by repo@commit, ``model_hub_ignore`` left out, every
@@ -73,8 +80,8 @@ from pyinfra.operations import files, server
 from vllm_fleet.host.programs import argv as cmd
 from vllm_fleet.host.programs import chain, group, python, to_file, to_stderr
 from vllm_fleet.render import command
-from vllm_fleet.roles.common import directory, progress, secret_file
-from vllm_fleet.host.state import Query, Snapshot
+from vllm_fleet.roles.common import atomic_put, directory, progress, role_data, secret_file
+from vllm_fleet.host.state import Query, Snapshot, state_command
 from vllm_fleet.roles.common.state import Converged, StateUnknown, role_state, unknown
 from vllm_fleet.spec.sections import reads
 
@@ -136,55 +143,60 @@ def _check_space(spec: dict, local: Path, entries: list[tuple[str, str]], snap: 
             "the host's _temp_dir data to a directory on a larger filesystem; no host was changed")
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
-_MANIFESTS: dict[tuple, list[tuple[str, str]]] = {}
-
-
 def local_manifest(local_dir: str | Path) -> list[tuple[str, str]]:
     """``[(relative posix path, sha256)]`` of every file under local_dir, sorted (the manifest
-    itself and the hub marker excluded). Hashed once per deploy process for an unchanged tree
-    (same paths, sizes and mtimes)."""
+    itself and the hub marker excluded). Each file is read once for its content: the control
+    machine's hash cache (vllm_fleet.fetch.treehash, kept across deploy processes, keyed by
+    path, size, mtime, ctime and inode) answers for the others, and the hashing runs off the
+    gevent loop, one tree at a time."""
+    from pyinfra import logger
+
+    from vllm_fleet.fetch.treehash import hash_tree
+
     root = Path(local_dir).expanduser()
     if not root.is_dir():
         raise DeployError(f"model.source: {root} is not a directory on this machine "
                           "(for the lab: `vllm-fleet tiny-model`)")
-    files_ = [(p, p.relative_to(root).as_posix()) for p in sorted(root.rglob("*"))]
-    files_ = [(p, rel) for p, rel in files_ if p.is_file() and rel not in (d.MANIFEST, d.HUB_MARKER)]
-    key = (str(root), tuple((rel, p.stat().st_size, p.stat().st_mtime_ns) for p, rel in files_))
-    if key not in _MANIFESTS:
-        _MANIFESTS[key] = [(rel, _sha256(p)) for p, rel in files_]
-    return list(_MANIFESTS[key])
+    shas = hash_tree(root, log=logger.info)
+    return sorted((rel, sha) for rel, sha in shas.items() if rel not in (d.MANIFEST, d.HUB_MARKER))
 
 
-def _tree_query(root: str, entries: list[tuple[str, str]]) -> Query:
+def stamp_path(spec: dict) -> str:
+    """Where the stamp of the host's verified copy is (``{install.config_dir}/model.stamp``):
+    root's directory, beside the deployment's other records, so the service user, who owns
+    every file of model.path, cannot write it."""
+    return f"{spec['install']['config_dir'].rstrip('/')}/{d.STAMP}"
+
+
+def _verify_asked() -> bool:
+    return bool(role_data("model_verify", DEFAULTS))
+
+
+def _tree_query(root: str, entries: list[tuple[str, str]], stamp: str | None = None, full: bool = True) -> Query:
     """The tree ``entries`` would make at ``root``: every file, directory and the manifest
-    (stat, sha256), the files there (find), and the free bytes at ``root`` and in the temp
-    directory uploads go through (free: the space check)."""
+    (stat), the files there with their size, mtime and ctime (tree), the stamp (read), the free
+    bytes at ``root`` and in the temp directory uploads go through (free: the space check), and
+    with ``full`` the sha256 of every file (the host reads them all)."""
     files_ = [f"{root}/{rel}" for rel, _ in entries] + [f"{root}/{d.MANIFEST}"]
     dirs = [root] + [f"{root}/{sub}" for sub in sorted({str(Path(rel).parent) for rel, _ in entries} - {"."})]
-    return Query(stat=tuple(dirs + files_), sha=tuple(files_), find=(root,), free=(root, _temp_dir()))
+    return Query(stat=tuple(dirs + files_), sha=tuple(files_) if full else (), tree=(root,),
+                 read=(stamp,) if stamp else (), free=(root, _temp_dir()))
 
 
 @reads(*SECTIONS)
 def state_query(spec: dict) -> Query:
     """What install_model compares against (vllm_fleet.roles.common.state): for ``upload`` every
-    file, directory and the manifest at model.path (stat, sha256, the files there) and the free
-    bytes there and in the temp directory; for ``hub``
-    the marker; for ``none`` config.json."""
+    file, directory and the manifest at model.path (stat; the files there with size, mtime and
+    ctime), the stamp of the last verified copy, the free bytes there and in the temp
+    directory, and, only with host data ``model_verify`` (``deploy --verify``), the sha256 of
+    every file; for ``hub`` the marker; for ``none`` config.json."""
     m = spec["model"]
     root = m["path"].rstrip("/")
     if m["transfer"] == "upload":
         local = Path(m["local_dir"]).expanduser()
         if not local.is_dir():
             return Query()
-        return _tree_query(root, local_manifest(local))
+        return _tree_query(root, local_manifest(local), stamp_path(spec), full=_verify_asked())
     if m["transfer"] == "hub":
         return Query(read=(f"{root}/{d.HUB_MARKER}",))
     return Query(stat=(f"{root}/config.json",))
@@ -192,6 +204,54 @@ def state_query(spec: dict) -> Query:
 
 def manifest_text(entries: list[tuple[str, str]]) -> str:
     return "".join(f"{sha}  {rel}\n" for rel, sha in entries)
+
+
+def stamp_text(root: str, manifest_sha: str, tree: dict[str, tuple[int, str, str]]) -> str:
+    """The stamp: a ``manifest ROOT SHA256`` line, then host_state.sh's own lines for ``tree
+    ROOT`` (what the host's command writes at verification: :func:`_stamp_commands`), ``end``."""
+    rows = [f"tree\t{root}\t{size} {mtime} {ctime} {rel}" for rel, (size, mtime, ctime) in sorted(tree.items())]
+    return "\n".join([f"manifest\t{root}\t{manifest_sha}", f"tree\t{root}\t.", *rows, "end"]) + "\n"
+
+
+def read_stamp(text: str | None, root: str) -> tuple[str, dict[str, tuple[int, str, str]]] | None:
+    """``(manifest sha256, {rel: (size, mtime, ctime)})`` a stamp's text records for ``root``, or
+    None (no stamp, another root, or not complete: no ``end``)."""
+    if not text:
+        return None
+    lines = text.splitlines()
+    snap = Snapshot.parse(lines)
+    snap.query = Query(tree=(root,))
+    tree = snap.tree(root)
+    shas = [ln.split("\t")[2] for ln in lines if ln.count("\t") == 2 and ln.split("\t")[:2] == ["manifest", root]]
+    return (shas[0], tree) if snap.known and tree is not None and len(shas) == 1 else None
+
+
+def _stamp_says_converged(snap: Snapshot, root: str, stamp: str, manifest_sha: str, entries: list[tuple[str, str]],
+                          user: str, fmode: Any) -> bool:
+    """Whether the host's copy is the verified one the stamp records, from the state read
+    alone (no file hashed): the stamp names this manifest, the files under model.path are
+    exactly the manifest's and the manifest itself, each with the size, mtime and ctime it
+    had when it was verified, and each is a regular file of the service user with the mode."""
+    _, text = snap.content(stamp)
+    recorded, now = read_stamp(text, root), snap.tree(root)
+    if recorded is None or now is None or recorded != (manifest_sha, now):
+        return False
+    want = {rel for rel, _ in entries} | {d.MANIFEST}
+    return set(now) == want and all(snap.regular_file(f"{root}/{rel}", user, user, fmode) for rel in want)
+
+
+def _stamp_commands(root: str, stamp: str, manifest_sha: str) -> tuple[Any, Any, Any]:
+    """The host's own stamp, around the check: (make the config directory if missing, list the
+    tree to ``STAMP.tmp-vllm-fleet`` before the check, rename it over the stamp after it). The
+    listing is host_state.sh's ``tree`` (the state read's own lines), so any write after it
+    shows as another mtime or ctime on the next deploy."""
+    tmp = f"{stamp}.tmp-vllm-fleet"
+    parent = str(Path(stamp).parent)
+    made = cmd("mkdir", "-p", parent)  # there after the deploy's pyenv role; an own deploy may lack it
+    listing = to_file(group(cmd("printf", "manifest\\t%s\\t%s\\n", root, manifest_sha),
+                            state_command(Query(tree=(root,)))), tmp)
+    keep = chain(cmd("chmod", "644", tmp), cmd("mv", "-f", tmp, stamp))
+    return chain(made, listing), tmp, keep
 
 
 _env_python = command.env_python
@@ -207,11 +267,26 @@ def _put_tree(spec: dict, local: Path, entries: list[tuple[str, str]], snap: Sna
     directory ``local`` at model.path as ``upload`` does, compared against ``snap`` (a read of
     ``_tree_query``). ``marker`` (the fleet hub cache's ``<source>@<revision>``): the hub marker
     is written after the verification, which then always runs (a stale marker is removed first,
-    with the other files not in the manifest). A read that did not complete removes nothing."""
+    with the other files not in the manifest). A read that did not complete removes nothing.
+
+    Without ``marker``: when the stamp (:func:`stamp_path`) says the host holds the verified
+    copy (:func:`_stamp_says_converged`) and ``model_verify`` is off, every file is converged
+    with no hash read; otherwise the sha256 of every file is read (one more round trip, unless
+    the deploy's read asked it: ``--verify``) and compared as before. A check that passes
+    leaves a new stamp: written by the host around the check when something was put, or, when
+    the full read found everything in place but the stamp missing or stale, put from that
+    read's listing (taken before its hashes)."""
     m, user = spec["model"], spec["server"]["user"]
     root = m["path"].rstrip("/")
-    _check_space(spec, local, entries, snap)
     fmode, dmode = host.data.get("model_file_mode"), host.data.get("model_dir_mode")
+    text = manifest_text(entries)
+    manifest_sha = hashlib.sha256(text.encode()).hexdigest()
+    stamp = stamp_path(spec)
+    stamp_ok = not marker and _stamp_says_converged(snap, root, stamp, manifest_sha, entries, user, fmode)
+    trusted = stamp_ok and not _verify_asked()
+    if not trusted:  # the full check: every file's sha256 (already read with --verify)
+        snap = role_state(_tree_query(root, entries, None if marker else stamp))
+    _check_space(spec, local, entries, snap)
 
     ops = [directory(name=f"Model directory {root}", path=root, user=user, group=user, mode=dmode)]
     subdirs = sorted({str(Path(rel).parent) for rel, _ in entries} - {"."})
@@ -223,22 +298,23 @@ def _put_tree(spec: dict, local: Path, entries: list[tuple[str, str]], snap: Sna
     for stale in sorted(there - wanted):
         ops.append(files.file(name=f"Remove {stale} (not in the manifest)", path=stale, present=False))
     for rel, sha in entries:
-        if snap.file_ok(f"{root}/{rel}", sha, user, user, fmode):
+        if trusted or snap.file_ok(f"{root}/{rel}", sha, user, user, fmode):
             ops.append(Converged(rel))
             continue
         ops.append(progress.expect(files.put(name=f"Model file {rel}", src=str(local / rel), dest=f"{root}/{rel}",
                                              user=user, group=user, mode=fmode, add_deploy_dir=False),
                                    (local / rel).stat().st_size))
-    text = manifest_text(entries)
-    if snap.file_ok(f"{root}/{d.MANIFEST}", hashlib.sha256(text.encode()).hexdigest(), user, user, fmode):
+    if trusted or snap.file_ok(f"{root}/{d.MANIFEST}", manifest_sha, user, user, fmode):
         ops.append(Converged(d.MANIFEST))
     else:
         ops.append(files.put(name=f"Model manifest {d.MANIFEST}", src=StringIO(text),
                              dest=f"{root}/{d.MANIFEST}", user=user, group=user, mode=fmode))
+    # the fleet hub path decides from its marker and always checks: it keeps no stamp
+    before, tmp, keep = _stamp_commands(root, stamp, manifest_sha) if not marker else (None, None, None)
     check = chain(chain(cmd("cd", root), cmd("runuser", "-u", user, "--", "sha256sum", "--quiet", "--strict", "-c", d.MANIFEST)),
-                  group(cmd("rm", "-f", d.MANIFEST), to_stderr(cmd("echo", "model upload: checksum mismatch on the host")),
-                        cmd("exit", "1")), op="||")
-    commands = [check]
+                  group(cmd("rm", "-f", d.MANIFEST, *([tmp, stamp] if tmp else [])),
+                        to_stderr(cmd("echo", "model upload: checksum mismatch on the host")), cmd("exit", "1")), op="||")
+    commands = [before, check, keep] if before else [check]
     if marker:
         mark = f"{root}/{d.HUB_MARKER}"
         commands += [to_file(cmd("printf", "%s\\n", marker), mark),
@@ -249,6 +325,12 @@ def _put_tree(spec: dict, local: Path, entries: list[tuple[str, str]], snap: Sna
     if marker or any(op.will_change for op in ops):
         server.shell(name=f"Verify the model against {d.MANIFEST} (as {user})"
                      + (f" and mark it {marker}" if marker else ""), commands=commands)
+    elif not marker and not stamp_ok and snap.known and snap.tree(root) is not None:
+        # every file checked by its sha256 and in place, the stamp missing or stale (a copy
+        # verified before stamps, a file touched but not changed, --verify): record what was read
+        directory(name=f"Directory of {stamp}", path=str(Path(stamp).parent))
+        atomic_put(name=f"Stamp the verified model ({d.STAMP})", dest=stamp,
+                   content=stamp_text(root, manifest_sha, snap.tree(root) or {}), mode="644")
     return ops
 
 
@@ -269,7 +351,7 @@ def _hub_fleet(spec: dict, hub_token: str | None, revision: str, want: str) -> l
         raise DeployError(str(exc)) from None
     entries = hubcache.manifest(directory)
     # the files there: the deploy's read asked only the marker; the cache's tree, read once now
-    snap = role_state(_tree_query(m["path"].rstrip("/"), entries))
+    snap = role_state(_tree_query(m["path"].rstrip("/"), entries, full=True))
     return _put_tree(spec, directory, entries, snap, marker=want)
 
 

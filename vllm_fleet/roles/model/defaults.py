@@ -12,6 +12,13 @@ MANIFEST = "MANIFEST.sha256"
 # same source and revision downloads nothing.
 HUB_MARKER = ".vllm-fleet-hub"
 
+# Written under install.config_dir (root:root 0644) when the host's copy of an upload was verified
+# (each file's sha256 against MANIFEST.sha256): the manifest's hash and every file under
+# model.path with its size, mtime and ctime as the host's find saw them just before that check
+# (host_state.sh's `tree` lines). A later deploy whose state read shows the same files with the
+# same three values, and the same manifest, hashes nothing on the host.
+STAMP = "model.stamp"
+
 # The hub token's file on the host (under install.config_dir), root:root 0600; its path, never
 # its value, is passed to the download command.
 HUB_TOKEN_FILE = "hub-token"
@@ -28,6 +35,10 @@ DEFAULTS = {
     # vLLM never loads them. Llama repositories carry original/consolidated.*.pth beside the
     # safetensors (about twice the download for Llama 3.1 70B).
     "model_hub_ignore": ["original/*", "*.pth"],
+    # Hash every file of an upload on the host on this deploy (`vllm-fleet deploy --verify`, or
+    # pyinfra's `--data model_verify=true`) instead of trusting the stamp (STAMP) of the last
+    # verified copy; what differs is put again, and a new stamp is written.
+    "model_verify": False,
     # Extra environment for the hub download only (e.g. {"HF_ENDPOINT": "<a mirror>"}).
     "model_hub_env": {},
 }
