@@ -207,3 +207,23 @@ def test_the_desktops_own_default_site_stays_on_at_local_and_nginx_accepts_both(
                         f"{debian_default}\nserver {{ listen {listen} default_server; server_name _; return 200; }}\n}}\n")
         r = subprocess.run(["nginx", "-t", "-c", str(conf)], capture_output=True, text=True, timeout=60)
         assert (r.returncode == 0) is ok, (listen, r.stderr)
+
+
+def test_pyinfra_gets_a_file_for_user_at_host_and_the_same_hosts_from_it(monkeypatch, tmp_path):
+    """pyinfra 3's CLI looks `lab@10.10.0.12` up as a host name ("Could not resolve hostname",
+    seen in the lab); the deploy's pyinfra gets a generated file that reads as the inline text does."""
+    from vllm_fleet.commands.deploy import pyinfra_argv
+    from vllm_fleet.spec.inventory import for_pyinfra
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert for_pyinfra("@local") == "@local" and for_pyinfra("@ssh/10.0.0.1,10.0.0.2") == "@ssh/10.0.0.1,10.0.0.2"
+    text = "lab@10.10.0.12:2222,@local"
+    path = pyinfra_argv(text, "x.y", [], [])[1]
+    assert path.startswith(str(tmp_path)) and path.endswith(".py"), path
+    inline, generated = load_inventory(text), load_inventory(path)
+    assert list(inline) == list(generated)
+    for name, h in inline.items():
+        g = generated[name]
+        assert g["address"] == h["address"] and "servers" in g["groups"] and g["order"]["servers"] == h["order"]["servers"]
+        assert {k: v for k, v in g["data"].items() if k != "ssh_hostname"} == h["data"]
+    assert generated["lab@10.10.0.12:2222"]["data"]["ssh_hostname"] == "10.10.0.12"

@@ -209,7 +209,9 @@ def hash_models(deployments: list[Deployment], say: Callable[[str], None]) -> No
 
 def pyinfra_argv(inventory: str, func: str, data: Sequence[str], limit: Sequence[str], *, dry: bool = False,
                  diff: bool = False, yes: bool = False, extra: Sequence[str] = ()) -> list[str]:
-    argv = [pyinfra_bin(), inventory, func]
+    from vllm_fleet.spec.inventory import for_pyinfra
+
+    argv = [pyinfra_bin(), for_pyinfra(inventory), func]
     for d in data:
         argv += ["--data", d]
     for h in limit:

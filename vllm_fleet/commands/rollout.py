@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from vllm_fleet.host.rollout_step import failure_tail, run_step, step_command
-from vllm_fleet.spec.inventory import spec_for
+from vllm_fleet.spec.inventory import for_pyinfra, spec_for
 
 STATE_DIR = "~/.cache/vllm-fleet/rollout"  # per deployment: <name>.json (replicas left out) and logs
 
@@ -200,7 +200,7 @@ class Rollout:
 
     def _step(self, result: RolloutResult, index: int, step: str, limit: list[str], down: list[str], log: Path,
               update: list[str] | None = None) -> Step:
-        argv, env = step_command(self.pyinfra, self.inventory, self.spec_path, step, limit=limit, down=down,
+        argv, env = step_command(self.pyinfra, for_pyinfra(self.inventory), self.spec_path, step, limit=limit, down=down,
                                  drain_timeout=self.drain_timeout, update=update, data=self.data)
         t0 = time.monotonic()
         rc, out = self.runner(argv, env)

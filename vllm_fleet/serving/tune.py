@@ -477,7 +477,9 @@ class Tuner:
 
     def set_upstream(self, down: list[str]) -> float:
         """The rollout's own upstream step on the proxies (nginx -t, reload, old workers gone)."""
-        argv, env = step_command(self.pyinfra, self.inventory, self.spec_path, "upstream", limit=list(self.view.proxies),
+        from vllm_fleet.spec.inventory import for_pyinfra
+
+        argv, env = step_command(self.pyinfra, for_pyinfra(self.inventory), self.spec_path, "upstream", limit=list(self.view.proxies),
                                  down=down, drain_timeout=self.resolved["rollout"]["drain_timeout"], data=self.data)
         t0 = time.monotonic()
         rc, text = self.runner(argv, env)

@@ -115,6 +115,34 @@ def is_inline(text: str) -> bool:
     return "@" in text or "," in text or is_ipv4(text)
 
 
+def for_pyinfra(inventory: str) -> str:
+    """The inventory argument to hand the pyinfra CLI (deploy, down, diff's dry run, rollout and
+    tune steps): as given, except an inline list naming a ``user@host[:port]``, which pyinfra 3's
+    CLI looks up as a host name ("Could not resolve hostname"). That one becomes a generated file
+    (under ~/.cache/vllm-fleet/inline/, named by the text's sha256) listing the same hosts in the
+    same order in ``servers``, each ``user@host`` with the ``ssh_hostname``/``ssh_user``/``ssh_port``
+    its name gives: the hosts, names, groups and data :func:`load_inventory` reads (``--data``
+    still has the last word)."""
+    import hashlib
+
+    from vllm_fleet.spec.hostdata import host_address, login_data
+
+    if Path(inventory).is_file() or not is_inline(inventory):
+        return inventory
+    names = [n.strip() for n in inventory.split(",") if n.strip()]
+    if not any("@" in n and not n.startswith("@") for n in names):
+        return inventory
+    rows = [n if n.startswith("@") or "@" not in n else (n, {"ssh_hostname": host_address(n, {}), **login_data(n, {})})
+            for n in names]
+    text = f'"""Written by vllm-fleet for the inline inventory {inventory!r} (pyinfra reads user@host as a name)."""\n\nservers = {rows!r}\n'
+    where = Path(os.path.expanduser("~/.cache/vllm-fleet/inline"))
+    path = where / f"inline_{hashlib.sha256(inventory.encode()).hexdigest()[:16]}.py"
+    if not path.is_file() or path.read_text() != text:
+        where.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return str(path)
+
+
 def _inline_order(rows: list[dict[str, Any]], name: str) -> dict[str, int]:
     """An inline host's place in the groups :func:`~vllm_fleet.spec.hostdata.inline_groups` gives
     it: the order the hosts were written in (the inline hosts among ``rows``)."""
