@@ -4,8 +4,8 @@
 
 The spec comes from where the serve deploy takes it (vllm_fleet/spec/source.py) and is validated
 the same way. `down` is the roles serve runs, with ``present=False``, in the reverse of serve's
-order: monitoring, nginx (site gone, `nginx -t`, reload), the router, the vLLM units and their
-files (and the API firewall), the Ray node, then what only an install needs (or, purged, the
+order (vllm_fleet.roles.parts.PARTS): monitoring, nginx (site gone, `nginx -t`, reload), the
+router, the vLLM units and their files (and the API firewall), the Ray node, then what only an install needs (or, purged, the
 environment, weights, caches and config directory). Each role removes only the files the host's
 copy shows as the deployment's (vllm_fleet.roles.common.remove). Hosts with nothing of the
 deployment are left alone.
@@ -24,17 +24,9 @@ from vllm_fleet.host.programs import argv as cmd
 from vllm_fleet.render import files as render
 from vllm_fleet.roles.common import load_deploy_spec, preflight, remove, rendered_for_host
 from vllm_fleet.roles.common.state import role_state, unknown
-from vllm_fleet.roles.monitoring import install_monitoring
-from vllm_fleet.roles.nginx import install_nginx
-from vllm_fleet.roles.ray import install_ray
-from vllm_fleet.roles.router import install_router
-from vllm_fleet.roles.service import install_server_stack, install_service, purging
+from vllm_fleet.roles.parts import PARTS, removals
+from vllm_fleet.roles.service import purging
 from vllm_fleet.roles.service.defaults import DEFAULTS
-
-#: The roles that place a deployment's files (each file's part: remove.by_part), in the order they
-#: are removed: the reverse of serve's, so nginx stops pointing at vLLM before vLLM stops.
-REMOVAL_ORDER = (("monitoring", install_monitoring), ("nginx", install_nginx), ("router", install_router),
-                 ("service", install_service), ("ray", install_ray))
 
 
 def down() -> None:
@@ -84,11 +76,13 @@ def remove_deployment(spec: dict[str, Any], rendered: dict[str, Any], purge: boo
                       run="the command")
     parts = remove.by_part(spec, rendered, paths)
     removed: dict[str, Any] = {}
-    for part, role in REMOVAL_ORDER:
+    for part, role in removals():  # the parts that place files, in the reverse of serve's order
         if part in parts:
             removed |= role(spec=spec, rendered=rendered, present=False, paths=parts[part])
-    if not pruning:
-        install_server_stack(spec=spec, present=False, purge=purge)
+    if not pruning:  # then what only an install needs (vllm_fleet.roles.parts: Part.uninstall)
+        for p in reversed(PARTS):
+            if p.uninstall is not None:
+                p.uninstall(spec, purge)
     cfg = spec["install"]["config_dir"]
     in_cfg = [op for x, op in removed.items() if x.startswith(cfg + "/")]
     if not purge and in_cfg:  # it held only this deployment's files

@@ -26,20 +26,25 @@ import os
 from pyinfra import host
 
 from vllm_fleet.host.state import Query
-from vllm_fleet.roles.common import DeployError, host_layout, load_deploy_spec, write_generated_secrets
+from vllm_fleet.render.layout import HostLayout
+from vllm_fleet.roles.common import DeployContext, DeployError, host_layout, load_deploy_spec, write_generated_secrets
 from vllm_fleet.roles.common.state import load_host_state
 
 #: The instances of the batch being updated (``HOST:N``, comma-separated; a host name: all of its).
 UPDATE_ENV = "VLLM_FLEET_UPDATE"
 
 
-def update_query(spec: dict, node, rendered: dict) -> Query:
-    """What the update step's server part compares against (vllm_fleet.roles.common.state): the
-    firewall, the install stack and the service, as deploys/serve.py reads them (nginx not: the
-    update step leaves it alone)."""
-    from vllm_fleet.roles import service
+#: The parts of the update step (vllm_fleet.roles.parts): the serve deploy's server part; nginx not.
+UPDATE_PARTS = ("stack", "service")
 
-    return service.api_firewall_query(rendered) | service.server_stack_query(spec) | service.state_query(spec, node, rendered)
+
+def update_query(ctx: DeployContext, h: HostLayout) -> Query:
+    """What the update step's server part compares against (vllm_fleet.roles.common.state): the
+    queries of the same entries deploys/serve.py reads (the firewall, the install stack and the
+    service: :data:`UPDATE_PARTS`; nginx not: the update step leaves it alone)."""
+    from vllm_fleet.roles.parts import host_query
+
+    return host_query(ctx, h, UPDATE_PARTS)
 
 
 def rollout_step() -> None:
@@ -87,7 +92,7 @@ def rollout_step() -> None:
         # where this host differs (deploys/serve.py does the same). Safe here because each step
         # is its own pyinfra run (vllm_fleet.commands.rollout): the next batch reads the host afresh, and an
         # instance whose inputs an earlier batch already changed restarts on its applied token.
-        load_host_state(update_query(spec, node, rendered))
+        load_host_state(update_query(ctx, h))
         for inst in mine:
             drain(spec=spec, drain_timeout=drain_timeout, port=inst.port)
         # The same server part as deploys/serve.py (single node), with the rollout's health deadline.

@@ -146,11 +146,11 @@ def mine(spec: dict[str, Any], path: str, snap: Snapshot) -> bool | None:
 def _leftover_candidates(spec: dict[str, Any], node: Node | None, rendered: dict[str, Any]) -> list[str]:
     """The paths this deployment's parts declare (vllm_fleet.render.files.part_paths) that this
     host's layout does not render; while its site is still here, not what the nginx role puts
-    beside it (the TLS files) nor the router's unit (install_proxies removes that itself)."""
+    beside it (the TLS files)."""
     out = {x for xs in render.part_paths(spec).values() for x in xs}
-    if node is not None and "proxy" in node.roles:  # the roles' own files beside a site still here
+    if node is not None and "proxy" in node.roles:  # the role's own files beside a site still here
         p = render.paths(spec)
-        out -= {p["tls_certificate"], p["tls_certificate_key"], p["router_unit"]}
+        out -= {p["tls_certificate"], p["tls_certificate_key"]}
     return sorted(out - set(rendered))
 
 
