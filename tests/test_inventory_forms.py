@@ -227,3 +227,16 @@ def test_pyinfra_gets_a_file_for_user_at_host_and_the_same_hosts_from_it(monkeyp
         assert g["address"] == h["address"] and "servers" in g["groups"] and g["order"]["servers"] == h["order"]["servers"]
         assert {k: v for k, v in g["data"].items() if k != "ssh_hostname"} == h["data"]
     assert generated["lab@10.10.0.12:2222"]["data"]["ssh_hostname"] == "10.10.0.12"
+
+
+def test_the_deploys_layout_reaches_a_host_at_its_ssh_hostname_from_pyinfras_host_data():
+    """The deploy builds its layout from pyinfra's hosts, whose data is a HostData (no Mapping): the
+    address is still ssh_hostname, as `vllm-fleet render --inventory` gives it, so the client
+    settings (openai.json) name an address clients can reach, not the inventory name."""
+    from pyinfra.api import Inventory
+
+    from vllm_fleet.render.layout import render_entry
+
+    inv = Inventory(([("lab1", {"ssh_hostname": "10.10.0.11", "private_address": "10.10.0.11"})], {}))
+    h = inv.get_host("lab1")
+    assert render_entry(h.name, ["servers", "proxy"], h.data)["address"] == "10.10.0.11"

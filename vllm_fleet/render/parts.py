@@ -751,7 +751,9 @@ def render_entry(name: str, groups: list[str], data: dict[str, Any], down: bool 
     out.pop("upstream_down", None)
     if down or data.get("upstream_down"):
         out["upstream_down"] = True
-    return {"address": host_address(name, data), "groups": inline_groups(groups), "data": out}
+    # from ``out`` (a dict): pyinfra's HostData is no Mapping, and host_address read it as "no
+    # ssh_hostname", so the deploy's layout gave clients the inventory name instead of the address
+    return {"address": host_address(name, out), "groups": inline_groups(groups), "data": out}
 
 
 def firewall_addresses(addresses: Iterable[str], what: str) -> list[str]:
