@@ -17,6 +17,7 @@ import pytest
 from pyinfra.api.exceptions import DeployError
 
 import vllm_fleet.fetch.wheelhouse as wh
+from vllm_fleet.fetch import treehash
 from vllm_fleet.roles.vllm import defaults as d
 from vllm_fleet.roles.vllm import install_vllm, wheelhouse_requirements
 from vllm_fleet.spec.load import load, resolve
@@ -358,7 +359,7 @@ def test_fill_once_serve_fetch_verified_and_install_with_pip(tmp_path):
     port, token = wh.serve(house, "127.0.0.1")
     assert wh.serve(house, "127.0.0.1") == (port, token)  # one server per directory and address
     dest = tmp_path / "host-wheelhouse"
-    r = _fetch({"sources": [f"http://127.0.0.1:{port}/{token}/"], "files": wh.manifest(house)}, dest, tmp_path)
+    r = _fetch({"sources": [f"http://127.0.0.1:{port}/{token}/"], "files": treehash.wheel_manifest(house)}, dest, tmp_path)
     assert r.returncode == 0 and "1 files" in r.stdout, r.stdout + r.stderr
     site = tmp_path / "site"
     r = subprocess.run([sys.executable, "-m", "pip", "install", "--no-input", "--disable-pip-version-check",
@@ -375,7 +376,7 @@ def test_a_tampered_copy_is_refused_and_the_next_source_used(tmp_path):
     good, bad = tmp_path / "good", tmp_path / "bad"
     good.mkdir(), bad.mkdir()
     whl = _wheel(good, "vfleettamper", "1.0")
-    want = wh.manifest(good)
+    want = treehash.wheel_manifest(good)
     (bad / whl.name).write_bytes(whl.read_bytes()[:-1] + b"!")  # same size, other bytes
     (port_b, tok_b), (port_g, tok_g) = wh.serve(bad, "127.0.0.1"), wh.serve(good, "127.0.0.1")
     dest = tmp_path / "dest"
@@ -404,7 +405,7 @@ def test_the_wheel_server_serves_the_wheels_of_one_directory_and_nothing_else(tm
     house = tmp_path / "k"
     house.mkdir()
     data = _wheel(house, "vfleetserve", "2.0").read_bytes()
-    wh.manifest(house)  # writes its cache file beside the wheels
+    treehash.wheel_manifest(house)  # writes its cache file beside the wheels
     other = tmp_path / "other"
     other.mkdir()
     _wheel(other, "vfleetother", "1.0")
@@ -420,28 +421,26 @@ def test_the_wheel_server_serves_the_wheels_of_one_directory_and_nothing_else(tm
 
     assert get(f"/{token}/vfleetserve-2.0-py3-none-any.whl") == (200, data)
     for path in ("/", f"/{token}/", f"/{token}", "/vfleetserve-2.0-py3-none-any.whl", "/k/vfleetserve-2.0-py3-none-any.whl",
-                 f"/{token}/{wh.MANIFEST_CACHE}", f"/{token}/../other/vfleetother-1.0-py3-none-any.whl",
+                 f"/{token}/../other/vfleetother-1.0-py3-none-any.whl",
                  f"/{token}x/vfleetserve-2.0-py3-none-any.whl", f"/{token}/%2e%2e/other/vfleetother-1.0-py3-none-any.whl"):
         assert get(path)[0] == 404, path
 
 
-def test_the_manifest_hashes_a_file_once_and_again_when_it_changes(tmp_path, monkeypatch):
-    """wh.manifest keeps its sums beside the wheels keyed by size and mtime: a second call (another
-    deploy process) hashes nothing; a changed wheel is hashed again."""
+def test_the_wheel_manifest_is_the_tree_hash_of_the_wheels(tmp_path, monkeypatch):
+    """What a host checks its fetched wheels against: each wheel's size and sha256, from
+    treehash's cache (a second call reads no file), nothing but the wheels directly there."""
     import hashlib
 
+    monkeypatch.setenv("VLLM_FLEET_HASH_CACHE", str(tmp_path / "hash-cache"))
     house = tmp_path / "k"
-    house.mkdir()
+    (house / "sub").mkdir(parents=True)
     whl = _wheel(house, "vfleethash", "1.0")
-    first = wh.manifest(house)
+    (house / ".vllm-fleet-complete").write_text("{}")
+    _wheel(house / "sub", "vfleetdeeper", "1.0")
+    first = treehash.wheel_manifest(house)
     assert first == {whl.name: [whl.stat().st_size, hashlib.sha256(whl.read_bytes()).hexdigest()]}
-    calls = []
-    real = hashlib.sha256
-    monkeypatch.setattr(wh.hashlib, "sha256", lambda *a: calls.append(1) or real(*a))
-    assert wh.manifest(house) == first and not calls
-    whl.write_bytes(whl.read_bytes() + b"\0")
-    again = wh.manifest(house)
-    assert calls and again[whl.name][1] == hashlib.sha256(whl.read_bytes()).hexdigest()
+    monkeypatch.setattr(treehash, "_sha256", lambda p: pytest.fail(f"read {p} again"))
+    assert treehash.wheel_manifest(house) == first
 
 
 def test_fill_failure_names_the_fix(tmp_path):

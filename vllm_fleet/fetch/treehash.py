@@ -147,3 +147,12 @@ def hash_tree(directory: str | Path, log: Callable[[str], None] | None = None) -
         shas, _ = _off_loop(_hash, root, log)
     return shas
 
+
+
+def wheel_manifest(directory: str | Path) -> dict[str, list]:
+    """``{wheel file name: [size, sha256]}`` of the wheels directly in ``directory`` (a fleet
+    wheelhouse), from :func:`hash_tree`: what each host checks a fetched wheel against (the list
+    reaches the host over SSH, never over the wheel server: vllm_fleet.roles.common.wheels)."""
+    root = Path(os.path.abspath(os.path.expanduser(str(directory))))
+    shas = hash_tree(root)
+    return {rel: [(root / rel).stat().st_size, sha] for rel, sha in shas.items() if "/" not in rel and rel.endswith(".whl")}

@@ -14,8 +14,8 @@ machine, then installed by every host with ``--no-index`` over the private netwo
    on the hosts' network) starts one small HTTP file server bound to that address, on a free
    port, for the life of the deploy process. It serves the wheels of one directory and nothing
    else (no listing), under a random path only this deploy knows. Hosts fetch each wheel with
-   ``host/scripts/fetch_files.py`` and keep it only when its sha256 is the one :func:`manifest`
-   gives (sent over SSH), then install from that local copy with ``--no-index``. Without that
+   ``host/scripts/fetch_files.py`` and keep it only when its sha256 is the one
+   ``treehash.wheel_manifest`` gives (sent over SSH), then install from that local copy with ``--no-index``. Without that
    address the role uploads the directory over SSH instead.
 
 Nothing here imports pyinfra (part of the core). ``python -m vllm_fleet.fetch.wheelhouse serve DIR
@@ -270,40 +270,7 @@ def info(directory: Path) -> dict:
 # ------------------------------------------------------------------------------------------------
 # The manifest and the HTTP server the hosts fetch from
 
-MANIFEST_CACHE = ".vllm-fleet-sha256.json"
 TOKEN_ENV = "VLLM_FLEET_SERVE_TOKEN"
-
-
-def manifest(directory: Path) -> dict[str, list]:
-    """``{wheel file name: [size, sha256]}`` of ``directory``: what a host checks each fetched
-    wheel against (it reaches the host over SSH, never over the wheel server). Hashed once: the
-    sums are kept beside the wheels keyed by size and mtime, so a later deploy (another process)
-    re-reads only a file that changed (add_flashinfer_cubin adds one after the fill)."""
-    directory = Path(directory)
-    cache_path = directory / MANIFEST_CACHE
-    try:
-        cached = json.loads(cache_path.read_text())
-    except (OSError, ValueError):
-        cached = {}
-    out, fresh = {}, {}
-    for f in sorted(directory.glob("*.whl")):
-        st = f.stat()
-        old = cached.get(f.name)
-        if old and old[:2] == [st.st_size, st.st_mtime_ns]:
-            sha = old[2]
-        else:
-            h = hashlib.sha256()
-            with open(f, "rb") as src:
-                for block in iter(lambda: src.read(1 << 20), b""):
-                    h.update(block)
-            sha = h.hexdigest()
-        fresh[f.name] = [st.st_size, st.st_mtime_ns, sha]
-        out[f.name] = [st.st_size, sha]
-    if fresh != cached:
-        tmp = directory / f".{MANIFEST_CACHE}.{os.getpid()}"
-        tmp.write_text(json.dumps(fresh, indent=0, sort_keys=True))
-        tmp.replace(cache_path)
-    return out
 
 
 _servers: dict[tuple[str, str], tuple[subprocess.Popen, int, str]] = {}
@@ -314,7 +281,8 @@ def serve(directory: Path, address: str) -> tuple[int, str]:
     cache) on ``address`` at a free port for the rest of this process, under a path only this
     deploy knows: returns ``(port, token)``, each wheel at ``http://ADDRESS:PORT/TOKEN/NAME``.
     One server per (directory, address), stopped by PID when this process exits (and it stops
-    itself when its parent is gone). What a host fetches is checked against :func:`manifest`."""
+    itself when its parent is gone). What a host fetches is checked against
+    ``vllm_fleet.fetch.treehash.wheel_manifest``."""
     with named_lock(f"serve:{directory}:{address}"):
         return _serve(Path(directory), address)
 

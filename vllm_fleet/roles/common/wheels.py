@@ -18,6 +18,7 @@ from pyinfra.api import FileUploadCommand, operation
 from pyinfra.api.exceptions import DeployError
 from pyinfra.operations import files
 
+from vllm_fleet.fetch import treehash
 from vllm_fleet.fetch import wheelhouse as wh
 from vllm_fleet.host.programs import argv as cmd
 from vllm_fleet.host.programs import python
@@ -60,7 +61,7 @@ def reach_fleet_wheelhouse(directory: Path, dest: str, upload_name: str) -> tupl
     except wh.WheelhouseError as exc:
         raise DeployError(str(exc)) from None
     listing = f"{dest}.fetch.json"
-    files_ = wh.manifest(directory)
+    files_ = treehash.wheel_manifest(directory)
     fetch_list(name=f"What to fetch into {dest} ({len(files_)} wheels, their sha256)", path=listing,
                content=json.dumps({"sources": [f"http://{address}:{port}/{token}/"], "files": files_}, sort_keys=True))
     return dest, [python(SYSTEM_PYTHON, "fetch_files.py", listing, dest), cmd("rm", "-f", listing)]
