@@ -303,6 +303,9 @@ def test_a_noop_hours_later_refreshes_no_apt_lists(server):
     # the preflight and the one state read, which also holds each replica's short chat (issue 25)
     assert len(sent) <= 2, sent
     assert "vllm-lab-tiny-0.service answers a chat on port 8000" in plain, plain[-3000:]
+    # the weights are judged by the stamp of their verified copy: the read hashes no model file (issue 36)
+    reads = [ln for ln in plain.splitlines() if "host-state stat " in ln]  # the read's arguments, after its script
+    assert reads and not [ln for ln in reads if " sha /var/lib/vllm-fleet/lab-tiny/model/" in ln], reads
 
 
 def test_spec_change_restarts_only_vllm(server, tmp_path):
