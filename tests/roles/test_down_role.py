@@ -283,3 +283,17 @@ def test_the_router_role_removes_its_unit_when_routing_is_no_longer_cache_aware(
     theirs = "# Rendered by vllm-fleet for deployment other: edit the spec\n"
     assert harness.run(install_router, spec=resolved, rendered=files, present=False, facts=_facts({unit: theirs})).commands == []
     assert harness.run(install_router, spec=resolved, rendered=files, present=False, facts=_facts({})).commands == []
+
+
+def test_the_model_stamp_goes_the_weights_stay_and_the_config_dir_is_left_empty(harness, replicas):
+    """The stamp of the verified weights (model.stamp, root's, in install.config_dir) goes with the
+    deployment's config files, so `down` leaves no config directory behind (the host's footprint as
+    before the deploy); the weights themselves stay without --purge."""
+    spec, rendered = replicas
+    cfg = spec["install"]["config_dir"]
+    stamp = f"{cfg}/model.stamp"
+    run = harness.run(remove_deployment, spec=spec, rendered=rendered["lab1"],
+                      facts=_facts({**_texts(rendered["lab1"]), stamp: "x"}, dirs=[spec["model"]["path"]]))
+    op = run.op(f"Remove {cfg} if empty")
+    assert op.commands == [f"rm -f {stamp}", f"rmdir --ignore-fail-on-non-empty {cfg}"], op.commands
+    assert not any(c.startswith("rm -rf") and c.split()[-1] == spec["model"]["path"] for c in run.commands)

@@ -22,6 +22,7 @@ from pyinfra.operations.util import any_changed
 
 from vllm_fleet.host.programs import argv as cmd
 from vllm_fleet.render import files as render
+from vllm_fleet.roles import model
 from vllm_fleet.roles.common import load_deploy_spec, preflight, remove, rendered_for_host
 from vllm_fleet.roles.common.state import role_state, unknown
 from vllm_fleet.roles.parts import PARTS, removals
@@ -85,8 +86,10 @@ def remove_deployment(spec: dict[str, Any], rendered: dict[str, Any], purge: boo
                 p.uninstall(spec, purge)
     cfg = spec["install"]["config_dir"]
     in_cfg = [op for x, op in removed.items() if x.startswith(cfg + "/")]
-    if not purge and in_cfg:  # it held only this deployment's files
-        server.shell(name=f"Remove {cfg} if empty", commands=[cmd("rmdir", "--ignore-fail-on-non-empty", cfg)],
+    if not purge and in_cfg:  # it held only this deployment's files, and the stamp of its weights
+        # (the weights stay; the next deploy verifies them again: roles.model.stamp_path)
+        server.shell(name=f"Remove {cfg} if empty (and the model's stamp)",
+                     commands=[cmd("rm", "-f", model.stamp_path(spec)), cmd("rmdir", "--ignore-fail-on-non-empty", cfg)],
                      _if=any_changed(*in_cfg))
     if not removed and not purge and not pruning:
         host.noop(f"nothing of deployment {spec['name']} on this host")
