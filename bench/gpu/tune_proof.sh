@@ -42,20 +42,7 @@ PY=${TUNE_PROOF_PYTHON:-python3}
 mkdir -p $W $OUT
 log() { echo "[$(date -u +%T)] $*"; }
 
-systemd_pid() {  # the namespace's PID 1 (the child of `unshare`), started once per machine
-  local sd="" u
-  [ -f $W/sd.pid ] && sd=$(cat $W/sd.pid) && [ -d /proc/$sd ] && [ "$(cat /proc/$sd/comm)" = systemd ] && { echo $sd; return; }
-  setsid unshare --pid --fork --mount --mount-proc --propagation private \
-      /usr/lib/systemd/systemd --system --log-target=kmsg </dev/null >$W/systemd.out 2>&1 &
-  for _ in $(seq 40); do
-    sleep 0.5
-    for u in $(pgrep -x unshare); do
-      sd=$(pgrep -P $u | head -1)
-      [ -n "$sd" ] && [ "$(cat /proc/$sd/comm 2>/dev/null)" = systemd ] && { echo $sd > $W/sd.pid; echo $sd; return; }
-    done
-  done
-  return 1
-}
+source "$HERE/nsd.sh"  # install_systemd, systemd_pid (the namespace's PID 1, started once per machine)
 ns() { if [ -n "$LOCAL" ]; then "$@"; else nsenter -t "$SD" -a "$@"; fi; }
 in_root() { ns sh -c "cd '$ROOT' && $*"; }
 spec_field() { (cd "$ROOT" && $PY -c "
@@ -81,9 +68,7 @@ setup)
     $PY -m pip install -q --disable-pip-version-check --no-index --find-links $WH pyinfra==3.10.0 jsonschema==4.26.0 || exit 1
     # Debian 12's systemd (the image's newer libraries stay), /lib/systemd and the C library's
     # /lib path as on Debian (systemd_proof.sh says why), then systemd as PID 1 of a namespace.
-    tar --skip-old-files -xf "$CARRY/systemd-deb12.tar" -C / 2>&1 | tail -2
-    [ -e /lib/systemd/systemd ] || { [ -d /lib/systemd ] && ! [ -L /lib/systemd ] && cp -an /lib/systemd/. /usr/lib/systemd/ && rm -rf /lib/systemd; ln -sfn /usr/lib/systemd /lib/systemd; }
-    [ -e /lib/x86_64-linux-gnu/libc.so.6 ] || [ -e /lib/x86_64-linux-gnu ] || ln -s /usr/lib/x86_64-linux-gnu /lib/x86_64-linux-gnu
+    install_systemd "$CARRY/systemd-deb12.tar"
     SD=$(systemd_pid) || { log "systemd did not start"; cat $W/systemd.out; exit 1; }
     for _ in $(seq 30); do st=$(ns systemctl is-system-running 2>/dev/null); case $st in running|degraded) break;; esac; sleep 1; done
     log "systemd PID $SD in its namespace: $st ($(ns systemctl --version | head -1))"
