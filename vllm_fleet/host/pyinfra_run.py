@@ -73,7 +73,15 @@ def main() -> None:  # pragma: no cover - a subprocess
     from pyinfra_cli.main import main as pyinfra_main
 
     sys.argv = ["pyinfra", *sys.argv[1:]]
-    pyinfra_main()
+    try:
+        pyinfra_main()
+    finally:  # pyinfra ends with sys.exit: its per-host results for the parent (vllm_fleet.host.results)
+        from vllm_fleet.host.results import write_from_context
+
+        try:
+            write_from_context("--dry" in sys.argv)
+        except Exception as exc:  # the run's own exit status stands; the parent says it has no results
+            sys.stderr.write(f"vllm-fleet: could not write the per-host results: {exc!r}\n")
 
 
 def child_argv(argv: Sequence[str]) -> list[str]:
@@ -81,9 +89,10 @@ def child_argv(argv: Sequence[str]) -> list[str]:
     return [sys.executable, "-m", "vllm_fleet.host.pyinfra_run", *argv[1:]]
 
 
-def run(argv: Sequence[str], what: str, again: str) -> int:
+def run(argv: Sequence[str], what: str, again: str, env: dict[str, str] | None = None) -> int:
     """Run ``argv`` (``pyinfra ...``) with its output on this terminal; its exit status, or 130
-    after a Ctrl-C (one line printed: what may still run on the hosts, what to run next)."""
+    after a Ctrl-C (one line printed: what may still run on the hosts, what to run next).
+    ``env``: the child's environment (default this process's), e.g. with $VLLM_FLEET_RESULTS."""
     seen: list[int] = []
     child: list[subprocess.Popen] = []
 
@@ -94,7 +103,7 @@ def run(argv: Sequence[str], what: str, again: str) -> int:
 
     old = signal.signal(signal.SIGINT, note)
     try:
-        proc = subprocess.Popen(child_argv(argv), env={**os.environ, _QUIET: "1"})
+        proc = subprocess.Popen(child_argv(argv), env={**(os.environ if env is None else env), _QUIET: "1"})
         child.append(proc)
         while True:
             try:
