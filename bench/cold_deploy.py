@@ -73,7 +73,7 @@ def installer_runs(st: dict, installers: list[str], repeat: int, spec_path: Path
     """The role's install command lines on lab1, each in a fresh venv, timed over SSH."""
     from vllm_fleet.fetch import wheelhouse as wh
     from vllm_fleet.roles.vllm import install_commands, missing, wheelhouse_requirements
-    from vllm_fleet.spec.load import load, resolve
+    from vllm_fleet.specs.load import load, resolve
 
     spec = resolve(load(spec_path))
     target = json.loads(lb.ssh(st, "lab1", "python3 -c 'import json, platform, sys, os; print(json.dumps({"
@@ -164,7 +164,7 @@ def main() -> int:
                 s = yaml.safe_load(spec.read_text())
                 s["install"]["installer"] = args.deploy_installer
                 spec.write_text(yaml.safe_dump(s, sort_keys=False))
-            from vllm_fleet.spec.load import load, resolve
+            from vllm_fleet.specs.load import load, resolve
             ins = resolve(load(spec))["install"]
             entry["install"] = {"wheels": ins["wheels"], "installer": ins["installer"]}
             servers = [h["name"] for h in st["hosts"]][:n]

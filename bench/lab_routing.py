@@ -34,7 +34,7 @@ sys.path.insert(0, str(REPO))
 
 from vllm_fleet.render.secrets import read_secret  # noqa: E402
 from vllm_fleet.serving.loadgen import LoadGen  # noqa: E402
-from vllm_fleet.spec.load import load, resolve  # noqa: E402
+from vllm_fleet.specs.load import load, resolve  # noqa: E402
 
 SPEC = REPO / "deployments" / "lab-tiny-routing.yaml"
 INV = REPO / "inventory" / "lab.py"

@@ -23,7 +23,7 @@ sys.path.insert(0, str(REPO))
 
 from vllm_fleet.lab.inventory import lab_hosts  # noqa: E402
 from vllm_fleet.render.secrets import read_secret  # noqa: E402
-from vllm_fleet.spec.load import load, resolve  # noqa: E402
+from vllm_fleet.specs.load import load, resolve  # noqa: E402
 
 REMOTE = r"""
 import json, time, requests

@@ -34,7 +34,7 @@ sys.path.insert(0, str(REPO))
 from vllm_fleet.serving.loadgen import LoadGen  # noqa: E402
 from vllm_fleet.commands.rollout import format_table  # noqa: E402,F401
 from vllm_fleet.render.secrets import read_secret  # noqa: E402
-from vllm_fleet.spec.load import load, resolve  # noqa: E402
+from vllm_fleet.specs.load import load, resolve  # noqa: E402
 
 
 def main() -> int:

@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import labbench as lb  # noqa: E402
 from vllm_fleet.render import files as render  # noqa: E402
 from vllm_fleet.render.secrets import read_secret  # noqa: E402
-from vllm_fleet.spec.load import load, resolve  # noqa: E402
+from vllm_fleet.specs.load import load, resolve  # noqa: E402
 
 KEEP = ("completed", "failed", "duration", "total_input_tokens", "total_output_tokens", "request_throughput",
         "output_throughput", "total_token_throughput", "mean_ttft_ms", "p50_ttft_ms", "p90_ttft_ms", "p99_ttft_ms",

@@ -39,7 +39,7 @@ import scrapecheck
 from vllm_fleet.render import files as render
 from vllm_fleet.render import monitoring
 from vllm_fleet.render.layout import LayoutError, build
-from vllm_fleet.spec import load as specmod
+from vllm_fleet.specs import load as specmod
 
 REPO = Path(__file__).resolve().parent.parent
 SPECS = ["lab-tiny", "lab-tiny-monitoring", "lab-tiny-replicas", "lab-tiny-pp2", "h200-qwen7b-bf16", "8xh100-qwen7b-tp2x4", "2node-ray-pp2",

@@ -46,7 +46,7 @@ from vllm_fleet.commands import cli
 
 from vllm_fleet.render import files as render
 
-from vllm_fleet.spec import document, load as specmod
+from vllm_fleet.specs import document, load as specmod
 
 REPO = Path(__file__).resolve().parent.parent
 BASES = {p.stem: yaml.safe_load(p.read_text()) for p in sorted((REPO / "deployments").glob("*.yaml"))}

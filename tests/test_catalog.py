@@ -4,9 +4,9 @@ import json
 
 import pytest
 
-from vllm_fleet.spec import catalog
+from vllm_fleet.specs import catalog
 
-from vllm_fleet.spec import planner
+from vllm_fleet.specs import planner
 
 
 def test_lookup_by_hub_id_is_case_insensitive():

@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from fleetutil import run_cli
-from vllm_fleet.spec import localpath, pipeline
+from vllm_fleet.specs import localpath, pipeline
 
 REPO = Path(__file__).resolve().parents[1]
 #: a CUDA example: validate looks inside its wheelhouse (the FlashInfer check)

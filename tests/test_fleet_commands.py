@@ -311,8 +311,8 @@ def test_down_with_a_bad_spec_contacts_no_host(tmp_path, capsys):
 
 
 def test_init_writes_a_valid_spec_with_the_schema_hooked_up(tmp_path, capsys):
-    from vllm_fleet.spec.inventory import load_inventory
-    from vllm_fleet.spec.load import SCHEMA_PATH, load_and_check
+    from vllm_fleet.specs.inventory import load_inventory
+    from vllm_fleet.specs.load import SCHEMA_PATH, load_and_check
 
     assert main(["init", str(tmp_path / "infra")]) == 0
     spec = tmp_path / "infra" / "deployment.yaml"
@@ -334,7 +334,7 @@ def test_init_writes_a_valid_spec_with_the_schema_hooked_up(tmp_path, capsys):
 
 
 def test_the_schema_id_is_its_place_in_the_package():
-    from vllm_fleet.spec.load import SCHEMA_PATH, schema
+    from vllm_fleet.specs.load import SCHEMA_PATH, schema
 
     sid = schema()["$id"]
     assert (SCHEMA_PATH.parents[3] / sid).resolve() == SCHEMA_PATH.resolve()

@@ -87,7 +87,7 @@ def test_every_command_reads_group_data_as_the_deploy_does(tmp_path):
 
 def test_the_servers_group_order_is_kept(tmp_path):
     """pyinfra keeps groups in `all` order; the reader keeps the order the group lists them."""
-    from vllm_fleet.spec.inventory import load_inventory
+    from vllm_fleet.specs.inventory import load_inventory
 
     inv = _write(tmp_path, "proxy = ['b']\nservers = ['c', 'b', 'a']\n")
     hosts = load_inventory(inv)
@@ -133,7 +133,7 @@ def _layout_inventory(hosts: dict) -> dict:
 @pytest.mark.parametrize("host", list(BAD_HOSTS))
 def test_bad_host_data_is_refused_naming_host_key_and_fix(host):
     from vllm_fleet.render.layout import LayoutError, build
-    from vllm_fleet.spec.load import load_and_check
+    from vllm_fleet.specs.load import load_and_check
 
     resolved, _ = load_and_check(str(SPEC))
     data, key = BAD_HOSTS[host]
@@ -159,7 +159,7 @@ def test_every_bad_host_at_once_from_the_cli_exit_1_no_traceback(tmp_path):
 
 def test_a_host_name_that_is_no_address_is_refused():
     from vllm_fleet.render.layout import LayoutError, build
-    from vllm_fleet.spec.load import load_and_check
+    from vllm_fleet.specs.load import load_and_check
 
     resolved, _ = load_and_check(str(SPEC))
     with pytest.raises(LayoutError, match=r"host gpu_1: .*set ssh_hostname"):
@@ -169,7 +169,7 @@ def test_a_host_name_that_is_no_address_is_refused():
 def test_deployments_is_a_list_not_a_substring(tmp_path):
     """Class 8: `deployments: "lab-tiny-2"` used to match deployment lab-tiny as a substring."""
     from vllm_fleet.render.layout import LayoutError, build
-    from vllm_fleet.spec.load import load_and_check
+    from vllm_fleet.specs.load import load_and_check
 
     resolved, _ = load_and_check(str(SPEC))
     with pytest.raises(LayoutError, match="a list, even for one"):
@@ -181,7 +181,7 @@ def test_deployments_is_a_list_not_a_substring(tmp_path):
 def test_ports_past_65535_are_refused(tmp_path):
     """Class 2: server.port 65535 and 2 replicas would listen on 65536."""
     from vllm_fleet.render.layout import LayoutError, build
-    from vllm_fleet.spec.load import load_and_check
+    from vllm_fleet.specs.load import load_and_check
 
     resolved, _ = load_and_check(str(_spec(tmp_path, server={"port": 65535, "host": "0.0.0.0"})))
     with pytest.raises(LayoutError, match=r"past the last TCP port 65535: set server.port to at most 65534"):
@@ -193,7 +193,7 @@ def test_ports_past_65535_are_refused(tmp_path):
 # names nginx accepts (5), CPU native multi-node (11)
 
 def _resolved(path):
-    from vllm_fleet.spec.load import load_and_check
+    from vllm_fleet.specs.load import load_and_check
 
     return load_and_check(str(path))[0]
 

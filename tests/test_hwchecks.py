@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from vllm_fleet.spec import hwchecks
+from vllm_fleet.specs import hwchecks
 
-from vllm_fleet.spec import load as spec
+from vllm_fleet.specs import load as spec
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent

@@ -1,4 +1,4 @@
-"""Every inventory pyinfra takes, read by the one reader (vllm_fleet.spec.inventory.load_inventory):
+"""Every inventory pyinfra takes, read by the one reader (vllm_fleet.specs.inventory.load_inventory):
 a .py file, ``@local``, ``@ssh/HOST``, ``user@host[:port]``, comma-separated lists, with ``--data``;
 every command that reaches hosts takes them; ``@local`` goes through a child process of this one
 (never SSH to 127.0.0.1, never pyinfra's gevent child watcher from a thread)."""
@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from fleetutil import REPO, run_cli
-from vllm_fleet.spec.inventory import InventoryError, is_inline, load_inventory
+from vllm_fleet.specs.inventory import InventoryError, is_inline, load_inventory
 
 SPEC = REPO / "deployments" / "lab-tiny.yaml"
 
@@ -67,7 +67,7 @@ def test_the_deploys_read_of_pyinfra_hosts_gives_the_same_groups():
 
 def test_host_data_of_an_inline_inventory_is_checked_as_strictly():
     from vllm_fleet.render.layout import LayoutError, build
-    from vllm_fleet.spec.load import load_and_check
+    from vllm_fleet.specs.load import load_and_check
 
     resolved, _ = load_and_check(str(SPEC))
     with pytest.raises(LayoutError) as exc:
@@ -136,7 +136,7 @@ def test_diff_reads_at_local_here_not_over_ssh_to_its_address(capsys):
 def _render_local(spec: dict, inventory: str = "@local") -> dict:
     from vllm_fleet.render import files
     from vllm_fleet.render.layout import render_entry
-    from vllm_fleet.spec.load import load_and_check
+    from vllm_fleet.specs.load import load_and_check
 
     import yaml, tempfile, os
 
@@ -213,7 +213,7 @@ def test_pyinfra_gets_a_file_for_user_at_host_and_the_same_hosts_from_it(monkeyp
     """pyinfra 3's CLI looks `lab@10.10.0.12` up as a host name ("Could not resolve hostname",
     seen in the lab); the deploy's pyinfra gets a generated file that reads as the inline text does."""
     from vllm_fleet.commands.deploy import pyinfra_argv
-    from vllm_fleet.spec.inventory import for_pyinfra
+    from vllm_fleet.specs.inventory import for_pyinfra
 
     monkeypatch.setenv("HOME", str(tmp_path))
     assert for_pyinfra("@local") == "@local" and for_pyinfra("@ssh/10.0.0.1,10.0.0.2") == "@ssh/10.0.0.1,10.0.0.2"

@@ -20,7 +20,7 @@ from vllm_fleet.render import layout as lay
 
 from vllm_fleet.render import files as render
 
-from vllm_fleet.spec import load as spec
+from vllm_fleet.specs import load as spec
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -25,8 +25,8 @@ from vllm_fleet.render import monitoring
 
 from vllm_fleet.render import files as render
 
-from vllm_fleet.spec import load as spec
-from vllm_fleet.spec.checks import run as run_checks
+from vllm_fleet.specs import load as spec
+from vllm_fleet.specs.checks import run as run_checks
 
 REPO = Path(__file__).resolve().parent.parent
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "vllm-metrics-0.32.0.txt"

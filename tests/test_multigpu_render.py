@@ -14,7 +14,7 @@ import re
 from pathlib import Path
 
 from vllm_fleet.render import files as render
-from vllm_fleet.spec import load as spec
+from vllm_fleet.specs import load as spec
 
 REPO = Path(__file__).resolve().parent.parent
 NVLS_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}

@@ -5,9 +5,9 @@ Hand computations use the config.json numbers written out here, not the code und
 
 import pytest
 
-from vllm_fleet.spec import planner
+from vllm_fleet.specs import planner
 
-from vllm_fleet.spec import load as spec
+from vllm_fleet.specs import load as spec
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent

@@ -24,7 +24,7 @@ from vllm_fleet.render import command
 
 from vllm_fleet.render import files as render
 
-from vllm_fleet.spec import load as spec
+from vllm_fleet.specs import load as spec
 
 REPO = Path(__file__).resolve().parent.parent
 GOLDEN = Path(__file__).resolve().parent / "golden"

@@ -29,7 +29,7 @@ import pytest
 
 from vllm_fleet.render import files as render
 
-from vllm_fleet.spec import load as spec
+from vllm_fleet.specs import load as spec
 from fleetutil import wait_listening
 
 REPO = Path(__file__).resolve().parent.parent

@@ -28,7 +28,7 @@ import pytest
 
 from vllm_fleet.render import files as render
 
-from vllm_fleet.spec import load as spec
+from vllm_fleet.specs import load as spec
 from vllm_fleet.serving.loadgen import LoadGen
 from vllm_fleet.commands.rollout import Rollout, RolloutError, batch_size, plan_batches
 from fleetutil import host_state, wait_listening

@@ -1,6 +1,6 @@
 """Who may import whom (shared/DESIGN.md), read from the code's own import statements, those inside
-functions too: spec/ (loading, checks, planner, catalogues) imports nothing of vllm_fleet outside
-spec/, and host/ (how a host is reached) nothing outside host/; its scripts/ run on hosts."""
+functions too: specs/ (loading, checks, planner, catalogues) imports nothing of vllm_fleet outside
+specs/, and host/ (how a host is reached) nothing outside host/; its scripts/ run on hosts."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ def imports_out_of(room: str, source: str) -> list[str]:
     return out
 
 
-@pytest.mark.parametrize("room", ["spec", "host"])
+@pytest.mark.parametrize("room", ["specs", "host"])
 def test_a_room_imports_nothing_of_the_rooms_above_it(room):
     found = {f"{p.relative_to(PACKAGE)}: {m}" for p in (PACKAGE / room).rglob("*.py")
              if "scripts" not in p.relative_to(PACKAGE / room).parts for m in imports_out_of(room, p.read_text())}
@@ -35,5 +35,5 @@ def test_a_room_imports_nothing_of_the_rooms_above_it(room):
 
 
 def test_the_check_sees_an_import_inside_a_function():
-    src = "def f():\n    from vllm_fleet.fetch import flashinfer\n    from vllm_fleet import render\n    from vllm_fleet.spec import load\n"
-    assert imports_out_of("spec", src) == ["vllm_fleet.fetch (line 2)", "vllm_fleet.render (line 3)"]
+    src = "def f():\n    from vllm_fleet.fetch import flashinfer\n    from vllm_fleet import render\n    from vllm_fleet.specs import load\n"
+    assert imports_out_of("specs", src) == ["vllm_fleet.fetch (line 2)", "vllm_fleet.render (line 3)"]

@@ -21,7 +21,7 @@ from test_rendered_validity import NGINX, _free_port, _nginx_prefix, needs_nginx
 from vllm_fleet.render import files as render
 from vllm_fleet.render.layout import AUTO_POLICY, build
 from vllm_fleet.serving import multiturn
-from vllm_fleet.spec import load as spec
+from vllm_fleet.specs import load as spec
 
 REPO = Path(__file__).resolve().parent.parent
 HELP = (Path(__file__).resolve().parent / "fixtures" / "vllm-router-0.1.17-help.txt").read_text()

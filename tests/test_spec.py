@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from fleetutil import DEPLOYMENTS, REPO, run_cli
-from vllm_fleet.spec import load as specmod
+from vllm_fleet.specs import load as specmod
 
 INVALID = sorted((REPO / "tests" / "specs" / "invalid").glob("*.yaml"))
 

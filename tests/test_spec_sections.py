@@ -1,4 +1,4 @@
-"""Each role sees only the spec sections it declares (vllm_fleet.spec.sections)."""
+"""Each role sees only the spec sections it declares (vllm_fleet.specs.sections)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from vllm_fleet.roles import model, monitoring, nginx, nvidia, pyenv, ray, rollout, router, service, smoke, vllm
-from vllm_fleet.spec import load as spec_load
-from vllm_fleet.spec.sections import SectionNotDeclared, Sections, reads
+from vllm_fleet.specs import load as spec_load
+from vllm_fleet.specs.sections import SectionNotDeclared, Sections, reads
 
 REPO = Path(__file__).resolve().parent.parent
 ROLES = {"model": model, "monitoring": monitoring, "nginx": nginx, "nvidia": nvidia, "pyenv": pyenv, "ray": ray,

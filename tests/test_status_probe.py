@@ -13,7 +13,7 @@ import pytest
 
 from vllm_fleet.commands.status import judge, probe_command
 from vllm_fleet.host.transport import HostError, Transport
-from vllm_fleet.spec.load import load, resolve
+from vllm_fleet.specs.load import load, resolve
 
 from fleetutil import REPO  # noqa: F401  (tests/ on sys.path)
 

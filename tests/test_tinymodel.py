@@ -26,7 +26,7 @@ import requests
 
 from fleetutil import require_vllm_venv
 from vllm_fleet.render import command
-from vllm_fleet.spec import load as spec
+from vllm_fleet.specs import load as spec
 from vllm_fleet.lab import tinymodel
 
 pytestmark = pytest.mark.vllm

@@ -15,7 +15,7 @@ import yaml
 from vllm_fleet.serving import report
 
 from vllm_fleet.serving import tune
-from vllm_fleet.spec.load import load, load_and_check
+from vllm_fleet.specs.load import load, load_and_check
 
 REPO = Path(__file__).resolve().parents[1]
 RTX = REPO / "deployments" / "rtx3090-qwen7b-awq-realtime.yaml"
@@ -400,8 +400,8 @@ proxy = [("lab1", {"ssh_hostname": "10.10.0.11", "ssh_user": "lab"})]
 def test_fleet_view_replicas_are_layout_instances(tmp_path):
     from vllm_fleet.commands.bench import targets
     from vllm_fleet.render.fleetview import fleet_view
-    from vllm_fleet.spec.inventory import load_inventory
-    from vllm_fleet.spec.load import load_and_check
+    from vllm_fleet.specs.inventory import load_inventory
+    from vllm_fleet.specs.load import load_and_check
 
     (tmp_path / "inv.py").write_text(INV2)
     resolved, _ = load_and_check(str(REPO / "deployments" / "lab-tiny-replicas.yaml"))
@@ -451,7 +451,7 @@ def test_tune_takes_one_instance_out_and_restarts_only_its_unit(tmp_path, monkey
 def test_default_grid_token_budget_differs_from_vllms_own_default():
     """vLLM's API server already runs 8192 batched tokens on an H200 (2048 on a 3090): the grid's
     other value must be another setting, not the same one restarted twice."""
-    from vllm_fleet.spec import catalog
+    from vllm_fleet.specs import catalog
 
     h200, _ = load_and_check(H200)
     assert tune.default_grid(h200, catalog.gpu("h200"))["max_num_batched_tokens"] == [None, 16384]

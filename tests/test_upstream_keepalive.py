@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from vllm_fleet.render import files as render
-from vllm_fleet.spec.load import load, resolve
+from vllm_fleet.specs.load import load, resolve
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = sorted(p.name for p in (REPO / "deployments").glob("*.yaml"))

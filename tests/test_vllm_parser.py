@@ -20,7 +20,7 @@ import pytest
 
 from fleetutil import require_vllm_venv
 from vllm_fleet.render import command
-from vllm_fleet.spec import load as spec
+from vllm_fleet.specs import load as spec
 from vllm_fleet.lab import vllmcpu
 from vllm_fleet.lab import tinymodel
 

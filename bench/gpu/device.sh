@@ -25,7 +25,7 @@ install)
   python3 -m pip install -q --disable-pip-version-check --no-index --find-links $WH pyinfra==3.10.0 jsonschema==4.26.0 || exit 1
   for spec in "$@"; do
     read -r prefix mpath arch < <(python3 -c "
-from vllm_fleet.spec.load import load_and_check; r, _ = load_and_check('$spec')
+from vllm_fleet.specs.load import load_and_check; r, _ = load_and_check('$spec')
 print(r['install']['prefix'], r['model']['path'], r['model']['architecture'])")
     # The image's Python env (torch 2.11.0+cu130) stands in for the env roles.pyenv would create.
     mkdir -p "$prefix" && ln -sfn /opt/torch/.venv "$prefix/env"

@@ -32,7 +32,7 @@ PYTHON = "/opt/torch/.venv/bin/python"  # the GPU machine's torch (docs/gpu-proo
 def rendered(spec: Path) -> dict:
     """{unit, files: {path: {content, mode}}, user, state_dir} from the vllm_fleet on sys.path."""
     from vllm_fleet.render import files as render
-    from vllm_fleet.spec import load
+    from vllm_fleet.specs import load
 
     r = load.resolve(load.load(spec))
     out = {p: {"content": f.content, "mode": f.mode} for t in render.render(r).values() for p, f in t.items()}

@@ -5,7 +5,7 @@ text is not). No weights are written; nothing is downloaded.
 
     python3 bench/gpu/make_model.py qwen2.5-7b-instruct /var/lib/vllm-fleet/NAME/model
 
-The shape comes from vllm_fleet/spec/catalog/models.json (the planner's catalogue); the Qwen2 fields
+The shape comes from vllm_fleet/specs/catalog/models.json (the planner's catalogue); the Qwen2 fields
 the catalogue does not carry (rope_theta, rms_norm_eps, sliding window, special token ids) are
 Qwen2.5-Instruct's published config.json values.
 
@@ -43,7 +43,7 @@ QWEN2 = {"attention_dropout": 0.0, "bos_token_id": 151643, "eos_token_id": 15164
 
 
 def config_for(name: str) -> dict:
-    cat = json.loads((ROOT / "vllm_fleet/spec/catalog/models.json").read_text())["models"]
+    cat = json.loads((ROOT / "vllm_fleet/specs/catalog/models.json").read_text())["models"]
     f = next(m for m in cat if name.lower() in (m["name"], m["id"].lower()))
     if f["architecture"] != "Qwen2ForCausalLM":
         raise SystemExit(f"{name}: only Qwen2 shapes are written by this script")

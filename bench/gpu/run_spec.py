@@ -13,7 +13,7 @@ environment the run says so and falls back to the machine's own environment (rec
 
 Then: wait for /health (server.health_timeout), vllm_fleet.serving.smoke.smoke_checks with the key read from
 the rendered secrets.env, `vllm bench serve` (random token prompts, 512 in / 256 out, ignore_eos)
-at concurrency 1 and 16, the KV cache vLLM logged against vllm_fleet.spec.planner.plan, and SIGTERM /
+at concurrency 1 and 16, the KV cache vLLM logged against vllm_fleet.specs.planner.plan, and SIGTERM /
 SIGKILL as KillMode=mixed. Writes OUTDIR/NAME.json (+ bench JSONs, server log).
 """
 
@@ -33,11 +33,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from vllm_fleet.spec import planner  # noqa: E402
+from vllm_fleet.specs import planner  # noqa: E402
 
 from vllm_fleet.render import files as render
 from vllm_fleet.serving.smoke import smoke_checks, wait_healthy  # noqa: E402
-from vllm_fleet.spec.load import load_and_check  # noqa: E402
+from vllm_fleet.specs.load import load_and_check  # noqa: E402
 
 SYSTEMD_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin"
 BENCH = [(1, 8), (16, 64)]  # (concurrency, prompts)

@@ -28,11 +28,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from vllm_fleet.spec import planner  # noqa: E402
+from vllm_fleet.specs import planner  # noqa: E402
 
 from vllm_fleet.render import files as render
 from vllm_fleet.serving.smoke import smoke_checks  # noqa: E402
-from vllm_fleet.spec.load import load_and_check  # noqa: E402
+from vllm_fleet.specs.load import load_and_check  # noqa: E402
 
 STATE = Path("/var/tmp/vllm-fleet-proof/state.json")
 UNIT = "vllm-h200-systemd-0.service"  # the layout's unit for deployments/h200-systemd.yaml (the recorded run: vllm.service)

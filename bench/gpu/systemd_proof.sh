@@ -78,7 +78,7 @@ one)
   # -- the model directory (config.json + tokenizer; transfer: none) and the env: the image's
   #    Python env holds the CUDA torch that vLLM 0.20.2 pins, linked where roles.pyenv puts the env
   read -r prefix mpath arch < <(cd "$ROOT" && python3 -c "
-from vllm_fleet.spec.load import load_and_check; r, _ = load_and_check('$SPEC')
+from vllm_fleet.specs.load import load_and_check; r, _ = load_and_check('$SPEC')
 print(r['install']['prefix'], r['model']['path'], r['model']['architecture'])")
   mkdir -p "$prefix" && ln -sfn /opt/torch/.venv "$prefix/env"
   [ -f "$mpath/config.json" ] || (cd "$ROOT" && python3 bench/gpu/make_model.py "$arch" "$mpath") || exit 1

@@ -46,7 +46,7 @@ source "$HERE/nsd.sh"  # install_systemd, systemd_pid (the namespace's PID 1, st
 ns() { if [ -n "$LOCAL" ]; then "$@"; else nsenter -t "$SD" -a "$@"; fi; }
 in_root() { ns sh -c "cd '$ROOT' && $*"; }
 spec_field() { (cd "$ROOT" && $PY -c "
-from vllm_fleet.spec.load import load_and_check; r, _ = load_and_check('$1')
+from vllm_fleet.specs.load import load_and_check; r, _ = load_and_check('$1')
 print(r['name'], r['install']['prefix'], r['model']['path'], r['model']['architecture'])"); }
 
 case "$what" in

@@ -26,7 +26,7 @@ from labkit import REPO, run
 sys.path.insert(0, str(REPO / "tests"))
 from hubstandin import StandInHub  # noqa: E402
 
-from vllm_fleet.spec.load import load, resolve  # noqa: E402
+from vllm_fleet.specs.load import load, resolve  # noqa: E402
 from vllm_fleet.lab.tinymodel import DEFAULT_OUT  # noqa: E402
 
 pytestmark = pytest.mark.lab

@@ -26,7 +26,7 @@ def _groups(inv, name):
 
 
 def test_default_layout(fake_state):
-    from vllm_fleet.spec.inventory import load_inventory
+    from vllm_fleet.specs.inventory import load_inventory
 
     inv = load_inventory(REPO / "inventory" / "lab.py")
     assert {"servers", "proxy", "ray_head", "monitoring"} <= _groups(inv, "lab1")

@@ -64,7 +64,7 @@ def test_pyinfra_exec_over_the_inventory(lab_hosts):
 
 
 def test_inventory_data_and_groups(lab, lab_hosts):
-    from vllm_fleet.spec.inventory import load_inventory  # the project's independent inventory reader
+    from vllm_fleet.specs.inventory import load_inventory  # the project's independent inventory reader
 
     inv = load_inventory(REPO / "inventory" / "lab.py")
     assert sorted(inv) == sorted(h.name for h in lab_hosts)

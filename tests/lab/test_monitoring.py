@@ -192,7 +192,7 @@ def test_turning_monitoring_off_removes_what_it_added(monitored):
     removed; vLLM, the nginx site and the environment untouched. Read with systemctl and ls."""
     lab1 = monitored["host"]
     from vllm_fleet.render import monitoring
-    from vllm_fleet.spec.load import load, resolve
+    from vllm_fleet.specs.load import load, resolve
 
     files = sorted(set(p for p in monitoring.paths(resolve(load(monitored["spec"]))).values()
                        if lab1.ssh(f"test -e {p}", user="root", check=False).returncode == 0))

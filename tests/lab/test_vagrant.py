@@ -63,7 +63,7 @@ def test_vagrant_provision_script_parses(tmp_path):
 
 
 def test_inventory_selects_vagrant(monkeypatch):
-    from vllm_fleet.spec.inventory import load_inventory
+    from vllm_fleet.specs.inventory import load_inventory
 
     monkeypatch.setenv("VLLM_FLEET_LAB", "vagrant")
     monkeypatch.setenv("VLLM_FLEET_LAB_HOSTS", "3")

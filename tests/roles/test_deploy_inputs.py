@@ -66,7 +66,7 @@ CLIENT: list = []
 def _plan_client():
     from vllm_fleet.roles.common import load_deploy_spec
     from vllm_fleet.roles.smoke import client_document
-    from vllm_fleet.spec.load import load_and_check
+    from vllm_fleet.specs.load import load_and_check
 
     load_deploy_spec()
     CLIENT.append(client_document(load_and_check(CLIENT[0], hardware=False)[0]))
@@ -76,7 +76,7 @@ def _plan_client():
 
 
 def test_spec_source_order_and_messages():
-    from vllm_fleet.spec.source import SpecSourceError, spec_source
+    from vllm_fleet.specs.source import SpecSourceError, spec_source
 
     assert spec_source({"vllm_fleet_spec": "a.yaml"}, "h", env={"VLLM_FLEET_SPEC": "b.yaml"}) == ("a.yaml", "data vllm_fleet_spec")
     assert spec_source({}, "h", env={"VLLM_FLEET_SPEC": "b.yaml"})[0] == "b.yaml"
@@ -144,7 +144,7 @@ def test_every_secret_of_the_spec_is_in_the_one_list():
     import json
 
     from vllm_fleet.render.secrets import SPEC_SECRETS
-    from vllm_fleet.spec.load import SCHEMA_PATH
+    from vllm_fleet.specs.load import SCHEMA_PATH
 
     found = []
 
@@ -199,7 +199,7 @@ def test_a_tls_key_that_is_not_pem_stops_the_deploy(harness, tmp_path):
 
 def test_the_checkout_spec_dir_is_not_needed(tmp_path, monkeypatch):
     """A spec outside the checkout works from another directory (nothing is relative to the checkout)."""
-    from vllm_fleet.spec.load import load_and_check
+    from vllm_fleet.specs.load import load_and_check
 
     spec = _spec(tmp_path)
     shutil.copy(spec, tmp_path / "copy.yaml")
@@ -214,7 +214,7 @@ def test_the_smoke_role_takes_openai_json_from_the_deploys_layout(harness, tmp_p
     import json
 
     from vllm_fleet.render import layout as lay
-    from vllm_fleet.spec.load import load_and_check
+    from vllm_fleet.specs.load import load_and_check
 
     spec = _spec(tmp_path)
     CLIENT[:] = [str(spec)]

@@ -18,7 +18,7 @@ from vllm_fleet.host.state import HostState
 from vllm_fleet.roles.common.state import StateUnknown
 from vllm_fleet.deploys.down import remove_deployment
 from vllm_fleet.roles.common.remove import mine, removal_query
-from vllm_fleet.spec.load import load_and_check
+from vllm_fleet.specs.load import load_and_check
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from fleetutil import host_state  # noqa: E402

@@ -1,4 +1,4 @@
-"""FlashInfer's pre-built kernels for hosts without internet (issue 25, vllm_fleet.spec.flashinfer).
+"""FlashInfer's pre-built kernels for hosts without internet (issue 25, vllm_fleet.specs.flashinfer).
 
 - The resolved set, from pip's own ``install --dry-run --report`` output recorded as a fixture
   (tests/fixtures/flashinfer/, no network here): vLLM 0.33.0 pins flashinfer-python 0.7.2.post1
@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from vllm_fleet.spec import flashinfer
+from vllm_fleet.specs import flashinfer
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from fleetutil import env_state  # noqa: E402
@@ -68,7 +68,7 @@ def test_the_resolved_set_of_vllm_0_33_0_needs_the_cubin_added():
 def _spec(**install):
     import copy
 
-    from vllm_fleet.spec.load import load, resolve
+    from vllm_fleet.specs.load import load, resolve
 
     spec = copy.deepcopy(resolve(load(REPO / "deployments" / "rtx3090-qwen7b-awq-realtime.yaml")))
     spec["install"].update({"wheels": "host", "installer": "pip", **install})
@@ -87,7 +87,7 @@ def test_a_cuda_install_adds_the_cubin_from_the_same_index(harness):
     # installed already: nothing at all (no op, so no restart)
     assert not harness.run(install_vllm, spec, facts={**env_state({"vllm": "0.33.0"})}).changed
     # the CPU build: no cubin
-    from vllm_fleet.spec.load import load, resolve
+    from vllm_fleet.specs.load import load, resolve
 
     cpu = resolve(load(REPO / "deployments" / "lab-tiny.yaml"))
     cpu["install"].update({"wheels": "host", "installer": "pip"})
@@ -155,7 +155,7 @@ def test_the_fleet_wheelhouse_gets_the_cubin_or_says_once_it_cannot(tmp_path, mo
 
 
 def test_validate_warns_for_a_wheelhouse_without_the_cubin_and_for_jit_offline(tmp_path):
-    from vllm_fleet.spec import hwchecks
+    from vllm_fleet.specs import hwchecks
 
     stub_wheel(tmp_path, "flashinfer-python", "0.7.2.post1")
     spec = _spec(wheelhouse=str(tmp_path))

@@ -219,7 +219,7 @@ def test_a_role_reads_only_what_the_deploys_read_did_not_ask(harness):
 
 def _lab(replicas: bool = False):
     from vllm_fleet.render.layout import build
-    from vllm_fleet.spec.load import load, resolve
+    from vllm_fleet.specs.load import load, resolve
 
     spec = resolve(load(REPO / "deployments" / "lab-tiny.yaml"))
     layout = build([spec], copy.deepcopy({"testhost": {"address": "10.10.0.11", "groups": ["servers", "proxy"], "data": {}}}))
@@ -431,7 +431,7 @@ def test_a_model_in_place_gets_no_operation_and_a_changed_file_only_its_upload(h
 
 def _tls_lab():
     from vllm_fleet.render.layout import build
-    from vllm_fleet.spec.load import load, resolve
+    from vllm_fleet.specs.load import load, resolve
 
     spec = resolve(load(REPO / "deployments" / "lab-tiny.yaml"))
     spec["proxy"]["listen"] = 443

@@ -27,7 +27,7 @@ from pyinfra.facts.files import Directory, File, FileContents, FindFiles
 from vllm_fleet.fetch import hubcache
 from vllm_fleet.host.state import HostState, Snapshot
 from vllm_fleet.roles.model import NoSpace, install_model
-from vllm_fleet.spec.load import load, resolve
+from vllm_fleet.specs.load import load, resolve
 from vllm_fleet.lab.tinymodel import DEFAULT_OUT
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))

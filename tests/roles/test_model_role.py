@@ -19,7 +19,7 @@ from pyinfra.facts.files import Directory, File, FileContents, Md5File, Sha1File
 
 from vllm_fleet.host.state import HostState, Query, Snapshot, state_command
 from vllm_fleet.roles.model import ModelMissing, NoSpace, StateUnknown, install_model
-from vllm_fleet.spec.load import load, resolve
+from vllm_fleet.specs.load import load, resolve
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from fleetutil import free_lines, pyinfra_local, require_vllm_venv, write_model_deploy  # noqa: E402

@@ -18,7 +18,7 @@ from vllm_fleet.roles.common.state import StateUnknown
 from vllm_fleet.roles.monitoring import install_monitoring, state_query
 from vllm_fleet.render import monitoring
 from vllm_fleet.render import files as render
-from vllm_fleet.spec.load import load, resolve
+from vllm_fleet.specs.load import load, resolve
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from fleetutil import host_state  # noqa: E402

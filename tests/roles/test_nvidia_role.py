@@ -20,7 +20,7 @@ from pyinfra.facts.deb import DebPackage, DebPackages
 from pyinfra.facts.files import Directory, File
 from pyinfra.facts.server import LinuxDistribution, Which
 
-from vllm_fleet.spec import checks
+from vllm_fleet.specs import checks
 from vllm_fleet.host.state import HostState, Query, Snapshot
 from vllm_fleet.roles.common.state import StateUnknown
 from vllm_fleet.roles.nvidia import (GpuMismatch, RebootNeeded, UnsupportedHost, _check_gpus_now, _reboot_needed,
@@ -28,7 +28,7 @@ from vllm_fleet.roles.nvidia import (GpuMismatch, RebootNeeded, UnsupportedHost,
 from vllm_fleet.roles.nvidia import defaults as d
 from vllm_fleet.roles.nvidia.parse import (NVIDIA_SMI_QUERY, apt_source_lines, driver_branch, parse_apt_components,
                                            parse_nvidia_smi, parse_os_release, parse_pci_classes, secure_boot_on)
-from vllm_fleet.spec.load import load, resolve
+from vllm_fleet.specs.load import load, resolve
 
 REPO = Path(__file__).resolve().parents[2]
 KEYRING = "cuda-keyring_1.1-1_all.deb"

@@ -15,7 +15,7 @@ from vllm_fleet.render import files as render
 from vllm_fleet.render.layout import build
 from vllm_fleet.roles import parts
 from vllm_fleet.roles.common import DeployContext, remove
-from vllm_fleet.spec.load import load_and_check
+from vllm_fleet.specs.load import load_and_check
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from fleetutil import host_state  # noqa: E402

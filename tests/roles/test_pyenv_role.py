@@ -13,7 +13,7 @@ from pyinfra.facts.server import Groups, Os, Users, Which
 
 from vllm_fleet.roles.common.state import StateUnknown
 from vllm_fleet.roles.pyenv import EnvMismatch, env_python, pyenv, service_dirs
-from vllm_fleet.spec.load import load, resolve
+from vllm_fleet.specs.load import load, resolve
 
 REPO = Path(__file__).resolve().parents[2]
 SHA = "848194851a98903134187fbb4ab50efe87b003e0c0f808f97644b7524a62bf2c"

@@ -21,7 +21,7 @@ from vllm_fleet.roles.ray import compare_versions, detect_ifname, install_ray
 from vllm_fleet.roles.ray.facts import Ipv4Interfaces, parse_ipv4_interfaces
 from vllm_fleet.roles.vllm import CPU_RAY_FILES, cpu_ray_adaptation_files, install_vllm
 from vllm_fleet.render import files as render
-from vllm_fleet.spec.load import load, resolve
+from vllm_fleet.specs.load import load, resolve
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from fleetutil import env_state  # noqa: E402

@@ -10,7 +10,7 @@ from pyinfra.facts.files import File
 from vllm_fleet.roles.rollout import drain, smoke_replica, upstream
 from vllm_fleet.roles.service import api_firewall
 from vllm_fleet.render import files as render
-from vllm_fleet.spec.load import load, resolve
+from vllm_fleet.specs.load import load, resolve
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -13,7 +13,7 @@ import pytest
 import vllm_fleet.fetch.wheelhouse as wh
 from vllm_fleet.render import files as render
 from vllm_fleet.roles.router import install_router
-from vllm_fleet.spec import load as spec_load
+from vllm_fleet.specs import load as spec_load
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from fleetutil import env_state  # noqa: E402

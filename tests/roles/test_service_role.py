@@ -13,7 +13,7 @@ from pyinfra.facts.files import File, Sha256File
 from vllm_fleet.render.layout import build
 from vllm_fleet.host.state import HostState, Snapshot
 from vllm_fleet.roles.service import applied_token, install_service
-from vllm_fleet.spec.load import load, resolve
+from vllm_fleet.specs.load import load, resolve
 
 REPO = Path(__file__).resolve().parents[2]
 INV = {"testhost": {"address": "10.10.0.11", "groups": ["servers", "proxy"], "data": {"replicas_per_host": 2}}}

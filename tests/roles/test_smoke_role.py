@@ -16,7 +16,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def _spec():
-    from vllm_fleet.spec.load import load, resolve
+    from vllm_fleet.specs.load import load, resolve
 
     return resolve(load(REPO / "deployments" / "lab-tiny.yaml"))
 

@@ -20,7 +20,7 @@ import vllm_fleet.fetch.wheelhouse as wh
 from vllm_fleet.fetch import treehash
 from vllm_fleet.roles.vllm import defaults as d
 from vllm_fleet.roles.vllm import install_vllm, wheelhouse_requirements
-from vllm_fleet.spec.load import load, resolve
+from vllm_fleet.specs.load import load, resolve
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from fleetutil import env_state  # noqa: E402

@@ -14,7 +14,7 @@ from pyinfra.api.exceptions import DeployError
 
 from vllm_fleet.roles.vllm import install_vllm, requirements
 from vllm_fleet.roles.vllm.facts import parse_versions
-from vllm_fleet.spec.load import load, resolve
+from vllm_fleet.specs.load import load, resolve
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from fleetutil import env_state  # noqa: E402

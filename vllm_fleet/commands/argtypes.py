@@ -91,7 +91,7 @@ def numbers(lo: float | None = 0, hi: float | None = None, *, lo_open: bool = Tr
 
 
 #: The INVENTORY argument of every command that reaches hosts: what ``pyinfra`` itself takes,
-#: read by the one reader (vllm_fleet.spec.inventory.load_inventory).
+#: read by the one reader (vllm_fleet.specs.inventory.load_inventory).
 INVENTORY_HELP = ("pyinfra inventory: a .py file, or the hosts inline as pyinfra takes them: @local (this machine), "
                   "user@host, @ssh/host, host1,host2 (inline hosts are the `servers` group; host data with --data)")
 

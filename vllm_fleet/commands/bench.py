@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from vllm_fleet.render.fleetview import FleetView
-from vllm_fleet.spec.inventory import spec_for
-from vllm_fleet.spec.load import routing_policies
+from vllm_fleet.specs.inventory import spec_for
+from vllm_fleet.specs.load import routing_policies
 from vllm_fleet.serving.session import (BenchError, HostSession,  # noqa: F401  (bench's names too)
                                        load_fleet, served_tokenizer, spec_digest)
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from vllm_fleet import __version__
-from vllm_fleet.spec.load import Problem
+from vllm_fleet.specs.load import Problem
 
 
 from vllm_fleet.commands.problems import load_or_exit as _load, print_problems as _print_problems
@@ -25,7 +25,7 @@ from vllm_fleet.commands.problems import load_or_exit as _load, print_problems a
 
 
 def _load_inventory(path: str | None, cmd: str) -> dict[str, Any] | None:
-    from vllm_fleet.spec.inventory import InventoryError, load_inventory
+    from vllm_fleet.specs.inventory import InventoryError, load_inventory
 
     if not path:
         return None
@@ -48,7 +48,7 @@ def _fleet_problems(resolved: list[dict[str, Any]], sources: list[str], inventor
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from vllm_fleet.spec.pipeline import check
+    from vllm_fleet.specs.pipeline import check
 
     inventory = _load_inventory(args.inventory, "validate")
     results = [check(path, hardware=not args.no_hardware) for path in args.spec]
@@ -93,7 +93,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from vllm_fleet.spec import planner
+    from vllm_fleet.specs import planner
 
     if args.list_models:
         print(planner.list_models())
@@ -105,7 +105,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         print("vllm-fleet plan: a SPEC is required (or --list-models / --list-gpus)", file=sys.stderr)
         return 2
     if args.gpu is not None:
-        from vllm_fleet.spec import catalog
+        from vllm_fleet.specs import catalog
 
         if args.gpu.strip().lower() not in catalog.gpu_names():
             print(f"vllm-fleet plan: --gpu {args.gpu!r} is not in the GPU catalogue; known GPUs: {', '.join(catalog.gpu_names())} "
@@ -117,7 +117,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         return 2
     overrides = {("hardware", "gpu"): args.gpu, ("hardware", "gpus_per_node"): args.gpus_per_node}
     # The plan is the answer to "does it fit": compute it even when it does not, then say so.
-    from vllm_fleet.spec.pipeline import check
+    from vllm_fleet.specs.pipeline import check
 
     c = check(args.spec, hardware=True, overrides=overrides)
     problems = c.problems

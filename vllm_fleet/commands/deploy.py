@@ -1,8 +1,8 @@
 """`vllm-fleet deploy INVENTORY [--spec SPEC] [--limit HOSTS] [--dry] [--diff] [--verify] [-y]`.
 
-1. The inventory as pyinfra reads it, without connecting (:mod:`vllm_fleet.spec.inventory`:
+1. The inventory as pyinfra reads it, without connecting (:mod:`vllm_fleet.specs.inventory`:
    pyinfra's own loader in a child process; its data precedence: ``--data`` > host > group incl. ``group_data/*.py`` > all).
-2. Each host's spec (:mod:`vllm_fleet.spec.source`; ``--spec`` is passed as ``--data
+2. Each host's spec (:mod:`vllm_fleet.specs.source`; ``--spec`` is passed as ``--data
    vllm_fleet_spec=``): validated (schema, semantic, hardware checks), its secrets readable, its
    model directory present, its files rendered for the hosts that deploy it. Any problem: printed
    with its YAML path (or host) and the fix, exit 1, no host contacted.
@@ -56,8 +56,8 @@ def pyinfra_bin() -> str:
 
 def pyinfra_inventory(inventory: str, data: Sequence[str] = ()) -> dict[str, dict[str, Any]]:
     """{host: {"address", "groups", "data", "order"}} as pyinfra sees the inventory (no connection):
-    :func:`vllm_fleet.spec.inventory.load_inventory`, the one reader every command uses."""
-    from vllm_fleet.spec.inventory import InventoryError, load_inventory
+    :func:`vllm_fleet.specs.inventory.load_inventory`, the one reader every command uses."""
+    from vllm_fleet.specs.inventory import InventoryError, load_inventory
 
     try:
         return load_inventory(inventory, data)
@@ -101,9 +101,9 @@ class Deployment:
 def plan(inventory: str, spec: str | None = None, data: Sequence[str] = (), limit: Sequence[str] = ()) -> tuple[list[Deployment], list[str]]:
     """Steps 1-2: (deployments, pyinfra --data arguments). Raise PlanError listing every problem."""
     from vllm_fleet.render import files as render
-    from vllm_fleet.spec import load as specmod
+    from vllm_fleet.specs import load as specmod
     from vllm_fleet.render.secrets import SecretError, read_spec_secrets
-    from vllm_fleet.spec.source import DATA_KEY, SpecSourceError, spec_source
+    from vllm_fleet.specs.source import DATA_KEY, SpecSourceError, spec_source
 
     data = list(data)
     if spec:
@@ -209,7 +209,7 @@ def hash_models(deployments: list[Deployment], say: Callable[[str], None]) -> No
 
 def pyinfra_argv(inventory: str, func: str, data: Sequence[str], limit: Sequence[str], *, dry: bool = False,
                  diff: bool = False, yes: bool = False, extra: Sequence[str] = ()) -> list[str]:
-    from vllm_fleet.spec.inventory import for_pyinfra
+    from vllm_fleet.specs.inventory import for_pyinfra
 
     argv = [pyinfra_bin(), for_pyinfra(inventory), func]
     for d in data:

@@ -104,7 +104,7 @@ servers = [("@local", {{"vllm_fleet_spec": _SPEC, "_sudo": _os.geteuid() != 0}})
 
 
 def schema_location() -> str:
-    from vllm_fleet.spec.load import SCHEMA_PATH
+    from vllm_fleet.specs.load import SCHEMA_PATH
 
     return SCHEMA_PATH.as_uri()
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import sys
 from typing import Any, Sequence
 
-from vllm_fleet.spec.load import Problem, SpecError
-from vllm_fleet.spec.pipeline import load_checked
+from vllm_fleet.specs.load import Problem, SpecError
+from vllm_fleet.specs.pipeline import load_checked
 
 
 def print_problems(problems: Sequence[Problem], source: str, stream=None) -> None:
@@ -21,7 +21,7 @@ def print_problems(problems: Sequence[Problem], source: str, stream=None) -> Non
 
 
 def load_or_exit(path: str, *, hardware: bool = True) -> tuple[dict[str, Any], list[Problem]]:
-    """The one :func:`vllm_fleet.spec.pipeline.load_checked`, for a command: (resolved spec,
+    """The one :func:`vllm_fleet.specs.pipeline.load_checked`, for a command: (resolved spec,
     warnings); on errors every problem printed and exit 1."""
     try:
         resolved, warnings, _ = load_checked(path, hardware=hardware)

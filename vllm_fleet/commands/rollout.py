@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from vllm_fleet.host.rollout_step import failure_tail, run_step, step_command
-from vllm_fleet.spec.inventory import for_pyinfra, spec_for
+from vllm_fleet.specs.inventory import for_pyinfra, spec_for
 
 STATE_DIR = "~/.cache/vllm-fleet/rollout"  # per deployment: <name>.json (replicas left out) and logs
 
@@ -82,7 +82,7 @@ def plan_batches(servers: list[str], size: int, first: list[str] | None = None) 
 
 def server_order(inventory_path: str, spec: dict[str, Any] | None = None, data: Sequence[str] = ()) -> tuple[list[str], list[str], dict[str, dict[str, Any]]]:
     """(instance ids ``HOST:N`` in the layout's order, proxy hosts, {host: {address, groups, data}})."""
-    from vllm_fleet.spec.inventory import load_inventory
+    from vllm_fleet.specs.inventory import load_inventory
     from vllm_fleet.render.layout import LayoutError, build
 
     hosts = load_inventory(inventory_path, data)
@@ -141,8 +141,8 @@ class Rollout:
                  drain_timeout: float | None = None, pyinfra: str | None = None, cwd: str | None = None,
                  state_dir: str = STATE_DIR, say: Callable[[str], None] = print,
                  runner: Callable[[list[str], dict[str, str]], tuple[int, str]] | None = None, data: Sequence[str] = ()):
-        from vllm_fleet.spec.pipeline import load_checked
-        from vllm_fleet.spec.load import SpecError
+        from vllm_fleet.specs.pipeline import load_checked
+        from vllm_fleet.specs.load import SpecError
 
         self.inventory, self.spec_path, self.say, self.data = inventory, spec_path, say, list(data)
         try:
@@ -280,7 +280,7 @@ def format_table(result: RolloutResult) -> str:
 
 
 def cmd_rollout(args: argparse.Namespace) -> int:
-    try:  # --spec, else the inventory's (vllm_fleet.spec.source): one spec for all replicas
+    try:  # --spec, else the inventory's (vllm_fleet.specs.source): one spec for all replicas
         spec = spec_for(args.inventory, args.spec, args.data or [])
     except ValueError as exc:
         print(f"vllm-fleet rollout: {exc}; no host was changed", file=sys.stderr)

@@ -13,7 +13,7 @@ import json
 import sys
 from typing import Any
 
-from vllm_fleet.spec.inventory import InventoryError, load_inventory
+from vllm_fleet.specs.inventory import InventoryError, load_inventory
 
 
 #: a unit that became active less than this many seconds ago after a restart is in a crash loop
@@ -79,14 +79,14 @@ def probe_hosts(resolved: dict[str, Any], hosts: dict[str, dict[str, Any]], serv
 def status_main(args: argparse.Namespace) -> int:
     from vllm_fleet.commands.problems import load_or_exit as _load
 
-    from vllm_fleet.spec.source import SpecSourceError, spec_source
+    from vllm_fleet.specs.source import SpecSourceError, spec_source
 
     try:
         hosts = load_inventory(args.inventory, args.data or [])
     except InventoryError as exc:
         print(f"vllm-fleet status: {exc}", file=sys.stderr)
         return 1
-    # The spec: --spec, else the inventory's own (vllm_fleet.spec.source: data vllm_fleet_spec,
+    # The spec: --spec, else the inventory's own (vllm_fleet.specs.source: data vllm_fleet_spec,
     # $VLLM_FLEET_SPEC, the lab's); never a silent default for other inventories.
     spec_path, why = args.spec, f"{args.inventory}: no host"
     if not spec_path:

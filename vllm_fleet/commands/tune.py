@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from vllm_fleet.commands.argtypes import count, number
-from vllm_fleet.spec.inventory import spec_for
+from vllm_fleet.specs.inventory import spec_for
 from vllm_fleet.serving.tune import TUNABLE, Tuner, TuneError, format_table, parse_grid, parse_target, point_label
 
 

@@ -2,7 +2,7 @@
 
     pyinfra -y INVENTORY vllm_fleet.deploys.down.down --data vllm_fleet_spec=SPEC [--data vllm_fleet_purge=true]
 
-The spec comes from where the serve deploy takes it (vllm_fleet/spec/source.py) and is validated
+The spec comes from where the serve deploy takes it (vllm_fleet/specs/source.py) and is validated
 the same way. `down` is the roles serve runs, with ``present=False``, in the reverse of serve's
 order (vllm_fleet.roles.parts.PARTS): monitoring, nginx (site gone, `nginx -t`, reload), the
 router, the vLLM units and their files (and the API firewall), the Ray node, then what only an install needs (or, purged, the

@@ -17,7 +17,7 @@ Steps ($VLLM_FLEET_ROLLOUT_STEP):
             vLLM, model, units: the batch's instances restarted when what they run changed, then
             /health; the host's other instances are left running), then each instance's own
             smoke test (on the host, not through the proxy). Nothing of nginx is touched.
-The spec comes from where deploys/serve.py takes it (vllm_fleet/spec/source.py); $VLLM_FLEET_DRAIN_TIMEOUT (seconds,
+The spec comes from where deploys/serve.py takes it (vllm_fleet/specs/source.py); $VLLM_FLEET_DRAIN_TIMEOUT (seconds,
 default the spec's rollout.drain_timeout) bounds both waits. Single-node replicas only.
 """
 

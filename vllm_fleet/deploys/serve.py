@@ -5,7 +5,7 @@
 
 The specs come from pyinfra data `vllm_fleet_spec` (`--data`, host or group data: each group
 may have its own; a path or a list), else $VLLM_FLEET_SPEC (paths separated by `:`); only the
-lab inventory falls back to deployments/lab-tiny.yaml (vllm_fleet/spec/source.py). They are
+lab inventory falls back to deployments/lab-tiny.yaml (vllm_fleet/specs/source.py). They are
 validated (schema, semantic and hardware checks), their secrets read
 (vllm_fleet.render.secrets.SPEC_SECRETS) and the fleet's layout (vllm_fleet.render.layout: which host runs
 which instances, Ray nodes, nginx, monitoring, and every file each gets) built once, before any

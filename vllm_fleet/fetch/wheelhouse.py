@@ -231,10 +231,10 @@ def add_flashinfer_cubin(directory: Path, target: dict, *, index_url: str | None
                          find_links: str | None = None, python: str | None = None, log=None) -> str | None:
     """Put ``flashinfer-cubin`` beside the ``flashinfer-python`` of a filled CUDA wheelhouse (the
     same version exactly; vLLM >= 0.26 no longer requires it, so ``pip download vllm`` leaves it
-    out: :mod:`vllm_fleet.spec.flashinfer`). Once per wheelhouse: when the source has no such
+    out: :mod:`vllm_fleet.specs.flashinfer`). Once per wheelhouse: when the source has no such
     version, that is recorded beside the wheels and returned (a warning, not a failure: FlashInfer
     then downloads its kernels at first use, which only a host with internet can)."""
-    from vllm_fleet.spec import flashinfer
+    from vllm_fleet.specs import flashinfer
 
     version = flashinfer.wheelhouse_lacks_cubin(directory)
     if not version:

@@ -2,7 +2,7 @@
 
 Everything that starts vLLM (the systemd unit, docs, the parser check, the lab) takes the
 command line from :func:`vllm_argv` and the non-secret environment from :func:`vllm_env`.
-Both read only the resolved spec (:func:`vllm_fleet.spec.load.resolve`); nothing here touches a host,
+Both read only the resolved spec (:func:`vllm_fleet.specs.load.resolve`); nothing here touches a host,
 reads a secret or imports pyinfra.
 
 The API key is never on the command line: vLLM reads ``VLLM_API_KEY`` from its environment,
@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from vllm_fleet.spec.planner import replica_gpu_utilization
+from vllm_fleet.specs.planner import replica_gpu_utilization
 
 #: Roles :func:`vllm_argv` builds a command for: the API server (single node, or the head /
 #: node rank 0 of a multi-node server) and, for the Ray-free ``native`` backend only, a

@@ -6,7 +6,7 @@
 The files view of the per-host layout (:mod:`vllm_fleet.render.layout`, which says which host plays
 which part): without an inventory a target is a part (``server``, ``worker``, ``ray-head``,
 ``ray-worker``, ``proxy``, ``monitoring``, ``client``); with one (``{host: {"address": ...,
-"groups": [...], "data": {...}}}``, as :func:`vllm_fleet.spec.inventory.load_inventory` returns) a
+"groups": [...], "data": {...}}}``, as :func:`vllm_fleet.specs.inventory.load_inventory` returns) a
 target is a host name and gets every file the deploy places there (units, env files, nginx
 sites, firewall rules). The roles put these files as they are (content, mode, owner, group);
 no role builds a unit, an env file, an nginx config or a firewall rule itself.
@@ -39,9 +39,9 @@ from vllm_fleet.render.parts import (HOST_DATA_DEFAULTS, SERVICE_PARTS, HostLayo
 from vllm_fleet.render.text import (HEADER, EnvRef,  # noqa: F401  (the renderer's names too)
                                    RenderedFile, RenderError, comment_text, describe_secret, env_file, nginx_quote,
                                    systemd_command, systemd_quote, systemd_text)
-from vllm_fleet.spec.document import ROUTER_POLICY
-from vllm_fleet.spec.hostdata import is_local
-from vllm_fleet.spec.ports import RAY_FIXED_PORTS, RAY_WORKER_PORTS  # noqa: F401  (the renderer's names too)
+from vllm_fleet.specs.document import ROUTER_POLICY
+from vllm_fleet.specs.hostdata import is_local
+from vllm_fleet.specs.ports import RAY_FIXED_PORTS, RAY_WORKER_PORTS  # noqa: F401  (the renderer's names too)
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 
@@ -846,7 +846,7 @@ def fill_files(layout: Layout) -> None:
 def build(specs: Sequence[dict[str, Any]] | dict[str, Any], inventory: dict[str, dict[str, Any]] | None = None, *,
           down: Iterable[str] = (), sources: dict[str, str] | None = None) -> Layout:
     """The layout of ``specs`` (resolved) on ``inventory`` ({host: {address, groups, data}}, as
-    :func:`vllm_fleet.spec.inventory.load_inventory` returns; None: per part, e.g. ``server``):
+    :func:`vllm_fleet.specs.inventory.load_inventory` returns; None: per part, e.g. ``server``):
     the parts (:func:`vllm_fleet.render.parts.build_parts`), then every file of every host.
 
     ``down``: instance ids (``HOST:N``) or host names out of the nginx upstream (a rollout).

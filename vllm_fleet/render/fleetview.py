@@ -2,7 +2,7 @@
 units, ports and files: read from the per-host layout
 (:func:`vllm_fleet.render.layout.build`), never from group names or fixed names.
 
-    view = fleet_view(resolved, inventory)      # inventory: vllm_fleet.spec.inventory.load_inventory()
+    view = fleet_view(resolved, inventory)      # inventory: vllm_fleet.specs.inventory.load_inventory()
     rep = view.replicas[0]; rep.id ("lab1:0"), rep.unit, rep.port, rep.env_file, rep.host
     view.replica("lab1") (its first instance) / view.replica("lab1:1"); view.proxies
 

@@ -33,8 +33,8 @@ Host data read: ``ssh_hostname`` (the address vllm-fleet connects to and clients
 upstreams and firewalls; default the ssh address), ``replicas_per_host`` (an int, or
 ``{deployment: int}``: overrides ``replicas.per_host`` on this host), ``cpu_count`` (CPU build:
 cores to split between replicas and ranks), ``deployments``, ``upstream_down``, and the keys
-of :data:`HOST_DATA_DEFAULTS`. All of it is declared in ``spec/schemas/hostdata.schema.json`` and
-checked (:mod:`vllm_fleet.spec.hostdata`) before :func:`build` reads any of it.
+of :data:`HOST_DATA_DEFAULTS`. All of it is declared in ``specs/schemas/hostdata.schema.json`` and
+checked (:mod:`vllm_fleet.specs.hostdata`) before :func:`build` reads any of it.
 
 Across hosts and deployments :func:`build` checks every listening port of every part on a host
 (:func:`_listen_ports`), every GPU, the Ray and monitoring parts one per host.
@@ -49,10 +49,10 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
 
 from vllm_fleet.render.command import world_size_per_node
-from vllm_fleet.spec.document import ROUTER_POLICY
-from vllm_fleet.spec.hostdata import host_address, inline_groups, inventory_problems, is_address_or_hostname
-from vllm_fleet.spec.planner import replica_gpu_utilization, replicas_per_gpu, shares_fit_one_gpu
-from vllm_fleet.spec.ports import RAY_FIXED_PORTS, RAY_WORKER_PORTS
+from vllm_fleet.specs.document import ROUTER_POLICY
+from vllm_fleet.specs.hostdata import host_address, inline_groups, inventory_problems, is_address_or_hostname
+from vllm_fleet.specs.planner import replica_gpu_utilization, replicas_per_gpu, shares_fit_one_gpu
+from vllm_fleet.specs.ports import RAY_FIXED_PORTS, RAY_WORKER_PORTS
 
 #: The blackbox exporter's address on the monitoring host (loopback: only Prometheus probes through it).
 BLACKBOX_LISTEN = "127.0.0.1:9115"
@@ -535,7 +535,7 @@ def _role_port_problems(resolved: dict[str, Any], nodes: list[Node], source: str
     share a host: the monitoring host's Prometheus, blackbox and node exporters; a Ray node's
     ports and its exporters; a server's replicas and its exporters), a monitoring port that another
     part there (or another monitoring daemon) listens on. The spec's own rules check vLLM, nginx,
-    the router and Ray against each other (vllm_fleet.spec.checks)."""
+    the router and Ray against each other (vllm_fleet.specs.checks)."""
     out: list[str] = []
     for n in nodes:
         mon = monitoring_ports(resolved, n)
@@ -705,7 +705,7 @@ def _inventory_hosts(hosts: dict[str, HostLayout], deployments: dict[str, dict[s
 def build_parts(specs: Sequence[dict[str, Any]] | dict[str, Any], inventory: dict[str, dict[str, Any]] | None = None, *,
                 down: Iterable[str] = (), sources: dict[str, str] | None = None) -> Layout:
     """The parts of the layout of ``specs`` (resolved) on ``inventory`` ({host: {address, groups, data}}, as
-    :func:`vllm_fleet.spec.inventory.load_inventory` returns; None: per part, e.g. ``server``).
+    :func:`vllm_fleet.specs.inventory.load_inventory` returns; None: per part, e.g. ``server``).
 
     ``down``: instance ids (``HOST:N``) or host names out of the nginx upstream (a rollout).
     ``sources``: {deployment: spec file} for the messages. Raises :class:`LayoutError` with
@@ -742,7 +742,7 @@ def render_entry(name: str, groups: list[str], data: dict[str, Any], down: bool 
     """One host as the layout reads it: {"address", "groups", "data"} (only the host data the
     layout and renderers use: :data:`HOST_DATA_KEYS` and
     :data:`HOST_DATA_DEFAULTS`). The deploy's roles (pyinfra's host objects) and the commands
-    (:func:`vllm_fleet.spec.inventory.load_inventory`) both come through here.
+    (:func:`vllm_fleet.specs.inventory.load_inventory`) both come through here.
 
     ``down``: the rollout marks this replica down in the nginx upstream (also host data ``upstream_down``).
     """

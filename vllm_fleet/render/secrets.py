@@ -6,7 +6,7 @@ time, which is what a lab wants; a deploy makes the value in memory while it pla
 file only when it executes (:func:`read_spec_secrets`, :func:`write_generated`), so `--dry` writes
 nothing on the control machine.
 
-:data:`SPEC_SECRETS` (a spec fact: :mod:`vllm_fleet.spec.localpath`) is the one list of the secrets a spec can name: the deploy reads them all
+:data:`SPEC_SECRETS` (a spec fact: :mod:`vllm_fleet.specs.localpath`) is the one list of the secrets a spec can name: the deploy reads them all
 from it, `vllm-fleet diff` masks them, and every new secret field goes there.
 """
 
@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from vllm_fleet.render import files as render
-from vllm_fleet.spec import localpath
-from vllm_fleet.spec.localpath import SPEC_SECRETS, SpecSecret  # noqa: F401  (the secrets' names too)
+from vllm_fleet.specs import localpath
+from vllm_fleet.specs.localpath import SPEC_SECRETS, SpecSecret  # noqa: F401  (the secrets' names too)
 
 
 class SecretError(Exception):

@@ -20,9 +20,9 @@ from vllm_fleet.host.transport import HostError, Transport
 from vllm_fleet.render import command
 from vllm_fleet.render.layout import LayoutError
 from vllm_fleet.render.secrets import SecretError, read_secret
-from vllm_fleet.spec.inventory import InventoryError, load_inventory
-from vllm_fleet.spec.load import SpecError
-from vllm_fleet.spec.pipeline import load_checked
+from vllm_fleet.specs.inventory import InventoryError, load_inventory
+from vllm_fleet.specs.load import SpecError
+from vllm_fleet.specs.pipeline import load_checked
 
 BOOTSTRAP = ("import json,sys; d=json.loads(sys.stdin.readline()); "
              "exec(compile(d['script'], 'benchhost.py', 'exec'), {'CFG': d['cfg'], '__name__': 'benchhost'})")

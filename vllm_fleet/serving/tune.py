@@ -49,9 +49,9 @@ from vllm_fleet.render.command import vllm_argv, vllm_env
 from vllm_fleet.render.layout import LayoutError
 from vllm_fleet.serving import report
 from vllm_fleet.serving.session import BenchError, HostSession, load_fleet, spec_digest
-from vllm_fleet.spec import catalog, checks, planner
-from vllm_fleet.spec.hwchecks import apply_model_facts
-from vllm_fleet.spec.load import Spec, resolve, schema_problems
+from vllm_fleet.specs import catalog, checks, planner
+from vllm_fleet.specs.hwchecks import apply_model_facts
+from vllm_fleet.specs.load import Spec, resolve, schema_problems
 
 #: Grid keys -> (spec section, key).
 TUNABLE = {
@@ -477,7 +477,7 @@ class Tuner:
 
     def set_upstream(self, down: list[str]) -> float:
         """The rollout's own upstream step on the proxies (nginx -t, reload, old workers gone)."""
-        from vllm_fleet.spec.inventory import for_pyinfra
+        from vllm_fleet.specs.inventory import for_pyinfra
 
         argv, env = step_command(self.pyinfra, for_pyinfra(self.inventory), self.spec_path, "upstream", limit=list(self.view.proxies),
                                  down=down, drain_timeout=self.resolved["rollout"]["drain_timeout"], data=self.data)

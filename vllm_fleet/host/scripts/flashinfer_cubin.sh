@@ -1,5 +1,5 @@
 # flashinfer_cubin.sh: after vLLM's install (CUDA), FlashInfer's pre-built kernels at exactly the
-# env's FlashInfer version (the vllm role; vllm_fleet.spec.flashinfer says why). Run as root:
+# env's FlashInfer version (the vllm role; vllm_fleet.specs.flashinfer says why). Run as root:
 #     sh -c "$(cat flashinfer_cubin.sh)" flashinfer-cubin PY PYTHON_DIST CUBIN_DIST SOURCE PIP_INSTALL...
 # PY: the env's Python; PYTHON_DIST, CUBIN_DIST: the two distributions' names; SOURCE: where pip
 # looks (for the warning); PIP_INSTALL...: the pip install command line, the requirement appended.

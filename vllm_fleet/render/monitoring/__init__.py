@@ -33,7 +33,7 @@ import yaml
 
 from vllm_fleet.render.parts import BLACKBOX_LISTEN, SYSTEMD_DIR, Node as _Node, _multi
 from vllm_fleet.render.text import HEADER, RenderedFile, RenderError, systemd_command
-from vllm_fleet.spec.ports import RAY_FIXED_PORTS
+from vllm_fleet.specs.ports import RAY_FIXED_PORTS
 
 
 HERE = Path(__file__).resolve().parent

@@ -24,9 +24,9 @@ from vllm_fleet.host.pyinfra_run import install_sigint
 from vllm_fleet.render.layout import SERVICE_PARTS, UNIT_SUFFIXES, Layout, LayoutError, build, render_entry
 from vllm_fleet.render.secrets import SecretError, read_spec_secrets, write_generated
 from vllm_fleet.roles.common import progress
-from vllm_fleet.spec import localpath
-from vllm_fleet.spec.pipeline import check
-from vllm_fleet.spec.source import SpecSourceError, spec_sources
+from vllm_fleet.specs import localpath
+from vllm_fleet.specs.pipeline import check
+from vllm_fleet.specs.source import SpecSourceError, spec_sources
 
 
 
@@ -79,7 +79,7 @@ class DeployError(PyinfraError):
 
 
 def spec_paths(h: Any = None) -> list[str]:
-    """The specs a host's deploy uses (:mod:`vllm_fleet.spec.source`: data `vllm_fleet_spec`, a
+    """The specs a host's deploy uses (:mod:`vllm_fleet.specs.source`: data `vllm_fleet_spec`, a
     path or a list, else $VLLM_FLEET_SPEC, paths separated by ``:``, else the lab's own for the lab
     inventory); no spec: a DeployError saying how."""
     h = h or host

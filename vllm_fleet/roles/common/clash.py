@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vllm_fleet.render.layout import SYSTEMD_DIR, HostLayout
-from vllm_fleet.spec.planner import replica_gpu_utilization, shares_fit_one_gpu
+from vllm_fleet.specs.planner import replica_gpu_utilization, shares_fit_one_gpu
 
 from .state import Query, Snapshot
 

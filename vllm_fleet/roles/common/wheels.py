@@ -22,7 +22,7 @@ from vllm_fleet.fetch import treehash
 from vllm_fleet.fetch import wheelhouse as wh
 from vllm_fleet.host.programs import argv as cmd
 from vllm_fleet.host.programs import python
-from vllm_fleet.spec import localpath
+from vllm_fleet.specs import localpath
 
 from . import progress
 from .state import Query, role_state, unknown

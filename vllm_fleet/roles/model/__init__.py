@@ -2,7 +2,7 @@
 
 Deploy function
     ``install_model(spec, hub_token=None)``: ``spec`` is the resolved spec dict
-    (``vllm_fleet.spec.load.load_and_check``); ``hub_token`` the token's value (read on the control
+    (``vllm_fleet.specs.load.load_and_check``); ``hub_token`` the token's value (read on the control
     machine from ``model.hub_token``), or None. Reads ``model.{transfer, hub_fetch, local_dir,
     source, revision, path}``, ``server.user``, ``install.{prefix, config_dir}``; host data in
     ``defaults.DEFAULTS``. Returns the operations whose change must restart vLLM.
@@ -83,12 +83,12 @@ from vllm_fleet.render import command
 from vllm_fleet.roles.common import atomic_put, directory, progress, role_data, secret_file
 from vllm_fleet.host.state import Query, Snapshot, state_command
 from vllm_fleet.roles.common.state import Converged, StateUnknown, role_state, unknown
-from vllm_fleet.spec.sections import reads
+from vllm_fleet.specs.sections import reads
 
 from . import defaults as d
 from .defaults import DEFAULTS
 
-#: The spec sections this role reads (vllm_fleet.spec.sections); its README lists them.
+#: The spec sections this role reads (vllm_fleet.specs.sections); its README lists them.
 SECTIONS = ("name", "install", "model", "server")
 
 __all__ = ["install_model", "local_manifest", "manifest_text", "ModelMissing", "NoSpace", "StateUnknown", "DEFAULTS"]

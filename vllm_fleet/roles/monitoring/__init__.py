@@ -29,11 +29,11 @@ from vllm_fleet.roles.common import DeployError, directory, packages as common_p
 from vllm_fleet.roles.common import remove, role_data, service_running
 from vllm_fleet.host.state import Query, Snapshot
 from vllm_fleet.roles.common.state import pending, role_state, unknown
-from vllm_fleet.spec.sections import reads
+from vllm_fleet.specs.sections import reads
 
 from .defaults import DEFAULTS
 
-#: The spec sections this role reads (vllm_fleet.spec.sections); its README lists them.
+#: The spec sections this role reads (vllm_fleet.specs.sections); its README lists them.
 SECTIONS = ("name", "install", "monitoring")
 
 PROMETHEUS = "prometheus"

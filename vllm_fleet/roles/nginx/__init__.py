@@ -19,13 +19,13 @@ from vllm_fleet.roles.common import (DeployError, atomic_put, packages, put_rend
 from vllm_fleet.host.state import Query
 from vllm_fleet.render.parts import files_of
 from vllm_fleet.roles.common.state import host_state, pending, role_state
-from vllm_fleet.spec.sections import reads
+from vllm_fleet.specs.sections import reads
 
-from vllm_fleet.spec.hostdata import is_local
+from vllm_fleet.specs.hostdata import is_local
 
 from .defaults import DEFAULTS
 
-#: The spec sections this role reads (vllm_fleet.spec.sections); its README lists them.
+#: The spec sections this role reads (vllm_fleet.specs.sections); its README lists them.
 SECTIONS = ("install", "monitoring", "name", "proxy", "server")
 
 DEFAULT_SITE = "/etc/nginx/sites-enabled/default"

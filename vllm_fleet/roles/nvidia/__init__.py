@@ -2,7 +2,7 @@
 Ubuntu 22.04 / 24.04 GPU hosts, with the GPUs checked against the spec.
 
 Deploy function
-    ``nvidia(spec)``: ``spec`` is the resolved spec dict (``vllm_fleet.spec.load.load_and_check``).
+    ``nvidia(spec)``: ``spec`` is the resolved spec dict (``vllm_fleet.specs.load.load_and_check``).
     Reads ``install.accelerator``, ``install.nvidia.{driver_branch, cuda_version, source,
     open_kernel_modules}`` and ``hardware.{gpu, gpus_per_node}``; host data in
     ``defaults.DEFAULTS`` (``nvidia_reboot``, ``nvidia_reboot_timeout``, ...).
@@ -18,7 +18,7 @@ reads nvidia-smi again (the same state read, of the GPUs alone).
 What it does, decided from that read while the plan is built
     - ``install.accelerator: cpu``: nothing.
     - ``driver_branch`` is a minimum (default: what the pinned vLLM's CUDA needs, see
-      ``vllm_fleet.spec.defaults.VLLM_CUDA``): nvidia-smi answering with that branch or a newer one,
+      ``vllm_fleet.specs.defaults.VLLM_CUDA``): nvidia-smi answering with that branch or a newer one,
       the toolkit installed (or not wanted) and, on NVSwitch boards, the fabric manager present:
       nothing but the GPU check, no reboot.
     - Otherwise, before anything is installed: Secure Boot on (the EFI variable) without host
@@ -54,7 +54,7 @@ Failures
 
 Example (deploys/serve.py)::
 
-    from vllm_fleet.spec.load import load_and_check
+    from vllm_fleet.specs.load import load_and_check
     from vllm_fleet.roles.nvidia import nvidia
 
     spec, _warnings = load_and_check("deployments/rtx3090-qwen7b-awq-realtime.yaml")
@@ -82,9 +82,9 @@ from vllm_fleet.host.programs import argv as cmd
 from vllm_fleet.roles.common import role_data
 from vllm_fleet.host.state import Query, Snapshot
 from vllm_fleet.roles.common.state import StateUnknown, read_now, role_state, unknown
-from vllm_fleet.spec.sections import reads
+from vllm_fleet.specs.sections import reads
 
-#: The spec sections this role reads (vllm_fleet.spec.sections); its README lists them.
+#: The spec sections this role reads (vllm_fleet.specs.sections); its README lists them.
 SECTIONS = ("hardware", "install")
 
 

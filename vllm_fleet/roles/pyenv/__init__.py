@@ -1,7 +1,7 @@
 """The pyenv role: the deployment's Python environment at ``{install.prefix}/env``, and the
 service user with its directories.
 
-Deploy functions (``spec`` is the resolved spec dict from ``vllm_fleet.spec.load.load_and_check``)
+Deploy functions (``spec`` is the resolved spec dict from ``vllm_fleet.specs.load.load_and_check``)
     ``service_dirs(spec)``: the system user ``server.user`` (no login shell, home =
     the parent of ``install.state_dir`` (/var/lib/vllm-fleet), no home created by useradd) and the directories
     ``install.prefix`` (root:root 0755), ``install.config_dir`` (root:<user> 0750; the service
@@ -52,12 +52,12 @@ from vllm_fleet.render import command
 from vllm_fleet.roles.common import directory, packages as common_packages, role_data
 from vllm_fleet.host.state import Query, Snapshot
 from vllm_fleet.roles.common.state import host_state, role_state, unknown
-from vllm_fleet.spec.sections import reads
+from vllm_fleet.specs.sections import reads
 
 from . import defaults as d
 from .defaults import DEFAULTS
 
-#: The spec sections this role reads (vllm_fleet.spec.sections); its README lists them.
+#: The spec sections this role reads (vllm_fleet.specs.sections); its README lists them.
 SECTIONS = ("install", "server")
 
 __all__ = ["pyenv", "service_dirs", "state_query", "env_dir", "env_python", "EnvMismatch", "DEFAULTS"]

@@ -68,13 +68,13 @@ from vllm_fleet.roles.vllm.facts import parse_probe
 from vllm_fleet.render import command
 from vllm_fleet.render.layout import Layout, Node, files_of
 from vllm_fleet.render import files as render
-from vllm_fleet.spec.sections import reads
+from vllm_fleet.specs.sections import reads
 
 from . import defaults as d
 from .defaults import DEFAULTS
 from .facts import Ipv4Interfaces, detect_ifname
 
-#: The spec sections this role reads (vllm_fleet.spec.sections); its README lists them.
+#: The spec sections this role reads (vllm_fleet.specs.sections); its README lists them.
 SECTIONS = ("engine", "env", "hardware", "install", "monitoring", "name", "parallel", "proxy", "server")
 
 __all__ = ["install_ray", "state_query", "RayResult", "detect_ifname", "compare_versions", "DEFAULTS"]

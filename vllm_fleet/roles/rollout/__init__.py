@@ -48,11 +48,11 @@ from vllm_fleet.host import programs
 from vllm_fleet.roles.common import as_root, put_rendered
 from vllm_fleet.render import command
 from vllm_fleet.render import files as render
-from vllm_fleet.spec.sections import reads
+from vllm_fleet.specs.sections import reads
 
 from .defaults import DEFAULTS
 
-#: The spec sections this role reads (vllm_fleet.spec.sections); its README lists them.
+#: The spec sections this role reads (vllm_fleet.specs.sections); its README lists them.
 SECTIONS = ("name", "install", "model", "proxy", "server")
 
 __all__ = ["upstream", "router_workers", "drain", "smoke_replica", "parse_metrics", "DEFAULTS"]

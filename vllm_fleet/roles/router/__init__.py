@@ -29,11 +29,11 @@ from vllm_fleet.roles.common.wheels import host_target, source_args, target_quer
 from vllm_fleet.host.state import Query
 from vllm_fleet.render.parts import files_of
 from vllm_fleet.roles.common.state import host_state, pending
-from vllm_fleet.spec.sections import reads
+from vllm_fleet.specs.sections import reads
 
 from .defaults import DEFAULTS
 
-#: The spec sections this role reads (vllm_fleet.spec.sections); its README lists them.
+#: The spec sections this role reads (vllm_fleet.specs.sections); its README lists them.
 SECTIONS = ("install", "monitoring", "name", "proxy")
 
 PACKAGE = "vllm-router"

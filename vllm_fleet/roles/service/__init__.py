@@ -33,12 +33,12 @@ from vllm_fleet.roles.router import wheels_dir as router_wheels_dir
 from vllm_fleet.roles.smoke import chat_on_host, replica_chat, replica_chat_query
 from vllm_fleet.roles.vllm import defaults as vd
 from vllm_fleet.serving.smoke import judge_replica_chat
-from vllm_fleet.spec.sections import reads
+from vllm_fleet.specs.sections import reads
 
 from . import defaults as d
 from .defaults import DEFAULTS
 
-#: The spec sections this role reads (vllm_fleet.spec.sections); its README lists them.
+#: The spec sections this role reads (vllm_fleet.specs.sections); its README lists them.
 SECTIONS = ("engine", "env", "install", "model", "monitoring", "name", "parallel", "proxy", "server", "smoke")
 
 #: What install_server_stack hands its roles (nvidia, pyenv, vllm, model): the union of theirs.

@@ -26,11 +26,11 @@ from pyinfra.api import FunctionCommand, deploy, operation
 from vllm_fleet.host import programs
 from vllm_fleet.render import command
 from vllm_fleet.roles.common import as_root
-from vllm_fleet.spec.sections import reads
+from vllm_fleet.specs.sections import reads
 
 from .defaults import DEFAULTS
 
-#: The spec sections this role reads (vllm_fleet.spec.sections); its README lists them.
+#: The spec sections this role reads (vllm_fleet.specs.sections); its README lists them.
 SECTIONS = ("name", "install", "model", "proxy", "server", "smoke")
 
 

@@ -1,7 +1,7 @@
 """The vllm role: the pinned vLLM (and Ray, extra packages) in the deployment's Python env.
 
 Deploy function
-    ``install_vllm(spec)``: ``spec`` is the resolved spec dict (``vllm_fleet.spec.load.load_and_check``).
+    ``install_vllm(spec)``: ``spec`` is the resolved spec dict (``vllm_fleet.specs.load.load_and_check``).
     Reads ``install.{accelerator, vllm_package, vllm_version, extra_packages, wheelhouse,
     index_url, ray_version, prefix}`` and ``parallel.backend``; host data in
     ``defaults.DEFAULTS`` (``pip_cache_dir``, ``vllm_find_links``, ``vllm_pip_timeout``).
@@ -57,12 +57,12 @@ from vllm_fleet.roles.common.state import role_state, unknown
 from vllm_fleet.host.programs import argv as cmd
 from vllm_fleet.host.programs import chain, group, python, shell, to_stderr
 from vllm_fleet.render import command
-from vllm_fleet.spec.sections import reads
+from vllm_fleet.specs.sections import reads
 
 from . import defaults as d
 from .defaults import DEFAULTS
 
-#: The spec sections this role reads (vllm_fleet.spec.sections); its README lists them.
+#: The spec sections this role reads (vllm_fleet.specs.sections); its README lists them.
 SECTIONS = ("install", "parallel")
 
 __all__ = ["install_vllm", "requirements", "missing", "pip_install_command", "uv_install_command",
@@ -176,10 +176,10 @@ def flashinfer_cubin_command(spec: dict, *, cache_dir: str | None, find_links: s
     """After vLLM's install (CUDA): ``flashinfer-cubin`` at the env's ``flashinfer-python`` version
     exactly, from the same source as vLLM (vLLM >= 0.26 no longer requires it: without it
     FlashInfer downloads its kernels at first use, which a host without internet cannot;
-    :mod:`vllm_fleet.spec.flashinfer`). The version is read in the env after vLLM's install, so
+    :mod:`vllm_fleet.specs.flashinfer`). The version is read in the env after vLLM's install, so
     it follows any vLLM release. No flashinfer-python (a build without it): nothing. The source
     lacking that version: a warning on stderr, not a failure (scripts/flashinfer_cubin.sh)."""
-    from vllm_fleet.spec import flashinfer
+    from vllm_fleet.specs import flashinfer
 
     pip = pip_install_command(spec, ["--no-deps"], cache_dir=cache_dir, find_links=find_links, wheelhouse=wheelhouse,
                               timeout=timeout)
@@ -216,7 +216,7 @@ def _fleet_directory(spec: dict) -> Path:
         found = local_dir(links, "host data vllm_find_links") if links else None
         directory = wh.ensure(wheelhouse_requirements(spec), target, index_url=ins.get("index_url"),
                               find_links=found, log=logger.info)
-        if ins["accelerator"] == "cuda":  # FlashInfer's pre-built kernels (vllm_fleet.spec.flashinfer)
+        if ins["accelerator"] == "cuda":  # FlashInfer's pre-built kernels (vllm_fleet.specs.flashinfer)
             wh.add_flashinfer_cubin(directory, target, index_url=ins.get("index_url"), find_links=found, log=logger.warning)
     except wh.WheelhouseError as exc:
         raise DeployError(str(exc)) from None

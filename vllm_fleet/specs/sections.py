@@ -24,7 +24,7 @@ import inspect
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, TypeVar
 
-from vllm_fleet.spec import document
+from vllm_fleet.specs import document
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -54,7 +54,7 @@ class Sections(Mapping[str, Any]):
         if key not in self._names:
             raise SectionNotDeclared(
                 f"{self._reader} reads the spec's {key!r} section but declares only {_listed(self._names)}: "
-                f"add {key!r} to its @reads (vllm_fleet.spec.sections)"
+                f"add {key!r} to its @reads (vllm_fleet.specs.sections)"
             )
 
     def __getitem__(self, key: str) -> Any:

@@ -17,9 +17,9 @@ import copy
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from vllm_fleet.spec import checks, hwchecks
-from vllm_fleet.spec import document as specmod
-from vllm_fleet.spec.document import Problem, Spec, SpecError
+from vllm_fleet.specs import checks, hwchecks
+from vllm_fleet.specs import document as specmod
+from vllm_fleet.specs.document import Problem, Spec, SpecError
 
 #: Schema-error passes: each sets aside the keys the previous one named (nested mistakes).
 _PRUNE_PASSES = 4

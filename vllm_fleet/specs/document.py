@@ -1,10 +1,10 @@
 """The spec document: load, validate and resolve a deployment spec (the stages; the pipeline
-that runs them with the checks is :mod:`vllm_fleet.spec.pipeline`, its short name
-:func:`vllm_fleet.spec.load.load_and_check`).
+that runs them with the checks is :mod:`vllm_fleet.specs.pipeline`, its short name
+:func:`vllm_fleet.specs.load.load_and_check`).
 
 The flow is one way: YAML text -> :func:`load` (syntax, with line numbers) -> JSON Schema
 (:func:`schema_problems`, every problem with its YAML path and a fix) -> :func:`resolve`
-(profiles and derived defaults filled in) -> semantic checks (:mod:`vllm_fleet.spec.checks`).
+(profiles and derived defaults filled in) -> semantic checks (:mod:`vllm_fleet.specs.checks`).
 
 Nothing here touches a host or imports pyinfra.
 """
@@ -27,7 +27,7 @@ from typing import Any
 import jsonschema
 import yaml
 
-from vllm_fleet.spec import defaults
+from vllm_fleet.specs import defaults
 
 SCHEMA_PATH = Path(__file__).resolve().parent / "schemas" / "deployment.schema.json"  # schemas/ at the top links here
 MAX_SPEC_BYTES = 256 * 1024  # a spec is a page of YAML (a few kB); this is certainly a mistake
@@ -578,7 +578,7 @@ def _resolve_install(out: dict[str, Any], root: dict[str, Any]) -> None:
     nv = {**_schema_defaults(root["properties"]["install"]["properties"]["nvidia"]), **(ins.get("nvidia") or {})}
     if acc == "cuda":
         # The driver follows the pinned vLLM (defaults.VLLM_CUDA): its wheels' CUDA, that CUDA's
-        # oldest driver branch; an explicit branch below it is refused by vllm_fleet.spec.checks.
+        # oldest driver branch; an explicit branch below it is refused by vllm_fleet.specs.checks.
         cuda, branch = vllm_cuda(ins["vllm_version"])
         nv.setdefault("cuda_version", cuda)
         nv["vllm_cuda"] = cuda

@@ -1,7 +1,7 @@
 """Semantic checks beyond the JSON Schema.
 
 Two kinds: checks of the spec alone (this module: conflicting options, multi-node wiring, flags
-vllm-fleet owns, secrets) and checks against model and GPU facts (:mod:`vllm_fleet.spec.hwchecks`,
+vllm-fleet owns, secrets) and checks against model and GPU facts (:mod:`vllm_fleet.specs.hwchecks`,
 which needs the catalogues). :func:`run` runs both. Every problem names its YAML path, says why,
 and says what to do.
 """
@@ -11,8 +11,8 @@ from __future__ import annotations
 import re
 from typing import Any, Callable
 
-from vllm_fleet.spec.document import HOST_PATH, ROUTER_POLICY, Problem, Spec
-from vllm_fleet.spec.ports import RAY_FIXED_PORTS, RAY_WORKER_PORTS
+from vllm_fleet.specs.document import HOST_PATH, ROUTER_POLICY, Problem, Spec
+from vllm_fleet.specs.ports import RAY_FIXED_PORTS, RAY_WORKER_PORTS
 
 #: The schema's pattern for model.served_name (the name taken from `source` must fit it too).
 SERVED_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}\Z")
@@ -360,7 +360,7 @@ def _control_paths(r: dict[str, Any], spec: Spec | None, add: Add) -> None:
     """Every path on the control machine the spec names can be read here (spec.localpath).
     Needs the spec file (relative paths are taken from its directory): a resolved dict alone is
     not judged against this machine."""
-    from vllm_fleet.spec import localpath
+    from vllm_fleet.specs import localpath
 
     if spec is not None:
         localpath.control_path_problems(r, spec.base_dir, add)
@@ -400,7 +400,7 @@ def run(resolved: dict[str, Any], spec: Spec | None = None, *, hardware: bool = 
     problems = spec_problems(resolved, spec)
     if hardware:
         try:
-            from vllm_fleet.spec import hwchecks
+            from vllm_fleet.specs import hwchecks
         except ImportError:  # pragma: no cover - only while the catalogue is being built
             return problems
         problems += hwchecks.hardware_problems(resolved, spec)

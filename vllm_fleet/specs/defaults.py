@@ -2,7 +2,7 @@
 
 Schema defaults (ports, timeouts, ...) live in schemas/deployment.schema.json, where editors see
 them; the values here depend on other settings (a profile, the accelerator) and are applied by
-:func:`vllm_fleet.spec.load.resolve`.
+:func:`vllm_fleet.specs.load.resolve`.
 """
 
 # Engine profiles from the 000 article (one RTX 3090 serving a 7B model). Both write prefix

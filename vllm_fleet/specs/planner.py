@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from vllm_fleet.spec import catalog
+from vllm_fleet.specs import catalog
 
 GIB = 1024**3
 BLOCK_TOKENS = 16  # vLLM's default KV block size on CUDA

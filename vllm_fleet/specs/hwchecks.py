@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from vllm_fleet.spec import catalog
+from vllm_fleet.specs import catalog
 
-from vllm_fleet.spec import planner
-from vllm_fleet.spec.document import Problem, Spec, did_you_mean
+from vllm_fleet.specs import planner
+from vllm_fleet.specs.document import Problem, Spec, did_you_mean
 
 FP8_MIN_CC = 8.9      # FP8 compute: Ada Lovelace (sm_89) and Hopper (sm_90)
 MARLIN_MIN_CC = 8.0   # Marlin kernels (awq_marlin, gptq_marlin): Ampere and newer
@@ -116,7 +116,7 @@ def _gpu_count(c: _Facts) -> None:
 
 
 def _flashinfer(c: _Facts) -> None:
-    """FlashInfer's kernels on hosts without internet (vllm_fleet.spec.flashinfer)."""
+    """FlashInfer's kernels on hosts without internet (vllm_fleet.specs.flashinfer)."""
     if c.r["install"]["accelerator"] == "cuda" and not c.cpu:
         c.out.extend(flashinfer_problems(c.r, c.cc, c.spec))
 
@@ -272,7 +272,7 @@ def flashinfer_problems(resolved: dict[str, Any], cc: float | None, spec: Spec |
     would download its pre-built kernels at first use), and a feature that JIT-compiles FlashInfer
     kernels (nvcc at first use) with ``install.wheelhouse`` (an offline host: no apt for a CUDA
     toolkit there either)."""
-    from vllm_fleet.spec import flashinfer, localpath
+    from vllm_fleet.specs import flashinfer, localpath
 
     out: list[Problem] = []
     ins = resolved["install"]

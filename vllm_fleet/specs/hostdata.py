@@ -120,7 +120,7 @@ def host_problems(host: str, data: Mapping[str, Any]) -> list[str]:
 
 
 def inventory_problems(inventory: Mapping[str, Mapping[str, Any]]) -> list[str]:
-    """Every host's problems ({host: {"data": ...}}, as :func:`vllm_fleet.spec.inventory.load_inventory` gives)."""
+    """Every host's problems ({host: {"data": ...}}, as :func:`vllm_fleet.specs.inventory.load_inventory` gives)."""
     out: list[str] = []
     for host, h in inventory.items():
         out += host_problems(str(host), (h or {}).get("data") or {})

@@ -16,12 +16,12 @@ writes its answer to a file it is given, never to stdout, so that what the inven
 not matter.
 
 Hosts given inline belong to no group of the file, so they are put in the ``servers`` group
-(:func:`vllm_fleet.spec.hostdata.inline_groups`, which the deploy's own read of pyinfra's hosts
+(:func:`vllm_fleet.specs.hostdata.inline_groups`, which the deploy's own read of pyinfra's hosts
 uses too); ``user@host[:port]`` gives the host data ``ssh_user`` (and ``ssh_port``) unless set.
 
 ``address``: the host's ``ssh_hostname`` data, else its name (``user@host``: the host). ``order``: the host's place in each
 group (a rollout's batches follow the ``servers`` group's order). The host data itself is checked
-by :mod:`vllm_fleet.spec.hostdata` (the layout does that for every command).
+by :mod:`vllm_fleet.specs.hostdata` (the layout does that for every command).
 
 No host is contacted.
 """
@@ -36,7 +36,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Sequence
 
-from vllm_fleet.spec.source import SpecSourceError, spec_source
+from vllm_fleet.specs.source import SpecSourceError, spec_source
 
 #: Seconds an inventory file may take to load (a file that blocks is an input error, not a hang).
 LOAD_TIMEOUT = 60
@@ -63,7 +63,7 @@ def load_inventory(path: str | Path, data: Sequence[str] = ()) -> dict[str, dict
             raise InventoryError(f"--data {d}: give KEY=VALUE")
     with tempfile.TemporaryDirectory(prefix="vllm-fleet-inventory-") as tmp:
         answer = Path(tmp) / "inventory.json"
-        argv = [sys.executable, "-m", "vllm_fleet.spec.inventory", str(p), str(answer), *data]
+        argv = [sys.executable, "-m", "vllm_fleet.specs.inventory", str(p), str(answer), *data]
         env = {**os.environ, "PYINFRA_PROGRESS": "off"}
         # the child imports vllm_fleet from where this process does (a checkout without install)
         here = str(Path(__file__).resolve().parents[2])
@@ -89,7 +89,7 @@ def load_inventory(path: str | Path, data: Sequence[str] = ()) -> dict[str, dict
             first = (f"inventory {p}: the file exited (status {r.returncode}) before pyinfra finished reading it: "
                      "an inventory file must only define groups of hosts (no sys.exit, os._exit or raise)")
         raise InventoryError([first, *("  " + t for t in tail)])
-    from vllm_fleet.spec.hostdata import host_address, inline_groups, login_data
+    from vllm_fleet.specs.hostdata import host_address, inline_groups, login_data
 
     hosts = {}
     for row in doc["hosts"]:
@@ -107,7 +107,7 @@ def is_inline(text: str) -> bool:
     a connector (``@local``, ``@ssh/host``, ``@docker/...``), ``user@host``, or a comma-separated
     list of those or of addresses / host names. A lone word (``inventory``, ``hosts.py``) is not:
     a file name with a typo stays "no such file" instead of a host vllm-fleet would try to reach."""
-    from vllm_fleet.spec.hostdata import is_ipv4
+    from vllm_fleet.specs.hostdata import is_ipv4
 
     text = text.strip()
     if not text or "\n" in text or text.endswith(".py"):
@@ -125,7 +125,7 @@ def for_pyinfra(inventory: str) -> str:
     still has the last word)."""
     import hashlib
 
-    from vllm_fleet.spec.hostdata import host_address, login_data
+    from vllm_fleet.specs.hostdata import host_address, login_data
 
     if Path(inventory).is_file() or not is_inline(inventory):
         return inventory
@@ -144,9 +144,9 @@ def for_pyinfra(inventory: str) -> str:
 
 
 def _inline_order(rows: list[dict[str, Any]], name: str) -> dict[str, int]:
-    """An inline host's place in the groups :func:`~vllm_fleet.spec.hostdata.inline_groups` gives
+    """An inline host's place in the groups :func:`~vllm_fleet.specs.hostdata.inline_groups` gives
     it: the order the hosts were written in (the inline hosts among ``rows``)."""
-    from vllm_fleet.spec.hostdata import INLINE_GROUPS, inline_groups
+    from vllm_fleet.specs.hostdata import INLINE_GROUPS, inline_groups
 
     names = [r["name"] for r in rows if inline_groups(r["groups"]) != list(r["groups"])]
     return {g: names.index(name) for g in INLINE_GROUPS} if name in names else {}
@@ -220,7 +220,7 @@ def _describe(exc: BaseException, path: str) -> str:
 
 
 def spec_for(inventory: str, spec: str | None, data: Sequence[str] = ()) -> str:
-    """``--spec``, else the one spec the inventory's hosts name (vllm_fleet.spec.source, as
+    """``--spec``, else the one spec the inventory's hosts name (vllm_fleet.specs.source, as
     ``vllm-fleet rollout`` finds it). Raises ValueError with what to do."""
     if spec:
         return spec
