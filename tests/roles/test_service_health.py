@@ -121,6 +121,9 @@ def test_another_process_answering_on_the_port_is_not_healthy(tmp_path, health_p
     assert "vllm-x-0.service not healthy" in msg and "NRestarts" in msg, msg
     assert f"answered by PID {os.getpid()}" in msg and "not by vllm-x-0.service" in msg, msg
     assert "crashed while starting" in msg and "Address already in use" in msg, msg
+    # the journal's own error first, then where the whole journal is (issue 37)
+    assert msg.splitlines()[1:3] == ["  root cause: OSError: [Errno 98] Address already in use",
+                                     "  full journal: journalctl -u vllm-x-0.service --no-pager (on @local)"], msg
 
 
 def test_the_units_own_listener_is_healthy(tmp_path, health_port, monkeypatch):

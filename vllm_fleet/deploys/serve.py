@@ -33,7 +33,8 @@ from pyinfra import host
 from vllm_fleet.deploys.down import remove_deployment
 from vllm_fleet.host.state import Query, Snapshot
 from vllm_fleet.render.layout import HostLayout
-from vllm_fleet.roles.common import DeployContext, clash, host_layout, load_deploy_spec, preflight, remove, write_generated_secrets
+from vllm_fleet.roles.common import (DeployContext, clash, host_layout, load_deploy_spec, preflight, relayout_host, remove,
+                                     write_generated_secrets)
 from vllm_fleet.roles.common.state import load_host_state
 from vllm_fleet.roles.parts import host_query, host_steps
 from vllm_fleet.roles.service import api_firewall
@@ -49,7 +50,7 @@ def state_query(ctx: DeployContext, h: HostLayout | None) -> Query:
         q = q | remove.leftover_query(spec, h.parts.get(name) if h else None, rendered)
     if not h:  # no clash check (nothing is put here), so not the other deployments' sites
         return q
-    return q | clash.query() | host_query(ctx, h)
+    return q | clash.query() | clash.memory_query(ctx.specs, h) | host_query(ctx, h)
 
 
 def serve() -> None:
@@ -70,6 +71,11 @@ def serve() -> None:
     # Another deployment already on this host (deployed from elsewhere) on our ports or GPUs:
     # stop before any upload or change (vllm_fleet.roles.common.clash).
     clash.refuse(ctx.specs, h, host.name, snap)
+    # The CPU tiers of the KV cache (engine.kv_offload) of every replica here, and the reserve,
+    # against the host's RAM: refused with the numbers, or `auto` sized from what is left.
+    auto = clash.refuse_memory(ctx.specs, h, host.name, snap)
+    if auto:
+        h = relayout_host(ctx, host.name, {"kv_offload_gib": {**_host_tiers(h), **auto}})
 
     # vLLM beyond loopback: one firewall over every deployment's instances here, before they start
     if any(n.instances for n in h.parts.values()):
@@ -79,6 +85,14 @@ def serve() -> None:
         part.install(step)
     # Last, once the new parts serve: what the layout no longer gives this host
     prune_leftovers(ctx, h, snap)
+
+
+def _host_tiers(h: HostLayout) -> dict[str, float]:
+    """The host data's own kv_offload_gib as {deployment: GiB} (a plain number: every deployment here)."""
+    given = h.data.get("kv_offload_gib")
+    if isinstance(given, dict):
+        return dict(given)
+    return {name: given for name in h.parts} if given is not None else {}
 
 
 def prune_leftovers(ctx: DeployContext, h: HostLayout | None, snap: Snapshot) -> bool:

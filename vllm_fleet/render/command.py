@@ -36,6 +36,12 @@ RAY_TMPDIR = "/var/lib/vllm-fleet/ray"
 #: gets a 502, which nginx does not retry (issue 25: one 502 in the smoke tests' concurrent chats
 #: while growing 3 -> 6 replicas on the 2-core lab). At 75 s only nginx ever closes them.
 UPSTREAM_KEEP_ALIVE_S = 75
+#: The first vLLM release whose offloading connector works beside the hybrid KV cache manager
+#: (OffloadingConnector became SupportsHMA in 0.21.0). Before it, `--kv-offloading-size` alone
+#: stops the engine: "Connector OffloadingConnector does not support HMA but HMA is enabled.
+#: Please set `--disable-hybrid-kv-cache-manager`" (measured with 0.20.2 on the H200,
+#: docs/kv-offload.md); the flag is in both releases' own --help (tests/fixtures).
+KV_OFFLOAD_HMA_FROM = (0, 21)
 
 
 def env_paths(resolved: dict[str, Any]) -> dict[str, str]:
@@ -106,6 +112,38 @@ def _model_args(resolved: dict[str, Any]) -> list[str]:
     return argv
 
 
+def _version(v: str) -> tuple[int, ...]:
+    out = []
+    for part in v.split("+")[0].split("."):
+        digits = "".join(ch for ch in part if ch.isdigit()) if part[:1].isdigit() else ""
+        if not digits:
+            break
+        out.append(int(digits))
+    return tuple(out)
+
+
+def kv_offload_gib(resolved: dict[str, Any]) -> float | None:
+    """GiB of the replica's CPU tier of the KV cache (engine.kv_offload.size_gib), None when off
+    or not decided yet (``auto`` before the deploy read the host's memory: the layout puts the
+    host's figure in, vllm_fleet.render.files)."""
+    size = resolved["engine"]["kv_offload"]["size_gib"]
+    if size == "auto" or not size:
+        return None
+    return float(size)
+
+
+def kv_offload_args(resolved: dict[str, Any]) -> list[str]:
+    """The CPU tier's flags: its size and backend, and on releases before
+    :data:`KV_OFFLOAD_HMA_FROM` ``--disable-hybrid-kv-cache-manager`` (without it they refuse to start)."""
+    gib = kv_offload_gib(resolved)
+    if gib is None or resolved["install"]["accelerator"] == "cpu":
+        return []
+    argv = ["--kv-offloading-size", f"{gib:g}", "--kv-offloading-backend", resolved["engine"]["kv_offload"]["backend"]]
+    if _version(resolved["install"]["vllm_version"]) < KV_OFFLOAD_HMA_FROM:
+        argv += ["--disable-hybrid-kv-cache-manager"]
+    return argv
+
+
 def _engine_args(resolved: dict[str, Any]) -> list[str]:
     """The engine: memory share, batch limits, caching and prefill switches, KV dtype, eager, speculation."""
     e = resolved["engine"]
@@ -126,7 +164,7 @@ def _engine_args(resolved: dict[str, Any]) -> list[str]:
         argv += ["--enforce-eager"]
     if e.get("speculative"):
         argv += ["--speculative-config", json.dumps(e["speculative"], sort_keys=True, separators=(",", ":"))]
-    return argv
+    return argv + kv_offload_args(resolved)
 
 
 def _parallel_args(resolved: dict[str, Any], role: str, node_rank: int) -> list[str]:

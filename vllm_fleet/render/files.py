@@ -34,7 +34,7 @@ import jinja2
 from vllm_fleet.render import monitoring
 from vllm_fleet.render.command import RAY_TMPDIR, env_bin, env_paths, env_python, state_env, vllm_argv, vllm_env, world_size_per_node
 from vllm_fleet.render.parts import (HOST_DATA_DEFAULTS, SERVICE_PARTS, HostLayout, Instance, Layout, LayoutError,  # noqa: F401
-                                    Node, Secret, build_parts, _cpu_sets, _multi, firewall_addresses,
+                                    Node, Secret, build_parts, _cpu_sets, _multi, firewall_addresses, kv_offload_on,
                                     SYSTEMD_DIR, UNIT_SUFFIXES)
 from vllm_fleet.render.text import (HEADER, EnvRef,  # noqa: F401  (the renderer's names too)
                                    RenderedFile, RenderError, comment_text, describe_secret, env_file, nginx_quote,
@@ -368,6 +368,9 @@ def _vllm_unit(resolved: dict[str, Any], node: Node, inst: Instance, all_nodes: 
     par = resolved["parallel"]
     worker = inst.role == "worker"
     mine = {**resolved, "server": {**resolved["server"], "port": inst.port}}
+    tier = kv_offload_on(resolved, node.data)
+    if tier is not None:  # this host's figure (host data: the deploy's for `auto`); `auto` unknown: no tier yet
+        mine["engine"] = {**resolved["engine"], "kv_offload": {**resolved["engine"]["kv_offload"], "size_gib": tier}}
     argv = vllm_argv(mine, role="worker" if worker else "server", node_rank=inst.node_rank)
     ray_head = _multi(resolved) and _backend(resolved) == "ray" and not worker
     env_files = [p["vllm_env"], p["node_env"], inst.env_file]

@@ -31,7 +31,9 @@ Other groups (the lab's ``ray_head``, ``all``, your own) mean nothing here.
 Host data read: ``ssh_hostname`` (the address vllm-fleet connects to and clients use),
 ``private_address`` (the cluster network: Ray, NCCL/Gloo, ``parallel.head_address``, the nginx
 upstreams and firewalls; default the ssh address), ``replicas_per_host`` (an int, or
-``{deployment: int}``: overrides ``replicas.per_host`` on this host), ``cpu_count`` (CPU build:
+``{deployment: int}``: overrides ``replicas.per_host`` on this host), ``kv_offload_gib`` (a number
+or ``{deployment: number}``: each replica's CPU tier of the KV cache on this host, for the
+deployments with ``engine.kv_offload``; the deploy fills it for ``auto``), ``cpu_count`` (CPU build:
 cores to split between replicas and ranks), ``deployments``, ``upstream_down``, and the keys
 of :data:`HOST_DATA_DEFAULTS`. All of it is declared in ``specs/schemas/hostdata.schema.json`` and
 checked (:mod:`vllm_fleet.specs.hostdata`) before :func:`build` reads any of it.
@@ -62,7 +64,7 @@ GROUPS = {"servers": "server", "workers": "worker", "ray_workers": "worker", "pr
 
 #: Host data keys render reads (the deploy may fill them from facts before rendering).
 HOST_DATA_KEYS = ("socket_ifname", "cpu_count", "ray_memory_bytes", "ray_object_store_bytes", "upstream_down",
-                  "replicas_per_host", "deployments", "private_address")
+                  "replicas_per_host", "deployments", "private_address", "kv_offload_gib")
 
 #: Host data the layout reads with these defaults (the roles take them from here too).
 HOST_DATA_DEFAULTS: dict[str, Any] = {
@@ -234,6 +236,19 @@ def replicas_on(resolved: dict[str, Any], data: dict[str, Any] | None) -> int:
     if override is not None:
         return int(override)
     return int(resolved["replicas"]["per_host"])
+
+
+def kv_offload_on(resolved: dict[str, Any], data: dict[str, Any] | None) -> float | str | None:
+    """Each replica's CPU tier of the KV cache on a host, in GiB: host data ``kv_offload_gib``
+    (the deploy's figure for ``auto``, or the user's), else engine.kv_offload.size_gib (``auto``
+    while no host figure is known); None when the deployment has no tier."""
+    size = resolved["engine"]["kv_offload"]["size_gib"]
+    if not size or resolved["install"]["accelerator"] == "cpu":
+        return None
+    override = (data or {}).get("kv_offload_gib")
+    if isinstance(override, dict):
+        override = override.get(resolved["name"])
+    return float(override) if override is not None else size
 
 
 def _gpu_pool(resolved: dict[str, Any]) -> list[int]:

@@ -49,6 +49,9 @@ OWNED_FLAGS = {
     "-dp": "parallel.data",
     "--distributed-executor-backend": "parallel.backend",
     "--speculative-config": "engine.speculative",
+    "--kv-offloading-size": "engine.kv_offload.size_gib",
+    "--kv-offloading-backend": "engine.kv_offload.backend",
+    "--disable-hybrid-kv-cache-manager": "engine.kv_offload (written on the vLLM versions whose offloading needs it)",
     "--trust-remote-code": "model.trust_remote_code",
     "--revision": "model.revision",
 }
@@ -153,6 +156,21 @@ def _engine_batching(r: dict[str, Any], spec: Spec | None, add: Add) -> None:
     if e["profile"] == "realtime" and e["max_num_seqs"] > 32:
         add("engine.max_num_seqs", f"{e['max_num_seqs']} sequences at once with the realtime profile: latency grows with the batch",
             "keep realtime max_num_seqs in 16-32, or use `profile: batch`", "warning")
+
+
+def _kv_offload(r: dict[str, Any], spec: Spec | None, add: Add) -> None:
+    """The CPU tier of the KV cache: CUDA builds only (the CPU build's KV cache is host memory
+    already), and with prefix caching on (the tier holds evicted prefixes for later hits)."""
+    e = r["engine"]
+    size = e["kv_offload"]["size_gib"]
+    if size == 0:
+        return
+    if r["install"]["accelerator"] == "cpu":
+        add("engine.kv_offload.size_gib", "the CPU build keeps its whole KV cache in host memory already (engine.cpu_kv_cache_gib): "
+            "a second tier in the same memory has nothing to offload to", "remove engine.kv_offload, or raise engine.cpu_kv_cache_gib instead")
+    elif not e.get("enable_prefix_caching"):
+        add("engine.kv_offload.size_gib", "the tier keeps prefixes for later prefix-cache hits, and prefix caching is off",
+            "set `engine.enable_prefix_caching: true`, or remove engine.kv_offload")
 
 
 def _extra_args(r: dict[str, Any], spec: Spec | None, add: Add) -> None:
@@ -371,7 +389,7 @@ SPEC_RULES: tuple[Rule, ...] = (
     # parallelism wiring
     _multi_node_wiring, _ray_ports, _native_master_port,
     # engine
-    _engine_batching, _extra_args,
+    _engine_batching, _kv_offload, _extra_args,
     # model
     _model_transfer, _model_names,
     # server / proxy

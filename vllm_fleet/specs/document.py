@@ -563,6 +563,8 @@ def _resolve_engine(spec: Spec, out: dict[str, Any]) -> None:
     m.setdefault("max_model_len", profile["max_model_len"])
     m["max_model_len_from_profile"] = "max_model_len" not in (spec.raw.get("model") or {})
     e.pop("swap_space", None)
+    kvo = schema()["properties"]["engine"]["properties"]["kv_offload"]
+    e["kv_offload"] = {**_schema_defaults(kvo), **(e.get("kv_offload") or {})}
 
 
 def _resolve_install(out: dict[str, Any], root: dict[str, Any]) -> None:

@@ -37,6 +37,14 @@ SAMPLER_BYTES_PER_VOCAB = 24
 # set: 8192 on GPUs with >= 70 GiB that are not A100s, else 2048 (vLLM's EngineArgs defaults).
 DEFAULT_BATCHED_TOKENS_BIG, DEFAULT_BATCHED_TOKENS = 8192, 2048
 
+# ---- the CPU tier of the KV cache (engine.kv_offload), see docs/kv-offload.md -----------------
+# What a host keeps beside every replica's CPU tier: the OS, sshd, nginx, the page cache the
+# weights are read through.
+HOST_RESERVE_GIB = 8.0
+# Each vLLM replica's own host memory beside its tier: the API server and engine-core processes
+# (Python, torch and the CUDA runtime's host side), its pinned staging buffers.
+REPLICA_HOST_GIB = 4.0
+
 _DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "half": 2, "float32": 4, "float": 4}
 _INT4_METHODS = ("awq", "awq_marlin", "gptq", "gptq_marlin")
 
@@ -188,6 +196,32 @@ def shares_fit_one_gpu(shares: list[float]) -> bool:
     return sum(shares) <= 1.0 + 1e-9
 
 
+def kv_offload_tokens(gib: float, per_tok_gpu: int, tensor: int, pipeline: int) -> int:
+    """Tokens a replica's CPU tier of ``gib`` GiB holds: the tier is the replica's whole (vLLM
+    splits it between its ranks), a token takes its KV bytes on every GPU of the replica."""
+    return int(gib * GIB // (per_tok_gpu * tensor * pipeline))
+
+
+def host_memory(mem_total_bytes: int, tiers: list[tuple[str, float | str | None]]) -> dict[str, Any]:
+    """Whether the CPU tiers of every vLLM replica on one host fit in its RAM.
+
+    ``tiers``: one ``(unit, GiB)`` per replica on the host, every deployment's (None: no tier;
+    ``"auto"``: what is left, split evenly between the ``auto`` replicas). The host keeps
+    :data:`HOST_RESERVE_GIB` plus :data:`REPLICA_HOST_GIB` per replica. Returns ``total_gib``,
+    ``reserve_gib``, ``fixed_gib`` (the numbered tiers), ``left_gib`` (after reserve and the
+    numbered tiers), ``auto_gib`` (each ``auto`` replica's whole GiB, None without one) and ``fits``.
+    """
+    total = mem_total_bytes / GIB
+    reserve = HOST_RESERVE_GIB + REPLICA_HOST_GIB * len(tiers)
+    fixed = sum(float(g) for _, g in tiers if g not in (None, "auto"))
+    autos = [u for u, g in tiers if g == "auto"]
+    left = total - reserve - fixed
+    auto_each = math.floor(left / len(autos)) if autos else None
+    fits = left >= 0 and (auto_each is None or auto_each >= 1)
+    return {"total_gib": round(total, 2), "reserve_gib": reserve, "fixed_gib": round(fixed, 2), "left_gib": round(left, 2),
+            "auto_gib": auto_each, "replicas": len(tiers), "fits": fits}
+
+
 def _plan_gpu(resolved: dict[str, Any], gpu: str | None) -> dict[str, Any]:
     """The catalogue entry of the GPU planned for: ``gpu``, else hardware.gpu (cpu for the CPU build)."""
     gname = gpu or resolved["hardware"].get("gpu") or ("cpu" if resolved["install"]["accelerator"] == "cpu" else None)
@@ -216,6 +250,7 @@ def _plan_settings(resolved: dict[str, Any], g: dict[str, Any], how: str, gpus_p
 def _plan_skipped(out: dict[str, Any], resolved: dict[str, Any], cpu: bool, how: str) -> dict[str, Any]:
     """Without model facts: every figure unknown (the CPU build's KV cache is still its setting)."""
     e = resolved["engine"]
+    out.update(kv_offload_gib=None if cpu or not e["kv_offload"]["size_gib"] else e["kv_offload"]["size_gib"], kv_offload_tokens=None)
     out.update(weights_gib=None, overhead_gib=None, kv_bytes_per_token=None, kv_bytes_per_token_model=None,
                kv_tokens=None, kv_blocks=None, max_concurrent_seqs=None, fits=None, decode_floor_ms=None,
                kv_cache_gib=float(e["cpu_kv_cache_gib"]) if cpu else None)
@@ -275,6 +310,26 @@ def _kv_capacity(out: dict[str, Any], resolved: dict[str, Any], kv_bytes: float,
                      f"(max_num_seqs {e['max_num_seqs']}): long requests beyond that queue or are preempted")
 
 
+def _kv_offload(out: dict[str, Any], resolved: dict[str, Any], per_tok: int, cpu: bool) -> None:
+    """The CPU tier per replica (engine.kv_offload): GiB and tokens, and what the host needs for it."""
+    size = resolved["engine"]["kv_offload"]["size_gib"]
+    out["kv_offload_gib"] = None if cpu or not size else size
+    out["kv_offload_tokens"] = None
+    if out["kv_offload_gib"] is None:
+        return
+    n = int(resolved["replicas"]["per_host"])
+    if size == "auto":
+        out["notes"].append(f"KV offload `auto`: each replica's CPU tier is what the host's RAM has left after the reserve "
+                            f"({HOST_RESERVE_GIB:g} GiB + {REPLICA_HOST_GIB:g} GiB per replica) and the other replicas' tiers, "
+                            "read at deploy")
+        return
+    out["kv_offload_tokens"] = kv_offload_tokens(float(size), per_tok, out["tensor"], out["pipeline"])
+    need = HOST_RESERVE_GIB + n * (REPLICA_HOST_GIB + float(size))
+    out["kv_offload_host_gib"] = need
+    out["notes"].append(f"KV offload: {n} replica(s) per host x ({float(size):g} GiB tier + {REPLICA_HOST_GIB:g} GiB) + "
+                        f"{HOST_RESERVE_GIB:g} GiB reserve = {need:g} GiB of host RAM needed (checked against each host's RAM at deploy)")
+
+
 def plan(resolved: dict[str, Any], gpu: str | None = None, gpus_per_node: int | None = None,
          facts: tuple[dict[str, Any] | None, str] | None = None) -> dict[str, Any]:
     """The memory plan per GPU for a resolved spec. Raises KeyError for an unknown GPU name.
@@ -311,6 +366,7 @@ def plan(resolved: dict[str, Any], gpu: str | None = None, gpus_per_node: int | 
     )
     kv_bytes = _cpu_kv_bytes(out, resolved) if cpu else _gpu_kv_bytes(out, resolved, facts, g, act_bytes, w_gpu)
     _kv_capacity(out, resolved, kv_bytes, per_tok)
+    _kv_offload(out, resolved, per_tok, cpu)
     if facts.get("experts"):
         out["notes"].append("mixture-of-experts model: weights and activations are rough estimates")
     if quant and quant["method"] == "bitsandbytes":
@@ -349,6 +405,11 @@ def format_plan(p: dict[str, Any]) -> str:
         rows.append(("overhead allowance", f"{gib(p['overhead_gib'])}  (runtime {op['runtime']}, CUDA graphs {op['cuda_graphs']}, "
                      f"multi-GPU {op['multi_gpu']}, activations {op['activations']} @ {op['batched_tokens']} tokens, sampler {op['sampler']})"))
     rows.append((f"KV cache per {unit}", gib(p.get("kv_cache_gib"))))
+    if p.get("kv_offload_gib") is not None:
+        tier = "auto (sized per host at deploy)" if p["kv_offload_gib"] == "auto" else f"{float(p['kv_offload_gib']):.2f} GiB"
+        if p.get("kv_offload_tokens") is not None:
+            tier += f" = {p['kv_offload_tokens']:,} tokens"
+        rows.append(("CPU KV tier / replica", tier + " in host RAM (engine.kv_offload)"))
     if p.get("kv_bytes_per_token") is not None:
         rows.append(("KV bytes / token", f"{p['kv_bytes_per_token']:,} per GPU ({p['kv_bytes_per_token_model']:,} for the whole model, {p['kv_cache_dtype']})"))
         rows.append(("KV capacity", f"{p['kv_tokens']:,} tokens = {p['kv_blocks']:,} blocks of {p['block_tokens']}"))

@@ -19,7 +19,7 @@ KEYS = ["model", "served_model_name", "max_model_len", "dtype", "quantization", 
         "enforce_eager", "kv_cache_dtype", "gpu_memory_utilization", "tensor_parallel_size",
         "pipeline_parallel_size", "data_parallel_size", "distributed_executor_backend",
         "speculative_config", "trust_remote_code", "nnodes", "node_rank", "master_addr",
-        "master_port"]
+        "master_port", "kv_offloading_size", "kv_offloading_backend", "disable_hybrid_kv_cache_manager"]
 
 def check(case):
     parser = make_arg_parser(FlexibleArgumentParser(prog="vllm serve"))

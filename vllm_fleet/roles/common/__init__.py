@@ -48,6 +48,9 @@ class DeployContext:
     path: str
     #: ``generate: true`` secrets planned this run ({path: value}), written at execute time
     generated: dict[Path, str] = field(default_factory=dict)
+    #: the inventory the layout was built from ({host: {address, groups, data}}, with what the
+    #: deploy filled in from facts): :func:`relayout_host` builds it again with more host data
+    inventory: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @property
     def first(self) -> str:
@@ -187,7 +190,7 @@ def load_deploy_spec() -> DeployContext:
     hosts = inventory_hosts()
     _hosts_own_deployments(hosts, per_host, names)
     layout = _fleet_layout(specs, hosts, sources, paths)
-    _CACHE[key] = DeployContext(layout, specs, secrets, sources, paths[0], generated)
+    _CACHE[key] = DeployContext(layout, specs, secrets, sources, paths[0], generated, hosts)
     return _CACHE[key]
 
 
@@ -238,6 +241,16 @@ def _fleet_layout(specs: dict[str, dict[str, Any]], hosts: dict[str, Any], sourc
         print(f"vllm-fleet: the fleet layout has errors; no host was changed\n{text}", file=sys.stderr)
         raise DeployError(f"{', '.join(paths)}: {exc.problems[0]}; no host was changed") from None
     return layout
+
+
+def relayout_host(ctx: DeployContext, host_name: str, data: dict[str, Any]) -> Any:
+    """This host's layout again, with ``data`` added to its host data (a figure the deploy read
+    on the host, e.g. ``kv_offload_gib`` for `auto`): the fleet's layout is built again from the
+    same inventory and only this host's part of it is taken (the other hosts' stay as they were)."""
+    ctx.inventory[host_name].setdefault("data", {}).update(data)
+    new = _fleet_layout(ctx.specs, ctx.inventory, ctx.sources, [ctx.path])
+    ctx.layout.hosts[host_name] = new.hosts[host_name]
+    return ctx.layout.hosts[host_name]
 
 
 def host_layout(ctx: DeployContext) -> Any:

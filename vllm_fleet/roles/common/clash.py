@@ -14,17 +14,21 @@ stopped, disabled unit file left behind holds nothing) with each unit's
 share on it sums to at most 1, as within one deploy), its nginx site's ``listen`` port and
 ``server_name`` (two sites on one port clash when both are the default server, or name the
 same server). :func:`refuse` raises before any operation of the deploy exists, so nothing is
-uploaded, installed or changed on any host.
+uploaded, installed or changed on any host. The host's memory is checked the same way
+(:func:`refuse_memory`): every replica's CPU tier of the KV cache on it, this deploy's and the
+other deployments' (their units' ``--kv-offloading-size``), plus the reserve, against MemTotal.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 from typing import Any
 
 from vllm_fleet.render.layout import SYSTEMD_DIR, HostLayout
-from vllm_fleet.specs.planner import replica_gpu_utilization, shares_fit_one_gpu
+from vllm_fleet.render.parts import kv_offload_on
+from vllm_fleet.specs.planner import HOST_RESERVE_GIB, REPLICA_HOST_GIB, host_memory, replica_gpu_utilization, shares_fit_one_gpu
 
 from .state import Query, Snapshot
 
@@ -201,3 +205,80 @@ def refuse(specs: dict[str, dict[str, Any]], h: HostLayout, host_name: str, snap
         raise DeployError(f"host {host_name}: another vllm-fleet deployment already on this host is in the way:\n  "
                           + "\n  ".join(lines)
                           + "\n  (or remove it first: `vllm-fleet down` with its own inventory); nothing was uploaded or changed")
+
+
+# ---- the host's memory: every replica's CPU tier of the KV cache + the reserve -------------------
+
+MEMINFO = "/proc/meminfo"
+
+
+def memory_query(specs: dict[str, dict[str, Any]], h: HostLayout) -> Query:
+    """/proc/meminfo in the deploy's one state read, when a deployment on this host has a CPU tier
+    of the KV cache (engine.kv_offload); the other deployments' units are read by :func:`query`."""
+    tiers = any(kv_offload_on(specs[name], node.data) is not None and node.instances for name, node in h.parts.items())
+    return Query(read=(MEMINFO,)) if tiers else Query()
+
+
+def mem_total(text: str | None) -> int | None:
+    """MemTotal of /proc/meminfo, in bytes (None when absent)."""
+    m = re.search(r"^MemTotal:\s+(\d+)\s*kB", text or "", re.M)
+    return int(m.group(1)) * 1024 if m else None
+
+
+def _their_tiers(globbed: dict[str, str | None], states: dict[str, tuple[str, str]], managed: set[str]) -> list[tuple[str, float | None, str]]:
+    """(unit, GiB of its tier or None, deployment) of every vLLM unit of another deployment that
+    holds its memory (running or enabled), from its ExecStart's --kv-offloading-size."""
+    out = []
+    for path, text in sorted(globbed.items()):
+        m = _UNIT.match(path)
+        if not m or text is None or m.group("name") in managed or not holds(states.get(path)):
+            continue
+        size = re.search(r"^ExecStart=.*\s--kv-offloading-size[ =]([0-9.]+)", text, re.M)
+        out.append((path.rsplit("/", 1)[1], float(size.group(1)) if size else None, m.group("name")))
+    return out
+
+
+def memory_plan(specs: dict[str, dict[str, Any]], h: HostLayout, snap: Snapshot) -> tuple[dict[str, Any] | None, list[str], dict[str, int]]:
+    """The host's memory against every replica's CPU tier on it (this deploy's and the other
+    deployments' already there) plus the reserve (spec.planner.host_memory): ``(figures, problems,
+    {deployment: GiB per replica}`` for the ``auto`` ones). Nothing known (no read, or no tier
+    here): ``(None, [], {})``."""
+    ours = [(inst.unit, kv_offload_on(specs[name], node.data), name) for name, node in h.parts.items() for inst in node.instances]
+    if not any(t is not None for _, t, _ in ours):
+        return None, [], {}
+    known, text = snap.content(MEMINFO)
+    total = mem_total(text) if known else None
+    globbed = snap.matching(UNITS)
+    if total is None or globbed is None:
+        return None, [], {}
+    states = {p: st for p in globbed if (st := snap.unit_file_state(p)) is not None}
+    theirs = _their_tiers(globbed, states, set(specs))
+    every = ours + theirs
+    fig = host_memory(total, [(u, t) for u, t, _ in every])
+    auto = {name: fig["auto_gib"] for _, t, name in ours if t == "auto"} if fig["fits"] else {}
+    if fig["fits"]:
+        return fig, [], auto
+    n = fig["replicas"]
+    parts = " + ".join(f"{u} {t if t == 'auto' else f'{t:g} GiB'}" + ("" if name in specs else f" (deployment {name!r})")
+                       for u, t, name in every if t is not None)
+    lines = [f"the CPU tiers of the KV cache do not fit in its memory: {fig['total_gib']:g} GiB of RAM (MemTotal) - reserve "
+             f"{fig['reserve_gib']:g} GiB ({HOST_RESERVE_GIB:g} + {REPLICA_HOST_GIB:g} x {n} vLLM replicas) - tiers {parts} "
+             f"= {fig['left_gib']:g} GiB" + (" (each `auto` replica needs at least 1 GiB)" if fig["left_gib"] >= 0 else "")]
+    for name in [d for d in specs if any(dn == d and t is not None for _, t, dn in ours)]:
+        mine = sum(1 for _, t, dn in ours if dn == name and t is not None)
+        others = sum(float(t) for _, t, dn in every if dn != name and t not in (None, "auto"))
+        largest = math.floor((fig["total_gib"] - fig["reserve_gib"] - others) / mine)
+        lines.append(f"the largest engine.kv_offload.size_gib of {name} that fits here ({mine} replica(s)): "
+                     + (f"{largest} GiB (or `auto`)" if largest >= 1 else "none: lower the other replicas' tiers or put fewer replicas here"))
+    return fig, lines, {}
+
+
+def refuse_memory(specs: dict[str, dict[str, Any]], h: HostLayout, host_name: str, snap: Snapshot) -> dict[str, int]:
+    """Raise DeployError when the CPU tiers on this host do not fit in its RAM (with the numbers
+    and the largest size that fits); else the ``auto`` deployments' GiB per replica here."""
+    _, lines, auto = memory_plan(specs, h, snap)
+    if lines:
+        from pyinfra.api.exceptions import DeployError
+
+        raise DeployError(f"host {host_name}: " + "\n  ".join(lines) + "\n  nothing was uploaded or changed")
+    return auto

@@ -36,6 +36,7 @@ from vllm_fleet.serving.smoke import judge_replica_chat
 from vllm_fleet.specs.sections import reads
 
 from . import defaults as d
+from .rootcause import JOURNAL_READ, failure_text
 from .defaults import DEFAULTS
 
 #: The spec sections this role reads (vllm_fleet.specs.sections); its README lists them.
@@ -122,10 +123,11 @@ def _wait_healthy(port: int, deadline: int, interval: float, journal_lines: int,
             last += f", the unit crashed while starting (restarts {restarts0} -> {restarts})"
             break
         time.sleep(interval)
-    _, out = host.run_shell_command(cmd("journalctl", "-u", unit, "-n", int(journal_lines), "--no-pager", "-o", "cat"), **as_root())
-    tail = "\n".join(getattr(out, "stdout_lines", []))
-    raise RuntimeError(f"{host.name}: {unit} not healthy after {time.monotonic() - t0:.0f} s (deadline {deadline} s; {last}).\n"
-                       f"Last {journal_lines} journal lines:\n{tail}")
+    # Enough of the journal to hold the engine's own error above the API server's traceback
+    # (rootcause.JOURNAL_READ); the message shows that line first, then the last journal_lines.
+    _, out = host.run_shell_command(cmd("journalctl", "-u", unit, "-n", JOURNAL_READ, "--no-pager", "-o", "cat"), **as_root())
+    raise RuntimeError(failure_text(host.name, unit, f"not healthy after {time.monotonic() - t0:.0f} s (deadline {deadline} s; {last}).",
+                                    list(getattr(out, "stdout_lines", []) or []), int(journal_lines)))
 
 
 @deploy("vLLM API port firewall", data_defaults=DEFAULTS)
