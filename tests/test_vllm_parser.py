@@ -98,6 +98,9 @@ def test_spec_argv_is_understood_by_vllm(checked, name):
         # replicas.per_gpu replicas of one GPU split its memory: each vLLM gets its share
         share = (resolved[name].get("replicas") or {}).get("per_gpu", 1)
         assert ea["gpu_memory_utilization"] == pytest.approx(e["gpu_memory_utilization"] / share, abs=1e-4)
+    tier = e["kv_offload"]["size_gib"]
+    if tier and tier != "auto" and resolved[name]["install"]["accelerator"] == "cuda":  # the KV cache's CPU tier
+        assert ea["kv_offloading_size"] == tier and ea["kv_offloading_backend"] == e["kv_offload"]["backend"]
     assert (fe["host"], fe["port"]) == (srv["host"], srv["port"])
     assert fe["api_key"] is None, "the API key must never be on the command line"
 
