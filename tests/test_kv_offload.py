@@ -17,9 +17,9 @@ from vllm_fleet.render import command
 from vllm_fleet.render.files import build
 from vllm_fleet.roles.common import clash
 from vllm_fleet.roles.service.rootcause import failure_text, root_cause
-from vllm_fleet.spec import load as spec
-from vllm_fleet.spec import planner
-from vllm_fleet.spec.checks import spec_problems
+from vllm_fleet.specs import load as spec
+from vllm_fleet.specs import planner
+from vllm_fleet.specs.checks import spec_problems
 
 REPO = Path(__file__).resolve().parent.parent
 FIX = Path(__file__).resolve().parent / "fixtures"
