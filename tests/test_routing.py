@@ -136,6 +136,38 @@ def test_counters_and_hit_rate():
     assert d["requests_per_replica"] == {"a:0": 6, "b:0": 4}
 
 
+def test_the_kv_caches_cpu_tier_is_counted_per_replica(tmp_path):
+    """The CPU tier's work (issue 37): vLLM 0.20's offload bytes by transfer_type (its metric names,
+    as measured on the H200) and the flat names of later releases, the external prefix-cache hits
+    as a share of the prompt tokens beside the GPU's; the 0.32 page of tests/fixtures has the
+    external counters at 0."""
+    page = ('vllm:prefix_cache_hits_total{engine="0"} 100.0\nvllm:prefix_cache_queries_total{engine="0"} 1000.0\n'
+            'vllm:external_prefix_cache_hits_total{engine="0"} 600.0\nvllm:external_prefix_cache_queries_total{engine="0"} 900.0\n'
+            'vllm:kv_offload_total_bytes_total{engine="0",transfer_type="CPU_to_GPU"} 2147483648.0\n'
+            'vllm:kv_offload_total_bytes_total{engine="0",transfer_type="GPU_to_CPU"} 4294967296.0\n'
+            'vllm:kv_offload_total_time_total{engine="0",transfer_type="CPU_to_GPU"} 3.0\n')
+    c = multiturn.parse_counters(page)
+    assert c == {"hits": 100.0, "queries": 1000.0, "ext_hits": 600.0, "ext_queries": 900.0,
+                 "legacy_load_bytes": 2 * 1024**3, "legacy_store_bytes": 4 * 1024**3}
+    d = multiturn.counter_delta({"a:0": {}}, {"a:0": c})
+    assert (d["hit_rate"], d["tier_hit_rate"], d["total_hit_rate"]) == (0.1, 0.6, 0.7)
+    assert d["per_replica"]["a:0"]["load_bytes"] == 2 * 1024**3 and d["store_bytes"] == 4 * 1024**3
+    flat = multiturn.parse_counters('vllm:kv_offload_load_bytes_total{engine="0"} 10.0\nvllm:kv_offload_store_bytes_total{engine="0"} 20.0\n'
+                                    + page)
+    assert multiturn.counter_delta({}, {"a:0": flat})["load_bytes"] == 10.0  # the flat name wins: no double count
+    real = multiturn.parse_counters((Path(__file__).parent / "fixtures" / "vllm-metrics-0.32.0.txt").read_text())
+    assert real["ext_hits"] == 0.0 and real["ext_queries"] == 0.0 and "hits" in real
+    run = {"policy": "session", "result": multiturn.summarize([{"ok": True, "ttft_s": 0.1, "e2e_s": 0.5, "completion_tokens": 8,
+                                                                "prompt_tokens": 100}], 1.0), "counters": d}
+    row = multiturn.format_table([run]).splitlines()
+    assert row[0].split()[:6] == ["policy", "hit", "rate", "CPU", "tier", "CPU->GPU"]
+    assert row[2].split()[1:4] == ["0.100", "0.600", "2.0GiB"]
+    files = multiturn.report({"runs": [run], "deployment": "x"}, tmp_path)  # the page and its plots
+    html = (tmp_path / "routing.html").read_text()
+    assert "CPU-tier hit rate" in html and "CPU -&gt; GPU (GiB)" in html and "<td>0.6</td>" in html and "<td>2.0</td>" in html, html[-3000:]
+    assert files[0] == tmp_path / "routing.html"
+
+
 # ---------------------------------------------------------------------------------------------
 # A real nginx: the session policy
 
@@ -217,7 +249,10 @@ def test_prefix_counters_and_main_pids_are_read_on_the_host_through_the_transpor
             body = ('# HELP x\nvllm:prefix_cache_hits_total{model_name="tiny"} 30.0\n'
                     'vllm:prefix_cache_queries_total{model_name="tiny"} 40.0\n'
                     'vllm:request_success_total{finished_reason="stop",model_name="tiny"} 2.0\n'
-                    'vllm:request_success_total{finished_reason="length",model_name="tiny"} 3.0\n').encode()
+                    'vllm:request_success_total{finished_reason="length",model_name="tiny"} 3.0\n'
+                    'vllm:external_prefix_cache_hits_total{model_name="tiny"} 7.0\n'
+                    'vllm:kv_offload_total_bytes_total{model_name="tiny",transfer_type="CPU_to_GPU"} 1024.0\n'
+                    'vllm:kv_offload_total_bytes_total{model_name="tiny",transfer_type="GPU_to_CPU"} 4096.0\n').encode()
             self.send_response(200)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
@@ -238,7 +273,8 @@ def test_prefix_counters_and_main_pids_are_read_on_the_host_through_the_transpor
                       port=srv.server_address[1], env_file="/etc/vllm-fleet/x/replica-0.env", files=())
         view = FleetView(replicas=[rep], proxies=[], proxy_listen=None, hosts={"@local": {"data": {}}})
         got = multiturn.prefix_counters(view, sys.executable)
-        assert got == {"@local:0": {"hits": 30.0, "queries": 40.0, "requests": 5.0}}, got
+        assert got == {"@local:0": {"hits": 30.0, "queries": 40.0, "requests": 5.0, "ext_hits": 7.0,
+                                    "legacy_load_bytes": 1024.0, "legacy_store_bytes": 4096.0}}, got
         assert multiturn.main_pids(view) == {"@local:0": "4242"}
     finally:
         srv.shutdown()
@@ -279,3 +315,15 @@ def test_a_policy_comparison_cut_short_keeps_the_runs_it_finished(tmp_path, monk
     assert got["complete"] is False
     assert [(r["policy"], r["workload_name"]) for r in got["runs"]] == [("session", "private"), ("session", "shared-system-2000")]
     assert str(out / "routing.json") in capsys.readouterr().err
+    # each invocation draws its own seed (recorded), so a second one meets no prompt of the first
+    # in a warm cache; --seed repeats one
+    assert got["seed"] == got["runs"][0]["seed"] - 1
+    again = tmp_path / "again"
+    bench.cmd_multi_turn(cli.parse_args(["bench", "inventory/lab.py", "--spec", str(spec_file), "--multi-turn", "--policies", "session",
+                                         "--out", str(again)]), str(spec_file))
+    second = json.loads((again / "routing.json").read_text())
+    assert second["seed"] != got["seed"]
+    repeat = tmp_path / "repeat"
+    bench.cmd_multi_turn(cli.parse_args(["bench", "inventory/lab.py", "--spec", str(spec_file), "--multi-turn", "--policies", "session",
+                                         "--out", str(repeat), "--seed", str(got["seed"])]), str(spec_file))
+    assert json.loads((repeat / "routing.json").read_text())["runs"][0]["seed"] == got["runs"][0]["seed"]

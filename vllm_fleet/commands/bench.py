@@ -75,7 +75,9 @@ def format_table(runs: list[dict[str, Any]]) -> str:
 def run_bench(inventory: str, spec_path: str, *, host: str | None = None, concurrency: list[int] | None = None,
               rates: list[float] | None = None, input_len: int = 128, output_len: int = 128, prompts_per_level: int = 8,
               min_prompts: int = 16, warmups: int = 2, dataset: str | None = None, only: list[str] | None = None,
-              say: Callable[[str], None] = print, data: Sequence[str] = ()) -> dict[str, Any]:
+              say: Callable[[str], None] = print, data: Sequence[str] = (), seed: int | None = None) -> dict[str, Any]:
+    from vllm_fleet.serving.multiturn import new_seed
+
     resolved, _, view, key = load_fleet(inventory, spec_path, data=data)
     rep = view.replica(host) if host else next((r for r in view.replicas if r.host not in view.proxies), view.replicas[0])
     if not rep:
@@ -96,7 +98,7 @@ def run_bench(inventory: str, spec_path: str, *, host: str | None = None, concur
         say(f"  {host}: {info.get('vllm_version')}; " + (", ".join(g["name"] for g in info["gpus"]) + f", driver {info['driver']}"
                                                          if info.get("gpus") else info.get("accelerator_note") or ""))
         runs = []
-        seed = 1000
+        first = seed = new_seed() if seed is None else seed  # the invocation's own (--seed repeats one)
         for i, (kind, value) in enumerate(levels):
             order = list(tg.items())
             if i % 2:
@@ -115,7 +117,7 @@ def run_bench(inventory: str, spec_path: str, *, host: str | None = None, concur
                                                          if ans.get("result") else f"ERROR {ans.get('error')}"))
     finally:
         sess.close()
-    return {"kind": "vllm-fleet bench", "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    return {"kind": "vllm-fleet bench", "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "seed": first,
             "spec_file": os.path.abspath(spec_path), "spec_sha256": spec_digest(spec_path), "spec": resolved,
             "deployment": resolved["name"], "host": host, "replica": rep.id, "unit": rep.unit, "targets": tg, "host_info": info,
             "dataset": {"file": dataset} if dataset else {"name": "random", "input_len": input_len, "output_len": output_len},
@@ -144,7 +146,7 @@ def cmd_multi_turn(args: argparse.Namespace, spec: str) -> int:
         (out / "routing.json").write_text(json.dumps(result, indent=2, default=str) + "\n")
 
     try:
-        result = multiturn.compare(args.inventory, spec, policies, workloads, on_run=write, data=args.data or [])
+        result = multiturn.compare(args.inventory, spec, policies, workloads, on_run=write, data=args.data or [], seed=args.seed)
     except (BenchError, ValueError, RuntimeError) as exc:
         print(f"vllm-fleet bench: {exc}", file=sys.stderr)
         if (out / "routing.json").exists():
@@ -171,7 +173,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     try:
         result = run_bench(args.inventory, spec, host=args.host, concurrency=conc, rates=rates, input_len=args.input_len,
                            output_len=args.output_len, prompts_per_level=args.prompts_per_level, min_prompts=args.min_prompts,
-                           warmups=args.warmups, dataset=args.dataset, data=args.data or [])
+                           warmups=args.warmups, dataset=args.dataset, data=args.data or [], seed=args.seed)
     except (BenchError, ValueError) as exc:
         print(f"vllm-fleet bench: {exc}", file=sys.stderr)
         return 1
@@ -203,6 +205,9 @@ def add_cli(sub: Any) -> None:
     p.add_argument("--min-prompts", type=count(1, 1_000_000), default=16)
     p.add_argument("--warmups", type=count(0, 10_000), default=2, help="warm-up requests before each run")
     p.add_argument("--out", metavar="DIR", help="where bench.json and the report go (default ./bench-NAME-TIME)")
+    p.add_argument("--seed", type=count(0, 1_000_000_007), help="the invocation's seed (its prompts and conversations; run k uses seed + k); "
+                   "default: a new one from the clock, so no run meets another invocation's prompts in a warm cache. "
+                   "The JSON records it: --seed repeats a run")
     m = p.add_argument_group("multi-turn chat across routing policies (docs/routing.md)")
     m.add_argument("--multi-turn", action="store_true", help="run the multi-turn chat workload from this machine through the proxy, "
                    "reading every replica's prefix-cache counters before and after; writes routing.json and routing.html")

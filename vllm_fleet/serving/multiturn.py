@@ -10,12 +10,14 @@ whole conversation so far (as chat clients do) with its answer appended, and wai
 0..``think_s`` seconds before the next. Every request is streamed (TTFT = first content chunk) with
 exactly ``output_tokens`` generated (``min_tokens`` = ``max_tokens``, vLLM's extension) and carries
 ``X-Session-Id: <run>-<conversation>`` (or the deployment's proxy.routing.session_header): only the
-``session`` policy looks at it. Each run draws new words (its own seed): one run's cache cannot
-serve another's prompts.
+``session`` policy looks at it. Each run draws new words (its own seed: the invocation's, from the
+clock unless ``--seed`` repeats one, plus the run's number): one run's cache cannot serve
+another's prompts, in one invocation or across invocations against a warm server.
 
 :func:`prefix_counters` reads each replica's own ``vllm:prefix_cache_hits_total`` /
-``vllm:prefix_cache_queries_total`` (tokens) and ``vllm:request_success_total`` on its host (over
-SSH, from 127.0.0.1): the hit rate of a run is the difference of the sums before and after.
+``vllm:prefix_cache_queries_total`` (tokens), the CPU tier's ``vllm:external_prefix_cache_*`` and
+offload bytes (engine.kv_offload), and ``vllm:request_success_total`` on its host (over SSH, from
+127.0.0.1): the hit rates of a run are the differences of the sums before and after.
 
 Core module: no pyinfra. Only ``requests`` and the standard library.
 """
@@ -34,6 +36,8 @@ from typing import Any, Callable, Sequence
 
 import requests
 
+GIB = 1024**3
+
 from vllm_fleet.host import programs
 from vllm_fleet.host.transport import Transport
 from vllm_fleet.serving.session import load_fleet
@@ -41,7 +45,15 @@ from vllm_fleet.serving.words import WORDS
 
 #: Short common English words: about one token each for Qwen/Llama tokenizers.
 COUNTERS = {"vllm:prefix_cache_hits_total": "hits", "vllm:prefix_cache_queries_total": "queries",
-            "vllm:request_success_total": "requests"}
+            "vllm:request_success_total": "requests",
+            # the KV cache's CPU tier (engine.kv_offload): prompt tokens its connector served, and
+            # the bytes it moved (vLLM >= 0.21's flat names; 0.20's one counter by transfer_type)
+            "vllm:external_prefix_cache_hits_total": "ext_hits", "vllm:external_prefix_cache_queries_total": "ext_queries",
+            "vllm:kv_offload_load_bytes_total": "load_bytes", "vllm:kv_offload_store_bytes_total": "store_bytes",
+            "vllm:kv_offload_total_bytes_total{transfer_type=cpu_to_gpu}": "legacy_load_bytes",
+            "vllm:kv_offload_total_bytes_total{transfer_type=gpu_to_cpu}": "legacy_store_bytes"}
+#: What a run reports per replica (counter_delta), after the legacy bytes are folded in.
+DELTAS = ("hits", "queries", "ext_hits", "ext_queries", "load_bytes", "store_bytes", "requests")
 
 
 @dataclass
@@ -188,12 +200,17 @@ def _r(v: float | None) -> float | None:
 _METRIC_LINE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+([0-9.eE+-]+)")
 
 def parse_counters(text: str) -> dict[str, float]:
-    """Sum of each wanted counter over its label sets, from a Prometheus text page."""
+    """Sum of each wanted counter over its label sets, from a Prometheus text page (a transfer
+    type's own series for the ``{transfer_type=...}`` names), as replica_counters.py sums them."""
     out: dict[str, float] = {}
     for line in text.splitlines():
         m = _METRIC_LINE.match(line)
-        if m and m.group(1) in COUNTERS:
-            out[COUNTERS[m.group(1)]] = out.get(COUNTERS[m.group(1)], 0.0) + float(m.group(3))
+        if not m:
+            continue
+        t = re.search(r'transfer_type="([^"]*)"', m.group(2) or "")
+        for key in (m.group(1), f"{m.group(1)}{{transfer_type={t.group(1).lower()}}}" if t else None):
+            if key in COUNTERS:
+                out[COUNTERS[key]] = out.get(COUNTERS[key], 0.0) + float(m.group(3))
     return out
 
 
@@ -220,16 +237,38 @@ def _transport(view: Any, transport: Transport | None):
             yield t
 
 
+def _folded(c: dict[str, float]) -> dict[str, float]:
+    """A replica's counters with vLLM 0.20's offload bytes (one counter by transfer_type) read as
+    the flat load/store bytes of later releases, where those are absent."""
+    out = dict(c)
+    for flat in ("load_bytes", "store_bytes"):
+        if flat not in out and f"legacy_{flat}" in out:
+            out[flat] = out[f"legacy_{flat}"]
+    return out
+
+
+def _rate(num: float, den: float) -> float | None:
+    return round(num / den, 4) if den else None
+
+
 def counter_delta(before: dict[str, dict[str, float]], after: dict[str, dict[str, float]]) -> dict[str, Any]:
-    """Per replica and in total: hits, queries (prompt tokens looked up), hit rate, requests."""
+    """Per replica and in total: hits (GPU prefix cache) and queries (prompt tokens looked up), the
+    CPU tier's hits and queries (``ext_``: vLLM's external prefix cache, i.e. its KV connector) and
+    the bytes it loaded (CPU -> GPU) and stored (GPU -> CPU), the hit rates as shares of the
+    prompt tokens (``hit_rate``: the GPU's, ``tier_hit_rate``: the CPU tier's, ``total_hit_rate``:
+    both), requests."""
     per = {}
     for rid in after:
-        d = {k: after[rid].get(k, 0.0) - (before.get(rid) or {}).get(k, 0.0) for k in ("hits", "queries", "requests")}
-        d["hit_rate"] = round(d["hits"] / d["queries"], 4) if d["queries"] else None
+        a, b = _folded(after[rid]), _folded(before.get(rid) or {})
+        d = {k: a.get(k, 0.0) - b.get(k, 0.0) for k in DELTAS}
+        d["hit_rate"] = _rate(d["hits"], d["queries"])
+        d["tier_hit_rate"] = _rate(d["ext_hits"], d["queries"])
+        d["total_hit_rate"] = _rate(d["hits"] + d["ext_hits"], d["queries"])
         per[rid] = d
-    hits, queries = sum(d["hits"] for d in per.values()), sum(d["queries"] for d in per.values())
-    return {"per_replica": per, "hits": hits, "queries": queries,
-            "hit_rate": round(hits / queries, 4) if queries else None,
+    tot = {k: sum(d[k] for d in per.values()) for k in DELTAS if k != "requests"}
+    return {"per_replica": per, **tot,
+            "hit_rate": _rate(tot["hits"], tot["queries"]), "tier_hit_rate": _rate(tot["ext_hits"], tot["queries"]),
+            "total_hit_rate": _rate(tot["hits"] + tot["ext_hits"], tot["queries"]),
             "requests_per_replica": {rid: d["requests"] for rid, d in per.items()}}
 
 
@@ -238,13 +277,16 @@ def counter_delta(before: dict[str, dict[str, float]], after: dict[str, dict[str
 
 
 def format_table(runs: list[dict[str, Any]]) -> str:
-    head = f"{'policy':<12} {'hit rate':>8} {'TTFT p50':>9} {'p90':>8} {'p99':>8} {'e2e p50':>8} {'tok/s':>7} {'ok':>5} {'failed':>6}  requests per replica"
+    head = (f"{'policy':<12} {'hit rate':>8} {'CPU tier':>8} {'CPU->GPU':>9} {'TTFT p50':>9} {'p90':>8} {'p99':>8} {'e2e p50':>8} "
+            f"{'tok/s':>7} {'ok':>5} {'failed':>6}  requests per replica")
     lines = [head, "-" * len(head)]
+    nan = float("nan")
     for r in runs:
         s, c = r["result"], r.get("counters") or {}
-        hr = c.get("hit_rate")
+        hr, tier = c.get("hit_rate"), c.get("tier_hit_rate")
         per = " ".join(f"{k}={v:.0f}" for k, v in (c.get("requests_per_replica") or {}).items())
-        lines.append(f"{r['policy']:<12} {hr if hr is not None else float('nan'):>8.3f} {s['ttft_ms']['p50'] or 0:>7.0f}ms "
+        lines.append(f"{r['policy']:<12} {hr if hr is not None else nan:>8.3f} {tier if tier is not None else nan:>8.3f} "
+                     f"{(c.get('load_bytes') or 0) / GIB:>6.1f}GiB {s['ttft_ms']['p50'] or 0:>7.0f}ms "
                      f"{s['ttft_ms']['p90'] or 0:>6.0f}ms {s['ttft_ms']['p99'] or 0:>6.0f}ms {s['e2e_ms']['p50'] or 0:>6.0f}ms "
                      f"{s['output_tok_s'] or 0:>7.1f} {s['ok']:>5} {s['failed']:>6}  {per}")
     return "\n".join(lines)
@@ -259,7 +301,9 @@ def report(result: dict[str, Any], out: Any) -> list[Any]:
 
     out = Path(out)
     runs = result["runs"]
-    panels = (("prefix-cache hit rate", lambda r: (r.get("counters") or {}).get("hit_rate")),
+    panels = (("prefix-cache hit rate (GPU)", lambda r: (r.get("counters") or {}).get("hit_rate")),
+              ("CPU-tier hit rate", lambda r: (r.get("counters") or {}).get("tier_hit_rate")),
+              ("CPU -> GPU (GiB)", lambda r: ((r.get("counters") or {}).get("load_bytes") or 0) / GIB),
               ("TTFT p50 (ms)", lambda r: r["result"]["ttft_ms"]["p50"]),
               ("TTFT p99 (ms)", lambda r: r["result"]["ttft_ms"]["p99"]),
               ("e2e p50 (ms)", lambda r: r["result"]["e2e_ms"]["p50"]),
@@ -273,7 +317,8 @@ def report(result: dict[str, Any], out: Any) -> list[Any]:
     rows = []
     for lab, r in zip(labels, runs):
         s, c = r["result"], r.get("counters") or {}
-        rows.append([lab, c.get("hit_rate"), s["ttft_ms"]["p50"], s["ttft_ms"]["p90"], s["ttft_ms"]["p99"], s["e2e_ms"]["p50"],
+        rows.append([lab, c.get("hit_rate"), c.get("tier_hit_rate"), round((c.get("load_bytes") or 0) / GIB, 2),
+                     round((c.get("store_bytes") or 0) / GIB, 2), s["ttft_ms"]["p50"], s["ttft_ms"]["p90"], s["ttft_ms"]["p99"], s["e2e_ms"]["p50"],
                      s["output_tok_s"], s["ok"], s["failed"],
                      ", ".join(f"{k}: {v:.0f}" for k, v in (c.get("requests_per_replica") or {}).items())])
     written = []
@@ -296,7 +341,7 @@ def report(result: dict[str, Any], out: Any) -> list[Any]:
             f"<p>{result.get('time_utc')}; endpoint {result.get('base_url')}; workloads: "
             + "; ".join(f"<code>{k}</code> {json.dumps(v)}" for k, v in wl.items()) + "</p>",
             '<div class="charts">' + "".join(charts) + "</div>",
-            _table(["run", "hit rate", "TTFT p50 ms", "p90", "p99", "e2e p50 ms", "output tok/s", "ok", "failed", "requests per replica"], rows),
+            _table(["run", "hit rate (GPU)", "CPU-tier hit rate", "CPU->GPU GiB", "GPU->CPU GiB", "TTFT p50 ms", "p90", "p99", "e2e p50 ms", "output tok/s", "ok", "failed", "requests per replica"], rows),
             f"<p>{png_note}</p>"]
     (out / "routing.html").write_text(_page(f"routing {result.get('deployment')}", body))
     written.insert(0, out / "routing.html")
@@ -362,13 +407,20 @@ def switch_policy(inventory: str, spec_path: str, policy: str, view: Any, *, say
     return switched
 
 
+def new_seed() -> int:
+    """A seed of its own for one invocation (from the clock): a second `bench` against a warm
+    server sends new conversations, never the last run's again (its cache would answer them)."""
+    return time.time_ns() % 1_000_000_007
+
+
 def compare(inventory: str, spec_path: str, policies: list[str] | None, workloads: dict[str, Workload], *,
-            seed: int = 1, say: Callable[[str], None] = print, deploy_timeout: float = 900,
+            seed: int | None = None, say: Callable[[str], None] = print, deploy_timeout: float = 900,
             on_run: Callable[[dict[str, Any]], None] | None = None, data: Sequence[str] = ()) -> dict[str, Any]:
     """For each policy (None: the deployed one only): deploy the proxy part with it, then run
     each workload once, reading every replica's prefix-cache counters before and after.
     ``on_run`` gets the result so far after each run (the command writes it, so that a
-    comparison cut short keeps the runs it finished)."""
+    comparison cut short keeps the runs it finished). ``seed``: the invocation's (None: drawn
+    from the clock, :func:`new_seed`); run k uses seed + k, recorded in the result."""
     import os
 
     from vllm_fleet.render import command
@@ -383,9 +435,10 @@ def compare(inventory: str, spec_path: str, policies: list[str] | None, workload
     header = resolved["proxy"]["routing"]["session_header"]
     python = command.env_python(resolved)
     runs: list[dict[str, Any]] = []
+    first = seed = new_seed() if seed is None else seed
 
     def result(complete: bool) -> dict[str, Any]:
-        return {"kind": "vllm-fleet bench --multi-turn", "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        return {"kind": "vllm-fleet bench --multi-turn", "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "seed": first,
                 "deployment": resolved["name"], "spec_file": os.path.abspath(spec_path), "base_url": base_url,
                 "replicas": [r.id for r in view.replicas], "workloads": {k: v.as_dict() for k, v in workloads.items()},
                 "complete": complete, "runs": list(runs)}
