@@ -174,6 +174,22 @@ def test_the_workstation_serves_its_user_nginx_on_loopback_vllm_behind_it_no_fir
     assert _nginx_listen(_render_local(spec), "@local") == ["10.10.0.11:80"]
 
 
+def test_one_machine_renders_the_same_files_under_either_name():
+    """lab1 read through `@local` on itself and through `lab@10.10.0.11` from the control machine
+    (proxy.bind 0.0.0.0, as lab1 serves the lab's network): every file byte for byte the same, so
+    `vllm-fleet diff @local` after a deploy from the control machine exits 0 (node.env's comment
+    named the host: 'Per-host environment (@local)' against '(lab1)', issue 38)."""
+    import yaml
+
+    spec = yaml.safe_load(SPEC.read_text())
+    spec["proxy"]["bind"] = "0.0.0.0"
+    here, there = _render_local(spec)["@local"], _render_local(spec, "lab@10.10.0.11")["lab@10.10.0.11"]
+    assert sorted(here) == sorted(there)
+    differ = [p for p in here if (here[p].content, here[p].mode, here[p].owner, here[p].group)
+              != (there[p].content, there[p].mode, there[p].owner, there[p].group)]
+    assert differ == [], differ
+
+
 def test_init_local_writes_an_at_local_inventory_that_deploys_here(tmp_path):
     import os
 

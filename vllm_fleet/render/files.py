@@ -293,7 +293,9 @@ def _vllm_env_file(resolved: dict[str, Any]) -> RenderedFile:
 
 def _node_env_file(resolved: dict[str, Any], node: Node) -> RenderedFile:
     par, data = resolved["parallel"], node.data or {}
-    comments = [HEADER.format(name=resolved["name"]), f"Per-host environment ({node.target})."]
+    # No host name here: the same machine read through another inventory (`@local` on the host
+    # itself, `lab1` from the control machine) must render the same file (issue 38: diff exit 0).
+    comments = [HEADER.format(name=resolved["name"]), "Per-host environment."]
     values: dict[str, str] = {}
     if _multi(resolved):
         if node.private:
