@@ -47,6 +47,24 @@ def _fleet_problems(resolved: list[dict[str, Any]], sources: list[str], inventor
     return []
 
 
+def _gpus_here(resolved: list[dict[str, Any]], inventory_arg: str, cmd: str, json_out: bool) -> tuple[list[str], list[str], list[str]]:
+    """(lines, errors, warnings) of this machine's GPUs when the inventory holds @local: what a
+    display server or another program holds is not planned with (vllm_fleet.roles.nvidia.gpumem).
+    The lines and warnings are printed here (lines on stdout, for the JSON forms on stderr)."""
+    from vllm_fleet.roles.nvidia.gpumem import report_here
+
+    got = report_here(resolved, _load_inventory(inventory_arg, cmd)) if resolved else None
+    if got is None:
+        return [], [], []
+    lines, errors, warnings = got
+    out = sys.stderr if json_out else sys.stdout
+    for line in lines:
+        print(line, file=out)
+    for w in warnings:
+        print(f"warning: {w}", file=sys.stderr)
+    return lines, errors, warnings
+
+
 def cmd_validate(args: argparse.Namespace) -> int:
     from vllm_fleet.specs.pipeline import check
 
@@ -65,6 +83,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
         except Exception:
             if all(c.ok for c in group):
                 raise  # valid specs that crash the layout: a bug, let it show
+    if not fleet and args.inventory:  # @local: this machine's GPUs, their free memory (nothing contacted)
+        fleet = _gpus_here([c.resolved for c in results if c.ok], args.inventory, "validate", args.json)[1]
     ok = all(c.ok for c in results) and not fleet
     if args.json:
         doc = [{"valid": c.ok, "spec": c.source, "errors": [p.as_dict() for p in c.errors],
@@ -132,7 +152,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
         _print_problems(problems, args.spec)
         print(f"{args.spec}: cannot plan: {exc}", file=sys.stderr)
         return 1
+    here: tuple[list[str], list[str], list[str]] = ([], [], [])
     if args.json:
+        if args.inventory:
+            here = _gpus_here([resolved], args.inventory, "plan", True)
+            result["gpus_here"] = {"lines": here[0], "errors": here[1], "warnings": here[2]}
         try:
             text = json.dumps(result, indent=2, sort_keys=True, allow_nan=False)
         except ValueError:  # NaN or Infinity: not JSON, and not a plan
@@ -141,8 +165,12 @@ def cmd_plan(args: argparse.Namespace) -> int:
         print(text)
     else:
         print(planner.format_plan(result))
+        if args.inventory:  # after the table: what this machine's GPUs leave for it
+            here = _gpus_here([resolved], args.inventory, "plan", False)
+        for line in here[1]:
+            print(f"{args.spec}: error: engine.gpu_memory_utilization: {line}", file=sys.stderr)
     _print_problems(problems, args.spec)
-    return 0 if result.get("fits") and not blocking else 1
+    return 0 if result.get("fits") and not blocking and not here[1] else 1
 
 
 def cmd_render(args: argparse.Namespace) -> int:
@@ -221,6 +249,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     p.add_argument("--list-models", action="store_true", help="list the model catalogue")
     p.add_argument("--list-gpus", action="store_true", help="list the GPU catalogue")
+    p.add_argument("--inventory", metavar="INV", help="an inventory holding @local: plan with this machine's free GPU memory "
+                   "(nvidia-smi here; what a display server holds is not the spec's)")
     p.set_defaults(func=cmd_plan)
 
     p = sub.add_parser("render", help="write every file the deploy would place, per host or role")

@@ -36,6 +36,7 @@ from vllm_fleet.render.layout import HostLayout
 from vllm_fleet.roles.common import (DeployContext, clash, host_layout, load_deploy_spec, preflight, relayout_host, remove,
                                      write_generated_secrets)
 from vllm_fleet.roles.common.state import load_host_state
+from vllm_fleet.roles.nvidia import gpumem
 from vllm_fleet.roles.parts import host_query, host_steps
 from vllm_fleet.roles.service import api_firewall
 
@@ -50,7 +51,9 @@ def state_query(ctx: DeployContext, h: HostLayout | None) -> Query:
         q = q | remove.leftover_query(spec, h.parts.get(name) if h else None, rendered)
     if not h:  # no clash check (nothing is put here), so not the other deployments' sites
         return q
-    return q | clash.query() | clash.memory_query(ctx.specs, h) | host_query(ctx, h)
+    q = q | clash.query() | clash.memory_query(ctx.specs, h) | host_query(ctx, h)
+    # a GPU shared with a desktop: its free memory and who holds the rest (vllm_fleet.roles.nvidia.gpumem)
+    return q | gpumem.query() if any(i.gpu_ids for i in h.instances) else q
 
 
 def serve() -> None:
@@ -76,6 +79,9 @@ def serve() -> None:
     auto = clash.refuse_memory(ctx.specs, h, host.name, snap)
     if auto:
         h = relayout_host(ctx, host.name, {"kv_offload_gib": {**_host_tiers(h), **auto}})
+    # Each GPU's free memory, not its total: what a display server or another program holds is
+    # not this deploy's to plan with; our own running vLLMs' memory is (their restart frees it).
+    gpumem.refuse(ctx.specs, h, host.name, snap, log=host.log)
 
     # vLLM beyond loopback: one firewall over every deployment's instances here, before they start
     if any(n.instances for n in h.parts.values()):

@@ -44,7 +44,9 @@ class Query:
     made yet), the system pythons (``targets``: a command, e.g. ``python3``) for which to
     read what a host's wheels must fit (that python's X.Y, the C library, the machine), the
     GPUs nvidia-smi reports (``gpus``: its ``--query-gpu`` fields, e.g.
-    ``name,memory.total``) and the PCI devices under a sysfs directory (``pci``: e.g.
+    ``name,memory.total``), the compute processes it lists (``gpuapps``: its
+    ``--query-compute-apps`` fields) with every process that holds a GPU device open (its cgroup
+    and name), and the PCI devices under a sysfs directory (``pci``: e.g.
     ``/sys/bus/pci/devices``, each device's vendor and class). ``debs`` may hold dpkg
     patterns (``nvidia-fabricmanager*``): every package dpkg knows that matches is read."""
 
@@ -64,6 +66,7 @@ class Query:
     free: tuple[str, ...] = ()
     targets: tuple[str, ...] = ()
     gpus: tuple[str, ...] = ()
+    gpuapps: tuple[str, ...] = ()
     pci: tuple[str, ...] = ()
 
     def __or__(self, other: "Query") -> "Query":
@@ -103,7 +106,7 @@ class Query:
                              ("find", self.find), ("user", self.users), ("deb", self.debs), ("unit", self.units),
                              ("glob", self.globs), ("age", self.ages), ("chat", self.chats),
                              ("free", self.free), ("target", self.targets),
-                             ("gpus", self.gpus), ("pci", self.pci)):
+                             ("gpus", self.gpus), ("gpuapps", self.gpuapps), ("pci", self.pci)):
             for v in values:
                 out += [kind, v]
         code = programs.script("env_probe.py") if self.envs else ""
@@ -161,6 +164,8 @@ class Snapshot:
         self.avail: dict[str, int | None] = {}  # path asked with ``free`` -> bytes available
         self.targets: dict[str, dict[str, str]] = {}  # python asked with ``targets`` -> what wheels must fit
         self.smi: dict[str, list[str] | None] = {}  # fields asked with ``gpus`` -> nvidia-smi's lines (None: no nvidia-smi)
+        self.apps: dict[str, list[str] | None] = {}  # fields asked with ``gpuapps`` -> nvidia-smi's lines (None: no nvidia-smi)
+        self.holders: dict[int, dict] = {}  # pid -> {"minors": [N of /dev/nvidiaN], "cgroup": path or None, "comm": name}
         self.pcis: dict[str, list[str]] = {}  # sysfs directory asked with ``pci`` -> "VENDOR CLASS" per device
         self.query = Query()
 
@@ -286,6 +291,14 @@ class Snapshot:
         if not self._asked("gpus", fields):
             return False, None
         return True, self.smi.get(fields)
+
+    def gpu_apps(self, fields: str) -> tuple[bool, list[str] | None, dict[int, dict]]:
+        """``(known, nvidia-smi --query-compute-apps=FIELDS --format=csv,noheader,nounits's lines
+        or None when the host has no nvidia-smi, {pid: {"minors", "cgroup", "comm"}} of every
+        process holding a /dev/nvidiaN open)`` of fields asked with ``gpuapps``."""
+        if not self._asked("gpuapps", fields):
+            return False, None, {}
+        return True, self.apps.get(fields), {p: dict(h) for p, h in self.holders.items()}
 
     def pci_devices(self, directory: str) -> list[str] | None:
         """``"VENDOR CLASS"`` (sysfs' words: ``0x10de 0x030200``) of every device under a sysfs
@@ -440,6 +453,25 @@ def _gpus_line(s: Snapshot, key: str, value: str) -> None:
         s.smi[key].append(value)
 
 
+def _gpuapps_line(s: Snapshot, key: str, value: str) -> None:
+    if value == "-":
+        s.apps[key] = None
+    elif value == ".":
+        s.apps[key] = []
+    elif s.apps.get(key) is not None:
+        s.apps[key].append(value)
+
+
+def _gpupid_line(s: Snapshot, key: str, value: str) -> None:
+    minor, _, rest = value.partition("\t")
+    cgroup, _, comm = rest.partition("\t")
+    if not key.isdigit() or not minor.isdigit():
+        return
+    h = s.holders.setdefault(int(key), {"minors": [], "cgroup": None if cgroup in ("", "-") else cgroup, "comm": comm})
+    if int(minor) not in h["minors"]:
+        h["minors"].append(int(minor))
+
+
 def _pci_line(s: Snapshot, key: str, value: str) -> None:
     found = s.pcis.setdefault(key, [])
     if value != ".":
@@ -473,7 +505,8 @@ def _unit_line(s: Snapshot, unit: dict[str, str], rest: str) -> dict[str, str]:
 _LINES = {"stat": _stat_line, "sha": _sha_line, "read": _read_line, "ls": _ls_line, "find": _find_line, "tree": _tree_line,
           "glob": _glob_line, "globunit": _globunit_line, "user": _user_line, "deb": _deb_line,
           "started": _started_line, "chat": _chat_line, "age": _age_line, "py": _py_line,
-          "free": _free_line, "target": _target_line, "gpus": _gpus_line, "pci": _pci_line}
+          "free": _free_line, "target": _target_line, "gpus": _gpus_line, "gpuapps": _gpuapps_line,
+          "gpupid": _gpupid_line, "pci": _pci_line}
 
 
 def _owner_mode_ok(st: dict, user: str | None, group: str | None, mode: Any) -> bool:

@@ -29,6 +29,11 @@
 #   gpus FIELDS .  then  gpus FIELDS LINE (nvidia-smi --query-gpu=FIELDS --format=csv,noheader,nounits, one
 #                                          line per GPU, or its message when no driver answers;
 #                                          `gpus FIELDS -` alone when the host has no nvidia-smi)
+#   gpuapps FIELDS .  then  gpuapps FIELDS LINE   (nvidia-smi --query-compute-apps=FIELDS, one line per
+#                                          compute process; `gpuapps FIELDS -` alone without nvidia-smi);
+#                                          then gpupid PID MINOR CGROUP COMM for every process holding
+#                                          /dev/nvidiaMINOR open (the display server too), CGROUP its
+#                                          systemd cgroup path (`-` when unreadable)
 #   pci DIR .  then  pci DIR VENDOR CLASS (every device under a sysfs directory, e.g. /sys/bus/pci/devices,
 #                                          read with the shell's own `read`: no process per device)
 # Reads only; changes nothing.
@@ -123,6 +128,24 @@ CHAT_ARGS
           while IFS= read -r l; do [ -n "$l" ] && printf 'gpus\t%s\t%s\n' "$v" "$l"; done
       else
         printf 'gpus\t%s\t-\n' "$v"
+      fi ;;
+    gpuapps)
+      if command -v nvidia-smi >/dev/null 2>&1; then
+        printf 'gpuapps\t%s\t.\n' "$v"
+        nvidia-smi --query-compute-apps="$v" --format=csv,noheader,nounits 2>/dev/null |
+          while IFS= read -r l; do [ -n "$l" ] && printf 'gpuapps\t%s\t%s\n' "$v" "$l"; done
+        # every process with a GPU's device open (Xorg too: nvidia-smi lists compute processes
+        # only): one find over /proc, then per process its cgroup and name
+        set +f
+        find /proc/[0-9]*/fd -mindepth 1 -maxdepth 1 -lname '/dev/nvidia[0-9]*' -printf '%h %l\n' 2>/dev/null | sort -u |
+          while read -r d l; do
+            p=${d#/proc/}; p=${p%/fd}
+            cg=$(sed -n 's/^0:://p; s/^[0-9]*:name=systemd://p' "/proc/$p/cgroup" 2>/dev/null | head -n 1)
+            printf 'gpupid\t%s\t%s\t%s\t%s\n' "$p" "${l#/dev/nvidia}" "${cg:--}" "$(cat "/proc/$p/comm" 2>/dev/null)"
+          done
+        set -f
+      else
+        printf 'gpuapps\t%s\t-\n' "$v"
       fi ;;
     pci)
       printf 'pci\t%s\t.\n' "$v"
