@@ -180,7 +180,7 @@ def test_the_serve_deploys_one_read_asks_the_gpus_memory_on_a_gpu_host_only(harn
     from vllm_fleet.deploys.serve import state_query as serve_query
     from vllm_fleet.render.layout import build
     from vllm_fleet.roles.common import DeployContext
-    from vllm_fleet.spec.load import load, resolve
+    from vllm_fleet.specs.load import load, resolve
 
     spec = copy.deepcopy(resolve(load(Path(__file__).resolve().parents[2] / "deployments" / name)))
     spec["install"].pop("wheelhouse", None)
