@@ -138,6 +138,8 @@ def test_at_local_inside_a_lab_host_from_a_wheel(lab_hosts, tmp_path):
 
         r = _in_lab1(lab1, f"{fleet} bench {at} {' '.join(BENCH)} --out /opt/vf38/bench")
         assert r.returncode == 0, r.out[-4000:]
+        runs = json.loads(lab1.ssh("cat /opt/vf38/bench/bench.json", user="root").stdout)["runs"]
+        assert runs and all(x["result"]["completed"] >= 2 and not x["result"].get("failed") for x in runs), runs
 
         r = _in_lab1(lab1, f"{fleet} down {at} -y")
         assert r.returncode == 0, r.out[-4000:]
@@ -145,6 +147,8 @@ def test_at_local_inside_a_lab_host_from_a_wheel(lab_hosts, tmp_path):
         assert lab1.ssh("test -e /etc/nginx/conf.d/vllm-fleet-lab-tiny.conf", user="root", check=False).returncode == 1
         assert lab1.ssh("systemctl is-active nginx", user="root").stdout.strip() == "active"  # nginx itself stays
         assert lab1.ssh("nginx -t", user="root", check=False).returncode == 0
+        r = _in_lab1(lab1, f"{fleet} status {at}")
+        assert r.returncode == 1 and "down (no unit)" in r.stdout, r.out
     finally:
         lab1.ssh("rm -rf /opt/vf38", user="root", check=False)
         back = run([sys.executable, "-m", "vllm_fleet", "deploy", "inventory/lab.py", "--limit", "lab1", "-y"])
