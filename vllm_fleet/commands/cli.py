@@ -270,7 +270,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     # every verb module is imported plainly: a broken one is an ImportError here, not a missing verb
     for module in ("lab", "lab.tinymodel", "commands.rollout", "commands.deploy", "commands.diff",
-                   "commands.down", "commands.init", "commands.bench", "commands.tune"):
+                   "commands.down", "commands.stage", "commands.init", "commands.bench", "commands.tune"):
         importlib.import_module(f"vllm_fleet.{module}").add_cli(sub)
     return parser
 

