@@ -233,3 +233,30 @@ def test_our_unit_holding_the_gpu_unlisted_by_nvidia_smi_is_not_foreign():
     # the same read without our process holding the device: 126 GiB held by someone else, a stop
     [g] = _g(["0, GPU-1, 0, 143771, 129057, 14098"], [], {})
     assert g.held_by_others == 129057 and gpumem.problems([g], {0: {OURS: 0.90}})[0]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the deploy's preflight on @local needs root or passwordless sudo")
+def test_a_deploy_on_at_local_says_the_line_and_stops_before_any_operation(tmp_path):
+    """`vllm-fleet deploy @local --spec S --dry` for real (pyinfra's local connector, serve's one
+    state read on this machine, a stand-in nvidia-smi on PATH showing the desk's 3090): the
+    deploy prints the GPU's line and stops before any operation (pyinfra's exit, 3)."""
+    import sys
+
+    import yaml
+
+    spec = yaml.safe_load((Path(__file__).resolve().parents[2] / "deployments" / "rtx3090-qwen7b-awq-batch.yaml").read_text())
+    spec["server"]["api_key"] = {"file": str(tmp_path / "key"), "generate": True}
+    spec["model"]["hub_fetch"] = "host"  # nothing fetched on this machine while planning
+    spec["install"]["wheels"] = "host"
+    (tmp_path / "batch.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
+    env = _stub(tmp_path, DESK_SMI, [])
+    (tmp_path / "bin" / "nvidia-smi").write_text(  # the nvidia role's own query too: the desk's card
+        f'#!/bin/sh\ncase "$1" in --query-gpu=name,*) echo "NVIDIA GeForce RTX 3090, 24576, 580.159.04, 8.6" ;; '
+        f'--query-gpu=*) cat {tmp_path}/smi.txt ;; --query-compute-apps=*) cat {tmp_path}/apps.txt ;; esac\n')
+    r = subprocess.run([sys.executable, "-m", "vllm_fleet", "deploy", "@local", "--spec", str(tmp_path / "batch.yaml"), "--dry"],
+                       capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
+    out = r.stdout + r.stderr
+    assert r.returncode == 3, out[-3000:]
+    assert "[@local] GPU 0: 24.0 GiB total, 1.2 GiB held by other processes, planning with 22.5 GiB" in out, out[-3000:]
+    assert "host @local: not enough free GPU memory" in out and "0.94 or lower" in out, out[-3000:]
+    assert not (tmp_path / "key").exists()  # --dry: nothing written, not even here
