@@ -104,7 +104,7 @@ def test_the_retry_line_repeats_the_users_arguments_on_the_failed_hosts_only():
                                ("--verify", None), ("-y", None)], ["lab2", "lab 3"])
     argv = shlex.split(line)
     assert argv == ["vllm-fleet", "deploy", "inventory/lab.py", "--spec", "my specs/a.yaml", "--data", "ssh_user=lab",
-                    "--limit", "lab2", "--limit", "lab 3", "--verify"]
+                    "--limit", "lab2", "--limit", "lab 3", "--verify", "-y"]
 
 
 def test_the_summary_names_each_host_its_status_and_why():
@@ -181,3 +181,84 @@ def test_every_host_failed_is_nothing_done(tmp_path):
     rc, results, out = _run(tmp_path, ["@fake/a", "@fake/b", "@fake/c", "@fake/d"])
     assert rc == 1 and {r.status for r in results} == {FAILED}, out
     assert outcome.exit_code(results, rc) == 4
+
+
+# -- deploy's end: flags to pyinfra, the summary, the retry line, the endpoints that serve ----------
+
+THREE = ('servers = [("gpu1", {"ssh_hostname": "192.0.2.10", "ssh_user": "root"}), '
+         '("gpu2", {"ssh_hostname": "192.0.2.11", "ssh_user": "root"}), ("gpu3", {"ssh_hostname": "192.0.2.12", "ssh_user": "root"})]\n'
+         'proxy = ["gpu1"]\n')
+
+
+def _deploy_args(inv, spec, *extra):
+    from vllm_fleet.commands.cli import build_parser
+
+    return build_parser().parse_args(["deploy", str(inv), "--spec", str(spec), "-y", *extra])
+
+
+def test_deploy_passes_max_fail_and_parallel_to_pyinfra_and_ends_with_the_summary(tmp_path, capsys, monkeypatch):
+    from test_fleet_commands import _inventory, _spec
+    from vllm_fleet.commands import deploy as deploycmd
+    from vllm_fleet.host import results as hostresults
+
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    spec, inv = _spec(tmp_path, server={"host": "0.0.0.0"}), _inventory(tmp_path, THREE)
+    args = _deploy_args(inv, spec, "--max-fail", "1", "--parallel", "2", "--data", "x=1")
+    seen: dict = {}
+
+    def fake_run(argv, what, again, env=None):  # the pyinfra child: gpu3 failed while planned
+        seen["argv"] = argv
+        hostresults.write(env[hostresults.RESULTS_ENV], [HostResult("gpu1", CHANGED), HostResult("gpu2", CONVERGED),
+                                                          HostResult("gpu3", FAILED, "host gpu3: user x cannot run sudo")])
+        return 1
+
+    monkeypatch.setattr("vllm_fleet.host.pyinfra_run.run", fake_run)
+    rc = deploycmd.cmd_deploy(args)
+    out, err = capsys.readouterr()
+    assert "argv" in seen, (rc, out, err)
+    argv = seen["argv"]
+    assert argv[argv.index("--fail-percent") + 1] == "66" and argv[argv.index("--parallel") + 1] == "2"  # 1 of 3: stop at 2
+    assert rc == 3
+    assert "  failed:        gpu3: host gpu3: user x cannot run sudo" in err
+    retry = next(ln for ln in err.splitlines() if "retry only those:" in ln).split("retry only those: ", 1)[1]
+    assert shlex.split(retry) == ["vllm-fleet", "deploy", str(inv), "--spec", str(spec), "--data", "x=1",
+                                  "--max-fail", "1", "--parallel", "2", "--limit", "gpu3", "-y"]
+    assert "serves 'tiny' on gpu1, gpu2, gpu3" not in out
+    assert "lab-tiny serves 'tiny' on gpu1, gpu2 (not on gpu3: failed or not attempted)" in out  # gpu1 is its proxy
+
+
+def test_deploy_whose_proxy_failed_says_the_endpoint_does_not_serve(tmp_path, capsys, monkeypatch):
+    from test_fleet_commands import _inventory, _spec
+    from vllm_fleet.commands import deploy as deploycmd
+    from vllm_fleet.host import results as hostresults
+
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    spec, inv = _spec(tmp_path, server={"host": "0.0.0.0"}), _inventory(tmp_path, THREE)
+
+    def fake_run(argv, what, again, env=None):
+        hostresults.write(env[hostresults.RESULTS_ENV], [HostResult("gpu1", FAILED, "no space"), HostResult("gpu2", CHANGED),
+                                                          HostResult("gpu3", CHANGED)])
+        return 1
+
+    monkeypatch.setattr("vllm_fleet.host.pyinfra_run.run", fake_run)
+    assert deploycmd.cmd_deploy(_deploy_args(inv, spec)) == 3
+    out = capsys.readouterr().out
+    assert "lab-tiny: not serving at http://192.0.2.10/v1: gpu1 did not finish" in out and "endpoint:" not in out
+
+
+def test_deploy_with_every_host_failed_is_nothing_done_and_names_no_endpoint(tmp_path, capsys, monkeypatch):
+    from test_fleet_commands import _inventory, _spec
+    from vllm_fleet.commands import deploy as deploycmd
+    from vllm_fleet.host import results as hostresults
+
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    spec, inv = _spec(tmp_path, server={"host": "0.0.0.0"}), _inventory(tmp_path, THREE)
+
+    def fake_run(argv, what, again, env=None):
+        hostresults.write(env[hostresults.RESULTS_ENV], [HostResult(h, FAILED, "x") for h in ("gpu1", "gpu2", "gpu3")])
+        return 1
+
+    monkeypatch.setattr("vllm_fleet.host.pyinfra_run.run", fake_run)
+    assert deploycmd.cmd_deploy(_deploy_args(inv, spec)) == 4
+    out, err = capsys.readouterr()
+    assert "endpoint" not in out and "3 failed" in err and "--limit gpu1 --limit gpu2 --limit gpu3" in err

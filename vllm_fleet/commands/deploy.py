@@ -14,10 +14,19 @@
    ``--data model_verify=true`` (the model role's host data): every file of an uploaded model is
    hashed on the hosts this time, whatever the stamp of their last verified copy says.
 
-Exit codes: 0 deployed (with ``--dry``: the changes were shown, nothing was changed); 1 the spec,
-the inventory or a secret has a problem (nothing was contacted); 2 usage (also: no -y and no
-terminal to confirm on); 3 pyinfra ran and a host failed or pyinfra stopped (its output says which
-and why); 130 interrupted (Ctrl-C; one line says what may still run on the hosts).
+A problem of one host found while pyinfra plans it (sudo, disk space, a clash, a state read
+that did not complete, a download) fails that host only (roles.common.this_host_only); the
+others converge. ``--max-fail N|P%`` stops the run once more than N hosts (P percent) failed
+(pyinfra's ``--fail-percent``), ``--parallel`` is pyinfra's. The run ends with the per-host
+summary and a retry line for the failed hosts (:mod:`vllm_fleet.commands.outcome`), then the
+endpoint of each deployment that serves.
+
+Exit codes (vllm_fleet.commands.outcome): 0 every host done (with ``--dry``: the changes were
+shown, nothing was changed); 1 the spec, the inventory or a secret has a problem (nothing was
+contacted); 2 usage (also: no -y and no terminal to confirm on); 3 some hosts failed or were not
+attempted, the others are done (the summary names them); 4 nothing done (every host failed, or
+the run stopped before any finished); 130 interrupted (Ctrl-C; one line says what may still run
+on the hosts).
 
 :func:`plan` (steps 1-2) is shared by ``diff`` and ``down``. Core module: pyinfra runs as a
 subprocess, as a user runs it; nothing here imports it.
@@ -36,9 +45,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from vllm_fleet.commands.outcome import (DONE, EXIT_HELP, EXIT_INPUT, EXIT_NOTHING_DONE, EXIT_OK, EXIT_SOME_FAILED,
+                                         EXIT_USAGE, results_file)
+
 DEPLOY = "vllm_fleet.deploys.serve.serve"
 
-EXIT_OK, EXIT_INPUT, EXIT_USAGE, EXIT_PYINFRA = 0, 1, 2, 3
+
+EXIT_PYINFRA = EXIT_SOME_FAILED  # the name down and older callers use
 
 
 class PlanError(Exception):
@@ -158,14 +171,16 @@ def plan(inventory: str, spec: str | None = None, data: Sequence[str] = (), limi
 
 
 def run_pyinfra(argv: list[str], runner: Callable[[list[str]], int] | None = None, *, what: str = "vllm-fleet",
-                again: str = "") -> int:
+                again: str = "", results: str | None = None) -> int:
     """Run pyinfra with its own output on this terminal; its exit status (130 after a Ctrl-C,
-    with one line: what may still run on the hosts and ``again``, the command to run next)."""
+    with one line: what may still run on the hosts and ``again``, the command to run next).
+    ``results``: the file its per-host results go to (vllm_fleet.commands.outcome)."""
     if runner:
         return runner(argv)
+    from vllm_fleet.commands.outcome import with_results
     from vllm_fleet.host.pyinfra_run import run
 
-    return run(argv, what, again or " ".join(argv))
+    return run(argv, what, again or " ".join(argv), env=with_results(None, results) if results else None)
 
 
 def no_terminal(args: argparse.Namespace, command: str) -> bool:
@@ -178,18 +193,49 @@ def no_terminal(args: argparse.Namespace, command: str) -> bool:
     return True
 
 
+def user_options(args: argparse.Namespace, command: str) -> list[tuple[str, str | None]]:
+    """The options the user gave (``(flag, value)``, value None for a bare flag), as a command
+    that repeats this run passes them again."""
+    out: list[tuple[str, str | None]] = []
+    if args.spec:
+        out.append(("--spec", args.spec))
+    out += [("--limit", h) for h in args.limit or []]
+    out += [("--data", d) for d in args.data or []]
+    if getattr(args, "max_fail", None) is not None:
+        out.append(("--max-fail", str(args.max_fail)))
+    if getattr(args, "parallel", None):
+        out.append(("--parallel", str(args.parallel)))
+    if getattr(args, "verify", False):
+        out.append(("--verify", None))
+    if getattr(args, "purge", False):
+        out.append(("--purge", None))
+    return out
+
+
 def again_command(args: argparse.Namespace, command: str) -> str:
     """The `vllm-fleet COMMAND ... -y` that repeats this run (after a Ctrl-C)."""
     out = ["vllm-fleet", command, args.inventory]
-    if args.spec:
-        out += ["--spec", args.spec]
-    for h in args.limit or []:
-        out += ["--limit", h]
-    for d in args.data or []:
-        out += ["--data", d]
-    if getattr(args, "verify", False):
-        out.append("--verify")
+    for flag, value in user_options(args, command):
+        if flag != "--purge":  # down adds its own
+            out += [flag] + ([value] if value is not None else [])
     return " ".join(out + ["-y"])
+
+
+def retry_command(args: argparse.Namespace, command: str) -> Callable[[list[str]], str]:
+    """``hosts -> the same command on only those hosts`` (pyinfra's --limit), for the summary."""
+    from vllm_fleet.commands.outcome import retry_line
+
+    options = user_options(args, command) + ([("-y", None)] if getattr(args, "yes", False) else [])
+    return lambda hosts: retry_line(command, [args.inventory], options, hosts)
+
+
+def finish(command: str, args: argparse.Namespace, rc: int, results_path: str | None) -> tuple[int, list[Any] | None]:
+    """After pyinfra: the per-host summary and retry line (vllm_fleet.commands.outcome), and
+    ``(exit code, results)``."""
+    from vllm_fleet.commands.outcome import read_results, report
+
+    results = read_results(results_path) if results_path else None
+    return report(command, results, rc, retry_command(args, command)), results
 
 
 #: The model role's host data that ``deploy --verify`` sets (vllm_fleet/roles/model/defaults.py).
@@ -223,11 +269,12 @@ def summary(deployments: list[Deployment]) -> str:
     return "; ".join(f"{d.resolved['name']} ({os.path.relpath(d.path)}) on {', '.join(d.hosts)}" for d in deployments)
 
 
-def closing_summary(deployments: list[Deployment], write: bool = True) -> list[str]:
+def closing_summary(deployments: list[Deployment], write: bool = True, serving: set[str] | None = None) -> list[str]:
     """What a person needs after a deploy, per deployment: the endpoint, the client settings files
     on this machine (``openai.env`` is written here from the rendered client target when it
     differs; ``openai.json`` by the smoke tests), where the API key is (never the key), and one
-    command that tries the service."""
+    command that tries the service. ``serving``: the hosts the run finished (None: all); a
+    deployment none of whose hosts (or none of whose nginx hosts) finished gets one line saying so."""
     import shlex
 
     from vllm_fleet.render.files import paths
@@ -260,7 +307,15 @@ def closing_summary(deployments: list[Deployment], write: bool = True) -> list[s
             cat = ""
         auth = f"-H \"Authorization: Bearer {cat[1:-1]}\" " if cat else ""
         base = settings["base_url"]
-        out += [f"vllm-fleet deploy: {d.resolved['name']} serves {settings['model']!r} on {', '.join(d.hosts)}",
+        hosts = [h for h in d.hosts if serving is None or h in serving]
+        proxies = [h for h, files in d.rendered.items() if h != "client" and p["nginx_site"] in files]
+        if not hosts or (proxies and serving is not None and not set(proxies) & serving):
+            out.append(f"vllm-fleet deploy: {d.resolved['name']}: not serving at {base}: "
+                       f"{', '.join(sorted(set(proxies) - (serving or set()) or set(d.hosts)))} did not finish (above)")
+            continue
+        down = [h for h in d.hosts if h not in hosts]
+        out += [f"vllm-fleet deploy: {d.resolved['name']} serves {settings['model']!r} on {', '.join(hosts)}"
+                + (f" (not on {', '.join(down)}: failed or not attempted)" if down else ""),
                 f"  endpoint:  {base}",
                 f"  client:    {', '.join(files) if files else '(no client settings file written: smoke tests off?)'}",
                 f"  API key:   {settings['api_key']['where']} (never printed)",
@@ -304,18 +359,27 @@ def cmd_deploy(args: argparse.Namespace, runner: Callable[[list[str]], int] | No
     hash_models(deployments, lambda m: print(f"vllm-fleet deploy: {m}", file=sys.stderr))
     if getattr(args, "verify", False):
         data = [*data, VERIFY_DATA]
-    argv = pyinfra_argv(args.inventory, DEPLOY, data, args.limit or [], dry=args.dry, diff=args.diff, yes=args.yes)
+    argv = pyinfra_argv(args.inventory, DEPLOY, data, args.limit or [], dry=args.dry, diff=args.diff, yes=args.yes,
+                        extra=run_flags(args, deployments))
     print(f"vllm-fleet deploy: {' '.join(argv)}", file=sys.stderr)
-    rc = run_pyinfra(argv, runner, what="vllm-fleet deploy", again=again_command(args, "deploy"))
-    if rc == 130:
-        return rc
-    if rc != 0:
-        print(f"vllm-fleet deploy: pyinfra exited {rc}: see its output above (the failed host and why)", file=sys.stderr)
-        return EXIT_PYINFRA
-    if not args.dry:
-        for line in closing_summary(deployments):
+    results_path = None if runner else results_file()
+    rc = run_pyinfra(argv, runner, what="vllm-fleet deploy", again=again_command(args, "deploy"), results=results_path)
+    code, results = finish("deploy", args, rc, results_path)
+    if code == 130:
+        return code
+    if not args.dry and code != EXIT_NOTHING_DONE:
+        serving = None if results is None else {r.host for r in results if r.status in DONE}
+        for line in closing_summary(deployments, serving=serving):
             print(line)
-    return EXIT_OK
+    return code
+
+
+def run_flags(args: argparse.Namespace, deployments: list[Deployment]) -> list[str]:
+    """pyinfra's --fail-percent and --parallel for --max-fail and --parallel over the run's hosts."""
+    from vllm_fleet.commands.outcome import pyinfra_run_flags
+
+    hosts = {h for d in deployments for h in d.hosts}
+    return pyinfra_run_flags(args, len(hosts), lambda m: print(f"vllm-fleet: {m}", file=sys.stderr))
 
 
 def add_fleet_arguments(p: argparse.ArgumentParser) -> None:
@@ -328,11 +392,14 @@ def add_fleet_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def add_cli(sub: Any) -> None:
+    from vllm_fleet.commands.outcome import add_run_arguments
+
     p = sub.add_parser("deploy", help="validate, then converge the hosts with pyinfra (docs/own-servers.md)",
                        description="Validate the spec(s) against the inventory before any connection, then run pyinfra. "
-                       "Exit codes: 0 done (--dry: changes shown); 1 spec/inventory/secret problem, no host contacted; "
-                       "2 usage; 3 pyinfra failed on a host.")
+                       "A host that fails leaves the others converging; the run ends with a per-host summary and a "
+                       "line that retries the failed hosts. " + EXIT_HELP)
     add_fleet_arguments(p)
+    add_run_arguments(p)
     p.add_argument("--dry", action="store_true", help="show what would change; change nothing (not even here)")
     p.add_argument("--diff", action="store_true", help="pyinfra's --diff: show file diffs while it runs")
     p.add_argument("--verify", action="store_true",

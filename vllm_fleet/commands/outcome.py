@@ -57,7 +57,7 @@ EXIT_HELP = ("Exit codes: 0 all done (--dry: the plan shown); 1 spec/inventory/s
 
 DONE = (CONVERGED, CHANGED, WOULD_CHANGE)
 __all__ = ["CHANGED", "CONVERGED", "FAILED", "NOT_ATTEMPTED", "WOULD_CHANGE", "HostResult", "MaxFail", "parse_max_fail",
-           "exit_code", "summary_lines", "retry_line", "add_run_arguments", "pyinfra_run_flags", "results_file"]
+           "exit_code", "summary_lines", "retry_line", "report", "add_run_arguments", "pyinfra_run_flags", "results_file"]
 
 
 @dataclass(frozen=True)
@@ -161,12 +161,12 @@ def retry_hosts(results: Iterable[HostResult]) -> list[str]:
 
 def retry_line(command: str, positional: Sequence[str], options: Sequence[tuple[str, str | None]], hosts: Sequence[str]) -> str:
     """``vllm-fleet COMMAND POSITIONAL... OPTIONS... --limit H ... `` on ``hosts`` only, quoted for a
-    shell. ``options``: ``(flag, value)`` pairs as the user gave them (value None: a bare flag),
-    without their ``--limit`` (replaced by the hosts)."""
+    shell. ``options``: ``(flag, value)`` pairs as the user gave them (value None: a bare flag,
+    put last); their ``--limit`` is replaced by the hosts."""
     out = ["vllm-fleet", command, *positional]
     flags: list[str] = []
     for flag, value in options:
-        if flag in ("--limit", "-y", "--yes"):
+        if flag == "--limit":
             continue
         if value is None:
             flags.append(flag)
@@ -196,6 +196,25 @@ def summary_lines(command: str, results: Sequence[HostResult], retry: str | None
     if retry and (by[FAILED] or by[NOT_ATTEMPTED]):
         lines.append(f"  retry only those: {retry}")
     return lines
+
+
+def report(command: str, results: Sequence[HostResult] | None, rc: int, retry: Callable[[list[str]], str] | None = None,
+           say: Callable[[str], None] | None = None, unit: str = "host") -> int:
+    """End a run: the per-host summary (with ``retry(hosts)``'s line when hosts failed) told to
+    ``say`` (default: stderr), and the exit code (:func:`exit_code`)."""
+    import sys
+
+    say = say or (lambda m: print(m, file=sys.stderr))
+    if rc == EXIT_INTERRUPTED:
+        return EXIT_INTERRUPTED
+    if results is None:
+        if rc != 0:
+            say(f"vllm-fleet {command}: pyinfra exited {rc} and left no per-host results: see its output above")
+        return exit_code(None, rc)
+    again = retry_hosts(results)
+    for line in summary_lines(command, results, retry(again) if retry and again else None, unit):
+        say(line)
+    return exit_code(results, rc)
 
 
 def results_file() -> str:

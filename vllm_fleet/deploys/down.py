@@ -23,7 +23,7 @@ from pyinfra.operations.util import any_changed
 from vllm_fleet.host.programs import argv as cmd
 from vllm_fleet.render import files as render
 from vllm_fleet.roles import model
-from vllm_fleet.roles.common import load_deploy_spec, preflight, remove, rendered_for_host
+from vllm_fleet.roles.common import load_deploy_spec, preflight, remove, rendered_for_host, this_host_only
 from vllm_fleet.roles.common.state import role_state, unknown
 from vllm_fleet.roles.parts import PARTS, removals
 from vllm_fleet.roles.service import purging
@@ -36,8 +36,9 @@ def down() -> None:
     rendered = rendered_for_host(ctx)
     if not rendered:
         return
-    preflight()
-    remove_deployment(spec=ctx.spec, rendered=rendered)
+    with this_host_only():  # a problem of this host (sudo, its state read) fails it alone
+        preflight()
+        remove_deployment(spec=ctx.spec, rendered=rendered)
 
 
 @deploy("Remove the deployment", data_defaults=DEFAULTS)

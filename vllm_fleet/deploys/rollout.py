@@ -27,7 +27,7 @@ from pyinfra import host
 
 from vllm_fleet.host.state import Query
 from vllm_fleet.render.layout import HostLayout
-from vllm_fleet.roles.common import DeployContext, DeployError, host_layout, load_deploy_spec, write_generated_secrets
+from vllm_fleet.roles.common import DeployContext, DeployError, host_layout, load_deploy_spec, this_host_only, write_generated_secrets
 from vllm_fleet.roles.common.state import load_host_state
 
 #: The instances of the batch being updated (``HOST:N``, comma-separated; a host name: all of its).
@@ -63,6 +63,12 @@ def rollout_step() -> None:
                           "redeploy a multi-node server with deploys/serve.py; no host was changed")
     if step not in ("upstream", "update"):
         raise DeployError(f"VLLM_FLEET_ROLLOUT_STEP must be `upstream` or `update` (got {step!r}); `vllm-fleet rollout` sets it")
+    with this_host_only():  # a problem of this host fails it alone (the rollout reads which)
+        _step_host(ctx, spec, h, node, rendered, step, drain_timeout, batch)
+
+
+def _step_host(ctx: DeployContext, spec: dict, h: HostLayout, node, rendered: dict, step: str, drain_timeout: float,
+               batch: set[str]) -> None:
     if node is None:
         host.noop(f"no part of {spec['name']} on this host")
         return

@@ -34,7 +34,7 @@ from vllm_fleet.deploys.down import remove_deployment
 from vllm_fleet.host.state import Query, Snapshot
 from vllm_fleet.render.layout import HostLayout
 from vllm_fleet.roles.common import (DeployContext, clash, host_layout, load_deploy_spec, preflight, relayout_host, remove,
-                                     write_generated_secrets)
+                                     this_host_only, write_generated_secrets)
 from vllm_fleet.roles.common.state import load_host_state
 from vllm_fleet.roles.nvidia import gpumem
 from vllm_fleet.roles.parts import host_query, host_steps
@@ -57,8 +57,15 @@ def state_query(ctx: DeployContext, h: HostLayout | None) -> Query:
 
 
 def serve() -> None:
-    """Converge the current host (pyinfra runs this once per inventory host)."""
+    """Converge the current host (pyinfra runs this once per inventory host). A problem of the
+    fleet (the specs, the layout) stops every host; a problem of this host (sudo, disk space, a
+    clash, a state read that did not complete, a download) fails this host only (this_host_only)."""
     ctx = load_deploy_spec()
+    with this_host_only():
+        serve_host(ctx)
+
+
+def serve_host(ctx: DeployContext) -> None:
     h = host_layout(ctx)
     if h is None or not h.parts:
         # nothing of this deploy here, but an earlier deploy may have put a deployment of it here

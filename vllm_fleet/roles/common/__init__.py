@@ -15,12 +15,14 @@ from typing import Any
 
 from pyinfra import host, inventory, logger
 from pyinfra.api import FileUploadCommand, operation
+from pyinfra.api.exceptions import DeployError as PyinfraDeployError
 from pyinfra.api.exceptions import PyinfraError
 from pyinfra.facts.files import File, Sha256File
 
 from vllm_fleet.host.programs import argv, chain
 from vllm_fleet.host.network import Ipv4Interfaces, detect_ifname
 from vllm_fleet.host.pyinfra_run import install_sigint
+from vllm_fleet.host.results import fail_host
 from vllm_fleet.render.layout import SERVICE_PARTS, UNIT_SUFFIXES, Layout, LayoutError, build, render_entry
 from vllm_fleet.render.secrets import SecretError, read_spec_secrets, write_generated
 from vllm_fleet.roles.common import progress
@@ -78,7 +80,38 @@ _GENERATED: dict[Path, str] = {}  # generate: true secrets planned this run ({pa
 
 
 class DeployError(PyinfraError):
-    """A problem found before any host is touched (bad spec, missing secret)."""
+    """A problem found before any host is touched (bad spec, missing secret), or, raised while one
+    host's operations are planned (inside :func:`this_host_only`), a problem of that host."""
+
+
+#: What a role raises about the host it plans (the sudo preflight, NoSpace, StateUnknown, a clash,
+#: a download that failed): inside :func:`this_host_only` it fails that host only.
+HOST_PROBLEMS: tuple[type[Exception], ...] = (DeployError, PyinfraDeployError)
+
+
+@contextmanager
+def this_host_only():
+    """Plan the current host's operations; a problem of this host (:data:`HOST_PROBLEMS`) fails
+    THIS host the pyinfra way (vllm_fleet.host.results.fail_host: ``state.fail_hosts``, its error
+    printed with the host's prefix, pyinfra's ``--fail-percent`` checked) and the other hosts go
+    on. Code after the block still runs: put the rest of the host's planning inside it.
+    What :func:`load_deploy_spec` raises (a bad spec, a layout that does not fit) is the fleet's
+    problem and stays outside: it stops every host before any operation exists.
+
+    **Example:**
+
+    .. code:: python
+
+        ctx = load_deploy_spec()
+        with this_host_only():
+            preflight()
+            ...
+    """
+    try:
+        yield
+    except HOST_PROBLEMS as exc:
+        # the message was written for a run that stops here; the other hosts go on
+        fail_host(host, str(exc).replace("no host was changed", "nothing was changed on this host"))
 
 
 def spec_paths(h: Any = None) -> list[str]:
