@@ -262,3 +262,21 @@ def test_deploy_with_every_host_failed_is_nothing_done_and_names_no_endpoint(tmp
     assert deploycmd.cmd_deploy(_deploy_args(inv, spec)) == 4
     out, err = capsys.readouterr()
     assert "endpoint" not in out and "3 failed" in err and "--limit gpu1 --limit gpu2 --limit gpu3" in err
+
+
+def test_a_retry_on_a_server_only_leaves_the_proxy_outside_the_run_serving(tmp_path, capsys, monkeypatch):
+    from test_fleet_commands import _inventory, _spec
+    from vllm_fleet.commands import deploy as deploycmd
+    from vllm_fleet.host import results as hostresults
+
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    spec, inv = _spec(tmp_path, server={"host": "0.0.0.0"}), _inventory(tmp_path, THREE)
+
+    def fake_run(argv, what, again, env=None):
+        hostresults.write(env[hostresults.RESULTS_ENV], [HostResult("gpu3", CONVERGED)])
+        return 0
+
+    monkeypatch.setattr("vllm_fleet.host.pyinfra_run.run", fake_run)
+    assert deploycmd.cmd_deploy(_deploy_args(inv, spec, "--limit", "gpu3")) == 0
+    out = capsys.readouterr().out
+    assert "lab-tiny serves 'tiny' on gpu3" in out and "endpoint:  http://192.0.2.10/v1" in out and "not serving" not in out

@@ -30,6 +30,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 import time
@@ -39,7 +40,7 @@ import pytest
 import yaml
 
 from labkit import REPO, LabHost, copy_tree, run
-from test_deploy import changed_ops, grand_total
+from test_deploy import changed_ops, curl, grand_total
 
 pytestmark = pytest.mark.lab
 
@@ -225,6 +226,39 @@ def test_second_deploy_changes_nothing(fleet):
     total = grand_total(r.out)
     assert total["changed"] == "-" and total["error"] == "-", (changed_ops(r.out), total)
     RESULTS["noop_deploy_s"] = round(r.elapsed, 1)
+
+
+def test_a_host_that_fails_while_planned_fails_alone_and_its_retry_line_converges_it(fleet):
+    """(issue 36, item 4) lab2's user loses its sudo (the sudoers file moved aside, as root): the
+    deploy's preflight fails lab2 alone, lab1 converges; exit 3 ("some hosts failed"), the summary
+    names lab2 and why, and its retry line, run as printed once sudo is back, contacts lab2 only
+    and converges it. Read with OpenSSH (systemctl, sudo) and curl through nginx."""
+    lab1, lab2 = fleet["lab1"], fleet["lab2"]
+    pids = {(h.name, u): main_pid(h, u) for h, u in ((lab1, UNIT0), (lab1, UNIT1), (lab2, UNIT0))}
+    lab2.ssh("mv /etc/sudoers.d/lab /root/sudoers-lab.off", user="root")
+    try:
+        assert lab2.ssh("sudo -n true", check=False).returncode != 0  # the fault is real
+        r = run([sys.executable, "-m", "vllm_fleet", "deploy", str(fleet["inv"]), "--spec", str(fleet["specs"]["base"]), "-y"])
+    finally:
+        lab2.ssh("mv /root/sudoers-lab.off /etc/sudoers.d/lab", user="root", check=False)
+    RESULTS["one_host_failed_deploy_s"] = round(r.elapsed, 1)
+    assert r.returncode == 3, r.out[-5000:]
+    assert re.search(r"failed: +lab2: host lab2: user lab cannot run sudo without a password", r.out), r.out[-5000:]
+    assert re.search(r"converged: +lab1$", r.out, re.M), r.out[-3000:]
+    retry = re.search(r"retry only those: (.*)$", r.out, re.M).group(1)
+    argv = shlex.split(retry)
+    assert argv == ["vllm-fleet", "deploy", str(fleet["inv"]), "--spec", str(fleet["specs"]["base"]), "--limit", "lab2", "-y"]
+    assert lab2.ssh("sudo -n true", check=False).returncode == 0
+    again = run([sys.executable, "-m", "vllm_fleet", *argv[1:]])
+    RESULTS["retry_line_deploy_s"] = round(again.elapsed, 1)
+    assert again.returncode == 0, again.out[-5000:]
+    assert re.search(r"1 host\(s\): 0 failed, 0 changed, 1 converged", again.out) and "converged:     lab2" in again.out, again.out[-3000:]
+    assert "[lab1]" not in again.out and "[lab2] Connected" in again.out  # pyinfra's --limit: lab2 only
+    # nothing restarted anywhere; every replica answers through nginx
+    assert {k: main_pid(lab1 if k[0] == "lab1" else lab2, k[1]) for k in pids} == pids
+    codes = [curl("-s", "-o", "/dev/null", "-w", "%{http_code}", "--max-time", "10", f"http://{lab1.address}/health").stdout
+             for _ in range(6)]
+    assert codes == ["200"] * 6, codes
 
 
 def test_status_has_one_row_per_instance(fleet):

@@ -308,7 +308,8 @@ def closing_summary(deployments: list[Deployment], write: bool = True, serving: 
         auth = f"-H \"Authorization: Bearer {cat[1:-1]}\" " if cat else ""
         base = settings["base_url"]
         hosts = [h for h in d.hosts if serving is None or h in serving]
-        proxies = [h for h, files in d.rendered.items() if h != "client" and p["nginx_site"] in files]
+        # its nginx hosts in this run (one outside --limit serves as it did)
+        proxies = [h for h, files in d.rendered.items() if h in d.hosts and p["nginx_site"] in files]
         if not hosts or (proxies and serving is not None and not set(proxies) & serving):
             out.append(f"vllm-fleet deploy: {d.resolved['name']}: not serving at {base}: "
                        f"{', '.join(sorted(set(proxies) - (serving or set()) or set(d.hosts)))} did not finish (above)")

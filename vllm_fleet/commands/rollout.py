@@ -14,9 +14,12 @@ For each batch, each step a run of the packaged deploy ``vllm_fleet.deploys.roll
    runs changed, wait for /health), then a smoke test of each instance itself;
 3. ``upstream`` on the proxy hosts: the batch back in.
 
-The first failed step stops the rollout: the batch stays out of the upstream, the replicas not
-yet updated keep serving the old configuration, and the exit code is 1 with what failed and what
-to do. A later rollout of the same deployment (from this machine) starts with the replicas a
+The first failed step stops the rollout (``--max-fail N|P%``: only once more than N replicas,
+P percent of them, failed; replicas of a failed host stay out of the upstream and the next
+batches go on): the failed replicas stay out of the upstream, the replicas not yet updated keep
+serving the old configuration. The run ends with a per-replica summary, a line that retries the
+failed ones (``--limit`` their hosts) and the exit codes of :mod:`vllm_fleet.commands.outcome`: 0
+all updated, 1 bad spec/inventory (no host changed), 3 some replicas failed, 4 none updated. A later rollout of the same deployment (from this machine) starts with the replicas a
 failed one left out. pyinfra's own ``--serial`` order is arbitrary: the order here is the
 inventory's. Never more than one batch is out of the upstream (plus those a failed rollout
 left out, which serve nothing).
@@ -37,6 +40,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from vllm_fleet.commands.outcome import CHANGED, CONVERGED, FAILED, NOT_ATTEMPTED, HostResult, MaxFail
 from vllm_fleet.host.rollout_step import failure_tail, run_step, step_command
 from vllm_fleet.specs.inventory import for_pyinfra, spec_for
 
@@ -107,6 +111,8 @@ class Step:
     ok: bool
     seconds: float
     detail: str = ""
+    #: host -> status from the pyinfra child's results (vllm_fleet.host.results); empty: none written
+    results: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -119,6 +125,8 @@ class RolloutResult:
     left_out: list[str] = field(default_factory=list)
     seconds: float = 0.0
     log_dir: str = ""
+    #: per replica (``HOST:N``): converged / changed / failed (why) / not attempted
+    replicas: list[HostResult] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -140,7 +148,8 @@ class Rollout:
     def __init__(self, inventory: str, spec_path: str, *, size: int | None = None, percent: float | None = None,
                  drain_timeout: float | None = None, pyinfra: str | None = None, cwd: str | None = None,
                  state_dir: str = STATE_DIR, say: Callable[[str], None] = print,
-                 runner: Callable[[list[str], dict[str, str]], tuple[int, str]] | None = None, data: Sequence[str] = ()):
+                 runner: Callable[[list[str], dict[str, str]], tuple[int, str]] | None = None, data: Sequence[str] = (),
+                 max_fail: MaxFail | None = None, limit: Sequence[str] = ()):
         from vllm_fleet.specs.pipeline import load_checked
         from vllm_fleet.specs.load import SpecError
 
@@ -167,6 +176,18 @@ class Rollout:
             percent = ro.get("batch_percent")
             size = None if percent is not None else ro["batch_size"]
         self.size = batch_size(len(self.servers), size, percent)
+        self.all_servers = list(self.servers)  # what "every replica out of the upstream" counts
+        if limit:  # pyinfra's --limit: group names or globs of host names (the retry line's)
+            from vllm_fleet.commands.deploy import PlanError, select
+
+            try:
+                hosts = select(self.hosts, list(limit))
+            except PlanError as exc:
+                raise RolloutError("; ".join(exc.lines)) from None
+            self.servers = [s for s in self.servers if _host_of(s) in hosts]
+            if not self.servers:
+                raise RolloutError(f"--limit {','.join(limit)}: no replica of {self.spec['name']} on those hosts")
+        self.max_fail = max_fail or MaxFail(count=0)  # default: the first failure stops the rollout
         self.drain_timeout = float(drain_timeout if drain_timeout is not None else ro["drain_timeout"])
         self.state_dir = Path(os.path.expanduser(state_dir))
         self.state_file = self.state_dir / f"{self.spec['name']}.json"
@@ -196,18 +217,25 @@ class Rollout:
     # -- running pyinfra ----------------------------------------------------------------------
 
     def _subprocess(self, argv: list[str], env: dict[str, str]) -> tuple[int, str]:
-        return run_step(argv, env, cwd=self.cwd)
+        from vllm_fleet.host.pyinfra_run import child_argv
+
+        return run_step(child_argv(argv), env, cwd=self.cwd)  # pyinfra's CLI, writing its per-host results
 
     def _step(self, result: RolloutResult, index: int, step: str, limit: list[str], down: list[str], log: Path,
               update: list[str] | None = None) -> Step:
         argv, env = step_command(self.pyinfra, for_pyinfra(self.inventory), self.spec_path, step, limit=limit, down=down,
                                  drain_timeout=self.drain_timeout, update=update, data=self.data)
+        from vllm_fleet.commands.outcome import read_results, results_file, with_results
+
+        path = results_file()
         t0 = time.monotonic()
-        rc, out = self.runner(argv, env)
+        rc, out = self.runner(argv, with_results(env, path))
         seconds = time.monotonic() - t0
+        results = {r.host: r.status for r in read_results(path) or []}
         with log.open("a") as f:
             f.write(f"\n===== batch {index} step {step} on {','.join(limit)} (down: {','.join(down) or '-'}): rc {rc}, {seconds:.1f} s\n{out}")
-        s = Step(index, step, list(limit), rc == 0, round(seconds, 1), "; ".join(_noted(out)) if rc == 0 else failure_tail(out))
+        s = Step(index, step, list(limit), rc == 0, round(seconds, 1), "; ".join(_noted(out)) if rc == 0 else failure_tail(out),
+                 results)
         result.steps.append(s)
         return s
 
@@ -224,35 +252,87 @@ class Rollout:
         n = len(self.batches)
         self.say(f"rollout {name}: {len(self.servers)} replica(s) {', '.join(self.servers)}; "
                  f"{n} batch(es): {' | '.join(','.join(b) for b in self.batches)}; proxy {', '.join(self.proxies)}; "
-                 f"drain at most {self.drain_timeout:.0f} s; log {log}")
+                 f"drain at most {self.drain_timeout:.0f} s; stop once more than {self.max_fail} replica(s) failed; log {log}")
+        out: list[str] = []  # replicas of this run that failed: they stay out of the upstream
+        done: dict[str, HostResult] = {}
+        stopped = ""
+
+        def step(i: int, label: str, what: str, name: str, limit: list[str], down: list[str], update: list[str] | None = None) -> Step:
+            s = self._step(result, i, name, limit, down, log, update=update)
+            self.say(f"  {label}: {what}: {'ok' if s.ok else 'FAILED'} in {s.seconds:.1f} s" + (f" ({s.detail})" if s.ok and s.detail else ""))
+            return s
+
+        def finished(r: str, s: Step) -> HostResult:
+            return HostResult(r, CONVERGED if s.results.get(_host_of(r)) == CONVERGED else CHANGED)
+
         for i, batch in enumerate(self.batches, start=1):
             label = f"batch {i}/{n} ({', '.join(batch)})"
+            if out and len(set(out) | set(batch)) >= len(self.all_servers):
+                stopped = f"batch {i} would take every replica out of the upstream, with the failed ones"
+                self.say(f"  {label}: not started: {stopped}")
+                break
             batch_hosts = list(dict.fromkeys(_host_of(b) for b in batch))
-            for step, limit, down in (("upstream", self.proxies, batch), ("update", batch_hosts, batch), ("upstream", self.proxies, [])):
-                what = {"upstream": "out of the upstream" if down else "back into the upstream", "update": "drain, update, check"}[step]
-                s = self._step(result, i, step, limit, down, log, update=batch if step == "update" else None)
-                self.say(f"  {label}: {what}: {'ok' if s.ok else 'FAILED'} in {s.seconds:.1f} s"
-                         + (f" ({s.detail})" if s.ok and s.detail else ""))
-                if not s.ok:
-                    result.failed_batch = i
-                    result.left_out = list(batch)
-                    result.seconds = round(time.monotonic() - t0, 1)
-                    self._save_left_out(batch)
-                    self._explain_failure(result, i, what, batch, s, log)
-                    return result
-        result.ok = True
+            s = step(i, label, "out of the upstream", "upstream", self.proxies, out + batch)
+            if not s.ok:  # nginx on the proxy: every replica's problem, never one to go past
+                for r in batch:
+                    done[r] = HostResult(r, FAILED, f"taking it out of the upstream on {', '.join(self.proxies)} failed: {_one_line(s.detail)}")
+                out, stopped = out + batch, f"the nginx change on {', '.join(self.proxies)} failed"
+                result.left_out = out
+                self._explain_failure(result, i, "out of the upstream", batch, s, log)
+                break
+            s = step(i, label, "drain, update, check", "update", batch_hosts, out + batch, update=batch)
+            bad: list[str] = []
+            if not s.ok:  # the replicas of the hosts pyinfra failed (the whole batch when it wrote no results)
+                failed_hosts = {h for h, st in s.results.items() if st not in (CHANGED, CONVERGED)} if s.results else set(batch_hosts)
+                bad = [r for r in batch if _host_of(r) in failed_hosts] or list(batch)
+            for r in batch:
+                done[r] = HostResult(r, FAILED, f"drain, update, check failed: {_one_line(s.detail)}") if r in bad else finished(r, s)
+            good = [r for r in batch if r not in bad]
+            if good:
+                back = step(i, label, "back into the upstream", "upstream", self.proxies, out + bad)
+                if not back.ok:
+                    for r in good:
+                        done[r] = HostResult(r, FAILED, f"updated, but putting it back into the upstream failed: {_one_line(back.detail)}")
+                    out, stopped = out + batch, f"the nginx change on {', '.join(self.proxies)} failed"
+                    result.left_out = out
+                    self._explain_failure(result, i, "back into the upstream", batch, back, log)
+                    break
+            if bad:
+                out = out + bad
+                result.failed_batch = result.failed_batch or i
+                fatal = self.max_fail.exceeded(len(out), len(self.servers))
+                self._save_left_out(out)
+                result.left_out = out
+                self._explain_failure(result, i, "drain, update, check", bad, s, log, stopped=fatal)
+                if fatal:
+                    stopped = f"more than {self.max_fail} replica(s) failed"
+                    break
+                self.say(f"  {len(out)} of {len(self.servers)} replica(s) failed, within --max-fail {self.max_fail}: "
+                         f"{', '.join(out)} stay out of the upstream; the rollout goes on")
+        if out and result.failed_batch is None:
+            result.failed_batch = i
+        result.left_out = out
+        result.replicas = [done.get(r) or HostResult(r, NOT_ATTEMPTED, f"the rollout stopped ({stopped})" if stopped else "")
+                           for r in self.servers]
+        result.ok = not out and not stopped
         result.seconds = round(time.monotonic() - t0, 1)
-        self._save_left_out([])
-        self.say(f"rollout {name}: done, {len(self.servers)} replica(s) in {n} batch(es) in {result.seconds:.1f} s")
+        self._save_left_out(out)
+        if result.ok:
+            self.say(f"rollout {name}: done, {len(self.servers)} replica(s) in {n} batch(es) in {result.seconds:.1f} s")
+        elif stopped and not out:
+            self.say(f"rollout {name}: stopped: {stopped}")
         return result
 
-    def _explain_failure(self, result: RolloutResult, i: int, what: str, batch: list[str], s: Step, log: Path) -> None:
-        done = [h for b in self.batches[:i - 1] for h in b]
+    def _explain_failure(self, result: RolloutResult, i: int, what: str, batch: list[str], s: Step, log: Path,
+                         stopped: bool = True) -> None:
+        out = set(result.left_out) | set(batch)  # this run's failed replicas, out of the upstream
+        done = [h for b in self.batches[:i - 1] for h in b if h not in out]
         untouched = [h for b in self.batches[i:] for h in b]
-        serving = [h for h in self.servers if h not in batch]
+        serving = [h for h in self.servers if h not in out]
         inv, spec = self.inventory, self.spec_path
         port = self.spec["server"]["port"]
-        lines = [f"rollout {result.name}: batch {i}/{len(self.batches)} ({', '.join(batch)}) FAILED at `{what}`; the rollout stopped.",
+        lines = [f"rollout {result.name}: batch {i}/{len(self.batches)} ({', '.join(batch)}) FAILED at `{what}`; "
+                 + ("the rollout stopped." if stopped else f"the rollout goes on (--max-fail {self.max_fail})."),
                  "  what failed:", *("    " + line for line in s.detail.splitlines())]
         if what == "out of the upstream":
             lines.append(f"  the nginx change on {', '.join(self.proxies)} failed (nginx -t or reload): the upstream is as it was, "
@@ -271,6 +351,15 @@ class Rollout:
         self.say("\n".join(lines))
 
 
+def _one_line(text: str) -> str:
+    """The first line of a failed step's output that says why (else its last line)."""
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    why = [ln for ln in lines if re.search(r"Error|error:|FAIL|not healthy", ln)]
+    line = (why or lines or [""])[-1 if not why else 0]
+    line = re.sub(r"^(\[[^]]+\]\s*)?([A-Za-z]+Error:\s*)?", "", line)
+    return line if len(line) <= 240 else line[:237] + "..."
+
+
 def format_table(result: RolloutResult) -> str:
     rows = [("batch", "step", "hosts", "ok", "seconds")]
     for s in result.steps:
@@ -280,17 +369,21 @@ def format_table(result: RolloutResult) -> str:
 
 
 def cmd_rollout(args: argparse.Namespace) -> int:
+    from vllm_fleet.commands.outcome import EXIT_INPUT, report, retry_line
+
     try:  # --spec, else the inventory's (vllm_fleet.specs.source): one spec for all replicas
         spec = spec_for(args.inventory, args.spec, args.data or [])
     except ValueError as exc:
         print(f"vllm-fleet rollout: {exc}; no host was changed", file=sys.stderr)
-        return 1
+        return EXIT_INPUT
+    say = (lambda m: print(m, file=sys.stderr)) if args.json else print
     try:
         ro = Rollout(args.inventory, spec, size=args.batch_size, percent=args.batch_percent,
-                     drain_timeout=args.drain_timeout, data=args.data or [], say=(lambda m: print(m, file=sys.stderr)) if args.json else print)
+                     drain_timeout=args.drain_timeout, data=args.data or [], say=say,
+                     max_fail=getattr(args, "max_fail", None), limit=getattr(args, "limit", None) or [])
     except RolloutError as exc:
         print(f"vllm-fleet rollout: {exc}; no host was changed", file=sys.stderr)
-        return 1
+        return EXIT_INPUT
     if args.dry:
         return _dry(ro, args)
     result = ro.run()
@@ -298,7 +391,17 @@ def cmd_rollout(args: argparse.Namespace) -> int:
         print(json.dumps(result.as_dict(), indent=2))
     else:
         print(format_table(result))
-    return 0 if result.ok else 1
+    options = [("--spec", args.spec)] if args.spec else []
+    options += [("--data", d) for d in args.data or []]
+    for flag, value in (("--batch-size", args.batch_size), ("--batch-percent", args.batch_percent),
+                        ("--drain-timeout", args.drain_timeout), ("--max-fail", getattr(args, "max_fail", None))):
+        if value is not None:
+            options.append((flag, f"{value:g}" if isinstance(value, float) else str(value)))
+
+    def retry(replicas: list[str]) -> str:  # --limit their hosts (a batch is instances, a limit hosts)
+        return retry_line("rollout", [args.inventory], options, list(dict.fromkeys(_host_of(r) for r in replicas)))
+
+    return report("rollout", result.replicas, 0 if result.ok else 1, retry, say=say, unit="replica")
 
 
 def _dry(ro: Rollout, args: argparse.Namespace) -> int:
@@ -337,6 +440,13 @@ def add_cli(sub: Any) -> None:
     g.add_argument("--batch-size", type=count(1, 10_000), help="instances per batch (default: the spec's rollout.batch_size, 1)")
     g.add_argument("--batch-percent", type=number(0, 100), help="replicas per batch as a percentage, rounded down, at least 1")
     p.add_argument("--drain-timeout", type=number(0, 86400, lo_open=False), help="seconds to wait for in-flight requests (default: rollout.drain_timeout)")
+    from vllm_fleet.commands.outcome import EXIT_HELP, add_run_arguments
+
+    add_run_arguments(p, max_fail_default="0", parallel=False)
+    p.add_argument("--limit", action="append", metavar="HOSTS",
+                   help="only the replicas on these hosts or groups (pyinfra's --limit; repeatable): the retry line's")
+    p.description = ("Replicas updated batch by batch behind nginx; the first failure stops the rollout (--max-fail: "
+                     "once more than N replicas failed). " + EXIT_HELP)
     p.add_argument("--dry", action="store_true", help="print the batches and what each would change (vllm-fleet diff's files; nothing is changed)")
     p.add_argument("--json", action="store_true", help="print the result as JSON (progress goes to stderr)")
     p.set_defaults(func=cmd_rollout)
