@@ -114,6 +114,7 @@ class Deployment:
 def plan(inventory: str, spec: str | None = None, data: Sequence[str] = (), limit: Sequence[str] = ()) -> tuple[list[Deployment], list[str]]:
     """Steps 1-2: (deployments, pyinfra --data arguments). Raise PlanError listing every problem."""
     from vllm_fleet.render import files as render
+    from vllm_fleet.render.layout import LayoutError
     from vllm_fleet.specs import load as specmod
     from vllm_fleet.render.secrets import SecretError, read_spec_secrets
     from vllm_fleet.specs.source import DATA_KEY, SpecSourceError, spec_source
@@ -158,13 +159,13 @@ def plan(inventory: str, spec: str | None = None, data: Sequence[str] = (), limi
             continue
         inv = layout_inventory({n: hosts[n] for n in names})
         try:
-            rendered = render.render(resolved, inv)
-        except render.RenderError as exc:
+            lay = render.build([resolved], inv, sources={resolved["name"]: path})
+        except LayoutError as exc:
             problems.append(f"{path}: {exc}")
             continue
-        out.append(Deployment(path, resolved, loaded.base_dir, mine, inv, rendered,
-                              {n: hosts[n]["data"] for n in names}, [f"{path}: {p.format()}" for p in warnings],
-                              secrets, generated))
+        out.append(Deployment(path, resolved, loaded.base_dir, mine, inv, lay.files(),
+                              {n: hosts[n]["data"] for n in names},
+                              [f"{path}: {p.format()}" for p in warnings] + list(lay.warnings), secrets, generated))
     if problems:
         raise PlanError(problems)
     return out, data

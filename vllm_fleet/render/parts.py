@@ -193,6 +193,8 @@ class Layout:
     #: Scratch space of one deploy for the roles (e.g. roles.ray: every Ray node's operations,
     #: so that one host's conditions see the others'); empty in a new layout.
     shared: dict[str, Any] = field(default_factory=dict)
+    #: what is allowed but costly, with the fix (e.g. :data:`MANY_PROXIES` servers without a `proxy` group)
+    warnings: list[str] = field(default_factory=list)
 
     def files(self) -> dict[str, dict[str, Any]]:
         """{target: {path: RenderedFile}}, the ``client`` target last (what ``render`` returns)."""
@@ -379,8 +381,23 @@ def _add_instances(resolved: dict[str, Any], nodes: list[Node], down: set[str], 
                 inst.down = host_down or inst.id in down
 
 
+#: Server hosts of one deployment from which having no `proxy` group earns a warning: nginx then
+#: runs on every server host with every replica in its upstream, and every replica's API firewall
+#: lists every one of them, so what is rendered grows as the square of the servers (measured:
+#: docs/rollout.md, "Many servers").
+MANY_PROXIES = 8
+
+
+def no_proxy_group_warning(source: str, name: str, servers: int) -> str:
+    return (f"{source}: proxy: no host of the inventory is in the `proxy` group, so nginx runs on each of the {servers} "
+            f"server hosts of {name}, each with all {servers}+ replicas in its upstream, and each replica's API firewall "
+            f"lists all {servers} of them: the rendered files and every change to them grow as {servers} x {servers}. "
+            "Fix: put one or two hosts in the inventory's `proxy` group (a proxy may also be a server), "
+            "or set proxy.enabled: false in this spec if clients reach the replicas without nginx")
+
+
 def _host_parts(resolved: dict[str, Any], inventory: dict[str, dict[str, Any]], down: set[str], problems: list[str],
-                source: str) -> list[Node]:
+                source: str, warnings: list[str] | None = None) -> list[Node]:
     """One deployment's nodes on the inventory's hosts (the old renderer's rules, with groups
     fixed to :data:`GROUPS`)."""
     name = resolved["name"]
@@ -409,6 +426,8 @@ def _host_parts(resolved: dict[str, Any], inventory: dict[str, dict[str, Any]], 
     if proxy_on and not any("proxy" in n.roles for n in out):
         for s in servers:  # no proxy group: nginx runs on each server host
             s.roles.add("proxy")
+        if len(servers) >= MANY_PROXIES and warnings is not None:
+            warnings.append(no_proxy_group_warning(source, name, len(servers)))
     out = [n for n in out if n.roles]
     _add_instances(resolved, out, down, problems, source)
     _decide_routing(resolved, out)
@@ -691,7 +710,7 @@ def _cross_checks(layout_hosts: dict[str, HostLayout], deployments: dict[str, di
 
 
 def _inventory_hosts(hosts: dict[str, HostLayout], deployments: dict[str, dict[str, Any]], inventory: dict[str, dict[str, Any]],
-                     down: set[str], sources: dict[str, str], problems: list[str]) -> None:
+                     down: set[str], sources: dict[str, str], problems: list[str], warnings: list[str] | None = None) -> None:
     """Fill ``hosts`` with every inventory host and each deployment's parts there, then check them
     across deployments. Bad host data raises :class:`LayoutError` at once (nothing reads a value it did not check)."""
     # host data first, every host's at once: nothing below reads a value it did not check
@@ -707,7 +726,7 @@ def _inventory_hosts(hosts: dict[str, HostLayout], deployments: dict[str, dict[s
         hosts[host] = HostLayout(host, address, str(data.get("private_address") or address), data,
                                  order=order if order is not None else 10000 + n)
     for name, r in deployments.items():
-        for node in _host_parts(r, inventory, down, problems, sources[name]):
+        for node in _host_parts(r, inventory, down, problems, sources[name], warnings):
             hosts[node.target].parts[name] = node
     for host, hl in hosts.items():
         if hl.parts and not is_address_or_hostname(hl.address):
@@ -746,11 +765,12 @@ def build_parts(specs: Sequence[dict[str, Any]] | dict[str, Any], inventory: dic
             for node in nodes:
                 h = hosts.setdefault(node.target, HostLayout(node.target, node.address, node.private, {}))
                 h.parts[name] = node
-    else:
-        _inventory_hosts(hosts, deployments, inventory, down_set, src, problems)
+    warnings: list[str] = []
+    if inventory is not None:
+        _inventory_hosts(hosts, deployments, inventory, down_set, src, problems, warnings)
     if problems:
         raise LayoutError(problems)
-    return Layout(deployments, hosts, with_inventory=inventory is not None)
+    return Layout(deployments, hosts, with_inventory=inventory is not None, warnings=warnings)
 
 
 def render_entry(name: str, groups: list[str], data: dict[str, Any], down: bool = False) -> dict[str, Any]:

@@ -134,13 +134,20 @@ def _norm(p: str) -> str:
     return os.path.abspath(os.path.expanduser(p))
 
 
-def fleet_spec_paths() -> tuple[list[str], dict[str, list[str] | None]]:
-    """Every spec any inventory host names, in first-seen order (this host's first), and each
-    host's own list (None: a host with no spec, which deploys nothing)."""
-    mine = spec_paths()
+def _inventory_specs() -> tuple[list[str], dict[str, list[str] | None]]:
+    """Every spec the inventory's hosts name (first-seen order, each once) and each host's list
+    (None: no spec), read once per run: pyinfra runs the deploy file per host, and reading every
+    host's data for each host grew as the square of the hosts (1 s at 512 hosts). Kept on the
+    inventory object itself (a new run, a new inventory), with the $VLLM_FLEET_SPEC it was read under."""
+    inv = inventory._get_module() if hasattr(inventory, "_get_module") else inventory
+    env = os.environ.get("VLLM_FLEET_SPEC", "")
+    cached = getattr(inv, "_vllm_fleet_specs", None)
+    if cached and cached[0] == env:
+        return cached[1]
     per_host: dict[str, list[str] | None] = {}
-    order: list[str] = list(mine)
-    for h in inventory:
+    order: list[str] = []
+    seen: set[str] = set()
+    for h in inv:
         try:
             paths = spec_paths(h)
         except DeployError:
@@ -148,9 +155,23 @@ def fleet_spec_paths() -> tuple[list[str], dict[str, list[str] | None]]:
             continue
         per_host[h.name] = paths
         for path in paths:
-            if all(_norm(path) != _norm(o) for o in order):
+            if _norm(path) not in seen:
+                seen.add(_norm(path))
                 order.append(path)
+    try:
+        inv._vllm_fleet_specs = (env, (order, per_host))
+    except AttributeError:  # an inventory that takes no attribute: read again next time
+        pass
     return order, per_host
+
+
+def fleet_spec_paths() -> tuple[list[str], dict[str, list[str] | None]]:
+    """Every spec any inventory host names, in first-seen order (this host's first), and each
+    host's own list (None: a host with no spec, which deploys nothing)."""
+    mine = spec_paths()
+    everyone, per_host = _inventory_specs()
+    have = {_norm(p) for p in mine}
+    return list(mine) + [p for p in everyone if _norm(p) not in have], dict(per_host)
 
 
 #: Replicas the nginx upstream marks `down`: instance ids (``HOST:N``) or host names (all of
@@ -223,6 +244,8 @@ def load_deploy_spec() -> DeployContext:
     hosts = inventory_hosts()
     _hosts_own_deployments(hosts, per_host, names)
     layout = _fleet_layout(specs, hosts, sources, paths)
+    for w in layout.warnings:  # allowed but costly (e.g. many servers without a `proxy` group), with the fix
+        logger.warning(f"vllm-fleet: {w}")
     _CACHE[key] = DeployContext(layout, specs, secrets, sources, paths[0], generated, hosts)
     return _CACHE[key]
 
