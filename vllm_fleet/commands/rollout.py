@@ -257,8 +257,8 @@ class Rollout:
         done: dict[str, HostResult] = {}
         stopped = ""
 
-        def step(i: int, label: str, what: str, name: str, limit: list[str], down: list[str], update: list[str] | None = None) -> Step:
-            s = self._step(result, i, name, limit, down, log, update=update)
+        def step(i: int, label: str, what: str, kind: str, limit: list[str], down: list[str], update: list[str] | None = None) -> Step:
+            s = self._step(result, i, kind, limit, down, log, update=update)
             self.say(f"  {label}: {what}: {'ok' if s.ok else 'FAILED'} in {s.seconds:.1f} s" + (f" ({s.detail})" if s.ok and s.detail else ""))
             return s
 
