@@ -18,9 +18,9 @@ machine, then installed by every host with ``--no-index`` over the private netwo
    ``treehash.wheel_manifest`` gives (sent over SSH), then install from that local copy with ``--no-index``. Without that
    address the role uploads the directory over SSH instead.
 
-Nothing here imports pyinfra (part of the core). ``python -m vllm_fleet.fetch.wheelhouse serve DIR
-ADDR`` is the server (its path token in $VLLM_FLEET_SERVE_TOKEN; prints its port, exits when its
-parent does).
+Nothing here imports pyinfra (part of the core). The server is ``host/scripts/serve_files.py DIR
+ADDR 0`` (its path token in $VLLM_FLEET_SERVE_TOKEN; prints its port, exits when its parent
+does), the same file the hosts' peer servers run (vllm_fleet.roles.common.peers).
 """
 
 from __future__ import annotations
@@ -271,6 +271,8 @@ def info(directory: Path) -> dict:
 # The manifest and the HTTP server the hosts fetch from
 
 TOKEN_ENV = "VLLM_FLEET_SERVE_TOKEN"
+# the one file server: the hosts' peer servers run it too (vllm_fleet.roles.common.peers)
+SERVE_SCRIPT = Path(__file__).resolve().parent.parent / "host" / "scripts" / "serve_files.py"
 
 
 _servers: dict[tuple[str, str], tuple[subprocess.Popen, int, str]] = {}
@@ -296,7 +298,7 @@ def _serve(directory: Path, address: str) -> tuple[int, str]:
         return running[1], running[2]
     token = secrets.token_urlsafe(24)
     # the token in the environment (readable by this user only), not in argv (ps shows argv to all)
-    proc = subprocess.Popen([sys.executable, "-m", "vllm_fleet.fetch.wheelhouse", "serve", str(directory), address],
+    proc = subprocess.Popen([sys.executable, str(SERVE_SCRIPT), str(directory), address, "0"],
                             stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
                             env={**os.environ, TOKEN_ENV: token})
     line = proc.stdout.readline() if proc.stdout else ""
@@ -317,64 +319,3 @@ def _stop(proc: subprocess.Popen) -> None:
             proc.wait(timeout=5)
         except subprocess.TimeoutExpired:
             proc.kill()
-
-
-def _serve_forever(directory: str, address: str, token: str) -> None:
-    import threading
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
-    names = {p.name for p in Path(directory).glob("*.whl")}  # what there is to fetch, fixed at start
-    prefix = f"/{token}/"
-
-    class Files(BaseHTTPRequestHandler):
-        """GET/HEAD of ``/TOKEN/NAME`` for the wheels present at start; 404 for anything else."""
-
-        def log_message(self, *args):  # no per-request lines on the deploy's output
-            pass
-
-        def _file(self):
-            name = self.path[len(prefix):] if self.path.startswith(prefix) else None
-            if name not in names:
-                self.send_error(404)
-                return None
-            path = os.path.join(directory, name)
-            self.send_response(200)
-            self.send_header("Content-Type", "application/octet-stream")
-            self.send_header("Content-Length", str(os.path.getsize(path)))
-            self.end_headers()
-            return path
-
-        def do_HEAD(self):
-            self._file()
-
-        def do_GET(self):
-            path = self._file()
-            if path:
-                with open(path, "rb") as f:
-                    shutil.copyfileobj(f, self.wfile, 1 << 20)
-
-    parent = os.getppid()
-    httpd = ThreadingHTTPServer((address, 0), Files)
-    httpd.daemon_threads = True
-    print(httpd.server_address[1], flush=True)
-
-    def watch_parent():
-        while os.getppid() == parent:
-            time.sleep(1)
-        httpd.shutdown()
-
-    threading.Thread(target=watch_parent, daemon=True).start()
-    httpd.serve_forever()
-
-
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if len(argv) == 3 and argv[0] == "serve" and os.environ.get(TOKEN_ENV):
-        _serve_forever(argv[1], argv[2], os.environ[TOKEN_ENV])
-        return 0
-    print(f"usage: {TOKEN_ENV}=TOKEN python -m vllm_fleet.fetch.wheelhouse serve DIR ADDRESS", file=sys.stderr)
-    return 2
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -80,7 +80,7 @@ from pyinfra.operations import files, server
 from vllm_fleet.host.programs import argv as cmd
 from vllm_fleet.host.programs import chain, group, python, to_file, to_stderr
 from vllm_fleet.render import command
-from vllm_fleet.roles.common import atomic_put, directory, progress, role_data, secret_file
+from vllm_fleet.roles.common import atomic_put, directory, peers, progress, role_data, secret_file
 from vllm_fleet.host.state import Query, Snapshot, state_command
 from vllm_fleet.roles.common.state import Converged, StateUnknown, role_state, unknown
 from vllm_fleet.specs.sections import reads
@@ -297,13 +297,22 @@ def _put_tree(spec: dict, local: Path, entries: list[tuple[str, str]], snap: Sna
     there = {f"{root}/{rel}" for rel in snap.files_under(root) or {}}  # unknown: none (nothing removed on a guess)
     for stale in sorted(there - wanted):
         ops.append(files.file(name=f"Remove {stale} (not in the manifest)", path=stale, present=False))
+    lacks = [rel for rel, sha in entries if not (trusted or snap.file_ok(f"{root}/{rel}", sha, user, user, fmode))]
+    # host to host where the fleet's private network allows (vllm_fleet.roles.common.peers): the
+    # control machine sends each file once; None: this host takes no part, the files go as before
+    by_peers = peers.join(
+        f"model:{root}:{manifest_sha}", f"the model of {spec['name']}", local, root,
+        {rel: [(local / rel).stat().st_size, sha] for rel, sha in entries}, lacks, owner=user, mode=str(fmode or "644"),
+        dir_mode=str(dmode or "755"), port=int(role_data("peer_port", DEFAULTS)),
+        seconds=int(role_data("peer_max_seconds", DEFAULTS)), deployment=spec["name"])
     for rel, sha in entries:
-        if trusted or snap.file_ok(f"{root}/{rel}", sha, user, user, fmode):
+        if rel not in lacks:
             ops.append(Converged(rel))
-            continue
-        ops.append(progress.expect(files.put(name=f"Model file {rel}", src=str(local / rel), dest=f"{root}/{rel}",
-                                             user=user, group=user, mode=fmode, add_deploy_dir=False),
-                                   (local / rel).stat().st_size))
+        elif by_peers is None:
+            ops.append(progress.expect(files.put(name=f"Model file {rel}", src=str(local / rel), dest=f"{root}/{rel}",
+                                                 user=user, group=user, mode=fmode, add_deploy_dir=False),
+                                       (local / rel).stat().st_size))
+    ops.extend(by_peers or [])
     if trusted or snap.file_ok(f"{root}/{d.MANIFEST}", manifest_sha, user, user, fmode):
         ops.append(Converged(d.MANIFEST))
     else:

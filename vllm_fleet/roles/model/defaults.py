@@ -39,6 +39,14 @@ DEFAULTS = {
     # pyinfra's `--data model_verify=true`) instead of trusting the stamp (STAMP) of the last
     # verified copy; what differs is put again, and a new stamp is written.
     "model_verify": False,
+    # Host to host (vllm_fleet.roles.common.peers): with host data private_address set, the
+    # control machine sends an uploaded model (upload, hub_fetch: fleet) to one host and the
+    # others fetch it from hosts holding a verified copy; false: every host from the control
+    # machine. The peer servers listen on private_address:peer_port for the transfer only, and
+    # stop themselves after peer_max_seconds if the deploy that started them did not stop them.
+    "peer_fetch": True,
+    "peer_port": 8471,
+    "peer_max_seconds": 3600,
     # Extra environment for the hub download only (e.g. {"HF_ENDPOINT": "<a mirror>"}).
     "model_hub_env": {},
 }
