@@ -211,3 +211,20 @@ def test_only_a_fleet_takes_part():
     inv = Inventory(([("a", {"private_address": "10.0.0.1"}), ("b", {})], {}))
     with ctx_state.use(State(inv, Config())):
         assert peers.peer_hosts("no-such-deployment-here") == 1
+
+
+def test_the_fetch_writes_through_no_link_the_directory_owner_left(tmp_path, server):
+    """DEST belongs to the service user while the fetch runs as root: a link planted at the
+    partial file's name (or at a file's own name) is never written through."""
+    good = tmp_path / "good"
+    files = _tree(good)
+    port, token = server(good, files)
+    dest, victim = tmp_path / "dest", tmp_path / "victim"
+    dest.mkdir()
+    victim.write_text("untouched")
+    (dest / ".a.bin.part").symlink_to(victim)
+    (dest / "a.bin").symlink_to(victim)
+    r = _fetch({"sources": [f"http://127.0.0.1:{port}/{token}/"], "files": files, "prune": False, "mode": "600"}, dest, tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert victim.read_text() == "untouched" and victim.stat().st_mode & 0o777 != 0o600
+    assert not (dest / "a.bin").is_symlink() and hashlib.sha256((dest / "a.bin").read_bytes()).hexdigest() == files["a.bin"][1]

@@ -35,16 +35,30 @@ def sha256_of(path):
     return h.hexdigest()
 
 
-def fetch(url, part, size, sha):
-    """Download ``url`` into ``part`` hashing as it goes; the reason it was refused, or None."""
+def open_new(path):
+    """``path`` created for writing, never through a link or over a file someone put there (DEST
+    may belong to the service user while this runs as root: O_EXCL|O_NOFOLLOW after an unlink)."""
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    return os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600), "wb")
+
+
+def fetch(url, part, size, sha, ids=None, mode=0o644):
+    """Download ``url`` into ``part`` hashing as it goes, owner and mode set on the open file;
+    the reason it was refused, or None."""
     h, got = hashlib.sha256(), 0
-    with urllib.request.urlopen(url, timeout=60) as r, open(part, "wb") as out:
+    with urllib.request.urlopen(url, timeout=60) as r, open_new(part) as out:
         for block in iter(lambda: r.read(CHUNK), b""):
             got += len(block)
             if got > size:
                 return f"more than the {size} bytes expected"
             h.update(block)
             out.write(block)
+        if ids:
+            os.fchown(out.fileno(), *ids)
+        os.fchmod(out.fileno(), mode)
     if got != size:
         return f"{got} bytes, {size} expected"
     if h.hexdigest() != sha:
@@ -74,9 +88,13 @@ def make_dirs(dest, sub, ids, dir_mode):
         path = os.path.join(path, part)
         if not os.path.isdir(path):
             os.mkdir(path, dir_mode)
-            os.chmod(path, dir_mode)
-            if ids:
-                os.chown(path, *ids)
+            fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+            try:
+                os.fchmod(fd, dir_mode)
+                if ids:
+                    os.fchown(fd, *ids)
+            finally:
+                os.close(fd)
 
 
 def main(listing, dest):
@@ -99,11 +117,15 @@ def main(listing, dest):
     for name, (size, sha) in sorted(files.items()):
         path = os.path.join(dest, name)
         if os.path.isfile(path) and not os.path.islink(path) and os.path.getsize(path) == size and sha256_of(path) == sha:
-            st = os.stat(path)
-            if ids and (st.st_uid, st.st_gid) != ids:
-                os.chown(path, *ids)
-            if "mode" in want and st.st_mode & 0o7777 != mode:
-                os.chmod(path, mode)
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+            try:
+                st = os.fstat(fd)
+                if ids and (st.st_uid, st.st_gid) != ids:
+                    os.fchown(fd, *ids)
+                if "mode" in want and st.st_mode & 0o7777 != mode:
+                    os.fchmod(fd, mode)
+            finally:
+                os.close(fd)
             kept += 1
             continue
         make_dirs(dest, os.path.dirname(name), ids, dir_mode)
@@ -111,13 +133,10 @@ def main(listing, dest):
         for i, base in enumerate(sources):
             part = os.path.join(os.path.dirname(path), f".{os.path.basename(name)}.part")
             try:
-                reason = fetch(base + name, part, size, sha)
+                reason = fetch(base + name, part, size, sha, ids, mode)
             except OSError as exc:
                 reason = str(exc)
             if reason is None:
-                if ids:
-                    os.chown(part, *ids)
-                os.chmod(part, mode)
                 os.replace(part, path)
                 fetched += size
                 source = base.split("//", 1)[-1].split("/", 1)[0]

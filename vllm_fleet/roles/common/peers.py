@@ -346,11 +346,14 @@ def run_round(state, host, key: str, k: int) -> bool:  # noqa: F811 (pyinfra pas
 
 def run_done(state, host, key: str) -> bool:  # noqa: F811
     """The last operation: this host's server stopped (and, on the first host that needed the
-    artifact, the servers it started on hosts staged earlier)."""
+    artifact, every server this deploy started: those of hosts staged earlier, and of any host
+    that failed before its own last operation)."""
     h = host
     art = _ARTIFACTS[(id(state), key)]
     needs = _needs(state, art)
-    names = [h.name] + ([n for n in art.started if not art.members[n].lacks] if needs and needs[0] == h.name else [])
+    # the first host also stops those of hosts that have no last operation to run: staged earlier,
+    # or failed on the way (pyinfra runs nothing more there); a stop twice is harmless
+    names = [h.name] + (sorted(art.started - {h.name}) if needs and needs[0] == h.name else [])
     for name in names:
         if name in art.started:
             _stop_server(state, _inventory_host(state, name), art)
