@@ -13,6 +13,7 @@ import subprocess
 import sys
 import urllib.error
 import urllib.request
+from types import SimpleNamespace
 from pathlib import Path
 
 import pytest
@@ -228,3 +229,86 @@ def test_the_fetch_writes_through_no_link_the_directory_owner_left(tmp_path, ser
     assert r.returncode == 0, r.stderr
     assert victim.read_text() == "untouched" and victim.stat().st_mode & 0o777 != 0o600
     assert not (dest / "a.bin").is_symlink() and hashlib.sha256((dest / "a.bin").read_bytes()).hexdigest() == files["a.bin"][1]
+
+
+# ------------------------------------------------------------------------------------------------
+# the rounds as the operations run them, with stand-in hosts that record what they were asked
+
+class _Host:
+    def __init__(self, name, fail_fetch=False):
+        self.name, self.fail_fetch, self.ran, self.put = name, fail_fetch, [], []
+
+    def run_shell_command(self, command, **kw):
+        line = text(command)
+        self.ran.append(line)
+        ok = not (self.fail_fetch and "fetch_files" in line and '"sources": ["http' in self._last_list)
+        return ok, SimpleNamespace(stdout_lines=[], stderr_lines=[])
+
+    def put_file(self, src, dest, **kw):
+        self.put.append(dest)
+        self._last_list = src.getvalue() if hasattr(src, "getvalue") else ""
+        return True
+
+    _last_list = ""
+
+
+class _Inventory(list):
+    def get_host(self, name):
+        return next(h for h in self if h.name == name)
+
+
+def _members(tmp_path, monkeypatch, names, holders=(), fail=()):
+    from vllm_fleet.roles.common import peers
+
+    monkeypatch.setattr(peers, "_root_args", lambda state, h: {})
+    hosts = _Inventory(_Host(n, fail_fetch=n in fail) for n in names)
+    state = SimpleNamespace(inventory=hosts)
+    art = Artifact(key="k", what="m", local=tmp_path, root="/m", files={"a": [1, "0" * 64], "b/c": [1, "1" * 64]},
+                   owner="vllm", mode="644", dir_mode="755", port=8471, seconds=60)
+    for i, n in enumerate(names):
+        art.members[n] = peers.Member(n, f"10.0.0.{i + 1}", [] if n in holders else ["a", "b/c"])
+    peers._ARTIFACTS[(id(state), "k")] = art
+    return peers, state, hosts, art
+
+
+def _run_all(peers, state, hosts, art):
+    for k in range(peers.round_count(len(hosts))):
+        for h in hosts:
+            if art.members[h.name].lacks:
+                assert peers.run_round(state, h, "k", k) is True
+    for h in hosts:
+        if art.members[h.name].lacks:
+            peers.run_done(state, h, "k")
+
+
+def _served(h):
+    return [ln for ln in h.ran if ln.startswith("systemd-run")]
+
+
+def _stops(h):
+    return [ln for ln in h.ran if "systemctl stop" in ln and "rm -f" in ln]
+
+
+def test_the_rounds_as_they_run(tmp_path, monkeypatch):
+    peers, state, hosts, art = _members(tmp_path, monkeypatch, ["h1", "h2", "h3"])
+    _run_all(peers, state, hosts, art)
+    h1, h2, h3 = hosts
+    assert h1.put[-2:] != [] and "/m/a" in h1.put and "/m/b/c" in h1.put  # the seed: over SSH from here
+    assert not any(p.startswith("/m/") for p in h2.put + h3.put)  # the others: nothing from here
+    assert len(_served(h1)) == 1 and len(_served(h2)) == 1 and _served(h3) == []  # h3 serves no later round
+    assert "10.0.0.1" in _served(h1)[0] and art.token not in _served(h1)[0]
+    assert _stops(h1) and _stops(h2) and not _stops(h3)
+
+
+def test_a_host_staged_earlier_serves_without_an_operation_of_its_own(tmp_path, monkeypatch):
+    peers, state, hosts, art = _members(tmp_path, monkeypatch, ["h1", "h2", "h3"], holders=["h1"])
+    _run_all(peers, state, hosts, art)
+    h1, h2, h3 = hosts
+    assert not any(p.startswith("/m/") for h in hosts for p in h.put)  # nothing from the control machine
+    assert len(_served(h1)) == 1 and _stops(h1)  # started and stopped by h2 over h1's connection
+
+
+def test_a_host_its_peers_fail_gets_it_from_the_control_machine(tmp_path, monkeypatch):
+    peers, state, hosts, art = _members(tmp_path, monkeypatch, ["h1", "h2"], fail=["h2"])
+    _run_all(peers, state, hosts, art)
+    assert "/m/a" in hosts[1].put  # the fallback: over SSH, as before

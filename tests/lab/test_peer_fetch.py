@@ -100,6 +100,19 @@ def test_the_model_crosses_the_control_link_once_and_the_hosts_fill_each_other(f
     again = _deploy(fleet)
     assert again.returncode == 0 and "peer round" not in again.out and "round 0:" not in again.out, again.out[-2000:]
     assert again.control_bytes < 0.1 * size, again.control_bytes
+    # lab1 staged earlier (its stamp): the only source; nothing from the control machine, its
+    # server started (and stopped) by lab2, the first host that needs the model
+    for h in fleet["hosts"][1:]:
+        h.ssh(f"sudo rm -rf {ROOT} {CONFIG}")
+    staged = _deploy(fleet)
+    assert staged.returncode == 0, staged.out[-3000:]
+    assert "2 host(s) to fill, 1 holding a verified copy" in staged.out, staged.out[-3000:]
+    assert f"round 1: {names[1]} <- {names[0]}" in staged.out and f"round 2: {names[2]} <- {names[0]}, {names[1]}" in staged.out
+    assert "the control machine" not in staged.out, staged.out[-3000:]  # no seed, no fallback
+    assert staged.control_bytes < 0.25 * size, staged.control_bytes
+    for h in fleet["hosts"]:
+        assert _sums(h) == fleet["shas"], h.name
+        assert h.ssh("systemctl list-units --all --no-legend 'vllm-fleet-peer-*'").stdout.strip() == "", h.name
 
 
 def test_a_corrupted_copy_on_a_peer_is_refused(fleet):
