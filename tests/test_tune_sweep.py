@@ -58,6 +58,23 @@ def test_default_grid_follows_the_hardware():
     assert "gpu_memory_utilization" not in tune.default_grid(lab)  # the CPU build ignores it
 
 
+def test_the_kv_caches_cpu_tier_is_swept_where_the_spec_has_one():
+    """Issue 37: off and the spec's size in the default grid (kept only where it wins), a deeper
+    key of the spec (engine.kv_offload.size_gib) read and overlaid; each point's command line
+    differs by the tier's flags only."""
+    kv = REPO / "deployments" / "h200-kv-offload.yaml"
+    resolved, _ = load_and_check(kv)
+    assert tune.default_grid(resolved, {"compute_capability": 9.0, "cuda_total_gib": 139.8})["kv_offload_gib"] == [0, 40]
+    assert "kv_offload_gib" not in tune.default_grid(load_and_check(H200)[0], {"compute_capability": 9.0})  # no tier: none
+    assert tune.base_settings(resolved, ["kv_offload_gib", "max_num_seqs"]) == {"kv_offload_gib": 40, "max_num_seqs": 64}
+    assert tune.overlay_of({"kv_offload_gib": 0, "max_num_seqs": 8}) == {"engine": {"kv_offload": {"size_gib": 0}, "max_num_seqs": 8}}
+    assert tune.parse_grid("kv_offload_gib=0,20,40") == {"kv_offload_gib": [0, 20, 40]}
+    pts = tune.prune(load(kv), [{"kv_offload_gib": 40}, {"kv_offload_gib": 0}, {"kv_offload_gib": 20}], 2000)
+    assert [p["status"] for p in pts] == ["pending", "pending", "pending"], pts
+    argv = [" ".join(tune.vllm_argv(p["resolved"])) for p in pts]
+    assert "--kv-offloading-size 40 " in argv[0] and "--kv-offloading" not in argv[1] and "--kv-offloading-size 20 " in argv[2]
+
+
 def test_prune_gives_the_reason_per_point():
     spec = load(RTX)
     cands = [{"kv_cache_dtype": "auto", "enable_chunked_prefill": True, "max_num_batched_tokens": None},

@@ -349,10 +349,45 @@ def test_spec_change_restarts_only_vllm(server, tmp_path):
         m = re.search(r"vllm-lab-tiny-0\.service healthy after \d+ s of waiting; start to healthy ([0-9.]+) s", r.out)
         assert m and 1 < float(m.group(1)) < 600, r.out[-3000:]
         TIMINGS["restart_start_to_healthy_s"] = float(m.group(1))
+        # A start that fails in vLLM's engine (issue 37, item 4): one KV block cannot hold a
+        # sequence. The deploy's error leads with the engine's own line, then where the journal is.
+        spec["engine"]["extra_args"] = ["--num-gpu-blocks-override", "1"]
+        changed.write_text(yaml.safe_dump(spec))
+        bad = deploy(changed)
+        assert bad.returncode != 0, bad.out[-3000:]
+        cause = re.search(r"vllm-lab-tiny-0\.service not healthy after .*\n\s*root cause: (.*)\n\s*full journal: "
+                          r"journalctl -u vllm-lab-tiny-0\.service --no-pager \(on lab1\)\n", bad.out)
+        assert cause and cause.group(1).startswith("ValueError: No available memory for the cache blocks"), why(bad)
+        assert "EngineCore failed to start" in server.ssh("journalctl -u vllm-lab-tiny-0.service --no-pager -n 400", user="root").stdout
     finally:
         back = deploy()
         assert back.returncode == 0, why(back)
     assert "--max-num-seqs 16" in server.ssh("ps -eo args", user="root").stdout
+
+
+def test_a_kv_tier_too_big_for_the_hosts_ram_is_refused_before_any_change(server, tmp_path):
+    """engine.kv_offload against lab1's real memory (issue 37, item 2): the CPU build has no tier,
+    so a CUDA spec of the H200 proof's shape on another port is refused by the deploy's one state
+    read before anything is installed, with lab1's MemTotal, the reserve and the largest size that
+    fits (the same figure ssh reads from /proc/meminfo)."""
+    spec = yaml.safe_load((REPO / "deployments" / "h200-kv-offload.yaml").read_text())
+    spec["engine"]["kv_offload"] = {"size_gib": 60000}
+    spec["server"] = {"port": 8100}
+    spec["proxy"] = {"enabled": False}
+    spec["install"].pop("wheelhouse")
+    f = tmp_path / "kv.yaml"
+    f.write_text(yaml.safe_dump(spec))
+    before = server.ssh("ls /etc/systemd/system /opt; ls /etc/vllm-fleet", user="root").stdout
+    r = deploy(f, 600, "--limit", "lab1")
+    assert r.returncode != 0
+    kib = int(server.ssh("sed -n 's/^MemTotal: *\\([0-9]*\\) kB$/\\1/p' /proc/meminfo", user="root").stdout)
+    total = round(kib / 1024**2, 2)
+    largest = int(total - 12)
+    assert (f"host lab1: the CPU tiers of the KV cache do not fit in its memory: {total:g} GiB of RAM (MemTotal) - reserve 12 GiB "
+            "(8 + 4 x 1 vLLM replicas) - tiers vllm-h200-kv-offload-0.service 60000 GiB") in r.out, why(r)
+    assert f"the largest engine.kv_offload.size_gib of h200-kv-offload that fits here (1 replica(s)): {largest} GiB (or `auto`)" in r.out
+    assert "nothing was uploaded or changed" in r.out and "Starting operation" not in r.out
+    assert server.ssh("ls /etc/systemd/system /opt; ls /etc/vllm-fleet", user="root").stdout == before
 
 
 def test_bad_spec_touches_no_host(server, tmp_path):

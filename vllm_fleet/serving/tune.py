@@ -3,7 +3,8 @@ settings on one replica of a live fleet, judged by vLLM's own serving benchmark.
 
 1. The grid (:func:`default_grid`, or ``--grid``) over the settings that matter: max_num_seqs,
    max_num_batched_tokens, gpu_memory_utilization (CUDA) / cpu_kv_cache_gib (CPU), prefix caching,
-   chunked prefill; kv_cache_dtype fp8 where the GPU has FP8 (compute capability 8.9+); TP vs DP
+   chunked prefill; the KV cache's CPU tier where the spec has one (``kv_offload_gib``: off and its
+   size, or ``--grid kv_offload_gib=0,20,40``); kv_cache_dtype fp8 where the GPU has FP8 (compute capability 8.9+); TP vs DP
    with more than one GPU per node. The spec's own settings are point p00, the baseline.
 2. Pruning (:func:`prune`), each skipped point with its reason: the schema and the checks (the
    merged spec must validate: e.g. FP8 KV cache on Ampere, a token budget below max_model_len
@@ -53,12 +54,14 @@ from vllm_fleet.specs import catalog, checks, planner
 from vllm_fleet.specs.hwchecks import apply_model_facts
 from vllm_fleet.specs.load import Spec, resolve, schema_problems
 
-#: Grid keys -> (spec section, key).
+#: Grid keys -> their path in the spec (section, key[, subkey]).
 TUNABLE = {
     "max_num_seqs": ("engine", "max_num_seqs"),
     "max_num_batched_tokens": ("engine", "max_num_batched_tokens"),
     "gpu_memory_utilization": ("engine", "gpu_memory_utilization"),
     "cpu_kv_cache_gib": ("engine", "cpu_kv_cache_gib"),
+    # the KV cache's CPU tier per replica, GiB (0: off; engine.kv_offload, docs/kv-offload.md)
+    "kv_offload_gib": ("engine", "kv_offload", "size_gib"),
     "enable_prefix_caching": ("engine", "enable_prefix_caching"),
     "enable_chunked_prefill": ("engine", "enable_chunked_prefill"),
     "kv_cache_dtype": ("engine", "kv_cache_dtype"),
@@ -163,6 +166,9 @@ def default_grid(resolved: dict[str, Any], gpu: dict[str, Any] | None = None) ->
     grid["gpu_memory_utilization"] = sorted({float(e["gpu_memory_utilization"]), 0.90, 0.95})
     grid["enable_prefix_caching"] = [True]
     grid["enable_chunked_prefill"] = [True]
+    tier = e["kv_offload"]["size_gib"]
+    if tier and tier != "auto":  # the spec has a CPU tier of the KV cache: kept only where it wins
+        grid["kv_offload_gib"] = [0, tier]
     if gpu and float(gpu.get("compute_capability") or 0) >= 8.9:
         grid["kv_cache_dtype"] = ["auto", "fp8"]
     n = int(hw.get("gpus_per_node") or 1)
@@ -172,8 +178,15 @@ def default_grid(resolved: dict[str, Any], gpu: dict[str, Any] | None = None) ->
     return grid
 
 
+def _get(resolved: dict[str, Any], path: tuple[str, ...]) -> Any:
+    node: Any = resolved
+    for part in path:
+        node = (node or {}).get(part)
+    return node
+
+
 def base_settings(resolved: dict[str, Any], keys: Iterable[str]) -> dict[str, Any]:
-    return {k: resolved[TUNABLE[k][0]].get(TUNABLE[k][1]) for k in keys}
+    return {k: _get(resolved, TUNABLE[k]) for k in keys}
 
 
 def points(grid: dict[str, list[Any]], base: dict[str, Any]) -> list[dict[str, Any]]:
@@ -190,8 +203,11 @@ def points(grid: dict[str, list[Any]], base: dict[str, Any]) -> list[dict[str, A
 def overlay_of(settings: dict[str, Any]) -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
     for k, v in settings.items():
-        section, key = TUNABLE[k]
-        out.setdefault(section, {})[key] = v
+        *parents, key = TUNABLE[k]
+        node = out
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[key] = v
     return out
 
 
