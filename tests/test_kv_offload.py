@@ -285,3 +285,27 @@ def test_without_the_engine_block_the_api_servers_pointer_is_never_the_cause():
     lines = ["(EngineCore_DP0 pid=9) ERROR 12-04 01:02:03 [core.py:708] torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB",
              "(APIServer pid=7) ERROR 12-04 01:02:04 [api_server.py:1] RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}"]
     assert root_cause(lines) == "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"
+
+
+def test_auto_is_sized_from_this_machines_ram_and_the_hosts_units_rendered_with_it():
+    """What deploys/serve.py and the rollout's update step do after the one state read
+    (roles.common.settle_memory): `auto` from MemTotal - reserve, put into the host's data and
+    this host's layout built again; a fixed size that fits leaves the layout as it was."""
+    from vllm_fleet.roles.common import DeployContext, settle_memory
+
+    total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / 1024**3
+    r = resolved("auto")
+    inv = copy.deepcopy(INV)
+    ctx = DeployContext(build([r], inv), {r["name"]: r}, {r["name"]: {}}, {r["name"]: str(SPEC)}, str(SPEC), inventory=inv)
+    h = ctx.layout.hosts["g1"]
+    assert "--kv-offloading" not in exec_start(h.files[UNIT].content)
+    snap = _snap_with_units({})
+    h2 = settle_memory(ctx, h, "g1", snap)
+    want = int(round(total, 2) - 12)
+    assert f"--kv-offloading-size {want} --kv-offloading-backend native --disable-hybrid-kv-cache-manager" in exec_start(h2.files[UNIT].content)
+    assert ctx.layout.hosts["g1"] is h2 and inv["g1"]["data"]["kv_offload_gib"] == {"h200-kv-offload": want}
+    fixed = resolved(2)
+    ctx2 = DeployContext(build([fixed], copy.deepcopy(INV)), {fixed["name"]: fixed}, {fixed["name"]: {}}, {fixed["name"]: str(SPEC)},
+                         str(SPEC), inventory=copy.deepcopy(INV))
+    h3 = ctx2.layout.hosts["g1"]
+    assert settle_memory(ctx2, h3, "g1", snap) is h3

@@ -27,7 +27,8 @@ from pyinfra import host
 
 from vllm_fleet.host.state import Query
 from vllm_fleet.render.layout import HostLayout
-from vllm_fleet.roles.common import DeployContext, DeployError, host_layout, load_deploy_spec, this_host_only, write_generated_secrets
+from vllm_fleet.roles.common import (DeployContext, DeployError, host_layout, load_deploy_spec, settle_memory, this_host_only,
+                                     write_generated_secrets)
 from vllm_fleet.roles.common.state import load_host_state
 
 #: The instances of the batch being updated (``HOST:N``, comma-separated; a host name: all of its).
@@ -44,7 +45,9 @@ def update_query(ctx: DeployContext, h: HostLayout) -> Query:
     service: :data:`UPDATE_PARTS`; nginx not: the update step leaves it alone)."""
     from vllm_fleet.roles.parts import host_query
 
-    return host_query(ctx, h, UPDATE_PARTS)
+    from vllm_fleet.roles.common import clash
+
+    return host_query(ctx, h, UPDATE_PARTS) | clash.memory_query(ctx.specs, h)
 
 
 def rollout_step() -> None:
@@ -98,7 +101,11 @@ def _step_host(ctx: DeployContext, spec: dict, h: HostLayout, node, rendered: di
         # where this host differs (deploys/serve.py does the same). Safe here because each step
         # is its own pyinfra run (vllm_fleet.commands.rollout): the next batch reads the host afresh, and an
         # instance whose inputs an earlier batch already changed restarts on its applied token.
-        load_host_state(update_query(ctx, h))
+        snap = load_host_state(update_query(ctx, h))
+        # the CPU tiers of the KV cache against the host's RAM, `auto` sized (as deploys/serve.py)
+        h = settle_memory(ctx, h, host.name, snap)
+        node, rendered = h.parts[spec["name"]], dict(h.files)
+        mine = [i for i in node.instances if i.id in batch or host.name in batch]
         for inst in mine:
             drain(spec=spec, drain_timeout=drain_timeout, port=inst.port)
         # The same server part as deploys/serve.py (single node), with the rollout's health deadline.

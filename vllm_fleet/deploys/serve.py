@@ -33,7 +33,7 @@ from pyinfra import host
 from vllm_fleet.deploys.down import remove_deployment
 from vllm_fleet.host.state import Query, Snapshot
 from vllm_fleet.render.layout import HostLayout
-from vllm_fleet.roles.common import (DeployContext, clash, host_layout, load_deploy_spec, preflight, relayout_host, remove,
+from vllm_fleet.roles.common import (DeployContext, clash, host_layout, load_deploy_spec, preflight, remove, settle_memory,
                                      this_host_only, write_generated_secrets)
 from vllm_fleet.roles.common.state import load_host_state
 from vllm_fleet.roles.nvidia import gpumem
@@ -83,9 +83,7 @@ def serve_host(ctx: DeployContext) -> None:
     clash.refuse(ctx.specs, h, host.name, snap)
     # The CPU tiers of the KV cache (engine.kv_offload) of every replica here, and the reserve,
     # against the host's RAM: refused with the numbers, or `auto` sized from what is left.
-    auto = clash.refuse_memory(ctx.specs, h, host.name, snap)
-    if auto:
-        h = relayout_host(ctx, host.name, {"kv_offload_gib": {**_host_tiers(h), **auto}})
+    h = settle_memory(ctx, h, host.name, snap)
     # Each GPU's free memory, not its total: what a display server or another program holds is
     # not this deploy's to plan with; our own running vLLMs' memory is (their restart frees it).
     gpumem.refuse(ctx.specs, h, host.name, snap, log=host.log)
@@ -98,14 +96,6 @@ def serve_host(ctx: DeployContext) -> None:
         part.install(step)
     # Last, once the new parts serve: what the layout no longer gives this host
     prune_leftovers(ctx, h, snap)
-
-
-def _host_tiers(h: HostLayout) -> dict[str, float]:
-    """The host data's own kv_offload_gib as {deployment: GiB} (a plain number: every deployment here)."""
-    given = h.data.get("kv_offload_gib")
-    if isinstance(given, dict):
-        return dict(given)
-    return {name: given for name in h.parts} if given is not None else {}
 
 
 def prune_leftovers(ctx: DeployContext, h: HostLayout | None, snap: Snapshot) -> bool:

@@ -309,6 +309,21 @@ def relayout_host(ctx: DeployContext, host_name: str, data: dict[str, Any]) -> A
     return ctx.layout.hosts[host_name]
 
 
+def settle_memory(ctx: DeployContext, h: Any, host_name: str, snap: Any) -> Any:
+    """The CPU tiers of the KV cache (engine.kv_offload) of every replica on this host, and the
+    reserve, against its RAM as the one state read found it (clash.refuse_memory: refused with the
+    numbers before any change); ``auto`` sized from what is left, into the host's data
+    (``kv_offload_gib``) and this host's layout built again. Returns the host's layout."""
+    from vllm_fleet.roles.common import clash
+
+    auto = clash.refuse_memory(ctx.specs, h, host_name, snap)
+    if not auto:
+        return h
+    given = h.data.get("kv_offload_gib")
+    have = dict(given) if isinstance(given, dict) else ({name: given for name in h.parts} if given is not None else {})
+    return relayout_host(ctx, host_name, {"kv_offload_gib": {**have, **auto}})
+
+
 def host_layout(ctx: DeployContext) -> Any:
     """This host's part of the layout (None: the deploy has nothing for it)."""
     return ctx.layout.hosts.get(host.name)

@@ -213,10 +213,10 @@ MEMINFO = "/proc/meminfo"
 
 
 def memory_query(specs: dict[str, dict[str, Any]], h: HostLayout) -> Query:
-    """/proc/meminfo in the deploy's one state read, when a deployment on this host has a CPU tier
-    of the KV cache (engine.kv_offload); the other deployments' units are read by :func:`query`."""
+    """/proc/meminfo and every vLLM unit on the host (the other deployments' tiers) in the deploy's
+    one state read, when a deployment on this host has a CPU tier of the KV cache (engine.kv_offload)."""
     tiers = any(kv_offload_on(specs[name], node.data) is not None and node.instances for name, node in h.parts.items())
-    return Query(read=(MEMINFO,)) if tiers else Query()
+    return Query(read=(MEMINFO,), globs=(UNITS,)) if tiers else Query()
 
 
 def mem_total(text: str | None) -> int | None:
