@@ -309,3 +309,31 @@ def test_auto_is_sized_from_this_machines_ram_and_the_hosts_units_rendered_with_
                          str(SPEC), inventory=copy.deepcopy(INV))
     h3 = ctx2.layout.hosts["g1"]
     assert settle_memory(ctx2, h3, "g1", snap) is h3
+
+
+def test_diff_renders_an_auto_host_as_the_deploy_does(monkeypatch):
+    """`vllm-fleet diff` on an `auto` host: its read asks the memory too, and the expected unit
+    carries the figure the deploy gives it (host_state.sh run here for real, as the host)."""
+    from vllm_fleet.commands import diff
+    from vllm_fleet.commands.deploy import Deployment
+    from vllm_fleet.render.files import render
+
+    total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / 1024**3
+    r = resolved("auto")
+    inv = copy.deepcopy(INV)
+    d = Deployment(str(SPEC), r, SPEC.parent, ["g1"], inv, render(r, inv))
+    asked = []
+
+    def read_host(name, address, data, query):
+        asked.append(query)
+        return _read(query)
+
+    monkeypatch.setattr(diff, "read_host", read_host)
+    [hd] = diff.diff_files([d])
+    assert clash.MEMINFO in asked[0].read and clash.UNITS in asked[0].globs
+    unit = next(f for f in hd.files if f.path == UNIT)
+    assert f"--kv-offloading-size {int(round(total, 2) - 12)} " in unit.diff, unit.diff[-500:]
+    d40 = Deployment(str(SPEC), resolved(40), SPEC.parent, ["g1"], inv, render(resolved(40), inv))
+    [hd40] = diff.diff_files([d40])
+    assert clash.MEMINFO not in asked[-1].read  # a number: nothing more to read
+    assert "--kv-offloading-size 40 " in next(f for f in hd40.files if f.path == UNIT).diff

@@ -153,6 +153,33 @@ def unit_names(files: dict[str, Any]) -> list[str]:
     return sorted(os.path.basename(p) for p in files if p.startswith(UNIT_DIR) and p.endswith(UNIT_SUFFIXES))
 
 
+def _auto_tier(d: Deployment) -> bool:
+    """The deployment's CPU tier of the KV cache is ``auto``: sized per host from its memory."""
+    return d.resolved["engine"]["kv_offload"]["size_gib"] == "auto" and d.resolved["install"]["accelerator"] != "cpu"
+
+
+def auto_rendered(d: Deployment, host: str, snap: Snapshot) -> dict[str, Any] | None:
+    """An ``auto`` tier on ``host``: the figure the deploy would give it (the same check over the
+    same read: vllm_fleet.roles.common.clash.memory_plan) and the host's files rendered with it;
+    None when there is none (not auto, nothing read, or it does not fit: the deploy refuses)."""
+    if not _auto_tier(d):
+        return None
+    import copy
+
+    from vllm_fleet.render.files import build
+    from vllm_fleet.roles.common import clash
+
+    name = d.resolved["name"]
+    _, _, auto = clash.memory_plan({name: d.resolved}, build([d.resolved], d.inventory).hosts[host], snap)
+    if not auto:
+        return None
+    inv = copy.deepcopy(d.inventory)
+    data = inv[host].setdefault("data", {})
+    given = data.get("kv_offload_gib")
+    data["kv_offload_gib"] = {**(given if isinstance(given, dict) else {}), **auto}
+    return build([d.resolved], inv).hosts[host].files
+
+
 def diff_files(deployments: list[Deployment], hosts: Sequence[str] | None = None) -> list[HostDiff]:
     """Files and units of every deployment host (or of ``hosts``), read over SSH in parallel."""
     jobs = []
@@ -163,7 +190,12 @@ def diff_files(deployments: list[Deployment], hosts: Sequence[str] | None = None
             want, secret = expected_files(d, h)
             paths = sorted(want)
             units = unit_names(want)
-            jobs.append((d, h, paths, units, read_query(paths, secret, units)))
+            query = read_query(paths, secret, units)
+            if _auto_tier(d):  # the host's memory and vLLM units, as the deploy reads them for `auto`
+                from vllm_fleet.roles.common import clash
+
+                query = query | Query(read=(clash.MEMINFO,), globs=(clash.UNITS,))
+            jobs.append((d, h, paths, units, query))
 
     def one(job):
         d, h, paths, units, query = job
@@ -174,6 +206,11 @@ def diff_files(deployments: list[Deployment], hosts: Sequence[str] | None = None
         if not snap.known:
             return HostDiff(h, d.resolved["name"], error="the read of the host's state did not complete (is its sudo "
                                                          "passwordless?): run `vllm-fleet diff` again")
+        sized = auto_rendered(d, h, snap)
+        if sized is not None:  # `auto`: this host's files as the deploy renders them after its read
+            from dataclasses import replace
+
+            d = replace(d, rendered={**d.rendered, h: sized})
         return compare(h, d, *remote_state(snap, paths, units))
 
     if not jobs:
