@@ -362,8 +362,11 @@ def test_broken_update_stops_after_the_first_batch(fleet):
     r = rollout(fleet["inv"], fleet["specs"]["broken"])
     (REPO / ".pytest_cache" / "rollout-broken.log").write_text(r.out)
     RESULTS["broken_rollout_s"] = round(r.elapsed, 1)
-    assert r.returncode == 1, r.out[-6000:]
+    assert r.returncode == 4, r.out[-6000:]  # nothing updated (1 is a bad spec, nothing changed)
     assert "batch 1/3 (lab1:0) FAILED" in r.out and "lab1:0: left OUT of the nginx upstream" in r.out, r.out[-4000:]
+    assert re.search(r"failed: +lab1:0: drain, update, check failed: .*", r.out), r.out[-3000:]
+    assert re.search(r"not attempted: lab1:1, lab2:0 \(the rollout stopped", r.out), r.out[-3000:]
+    assert re.search(r"retry only those: vllm-fleet rollout \S+ --spec \S+ --max-fail 0 --limit lab1 --limit lab2$", r.out, re.M), r.out[-3000:]
     assert "batch 2/3" not in r.out
     site = lab1.ssh(f"cat {SITE}", user="root").stdout
     assert "server 127.0.0.1:8000 max_fails=2 fail_timeout=10s down;" in site
