@@ -312,3 +312,34 @@ def test_a_host_its_peers_fail_gets_it_from_the_control_machine(tmp_path, monkey
     peers, state, hosts, art = _members(tmp_path, monkeypatch, ["h1", "h2"], fail=["h2"])
     _run_all(peers, state, hosts, art)
     assert "/m/a" in hosts[1].put  # the fallback: over SSH, as before
+
+
+def test_the_fleet_wheelhouse_goes_host_to_host_only_when_asked(tmp_path):
+    """roles.common.wheels.reach_fleet_wheelhouse on two hosts with a private address: with
+    host data wheels_peer_fetch the rounds put the wheels in place (nothing to run first); by
+    default the fetch list from the control machine's server, as before."""
+    from pyinfra.api import Config, Inventory, State
+    from pyinfra.context import ctx_host, ctx_inventory, ctx_state
+
+    from vllm_fleet.roles.common import wheels
+
+    house = tmp_path / "house"
+    house.mkdir()
+    (house / "x-1.0-py3-none-any.whl").write_bytes(b"wheel")
+    for asked in (True, False):
+        data = {"private_address": None, "wheels_peer_fetch": asked, "vllm_wheel_serve_address": "127.0.0.1"}
+        inv = Inventory(([("a", {**data, "private_address": "10.0.0.1"}), ("b", {**data, "private_address": "10.0.0.2"})], {}))
+        st = State(inv, Config())
+        got = {}
+        with ctx_inventory.use(inv), ctx_state.use(st):
+            for h in inv:
+                with ctx_host.use(h):
+                    got[h.name] = wheels.reach_fleet_wheelhouse(house, "/opt/x/wheelhouse", "upload")
+            names = {h.name: [sorted(st.op_meta[o].names)[0] for o in h.op_hash_order] for h in inv}
+        if asked:
+            assert got == {"a": ("/opt/x/wheelhouse", []), "b": ("/opt/x/wheelhouse", [])}
+            assert names["a"] == names["b"] == ["the wheelhouse /opt/x/wheelhouse: peer round 0",
+                                                 "the wheelhouse /opt/x/wheelhouse: peer round 1",
+                                                 "the wheelhouse /opt/x/wheelhouse: stop the peer servers"]
+        else:
+            assert all("fetch_files" in text(cmds[0]) for _, cmds in got.values()) and all(len(n) == 1 for n in names.values())

@@ -54,6 +54,12 @@ from vllm_fleet.host.programs import argv as cmd
 from vllm_fleet.host.programs import python, script
 
 SYSTEM_PYTHON = "python3"
+
+#: Host data of every transfer host to host (the model role's DEFAULTS include them; the fleet
+#: wheelhouse reads them here): where a host serves its verified copy during the transfer (on
+#: private_address), how long a peer server may live if the deploy that started it dies, and
+#: whether the fleet wheelhouse goes host to host too (off until proven on the lab: the model is).
+DEFAULTS = {"peer_port": 8471, "peer_max_seconds": 3600, "wheels_peer_fetch": False}
 RUN_DIR = "/run/vllm-fleet-peer"  # root-only: the fetch lists and the servers' lists (with the token)
 
 
@@ -106,6 +112,8 @@ class Artifact:
     dir_mode: str
     port: int
     seconds: int
+    control_urls: list = field(default_factory=list)  # the control machine's HTTP server; none: SSH
+    prune: bool = False  # files under root the artifact does not name are removed (a wheelhouse)
     members: dict[str, Member] = field(default_factory=dict)
     token: str = field(default_factory=lambda: secrets.token_urlsafe(24))
     rounds: list | None = None
@@ -147,7 +155,7 @@ def hosts_in_deploy() -> int:
     return len(list(state.inventory))
 
 
-def peer_hosts(deployment: str) -> int:
+def peer_hosts(deployment: str | None) -> int:
     """How many hosts of this run could take the artifact of ``deployment`` host to host: in a
     deploy of the fleet (``load_deploy_spec``'s layout), the hosts with its install stack and a
     private address; in a deploy of one's own (no layout), the inventory's hosts with one."""
@@ -157,7 +165,7 @@ def peer_hosts(deployment: str) -> int:
     from vllm_fleet.roles import common
 
     inventory = {h.name: h for h in state.inventory}
-    for ctx in reversed(list(common._CACHE.values())):  # the latest deploy of this process
+    for ctx in [] if deployment is None else reversed(list(common._CACHE.values())):  # the latest deploy of this process
         if deployment in ctx.layout.deployments:
             return sum(1 for name, hl in ctx.layout.hosts.items()
                        if deployment in hl.parts and hl.parts[deployment].roles & SERVICE_PARTS
@@ -166,12 +174,14 @@ def peer_hosts(deployment: str) -> int:
 
 
 def join(key: str, what: str, local: Path, root: str, files: dict[str, list], lacks: list[str], *,
-         owner: str, mode: str, dir_mode: str, port: int, seconds: int, deployment: str) -> list | None:
+         owner: str, mode: str, dir_mode: str, port: int, seconds: int, deployment: str | None,
+         control_urls: list[str] | None = None, prune: bool = False) -> list | None:
     """Register this host for the artifact ``key`` (``lacks``: what it still needs; empty: it
     holds a verified copy). None when the host takes no part (no private address, or it is the
     only host of ``deployment`` that could: nothing to share): the caller sends the files as
     before. Else the operations added here (one per round and the last one, when something is
-    lacking; none for a holder)."""
+    lacking; none for a holder). ``control_urls``: where the control machine serves the files
+    over HTTP (the fleet wheelhouse); without, the seed and a fallback get them over SSH."""
     addr = address()
     if addr and peer_hosts(deployment) < 2:
         return None
@@ -181,7 +191,7 @@ def join(key: str, what: str, local: Path, root: str, files: dict[str, list], la
                         "from the control machine to this host, as before")
         return None
     art = _artifact(key, what=what, local=local, root=root, files=files, owner=owner, mode=mode,
-                    dir_mode=dir_mode, port=port, seconds=seconds)
+                    dir_mode=dir_mode, port=port, seconds=seconds, control_urls=list(control_urls or []), prune=prune)
     art.members[host.name] = Member(host.name, addr, list(lacks))
     if not lacks:
         return []
@@ -290,7 +300,10 @@ def _inventory_host(state, name: str):
 
 
 def _from_control(state, h, art: Artifact, rels: list[str]) -> bool:
-    """Today's path: the files ``rels`` from the control machine over SSH, then checked."""
+    """Today's path: the files ``rels`` from the control machine (its HTTP server when it has
+    one, else over SSH), then checked."""
+    if art.control_urls:
+        return _fetch(state, h, art, [], urls=art.control_urls)
     args = _root_args(state, h)
     for rel in rels:
         if not h.put_file(str(art.local / rel), f"{art.root}/{rel}", **args):
@@ -298,12 +311,12 @@ def _from_control(state, h, art: Artifact, rels: list[str]) -> bool:
     return _fetch(state, h, art, [])
 
 
-def _fetch(state, h, art: Artifact, sources: list[str]) -> bool:
+def _fetch(state, h, art: Artifact, sources: list[str], urls: list[str] | None = None) -> bool:
     """scripts/fetch_files.py on ``h``: every file of ``art`` checked (and what is not there or
-    differs fetched from ``sources``' servers), owned and moded as the artifact says."""
-    urls = [f"http://{art.members[s].address}:{int(art.port)}/{art.token}/" for s in sources]
+    differs fetched from ``sources``' servers, or ``urls``), owned and moded as the artifact says."""
+    urls = list(urls or []) + [f"http://{art.members[s].address}:{int(art.port)}/{art.token}/" for s in sources]
     listing = f"{RUN_DIR}/{art.unit}.fetch.json"
-    content = json.dumps({"sources": urls, "files": art.files, "prune": False, "owner": art.owner,
+    content = json.dumps({"sources": urls, "files": art.files, "prune": art.prune, "owner": art.owner,
                           "mode": art.mode, "dir_mode": art.dir_mode}, sort_keys=True)
     if not _put_private(state, h, content, listing):
         return False

@@ -8,6 +8,7 @@ read). One place for the vllm and router roles.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from io import StringIO
 from pathlib import Path
@@ -24,7 +25,7 @@ from vllm_fleet.host.programs import argv as cmd
 from vllm_fleet.host.programs import python
 from vllm_fleet.specs import localpath
 
-from . import progress
+from . import peers, progress
 from .state import Query, role_state, unknown
 
 SYSTEM_PYTHON = "python3"  # the host's python whose X.Y the fleet wheelhouse is downloaded for
@@ -45,6 +46,11 @@ def upload(name: str, src: str | Path, dest: str) -> str:
     return dest
 
 
+def _peer_data(key: str) -> Any:
+    value = host.data.get(key)
+    return peers.DEFAULTS[key] if value is None else value
+
+
 def reach_fleet_wheelhouse(directory: Path, dest: str, upload_name: str) -> tuple[str, list]:
     """Put the fleet wheelhouse ``directory`` (``wh.ensure``'s result) at ``dest`` on this host:
     ``(dest, commands to run first)``. With host data ``vllm_wheel_serve_address`` the control
@@ -52,8 +58,28 @@ def reach_fleet_wheelhouse(directory: Path, dest: str, upload_name: str) -> tupl
     the commands fetch each wheel into ``dest``, keeping it only when its sha256 is the one the
     control machine sent over SSH (``scripts/fetch_files.py``, its list a root-only file removed
     after); else it is uploaded over SSH to ``dest`` (operation ``upload_name``) and there is
-    nothing to run first. Either way the install reads ``dest`` with ``--no-index``."""
+    nothing to run first. Either way the install reads ``dest`` with ``--no-index``.
+
+    With host data ``wheels_peer_fetch`` (off by default) and ``private_address`` on two or more
+    hosts of the inventory: host to host (:mod:`.peers`), the control machine's HTTP server (or
+    SSH) the seed's source, and nothing to run first (the rounds put it in place before)."""
     address = host.data.get("vllm_wheel_serve_address")
+    if str(_peer_data("wheels_peer_fetch")).lower() in ("true", "1", "yes"):
+        urls = []
+        if address:
+            try:
+                port, token = wh.serve(directory, address)
+            except wh.WheelhouseError as exc:
+                raise DeployError(str(exc)) from None
+            urls = [f"http://{address}:{port}/{token}/"]
+        files_ = treehash.wheel_manifest(directory)
+        key = hashlib.sha256(json.dumps(files_, sort_keys=True).encode()).hexdigest()
+        ops = peers.join(f"wheels:{dest}:{key}", f"the wheelhouse {dest}", Path(directory), dest, files_, sorted(files_),
+                         owner="root", mode="644", dir_mode="755", port=int(_peer_data("peer_port")),
+                         seconds=int(_peer_data("peer_max_seconds")), deployment=None,
+                         control_urls=urls, prune=True)
+        if ops is not None:
+            return dest, []
     if not address:
         return upload(upload_name, directory, dest), []
     try:

@@ -4,6 +4,8 @@ Where the weights come from and go (model.source / transfer / revision / path / 
 the spec; the values here are fixed names and host data (``@deploy`` data_defaults).
 """
 
+from vllm_fleet.roles.common.peers import DEFAULTS as PEERS
+
 # Written into model.path: one `<sha256>  <relative path>` line per file (sha256sum's format),
 # computed on the control machine; `sha256sum -c` on the host checks the upload against it.
 MANIFEST = "MANIFEST.sha256"
@@ -45,8 +47,8 @@ DEFAULTS = {
     # machine. The peer servers listen on private_address:peer_port for the transfer only, and
     # stop themselves after peer_max_seconds if the deploy that started them did not stop them.
     "peer_fetch": True,
-    "peer_port": 8471,
-    "peer_max_seconds": 3600,
+    "peer_port": PEERS["peer_port"],
+    "peer_max_seconds": PEERS["peer_max_seconds"],
     # Extra environment for the hub download only (e.g. {"HF_ENDPOINT": "<a mirror>"}).
     "model_hub_env": {},
 }
