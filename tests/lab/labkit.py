@@ -55,14 +55,58 @@ def run(argv: list[str], env: dict | None = None, timeout: float = 1800) -> subp
 
 
 def copy_tree(src: "LabHost", dst: "LabHost", path: str) -> float:
-    """``path`` (a directory, e.g. an installed env) copied from one lab host to another as root,
-    streamed through tar; the seconds it took."""
+    """``path`` (a directory, e.g. an installed env) copied from one lab host to another as root;
+    the seconds it took. How: :func:`link_tree` where it can (an nspawn lab on this machine), else
+    streamed through tar over ssh."""
     t0 = time.monotonic()
-    out = subprocess.Popen([*src.ssh_argv("root"), f"tar -C / -cf - {path.lstrip('/')}"], stdout=subprocess.PIPE)
-    into = subprocess.run([*dst.ssh_argv("root"), "tar -C / -xf -"], stdin=out.stdout, capture_output=True, timeout=900)
-    out.stdout.close()
-    assert out.wait(timeout=60) == 0 and into.returncode == 0, into.stderr
+    if not link_tree(src, dst, path):
+        out = subprocess.Popen([*src.ssh_argv("root"), f"tar -C / -cf - {path.lstrip('/')}"], stdout=subprocess.PIPE)
+        into = subprocess.run([*dst.ssh_argv("root"), "tar -C / -xf -"], stdin=out.stdout, capture_output=True, timeout=900)
+        out.stdout.close()
+        assert out.wait(timeout=60) == 0 and into.returncode == 0, into.stderr
     return round(time.monotonic() - t0, 1)
+
+
+def _files(h: "LabHost", path: str) -> str:
+    """What the host itself sees under ``path``: its files' count and total size (find, over ssh)."""
+    count = "awk '{n++; s+=$1} END {printf \"%d %d\\n\", n, s}'"
+    return h.ssh(f"find {path} -type f -printf '%s\\n' | {count}", user="root").stdout.strip()
+
+
+def link_tree(src: "LabHost", dst: "LabHost", path: str) -> bool:
+    """``path`` shared from ``src`` to ``dst`` through the lab's host roots on this machine: hard
+    links from src's overlay upper dir (/var/lib/vllm-fleet-lab/hosts/SRC/upper/PATH, where a
+    deploy's files live) into dst's, one filesystem, so a 3.5 GB env takes a second or two instead
+    of writing 3.5 GB again (measured under load 8-9: cp -a 99.7 s, tar | tar 85.0 s; over ssh more).
+    dst's overlay is told by dropping the kernel's unused dentries (it may hold a negative one for
+    the path: a test checked it was missing), and dst itself must then see every file and byte src
+    sees (find over ssh on both). False, nothing linked, when it cannot: not an nspawn lab here,
+    ``path`` not all in src's upper dir, already (partly) on dst, or dst not seeing the links
+    (they are removed again): the caller copies then.
+
+    The files are shared: a test that changes one in place (not write-then-rename as pip, uv and
+    pyinfra do) changes it on src too."""
+    sys.path.insert(0, str(REPO))
+    from vllm_fleet.lab import nspawn
+
+    cfg = nspawn.LabConfig()
+    rel = path.strip("/")
+    s_up, d_up = cfg.host_dir(src.name) / "upper" / rel, cfg.host_dir(dst.name) / "upper" / rel
+    d_root = cfg.host_dir(dst.name) / "root"
+    if not (s_up.is_dir() and os.path.ismount(d_root) and os.path.ismount(cfg.host_dir(src.name) / "root")):
+        return False
+    want = _files(src, path)
+    upper_only = subprocess.run(["sh", "-c", f"find {s_up} -type f | wc -l"], capture_output=True, text=True).stdout.strip()
+    if want.split()[0] != upper_only or dst.ssh(f"test -e {path}", user="root", check=False).returncode == 0 or d_up.exists():
+        return False
+    (d_root / rel).parent.mkdir(parents=True, exist_ok=True)  # the parents through the overlay (its own upper dirs)
+    if subprocess.run(["cp", "-al", str(s_up), str(d_up)], capture_output=True).returncode == 0:
+        Path("/proc/sys/vm/drop_caches").write_text("2\n")  # unused dentries and inodes, negative ones too
+        if _files(dst, path) == want:
+            return True
+    subprocess.run(["rm", "-rf", str(d_up)], check=True)
+    Path("/proc/sys/vm/drop_caches").write_text("2\n")
+    return False
 
 
 #: What a deploy may change on a host, as plain readers see it (root's find, sha256sum, systemctl,
