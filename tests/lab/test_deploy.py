@@ -175,12 +175,34 @@ def _read_stream(proc: subprocess.Popen, got: dict, first: threading.Event) -> N
     first.set()
 
 
-# Runs on the host, started (ssh connected) before the stream: restarts the unit the moment the test
-# writes a line, so SIGTERM follows the stream's first event by one write on an open ssh session. A
-# restart is no crash: the unit's start limit (5 starts in 15 min, against crash loops) is reset
-# first, so the test can run many times in a row (issue 35's proof ran it 20 times; the 6th restart
-# met 'start-limit-hit' without it).
-_RESTART_ON_LINE = "echo watching; read go; systemctl reset-failed UNIT; systemctl restart UNIT"
+# Runs on the host, started (ssh connected) before the stream. It freezes vLLM's engine (SIGSTOP to
+# the processes under the unit's main one: the engine core generates, the API server only relays)
+# and lets it run 20 ms at a time on the test's "step" lines until the stream's first event is out;
+# on "go" it has systemd restart the unit (its start limit reset first: a restart is no crash, and
+# the 6th within 15 min met 'start-limit-hit' when the test ran 20 times in a row) and thaws the
+# engine once systemd is stopping it (ActiveState deactivating: SIGTERM sent). Why the gate: under
+# load the engine's busy loop starves its API server, which then relays a whole generation in one
+# burst after the engine has finished (seen here: all 32 x 480 tokens within 0.13 s, 3 attempts
+# running, 1 run in 20 of the first event as the trigger); a frozen engine starves nothing, and a
+# 20 ms step cannot finish 2 batches of 480 tokens (1.3-5 s of the engine's time here).
+_RESTART_ON_LINE = r"""main=$(systemctl show -p MainPID --value UNIT)
+kids=$(pgrep -P "$main")
+engine=$(echo $kids $(for k in $kids; do pgrep -P "$k"; done))
+[ -n "$engine" ] || { echo "no process under vLLM's main one ($main)"; exit 1; }
+tick=$(mktemp -u) && mkfifo "$tick" && exec 3<>"$tick" && rm -f "$tick"
+trap 'kill -CONT $engine 2>/dev/null' EXIT
+kill -STOP $engine
+echo watching
+steps=0
+while read cmd || exit 1; [ "$cmd" = step ]; do
+  kill -CONT $engine; read -t 0.02 -u 3; kill -STOP $engine; steps=$((steps + 1)); echo stepped
+done
+systemctl reset-failed UNIT
+systemctl restart UNIT & restart=$!
+for i in $(seq 1500); do [ "$(systemctl show -p ActiveState --value UNIT)" = deactivating ] && break; sleep 0.02; done
+echo "engine ($engine) ran $steps steps of 20 ms, frozen until systemd was $(systemctl show -p ActiveState --value UNIT)"
+kill -CONT $engine
+wait $restart"""
 #: vLLM's engine, as it handles SIGTERM with requests it has not finished (vllm/v1/engine/core.py):
 #: its own word that the stop met requests in flight. "aborting in-flight requests" is the other mode.
 _DRAINING = re.compile(r"\[shutdown\] EngineCore: draining in-flight requests count=(\d+)")
@@ -204,10 +226,18 @@ def _drain_attempt(server, unit: str, n: int) -> tuple[dict, str]:
     reader = threading.Thread(target=_read_stream, args=(proc, got, first), daemon=True)
     reader.start()
     # the event: the stream's first token is out, so vLLM holds the request (one request: none is
-    # left to reach it after SIGTERM, when it would be refused)
-    assert first.wait(timeout=120) and "first_at" in got, f"no event on the stream in 120 s: {got}"
+    # left to reach it after SIGTERM, when it would be refused). Each step: the engine runs 20 ms,
+    # then up to 2 s for the API server (not starved while the engine is frozen) to relay it.
+    for _ in range(200):
+        watcher.stdin.write("step\n")
+        watcher.stdin.flush()
+        assert watcher.stdout.readline().strip() == "stepped", "the restart watcher stopped"
+        if first.wait(timeout=2):
+            break
+    assert "first_at" in got, f"no event on the stream after 200 steps of the engine: {got}"
     out, _ = watcher.communicate("go\n", timeout=300)
-    assert watcher.returncode == 0, out
+    assert watcher.returncode == 0 and "frozen until systemd was deactivating" in out, out
+    got["watcher"] = out.strip()
     reader.join(timeout=300)
     journal = server.ssh(f"journalctl -u {unit} -o short-unix --no-pager --since @{since:.0f}", user="root").stdout
     assert "systemd[1]: Stopping" in journal and "shutdown triggered" in journal, journal[-3000:]
@@ -219,8 +249,9 @@ def test_restart_drains_an_in_flight_stream(server):
     from server.shutdown_timeout, TimeoutStopSec= above it) instead of aborting it, so the client
     gets every token of every sequence (vLLM's own usage count) and [DONE].
 
-    SIGTERM is sent on the stream's first event; that the stop met the request unfinished is not
-    judged by the clock but by vLLM's engine itself, which logs "draining in-flight requests
+    SIGTERM is sent once the stream's first event is out (the engine held by SIGSTOP until then,
+    see _RESTART_ON_LINE); that the stop met the request unfinished is not judged by the clock but
+    by vLLM's engine itself, which logs "draining in-flight requests
     count=N" when it handles SIGTERM with work left. The request holds twice as many sequences as
     the engine runs at once (max_num_seqs), so after the first token at least one more batch is
     left: an attempt whose engine had nothing left (no such line) proves nothing and is repeated
@@ -242,7 +273,8 @@ def test_restart_drains_an_in_flight_stream(server):
             assert main_pid(server, unit) != before
             drained = _DRAINING.search(journal)
             tried.append(drained.group(0) if drained else "no request left at SIGTERM")
-            print(f"drain attempt: {tried[-1]}; {got['events']} events, the last {got['last_at'] - got['first_at']:.2f} s after the first")
+            print(f"drain attempt: {tried[-1]}; {got['events']} events, the last {got['last_at'] - got['first_at']:.2f} s after the "
+                  f"first; {got['watcher']}")
             if drained and int(drained.group(1)) > 0:
                 break
             wait_healthy(server)
