@@ -40,12 +40,20 @@ def started(h) -> dict[str, str]:
     return {u: h.ssh(f"systemctl show -p ActiveEnterTimestamp --value {u}", user="root").stdout.strip() for u in WATCHED}
 
 
-def vllm_units(h) -> str:
-    """Every vLLM unit systemd knows of on the host, loaded or as a file."""
+def vllm_units(h, ours: bool = True) -> list[str]:
+    """The vLLM units systemd knows of on the host, loaded or as a file (``ours``: lab-tiny's
+    replica units only; other deployments' may be there from other tests)."""
     listed = h.ssh("systemctl list-units --all --no-legend --plain 'vllm-*'; "
                    "systemctl list-unit-files --no-legend 'vllm-*'; ls /etc/systemd/system | grep '^vllm-' || true",
                    user="root").stdout
-    return listed.strip()
+    names = sorted({w for w in listed.split() if w.startswith("vllm-") and w.endswith(".service")})
+    return [n for n in names if re.fullmatch(r"vllm-lab-tiny-[0-9]+\.service", n)] if ours else names
+
+
+def config_files(h, config: str) -> dict[str, str]:
+    """{name: mtime} of the files in the deployment's config directory (none: {})."""
+    out = h.ssh(f"find {shlex.quote(config)} -maxdepth 1 -type f -printf '%f %T@\\n' 2>/dev/null || true", user="root").stdout
+    return dict(line.split(" ", 1) for line in out.splitlines() if line.strip())
 
 
 def weights_stat(h, model: str) -> str:
@@ -59,12 +67,15 @@ def test_stage_puts_env_and_weights_changes_no_unit_and_the_deploy_after_sends_n
     h = lab_hosts[0]
     prefix, model, config = spec["install"]["prefix"], spec["model"]["path"], spec["install"]["config_dir"]
     local = Path(spec["model"]["local_dir"])
-    if h.ssh(f"test -e /etc/systemd/system/{UNIT}", user="root", check=False).returncode == 0:
+    if vllm_units(h):  # what an earlier test deployed there
         r = fleet("down", "inventory/lab.py", "--spec", str(SPEC), "--limit", h.name, "-y", timeout=600)
         assert r.returncode == 0, r.out[-3000:]
-    h.ssh(f"rm -rf {shlex.quote(model)}", user="root")  # the weights must cross the link again
-    assert vllm_units(h) == ""
+    # the weights must cross the link again (and their stamp go: down removes it, an earlier run may not have)
+    h.ssh(f"rm -rf {shlex.quote(model)} {shlex.quote(config)}/model.stamp", user="root")
+    assert vllm_units(h) == []
+    units = vllm_units(h, ours=False)
     before = started(h)
+    configs = config_files(h, config)
 
     r = fleet("stage", "inventory/lab.py", "--spec", str(SPEC), "-y")
     print(f"\nstage on {h.name}: {r.elapsed:.1f} s")
@@ -82,9 +93,12 @@ def test_stage_puts_env_and_weights_changes_no_unit_and_the_deploy_after_sends_n
     have = dict(reversed(line.split("  ", 1)) for line in h.ssh(
         f"cd {shlex.quote(model)} && sha256sum {' '.join(shlex.quote(n) for n in want)}", user="root").stdout.splitlines())
     assert {n: have.get(n) for n in want} == want
-    # no unit, no service config (the config directory holds the model's stamp only), nothing (re)started
-    assert vllm_units(h) == ""
-    assert h.ssh(f"ls -A {shlex.quote(config)}", user="root").stdout.split() == ["model.stamp"]
+    # no unit, no service config (in the config directory only the model's stamp is new; what an
+    # earlier deploy left there is untouched), nothing (re)started
+    assert vllm_units(h) == [] and vllm_units(h, ours=False) == units
+    after = config_files(h, config)
+    assert set(after) - set(configs) == {"model.stamp"}
+    assert {n: after[n] for n in configs} == configs
     assert started(h) == before
 
     # the deploy after it finds the weights in place: not one is written again
