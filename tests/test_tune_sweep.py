@@ -532,3 +532,48 @@ def test_host_session_on_local_runs_without_ssh(tmp_path):
     assert sess.p.proc is not None and sess.p.chan is None  # pyinfra's @local: a local process, no SSH
     assert info["hostname"] == __import__("os").uname().nodename
     assert got["files"][str(probe)]["content"] == "on this machine"
+
+
+def test_a_multi_turn_sweep_sends_conversations_through_the_proxy(tmp_path, monkeypatch):
+    """`tune --multi-turn` (issue 37, item 6): each probe is N conversations at once (N the load
+    searched), sent through the deployment's proxy with a seed of its own; the metrics judged are
+    the workload's TTFT and TPOT under vLLM's benchmark names. Only with a proxy, one replica and
+    --in-place (otherwise the proxy would spread the conversations over other replicas)."""
+    from vllm_fleet.serving import multiturn
+
+    inv = tmp_path / "inv.py"
+    inv.write_text('servers = [("lab1", {"ssh_hostname": "10.10.0.11", "ssh_user": "lab"})]\nproxy = servers\n')
+    spec = yaml.safe_load((REPO / "deployments" / "lab-tiny.yaml").read_text())
+    spec["server"]["api_key"] = {"file": str(tmp_path / "key"), "generate": True}
+    (tmp_path / "key").write_text("k" * 32)
+    (tmp_path / "key").chmod(0o600)
+    sp = tmp_path / "spec.yaml"
+    sp.write_text(yaml.safe_dump(spec))
+    calls = []
+
+    def fake_run(base, model, key, wl, *, seed, run_id, session_header, say):
+        unit = FakeSession.applied[-1] if FakeSession.applied else ""
+        seqs = int(unit.split("--max-num-seqs ")[1].split()[0]) if "--max-num-seqs " in unit else 16
+        c = wl.conversations
+        calls.append((base, model, key, c, wl.prefix_words, wl.turns, seed, session_header))
+        rec = {"ok": True, "ttft_s": 0.02 * c, "e2e_s": 0.02 * c + (1 + c / seqs) * 47 / 1000, "completion_tokens": 48, "prompt_tokens": 100}
+        return multiturn.summarize([rec] * (c * wl.turns), 1.0)
+
+    monkeypatch.setattr(multiturn, "run_workload", fake_run)
+    monkeypatch.setattr(tune, "HostSession", FakeSession)
+    FakeSession.applied = []
+    mt = {"prefix_words": 100, "turns": 2, "user_words": 5, "output_tokens": 48, "think_s": 0}
+    t = tune.Tuner(str(inv), str(sp), {"ttft_p99_ms": 100, "tpot_p99_ms": 2}, str(tmp_path / "out"), say=lambda m: None,
+                   grid={"max_num_seqs": [4, 8]}, in_place=True, multi_turn=mt, max_probes=6, runner=lambda a, e: (0, "ok"))
+    st = t.run()
+    assert {c[0] for c in calls} == {"http://10.10.0.11:80"} and {c[1] for c in calls} == {"tiny"} and {c[2] for c in calls} == {"k" * 32}
+    assert {(c[4], c[5], c[7]) for c in calls} == {(100, 2, "X-Session-Id")}
+    assert len({c[6] for c in calls}) == len(calls)  # every run its own seed
+    best = {p["settings"]["max_num_seqs"]: p["best_load"] for p in st["points"] if p["status"] == "measured"}
+    assert best == {4: 4, 8: 5, 16: 5}  # ttft 20 ms x c <= 100 -> c <= 5; tpot 1 + c/seqs <= 2 -> c <= seqs
+    assert st["workload"]["dataset"] == "multi-turn" and st["workload"]["turns"] == 2
+    m = multiturn.as_bench_metrics(fake_run("u", "tiny", "k", multiturn.Workload(conversations=3, turns=1), seed=1, run_id="r",
+                                            session_header="X-Session-Id", say=None))
+    assert m["p99_ttft_ms"] == 60.0 and m["completed"] == 3 and m["failed"] == 0
+    with pytest.raises(tune.TuneError, match="--multi-turn sends the conversations through the proxy"):
+        make_tuner(tmp_path, monkeypatch, multi_turn=mt)  # two replicas, taken out of the upstream

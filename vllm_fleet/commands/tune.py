@@ -23,6 +23,14 @@ def _target_arg(text: str) -> dict[str, float]:
         raise argparse.ArgumentTypeError(str(exc).removeprefix("--target ")) from None
 
 
+def _multi_turn(args: argparse.Namespace) -> dict[str, Any] | None:
+    """--multi-turn's workload (serving.multiturn.Workload; the conversations are the load)."""
+    if not args.multi_turn:
+        return None
+    return {"prefix_words": args.prefix_len, "turns": args.turns, "user_words": args.user_len, "output_tokens": args.reply_len,
+            "think_s": args.think_time}
+
+
 def cmd_tune(args: argparse.Namespace) -> int:
     try:
         try:
@@ -35,7 +43,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
         tuner = Tuner(args.inventory, spec, target, out, grid=grid, host=args.host, budget_min=args.budget, resume=args.resume,
                       in_place=args.in_place, input_len=args.input_len, output_len=args.output_len, max_probes=args.max_probes,
                       max_load=args.max_load, prompts_per_stream=args.prompts_per_stream, min_prompts=args.min_prompts, dry=args.dry,
-                      load_kind=args.search, data=args.data or [])
+                      load_kind=args.search, data=args.data or [], multi_turn=_multi_turn(args))
         if args.dry:
             for p in tuner.points:
                 print(f"{p['id']} {p['status']:<8} {point_label(p['settings'])}" + (f"  ({p['reason']})" if p["reason"] else ""))
@@ -66,6 +74,15 @@ def add_cli(sub: Any) -> None:
     p.add_argument("--output-len", type=count(1, 1 << 20), default=128, help="output tokens per request (default 128)")
     p.add_argument("--max-probes", type=count(1, 1000), help="benchmark runs per point in the load search (default: enough to double up to "
                    "the highest load, + 2 bisection steps: 7 for max_num_seqs 16, 10 for 128)")
+    m = p.add_argument_group("a multi-turn chat workload instead of vLLM's single-turn benchmark (docs/kv-offload.md)")
+    m.add_argument("--multi-turn", action="store_true", help="each probe runs N conversations at once (N: the load searched) from this "
+                   "machine through the proxy, every turn resending the conversation (where the KV cache's CPU tier has work); "
+                   "needs a proxy, one replica and --in-place")
+    m.add_argument("--prefix-len", type=count(0, 1 << 20), default=3000, help="private prefix per conversation, in words (default 3000)")
+    m.add_argument("--turns", type=count(1, 10_000), default=8, help="user turns per conversation (default 8)")
+    m.add_argument("--user-len", type=count(1, 1 << 20), default=60, help="new words per user turn (default 60)")
+    m.add_argument("--reply-len", type=count(1, 1 << 20), default=48, help="tokens generated per turn (default 48)")
+    m.add_argument("--think-time", type=number(0, 3600, lo_open=False), default=3.0, help="seconds, uniform(0, this) between turns (default 3)")
     p.add_argument("--search", choices=("concurrency", "rate"), default="concurrency",
                    help="search the highest --max-concurrency (default) or request rate (requests/s) meeting the target")
     p.add_argument("--max-load", type=number(0, 1_000_000), help="highest load tried (default: the point's max_num_seqs; rate: 64/s)")

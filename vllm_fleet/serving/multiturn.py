@@ -172,6 +172,8 @@ def summarize(records: list[dict[str, Any]], wall_s: float) -> dict[str, Any]:
     ok = [r for r in records if r["ok"]]
     ttft = [r["ttft_s"] * 1000 for r in ok]
     e2e = [r["e2e_s"] * 1000 for r in ok]
+    # time per output token after the first, per request (vLLM's bench calls it TPOT)
+    tpot = [(r["e2e_s"] - r["ttft_s"]) * 1000 / (r["completion_tokens"] - 1) for r in ok if (r.get("completion_tokens") or 0) > 1]
     out_tok = sum(r.get("completion_tokens") or 0 for r in ok)
     prompt = [r["prompt_tokens"] for r in ok if r.get("prompt_tokens")]
     reasons: dict[str, int] = {}
@@ -184,14 +186,34 @@ def summarize(records: list[dict[str, Any]], wall_s: float) -> dict[str, Any]:
         "wall_s": round(wall_s, 2),
         "ttft_ms": {"p50": _r(_pct(ttft, 0.5)), "p90": _r(_pct(ttft, 0.9)), "p99": _r(_pct(ttft, 0.99))},
         "e2e_ms": {"p50": _r(_pct(e2e, 0.5)), "p90": _r(_pct(e2e, 0.9)), "p99": _r(_pct(e2e, 0.99))},
+        "tpot_ms": {"p50": _r(_pct(tpot, 0.5), 2), "p90": _r(_pct(tpot, 0.9), 2), "p99": _r(_pct(tpot, 0.99), 2)},
         "output_tokens": out_tok, "output_tok_s": round(out_tok / wall_s, 1) if wall_s else None,
         "prompt_tokens": {"mean": round(sum(prompt) / len(prompt), 1) if prompt else None,
                           "max": max(prompt) if prompt else None},
     }
 
 
-def _r(v: float | None) -> float | None:
-    return None if v is None else round(v, 1)
+def _r(v: float | None, digits: int = 1) -> float | None:
+    return None if v is None else round(v, digits)
+
+
+def as_bench_metrics(summary: dict[str, Any]) -> dict[str, Any]:
+    """A run's summary under the names of vLLM's serving benchmark (what `vllm-fleet tune` judges:
+    ``p99_ttft_ms``, ``p99_tpot_ms``, ``output_throughput``, ``completed``, ``failed``, ...)."""
+    out: dict[str, Any] = {"completed": summary["ok"], "failed": summary["failed"], "output_throughput": summary["output_tok_s"],
+                           "duration": summary["wall_s"]}
+    for name, key in (("ttft", "ttft_ms"), ("tpot", "tpot_ms"), ("e2el", "e2e_ms")):
+        for q in ("p50", "p90", "p99"):
+            out[f"{q}_{name}_ms"] = (summary.get(key) or {}).get(q)
+    return out
+
+
+def proxy_url(resolved: dict[str, Any], view: Any) -> str:
+    """The deployment's first proxy as clients reach it (scheme, address, port)."""
+    proxy = view.proxies[0]
+    address = (view.hosts.get(proxy) or {}).get("address", proxy)
+    scheme = "https" if resolved["proxy"]["tls"]["enabled"] else "http"
+    return f"{scheme}://{address}:{view.proxy_listen}"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -428,10 +450,7 @@ def compare(inventory: str, spec_path: str, policies: list[str] | None, workload
     resolved, _, view, key = load_fleet(inventory, spec_path, data=data)
     if not view.proxies or view.proxy_listen is None:
         raise ValueError(f"{resolved['name']}: no proxy in front of the replicas (proxy.enabled): routing policies need one")
-    proxy = view.proxies[0]
-    address = (view.hosts.get(proxy) or {}).get("address", proxy)
-    scheme = "https" if resolved["proxy"]["tls"]["enabled"] else "http"
-    base_url = f"{scheme}://{address}:{view.proxy_listen}"
+    base_url = proxy_url(resolved, view)
     header = resolved["proxy"]["routing"]["session_header"]
     python = command.env_python(resolved)
     runs: list[dict[str, Any]] = []

@@ -446,7 +446,7 @@ class Tuner:
                  host: str | None = None, budget_min: float | None = None, resume: bool = False, in_place: bool = False,
                  input_len: int = 128, output_len: int = 128, prompts_per_stream: int = 4, min_prompts: int = 8,
                  max_probes: int | None = None, max_load: float | None = None, warmup_prompts: int = 4, health_timeout: float = 900, dry: bool = False,
-                 load_kind: str = "concurrency",
+                 load_kind: str = "concurrency", multi_turn: dict[str, Any] | None = None,
                  say: Callable[[str], None] = print, runner: Callable[[list[str], dict[str, str]], tuple[int, str]] | None = None,
                  data: Sequence[str] = ()):
         self.inventory, self.spec_path, self.target, self.say, self.data = inventory, spec_path, target, say, list(data)
@@ -472,6 +472,21 @@ class Tuner:
         self.budget_s = budget_min * 60 if budget_min else None
         self.resume = resume
         self.workload = {"dataset": "random", "input_len": input_len, "output_len": output_len}
+        # A multi-turn chat workload (serving.multiturn: the load is the number of conversations at
+        # once), sent from this machine through the proxy: the KV cache's CPU tier only has work
+        # where conversations come back. The proxy must reach this replica alone.
+        self.multi_turn = dict(multi_turn) if multi_turn else None
+        if self.multi_turn:
+            if not v.proxies or self.upstream or len(v.replicas) != 1 or load_kind != "concurrency":
+                raise TuneError("--multi-turn sends the conversations through the proxy: it needs a deployment with a proxy and one "
+                                f"replica (here {len(v.replicas)}), --in-place, and --search concurrency")
+            from vllm_fleet.serving import multiturn
+
+            self.proxy_url = multiturn.proxy_url(self.resolved, v)
+            self.workload = {"dataset": "multi-turn", **self.multi_turn}
+            mt = self.multi_turn
+            input_len = int(mt.get("prefix_words", 0)) + int(mt.get("system_words", 0)) + int(mt.get("turns", 1)) * int(mt.get("user_words", 0))
+            output_len = int(mt.get("turns", 1)) * int(mt.get("output_tokens", 0))
         self.prompts_per_stream, self.min_prompts, self.max_probes = prompts_per_stream, min_prompts, max_probes
         self.max_load, self.warmup_prompts, self.health_timeout = max_load, warmup_prompts, health_timeout
         if load_kind not in ("concurrency", "rate"):
@@ -635,6 +650,9 @@ class Tuner:
             p.update(status="failed", reason=f"did not start: {ans.get('error')}; journal: {(ans.get('journal') or '')[-600:]}")
             self.say(f"  {p['id']} FAILED to start: {ans.get('error')}")
             return
+        if self.multi_turn:
+            best, probes = self._search_multi_turn(p)
+            return self._record(p, best, probes)
         base = f"http://127.0.0.1:{self.rep.port}"
         t0 = time.monotonic()
         warm = sess.call("bench", base=base, concurrency=1, num_prompts=self.warmup_prompts, input_len=self.workload["input_len"],
@@ -668,6 +686,10 @@ class Tuner:
             best, probes = search(measure, lambda m: meets(m, self.target), lo=0.5, hi=hi,
                                   max_probes=self.max_probes or default_probes(0.5, hi), integer=False)
         p["times"]["search_s"] = round(time.monotonic() - t1, 1)
+        self._record(p, best, probes)
+
+    def _record(self, p: dict[str, Any], best: float | None, probes: list[dict[str, Any]]) -> None:
+        """A point's search result: its probes, the best load meeting the target and its metrics."""
         p["probes"] = probes
         p["best_load"] = best
         p["best"] = next((pr["metrics"] for pr in probes if pr["load"] == best and pr["ok"]), None) if best is not None else None
@@ -675,6 +697,37 @@ class Tuner:
         p["reason"] = None if best is not None else f"even load 1 misses the target ({excess(probes[0]['metrics'], self.target):.2f}x)"
         self.say(f"  {p['id']} " + (f"best load {best:g}: {p['best']['output_throughput']:.0f} tok/s" if best is not None else p["reason"])
                  + f" (restart {p['times']['restart_s']} s, warm-up {p['times']['warmup_s']} s, search {p['times']['search_s']} s)")
+
+    def _search_multi_turn(self, p: dict[str, Any]) -> tuple[float | None, list[dict[str, Any]]]:
+        """The load search of one point with the multi-turn workload: load = conversations at once
+        (each one private prefix, ``turns`` turns); a new seed per run, so no run meets another's
+        prompts in the cache."""
+        from vllm_fleet.serving import multiturn
+
+        model, header = p["resolved"]["model"]["served_name"], self.resolved["proxy"]["routing"]["session_header"]
+        seed = [multiturn.new_seed()]
+
+        def run(n: int) -> dict[str, Any]:
+            seed[0] += 1
+            wl = multiturn.Workload(**{**self.multi_turn, "conversations": int(n), "concurrency": 0})
+            return multiturn.run_workload(self.proxy_url, model, self.key, wl, seed=seed[0], run_id=f"tune-{p['id']}-{seed[0]}",
+                                          session_header=header, say=self.say)
+
+        t0 = time.monotonic()
+        run(1)  # warm-up: one conversation
+        p["times"]["warmup_s"] = round(time.monotonic() - t0, 1)
+
+        def measure(load: float) -> dict[str, Any] | None:
+            m = multiturn.as_bench_metrics(run(int(load)))
+            self.say(f"    {int(load)} conversations: TTFT p99 {m['p99_ttft_ms'] or 0:.1f} ms, TPOT p99 {m['p99_tpot_ms'] or 0:.2f} ms, "
+                     f"{m['output_throughput'] or 0:.0f} tok/s, {m['failed']} failed")
+            return m
+
+        t1 = time.monotonic()
+        hi = self.max_load or int(p["resolved"]["engine"]["max_num_seqs"])
+        best, probes = search(measure, lambda m: meets(m, self.target), lo=1, hi=int(hi), max_probes=self.max_probes or default_probes(1, int(hi)))
+        p["times"]["search_s"] = round(time.monotonic() - t1, 1)
+        return best, probes
 
     def finish(self, info: dict[str, Any], seconds: float) -> dict[str, Any]:
         header, _ = read_results(self.results)
