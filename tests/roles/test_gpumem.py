@@ -256,7 +256,7 @@ def test_a_deploy_on_at_local_says_the_line_and_stops_before_any_operation(tmp_p
     r = subprocess.run([sys.executable, "-m", "vllm_fleet", "deploy", "@local", "--spec", str(tmp_path / "batch.yaml"), "--dry"],
                        capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
     out = r.stdout + r.stderr
-    assert r.returncode == 3, out[-3000:]
+    assert r.returncode == 4, out[-3000:]
     assert "[@local] GPU 0: 24.0 GiB total, 1.2 GiB held by other processes, planning with 22.5 GiB" in out, out[-3000:]
     assert "host @local: not enough free GPU memory" in out and "0.94 or lower" in out, out[-3000:]
     assert not (tmp_path / "key").exists()  # --dry: nothing written, not even here
