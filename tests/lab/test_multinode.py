@@ -101,7 +101,10 @@ def cluster(three_hosts, tmp_path_factory):
         # deploy lab-tiny to lab2 and expect its site alone and port 8000 free).
         head.ssh("systemctl disable --now vllm-lab-tiny-pp2-0.service ray-head.service vllm-fleet-ray-firewall.service; "
                  "rm -f /etc/nginx/conf.d/vllm-fleet-lab-tiny-pp2.conf; systemctl reload nginx || true", user="root", check=False)
-        worker.ssh("systemctl disable --now ray-worker.service vllm-fleet-ray-firewall.service", user="root", check=False)
+        # Ray's worker, its head gone, took 57 s to stop (SIGKILL at its TimeoutStopSec=60): this is
+        # the test's cleanup, not `down`, so it is killed first
+        worker.ssh("systemctl kill -s SIGKILL ray-worker.service; "
+                   "systemctl disable --now ray-worker.service vllm-fleet-ray-firewall.service", user="root", check=False)
         (REPO / ".pytest_cache").mkdir(exist_ok=True)
         (REPO / ".pytest_cache" / "multinode-results.json").write_text(json.dumps(RESULTS, indent=2))
         print("\nmulti-node results:", RESULTS)
