@@ -206,10 +206,15 @@ def measure(n: int, args, st: dict, spec: Path, model: Path, resolved: dict) -> 
               flush=True)
         r = timed(stage, env)
         fw1, br1 = forward_bytes(bridge), bridge_bytes(bridge)
-        sent = (br1["tx"] - br0["tx"]) - (fw1["in"] - fw0["in"])
+        # the bridge's own tx: what left the control machine's stack for the hosts (SSH, the
+        # seed's copy, and what the hosts fetched from outside through the NAT: apt). Frames from
+        # one host to another are bridged between ports and are not in it. The FORWARD rule's
+        # count is recorded beside it, not subtracted: with bridge netfilter on it also counts
+        # the host-to-host frames.
+        sent = br1["tx"] - br0["tx"]
         entry["stage"] = {"rc": r["rc"], "wall_s": r["wall_s"], "per_host": per_host_lines(r["stdout"], names),
                           "tail": r["out"][-3000:] if r["rc"] else None}
-        entry["bytes"] = {"control_to_hosts": sent, "outside_to_hosts": fw1["in"] - fw0["in"],
+        entry["bytes"] = {"control_to_hosts": sent, "bridge_tx": sent, "forward_rule_in": fw1["in"] - fw0["in"],
                           "per_model_bytes": round(sent / entry["model_bytes"], 3)}
         print(f"[{n}] stage rc={r['rc']} {r['wall_s']} s, control -> hosts {sent / 2**20:.0f} MiB "
               f"({entry['bytes']['per_model_bytes']}x the model)", flush=True)
@@ -299,6 +304,13 @@ def main() -> int:
     return 0
 
 
+def bridge_tx(e: dict) -> int:
+    """The bridge's tx bytes during the stage (entries before the field: the difference they
+    recorded plus the FORWARD count they subtracted)."""
+    b = e.get("bytes", {})
+    return b["bridge_tx"] if "bridge_tx" in b else b.get("control_to_hosts", 0) + b.get("outside_to_hosts", 0)
+
+
 def _order(result: dict):
     return sorted(result.get("sizes", {}).items(), key=lambda kv: (kv[1].get("rate") or "", not kv[1].get("peers", True), kv[1]["hosts"]))
 
@@ -307,7 +319,7 @@ def print_rows(result: dict) -> None:
     for key, e in _order(result):
         b, st, no = e.get("bytes", {}), e.get("stage", {}), e.get("noop", {})
         where = f"{e['hosts']} host(s)" + (f" at {e['rate']}" if e.get("rate") else "") + ("" if e.get("peers", True) else ", peers off")
-        print(f"| {where} | {e['model_bytes'] / 1e6:.1f} MB | {b.get('control_to_hosts', 0) / 1e6:.1f} MB | {b.get('per_model_bytes', '')}x | "
+        print(f"| {where} | {e['model_bytes'] / 1e6:.1f} MB | {bridge_tx(e) / 1e6:.1f} MB | {bridge_tx(e) / e['model_bytes']:.3f}x | "
               f"{st.get('wall_s', '')} s{'' if st.get('rc') == 0 else ' (rc ' + str(st.get('rc')) + ')'} | {no.get('median_wall_s', '')} s | "
               f"{no.get('commands_per_host_max', '')} | {e.get('commit')} |")
 
@@ -336,7 +348,7 @@ def stage_overhead(result: dict) -> float:
     if not shaped:
         return 0.0
     e = shaped[0]
-    return e["stage"]["wall_s"] - e["bytes"]["control_to_hosts"] * 8 / _rate_bps(e["rate"])
+    return e["stage"]["wall_s"] - bridge_tx(e) * 8 / _rate_bps(e["rate"])
 
 
 def model_minutes(n: int, gbe: float, weights: float, overhead: float, peers: bool) -> float:
