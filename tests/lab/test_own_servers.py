@@ -10,7 +10,7 @@ the checkout, against lab1 as a user's own host (their inventory, no lab default
     ...on its own ports, Ctrl-C (SIGINT to the process group) during its wheelhouse upload, after
        the upload's progress lines (bytes of total, rate) -> exit 130, one line, no traceback;
        `down --purge` of it
-    a site nginx rejects (a hand-made default server on the new port) -> exit 3, the previous site
+    a site nginx rejects (a hand-made default server on the new port) -> exit 4 (its only host failed: nothing done), the previous site
                                         back, nginx -t passes, still serving
     vllm-fleet diff    -> exit 0        (nothing would change)
     a spec change      -> diff exit 1, the changed line shown, the key never
@@ -240,7 +240,7 @@ def other_deployment_steps(tool, lab1, spec, key):
     (work / "own-b.yaml").write_text(yaml.safe_dump(b, sort_keys=False))
     nginx_before = lab1.ssh("sha256sum /etc/nginx/conf.d/*.conf", user="root").stdout
     r = fleet(tool, "deploy", "inventory.py", "--spec", "own-b.yaml", "-y", step="deploy: a clash refused")
-    assert r.returncode == 3, r.out[-3000:]
+    assert r.returncode == 4, r.out[-3000:]
     assert "host lab1: another vllm-fleet deployment already on this host is in the way" in r.out, r.out[-3000:]
     assert "port 8000 (vllm-own-b-0.service) is taken by deployment 'lab-tiny' (vllm-lab-tiny-0.service)" in r.out
     assert "nginx port 80: both are the default server (/etc/nginx/conf.d/vllm-fleet-lab-tiny.conf of deployment 'lab-tiny')" in r.out
@@ -294,7 +294,7 @@ def nginx_rollback_step(tool, lab1, spec, write_spec, key):
         spec["proxy"]["listen"] = 8082
         write_spec()
         r = fleet(tool, "deploy", "inventory.py", "-y", step="deploy: a site nginx rejects")
-        assert r.returncode == 3, r.out[-3000:]
+        assert r.returncode == 4, r.out[-3000:]
         assert "a duplicate default server for 0.0.0.0:8082" in r.out, r.out[-3000:]
         assert "its previous nginx files are back and nginx was not reloaded" in r.out
         assert lab1.ssh("nginx -t", user="root", check=False).returncode == 0
