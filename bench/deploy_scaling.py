@@ -41,15 +41,25 @@ def summarize(runs: list[dict]) -> dict:
     for k in runs[0]["phases"] if runs else []:
         phases[k] = round(lb.median([r["phases"].get(k) for r in runs]), 2)
     smoke = [r["phases"].get("smoke_s") for r in runs if r["phases"].get("smoke_s") is not None]
-    out = {"n": len(runs), "wall_median_s": round(lb.median(walls), 2), "wall_min_s": min(walls), "wall_max_s": max(walls),
-           "phases_median_s": phases, "changed_ops_max": max(r["grand_total"]["changed"] for r in runs),
-           "ops": runs[0]["grand_total"]["ops"]}
+    out = {
+        "n": len(runs),
+        "wall_median_s": round(lb.median(walls), 2),
+        "wall_min_s": min(walls),
+        "wall_max_s": max(walls),
+        "phases_median_s": phases,
+        "changed_ops_max": max(r["grand_total"]["changed"] for r in runs),
+        "ops": runs[0]["grand_total"]["ops"],
+    }
     if smoke:
         # the smoke tests' share of each run (they are part of every deploy), median over the runs
         out["smoke_median_s"] = round(lb.median(smoke), 2)
         out["smoke_min_s"], out["smoke_max_s"] = min(smoke), max(smoke)
-        out["smoke_share"] = round(lb.median([r["phases"]["smoke_s"] / r["wall_s"] for r in runs if r["phases"].get("smoke_s") is not None]), 3)
-        out["without_smoke_median_s"] = round(lb.median([r["wall_s"] - (r["phases"].get("smoke_s") or 0) for r in runs]), 2)
+        out["smoke_share"] = round(
+            lb.median([r["phases"]["smoke_s"] / r["wall_s"] for r in runs if r["phases"].get("smoke_s") is not None]), 3
+        )
+        out["without_smoke_median_s"] = round(
+            lb.median([r["wall_s"] - (r["phases"].get("smoke_s") or 0) for r in runs]), 2
+        )
     return out
 
 
@@ -66,15 +76,32 @@ def strip(run: dict) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", default="1,3,6", help="fleet sizes, ascending (default 1,3,6)")
-    ap.add_argument("--repeat", type=int, default=5, help="no-op re-deploys per size (default 5); median, min and max are reported")
-    ap.add_argument("--label", default="", help="a name for this measurement (e.g. before/after a change): results go under "
-                    "result['labels'][LABEL]['sizes'] instead of result['sizes'], so two labels sit side by side in --out")
-    ap.add_argument("--spec", default="", help="deploy this spec instead of the bench spec (1 host: its servers on lab1 "
-                    "only, e.g. deployments/lab-tiny.yaml; several servers behind one nginx need vLLM on 0.0.0.0)")
-    ap.add_argument("--kv-gib", type=int, default=1, help="engine.cpu_kv_cache_gib of the bench spec (default 1, the schema's minimum)")
+    ap.add_argument(
+        "--repeat", type=int, default=5, help="no-op re-deploys per size (default 5); median, min and max are reported"
+    )
+    ap.add_argument(
+        "--label",
+        default="",
+        help="a name for this measurement (e.g. before/after a change): results go under "
+        "result['labels'][LABEL]['sizes'] instead of result['sizes'], so two labels sit side by side in --out",
+    )
+    ap.add_argument(
+        "--spec",
+        default="",
+        help="deploy this spec instead of the bench spec (1 host: its servers on lab1 "
+        "only, e.g. deployments/lab-tiny.yaml; several servers behind one nginx need vLLM on 0.0.0.0)",
+    )
+    ap.add_argument(
+        "--kv-gib",
+        type=int,
+        default=1,
+        help="engine.cpu_kv_cache_gib of the bench spec (default 1, the schema's minimum)",
+    )
     ap.add_argument("--out", default=str(lb.REPO / "bench" / "results" / "lab-deploy-scaling.json"))
     ap.add_argument("--note", default="", help="free text stored in the JSON (e.g. what else ran on the machine)")
-    ap.add_argument("--fit", action="store_true", help="when a size does not fit in memory, measure the largest that does")
+    ap.add_argument(
+        "--fit", action="store_true", help="when a size does not fit in memory, measure the largest that does"
+    )
     ap.add_argument("--table", action="store_true", help="only print the table of --out")
     args = ap.parse_args()
     if args.table:
@@ -99,10 +126,18 @@ def main() -> int:
         spec = Path(args.spec).resolve()
         (block if args.label else result)["spec"] = {"file": args.spec}
     else:
-        spec = lb.bench_spec((st or {}).get("subnet") or __import__("os").environ.get("VLLM_FLEET_LAB_SUBNET", "10.10.0.0/24"),
-                             kv_gib=args.kv_gib)
-        (block if args.label else result)["spec"] = {"file": "deployments/lab-tiny.yaml, renamed lab-bench", "overrides": {
-            "engine.cpu_kv_cache_gib": args.kv_gib, "server.host": "0.0.0.0", "server.health_timeout": 1200}}
+        spec = lb.bench_spec(
+            (st or {}).get("subnet") or __import__("os").environ.get("VLLM_FLEET_LAB_SUBNET", "10.10.0.0/24"),
+            kv_gib=args.kv_gib,
+        )
+        (block if args.label else result)["spec"] = {
+            "file": "deployments/lab-tiny.yaml, renamed lab-bench",
+            "overrides": {
+                "engine.cpu_kv_cache_gib": args.kv_gib,
+                "server.host": "0.0.0.0",
+                "server.health_timeout": 1200,
+            },
+        }
 
     import yaml
 
@@ -123,8 +158,10 @@ def main() -> int:
             need = (n - deployed) * per_server_mib + RESERVE_MIB
             avail = entry["machine_before"]["mem_available_mib"]
             if avail < need:
-                why = (f"{n} hosts: {n - deployed} more vLLM servers need ~{(n - deployed) * per_server_mib} MiB "
-                       f"(+{RESERVE_MIB} MiB reserve), {avail} MiB available")
+                why = (
+                    f"{n} hosts: {n - deployed} more vLLM servers need ~{(n - deployed) * per_server_mib} MiB "
+                    f"(+{RESERVE_MIB} MiB reserve), {avail} MiB available"
+                )
                 fits = deployed + max(0, (avail - RESERVE_MIB) // per_server_mib)
                 print(f"[{n}] does not fit: {why}; {fits} hosts would", flush=True)
                 result.setdefault("not_measured", {})[str(n)] = why
@@ -142,8 +179,12 @@ def main() -> int:
         entry["pip_cache_before"] = lb.pip_cache()
         print(f"[{n}] first deploy ({'cold: lab1 bare' if bare else 'converge'}), servers {servers} ...", flush=True)
         first = lb.deploy(spec, servers)
-        entry["first_deploy"] = {**strip(first), "kind": "cold (lab1 bare host to smoke passed)" if bare and n == 1
-                                 else ("cold on the new hosts" if bare or have < n else "converge")}
+        entry["first_deploy"] = {
+            **strip(first),
+            "kind": "cold (lab1 bare host to smoke passed)"
+            if bare and n == 1
+            else ("cold on the new hosts" if bare or have < n else "converge"),
+        }
         print(f"[{n}] first deploy rc={first['rc']} {first['wall_s']} s {first['grand_total']}", flush=True)
         if first["rc"] != 0:
             # what failed, from the whole output (the tail is only the results table), then one
@@ -163,7 +204,10 @@ def main() -> int:
         for i in range(args.repeat):
             r = lb.deploy(spec, servers)
             runs.append(strip(r))
-            print(f"[{n}] no-op #{i + 1}: rc={r['rc']} {r['wall_s']} s {r['grand_total']} changed={r['changed_ops']}", flush=True)
+            print(
+                f"[{n}] no-op #{i + 1}: rc={r['rc']} {r['wall_s']} s {r['grand_total']} changed={r['changed_ops']}",
+                flush=True,
+            )
             if r["rc"] != 0:
                 print(r["_out"][-5000:], file=sys.stderr)
                 break
@@ -200,13 +244,17 @@ def print_table(result: dict) -> None:
             _table(block, result)
     for n, why in (result.get("not_measured") or {}).items():
         print(f"{n:>5} not measured: {why}")
-    print("(seconds; no-op = a re-deploy that changes nothing, median of the repeats; smoke = the smoke tests' part of it; "
-          "cmds/host = commands pyinfra sent each host in a no-op (-vv); the machine is shared: see machine_* in the JSON)")
+    print(
+        "(seconds; no-op = a re-deploy that changes nothing, median of the repeats; smoke = the smoke tests' part of it; "
+        "cmds/host = commands pyinfra sent each host in a no-op (-vv); the machine is shared: see machine_* in the JSON)"
+    )
 
 
 def _table(result: dict, top: dict) -> None:
-    print(f"\n{'hosts':>5} {'first deploy':>13} {'kind':<34} {'no-op median':>12} {'min-max':>13} {'smoke (share)':>14} "
-          f"{'per host':>8} {'changed':>7} {'ops':>4} {'cmds/host':>9}  {'lab1 RSS':>8}  load1")
+    print(
+        f"\n{'hosts':>5} {'first deploy':>13} {'kind':<34} {'no-op median':>12} {'min-max':>13} {'smoke (share)':>14} "
+        f"{'per host':>8} {'changed':>7} {'ops':>4} {'cmds/host':>9}  {'lab1 RSS':>8}  load1"
+    )
     for n, e in sorted(result["sizes"].items(), key=lambda kv: int(kv[0])):
         f = e.get("first_deploy", {})
         no = e.get("noop", {})
@@ -214,9 +262,12 @@ def _table(result: dict, top: dict) -> None:
         smoke = f"{no['smoke_median_s']} ({no['smoke_share'] * 100:.0f}%)" if "smoke_share" in no else ""
         cmds = no.get("remote_commands") or {}
         cmds = f"{max(cmds.values())}" if cmds else ""
-        print(f"{n:>5} {f.get('wall_s', ''):>11} s {f.get('kind', ''):<34} {no.get('wall_median_s', ''):>10} s {rng:>13} {smoke:>14} "
-              f"{no.get('per_host_s', ''):>6} s {no.get('changed_ops_max', ''):>7} {no.get('ops', ''):>4} {cmds:>9}  "
-              f"{e.get('host_rss_mib', {}).get('lab1', '')!s:>4} MiB  {e['machine_before']['loadavg_1_5_15'][0]}")
+        print(
+            f"{n:>5} {f.get('wall_s', ''):>11} s {f.get('kind', ''):<34} {no.get('wall_median_s', ''):>10} s {rng:>13} {smoke:>14} "
+            f"{no.get('per_host_s', ''):>6} s {no.get('changed_ops_max', ''):>7} {no.get('ops', ''):>4} {cmds:>9}  "
+            f"{e.get('host_rss_mib', {}).get('lab1', '')!s:>4} MiB  {e['machine_before']['loadavg_1_5_15'][0]}"
+        )
+
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -60,7 +60,9 @@ NAME = "lab-scale"
 #: the bench's hosts are lab4 onwards: hosts it adds, new (nothing on them looked the env's path up,
 #: so the hard-linked env shows through their overlay), and the other helpers' lab1..lab3 untouched
 FIRST = 3
-ENV_PREFIX = "/opt/vllm-fleet/lab-tiny"  # lab1's installed env (tests/lab/test_deploy.py); the bench spec's install.prefix
+ENV_PREFIX = (
+    "/opt/vllm-fleet/lab-tiny"  # lab1's installed env (tests/lab/test_deploy.py); the bench spec's install.prefix
+)
 MODEL_CACHE = Path("/var/tmp/vllm-fleet-scale-models")
 RESERVE = 6 * 2**30  # free disk kept for everyone else
 
@@ -128,8 +130,10 @@ def seed_env(st: dict, names: list[str]) -> dict:
     copy, no disk), before anything on that host looked the path up."""
     src = upper("lab1") / ENV_PREFIX.lstrip("/") / "env"
     if not (src / "bin" / "python").exists():
-        raise SystemExit(f"no installed env on lab1 at {ENV_PREFIX}/env: deploy lab-tiny on lab1 first "
-                         "(tests/lab/test_deploy.py or `vllm-fleet deploy inventory/lab.py -y`)")
+        raise SystemExit(
+            f"no installed env on lab1 at {ENV_PREFIX}/env: deploy lab-tiny on lab1 first "
+            "(tests/lab/test_deploy.py or `vllm-fleet deploy inventory/lab.py -y`)"
+        )
     t0 = time.monotonic()
     seeded = []
     for name in names:
@@ -161,14 +165,26 @@ def shape(bridge: str, rate: str | None) -> None:
 
 
 def fleet_env(servers: list[str]) -> dict[str, str]:
-    return {**os.environ, "VLLM_FLEET_LAB_SERVERS": ",".join(servers), "VLLM_FLEET_LAB_PROXY": "lab1",
-            "VLLM_FLEET_LAB_MONITORING": "lab1", "PYTHONUNBUFFERED": "1"}
+    return {
+        **os.environ,
+        "VLLM_FLEET_LAB_SERVERS": ",".join(servers),
+        "VLLM_FLEET_LAB_PROXY": "lab1",
+        "VLLM_FLEET_LAB_MONITORING": "lab1",
+        "PYTHONUNBUFFERED": "1",
+    }
 
 
 def timed(argv: list[str], env: dict, timeout: float = 3600) -> dict:
     t0 = time.monotonic()
-    r = subprocess.run(argv, cwd=lb.REPO, env=env, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
-    return {"rc": r.returncode, "wall_s": round(time.monotonic() - t0, 2), "out": r.stdout + r.stderr, "stdout": r.stdout}
+    r = subprocess.run(
+        argv, cwd=lb.REPO, env=env, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL
+    )
+    return {
+        "rc": r.returncode,
+        "wall_s": round(time.monotonic() - t0, 2),
+        "out": r.stdout + r.stderr,
+        "stdout": r.stdout,
+    }
 
 
 def per_host_lines(stdout: str, names: list[str]) -> dict[str, str]:
@@ -190,11 +206,18 @@ def per_host_lines(stdout: str, names: list[str]) -> dict[str, str]:
 
 
 def measure(n: int, args, st: dict, spec: Path, model: Path, resolved: dict) -> dict:
-    names = [h["name"] for h in st["hosts"]][FIRST:FIRST + n]
+    names = [h["name"] for h in st["hosts"]][FIRST : FIRST + n]
     env = fleet_env(names)
     bridge = st["bridge"]
-    entry: dict = {"hosts": n, "rate": args.rate, "peers": not args.no_peers, "model_bytes": tree_bytes(model), "model_dir": str(model),
-                   "commit": lb.git_commit(), "machine_before": lb.machine()}
+    entry: dict = {
+        "hosts": n,
+        "rate": args.rate,
+        "peers": not args.no_peers,
+        "model_bytes": tree_bytes(model),
+        "model_dir": str(model),
+        "commit": lb.git_commit(),
+        "machine_before": lb.machine(),
+    }
     entry["seed_env"] = seed_env(st, names)
     clear_model(st, names, resolved["model"]["path"], resolved["install"]["config_dir"])
     shape(bridge, args.rate)
@@ -202,8 +225,10 @@ def measure(n: int, args, st: dict, spec: Path, model: Path, resolved: dict) -> 
         peers = ["--data", "peer_fetch=False"] if args.no_peers else []
         stage = [str(lb.BIN / "vllm-fleet"), "stage", "inventory/lab.py", "--spec", str(spec), *peers, "-y"]
         fw0, br0 = forward_bytes(bridge), bridge_bytes(bridge)
-        print(f"[{n}{'@' + args.rate if args.rate else ''}{' no peers' if args.no_peers else ''}] stage of {len(names)} hosts ...",
-              flush=True)
+        print(
+            f"[{n}{'@' + args.rate if args.rate else ''}{' no peers' if args.no_peers else ''}] stage of {len(names)} hosts ...",
+            flush=True,
+        )
         r = timed(stage, env)
         fw1, br1 = forward_bytes(bridge), bridge_bytes(bridge)
         # the bridge's own tx: what left the control machine's stack for the hosts (SSH, the
@@ -212,28 +237,64 @@ def measure(n: int, args, st: dict, spec: Path, model: Path, resolved: dict) -> 
         # count is recorded beside it, not subtracted: with bridge netfilter on it also counts
         # the host-to-host frames.
         sent = br1["tx"] - br0["tx"]
-        entry["stage"] = {"rc": r["rc"], "wall_s": r["wall_s"], "per_host": per_host_lines(r["stdout"], names),
-                          "tail": r["out"][-3000:] if r["rc"] else None}
-        entry["bytes"] = {"control_to_hosts": sent, "bridge_tx": sent, "forward_rule_in": fw1["in"] - fw0["in"],
-                          "per_model_bytes": round(sent / entry["model_bytes"], 3)}
-        print(f"[{n}] stage rc={r['rc']} {r['wall_s']} s, control -> hosts {sent / 2**20:.0f} MiB "
-              f"({entry['bytes']['per_model_bytes']}x the model)", flush=True)
+        entry["stage"] = {
+            "rc": r["rc"],
+            "wall_s": r["wall_s"],
+            "per_host": per_host_lines(r["stdout"], names),
+            "tail": r["out"][-3000:] if r["rc"] else None,
+        }
+        entry["bytes"] = {
+            "control_to_hosts": sent,
+            "bridge_tx": sent,
+            "forward_rule_in": fw1["in"] - fw0["in"],
+            "per_model_bytes": round(sent / entry["model_bytes"], 3),
+        }
+        print(
+            f"[{n}] stage rc={r['rc']} {r['wall_s']} s, control -> hosts {sent / 2**20:.0f} MiB "
+            f"({entry['bytes']['per_model_bytes']}x the model)",
+            flush=True,
+        )
         if r["rc"] != 0:
             print(r["out"][-5000:], file=sys.stderr)
         noops = []
         for _ in range(args.noops):
             b0 = bridge_bytes(bridge)
             x = timed(stage, env)
-            noops.append({"rc": x["rc"], "wall_s": x["wall_s"], "bytes": bridge_bytes(bridge)["tx"] - b0["tx"],
-                          "converged": sum(v == "converged" for v in per_host_lines(x["stdout"], names).values())})
-        vv = timed([str(lb.BIN / "pyinfra"), "-y", "-vv", "--data", "nvidia_reboot=False", *peers, "inventory/lab.py",
-                    "vllm_fleet.deploys.stage.stage"], {**env, "VLLM_FLEET_SPEC": str(spec)})
+            noops.append(
+                {
+                    "rc": x["rc"],
+                    "wall_s": x["wall_s"],
+                    "bytes": bridge_bytes(bridge)["tx"] - b0["tx"],
+                    "converged": sum(v == "converged" for v in per_host_lines(x["stdout"], names).values()),
+                }
+            )
+        vv = timed(
+            [
+                str(lb.BIN / "pyinfra"),
+                "-y",
+                "-vv",
+                "--data",
+                "nvidia_reboot=False",
+                *peers,
+                "inventory/lab.py",
+                "vllm_fleet.deploys.stage.stage",
+            ],
+            {**env, "VLLM_FLEET_SPEC": str(spec)},
+        )
         cmds = lb.remote_commands(vv["out"])
-        entry["noop"] = {"runs": noops, "median_wall_s": statistics.median(x["wall_s"] for x in noops) if noops else None,
-                         "commands_per_host": cmds, "commands_per_host_max": max(cmds.values()) if cmds else None,
-                         "grand_total": lb.grand_total(vv["out"]), "vv_rc": vv["rc"]}
-        print(f"[{n}] no-op median {entry['noop']['median_wall_s']} s, commands per host "
-              f"max {entry['noop']['commands_per_host_max']}, {noops}", flush=True)
+        entry["noop"] = {
+            "runs": noops,
+            "median_wall_s": statistics.median(x["wall_s"] for x in noops) if noops else None,
+            "commands_per_host": cmds,
+            "commands_per_host_max": max(cmds.values()) if cmds else None,
+            "grand_total": lb.grand_total(vv["out"]),
+            "vv_rc": vv["rc"],
+        }
+        print(
+            f"[{n}] no-op median {entry['noop']['median_wall_s']} s, commands per host "
+            f"max {entry['noop']['commands_per_host_max']}, {noops}",
+            flush=True,
+        )
     finally:
         shape(bridge, None)
     entry["machine_after"] = lb.machine()
@@ -243,11 +304,16 @@ def measure(n: int, args, st: dict, spec: Path, model: Path, resolved: dict) -> 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", default="4,8")
-    ap.add_argument("--model-mib", type=int, default=0, help="synthetic model size (default 2048 up to 8 hosts, 512 above)")
+    ap.add_argument(
+        "--model-mib", type=int, default=0, help="synthetic model size (default 2048 up to 8 hosts, 512 above)"
+    )
     ap.add_argument("--rate", default=None, help="shape the bridge's egress to this rate (tc syntax, e.g. 400mbit)")
     ap.add_argument("--noops", type=int, default=3)
-    ap.add_argument("--no-peers", action="store_true", help="host data peer_fetch=False: every host from the control "
-                    "machine (the path before host-to-host transfers)")
+    ap.add_argument(
+        "--no-peers",
+        action="store_true",
+        help="host data peer_fetch=False: every host from the control machine (the path before host-to-host transfers)",
+    )
     ap.add_argument("--final-hosts", type=int, default=3)
     ap.add_argument("--out", default=str(lb.REPO / "bench" / "results" / "lab-fleet-scale.json"))
     ap.add_argument("--table", action="store_true")
@@ -297,7 +363,9 @@ def main() -> int:
         st = lb.lab_state()
         if st:
             shape(st["bridge"], None)
-            for h in st["hosts"][:FIRST]:  # what an earlier version of this bench staged on them: the bench's paths only
+            for h in st["hosts"][
+                :FIRST
+            ]:  # what an earlier version of this bench staged on them: the bench's paths only
                 lb.ssh(st, h["name"], f"rm -rf /var/lib/vllm-fleet/{NAME} /etc/vllm-fleet/{NAME}", check=False)
         lb.lab_up(args.final_hosts)
     print_table(result)
@@ -312,25 +380,38 @@ def bridge_tx(e: dict) -> int:
 
 
 def _order(result: dict):
-    return sorted(result.get("sizes", {}).items(), key=lambda kv: (kv[1].get("rate") or "", not kv[1].get("peers", True), kv[1]["hosts"]))
+    return sorted(
+        result.get("sizes", {}).items(),
+        key=lambda kv: (kv[1].get("rate") or "", not kv[1].get("peers", True), kv[1]["hosts"]),
+    )
 
 
 def print_rows(result: dict) -> None:
     for key, e in _order(result):
         b, st, no = e.get("bytes", {}), e.get("stage", {}), e.get("noop", {})
-        where = f"{e['hosts']} host(s)" + (f" at {e['rate']}" if e.get("rate") else "") + ("" if e.get("peers", True) else ", peers off")
-        print(f"| {where} | {e['model_bytes'] / 1e6:.1f} MB | {bridge_tx(e) / 1e6:.1f} MB | {bridge_tx(e) / e['model_bytes']:.3f}x | "
-              f"{st.get('wall_s', '')} s{'' if st.get('rc') == 0 else ' (rc ' + str(st.get('rc')) + ')'} | {no.get('median_wall_s', '')} s | "
-              f"{no.get('commands_per_host_max', '')} | {e.get('commit')} |")
+        where = (
+            f"{e['hosts']} host(s)"
+            + (f" at {e['rate']}" if e.get("rate") else "")
+            + ("" if e.get("peers", True) else ", peers off")
+        )
+        print(
+            f"| {where} | {e['model_bytes'] / 1e6:.1f} MB | {bridge_tx(e) / 1e6:.1f} MB | {bridge_tx(e) / e['model_bytes']:.3f}x | "
+            f"{st.get('wall_s', '')} s{'' if st.get('rc') == 0 else ' (rc ' + str(st.get('rc')) + ')'} | {no.get('median_wall_s', '')} s | "
+            f"{no.get('commands_per_host_max', '')} | {e.get('commit')} |"
+        )
 
 
 def print_table(result: dict) -> None:
-    print(f"\n{'size':>10} {'model':>9} {'control->hosts':>15} {'x model':>8} {'stage':>8} {'no-op':>7} {'cmds/host':>9} commit")
+    print(
+        f"\n{'size':>10} {'model':>9} {'control->hosts':>15} {'x model':>8} {'stage':>8} {'no-op':>7} {'cmds/host':>9} commit"
+    )
     for key, e in sorted(result.get("sizes", {}).items(), key=lambda kv: (kv[1].get("rate") or "", kv[1]["hosts"])):
         b = e.get("bytes", {})
-        print(f"{key:>10} {e['model_bytes'] / 2**20:>5.0f} MiB {b.get('control_to_hosts', 0) / 2**20:>11.0f} MiB "
-              f"{b.get('per_model_bytes', ''):>8} {e.get('stage', {}).get('wall_s', ''):>6} s "
-              f"{e.get('noop', {}).get('median_wall_s', ''):>5} s {e.get('noop', {}).get('commands_per_host_max', ''):>9} {e.get('commit')}")
+        print(
+            f"{key:>10} {e['model_bytes'] / 2**20:>5.0f} MiB {b.get('control_to_hosts', 0) / 2**20:>11.0f} MiB "
+            f"{b.get('per_model_bytes', ''):>8} {e.get('stage', {}).get('wall_s', ''):>6} s "
+            f"{e.get('noop', {}).get('median_wall_s', ''):>5} s {e.get('noop', {}).get('commands_per_host_max', ''):>9} {e.get('commit')}"
+        )
 
 
 #: what the model is asked for: bf16 weights (safetensors) and a CUDA wheel set (vLLM + torch + deps)
@@ -343,8 +424,10 @@ FLEETS = (8, 32, 128, 512)
 def stage_overhead(result: dict) -> float:
     """Seconds of a stage not spent sending: the shaped series' wall time less its bytes at the
     shaped rate, the smallest such size (one host: no peer rounds)."""
-    shaped = sorted((e for e in result.get("sizes", {}).values() if e.get("rate") and e.get("stage", {}).get("rc") == 0),
-                    key=lambda e: e["hosts"])
+    shaped = sorted(
+        (e for e in result.get("sizes", {}).values() if e.get("rate") and e.get("stage", {}).get("rc") == 0),
+        key=lambda e: e["hosts"],
+    )
     if not shaped:
         return 0.0
     e = shaped[0]
@@ -375,8 +458,10 @@ def print_scale(result: dict) -> None:
     print(f"stage overhead (shaped series, smallest size): {over:.1f} s")
     for name, w in WEIGHTS.items():
         for peers in (False, True):
-            print(f"\n{name} bf16 ({w / 1e9:.0f} GB) + wheels ({WHEELS / 1e9:.0f} GB), weights "
-                  f"{'once, then host to host' if peers else 'N x from the control machine'}: minutes")
+            print(
+                f"\n{name} bf16 ({w / 1e9:.0f} GB) + wheels ({WHEELS / 1e9:.0f} GB), weights "
+                f"{'once, then host to host' if peers else 'N x from the control machine'}: minutes"
+            )
             print("| hosts | " + " | ".join(f"{g} GbE" for g in LINKS_GBE) + " |")
             print("|---|" + "---|" * len(LINKS_GBE))
             for n in FLEETS:

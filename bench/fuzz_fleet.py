@@ -39,7 +39,9 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--show", type=int, default=3)
     ap.add_argument("--json", help="write the counts and examples here")
-    ap.add_argument("--no-readers", action="store_true", help="skip nginx -t / nft -c / systemd-analyze / promtool (layout only)")
+    ap.add_argument(
+        "--no-readers", action="store_true", help="skip nginx -t / nft -c / systemd-analyze / promtool (layout only)"
+    )
     ap.add_argument("--wired", action="store_true", help="monitoring across hosts (fuzzfleet.wired_fleets)")
     args = ap.parse_args()
     readers = None
@@ -64,7 +66,9 @@ def main() -> int:
         files[0] += out.files
         scrapes[0] += out.extra.get("scrapes", 0)
         if not out.ok and len(examples[out.kind]) < args.show:
-            examples[out.kind].append({"specs": [s["name"] for s in specs], "inventory": repr(inventory)[:1500], "detail": out.detail})
+            examples[out.kind].append(
+                {"specs": [s["name"] for s in specs], "inventory": repr(inventory)[:1500], "detail": out.detail}
+            )
 
     t0 = time.monotonic()
     try:
@@ -83,8 +87,22 @@ def main() -> int:
         for e in exs:
             print(f"\n[{k}] {e['specs']} {e['inventory']}\n{e['detail']}")
     if args.json:
-        Path(args.json).write_text(json.dumps({"cases": total, "seconds": round(took), "seed": args.seed, "counts": dict(counts),
-                                               "files": files[0], "scrapes": scrapes[0], "readers": readers is not None, "examples": examples}, indent=2) + "\n")
+        Path(args.json).write_text(
+            json.dumps(
+                {
+                    "cases": total,
+                    "seconds": round(took),
+                    "seed": args.seed,
+                    "counts": dict(counts),
+                    "files": files[0],
+                    "scrapes": scrapes[0],
+                    "readers": readers is not None,
+                    "examples": examples,
+                },
+                indent=2,
+            )
+            + "\n"
+        )
     return 0 if all(k in ("accepted", "refused") for k in counts) else 1
 
 

@@ -56,7 +56,9 @@ def main() -> int:
         counts[out.kind] += 1
         files[0] += out.files
         if not out.ok and len(examples[out.kind]) < args.show:
-            examples[out.kind].append({"base": base, "changes": [list(map(repr, c)) for c in changes], "detail": out.detail})
+            examples[out.kind].append(
+                {"base": base, "changes": [list(map(repr, c)) for c in changes], "detail": out.detail}
+            )
 
     t0 = time.monotonic()
     try:
@@ -73,8 +75,20 @@ def main() -> int:
         for e in exs:
             print(f"\n[{k}] {e['base']} {e['changes']}\n{e['detail']}")
     if args.json:
-        Path(args.json).write_text(json.dumps({"mutants": total, "seconds": round(took), "seed": args.seed, "counts": dict(counts),
-                                               "files": files[0], "examples": examples}, indent=2) + "\n")
+        Path(args.json).write_text(
+            json.dumps(
+                {
+                    "mutants": total,
+                    "seconds": round(took),
+                    "seed": args.seed,
+                    "counts": dict(counts),
+                    "files": files[0],
+                    "examples": examples,
+                },
+                indent=2,
+            )
+            + "\n"
+        )
     return 0 if all(k in ("accepted", "refused") for k in counts) else 1
 
 

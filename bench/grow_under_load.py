@@ -39,8 +39,14 @@ from vllm_fleet.specs.load import load, resolve  # noqa: E402
 
 def deploy(spec: Path, servers: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "VLLM_FLEET_SPEC": str(spec), "VLLM_FLEET_LAB_SERVERS": servers}
-    r = subprocess.run([str(Path(sys.executable).parent / "pyinfra"), "-y", "inventory/lab.py", "deploys/serve.py"],
-                       cwd=REPO, env=env, capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    r = subprocess.run(
+        [str(Path(sys.executable).parent / "pyinfra"), "-y", "inventory/lab.py", "deploys/serve.py"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+    )
     r.out = r.stdout + r.stderr  # type: ignore[attr-defined]
     return r
 
@@ -79,11 +85,28 @@ def main() -> int:
         return 1
     key = read_secret(r["server"]["api_key"], yaml_path="server.api_key", base_dir=spec.base_dir)
     proxy = hosts["lab1"]
-    ssh = ["ssh", "-i", proxy["ssh_key"], "-o", "BatchMode=yes", "-o", f"UserKnownHostsFile={proxy['ssh_known_hosts_file']}",
-           "-o", "StrictHostKeyChecking=yes", f"root@{proxy['ssh_hostname']}"]
-    mark = subprocess.run([*ssh, "wc -l < /var/log/nginx/error.log"], capture_output=True, text=True).stdout.strip() or "0"
-    gen = LoadGen(f"http://{proxy['ssh_hostname']}", r["model"]["served_name"], key, concurrency=a.concurrency,
-                  max_tokens=a.max_tokens).start()
+    ssh = [
+        "ssh",
+        "-i",
+        proxy["ssh_key"],
+        "-o",
+        "BatchMode=yes",
+        "-o",
+        f"UserKnownHostsFile={proxy['ssh_known_hosts_file']}",
+        "-o",
+        "StrictHostKeyChecking=yes",
+        f"root@{proxy['ssh_hostname']}",
+    ]
+    mark = (
+        subprocess.run([*ssh, "wc -l < /var/log/nginx/error.log"], capture_output=True, text=True).stdout.strip() or "0"
+    )
+    gen = LoadGen(
+        f"http://{proxy['ssh_hostname']}",
+        r["model"]["served_name"],
+        key,
+        concurrency=a.concurrency,
+        max_tokens=a.max_tokens,
+    ).start()
     time.sleep(5)
     t0 = time.monotonic()
     grow = deploy(spec_path, a.after)
@@ -91,14 +114,28 @@ def main() -> int:
     time.sleep(3)
     st = gen.stop()
     during = [rec for rec in gen.records if t0 - gen._t0 <= rec.start <= t1 - gen._t0]
-    errors = subprocess.run([*ssh, f"tail -n +{int(mark) + 1} /var/log/nginx/error.log"], capture_output=True, text=True).stdout
+    errors = subprocess.run(
+        [*ssh, f"tail -n +{int(mark) + 1} /var/log/nginx/error.log"], capture_output=True, text=True
+    ).stdout
     out = {
-        "spec": str(spec_path), "from": a.before, "to": a.after, "concurrency": a.concurrency, "max_tokens": a.max_tokens,
-        "deploy_ok": grow.returncode == 0, "deploy_s": round(t1 - t0, 1),
-        "deploy_lines": [ln.strip() for ln in grow.out.splitlines()
-                         if re.search(r"smoke|PASS|FAIL|healthy after|answers a chat|Grand total|Error", ln)][-30:],
-        "requests_during_deploy": {"total": len(during), "ok": sum(x.ok for x in during), "failed": sum(not x.ok for x in during),
-                                   "streamed": sum(x.stream for x in during)},
+        "spec": str(spec_path),
+        "from": a.before,
+        "to": a.after,
+        "concurrency": a.concurrency,
+        "max_tokens": a.max_tokens,
+        "deploy_ok": grow.returncode == 0,
+        "deploy_s": round(t1 - t0, 1),
+        "deploy_lines": [
+            ln.strip()
+            for ln in grow.out.splitlines()
+            if re.search(r"smoke|PASS|FAIL|healthy after|answers a chat|Grand total|Error", ln)
+        ][-30:],
+        "requests_during_deploy": {
+            "total": len(during),
+            "ok": sum(x.ok for x in during),
+            "failed": sum(not x.ok for x in during),
+            "streamed": sum(x.stream for x in during),
+        },
         "requests_whole_run": st.as_dict(),
         "nginx_error_log_during": [ln for ln in errors.splitlines() if ln.strip()][-40:],
         "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -106,11 +143,23 @@ def main() -> int:
     # back to what the lab tests expect: lab-tiny on lab1 alone (loopback); the grown hosts' units removed
     for name in set(a.after.split(",")) - set(a.before.split(",")):
         h = hosts[name]
-        subprocess.run(["ssh", "-i", h["ssh_key"], "-o", "BatchMode=yes", "-o", f"UserKnownHostsFile={h['ssh_known_hosts_file']}",
-                        f"root@{h['ssh_hostname']}",
-                        "systemctl disable --now vllm-lab-tiny-0.service vllm-fleet-api-firewall.service; "
-                        "rm -f /etc/systemd/system/vllm-lab-tiny-0.service /etc/systemd/system/vllm-fleet-api-firewall.service; "
-                        "systemctl daemon-reload"], capture_output=True, text=True)
+        subprocess.run(
+            [
+                "ssh",
+                "-i",
+                h["ssh_key"],
+                "-o",
+                "BatchMode=yes",
+                "-o",
+                f"UserKnownHostsFile={h['ssh_known_hosts_file']}",
+                f"root@{h['ssh_hostname']}",
+                "systemctl disable --now vllm-lab-tiny-0.service vllm-fleet-api-firewall.service; "
+                "rm -f /etc/systemd/system/vllm-lab-tiny-0.service /etc/systemd/system/vllm-fleet-api-firewall.service; "
+                "systemctl daemon-reload",
+            ],
+            capture_output=True,
+            text=True,
+        )
     back = deploy(REPO / "deployments" / "lab-tiny.yaml", "lab1")
     out["lab1_back_to_lab_tiny"] = back.returncode == 0
     text = json.dumps(out, indent=2)

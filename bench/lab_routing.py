@@ -44,8 +44,17 @@ def lab_ssh(host: str, command: str) -> subprocess.CompletedProcess:
     from vllm_fleet.lab.inventory import lab_hosts
 
     data = dict(lab_hosts()[0])[host]
-    argv = ["ssh", "-i", data["ssh_key"], "-o", f"UserKnownHostsFile={data['ssh_known_hosts_file']}", "-o", "BatchMode=yes",
-            f"{data.get('ssh_user', 'lab')}@{data['ssh_hostname']}", f"sudo sh -c {json.dumps(command)}"]
+    argv = [
+        "ssh",
+        "-i",
+        data["ssh_key"],
+        "-o",
+        f"UserKnownHostsFile={data['ssh_known_hosts_file']}",
+        "-o",
+        "BatchMode=yes",
+        f"{data.get('ssh_user', 'lab')}@{data['ssh_hostname']}",
+        f"sudo sh -c {json.dumps(command)}",
+    ]
     return subprocess.run(argv, capture_output=True, text=True, timeout=120)
 
 
@@ -57,15 +66,41 @@ def router_metrics(base: str) -> dict[str, dict[str, float]]:
         if m:
             w = re.search(r'worker="([^"]+)"', m.group(2))
             if w:
-                out.setdefault(m.group(1), {})[w.group(1)] = out.setdefault(m.group(1), {}).get(w.group(1), 0.0) + float(m.group(3))
+                out.setdefault(m.group(1), {})[w.group(1)] = out.setdefault(m.group(1), {}).get(
+                    w.group(1), 0.0
+                ) + float(m.group(3))
     return out
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    argv = [sys.executable, "-m", "vllm_fleet", "bench", str(INV), "--spec", str(args.spec), "--multi-turn",
-            "--policies", args.policies, "--conversations", str(args.conversations), "--prefix-len", str(args.prefix_len),
-            "--turns", str(args.turns), "--user-len", str(args.user_len), "--reply-len", str(args.reply_len),
-            "--think-time", str(args.think_time), "--system-prompt-len", args.system_prompt_len, "--out", str(args.out)]
+    argv = [
+        sys.executable,
+        "-m",
+        "vllm_fleet",
+        "bench",
+        str(INV),
+        "--spec",
+        str(args.spec),
+        "--multi-turn",
+        "--policies",
+        args.policies,
+        "--conversations",
+        str(args.conversations),
+        "--prefix-len",
+        str(args.prefix_len),
+        "--turns",
+        str(args.turns),
+        "--user-len",
+        str(args.user_len),
+        "--reply-len",
+        str(args.reply_len),
+        "--think-time",
+        str(args.think_time),
+        "--system-prompt-len",
+        args.system_prompt_len,
+        "--out",
+        str(args.out),
+    ]
     print("+", " ".join(argv), flush=True)
     return subprocess.run(argv).returncode
 
@@ -98,19 +133,28 @@ def cmd_kill(args: argparse.Namespace) -> int:
     stats = gen.stop()
     lab_ssh(victim_host, f"systemctl start {unit}")
     out = {
-        "kind": "lab routing kill", "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "policy": r["proxy"]["routing"]["policy"],
-        "router": r["proxy"]["routing"]["router"], "victim": {"host": victim_host, "url": victim_url, "unit": unit, "kill_rc": k.returncode},
-        "concurrency": args.concurrency, "down_s": args.down, "router_marked_unhealthy_after_s": unhealthy_after,
+        "kind": "lab routing kill",
+        "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "policy": r["proxy"]["routing"]["policy"],
+        "router": r["proxy"]["routing"]["router"],
+        "victim": {"host": victim_host, "url": victim_url, "unit": unit, "kill_rc": k.returncode},
+        "concurrency": args.concurrency,
+        "down_s": args.down,
+        "router_marked_unhealthy_after_s": unhealthy_after,
         "router_processed_by_worker_before_kill": (before.get("vllm_router_processed_requests_total") or {}),
         "router_processed_by_worker_after": (after.get("vllm_router_processed_requests_total") or {}),
         "router_errors_by_worker_after": (after.get("vllm_router_request_errors_total") or {}),
         "router_retries_by_worker_after": (after.get("vllm_router_retries_total") or {}),
-        "samples": samples, "load": stats.as_dict(), "load_summary": stats.summary(),
+        "samples": samples,
+        "load": stats.as_dict(),
+        "load_summary": stats.summary(),
     }
     Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
     print(stats.summary())
-    print(f"router marked {victim_url} unhealthy after {unhealthy_after} s; processed by it: "
-          f"{out['router_processed_by_worker_before_kill'].get(victim_url)} before the kill, {out['router_processed_by_worker_after'].get(victim_url)} at the end")
+    print(
+        f"router marked {victim_url} unhealthy after {unhealthy_after} s; processed by it: "
+        f"{out['router_processed_by_worker_before_kill'].get(victim_url)} before the kill, {out['router_processed_by_worker_after'].get(victim_url)} at the end"
+    )
     return 0
 
 

@@ -46,8 +46,14 @@ def lab_env() -> dict[str, str]:
 def lab_up(n: int) -> float:
     """`vllm-fleet lab up --hosts n` (grows or shrinks a lab that is up); seconds it took."""
     t0 = time.monotonic()
-    r = subprocess.run([str(BIN / "vllm-fleet"), "lab", "up", "--hosts", str(n)], cwd=REPO, capture_output=True, text=True,
-                       timeout=1200, stdin=subprocess.DEVNULL)
+    r = subprocess.run(
+        [str(BIN / "vllm-fleet"), "lab", "up", "--hosts", str(n)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=1200,
+        stdin=subprocess.DEVNULL,
+    )
     if r.returncode != 0:
         raise SystemExit(f"lab up --hosts {n} failed:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}")
     return round(time.monotonic() - t0, 1)
@@ -63,12 +69,27 @@ def host_rss_mib() -> dict[str, int]:
 
 def ssh_argv(st: dict, host: str, user: str = "root") -> list[str]:
     addr = {h["name"]: h["address"] for h in st["hosts"]}[host]
-    return ["ssh", "-i", st["ssh_key"], "-o", f"UserKnownHostsFile={st['known_hosts']}", "-o", "StrictHostKeyChecking=yes",
-            "-o", "BatchMode=yes", "-o", "ConnectTimeout=10", "-o", "LogLevel=ERROR", f"{user}@{addr}"]
+    return [
+        "ssh",
+        "-i",
+        st["ssh_key"],
+        "-o",
+        f"UserKnownHostsFile={st['known_hosts']}",
+        "-o",
+        "StrictHostKeyChecking=yes",
+        "-o",
+        "BatchMode=yes",
+        "-o",
+        "ConnectTimeout=10",
+        "-o",
+        "LogLevel=ERROR",
+        f"{user}@{addr}",
+    ]
 
 
-def ssh(st: dict, host: str, command: str, *, input: str | None = None, timeout: float = 600,
-        check: bool = True) -> subprocess.CompletedProcess:
+def ssh(
+    st: dict, host: str, command: str, *, input: str | None = None, timeout: float = 600, check: bool = True
+) -> subprocess.CompletedProcess:
     r = subprocess.run([*ssh_argv(st, host), command], input=input, capture_output=True, text=True, timeout=timeout)
     if check and r.returncode != 0:
         raise RuntimeError(f"ssh {host} {command!r} -> {r.returncode}\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}")
@@ -85,9 +106,14 @@ def machine() -> dict[str, Any]:
             mem[k] = round(int(v.split()[0]) / 1024)
     # every systemd-nspawn on the machine (this lab's and other labs'): how busy the machine is
     nspawns = subprocess.run(["pgrep", "-c", "-x", "systemd-nspawn"], capture_output=True, text=True).stdout.strip()
-    return {"time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "loadavg_1_5_15": [float(x) for x in load],
-            "cpus": os.cpu_count(), "mem_total_mib": mem.get("MemTotal"), "mem_available_mib": mem.get("MemAvailable"),
-            "nspawn_hosts_on_machine": int(nspawns or 0)}
+    return {
+        "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "loadavg_1_5_15": [float(x) for x in load],
+        "cpus": os.cpu_count(),
+        "mem_total_mib": mem.get("MemTotal"),
+        "mem_available_mib": mem.get("MemAvailable"),
+        "nspawn_hosts_on_machine": int(nspawns or 0),
+    }
 
 
 def bench_spec(subnet: str, *, kv_gib: int = 1, out_dir: Path | None = None) -> Path:
@@ -98,7 +124,9 @@ def bench_spec(subnet: str, *, kv_gib: int = 1, out_dir: Path | None = None) -> 
     longer health deadline (several vLLMs start at once on few cores)."""
     spec = yaml.safe_load(LAB_SPEC.read_text())
     spec["name"] = BENCH_NAME
-    spec["description"] = "benchmarks: lab-tiny with a small KV cache, vLLM on 0.0.0.0 for several servers behind one nginx"
+    spec["description"] = (
+        "benchmarks: lab-tiny with a small KV cache, vLLM on 0.0.0.0 for several servers behind one nginx"
+    )
     spec["engine"]["cpu_kv_cache_gib"] = kv_gib
     spec["server"]["host"] = "0.0.0.0"
     spec["server"]["health_timeout"] = 1200
@@ -113,8 +141,12 @@ def bench_spec(subnet: str, *, kv_gib: int = 1, out_dir: Path | None = None) -> 
     return path
 
 
-PHASES = (("connect", "--> Connecting to hosts"), ("prepare", "--> Preparing operation"),
-          ("run", "--> Beginning operation run"), ("results", "--> Results"))
+PHASES = (
+    ("connect", "--> Connecting to hosts"),
+    ("prepare", "--> Preparing operation"),
+    ("run", "--> Beginning operation run"),
+    ("results", "--> Results"),
+)
 
 
 def deploy(spec: Path, servers: list[str], timeout: float = 3600, count_commands: bool = False) -> dict[str, Any]:
@@ -124,13 +156,26 @@ def deploy(spec: Path, servers: list[str], timeout: float = 3600, count_commands
     ``count_commands``: with `-vv`, pyinfra prints every command it sends (`[host] >>> ...`,
     facts included): their number per host is recorded (the printing slows the run a little,
     so such a run is not one of the timed ones)."""
-    env = {**os.environ, "VLLM_FLEET_SPEC": str(spec), "VLLM_FLEET_LAB_SERVERS": ",".join(servers),
-           "VLLM_FLEET_LAB_PROXY": "lab1", "PYTHONUNBUFFERED": "1"}
+    env = {
+        **os.environ,
+        "VLLM_FLEET_SPEC": str(spec),
+        "VLLM_FLEET_LAB_SERVERS": ",".join(servers),
+        "VLLM_FLEET_LAB_PROXY": "lab1",
+        "PYTHONUNBUFFERED": "1",
+    }
     argv = [str(BIN / "pyinfra"), "-y", *(["-vv"] if count_commands else []), "inventory/lab.py", "deploys/serve.py"]
     load1 = os.getloadavg()[0]
     t0 = time.monotonic()
-    p = subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                         stdin=subprocess.DEVNULL, bufsize=1)
+    p = subprocess.Popen(
+        argv,
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        bufsize=1,
+    )
     marks: dict[str, float] = {}
     lines = []
     assert p.stdout is not None
@@ -150,8 +195,17 @@ def deploy(spec: Path, servers: list[str], timeout: float = 3600, count_commands
     if "smoke" in marks and "results" in marks:
         phases["smoke_s"] = round(marks["results"] - marks["smoke"], 2)
     total = grand_total(out)
-    result = {"servers": servers, "rc": rc, "loadavg1_before": round(load1, 2), "wall_s": round(wall, 2), "phases": phases, "grand_total": total,
-              "changed_ops": changed_ops(out), "output_tail": out[-4000:] if rc else None, "_out": out}
+    result = {
+        "servers": servers,
+        "rc": rc,
+        "loadavg1_before": round(load1, 2),
+        "wall_s": round(wall, 2),
+        "phases": phases,
+        "grand_total": total,
+        "changed_ops": changed_ops(out),
+        "output_tail": out[-4000:] if rc else None,
+        "_out": out,
+    }
     if count_commands:
         result["remote_commands"] = remote_commands(out)
     return result
@@ -208,7 +262,9 @@ def pip_cache() -> dict[str, Any]:
 
 def git_commit() -> str | None:
     r = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO, capture_output=True, text=True).stdout.strip()
+    dirty = subprocess.run(
+        ["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO, capture_output=True, text=True
+    ).stdout.strip()
     return (r.stdout.strip() + ("+changes" if dirty else "")) if r.returncode == 0 else None
 
 

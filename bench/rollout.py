@@ -58,8 +58,13 @@ def main() -> int:
     proxy = proxies[0] if proxies else servers[0].rsplit(":", 1)[0]
     base_url = f"http://{hosts[proxy]['address']}" + ("" if r["proxy"]["listen"] == 80 else f":{r['proxy']['listen']}")
     if a.deploy:
-        d = subprocess.run([str(Path(sys.executable).parent / "pyinfra"), "-y", a.inventory, "deploys/serve.py"], cwd=REPO,
-                           env={**os.environ, "VLLM_FLEET_SPEC": str(spec_path)}, capture_output=True, text=True)
+        d = subprocess.run(
+            [str(Path(sys.executable).parent / "pyinfra"), "-y", a.inventory, "deploys/serve.py"],
+            cwd=REPO,
+            env={**os.environ, "VLLM_FLEET_SPEC": str(spec_path)},
+            capture_output=True,
+            text=True,
+        )
         if d.returncode != 0:
             print((d.stdout + d.stderr)[-4000:], file=sys.stderr)
             return 1
@@ -101,12 +106,21 @@ def main() -> int:
     if ro.returncode == 0:
         state.write_text(json.dumps({"max_num_seqs": new}))
     out = {
-        "spec": str(spec_path), "replicas": servers, "proxy": proxy, "change": f"engine.max_num_seqs {now} -> {new}",
-        "concurrency": a.concurrency, "max_tokens": a.max_tokens,
-        "rollout_ok": ro.returncode == 0, "rollout_s": round(t1 - t0, 1),
+        "spec": str(spec_path),
+        "replicas": servers,
+        "proxy": proxy,
+        "change": f"engine.max_num_seqs {now} -> {new}",
+        "concurrency": a.concurrency,
+        "max_tokens": a.max_tokens,
+        "rollout_ok": ro.returncode == 0,
+        "rollout_s": round(t1 - t0, 1),
         "steps": result.get("steps", []),
-        "requests_during_rollout": {"total": len(during), "ok": sum(r.ok for r in during), "failed": sum(not r.ok for r in during),
-                                    "streamed": sum(r.stream for r in during)},
+        "requests_during_rollout": {
+            "total": len(during),
+            "ok": sum(r.ok for r in during),
+            "failed": sum(not r.ok for r in during),
+            "streamed": sum(r.stream for r in during),
+        },
         "requests_whole_run": st.as_dict(),
         "warmup_before_rollout": before.summary(),
         "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -124,8 +138,12 @@ def main() -> int:
     print(f"| served / failed | {d['ok']} / {d['failed']} |")
     lat = st.latency_ms
     if lat:
-        print(f"| latency over the run, plain p50/p99 | {lat.get('plain p50', 0):.0f} / {lat.get('plain p99', 0):.0f} ms |")
-        print(f"| latency over the run, streamed p50/p99 | {lat.get('stream p50', 0):.0f} / {lat.get('stream p99', 0):.0f} ms |")
+        print(
+            f"| latency over the run, plain p50/p99 | {lat.get('plain p50', 0):.0f} / {lat.get('plain p99', 0):.0f} ms |"
+        )
+        print(
+            f"| latency over the run, streamed p50/p99 | {lat.get('stream p50', 0):.0f} / {lat.get('stream p99', 0):.0f} ms |"
+        )
     for s in out["steps"]:
         print(f"|   batch {s['batch']} {s['step']} on {','.join(s['hosts'])} | {s['seconds']:.1f} s |")
     if st.reasons:

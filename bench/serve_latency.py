@@ -37,9 +37,28 @@ from vllm_fleet.render import files as render  # noqa: E402
 from vllm_fleet.render.secrets import read_secret  # noqa: E402
 from vllm_fleet.specs.load import load, resolve  # noqa: E402
 
-KEEP = ("completed", "failed", "duration", "total_input_tokens", "total_output_tokens", "request_throughput",
-        "output_throughput", "total_token_throughput", "mean_ttft_ms", "p50_ttft_ms", "p90_ttft_ms", "p99_ttft_ms",
-        "mean_tpot_ms", "p50_tpot_ms", "p90_tpot_ms", "p99_tpot_ms", "p50_itl_ms", "p99_itl_ms", "p50_e2el_ms", "p99_e2el_ms")
+KEEP = (
+    "completed",
+    "failed",
+    "duration",
+    "total_input_tokens",
+    "total_output_tokens",
+    "request_throughput",
+    "output_throughput",
+    "total_token_throughput",
+    "mean_ttft_ms",
+    "p50_ttft_ms",
+    "p90_ttft_ms",
+    "p99_ttft_ms",
+    "mean_tpot_ms",
+    "p50_tpot_ms",
+    "p90_tpot_ms",
+    "p99_tpot_ms",
+    "p50_itl_ms",
+    "p99_itl_ms",
+    "p50_e2el_ms",
+    "p99_e2el_ms",
+)
 
 # Runs on the server host with the deployment's Python; the config (key included) is formatted in.
 REMOTE = r"""
@@ -99,13 +118,17 @@ print(json.dumps({{"info": info, "cmd_example": cmd, "runs": runs}}))
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--spec", default=None, help="the deployed spec (default: the lab-bench spec bench/deploy_scaling.py deploys)")
+    ap.add_argument(
+        "--spec", default=None, help="the deployed spec (default: the lab-bench spec bench/deploy_scaling.py deploys)"
+    )
     ap.add_argument("--host", default="lab1", help="the host that runs nginx and vLLM (default lab1)")
     ap.add_argument("--concurrency", default="1,2,4,8")
     ap.add_argument("--repeat", type=int, default=1, help="repeats per (path, concurrency); the median is reported")
     ap.add_argument("--input-len", type=int, default=64)
     ap.add_argument("--output-len", type=int, default=64)
-    ap.add_argument("--prompts-per-stream", type=int, default=16, help="prompts per level = max(--min-prompts, this x concurrency)")
+    ap.add_argument(
+        "--prompts-per-stream", type=int, default=16, help="prompts per level = max(--min-prompts, this x concurrency)"
+    )
     ap.add_argument("--min-prompts", type=int, default=32)
     ap.add_argument("--warmups", type=int, default=2)
     ap.add_argument("--out", default=str(lb.REPO / "bench" / "results" / "lab-serve-latency.json"))
@@ -124,16 +147,34 @@ def main() -> int:
     spec = resolve(spec_obj)
     key = read_secret(spec["server"].get("api_key"), yaml_path="server.api_key", base_dir=spec_obj.base_dir)
     conc = [int(c) for c in args.concurrency.split(",")]
-    cfg = {"key": key, "vllm": f"{spec['install']['prefix']}/env/bin/vllm", "model": spec["model"]["served_name"],
-           "tokenizer": spec["model"]["path"], "nginx_site": render.paths(spec)["nginx_site"],
-           "targets": {"proxy": f"http://127.0.0.1:{spec['proxy']['listen']}", "direct": f"http://127.0.0.1:{spec['server']['port']}"},
-           "concurrency": conc, "repeat": args.repeat, "input_len": args.input_len, "output_len": args.output_len,
-           "prompts_per_stream": args.prompts_per_stream, "min_prompts": args.min_prompts, "warmups": args.warmups}
+    cfg = {
+        "key": key,
+        "vllm": f"{spec['install']['prefix']}/env/bin/vllm",
+        "model": spec["model"]["served_name"],
+        "tokenizer": spec["model"]["path"],
+        "nginx_site": render.paths(spec)["nginx_site"],
+        "targets": {
+            "proxy": f"http://127.0.0.1:{spec['proxy']['listen']}",
+            "direct": f"http://127.0.0.1:{spec['server']['port']}",
+        },
+        "concurrency": conc,
+        "repeat": args.repeat,
+        "input_len": args.input_len,
+        "output_len": args.output_len,
+        "prompts_per_stream": args.prompts_per_stream,
+        "min_prompts": args.min_prompts,
+        "warmups": args.warmups,
+    }
     script = REMOTE.format(cfg=json.dumps(cfg))
     before = lb.machine()
     t0 = time.monotonic()
-    p = subprocess.Popen([*lb.ssh_argv(st, args.host), f"{spec['install']['prefix']}/env/bin/python", "-"],
-                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    p = subprocess.Popen(
+        [*lb.ssh_argv(st, args.host), f"{spec['install']['prefix']}/env/bin/python", "-"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     assert p.stdin and p.stdout and p.stderr
     p.stdin.write(script)  # the key travels on stdin, inside the script
     p.stdin.close()
@@ -155,16 +196,35 @@ def main() -> int:
     raw = json.loads(stdout.strip().splitlines()[-1])
     cmd = [a for a in raw["cmd_example"]]
     result = {
-        "bench": "serve_latency", "tool": "vllm bench serve (vLLM's own serving benchmark, run on the server host)",
-        "spec": spec["name"], "spec_file": spec_path if args.spec else "deployments/lab-tiny.yaml renamed lab-bench (bench/labbench.py)",
-        "host": args.host, "model": spec["model"]["served_name"], "max_model_len": spec["model"]["max_model_len"],
-        "engine": {k: spec["engine"].get(k) for k in ("cpu_kv_cache_gib", "max_num_seqs", "enforce_eager") if k in spec["engine"]},
-        "targets": cfg["targets"], "dataset": {"name": "random", "input_len": args.input_len, "output_len": args.output_len,
-                                                "ignore_eos": True, "prompts": f"max({args.min_prompts}, {args.prompts_per_stream} x concurrency)",
-                                                "warmups": args.warmups},
-        "command_example": " ".join(cmd), "repeat": args.repeat, "info": raw["info"],
-        "machine_before": before, "machine_after": lb.machine(), "total_s": round(time.monotonic() - t0, 1),
-        "notes": [args.note] if args.note else [], "unit": "ms; throughputs per second",
+        "bench": "serve_latency",
+        "tool": "vllm bench serve (vLLM's own serving benchmark, run on the server host)",
+        "spec": spec["name"],
+        "spec_file": spec_path if args.spec else "deployments/lab-tiny.yaml renamed lab-bench (bench/labbench.py)",
+        "host": args.host,
+        "model": spec["model"]["served_name"],
+        "max_model_len": spec["model"]["max_model_len"],
+        "engine": {
+            k: spec["engine"].get(k)
+            for k in ("cpu_kv_cache_gib", "max_num_seqs", "enforce_eager")
+            if k in spec["engine"]
+        },
+        "targets": cfg["targets"],
+        "dataset": {
+            "name": "random",
+            "input_len": args.input_len,
+            "output_len": args.output_len,
+            "ignore_eos": True,
+            "prompts": f"max({args.min_prompts}, {args.prompts_per_stream} x concurrency)",
+            "warmups": args.warmups,
+        },
+        "command_example": " ".join(cmd),
+        "repeat": args.repeat,
+        "info": raw["info"],
+        "machine_before": before,
+        "machine_after": lb.machine(),
+        "total_s": round(time.monotonic() - t0, 1),
+        "notes": [args.note] if args.note else [],
+        "unit": "ms; throughputs per second",
     }
     summary: dict = {}
     for target in cfg["targets"]:
@@ -173,12 +233,19 @@ def main() -> int:
             rs = [r["result"] for r in raw["runs"] if r["target"] == target and r["concurrency"] == c and r["result"]]
             if not rs:
                 continue
-            summary[target][str(c)] = {k: (round(lb.median([x.get(k) for x in rs]), 3) if isinstance(rs[0].get(k), (int, float)) else None)
-                                      for k in KEEP}
+            summary[target][str(c)] = {
+                k: (round(lb.median([x.get(k) for x in rs]), 3) if isinstance(rs[0].get(k), (int, float)) else None)
+                for k in KEEP
+            }
             summary[target][str(c)]["runs"] = len(rs)
     result["summary"] = summary
-    result["runs"] = [{**{k: v for k, v in r.items() if k != "result"},
-                       "result": {k: r["result"].get(k) for k in KEEP} if r["result"] else None} for r in raw["runs"]]
+    result["runs"] = [
+        {
+            **{k: v for k, v in r.items() if k != "result"},
+            "result": {k: r["result"].get(k) for k in KEEP} if r["result"] else None,
+        }
+        for r in raw["runs"]
+    ]
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
@@ -189,16 +256,22 @@ def main() -> int:
 
 
 def print_table(result: dict) -> None:
-    print(f"\n{'path':<7} {'conc':>4} {'TTFT p50':>9} {'p99':>8} {'TPOT p50':>9} {'p99':>7} {'E2E p50':>8} "
-          f"{'req/s':>6} {'out tok/s':>9} {'done':>5} {'fail':>4}")
+    print(
+        f"\n{'path':<7} {'conc':>4} {'TTFT p50':>9} {'p99':>8} {'TPOT p50':>9} {'p99':>7} {'E2E p50':>8} "
+        f"{'req/s':>6} {'out tok/s':>9} {'done':>5} {'fail':>4}"
+    )
     for target, levels in result["summary"].items():
         for c, s in sorted(levels.items(), key=lambda kv: int(kv[0])):
-            print(f"{target:<7} {c:>4} {s['p50_ttft_ms']:>9.1f} {s['p99_ttft_ms']:>8.1f} {s['p50_tpot_ms']:>9.2f} "
-                  f"{s['p99_tpot_ms']:>7.2f} {s['p50_e2el_ms']:>8.1f} {s['request_throughput']:>6.1f} "
-                  f"{s['output_throughput']:>9.0f} {s['completed']:>5.0f} {s['failed'] or 0:>4.0f}")
+            print(
+                f"{target:<7} {c:>4} {s['p50_ttft_ms']:>9.1f} {s['p99_ttft_ms']:>8.1f} {s['p50_tpot_ms']:>9.2f} "
+                f"{s['p99_tpot_ms']:>7.2f} {s['p50_e2el_ms']:>8.1f} {s['request_throughput']:>6.1f} "
+                f"{s['output_throughput']:>9.0f} {s['completed']:>5.0f} {s['failed'] or 0:>4.0f}"
+            )
     d = result["dataset"]
-    print(f"(ms; vllm bench serve, random {d['input_len']} in / {d['output_len']} out tokens, {result['repeat']} run(s) each; "
-          f"load average before {result['machine_before']['loadavg_1_5_15']})")
+    print(
+        f"(ms; vllm bench serve, random {d['input_len']} in / {d['output_len']} out tokens, {result['repeat']} run(s) each; "
+        f"load average before {result['machine_before']['loadavg_1_5_15']})"
+    )
 
 
 if __name__ == "__main__":

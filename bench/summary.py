@@ -36,9 +36,26 @@ def _span(loads: list[float]) -> Any:
 def _row(what: str, hosts: Any, values: list[float], load1: Any, unit: str = "s") -> dict[str, Any]:
     vals = [v for v in values if v is not None]
     if not vals:
-        return {"what": what, "hosts": hosts, "median": None, "min": None, "max": None, "n": 0, "unit": unit, "load1": load1}
-    return {"what": what, "hosts": hosts, "median": round(statistics.median(vals), 2), "min": round(min(vals), 2),
-            "max": round(max(vals), 2), "n": len(vals), "unit": unit, "load1": load1}
+        return {
+            "what": what,
+            "hosts": hosts,
+            "median": None,
+            "min": None,
+            "max": None,
+            "n": 0,
+            "unit": unit,
+            "load1": load1,
+        }
+    return {
+        "what": what,
+        "hosts": hosts,
+        "median": round(statistics.median(vals), 2),
+        "min": round(min(vals), 2),
+        "max": round(max(vals), 2),
+        "n": len(vals),
+        "unit": unit,
+        "load1": load1,
+    }
 
 
 def deploy_rows(d: dict) -> list[dict]:
@@ -55,12 +72,21 @@ def _deploy_size_rows(sizes: dict, prefix: str) -> list[dict]:
         fd = s.get("first_deploy") or {}
         if fd.get("wall_s") is not None:
             failed = f" (failed, rc {fd['rc']})" if fd.get("rc") else ""
-            rows.append(_row(f"{prefix}deploy: {fd.get('kind', 'first deploy')}{failed}", s["hosts"], [fd["wall_s"]], _load1(s.get("machine_before"))))
+            rows.append(
+                _row(
+                    f"{prefix}deploy: {fd.get('kind', 'first deploy')}{failed}",
+                    s["hosts"],
+                    [fd["wall_s"]],
+                    _load1(s.get("machine_before")),
+                )
+            )
         runs = [r for r in s.get("noop_runs", []) if r.get("rc") == 0]
         if runs:
             loads = [r.get("loadavg1_before") for r in runs if r.get("loadavg1_before") is not None]
             load = _span(loads) if loads else _load1(s.get("machine_before"))
-            rows.append(_row(f"{prefix}deploy: no-op re-deploy (whole run)", s["hosts"], [r["wall_s"] for r in runs], load))
+            rows.append(
+                _row(f"{prefix}deploy: no-op re-deploy (whole run)", s["hosts"], [r["wall_s"] for r in runs], load)
+            )
             smoke = [(r.get("phases") or {}).get("smoke_s") for r in runs]
             if any(v is not None for v in smoke):
                 rows.append(_row(f"{prefix}  of it: smoke tests", s["hosts"], smoke, load))
@@ -75,7 +101,9 @@ def cold_rows(d: dict) -> list[dict]:
         dep, ins = s.get("deploy") or {}, s.get("install") or {}
         if dep.get("rc") == 0:
             what = f"cold deploy of bare hosts (wheels {ins.get('wheels', '?')}, {ins.get('installer', '?')})"
-            rows.append(_row(what, s["hosts"], [dep.get("wall_s")], dep.get("loadavg1_before", _load1(s.get("machine_before")))))
+            rows.append(
+                _row(what, s["hosts"], [dep.get("wall_s")], dep.get("loadavg1_before", _load1(s.get("machine_before"))))
+            )
         fill = s.get("wheelhouse_fill") or {}
         if fill.get("seconds") is not None:
             rows.append(_row("  of it: the fleet wheelhouse's one download", s["hosts"], [fill["seconds"]], None))
@@ -84,8 +112,14 @@ def cold_rows(d: dict) -> list[dict]:
         if r.get("rc") == 0:
             by.setdefault(r["installer"], []).append(r)
     for installer, runs in sorted(by.items()):
-        rows.append(_row(f"vLLM install into a fresh env, {installer}", 1, [r["seconds"] for r in runs],
-                         _span([r["loadavg1_before"] for r in runs if r.get("loadavg1_before") is not None])))
+        rows.append(
+            _row(
+                f"vLLM install into a fresh env, {installer}",
+                1,
+                [r["seconds"] for r in runs],
+                _span([r["loadavg1_before"] for r in runs if r.get("loadavg1_before") is not None]),
+            )
+        )
     return rows
 
 
@@ -98,13 +132,22 @@ def serve_rows(d: dict) -> list[dict]:
     for (target, conc), runs in sorted(by.items()):
         load = [r.get("loadavg1_before") for r in runs if r.get("loadavg1_before") is not None]
         load_s = _span(load)
-        for key, label, unit in (("p99_ttft_ms", "TTFT p99", "ms"), ("p99_tpot_ms", "TPOT p99", "ms"),
-                                 ("output_throughput", "output tok/s", "tok/s")):
-            rows.append(_row(f"serve {target} c={conc}: {label}", 1, [r["result"].get(key) for r in runs], load_s, unit))
+        for key, label, unit in (
+            ("p99_ttft_ms", "TTFT p99", "ms"),
+            ("p99_tpot_ms", "TPOT p99", "ms"),
+            ("output_throughput", "output tok/s", "tok/s"),
+        ):
+            rows.append(
+                _row(f"serve {target} c={conc}: {label}", 1, [r["result"].get(key) for r in runs], load_s, unit)
+            )
     return rows
 
 
-READERS = {"lab-deploy-scaling.json": deploy_rows, "lab-cold-deploy.json": cold_rows, "lab-serve-latency.json": serve_rows}
+READERS = {
+    "lab-deploy-scaling.json": deploy_rows,
+    "lab-cold-deploy.json": cold_rows,
+    "lab-serve-latency.json": serve_rows,
+}
 
 
 def collect(results: Path) -> tuple[list[dict], list[str]]:
@@ -120,10 +163,16 @@ def collect(results: Path) -> tuple[list[dict], list[str]]:
 
 def table(rows: list[dict]) -> str:
     head = ("measurement", "hosts", "median", "min", "max", "n", "unit", "load1")
-    cells = [head] + [tuple("-" if r[k] is None else str(r[k]) for k in ("what", "hosts", "median", "min", "max", "n", "unit", "load1"))
-                      for r in rows]
+    cells = [head] + [
+        tuple(
+            "-" if r[k] is None else str(r[k]) for k in ("what", "hosts", "median", "min", "max", "n", "unit", "load1")
+        )
+        for r in rows
+    ]
     widths = [max(len(c[i]) for c in cells) for i in range(len(head))]
-    lines = ["  ".join(c[i].ljust(widths[i]) if i == 0 else c[i].rjust(widths[i]) for i in range(len(head))) for c in cells]
+    lines = [
+        "  ".join(c[i].ljust(widths[i]) if i == 0 else c[i].rjust(widths[i]) for i in range(len(head))) for c in cells
+    ]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
 

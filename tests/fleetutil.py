@@ -13,8 +13,9 @@ def run_cli(*args: str, cwd: Path | None = None, env: dict | None = None) -> sub
     """Run the installed `vllm-fleet` console script as a user would (a separate process)."""
     exe = shutil.which("vllm-fleet", path=os.path.dirname(sys.executable)) or shutil.which("vllm-fleet")
     cmd = [exe, *args] if exe else [sys.executable, "-m", "vllm_fleet", *args]
-    return subprocess.run(cmd, cwd=cwd or REPO, capture_output=True, text=True, env={**os.environ, **(env or {})}, timeout=120)
-
+    return subprocess.run(
+        cmd, cwd=cwd or REPO, capture_output=True, text=True, env={**os.environ, **(env or {})}, timeout=120
+    )
 
 
 def require_vllm_venv():
@@ -24,8 +25,7 @@ def require_vllm_venv():
     from vllm_fleet.lab import vllmcpu
 
     if not vllmcpu.is_built():
-        msg = (f"vLLM CPU venv not built at {vllmcpu.venv_dir()} "
-               "(python -m vllm_fleet.lab.vllmcpu ensure)")
+        msg = f"vLLM CPU venv not built at {vllmcpu.venv_dir()} (python -m vllm_fleet.lab.vllmcpu ensure)"
         if os.environ.get("VLLM_FLEET_REQUIRE_VLLM"):
             pytest.fail(msg + " and VLLM_FLEET_REQUIRE_VLLM is set")
         pytest.skip(msg)
@@ -54,8 +54,13 @@ def pyinfra_local(tmp_path: Path, *extra: str, yes: bool = True) -> subprocess.C
     off (a --dry --json plan then shows no change whatever the state), so a plan is asked for
     with ``yes=False``."""
     exe = Path(sys.executable).parent / "pyinfra"
-    return subprocess.run([str(exe), *(["-y"] if yes else []), *extra, "@local", str(tmp_path / "deploy.py")],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [str(exe), *(["-y"] if yes else []), *extra, "@local", str(tmp_path / "deploy.py")],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def wait_listening(proc: subprocess.Popen, port: int, timeout: float = 10) -> None:
@@ -94,8 +99,9 @@ def health_server():
     return srv, srv.server_address[1]
 
 
-def env_state(dists: dict | None = None, files: dict | None = None, python: str | None = "3.11.2",
-              target: dict | None = None) -> dict:
+def env_state(
+    dists: dict | None = None, files: dict | None = None, python: str | None = "3.11.2", target: dict | None = None
+) -> dict:
     """Scripted facts: the HostState fact (vllm_fleet.roles.common.state) answering every env probe
     a query asks as host_state.sh prints it: ``dists`` ``{name: version}`` installed (the others,
     and None, absent), ``files`` ``{site-packages relpath: sha256}``; ``python=None``: no python
@@ -111,9 +117,12 @@ def env_state(dists: dict | None = None, files: dict | None = None, python: str 
                 lines.append(f"py\t{py}\tpython {python}")
                 for arg in args:
                     kind, _, name = arg.partition(":")
-                    lines.append(f"py\t{py}\t{kind} {name}={(dists if kind == 'dist' else files or {}).get(name) or ''}")
+                    lines.append(
+                        f"py\t{py}\t{kind} {name}={(dists if kind == 'dist' else files or {}).get(name) or ''}"
+                    )
             lines.append(f"py\t{py}\t.")
         return Snapshot.parse([*lines, "end"])
+
     return {HostState: answer}
 
 
@@ -127,8 +136,13 @@ def free_lines(query, free) -> list[str]:
     return out
 
 
-def host_state(files: dict | None = None, dirs: dict | None = None, units: dict | None = None,
-               debs: tuple = (), complete: bool = True) -> dict:
+def host_state(
+    files: dict | None = None,
+    dirs: dict | None = None,
+    units: dict | None = None,
+    debs: tuple = (),
+    complete: bool = True,
+) -> dict:
     """Scripted facts: the HostState fact (vllm_fleet.roles.common.state) answering a query's
     stat, sha, read, glob, deb and unit entries as host_state.sh prints them on a host holding
     ``files`` ``{path: text}`` or ``{path: (text, user, group, mode)}`` (root:root 644 when text
@@ -159,16 +173,23 @@ def host_state(files: dict | None = None, dirs: dict | None = None, units: dict 
                 lines.append(f"stat\t{p}\tdirectory\t{user}\t{group}\t{mode:o}\t4096")
             else:
                 lines.append(f"stat\t{p}\t-")
-        lines += [f"sha\t{p}\t" + (hashlib.sha256(have[p][0].encode()).hexdigest() if p in have else "-") for p in query.sha]
+        lines += [
+            f"sha\t{p}\t" + (hashlib.sha256(have[p][0].encode()).hexdigest() if p in have else "-") for p in query.sha
+        ]
         lines += [f"read\t{p}\t" + (b64(have[p][0]) if p in have else "-") for p in query.read]
         for g in query.globs:
             lines.append(f"glob\t{g}\t.")
             lines += [f"glob\t{g}\t{p}\t{b64(have[p][0])}" for p in sorted(have) if PurePosixPath(p).match(g)]
         lines += [f"deb\t{d}\tii \t1" for d in query.debs if d in debs]
         for u in query.units:
-            props = {"LoadState": "loaded", **units[u]} if u in (units or {}) else {"LoadState": "not-found", "ActiveState": "inactive"}
+            props = (
+                {"LoadState": "loaded", **units[u]}
+                if u in (units or {})
+                else {"LoadState": "not-found", "ActiveState": "inactive"}
+            )
             lines += [f"unit\tId={u}", *(f"unit\t{k}={v}" for k, v in props.items()), "unit"]
         snap = Snapshot.parse([*lines, *(["end"] if complete else [])])
         snap.query = query  # what was asked, as the roles' read (state._read) and diff's read_host record it
         return snap
+
     return {HostState: answer}

@@ -42,8 +42,16 @@ from vllm_fleet.render.layout import LayoutError, build
 from vllm_fleet.specs import load as specmod
 
 REPO = Path(__file__).resolve().parent.parent
-SPECS = ["lab-tiny", "lab-tiny-monitoring", "lab-tiny-replicas", "lab-tiny-pp2", "h200-qwen7b-bf16", "8xh100-qwen7b-tp2x4", "2node-ray-pp2",
-         "lab-tiny-routing"]
+SPECS = [
+    "lab-tiny",
+    "lab-tiny-monitoring",
+    "lab-tiny-replicas",
+    "lab-tiny-pp2",
+    "h200-qwen7b-bf16",
+    "8xh100-qwen7b-tp2x4",
+    "2node-ray-pp2",
+    "lab-tiny-routing",
+]
 GROUPS = ["servers", "workers", "proxy", "monitoring", "ray_workers", "other"]
 SPECIAL = [";", "}", "{", "\n", " ", "#", ":8000", "$", "'", '"', "\x00", "/24"]
 TIMEOUT = 10  # s for one case: a layout that takes longer is a hang
@@ -67,19 +75,32 @@ def hostile_string(draw: Any, marker: str) -> str:
 
 
 VALUES: dict[str, Any] = {
-    "private_address": lambda i: st.one_of(st.just(_addr(i)), st.just(f"10.10.0.{11 + i}"), st.sampled_from([-1, 1.5, [], "300.1.1.1", "01.2.3.4"])),
-    "ssh_hostname": lambda i: st.one_of(st.just(_addr(i)), st.sampled_from(["gpu1.example", "-bad", "1", "a_b", 7, "192.0.2.1:22"])),
-    "replicas_per_host": lambda i: st.one_of(st.integers(-3, 20), st.sampled_from([10**7, 10**9, "two", 2.0, True, {"lab-tiny": 2},
-                                                                                   {"lab-tiny": 0}, {"Bad Name": 1}, []])),
-    "deployments": lambda i: st.one_of(st.sampled_from([["lab-tiny"], ["qwen7b-tp2x4"], ["lab-tiny", "qwen7b-tp2x4"], []]),
-                                       st.sampled_from(["lab-tiny", 1.0, [1], ["lab-tiny", "lab-tiny"]])),
+    "private_address": lambda i: st.one_of(
+        st.just(_addr(i)), st.just(f"10.10.0.{11 + i}"), st.sampled_from([-1, 1.5, [], "300.1.1.1", "01.2.3.4"])
+    ),
+    "ssh_hostname": lambda i: st.one_of(
+        st.just(_addr(i)), st.sampled_from(["gpu1.example", "-bad", "1", "a_b", 7, "192.0.2.1:22"])
+    ),
+    "replicas_per_host": lambda i: st.one_of(
+        st.integers(-3, 20),
+        st.sampled_from([10**7, 10**9, "two", 2.0, True, {"lab-tiny": 2}, {"lab-tiny": 0}, {"Bad Name": 1}, []]),
+    ),
+    "deployments": lambda i: st.one_of(
+        st.sampled_from([["lab-tiny"], ["qwen7b-tp2x4"], ["lab-tiny", "qwen7b-tp2x4"], []]),
+        st.sampled_from(["lab-tiny", 1.0, [1], ["lab-tiny", "lab-tiny"]]),
+    ),
     "cpu_count": lambda i: st.one_of(st.integers(-2, 70), st.sampled_from(["lots", 2.5, 10**9])),
     "vllm_api_firewall_allow": lambda i: st.one_of(
-        st.lists(st.sampled_from(["192.0.2.0/24", "192.0.2.10", "0.0.0.0/0", "10.0.0.0/8", "10.10.0.11", "127.0.0.1"]), max_size=4),
-        st.sampled_from([10, "10.0.0.0/8", ["10.0.0.0/33"], ["::1"], [None]])),
+        st.lists(
+            st.sampled_from(["192.0.2.0/24", "192.0.2.10", "0.0.0.0/0", "10.0.0.0/8", "10.10.0.11", "127.0.0.1"]),
+            max_size=4,
+        ),
+        st.sampled_from([10, "10.0.0.0/8", ["10.0.0.0/33"], ["::1"], [None]]),
+    ),
     "ray_firewall_allow": lambda i: st.one_of(
         st.lists(st.sampled_from(["192.0.2.0/24", "10.10.0.0/24", "0.0.0.0/0", "10.10.0.12"]), max_size=3),
-        st.sampled_from(["x", [1]])),
+        st.sampled_from(["x", [1]]),
+    ),
     "ray_memory_bytes": lambda i: st.sampled_from([8 << 30, "8G", -1, 0, 2**70]),
     "ray_object_store_bytes": lambda i: st.sampled_from([2 << 30, 1, "2G", -5]),
     "socket_ifname": lambda i: st.sampled_from(["eth1", "eth1;x", "a" * 16, 3]),
@@ -92,10 +113,16 @@ VALUES: dict[str, Any] = {
 VALID: dict[str, Any] = {
     "private_address": lambda i: st.sampled_from([f"10.10.0.{11 + i}", _addr(i)]),
     "replicas_per_host": lambda i: st.one_of(st.integers(1, 4), st.just({"lab-tiny": 2})),
-    "deployments": lambda i: st.sampled_from([["lab-tiny"], ["qwen7b-tp2x4"], ["lab-tiny", "qwen7b-tp2x4"], ["lab-tiny-pp2"]]),
+    "deployments": lambda i: st.sampled_from(
+        [["lab-tiny"], ["qwen7b-tp2x4"], ["lab-tiny", "qwen7b-tp2x4"], ["lab-tiny-pp2"]]
+    ),
     "cpu_count": lambda i: st.integers(1, 64),
-    "vllm_api_firewall_allow": lambda i: st.lists(st.sampled_from(["192.0.2.0/24", "192.0.2.10", "0.0.0.0/0", "10.10.0.11"]), max_size=3),
-    "ray_firewall_allow": lambda i: st.lists(st.sampled_from(["192.0.2.0/24", "10.10.0.0/24", "0.0.0.0/0", "10.10.0.12"]), max_size=3),
+    "vllm_api_firewall_allow": lambda i: st.lists(
+        st.sampled_from(["192.0.2.0/24", "192.0.2.10", "0.0.0.0/0", "10.10.0.11"]), max_size=3
+    ),
+    "ray_firewall_allow": lambda i: st.lists(
+        st.sampled_from(["192.0.2.0/24", "10.10.0.0/24", "0.0.0.0/0", "10.10.0.12"]), max_size=3
+    ),
     "socket_ifname": lambda i: st.just("eth1"),
     "upstream_down": lambda i: st.booleans(),
 }
@@ -130,7 +157,9 @@ def fleets(draw: Any) -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]], 
             elif draw(st.integers(0, 4)) == 0 and key in ("private_address", "ssh_hostname", "socket_ifname"):
                 marker = f"INJ{len(marks)}Q"
                 value = draw(hostile_string(marker))
-                marks[marker] = {value[: -len(marker)][-len(sp):] for sp in SPECIAL if value[: -len(marker)].endswith(sp)}
+                marks[marker] = {
+                    value[: -len(marker)][-len(sp) :] for sp in SPECIAL if value[: -len(marker)].endswith(sp)
+                }
             else:
                 value = draw(VALUES[key](i))
             data[key] = value
@@ -138,7 +167,11 @@ def fleets(draw: Any) -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]], 
         inventory[name] = {"address": address, "groups": groups, "data": data}
     # monitoring wired across hosts (tests/scrapecheck.py reads it): on for one deployment when a
     # host is in the `monitoring` group, so that the case is not refused for the lack of one
-    if any("monitoring" in h["groups"] for h in inventory.values()) and not any(r["monitoring"]["enabled"] for r in specs) and draw(st.booleans()):
+    if (
+        any("monitoring" in h["groups"] for h in inventory.values())
+        and not any(r["monitoring"]["enabled"] for r in specs)
+        and draw(st.booleans())
+    ):
         specs[0]["monitoring"]["enabled"] = True
     return specs, inventory, marks
 
@@ -156,14 +189,23 @@ def wired_fleets(draw: Any) -> tuple[list[dict[str, Any]], dict[str, dict[str, A
     r["monitoring"]["health_probe"] = draw(st.booleans())
     if r["parallel"]["pipeline"] == 1 and draw(st.booleans()):
         r["server"]["host"] = draw(st.sampled_from(["0.0.0.0", "127.0.0.1"]))
-    r["proxy"]["metrics_allow"] = draw(st.lists(st.sampled_from(["127.0.0.1", "10.20.0.0/24", "10.20.0.13", "192.0.2.0/24", "10.20.0.11/32"]),
-                                                max_size=3, unique=True))
+    r["proxy"]["metrics_allow"] = draw(
+        st.lists(
+            st.sampled_from(["127.0.0.1", "10.20.0.0/24", "10.20.0.13", "192.0.2.0/24", "10.20.0.11/32"]),
+            max_size=3,
+            unique=True,
+        )
+    )
     if draw(st.integers(0, 3)) == 0:
         r["proxy"]["listen"], r["proxy"]["tls"] = 443, {**r["proxy"]["tls"], "enabled": True, "self_signed": True}
     n = draw(st.integers(2, 4))
     inventory = {}
     for i in range(n):
-        groups = draw(st.lists(st.sampled_from(["servers", "workers", "proxy", "monitoring"]), min_size=1, max_size=2, unique=True))
+        groups = draw(
+            st.lists(
+                st.sampled_from(["servers", "workers", "proxy", "monitoring"]), min_size=1, max_size=2, unique=True
+            )
+        )
         data: dict[str, Any] = {"ssh_hostname": _addr(i), "private_address": f"10.20.0.{11 + i}"}
         if "2node" in r["name"] and "servers" in groups:
             r["parallel"]["head_address"] = data["private_address"]
@@ -211,7 +253,9 @@ class Readers:
                 (d / "rules" / Path(p).name).write_text(f.content)
         cfg["rule_files"] = [str(d / "rules" / "*.rules.yml")]
         (d / "prometheus.yml").write_text(yaml.safe_dump(cfg))
-        out = subprocess.run([self.promtool, "check", "config", str(d / "prometheus.yml")], capture_output=True, text=True, timeout=60)
+        out = subprocess.run(
+            [self.promtool, "check", "config", str(d / "prometheus.yml")], capture_output=True, text=True, timeout=60
+        )
         shutil.rmtree(d, ignore_errors=True)
         return None if out.returncode == 0 else (out.stdout + out.stderr).strip()[-600:]
 
@@ -226,8 +270,12 @@ def _allowed_upstreams(inventory: dict[str, dict[str, Any]]) -> set[str]:
     return out
 
 
-def check(specs: list[dict[str, Any]], inventory: dict[str, dict[str, Any]], marks: dict[str, set[str]],
-          readers: Readers | None) -> fuzzspecs.Outcome:
+def check(
+    specs: list[dict[str, Any]],
+    inventory: dict[str, dict[str, Any]],
+    marks: dict[str, set[str]],
+    readers: Readers | None,
+) -> fuzzspecs.Outcome:
     Outcome = fuzzspecs.Outcome
     old = signal.signal(signal.SIGALRM, _on_alarm)
     signal.alarm(TIMEOUT)
@@ -275,7 +323,9 @@ def check(specs: list[dict[str, Any]], inventory: dict[str, dict[str, Any]], mar
                 if any(not _is_ip(a) for a in re.findall(r"^\s*server\s+([^\s;:]+):\d+", files[site].content, re.M)):
                     continue  # a DNS name upstream: nginx -t would resolve it (offline here)
                 auth = f"{render.NGINX_SECRET_DIR}/{name}-auth.conf"
-                auths = [files[auth].content, render.nginx_auth_content(r, "sk-fuzz_Key-123")] if auth in files else [None]
+                auths = (
+                    [files[auth].content, render.nginx_auth_content(r, "sk-fuzz_Key-123")] if auth in files else [None]
+                )
                 bad = readers.spec.nginx(files[site].content, auths)
                 if bad:
                     return Outcome("broken-render", f"nginx -t {target}: {bad}")

@@ -51,10 +51,60 @@ from vllm_fleet.specs import document, load as specmod
 REPO = Path(__file__).resolve().parent.parent
 BASES = {p.stem: yaml.safe_load(p.read_text()) for p in sorted((REPO / "deployments").glob("*.yaml"))}
 ERROR_LINE = re.compile(r"^(?P<file>.+?): error: (?P<path>.+?)(?: \(line (?P<line>\d+)\))?: (?P<msg>.+)$")
-SPECIALS = ["\n", "\r", "\x00", "\r\n", ";", "#", "{", "}", "%", "%n", "$", "${HOME}", '"', "'", " ", "..", "/../", "\\", "\t", "\u2028", "`"]
+SPECIALS = [
+    "\n",
+    "\r",
+    "\x00",
+    "\r\n",
+    ";",
+    "#",
+    "{",
+    "}",
+    "%",
+    "%n",
+    "$",
+    "${HOME}",
+    '"',
+    "'",
+    " ",
+    "..",
+    "/../",
+    "\\",
+    "\t",
+    "\u2028",
+    "`",
+]
 STARTS = ["x", "/opt/x", "10.0.0.1", "a/b", "", "llm.example", "sk-key", "8000"]
-NUMBERS = [0, -1, 1, 8, 16, 80, 443, 1023, 1024, 6379, 6380, 8000, 8000.0, 8265, 10001, 10500, 52365, 65535, 65536,
-           2**31, 2**63, 10**18, 0.5, -0.0, 1e308, float("nan"), float("inf"), float("-inf")]
+NUMBERS = [
+    0,
+    -1,
+    1,
+    8,
+    16,
+    80,
+    443,
+    1023,
+    1024,
+    6379,
+    6380,
+    8000,
+    8000.0,
+    8265,
+    10001,
+    10500,
+    52365,
+    65535,
+    65536,
+    2**31,
+    2**63,
+    10**18,
+    0.5,
+    -0.0,
+    1e308,
+    float("nan"),
+    float("inf"),
+    float("-inf"),
+]
 OTHERS = [True, False, None, [], {}, "8000", ["a"], {"a": 1}, "true", "null"]
 
 
@@ -88,14 +138,35 @@ def _schema_paths() -> list[tuple[str, ...]]:
     return sorted(set(out))
 
 
-SCHEMA_PATHS = _schema_paths() + [("env", "FUZZ_VAR"), ("engine", "speculative", "method"), ("engine", "extra_args", 0),
-                                   ("proxy", "metrics_allow", 0), ("install", "extra_packages", 0)]
+SCHEMA_PATHS = _schema_paths() + [
+    ("env", "FUZZ_VAR"),
+    ("engine", "speculative", "method"),
+    ("engine", "extra_args", 0),
+    ("proxy", "metrics_allow", 0),
+    ("install", "extra_packages", 0),
+]
 #: Free-text and path strings where an attack can be accepted (most other strings have a pattern).
-TEXT_PATHS = [("description",), ("model", "source"), ("model", "served_name"), ("model", "path"), ("model", "revision"),
-              ("server", "api_key", "file"), ("proxy", "tls", "certificate"), ("proxy", "tls", "certificate_key", "file"),
-              ("proxy", "server_name"), ("install", "prefix"), ("install", "wheelhouse"), ("install", "index_url"),
-              ("smoke", "prompt"), ("env", "FUZZ_VAR"), ("engine", "extra_args", 0), ("install", "extra_packages", 0),
-              ("engine", "speculative", "method"), ("monitoring", "grafana", "dashboards_dir"), ("model", "architecture")]
+TEXT_PATHS = [
+    ("description",),
+    ("model", "source"),
+    ("model", "served_name"),
+    ("model", "path"),
+    ("model", "revision"),
+    ("server", "api_key", "file"),
+    ("proxy", "tls", "certificate"),
+    ("proxy", "tls", "certificate_key", "file"),
+    ("proxy", "server_name"),
+    ("install", "prefix"),
+    ("install", "wheelhouse"),
+    ("install", "index_url"),
+    ("smoke", "prompt"),
+    ("env", "FUZZ_VAR"),
+    ("engine", "extra_args", 0),
+    ("install", "extra_packages", 0),
+    ("engine", "speculative", "method"),
+    ("monitoring", "grafana", "dashboards_dir"),
+    ("model", "architecture"),
+]
 
 
 def _leaf_paths(doc: Any, prefix: tuple = ()) -> list[tuple]:
@@ -111,7 +182,12 @@ def _leaf_paths(doc: Any, prefix: tuple = ()) -> list[tuple]:
 
 @st.composite
 def payloads(draw: Any, marker: str) -> str:
-    return draw(st.sampled_from(STARTS)) + draw(st.sampled_from(SPECIALS)) + marker + draw(st.sampled_from(["", "y", " z", ";", "}", "\n#"]))
+    return (
+        draw(st.sampled_from(STARTS))
+        + draw(st.sampled_from(SPECIALS))
+        + marker
+        + draw(st.sampled_from(["", "y", " z", ";", "}", "\n#"]))
+    )
 
 
 @st.composite
@@ -122,7 +198,11 @@ def mutants(draw: Any) -> tuple[str, list[tuple], dict[str, Any]]:
     changes: list[tuple] = []
     for i in range(draw(st.integers(1, 3))):
         marker = f"INJ{i}Q"
-        kind = draw(st.sampled_from(["string", "string", "text", "text", "text", "list-item", "number", "delete", "other", "raw"]))
+        kind = draw(
+            st.sampled_from(
+                ["string", "string", "text", "text", "text", "list-item", "number", "delete", "other", "raw"]
+            )
+        )
         if kind == "text":  # an attack where free text is accepted
             path, kind = draw(st.sampled_from(TEXT_PATHS)), "string"
         else:
@@ -137,7 +217,9 @@ def mutants(draw: Any) -> tuple[str, list[tuple], dict[str, Any]]:
         elif kind == "other":
             value = draw(st.sampled_from(OTHERS))
         elif kind == "raw":
-            value = draw(st.sampled_from([Raw("9" * 4400), Raw("1" + "0" * 40), _nested(40), {"k%d" % j: j for j in range(50)}]))
+            value = draw(
+                st.sampled_from([Raw("9" * 4400), Raw("1" + "0" * 40), _nested(40), {"k%d" % j: j for j in range(50)}])
+            )
         else:
             value = None
         value = copy.deepcopy(value)  # the lists above must never be changed by a later mutation
@@ -197,10 +279,10 @@ def markers(changes: list[tuple]) -> dict[str, set[str]]:
     """{marker: the special characters that came right before it in the input}."""
     out: dict[str, set[str]] = {}
     for kind, _path, value in changes:
-        for s in (value if isinstance(value, list) else [value]):
+        for s in value if isinstance(value, list) else [value]:
             if isinstance(s, str):
                 for m in re.finditer(r"INJ\dQ", s):
-                    before = s[:m.start()]
+                    before = s[: m.start()]
                     special = next((sp for sp in sorted(SPECIALS, key=len, reverse=True) if before.endswith(sp)), "")
                     out.setdefault(m.group(), set()).add(special)
     return out
@@ -242,7 +324,19 @@ def nginx_tokens(text: str) -> list[str]:
     return [t.replace("$", "\x00VAR") if "$" in t else t for t in toks]  # nginx expands $name
 
 
-_C_ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "\\": "\\", '"': '"', "'": "'", "a": "\a", "b": "\b", "f": "\f", "v": "\v", "s": " "}
+_C_ESCAPES = {
+    "n": "\n",
+    "t": "\t",
+    "r": "\r",
+    "\\": "\\",
+    '"': '"',
+    "'": "'",
+    "a": "\a",
+    "b": "\b",
+    "f": "\f",
+    "v": "\v",
+    "s": " ",
+}
 
 
 def _specifiers(value: str, dollars: bool) -> str:
@@ -250,14 +344,14 @@ def _specifiers(value: str, dollars: bool) -> str:
     while i < len(value):
         c = value[i]
         if c == "%":
-            if value[i + 1:i + 2] == "%":
+            if value[i + 1 : i + 2] == "%":
                 out.append("%")
                 i += 2
             else:
                 out.append("\x00SPEC")
                 i += 2
         elif c == "$" and dollars:
-            if value[i + 1:i + 2] == "$":
+            if value[i + 1 : i + 2] == "$":
                 out.append("$")
                 i += 2
             else:
@@ -288,10 +382,10 @@ def _exec_words(value: str) -> list[str]:
             elif c == "\\" and i + 1 < n:
                 e = value[i + 1]
                 if e == "x":
-                    buf.append(chr(int(value[i + 2:i + 4], 16)))
+                    buf.append(chr(int(value[i + 2 : i + 4], 16)))
                     i += 4
                 elif e == "u":
-                    buf.append(chr(int(value[i + 2:i + 6], 16)))
+                    buf.append(chr(int(value[i + 2 : i + 6], 16)))
                     i += 6
                 else:
                     buf.append(_C_ESCAPES.get(e, e))
@@ -411,7 +505,9 @@ class Readers:
             f.write_text(t)
             written.append(f)
         try:
-            out = subprocess.run(["systemd-analyze", f"--root={self.root}", "verify", *units], capture_output=True, text=True, timeout=60)
+            out = subprocess.run(
+                ["systemd-analyze", f"--root={self.root}", "verify", *units], capture_output=True, text=True, timeout=60
+            )
             text = (out.stdout + out.stderr).strip()
             return None if out.returncode == 0 and not text else text[-600:]
         finally:
@@ -450,14 +546,23 @@ def check(text: str, changes: list[tuple], workdir: Path, readers: Readers | Non
         return Outcome("traceback", stderr[-1500:])
     if rc == 1:
         lines = stderr.splitlines()
-        errs = [(m, lines[i + 1].strip() if i + 1 < len(lines) else "") for i, line in enumerate(lines) if (m := ERROR_LINE.match(line))]
+        errs = [
+            (m, lines[i + 1].strip() if i + 1 < len(lines) else "")
+            for i, line in enumerate(lines)
+            if (m := ERROR_LINE.match(line))
+        ]
         if not errs:
             return Outcome("bad-refusal", "exit 1 without an error line:\n" + stderr[-800:])
         for m, fix in errs:
             if not fix.startswith("fix:") or len(fix) < 8:
                 return Outcome("bad-refusal", f"no fix: {m.group(0)}")
-            if m.group("path") == "(top level)" and not m.group("line") and "file" not in m.group("msg") and "spec" not in m.group("msg") \
-                    and "YAML" not in m.group("msg"):
+            if (
+                m.group("path") == "(top level)"
+                and not m.group("line")
+                and "file" not in m.group("msg")
+                and "spec" not in m.group("msg")
+                and "YAML" not in m.group("msg")
+            ):
                 return Outcome("bad-refusal", f"no path and no line: {m.group(0)}")
         return Outcome("refused", errs[0][0].group("path"))
     if rc != 0:
@@ -495,13 +600,23 @@ def check(text: str, changes: list[tuple], workdir: Path, readers: Readers | Non
         auth_path = f"{render.NGINX_SECRET_DIR}/{resolved['name']}-auth.conf"
         for target, files in targets.items():
             if site_path in files:
-                auths = [files[auth_path].content, render.nginx_auth_content(resolved, "sk-fuzz_Key-123")] if auth_path in files else [None]
+                auths = (
+                    [files[auth_path].content, render.nginx_auth_content(resolved, "sk-fuzz_Key-123")]
+                    if auth_path in files
+                    else [None]
+                )
                 bad = readers.nginx(files[site_path].content, auths)
                 if bad:
                     return Outcome("broken-render", f"nginx -t {target}: {bad}")
             units = {p: rf.content for p, rf in files.items() if p.endswith(".service")}
             if units:
-                others = {p: rf.content for t, fs in targets.items() if t != target for p, rf in fs.items() if p.endswith(".service") and p not in units}
+                others = {
+                    p: rf.content
+                    for t, fs in targets.items()
+                    if t != target
+                    for p, rf in fs.items()
+                    if p.endswith(".service") and p not in units
+                }
                 bad = readers.systemd(units, others)
                 if bad:
                     return Outcome("broken-render", f"systemd-analyze verify {target}: {bad}")

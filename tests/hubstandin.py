@@ -23,16 +23,27 @@ import threading
 
 
 class StandInHub:
-    def __init__(self, repo: str, revision: str, files: dict[str, bytes], *, cut: dict[str, int] | None = None,
-                 corrupt: dict[str, int] | None = None, gated: bool = False, plain: tuple[str, ...] = (),
-                 address: str = "127.0.0.1"):
+    def __init__(
+        self,
+        repo: str,
+        revision: str,
+        files: dict[str, bytes],
+        *,
+        cut: dict[str, int] | None = None,
+        corrupt: dict[str, int] | None = None,
+        gated: bool = False,
+        plain: tuple[str, ...] = (),
+        address: str = "127.0.0.1",
+    ):
         """``cut``: {file: n} the first n GETs of that file close the connection half-way;
         ``corrupt``: {file: n} the first n GETs serve that file with its first byte flipped;
         ``gated``: every request without an Authorization header is refused as the hub refuses
         a gated repo; ``plain``: files kept in git, not LFS (no sha256 in the metadata, only the
         git blob id, as the hub lists small text files); ``address``: where to listen."""
         self.repo, self.revision, self.files = repo, revision, files
-        self.commit = revision if re.fullmatch(r"[0-9a-f]{40}", revision) else hashlib.sha1(revision.encode()).hexdigest()
+        self.commit = (
+            revision if re.fullmatch(r"[0-9a-f]{40}", revision) else hashlib.sha1(revision.encode()).hexdigest()
+        )
         self.cut, self.corrupt = dict(cut or {}), dict(corrupt or {})
         self.gated, self.plain = gated, set(plain)
         self.requests: list[tuple[str, str, str | None]] = []
@@ -64,42 +75,67 @@ class StandInHub:
                 hub.served_bytes += len(body) if count else 0
 
             def _siblings(self):
-                return [{"rfilename": f, "size": len(d), "blobId": _blob(d)} if f in hub.plain else
-                        {"rfilename": f, "size": len(d), "blobId": _blob(d),
-                         "lfs": {"sha256": hashlib.sha256(d).hexdigest(), "size": len(d), "pointerSize": 134}}
-                        for f, d in hub.files.items()]
+                return [
+                    {"rfilename": f, "size": len(d), "blobId": _blob(d)}
+                    if f in hub.plain
+                    else {
+                        "rfilename": f,
+                        "size": len(d),
+                        "blobId": _blob(d),
+                        "lfs": {"sha256": hashlib.sha256(d).hexdigest(), "size": len(d), "pointerSize": 134},
+                    }
+                    for f, d in hub.files.items()
+                ]
 
             def _any(self):
                 hub.requests.append((self.command, self.path, self.headers.get("Authorization")))
                 path = self.path.split("?")[0]
-                not_rev = {"X-Error-Code": "RevisionNotFound", "X-Error-Message": "Invalid rev id",
-                           "Content-Type": "application/json"}
+                not_rev = {
+                    "X-Error-Code": "RevisionNotFound",
+                    "X-Error-Message": "Invalid rev id",
+                    "Content-Type": "application/json",
+                }
                 api = f"/api/models/{hub.repo}/"
                 if hub.gated and not self.headers.get("Authorization"):
-                    return self._send(401, b'{"error":"gated"}', {"X-Error-Code": "GatedRepo", "X-Error-Message":
-                                                                 "Access to model is restricted"})
+                    return self._send(
+                        401,
+                        b'{"error":"gated"}',
+                        {"X-Error-Code": "GatedRepo", "X-Error-Message": "Access to model is restricted"},
+                    )
                 if path.startswith(api + "revision/"):
-                    if path[len(api + "revision/"):] not in (hub.revision, hub.commit):
+                    if path[len(api + "revision/") :] not in (hub.revision, hub.commit):
                         return self._send(404, b'{"error":"Invalid rev id"}', not_rev)
                     body = {"id": hub.repo, "sha": hub.commit, "siblings": self._siblings()}
                     return self._send(200, json.dumps(body).encode(), {"Content-Type": "application/json"})
                 if path.startswith(api + "tree/"):
-                    body = [{"type": "file", "path": f, "size": len(d), "oid": _blob(d)} if f in hub.plain else
-                            {"type": "file", "path": f, "size": len(d), "oid": _blob(d),
-                             "lfs": {"oid": hashlib.sha256(d).hexdigest(), "size": len(d), "pointerSize": 134}}
-                            for f, d in hub.files.items()]
+                    body = [
+                        {"type": "file", "path": f, "size": len(d), "oid": _blob(d)}
+                        if f in hub.plain
+                        else {
+                            "type": "file",
+                            "path": f,
+                            "size": len(d),
+                            "oid": _blob(d),
+                            "lfs": {"oid": hashlib.sha256(d).hexdigest(), "size": len(d), "pointerSize": 134},
+                        }
+                        for f, d in hub.files.items()
+                    ]
                     return self._send(200, json.dumps(body).encode(), {"Content-Type": "application/json"})
                 pre = f"/{hub.repo}/resolve/"
                 if path.startswith(pre):
-                    rev, _, name = path[len(pre):].partition("/")
+                    rev, _, name = path[len(pre) :].partition("/")
                     if rev not in (hub.revision, hub.commit):
                         return self._send(404, b"", not_rev)
                     if name not in hub.files:
                         return self._send(404, b"", {"X-Error-Code": "EntryNotFound"})
                     data = hub.files[name]
                     etag = _blob(data) if name in hub.plain else hashlib.sha256(data).hexdigest()
-                    headers = {"ETag": f'"{etag}"', "X-Repo-Commit": hub.commit,
-                               "Content-Type": "application/octet-stream", "Accept-Ranges": "bytes"}
+                    headers = {
+                        "ETag": f'"{etag}"',
+                        "X-Repo-Commit": hub.commit,
+                        "Content-Type": "application/octet-stream",
+                        "Accept-Ranges": "bytes",
+                    }
                     cut = False
                     if self.command == "GET" and hub.cut.get(name, 0) > 0:
                         hub.cut[name] -= 1
@@ -126,8 +162,11 @@ class StandInHub:
     def file_requests(self) -> list[str]:
         """The files fetched with GET (each request once, in order)."""
         pre = f"/{self.repo}/resolve/"
-        return [p.split("?")[0][len(pre):].partition("/")[2] for m, p, _ in self.requests
-                if m == "GET" and p.startswith(pre)]
+        return [
+            p.split("?")[0][len(pre) :].partition("/")[2]
+            for m, p, _ in self.requests
+            if m == "GET" and p.startswith(pre)
+        ]
 
     def close(self) -> None:
         self._srv.shutdown()

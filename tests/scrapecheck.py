@@ -47,7 +47,9 @@ def scrapes(prometheus_yml: str) -> list[tuple[str, str, int, str, str]]:
                     continue
                 path = labels.get("__metrics_path__") or job.get("metrics_path") or "/metrics"
                 host, _, port = t.rpartition(":") if re.search(r":\d+$", t) else (t, "", "")
-                out.append((job["job_name"], host, int(port) if port else (443 if scheme == "https" else 80), path, dep))
+                out.append(
+                    (job["job_name"], host, int(port) if port else (443 if scheme == "https" else 80), path, dep)
+                )
     return out
 
 
@@ -81,13 +83,19 @@ def _hit(port: int, ranges: list[tuple[int, int]]) -> bool:
 
 def firewall_admits(nft: str, source: str, port: int) -> bool:
     """Whether a rendered vllm-fleet nftables table lets ``source`` reach TCP ``port``."""
-    sets = {m.group(1): [e.strip() for e in m.group(2).split(",") if e.strip()]
-            for m in re.finditer(r"set (\w+) \{.*?elements = \{([^}]*)\}", nft, re.S)}
+    sets = {
+        m.group(1): [e.strip() for e in m.group(2).split(",") if e.strip()]
+        for m in re.finditer(r"set (\w+) \{.*?elements = \{([^}]*)\}", nft, re.S)
+    }
     dropped = [_ports(m.group(1)) for m in re.finditer(r"^\s*tcp dport \{([^}]*)\} drop", nft, re.M)]
     if source.startswith("127.") or not any(_hit(port, d) for d in dropped):  # loopback: `iif "lo" accept`
         return True
     for m in re.finditer(r"^\s*ip saddr (@\w+|\{[^}]*\})(?: tcp dport \{([^}]*)\})? accept", nft, re.M):
-        who = sets.get(m.group(1)[1:], []) if m.group(1).startswith("@") else [e.strip() for e in m.group(1)[1:-1].split(",")]
+        who = (
+            sets.get(m.group(1)[1:], [])
+            if m.group(1).startswith("@")
+            else [e.strip() for e in m.group(1)[1:-1].split(",")]
+        )
         if _in(source, who) and (m.group(2) is None or _hit(port, _ports(m.group(2)))):
             return True
     return False
@@ -111,10 +119,13 @@ def nginx_admits(site: str, address: str, source: str, port: int, path: str) -> 
     return _in(source, re.findall(r"allow (\S+);", m.group(1)))
 
 
-def unreachable(targets: dict[str, dict[str, Any]], inventory: dict[str, dict[str, Any]] | None) -> tuple[int, list[str]]:
+def unreachable(
+    targets: dict[str, dict[str, Any]], inventory: dict[str, dict[str, Any]] | None
+) -> tuple[int, list[str]]:
     """(scrapes read, problems): every rendered target and probe against the firewalls and allow
     lists of the host it names. ``targets``: {host or part: {path: rendered file}}; ``inventory``
     {host: {address, data}} (None: role mode, every part is one host at 127.0.0.1)."""
+
     def private(h: str) -> str:
         if inventory is None:
             return "127.0.0.1"
@@ -142,7 +153,9 @@ def unreachable(targets: dict[str, dict[str, Any]], inventory: dict[str, dict[st
                 if fw in merged and not firewall_admits(merged[fw].content, src, port):
                     problems.append(f"{what}: {fw} there drops {src}")
             for p, f in merged.items():
-                if p == f"{NGINX_SITES}vllm-fleet-{dep}.conf":  # the deployment's own site (another one may share the port)
+                if (
+                    p == f"{NGINX_SITES}vllm-fleet-{dep}.conf"
+                ):  # the deployment's own site (another one may share the port)
                     ok = nginx_admits(f.content, address, src, port, path)
                     if ok is False:
                         problems.append(f"{what}: nginx {p} there refuses {src}")

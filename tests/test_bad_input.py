@@ -33,7 +33,7 @@ def errors(stderr: str) -> list[dict]:
         m = ERROR_LINE.match(line)
         if m:
             fix = lines[i + 1].strip() if i + 1 < len(lines) else ""
-            out.append({**m.groupdict(), "fix": fix[len("fix:"):].strip() if fix.startswith("fix:") else ""})
+            out.append({**m.groupdict(), "fix": fix[len("fix:") :].strip() if fix.startswith("fix:") else ""})
     return out
 
 
@@ -118,8 +118,13 @@ def test_yaml_alias_bomb_is_refused_quickly(tmp_path):
     f = tmp_path / "bomb.yaml"
     f.write_text("\n".join(lines) + "\n")
     try:
-        r = subprocess.run([sys.executable, "-m", "vllm_fleet", "validate", str(f)], cwd=REPO,
-                           capture_output=True, text=True, timeout=15)
+        r = subprocess.run(
+            [sys.executable, "-m", "vllm_fleet", "validate", str(f)],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=15,
+        )
     except subprocess.TimeoutExpired:
         pytest.fail("validate still running after 15 s on a 1.6 kB alias bomb")
     assert r.returncode == 1 and "Traceback" not in r.stderr and "fix:" in r.stderr, r.stderr
@@ -128,14 +133,29 @@ def test_yaml_alias_bomb_is_refused_quickly(tmp_path):
 # -- a deploy with a bad spec: pyinfra stops while loading deploys/serve.py, before any operation
 
 LOCAL_INVENTORY = 'servers = ["@local"]\nproxy = ["@local"]\n'
-DEPLOY_CASES = ["yaml-syntax", "missing-source", "typo-served-name", "parallel-product-mismatch",
-                "api-key-in-extra-args", "same-port-proxy-and-server"]
+DEPLOY_CASES = [
+    "yaml-syntax",
+    "missing-source",
+    "typo-served-name",
+    "parallel-product-mismatch",
+    "api-key-in-extra-args",
+    "same-port-proxy-and-server",
+]
 
 
-def pyinfra_deploy(inventory: Path, spec: Path | str, *extra: str, env: dict | None = None) -> subprocess.CompletedProcess:
+def pyinfra_deploy(
+    inventory: Path, spec: Path | str, *extra: str, env: dict | None = None
+) -> subprocess.CompletedProcess:
     env = {**os.environ, **(env or {}), "VLLM_FLEET_SPEC": str(spec)}
-    return subprocess.run([PYINFRA, "-y", *extra, str(inventory), "deploys/serve.py"], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
+    return subprocess.run(
+        [PYINFRA, "-y", *extra, str(inventory), "deploys/serve.py"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        stdin=subprocess.DEVNULL,
+    )
 
 
 @pytest.mark.parametrize("case", DEPLOY_CASES)
@@ -160,8 +180,10 @@ def test_inventory_without_a_server_group_is_a_message_not_a_traceback(tmp_path)
     inv = tmp_path / "inventory.py"
     inv.write_text('somewhere = ["@local"]\n')
     spec = tmp_path / "ok.yaml"
-    spec.write_text("name: ctl\nmodel: {source: /srv/models/x, transfer: none, max_model_len: 512}\n"
-                    "server: {api_key: {env: H7_TEST_KEY}}\ninstall: {accelerator: cpu}\nhardware: {gpu: cpu}\n")
+    spec.write_text(
+        "name: ctl\nmodel: {source: /srv/models/x, transfer: none, max_model_len: 512}\n"
+        "server: {api_key: {env: H7_TEST_KEY}}\ninstall: {accelerator: cpu}\nhardware: {gpu: cpu}\n"
+    )
     r = pyinfra_deploy(inv, spec, "--dry", env={"H7_TEST_KEY": "not-a-real-key"})
     out = r.stdout + r.stderr
     assert r.returncode != 0
@@ -174,8 +196,14 @@ def test_inventory_without_a_server_group_is_a_message_not_a_traceback(tmp_path)
 
 def _timed_cli(args: list[str], timeout: float) -> subprocess.CompletedProcess:
     try:
-        return subprocess.run([sys.executable, "-m", "vllm_fleet", *args], cwd=REPO, capture_output=True, text=True,
-                              timeout=timeout, stdin=subprocess.DEVNULL)
+        return subprocess.run(
+            [sys.executable, "-m", "vllm_fleet", *args],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            stdin=subprocess.DEVNULL,
+        )
     except subprocess.TimeoutExpired:
         pytest.fail(f"vllm-fleet {' '.join(args)} still running after {timeout} s")
 
@@ -201,15 +229,19 @@ def test_a_big_flow_map_is_refused_fast_and_small(tmp_path):
     f = tmp_path / "flow.yaml"
     f.write_text("{" + ",".join(f"k{i}: {i}" for i in range(18000)) + "}\n")
     assert f.stat().st_size < 256 * 1024
-    probe = ("import json, resource, subprocess, sys, time\n"
-             "t0 = time.monotonic()\n"
-             "r = subprocess.run([sys.executable, '-m', 'vllm_fleet', 'validate', sys.argv[1]], capture_output=True, text=True,\n"
-             "                   timeout=15, stdin=subprocess.DEVNULL)\n"
-             "print(json.dumps({'rc': r.returncode, 'stderr': r.stderr, 'took': time.monotonic() - t0,\n"
-             "                  'peak_mib': resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024}))\n")
+    probe = (
+        "import json, resource, subprocess, sys, time\n"
+        "t0 = time.monotonic()\n"
+        "r = subprocess.run([sys.executable, '-m', 'vllm_fleet', 'validate', sys.argv[1]], capture_output=True, text=True,\n"
+        "                   timeout=15, stdin=subprocess.DEVNULL)\n"
+        "print(json.dumps({'rc': r.returncode, 'stderr': r.stderr, 'took': time.monotonic() - t0,\n"
+        "                  'peak_mib': resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024}))\n"
+    )
     out = subprocess.run([sys.executable, "-c", probe, str(f)], cwd=REPO, capture_output=True, text=True, timeout=60)
     res = json.loads(out.stdout)
-    assert res["rc"] == 1 and "more than 10000 values" in res["stderr"] and "Traceback" not in res["stderr"], res["stderr"]
+    assert res["rc"] == 1 and "more than 10000 values" in res["stderr"] and "Traceback" not in res["stderr"], res[
+        "stderr"
+    ]
     assert res["took"] < 5 and res["peak_mib"] < 200, (res["took"], res["peak_mib"])
 
 
@@ -217,8 +249,12 @@ def test_render_out_mistakes_are_messages(tmp_path):
     spec = str(REPO / "deployments" / "lab-tiny.yaml")
     a_file = tmp_path / "f"
     a_file.write_text("x")
-    cases = {"": "--out is empty", str(a_file): "not a directory", "/proc/vllm-fleet-render": "cannot write",
-             str(a_file / "sub"): "cannot write"}
+    cases = {
+        "": "--out is empty",
+        str(a_file): "not a directory",
+        "/proc/vllm-fleet-render": "cannot write",
+        str(a_file / "sub"): "cannot write",
+    }
     for out, text in cases.items():
         r = run_cli("render", spec, "--out", out, cwd=tmp_path)
         assert r.returncode == 1 and text in r.stderr and "Traceback" not in r.stderr, (out, r.stderr)
@@ -235,7 +271,13 @@ def test_a_broken_pipe_is_not_success():
     into success. Here stdout is a pipe whose reader is gone before the `valid` line."""
     rd, wr = os.pipe()
     os.close(rd)
-    p = subprocess.run([sys.executable, "-m", "vllm_fleet", "validate", str(REPO / "deployments" / "lab-tiny.yaml")],
-                       cwd=REPO, stdout=wr, stderr=subprocess.PIPE, text=True, timeout=60)
+    p = subprocess.run(
+        [sys.executable, "-m", "vllm_fleet", "validate", str(REPO / "deployments" / "lab-tiny.yaml")],
+        cwd=REPO,
+        stdout=wr,
+        stderr=subprocess.PIPE,
+        text=True,
+        timeout=60,
+    )
     os.close(wr)
     assert p.returncode == 1 and "Traceback" not in p.stderr and "Exception ignored" not in p.stderr, p.stderr

@@ -11,10 +11,24 @@ import summary  # noqa: E402
 
 
 def test_table_has_medians_and_load_per_run(tmp_path, capsys):
-    runs = [{"rc": 0, "wall_s": w, "phases": {"smoke_s": 0.4}, "loadavg1_before": la} for w, la in ((2.0, 0.5), (3.0, 0.7), (2.5, 0.6))]
-    (tmp_path / "lab-deploy-scaling.json").write_text(json.dumps({"sizes": {"1": {
-        "hosts": 1, "machine_before": {"loadavg_1_5_15": [1.5, 1, 1]},
-        "first_deploy": {"wall_s": 400.0, "kind": "cold"}, "noop_runs": runs + [{"rc": 1, "wall_s": 99.0}]}}}))
+    runs = [
+        {"rc": 0, "wall_s": w, "phases": {"smoke_s": 0.4}, "loadavg1_before": la}
+        for w, la in ((2.0, 0.5), (3.0, 0.7), (2.5, 0.6))
+    ]
+    (tmp_path / "lab-deploy-scaling.json").write_text(
+        json.dumps(
+            {
+                "sizes": {
+                    "1": {
+                        "hosts": 1,
+                        "machine_before": {"loadavg_1_5_15": [1.5, 1, 1]},
+                        "first_deploy": {"wall_s": 400.0, "kind": "cold"},
+                        "noop_runs": runs + [{"rc": 1, "wall_s": 99.0}],
+                    }
+                }
+            }
+        )
+    )
     assert summary.main(["--results", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     noop = next(line for line in out.splitlines() if "no-op" in line).split()

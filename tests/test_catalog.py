@@ -18,14 +18,25 @@ def test_lookup_by_hub_id_is_case_insensitive():
 
 def test_lookup_by_catalogue_name_and_unknown():
     assert catalog.model("qwen3-32b")["id"] == "Qwen/Qwen3-32B"
-    assert catalog.model("Qwen/Qwen2.5-7B-Instruct-AWQ")["quant"] == {"method": "awq", "bits": 4, "group_size": 128, "zero_point": True}
+    assert catalog.model("Qwen/Qwen2.5-7B-Instruct-AWQ")["quant"] == {
+        "method": "awq",
+        "bits": 4,
+        "group_size": 128,
+        "zero_point": True,
+    }
     assert catalog.model("no-such/model") is None
 
 
 def test_required_models_are_present():
     ids = {m["id"] for m in catalog.models()}
-    for want in ("Qwen/Qwen2.5-7B-Instruct", "Qwen/Qwen2.5-7B-Instruct-AWQ", "meta-llama/Llama-3.1-8B-Instruct",
-                 "meta-llama/Llama-3.1-70B-Instruct", "meta-llama/Llama-3.1-405B-Instruct", "Qwen/Qwen3-32B"):
+    for want in (
+        "Qwen/Qwen2.5-7B-Instruct",
+        "Qwen/Qwen2.5-7B-Instruct-AWQ",
+        "meta-llama/Llama-3.1-8B-Instruct",
+        "meta-llama/Llama-3.1-70B-Instruct",
+        "meta-llama/Llama-3.1-405B-Instruct",
+        "Qwen/Qwen3-32B",
+    ):
         assert want in ids
 
 
@@ -37,7 +48,16 @@ def test_shape_reproduces_the_published_parameter_count(facts):
 
 
 def test_gpus():
-    assert set(catalog.gpu_names()) >= {"rtx3090", "rtx4090", "a100-40gb", "a100-80gb", "l40s", "h100-80gb", "h200", "cpu"}
+    assert set(catalog.gpu_names()) >= {
+        "rtx3090",
+        "rtx4090",
+        "a100-40gb",
+        "a100-80gb",
+        "l40s",
+        "h100-80gb",
+        "h200",
+        "cpu",
+    }
     g = catalog.gpu("RTX3090")
     assert (g["compute_capability"], g["bandwidth_gbs"]) == (8.6, 936)  # the 000 article: sm_86, 936 GB/s
     for g in catalog.gpus():
@@ -50,9 +70,20 @@ def test_gpus():
 
 
 def test_facts_from_a_local_config_json(tmp_path):
-    cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 128, "intermediate_size": 256,
-           "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32,
-           "vocab_size": 512, "max_position_embeddings": 2048, "torch_dtype": "bfloat16", "tie_word_embeddings": False}
+    cfg = {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": 128,
+        "intermediate_size": 256,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 32,
+        "vocab_size": 512,
+        "max_position_embeddings": 2048,
+        "torch_dtype": "bfloat16",
+        "tie_word_embeddings": False,
+    }
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     f = catalog.read_config_dir(tmp_path)
     assert (f["layers"], f["kv_heads"], f["head_dim"], f["context"], f["quant"]) == (2, 2, 32, 2048, None)

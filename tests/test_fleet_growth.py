@@ -22,8 +22,14 @@ def resolved():
 
 
 def _inventory(n: int, proxies: int = 0) -> dict:
-    return {f"gpu{i}": render_entry(f"gpu{i}", ["servers"] + (["proxy"] if i < proxies else []),
-                                    {"ssh_hostname": f"10.20.{i // 250}.{i % 250 + 1}"}) for i in range(n)}
+    return {
+        f"gpu{i}": render_entry(
+            f"gpu{i}",
+            ["servers"] + (["proxy"] if i < proxies else []),
+            {"ssh_hostname": f"10.20.{i // 250}.{i % 250 + 1}"},
+        )
+        for i in range(n)
+    }
 
 
 def _bytes(layout) -> int:
@@ -35,7 +41,10 @@ def test_many_servers_without_a_proxy_group_warn_with_the_fix_naming_the_spec(re
     assert len(lay.hosts_with("proxy", resolved["name"])) == MANY_PROXIES  # nginx on every server host
     (w,) = lay.warnings
     assert w.startswith(f"{SPEC}: proxy: no host of the inventory is in the `proxy` group")
-    assert f"each of the {MANY_PROXIES} server hosts of lab-tiny-replicas" in w and "Fix: put one or two hosts in the inventory's `proxy` group" in w
+    assert (
+        f"each of the {MANY_PROXIES} server hosts of lab-tiny-replicas" in w
+        and "Fix: put one or two hosts in the inventory's `proxy` group" in w
+    )
     assert not build([resolved], _inventory(MANY_PROXIES - 1)).warnings
     assert not build([resolved], _inventory(4 * MANY_PROXIES, proxies=1)).warnings
 
@@ -47,7 +56,9 @@ def test_vllm_fleet_deploy_prints_the_warning_before_pyinfra(tmp_path, capsys, m
 
     spec = _spec(tmp_path, server={"host": "0.0.0.0"})
     inv = tmp_path / "inv.py"
-    inv.write_text("servers = " + repr([(f"gpu{i}", {"ssh_hostname": f"10.20.0.{i + 1}"}) for i in range(MANY_PROXIES)]) + "\n")
+    inv.write_text(
+        "servers = " + repr([(f"gpu{i}", {"ssh_hostname": f"10.20.0.{i + 1}"}) for i in range(MANY_PROXIES)]) + "\n"
+    )
     monkeypatch.setenv("HOME", str(tmp_path))
     args = build_parser().parse_args(["deploy", str(inv), "--spec", str(spec), "--dry"])
     assert deploycmd.cmd_deploy(args, runner=lambda argv: 0) == 0, capsys.readouterr().err
@@ -77,8 +88,10 @@ def test_the_deploy_reads_each_hosts_spec_data_once_per_run(monkeypatch):
 
     monkeypatch.setattr(common, "spec_paths", counted)
     n = 40
-    hosts = [(f"gpu{i}", {"vllm_fleet_spec": str(SPEC) if i % 2 else str(REPO / "deployments" / "lab-tiny.yaml")})
-             for i in range(n)]
+    hosts = [
+        (f"gpu{i}", {"vllm_fleet_spec": str(SPEC) if i % 2 else str(REPO / "deployments" / "lab-tiny.yaml")})
+        for i in range(n)
+    ]
     inv = Inventory((hosts, {}))
     firsts = []
     with ctx_inventory.use(inv), ctx_state.use(State(inv, Config())):

@@ -75,7 +75,10 @@ def test_every_command_refuses_an_inventory_that_calls_os_exit(tmp_path, command
 
 def test_every_command_reads_group_data_as_the_deploy_does(tmp_path):
     """group_data/servers.py beside the inventory is pyinfra's: validate sees its private_address."""
-    inv = _write(tmp_path, "servers = [('gpu1', {'ssh_hostname': '192.0.2.10'})]\nproxy = [('lb', {'ssh_hostname': '192.0.2.20'})]\n")
+    inv = _write(
+        tmp_path,
+        "servers = [('gpu1', {'ssh_hostname': '192.0.2.10'})]\nproxy = [('lb', {'ssh_hostname': '192.0.2.20'})]\n",
+    )
     (tmp_path / "group_data").mkdir()
     (tmp_path / "group_data" / "servers.py").write_text("private_address = '192.0.2.99'\n")
     out = tmp_path / "out"
@@ -99,7 +102,10 @@ def test_the_servers_group_order_is_kept(tmp_path):
 
 #: host -> (its data, the key its message must name). Every host here is wrong in one key.
 BAD_HOSTS = {
-    "inject": ({"private_address": "192.0.2.5:8000; } server { listen 81; location / { proxy_pass http://192.0.2.6; } #"}, "private_address"),
+    "inject": (
+        {"private_address": "192.0.2.5:8000; } server { listen 81; location / { proxy_pass http://192.0.2.6; } #"},
+        "private_address",
+    ),
     "newline": ({"private_address": "192.0.2.5\n}"}, "private_address"),
     "blank": ({"private_address": " "}, "private_address"),
     "negative": ({"private_address": -1}, "private_address"),
@@ -146,7 +152,10 @@ def test_bad_host_data_is_refused_naming_host_key_and_fix(host):
 def test_every_bad_host_at_once_from_the_cli_exit_1_no_traceback(tmp_path):
     """One inventory, every bad host: validate prints each (host and key), exit 1, in bounded time
     (replicas_per_host 10**9 is refused, not expanded)."""
-    rows = ",\n".join(f"    ({n!r}, {{'ssh_hostname': '192.0.2.{10 + i}', **{d!r}}})" for i, (n, (d, _)) in enumerate(BAD_HOSTS.items()))
+    rows = ",\n".join(
+        f"    ({n!r}, {{'ssh_hostname': '192.0.2.{10 + i}', **{d!r}}})"
+        for i, (n, (d, _)) in enumerate(BAD_HOSTS.items())
+    )
     inv = _write(tmp_path, f"servers = [\n{rows}\n]\n")
     r = run_cli("validate", str(SPEC), "--inventory", str(inv))
     assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
@@ -192,6 +201,7 @@ def test_ports_past_65535_are_refused(tmp_path):
 # The fleet check: every listening port, every GPU (classes 6, 7, 12), firewalls nft accepts (3),
 # names nginx accepts (5), CPU native multi-node (11)
 
+
 def _resolved(path):
     from vllm_fleet.specs.load import load_and_check
 
@@ -213,19 +223,33 @@ def test_a_multi_node_deployment_without_gpu_ids_owns_every_gpu(tmp_path):
     data["server"] = {**data.get("server", {}), "port": 8100}
     data["proxy"] = {**data.get("proxy", {}), "listen": 8081}
     other.write_text(yaml.safe_dump(data))
-    r = _fleet(tmp_path, [REPO / "deployments" / "2node-ray-pp2.yaml", other],
-               "servers = [('gpu-a', {'ssh_hostname': '192.0.2.11', 'private_address': '10.10.0.11', 'deployments': ['llama70b-2node']}),\n"
-               "           ('gpu-b', {'ssh_hostname': '192.0.2.12', 'private_address': '10.10.0.12', 'deployments': ['llama70b-2node', 'one']})]\n"
-               "workers = [('gpu-b', {'ssh_hostname': '192.0.2.12', 'private_address': '10.10.0.12'})]\n")
-    assert r.returncode == 1 and "gpu-b: deployment llama70b-2node" in r.stderr and "owns every GPU" in r.stderr, r.stderr
+    r = _fleet(
+        tmp_path,
+        [REPO / "deployments" / "2node-ray-pp2.yaml", other],
+        "servers = [('gpu-a', {'ssh_hostname': '192.0.2.11', 'private_address': '10.10.0.11', 'deployments': ['llama70b-2node']}),\n"
+        "           ('gpu-b', {'ssh_hostname': '192.0.2.12', 'private_address': '10.10.0.12', 'deployments': ['llama70b-2node', 'one']})]\n"
+        "workers = [('gpu-b', {'ssh_hostname': '192.0.2.12', 'private_address': '10.10.0.12'})]\n",
+    )
+    assert r.returncode == 1 and "gpu-b: deployment llama70b-2node" in r.stderr and "owns every GPU" in r.stderr, (
+        r.stderr
+    )
 
 
-@pytest.mark.parametrize("changes,clash", [
-    ({"monitoring": {"enabled": True, "prometheus_port": 8000}}, "port 8000 is used by vLLM vllm-lab-tiny-0.service and by Prometheus"),
-    ({"monitoring": {"enabled": True, "node_exporter_port": 80}}, "port 80 is used by nginx of lab-tiny (proxy.listen) and by node exporter"),
-    ({"monitoring": {"enabled": True}, "server": {"port": 9115}}, "by blackbox exporter"),
-    ({"monitoring": {"enabled": True, "node_exporter_port": 9090}}, "port 9090 is used by node exporter"),
-])
+@pytest.mark.parametrize(
+    "changes,clash",
+    [
+        (
+            {"monitoring": {"enabled": True, "prometheus_port": 8000}},
+            "port 8000 is used by vLLM vllm-lab-tiny-0.service and by Prometheus",
+        ),
+        (
+            {"monitoring": {"enabled": True, "node_exporter_port": 80}},
+            "port 80 is used by nginx of lab-tiny (proxy.listen) and by node exporter",
+        ),
+        ({"monitoring": {"enabled": True}, "server": {"port": 9115}}, "by blackbox exporter"),
+        ({"monitoring": {"enabled": True, "node_exporter_port": 9090}}, "port 9090 is used by node exporter"),
+    ],
+)
 def test_every_listening_part_is_in_the_port_check(tmp_path, changes, clash):
     """Class 7: vLLM, nginx, Prometheus, node exporter and blackbox on one host (one spec)."""
     spec = _spec(tmp_path, **changes)
@@ -239,9 +263,17 @@ def test_rays_fixed_ports_and_worker_range_are_in_the_port_check(tmp_path):
 
     ray = _resolved(REPO / "deployments" / "lab-tiny-pp2.yaml")
     for port, what in ((10001, "Ray ray client server"), (10500, "Ray worker ports 10002-10999")):
-        other = _resolved(_spec(tmp_path, name=f"p{port}", server={"port": port, "host": "0.0.0.0"}, proxy={"listen": 8081}))
-        inv = {"lab1": {"address": "192.0.2.11", "groups": ["servers"], "data": {"private_address": "10.10.0.11", "deployments": ["lab-tiny-pp2", f"p{port}"]}},
-               "lab2": {"address": "192.0.2.12", "groups": ["workers"], "data": {"private_address": "10.10.0.12"}}}
+        other = _resolved(
+            _spec(tmp_path, name=f"p{port}", server={"port": port, "host": "0.0.0.0"}, proxy={"listen": 8081})
+        )
+        inv = {
+            "lab1": {
+                "address": "192.0.2.11",
+                "groups": ["servers"],
+                "data": {"private_address": "10.10.0.11", "deployments": ["lab-tiny-pp2", f"p{port}"]},
+            },
+            "lab2": {"address": "192.0.2.12", "groups": ["workers"], "data": {"private_address": "10.10.0.12"}},
+        }
         with pytest.raises(LayoutError) as exc:
             build([ray, other], inv)
         assert f"lab1: port {port} is used by {what}" in str(exc.value), str(exc.value)
@@ -250,16 +282,29 @@ def test_rays_fixed_ports_and_worker_range_are_in_the_port_check(tmp_path):
 def test_two_monitored_deployments_on_one_host_say_how_to_fix(tmp_path):
     """Class 12: not "a bug in vllm-fleet's renderer" but the fix."""
     a = _spec(tmp_path, name="one", monitoring={"enabled": True})
-    b = _spec(tmp_path, name="two", monitoring={"enabled": True}, server={"port": 8100, "host": "0.0.0.0"}, proxy={"listen": 8081})
+    b = _spec(
+        tmp_path,
+        name="two",
+        monitoring={"enabled": True},
+        server={"port": 8100, "host": "0.0.0.0"},
+        proxy={"listen": 8081},
+    )
     r = _fleet(tmp_path, [a, b], "servers = [('lab1', {'ssh_hostname': '192.0.2.11'})]\nmonitoring = ['lab1']\n")
     assert r.returncode == 1 and "bug" not in r.stderr, r.stderr
-    assert "lab1: deployments one, two both have monitoring.enabled" in r.stderr and "in one spec only" in r.stderr, r.stderr
+    assert "lab1: deployments one, two both have monitoring.enabled" in r.stderr and "in one spec only" in r.stderr, (
+        r.stderr
+    )
 
 
 def test_cpu_native_multi_node_is_a_spec_error():
     """Class 11: the renderer's ValueError used to be the message (a traceback)."""
     r = run_cli("validate", str(REPO / "tests" / "specs" / "invalid" / "cpu-multinode-native.yaml"))
-    assert r.returncode == 1 and "Traceback" not in r.stderr and "parallel.backend" in r.stderr and "backend: ray" in r.stderr, r.stderr
+    assert (
+        r.returncode == 1
+        and "Traceback" not in r.stderr
+        and "parallel.backend" in r.stderr
+        and "backend: ray" in r.stderr
+    ), r.stderr
 
 
 def _nft():
@@ -274,9 +319,12 @@ def test_firewall_sets_are_merged_so_nft_accepts_them(tmp_path):
     "conflicting intervals"."""
     import subprocess
 
-    inv = _write(tmp_path, "servers = [('gpu1', {'ssh_hostname': '192.0.2.10', 'vllm_api_firewall_allow': ['192.0.2.0/24', '127.0.0.1'],\n"
-                           "                    'ray_firewall_allow': ['0.0.0.0/0']})]\n"
-                           "proxy = [('lb', {'ssh_hostname': '192.0.2.20'})]\n")
+    inv = _write(
+        tmp_path,
+        "servers = [('gpu1', {'ssh_hostname': '192.0.2.10', 'vllm_api_firewall_allow': ['192.0.2.0/24', '127.0.0.1'],\n"
+        "                    'ray_firewall_allow': ['0.0.0.0/0']})]\n"
+        "proxy = [('lb', {'ssh_hostname': '192.0.2.20'})]\n",
+    )
     out = tmp_path / "out"
     r = run_cli("render", str(_spec(tmp_path)), "--inventory", str(inv), "--out", str(out))
     assert r.returncode == 0, r.stderr
@@ -299,11 +347,17 @@ def _debian_nginx_t(tmp: Path, site: str, auth: str) -> "subprocess.CompletedPro
         Path(m.group(1)).write_text(auth)
     (tmp / "site.conf").write_text(site)
     conf = Path("/etc/nginx/nginx.conf").read_text()
-    conf = conf.replace("include /etc/nginx/conf.d/*.conf;", f"include {tmp}/site.conf;").replace("include /etc/nginx/sites-enabled/*;", "")
+    conf = conf.replace("include /etc/nginx/conf.d/*.conf;", f"include {tmp}/site.conf;").replace(
+        "include /etc/nginx/sites-enabled/*;", ""
+    )
     conf = re.sub(r"^pid .*$", f"pid {tmp}/nginx.pid;", conf, flags=re.M).replace("/var/log/nginx/", f"{tmp}/")
     (tmp / "nginx.conf").write_text(conf)
-    return subprocess.run(["nginx", "-t", "-q", "-p", "/usr/share/nginx/", "-c", str(tmp / "nginx.conf"), "-e", str(tmp / "error.log")],
-                          capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        ["nginx", "-t", "-q", "-p", "/usr/share/nginx/", "-c", str(tmp / "nginx.conf"), "-e", str(tmp / "error.log")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 @pytest.mark.skipif(not Path("/etc/nginx/nginx.conf").is_file(), reason="Debian's nginx is not installed")
@@ -328,8 +382,26 @@ def _site_and_auth(tmp_path: Path, name: str, **changes) -> tuple[str, str, dict
     resolved = _resolved(_spec(tmp_path, name=name, **changes))
     site = render.render(resolved)["proxy"][render.NGINX_SITE.format(name=name)].content
     if "ssl_certificate " in site:
-        subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=test",
-                        "-keyout", str(tmp_path / f"{name}.key"), "-out", str(tmp_path / f"{name}.crt")], check=True, capture_output=True)
+        subprocess.run(
+            [
+                "openssl",
+                "req",
+                "-x509",
+                "-newkey",
+                "rsa:2048",
+                "-nodes",
+                "-days",
+                "1",
+                "-subj",
+                "/CN=test",
+                "-keyout",
+                str(tmp_path / f"{name}.key"),
+                "-out",
+                str(tmp_path / f"{name}.crt"),
+            ],
+            check=True,
+            capture_output=True,
+        )
     return site, render.nginx_auth_content(resolved, "sk-test_Key-123"), resolved
 
 
@@ -338,12 +410,22 @@ LONGEST_HEADER = "X" + "h" * 62 + "Z"  # proxy.routing.session_header: 64
 
 
 @pytest.mark.skipif(not Path("/etc/nginx/nginx.conf").is_file(), reason="Debian's nginx is not installed")
-@pytest.mark.parametrize("routing", [
-    {"replicas": {"per_host": 2}},  # auto: session for 2+ replicas (its map variable), no routing key given
-    {"replicas": {"per_host": 2}, "proxy": {"routing": {"policy": "session", "session_header": LONGEST_HEADER},
-                                            "tls": {"enabled": True, "self_signed": True}, "listen": 443}},
-    {"replicas": {"per_host": 2}, "proxy": {"routing": {"policy": "cache_aware"}}},
-], ids=["auto-2-replicas", "session-tls-longest-header", "cache_aware"])
+@pytest.mark.parametrize(
+    "routing",
+    [
+        {"replicas": {"per_host": 2}},  # auto: session for 2+ replicas (its map variable), no routing key given
+        {
+            "replicas": {"per_host": 2},
+            "proxy": {
+                "routing": {"policy": "session", "session_header": LONGEST_HEADER},
+                "tls": {"enabled": True, "self_signed": True},
+                "listen": 443,
+            },
+        },
+        {"replicas": {"per_host": 2}, "proxy": {"routing": {"policy": "cache_aware"}}},
+    ],
+    ids=["auto-2-replicas", "session-tls-longest-header", "cache_aware"],
+)
 def test_every_nginx_name_fits_debians_stock_hashes_at_the_longest_name(tmp_path, routing):
     """Round 3, class 2: `$vllm_fleet_<name>_pool` failed "could not build variables_hash" from a
     31-character name. Every nginx name derived from a user's value (variables, upstreams, zones)
@@ -371,7 +453,9 @@ def test_nginx_names_are_bounded_and_distinct():
 
 
 @pytest.mark.skipif(not Path("/etc/nginx/nginx.conf").is_file(), reason="Debian's nginx is not installed")
-@pytest.mark.parametrize("ref", [{"file": "/" + "/".join(["k" * 250] * 16) + "/key"}, {"env": "K" * 5000}], ids=["file-4k", "env-5k"])
+@pytest.mark.parametrize(
+    "ref", [{"file": "/" + "/".join(["k" * 250] * 16) + "/key"}, {"env": "K" * 5000}], ids=["file-4k", "env-5k"]
+)
 def test_a_long_secret_reference_stays_out_of_the_nginx_auth_include(tmp_path, ref):
     """Round 3, class 3: the auth include echoed server.api_key.file in a comment; a legal path of
     ~4,050 characters made nginx -t fail ("too long parameter"). The include names the kind of
@@ -392,17 +476,33 @@ def test_a_long_secret_reference_stays_out_of_the_nginx_auth_include(tmp_path, r
 # Command-line numbers (classes 14-17): refused by argparse (exit 2, usage) before any host
 
 BAD_ARGS = [
-    ["bench", "INV", "--concurrency", "abc"], ["bench", "INV", "--concurrency", "1,,2"], ["bench", "INV", "--concurrency", "1e3"],
-    ["bench", "INV", "--concurrency", "0,-1"], ["bench", "INV", "--rate", "abc"], ["bench", "INV", "--rate", "-1"],
-    ["bench", "INV", "--rate", "nan"], ["bench", "INV", "--rate", "inf"], ["bench", "INV", "--input-len", "-5"],
-    ["bench", "INV", "--output-len", "0"], ["bench", "INV", "--prompts-per-level", "-1"], ["bench", "INV", "--min-prompts", "0"],
-    ["tune", "INV", "--target", "ttft_p99_ms=nan"], ["tune", "INV", "--target", "ttft_p99_ms=inf"],
-    ["tune", "INV", "--target", "ttft_p99_ms=1e400"], ["tune", "INV", "--target", "ttft_p99_ms=500,ttft_p99_ms=50"],
-    ["tune", "INV", "--target", "ttft_p99_ms=500", "--budget", "-1"], ["tune", "INV", "--target", "ttft_p99_ms=500", "--budget", "nan"],
-    ["tune", "INV", "--target", "ttft_p99_ms=500", "--input-len", "-1"], ["tune", "INV", "--target", "ttft_p99_ms=500", "--max-load", "-1"],
+    ["bench", "INV", "--concurrency", "abc"],
+    ["bench", "INV", "--concurrency", "1,,2"],
+    ["bench", "INV", "--concurrency", "1e3"],
+    ["bench", "INV", "--concurrency", "0,-1"],
+    ["bench", "INV", "--rate", "abc"],
+    ["bench", "INV", "--rate", "-1"],
+    ["bench", "INV", "--rate", "nan"],
+    ["bench", "INV", "--rate", "inf"],
+    ["bench", "INV", "--input-len", "-5"],
+    ["bench", "INV", "--output-len", "0"],
+    ["bench", "INV", "--prompts-per-level", "-1"],
+    ["bench", "INV", "--min-prompts", "0"],
+    ["tune", "INV", "--target", "ttft_p99_ms=nan"],
+    ["tune", "INV", "--target", "ttft_p99_ms=inf"],
+    ["tune", "INV", "--target", "ttft_p99_ms=1e400"],
+    ["tune", "INV", "--target", "ttft_p99_ms=500,ttft_p99_ms=50"],
+    ["tune", "INV", "--target", "ttft_p99_ms=500", "--budget", "-1"],
+    ["tune", "INV", "--target", "ttft_p99_ms=500", "--budget", "nan"],
+    ["tune", "INV", "--target", "ttft_p99_ms=500", "--input-len", "-1"],
+    ["tune", "INV", "--target", "ttft_p99_ms=500", "--max-load", "-1"],
     ["tune", "INV", "--target", "ttft_p99_ms=500", "--max-probes", "0"],
-    ["rollout", "INV", "--drain-timeout", "-1"], ["rollout", "INV", "--drain-timeout", "nan"], ["rollout", "INV", "--drain-timeout", "inf"],
-    ["rollout", "INV", "--drain-timeout", "86401"], ["rollout", "INV", "--batch-size", "0"], ["rollout", "INV", "--batch-percent", "101"],
+    ["rollout", "INV", "--drain-timeout", "-1"],
+    ["rollout", "INV", "--drain-timeout", "nan"],
+    ["rollout", "INV", "--drain-timeout", "inf"],
+    ["rollout", "INV", "--drain-timeout", "86401"],
+    ["rollout", "INV", "--batch-size", "0"],
+    ["rollout", "INV", "--batch-percent", "101"],
     ["init", ""],
 ]
 
@@ -445,13 +545,17 @@ def test_a_broken_verb_module_is_an_import_error_not_an_invalid_choice():
     import subprocess
     import sys
 
-    code = ("import importlib.abc, sys\n"
-            "class Broken(importlib.abc.MetaPathFinder):\n"
-            "    def find_spec(self, name, path, target=None):\n"
-            "        if name == 'vllm_fleet.commands.deploy':\n"
-            "            raise ImportError('deploy is broken on purpose')\n"
-            "sys.meta_path.insert(0, Broken())\n"
-            "from vllm_fleet.commands.cli import main\n"
-            "sys.exit(main(['deploy', 'inv.py']))\n")
+    code = (
+        "import importlib.abc, sys\n"
+        "class Broken(importlib.abc.MetaPathFinder):\n"
+        "    def find_spec(self, name, path, target=None):\n"
+        "        if name == 'vllm_fleet.commands.deploy':\n"
+        "            raise ImportError('deploy is broken on purpose')\n"
+        "sys.meta_path.insert(0, Broken())\n"
+        "from vllm_fleet.commands.cli import main\n"
+        "sys.exit(main(['deploy', 'inv.py']))\n"
+    )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=REPO)
-    assert r.returncode != 0 and "deploy is broken on purpose" in r.stderr and "invalid choice" not in r.stderr, r.stderr
+    assert r.returncode != 0 and "deploy is broken on purpose" in r.stderr and "invalid choice" not in r.stderr, (
+        r.stderr
+    )

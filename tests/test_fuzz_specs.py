@@ -20,8 +20,10 @@ import fuzzspecs
 import test_rendered_validity as trv
 
 EXAMPLES = int(os.environ.get("VLLM_FLEET_FUZZ_EXAMPLES", "400"))
-needs_readers = pytest.mark.skipif(trv.NGINX is None or not shutil.which("systemd-analyze"),
-                                   reason="nginx and systemd-analyze are needed (apt-get install nginx-light systemd)")
+needs_readers = pytest.mark.skipif(
+    trv.NGINX is None or not shutil.which("systemd-analyze"),
+    reason="nginx and systemd-analyze are needed (apt-get install nginx-light systemd)",
+)
 
 
 @pytest.fixture(scope="module")
@@ -36,8 +38,14 @@ def test_mutated_specs_are_refused_or_render_valid_files(readers, tmp_path_facto
     work = tmp_path_factory.mktemp("fuzz")
     seen = {"refused": 0, "accepted": 0}
 
-    @settings(max_examples=EXAMPLES, derandomize=True, deadline=None, database=None, print_blob=False,
-              suppress_health_check=list(HealthCheck))
+    @settings(
+        max_examples=EXAMPLES,
+        derandomize=True,
+        deadline=None,
+        database=None,
+        print_blob=False,
+        suppress_health_check=list(HealthCheck),
+    )
     @given(fuzzspecs.mutants())
     def prop(m):
         base, changes, doc = m
@@ -83,8 +91,14 @@ def test_fuzzed_fleets_are_refused_or_render_valid_files(readers, tmp_path_facto
     fleet_readers = fuzzfleet.Readers(readers, tmp_path_factory.mktemp("fuzzfleet"))
     seen = {"refused": 0, "accepted": 0}
 
-    @settings(max_examples=FLEET_EXAMPLES, derandomize=True, deadline=None, database=None, print_blob=False,
-              suppress_health_check=list(HealthCheck))
+    @settings(
+        max_examples=FLEET_EXAMPLES,
+        derandomize=True,
+        deadline=None,
+        database=None,
+        print_blob=False,
+        suppress_health_check=list(HealthCheck),
+    )
     @given(fuzzfleet.fleets())
     def prop(case):
         specs, inventory, marks = case
@@ -109,8 +123,14 @@ def test_monitoring_wired_across_hosts_reaches_every_target():
 
     seen = {"refused": 0, "accepted": 0, "scrapes": 0}
 
-    @settings(max_examples=WIRED_EXAMPLES, derandomize=True, deadline=None, database=None, print_blob=False,
-              suppress_health_check=list(HealthCheck))
+    @settings(
+        max_examples=WIRED_EXAMPLES,
+        derandomize=True,
+        deadline=None,
+        database=None,
+        print_blob=False,
+        suppress_health_check=list(HealthCheck),
+    )
     @given(fuzzfleet.wired_fleets())
     def prop(case):
         specs, inventory, marks = case

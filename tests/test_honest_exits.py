@@ -30,8 +30,14 @@ sys.exit(run(["pyinfra", "@local", "exec", "-y", "--", "sleep", "30"], "vllm-fle
 
 def _start(tmp_path: Path, code: str) -> tuple[subprocess.Popen, Path]:
     out = tmp_path / "out.txt"
-    proc = subprocess.Popen([sys.executable, "-c", code], cwd=tmp_path, stdout=out.open("w"), stderr=subprocess.STDOUT,
-                            stdin=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code],
+        cwd=tmp_path,
+        stdout=out.open("w"),
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     deadline = time.monotonic() + 60
     while "Starting operation" not in out.read_text():  # the long step runs
         assert proc.poll() is None and time.monotonic() < deadline, out.read_text()
@@ -63,8 +69,10 @@ def test_ctrl_c_exits_130_with_one_line_and_no_traceback(tmp_path, to):
 def test_bare_pyinfra_of_a_packaged_deploy_exits_130(tmp_path):
     """The deploy file installs the handler when pyinfra loads it (a bare `pyinfra INV deploys/serve.py`)."""
     deploy = tmp_path / "slow.py"
-    deploy.write_text("from pyinfra.operations import server\nfrom vllm_fleet.host.pyinfra_run import install_sigint\n"
-                      "install_sigint()\nserver.shell(name='slow', commands=['sleep 30'])\n")
+    deploy.write_text(
+        "from pyinfra.operations import server\nfrom vllm_fleet.host.pyinfra_run import install_sigint\n"
+        "install_sigint()\nserver.shell(name='slow', commands=['sleep 30'])\n"
+    )
     pyinfra = str(Path(sys.executable).parent / "pyinfra")
     proc, out = _start(tmp_path, f"import os; os.execv({pyinfra!r}, [{pyinfra!r}, '-y', '@local', {str(deploy)!r}])")
     os.killpg(proc.pid, signal.SIGINT)
@@ -78,10 +86,18 @@ def test_deploy_and_down_without_a_terminal_refuse_before_any_host(tmp_path):
     inv = _inventory(tmp_path, ONE_HOST)
     vf = str(Path(sys.executable).parent / "vllm-fleet")
     for verb in ("deploy", "down"):
-        r = subprocess.run([vf, verb, str(inv), "--spec", str(spec)], cwd=tmp_path, capture_output=True, text=True,
-                           stdin=subprocess.DEVNULL, timeout=120)
+        r = subprocess.run(
+            [vf, verb, str(inv), "--spec", str(spec)],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            stdin=subprocess.DEVNULL,
+            timeout=120,
+        )
         assert r.returncode == 2, r.stderr
-        assert f"vllm-fleet {verb}: no terminal to confirm: add -y" in r.stderr and "Traceback" not in r.stderr + r.stdout
+        assert (
+            f"vllm-fleet {verb}: no terminal to confirm: add -y" in r.stderr and "Traceback" not in r.stderr + r.stdout
+        )
         assert "Press enter" not in r.stderr + r.stdout
     assert not (tmp_path / "pyinfra-debug.log").exists()
     assert not (tmp_path / "keys").exists()  # nothing generated either
@@ -102,4 +118,6 @@ def test_closing_summary_names_endpoint_client_files_and_key_file_never_the_key(
     assert "~/.config/vllm-fleet/lab-tiny/openai.env" in text
     assert str(tmp_path / "keys" / "lab-tiny.key") in text and "sk-secret-value" not in text
     try_it = next(ln for ln in lines if "try it:" in ln).split("try it:", 1)[1].strip()
-    assert try_it.startswith("curl -s -H \"Authorization: Bearer $(cat ") and try_it.endswith("http://192.0.2.10/v1/models")
+    assert try_it.startswith("curl -s -H \"Authorization: Bearer $(cat ") and try_it.endswith(
+        "http://192.0.2.10/v1/models"
+    )

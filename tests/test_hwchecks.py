@@ -54,18 +54,18 @@ def test_examples_have_no_hardware_errors(path):
 def test_every_problem_has_a_fix_and_a_line():
     ps = problems(RT, engine__kv_cache_dtype="fp8", model__dtype="bfloat16", model__quantization="awq")
     assert len(ps) >= 3 and all(p.fix for p in ps)
-    assert at(ps, "model.dtype")[0].line == 9                              # `dtype: float16` in the file
+    assert at(ps, "model.dtype")[0].line == 9  # `dtype: float16` in the file
 
 
 def test_tp_must_divide_attention_heads():
-    ps = problems(RT, parallel__tensor=3, hardware__gpus_per_node=3)        # 28 heads
+    ps = problems(RT, parallel__tensor=3, hardware__gpus_per_node=3)  # 28 heads
     err = at(ps, "parallel.tensor", "error")
     assert err and "28 attention heads" in err[0].message and "1, 2, 4, 7, 14" in err[0].fix
     assert not at(problems(RT, parallel__tensor=2, hardware__gpus_per_node=2), "parallel.tensor")
 
 
 def test_tp_must_suit_kv_heads():
-    ps = problems(RT, parallel__tensor=7, hardware__gpus_per_node=7)        # 28 % 7 == 0, but 4 KV heads
+    ps = problems(RT, parallel__tensor=7, hardware__gpus_per_node=7)  # 28 % 7 == 0, but 4 KV heads
     assert "4 KV heads" in at(ps, "parallel.tensor", "error")[0].message
     assert not at(problems(RT, parallel__tensor=4, hardware__gpus_per_node=4), "parallel.tensor")
 
@@ -74,8 +74,8 @@ def test_gpu_count_must_match_parallelism():
     ps = problems("4xh100-qwen32b-tp4.yaml", parallel__tensor=2)
     err = at(ps, "parallel.tensor", "error")
     assert err and "= 2 GPUs" in err[0].message and "= 4" in err[0].message
-    assert err[0].line == 21                                               # `tensor: 4` in the file
-    assert not at(problems("2node-ray-pp2.yaml"), "parallel.tensor", "error")   # 2 x 2 = 2 per node x 2 nodes
+    assert err[0].line == 21  # `tensor: 4` in the file
+    assert not at(problems("2node-ray-pp2.yaml"), "parallel.tensor", "error")  # 2 x 2 = 2 per node x 2 nodes
 
 
 def test_fp8_kv_cache_refused_on_ampere_only():
@@ -96,7 +96,7 @@ def test_plain_awq_needs_float16_and_warns_about_marlin():
     ps = problems(RT, model__quantization="awq", model__dtype="bfloat16")
     assert at(ps, "model.dtype", "error")
     assert "awq_marlin" in at(ps, "model.quantization", "warning")[0].fix
-    ok = problems(RT)                                                      # awq_marlin + float16
+    ok = problems(RT)  # awq_marlin + float16
     assert not at(ok, "model.dtype") and not at(ok, "model.quantization")
 
 
@@ -119,8 +119,16 @@ def test_max_model_len_beyond_context_is_an_error():
 
 
 def test_profile_max_model_len_is_capped_silently(tmp_path):
-    cfg = {"hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4,
-           "num_key_value_heads": 2, "head_dim": 32, "vocab_size": 512, "max_position_embeddings": 2048}
+    cfg = {
+        "hidden_size": 128,
+        "intermediate_size": 256,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 32,
+        "vocab_size": 512,
+        "max_position_embeddings": 2048,
+    }
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     # lab-tiny without an explicit max_model_len: the profile's 4096 exceeds the model's 2048
     r, s = load("lab-tiny.yaml", {"model__source": str(tmp_path), "model__max_model_len": None})
@@ -133,7 +141,9 @@ def test_profile_max_model_len_is_capped_silently(tmp_path):
 
 
 def test_not_fitting_is_an_error_with_numbers_and_fix_order():
-    ps = problems(RT, model__source="meta-llama/Llama-3.1-70B-Instruct", model__quantization=None, model__dtype="bfloat16")
+    ps = problems(
+        RT, model__source="meta-llama/Llama-3.1-70B-Instruct", model__quantization=None, model__dtype="bfloat16"
+    )
     err = at(ps, "model.quantization", "error")
     assert err and "does not fit on rtx3090" in err[0].message and "21.33 GiB" in err[0].message
     assert "awq_marlin" in err[0].fix and "max_model_len" in err[0].fix
@@ -165,7 +175,9 @@ def test_unknown_model_warns_plan_skipped_and_architecture_fixes_it():
 
 
 def test_quantization_must_match_the_checkpoint():
-    err = at(problems(RT, model__source="Qwen/Qwen2.5-7B-Instruct"), "model.quantization", "error")   # awq_marlin on bf16
+    err = at(
+        problems(RT, model__source="Qwen/Qwen2.5-7B-Instruct"), "model.quantization", "error"
+    )  # awq_marlin on bf16
     assert err and "no quantization_config" in err[0].message
-    err = at(problems(RT, model__quantization="gptq_marlin"), "model.quantization", "error")           # AWQ checkpoint
+    err = at(problems(RT, model__quantization="gptq_marlin"), "model.quantization", "error")  # AWQ checkpoint
     assert err and "awq-quantized" in err[0].message

@@ -41,7 +41,9 @@ def test_a_comma_list_keeps_its_order_and_ssh_connector_hosts_their_address():
 def test_a_file_inventory_is_read_as_before(tmp_path):
     """Hosts of a file keep the file's groups: one outside `servers` is not made a server."""
     inv = tmp_path / "inv.py"
-    inv.write_text("servers = [('a', {'ssh_hostname': '192.0.2.1'})]\nmonitoring = [('m', {'ssh_hostname': '192.0.2.2'})]\n")
+    inv.write_text(
+        "servers = [('a', {'ssh_hostname': '192.0.2.1'})]\nmonitoring = [('m', {'ssh_hostname': '192.0.2.2'})]\n"
+    )
     hosts = load_inventory(str(inv))
     assert "servers" in hosts["a"]["groups"] and "servers" not in hosts["m"]["groups"], hosts
 
@@ -73,7 +75,10 @@ def test_host_data_of_an_inline_inventory_is_checked_as_strictly():
     with pytest.raises(LayoutError) as exc:
         build([resolved], load_inventory("@local", ["private_address=300.1.2.3", "replicas_per_host=two"]))
     text = str(exc.value)
-    assert "host @local: data private_address = '300.1.2.3'" in text and "host @local: data replicas_per_host = 'two'" in text, text
+    assert (
+        "host @local: data private_address = '300.1.2.3'" in text
+        and "host @local: data replicas_per_host = 'two'" in text
+    ), text
     lay = build([resolved], load_inventory("@local"))
     assert [i.id for i in lay.instances(resolved["name"])] == ["@local:0"]
     assert lay.hosts_with("proxy", resolved["name"]) == ["@local"]
@@ -84,7 +89,9 @@ def test_sudo_follows_the_data_then_the_login():
 
     assert not needs_sudo({}, "@local") and needs_sudo({"_sudo": True}, "@local")
     assert needs_sudo({}, "lab@10.10.0.12") and not needs_sudo({}, "root@10.10.0.12")
-    assert needs_sudo({"ssh_user": "lab"}, "10.10.0.12") and not needs_sudo({"ssh_user": "lab", "_sudo": False}, "10.10.0.12")
+    assert needs_sudo({"ssh_user": "lab"}, "10.10.0.12") and not needs_sudo(
+        {"ssh_user": "lab", "_sudo": False}, "10.10.0.12"
+    )
     assert not needs_sudo({}, "10.10.0.12")
 
 
@@ -97,22 +104,27 @@ def test_at_local_runs_here_from_every_thread_of_map():
     from vllm_fleet.host.transport import Transport
 
     with Transport({"@local": {"address": "127.0.0.1", "data": {}}}) as t:
-        rows = t.map(lambda n: t.run(n, argv("sh", "-c", "echo $(cut -d' ' -f4 /proc/$PPID/stat); exit 3")), ["@local"] * 3)
+        rows = t.map(
+            lambda n: t.run(n, argv("sh", "-c", "echo $(cut -d' ' -f4 /proc/$PPID/stat); exit 3")), ["@local"] * 3
+        )
     for r in rows:
         assert r.code == 3 and not r.ok, r
         # sh -c LINE, a child of this process, ran it: no SSH, no other connector
         assert int(r.stdout) == os.getpid(), r
 
 
-@pytest.mark.parametrize("argv", [
-    ["deploy", "@local", "--data", "private_address=300.1.2.3", "-y"],
-    ["down", "@local", "--data", "private_address=300.1.2.3", "-y"],
-    ["diff", "@local", "--data", "private_address=300.1.2.3"],
-    ["status", "@local", "--data", "private_address=300.1.2.3"],
-    ["bench", "@local", "--data", "private_address=300.1.2.3"],
-    ["tune", "@local", "--data", "private_address=300.1.2.3", "--target", "ttft_p99_ms=500", "--dry"],
-    ["rollout", "@local", "--data", "private_address=300.1.2.3", "--dry"],
-])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["deploy", "@local", "--data", "private_address=300.1.2.3", "-y"],
+        ["down", "@local", "--data", "private_address=300.1.2.3", "-y"],
+        ["diff", "@local", "--data", "private_address=300.1.2.3"],
+        ["status", "@local", "--data", "private_address=300.1.2.3"],
+        ["bench", "@local", "--data", "private_address=300.1.2.3"],
+        ["tune", "@local", "--data", "private_address=300.1.2.3", "--target", "ttft_p99_ms=500", "--dry"],
+        ["rollout", "@local", "--data", "private_address=300.1.2.3", "--dry"],
+    ],
+)
 def test_every_command_takes_an_inline_inventory_and_its_data(argv):
     """Each command reads `@local` with --data through the one reader, and refuses the bad host
     data there: exit 1 (diff: 2, its "could not tell") naming host and key, no host contacted, no traceback."""
@@ -185,8 +197,12 @@ def test_one_machine_renders_the_same_files_under_either_name():
     spec["proxy"]["bind"] = "0.0.0.0"
     here, there = _render_local(spec)["@local"], _render_local(spec, "lab@10.10.0.11")["lab@10.10.0.11"]
     assert sorted(here) == sorted(there)
-    differ = [p for p in here if (here[p].content, here[p].mode, here[p].owner, here[p].group)
-              != (there[p].content, there[p].mode, there[p].owner, there[p].group)]
+    differ = [
+        p
+        for p in here
+        if (here[p].content, here[p].mode, here[p].owner, here[p].group)
+        != (there[p].content, there[p].mode, there[p].owner, there[p].group)
+    ]
     assert differ == [], differ
 
 
@@ -216,11 +232,15 @@ def test_the_desktops_own_default_site_stays_on_at_local_and_nginx_accepts_both(
     assert remove_default_site("@local", True) is True and remove_default_site("gpu1", False) is False
     if not shutil.which("nginx"):
         pytest.skip("nginx not installed")
-    debian_default = "server { listen 80 default_server; listen [::]:80 default_server; root /var/www/html; server_name _; }"
+    debian_default = (
+        "server { listen 80 default_server; listen [::]:80 default_server; root /var/www/html; server_name _; }"
+    )
     for listen, ok in (("127.0.0.1:80", True), ("80", False)):
         conf = tmp_path / f"nginx-{ok}.conf"
-        conf.write_text(f"pid {tmp_path}/nginx.pid; error_log {tmp_path}/error.log;\nevents {{}}\nhttp {{ access_log off;\n"
-                        f"{debian_default}\nserver {{ listen {listen} default_server; server_name _; return 200; }}\n}}\n")
+        conf.write_text(
+            f"pid {tmp_path}/nginx.pid; error_log {tmp_path}/error.log;\nevents {{}}\nhttp {{ access_log off;\n"
+            f"{debian_default}\nserver {{ listen {listen} default_server; server_name _; return 200; }}\n}}\n"
+        )
         r = subprocess.run(["nginx", "-t", "-c", str(conf)], capture_output=True, text=True, timeout=60)
         assert (r.returncode == 0) is ok, (listen, r.stderr)
 
@@ -240,7 +260,9 @@ def test_pyinfra_gets_a_file_for_user_at_host_and_the_same_hosts_from_it(monkeyp
     assert list(inline) == list(generated)
     for name, h in inline.items():
         g = generated[name]
-        assert g["address"] == h["address"] and "servers" in g["groups"] and g["order"]["servers"] == h["order"]["servers"]
+        assert (
+            g["address"] == h["address"] and "servers" in g["groups"] and g["order"]["servers"] == h["order"]["servers"]
+        )
         assert {k: v for k, v in g["data"].items() if k != "ssh_hostname"} == h["data"]
     assert generated["lab@10.10.0.12:2222"]["data"]["ssh_hostname"] == "10.10.0.12"
 

@@ -60,7 +60,9 @@ def test_off_by_default_and_the_defaults_come_from_the_schema():
     assert resolved(40)["engine"]["kv_offload"] == {"size_gib": 40, "backend": "native"}
 
 
-@pytest.mark.parametrize("value,ok", [(40, True), (0.5, True), ("auto", True), (0, True), (-1, False), ("big", False), (70000, False)])
+@pytest.mark.parametrize(
+    "value,ok", [(40, True), (0.5, True), ("auto", True), (0, True), (-1, False), ("big", False), (70000, False)]
+)
 def test_size_is_gib_or_auto(tmp_path, value, ok):
     text = SPEC.read_text().replace("kv_offload: {size_gib: 40}", f"kv_offload: {{size_gib: {value}}}")
     p = tmp_path / "s.yaml"
@@ -78,7 +80,8 @@ def test_refused_on_the_cpu_build_and_without_prefix_caching():
     assert not [p for p in spec_problems(resolved(40)) if p.path.startswith("engine.kv_offload")]
     off = resolved(40, enable_prefix_caching=False)
     assert [p.message for p in spec_problems(off) if p.path == "engine.kv_offload.size_gib"] == [
-        "the tier keeps prefixes for later prefix-cache hits, and prefix caching is off"]
+        "the tier keeps prefixes for later prefix-cache hits, and prefix caching is off"
+    ]
 
 
 def test_the_flags_are_owned_by_the_spec_key():
@@ -114,21 +117,29 @@ def test_every_rendered_flag_is_in_that_releases_help(version):
     assert len(known) > 150
     assert not [f for f in flags if f not in known]
     assert ("--disable-hybrid-kv-cache-manager" in flags) is (version == "0.20.2")
-    assert "native" in re.search(r"--kv-offloading-backend \{([^}]*)\}", (FIX / f"vllm-{version}-serve-help.txt").read_text()).group(1)
+    assert "native" in re.search(
+        r"--kv-offloading-backend \{([^}]*)\}", (FIX / f"vllm-{version}-serve-help.txt").read_text()
+    ).group(1)
 
 
 def test_host_data_gives_a_hosts_figure_and_auto_renders_no_tier_until_known():
     assert "--kv-offloading-size 12 " in exec_start(unit_text(resolved(40), {"kv_offload_gib": 12}))
-    assert "--kv-offloading-size 31 " in exec_start(unit_text(resolved("auto"), {"kv_offload_gib": {"h200-kv-offload": 31}}))
+    assert "--kv-offloading-size 31 " in exec_start(
+        unit_text(resolved("auto"), {"kv_offload_gib": {"h200-kv-offload": 31}})
+    )
     assert "--kv-offloading" not in exec_start(unit_text(resolved("auto")))  # render without the host's memory
-    assert "--kv-offloading" not in exec_start(unit_text(resolved(0), {"kv_offload_gib": 12}))  # no tier: host data alone adds none
+    assert "--kv-offloading" not in exec_start(
+        unit_text(resolved(0), {"kv_offload_gib": 12})
+    )  # no tier: host data alone adds none
 
 
 def test_the_unit_lets_vllm_pin_host_memory():
     """Pinned host memory needs RLIMIT_MEMLOCK; no memory cap may cut the tier."""
     lines = unit_text(resolved(40)).splitlines()
     assert "LimitMEMLOCK=infinity" in lines
-    assert not [line for line in lines if line.startswith(("MemoryMax=", "MemoryHigh=", "MemoryLimit=", "MemorySwapMax="))]
+    assert not [
+        line for line in lines if line.startswith(("MemoryMax=", "MemoryHigh=", "MemoryLimit=", "MemorySwapMax="))
+    ]
 
 
 # ---- the planner --------------------------------------------------------------------------------
@@ -150,7 +161,15 @@ def test_plan_shows_the_tier_in_gib_and_tokens():
 def test_host_memory_arithmetic():
     gib = 1024**3
     fig = planner.host_memory(128 * gib, [("a", 40), ("b", 40)])
-    assert fig == {"total_gib": 128, "reserve_gib": 16, "fixed_gib": 80, "left_gib": 32, "auto_gib": None, "replicas": 2, "fits": True}
+    assert fig == {
+        "total_gib": 128,
+        "reserve_gib": 16,
+        "fixed_gib": 80,
+        "left_gib": 32,
+        "auto_gib": None,
+        "replicas": 2,
+        "fits": True,
+    }
     assert not planner.host_memory(128 * gib, [("a", 60), ("b", 60)])["fits"]  # 16 + 120 > 128
     auto = planner.host_memory(128 * gib, [("a", "auto"), ("b", "auto"), ("c", None), ("d", 20)])
     assert auto["reserve_gib"] == 24 and auto["auto_gib"] == 42 and auto["fits"]  # (128 - 24 - 20) / 2
@@ -183,7 +202,9 @@ def _snap_with_units(units: dict[str, str]) -> Snapshot:
     import base64
 
     snap = _read(Query(read=(clash.MEMINFO,)))
-    lines = [f"glob\t{clash.UNITS}\t."] + [f"glob\t{clash.UNITS}\t{p}\t{base64.b64encode(t.encode()).decode()}" for p, t in units.items()]
+    lines = [f"glob\t{clash.UNITS}\t."] + [
+        f"glob\t{clash.UNITS}\t{p}\t{base64.b64encode(t.encode()).decode()}" for p, t in units.items()
+    ]
     other = Snapshot.parse([*lines, "end"])
     other.query = Query(globs=(clash.UNITS,))
     snap.merge(other)
@@ -212,9 +233,14 @@ def test_a_tier_too_big_for_this_machine_is_refused_with_the_numbers_and_the_lar
     with pytest.raises(DeployError) as exc:
         clash.refuse_memory(specs, h, "g1", snap)
     text = str(exc.value)
-    assert text.startswith(f"host g1: the CPU tiers of the KV cache do not fit in its memory: {round(total, 2):g} GiB of RAM (MemTotal) "
-                           "- reserve 12 GiB (8 + 4 x 1 vLLM replicas) - tiers vllm-h200-kv-offload-0.service 60000 GiB")
-    assert f"the largest engine.kv_offload.size_gib of h200-kv-offload that fits here (1 replica(s)): {largest} GiB (or `auto`)" in text
+    assert text.startswith(
+        f"host g1: the CPU tiers of the KV cache do not fit in its memory: {round(total, 2):g} GiB of RAM (MemTotal) "
+        "- reserve 12 GiB (8 + 4 x 1 vLLM replicas) - tiers vllm-h200-kv-offload-0.service 60000 GiB"
+    )
+    assert (
+        f"the largest engine.kv_offload.size_gib of h200-kv-offload that fits here (1 replica(s)): {largest} GiB (or `auto`)"
+        in text
+    )
     assert text.endswith("nothing was uploaded or changed")
     # the largest that fits does fit; one GiB more does not (unless the rounding gave slack)
     assert clash.refuse_memory({r["name"]: resolved(largest)}, _host(resolved(largest)), "g1", snap) == {}
@@ -223,8 +249,10 @@ def test_a_tier_too_big_for_this_machine_is_refused_with_the_numbers_and_the_lar
 
 def test_other_deployments_tiers_on_the_host_count_and_auto_takes_what_is_left():
     total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / 1024**3
-    other = {"/etc/systemd/system/vllm-old-0.service": "ExecStart=/x/vllm serve m --kv-offloading-size 3 --port 9000\n",
-             "/etc/systemd/system/vllm-old-1.service": "ExecStart=/x/vllm serve m --port 9001\n"}
+    other = {
+        "/etc/systemd/system/vllm-old-0.service": "ExecStart=/x/vllm serve m --kv-offloading-size 3 --port 9000\n",
+        "/etc/systemd/system/vllm-old-1.service": "ExecStart=/x/vllm serve m --port 9001\n",
+    }
     snap = _snap_with_units(other)
     r = resolved("auto")
     fig, lines, auto = clash.memory_plan({r["name"]: r}, _host(r), snap)
@@ -236,8 +264,12 @@ def test_other_deployments_tiers_on_the_host_count_and_auto_takes_what_is_left()
     # the figure reaches the unit through host data, as the deploy puts it (deploys/serve.py)
     assert f"--kv-offloading-size {auto['h200-kv-offload']} " in exec_start(unit_text(r, {"kv_offload_gib": auto}))
     # a unit of ours (a redeploy) is not counted as another deployment's
-    mine = {"/etc/systemd/system/vllm-h200-kv-offload-0.service": "ExecStart=/x/vllm serve m --kv-offloading-size 3000\n"}
-    assert clash.memory_plan({r["name"]: r}, _host(r), _snap_with_units(mine))[2] == {"h200-kv-offload": int(total - 12)}
+    mine = {
+        "/etc/systemd/system/vllm-h200-kv-offload-0.service": "ExecStart=/x/vllm serve m --kv-offloading-size 3000\n"
+    }
+    assert clash.memory_plan({r["name"]: r}, _host(r), _snap_with_units(mine))[2] == {
+        "h200-kv-offload": int(total - 12)
+    }
 
 
 def test_nothing_is_judged_without_a_read():
@@ -252,10 +284,16 @@ def test_root_cause_of_a_real_failed_start():
     """vLLM 0.32.0 (CPU build) started with `--num-gpu-blocks-override 1` on the tiny model: the
     engine's ValueError, not the API server's 'see root cause above'."""
     lines = (FIX / "vllm-0.32.0-engine-start-failure.log").read_text().splitlines()
-    assert [line for line in lines[-5:] if line.startswith("RuntimeError: Engine core initialization failed. See root cause above")]
-    assert root_cause(lines) == ("ValueError: No available memory for the cache blocks. Try increasing `gpu_memory_utilization` when "
-                                 "initializing the engine (this flag also controls CPU memory reservation on the CPU backend, despite its "
-                                 "name). See https://docs.vllm.ai/en/latest/configuration/conserving_memory/ for more details.")
+    assert [
+        line
+        for line in lines[-5:]
+        if line.startswith("RuntimeError: Engine core initialization failed. See root cause above")
+    ]
+    assert root_cause(lines) == (
+        "ValueError: No available memory for the cache blocks. Try increasing `gpu_memory_utilization` when "
+        "initializing the engine (this flag also controls CPU memory reservation on the CPU backend, despite its "
+        "name). See https://docs.vllm.ai/en/latest/configuration/conserving_memory/ for more details."
+    )
     text = failure_text("g1", "vllm-x-0.service", "not healthy after 40 s.", lines, 10)
     head = text.splitlines()
     assert head[1] == "  root cause: " + root_cause(lines)
@@ -266,24 +304,36 @@ def test_root_cause_of_a_real_failed_start():
 def test_root_cause_above_a_long_api_server_traceback():
     """The issue's case: the engine's line above 60 lines of the API server's traceback."""
     eng = "(EngineCore_DP0 pid=812) ERROR 12-04 01:02:03 [core.py:708]"
-    lines = [f"{eng} EngineCore failed to start.", f"{eng} Traceback (most recent call last):",
-             f'{eng}   File "/x/vllm/v1/engine/core.py", line 699, in run_engine_core',
-             f"{eng} ValueError: Connector OffloadingConnector does not support HMA but HMA is enabled. Please set `--disable-hybrid-kv-cache-manager`.",
-             "(APIServer pid=700) Traceback (most recent call last):"]
+    lines = [
+        f"{eng} EngineCore failed to start.",
+        f"{eng} Traceback (most recent call last):",
+        f'{eng}   File "/x/vllm/v1/engine/core.py", line 699, in run_engine_core',
+        f"{eng} ValueError: Connector OffloadingConnector does not support HMA but HMA is enabled. Please set `--disable-hybrid-kv-cache-manager`.",
+        "(APIServer pid=700) Traceback (most recent call last):",
+    ]
     lines += [f'(APIServer pid=700)   File "/x/y{i}.py", line {i}, in f' for i in range(80)]
-    lines += ["(APIServer pid=700) RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}"]
-    assert root_cause(lines) == ("ValueError: Connector OffloadingConnector does not support HMA but HMA is enabled. "
-                                 "Please set `--disable-hybrid-kv-cache-manager`.")
+    lines += [
+        "(APIServer pid=700) RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}"
+    ]
+    assert root_cause(lines) == (
+        "ValueError: Connector OffloadingConnector does not support HMA but HMA is enabled. "
+        "Please set `--disable-hybrid-kv-cache-manager`."
+    )
     assert "OffloadingConnector" not in "\n".join(lines[-60:])  # the old tail never showed it
-    assert root_cause(["Started vllm.", "OSError: [Errno 98] Address already in use"]) == "OSError: [Errno 98] Address already in use"
+    assert (
+        root_cause(["Started vllm.", "OSError: [Errno 98] Address already in use"])
+        == "OSError: [Errno 98] Address already in use"
+    )
     assert root_cause(["Started vllm.", "INFO all good"]) is None
 
 
 def test_without_the_engine_block_the_api_servers_pointer_is_never_the_cause():
     """A journal whose `EngineCore failed to start` line was cut off: the last exception line
     that is not the API server's "see root cause above"."""
-    lines = ["(EngineCore_DP0 pid=9) ERROR 12-04 01:02:03 [core.py:708] torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB",
-             "(APIServer pid=7) ERROR 12-04 01:02:04 [api_server.py:1] RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}"]
+    lines = [
+        "(EngineCore_DP0 pid=9) ERROR 12-04 01:02:03 [core.py:708] torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB",
+        "(APIServer pid=7) ERROR 12-04 01:02:04 [api_server.py:1] RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}",
+    ]
     assert root_cause(lines) == "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"
 
 
@@ -296,17 +346,28 @@ def test_auto_is_sized_from_this_machines_ram_and_the_hosts_units_rendered_with_
     total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / 1024**3
     r = resolved("auto")
     inv = copy.deepcopy(INV)
-    ctx = DeployContext(build([r], inv), {r["name"]: r}, {r["name"]: {}}, {r["name"]: str(SPEC)}, str(SPEC), inventory=inv)
+    ctx = DeployContext(
+        build([r], inv), {r["name"]: r}, {r["name"]: {}}, {r["name"]: str(SPEC)}, str(SPEC), inventory=inv
+    )
     h = ctx.layout.hosts["g1"]
     assert "--kv-offloading" not in exec_start(h.files[UNIT].content)
     snap = _snap_with_units({})
     h2 = settle_memory(ctx, h, "g1", snap)
     want = int(round(total, 2) - 12)
-    assert f"--kv-offloading-size {want} --kv-offloading-backend native --disable-hybrid-kv-cache-manager" in exec_start(h2.files[UNIT].content)
+    assert (
+        f"--kv-offloading-size {want} --kv-offloading-backend native --disable-hybrid-kv-cache-manager"
+        in exec_start(h2.files[UNIT].content)
+    )
     assert ctx.layout.hosts["g1"] is h2 and inv["g1"]["data"]["kv_offload_gib"] == {"h200-kv-offload": want}
     fixed = resolved(2)
-    ctx2 = DeployContext(build([fixed], copy.deepcopy(INV)), {fixed["name"]: fixed}, {fixed["name"]: {}}, {fixed["name"]: str(SPEC)},
-                         str(SPEC), inventory=copy.deepcopy(INV))
+    ctx2 = DeployContext(
+        build([fixed], copy.deepcopy(INV)),
+        {fixed["name"]: fixed},
+        {fixed["name"]: {}},
+        {fixed["name"]: str(SPEC)},
+        str(SPEC),
+        inventory=copy.deepcopy(INV),
+    )
     h3 = ctx2.layout.hosts["g1"]
     assert settle_memory(ctx2, h3, "g1", snap) is h3
 

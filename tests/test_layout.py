@@ -30,7 +30,9 @@ def resolved_of(name: str) -> dict:
 
 
 def cli(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "vllm_fleet", *args], cwd=cwd, capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "vllm_fleet", *args], cwd=cwd, capture_output=True, text=True, timeout=120
+    )
 
 
 def env_of(text: str) -> dict[str, str]:
@@ -44,10 +46,15 @@ def env_of(text: str) -> dict[str, str]:
 
 
 def gpu_spec(name: str = "q", tp: int = 2, per_host: int = 4, gpus: int = 8, gpu_ids=None, port: int = 8000) -> dict:
-    raw = {"name": name, "model": {"source": "/srv/m", "transfer": "none", "max_model_len": 4096},
-           "parallel": {"tensor": tp}, "replicas": {"per_host": per_host},
-           "server": {"port": port, "api_key": {"env": "K"}},
-           "install": {"accelerator": "cuda"}, "hardware": {"gpu": "h100-80gb", "gpus_per_node": gpus}}
+    raw = {
+        "name": name,
+        "model": {"source": "/srv/m", "transfer": "none", "max_model_len": 4096},
+        "parallel": {"tensor": tp},
+        "replicas": {"per_host": per_host},
+        "server": {"port": port, "api_key": {"env": "K"}},
+        "install": {"accelerator": "cuda"},
+        "hardware": {"gpu": "h100-80gb", "gpus_per_node": gpus},
+    }
     if gpu_ids is not None:
         raw["hardware"]["gpu_ids"] = gpu_ids
     s = spec.Spec(raw=raw)
@@ -86,19 +93,26 @@ def test_four_tp2_replicas_split_eight_gpus():
 
 def test_upstream_lists_every_instance_on_every_host():
     r = resolved_of("lab-tiny-replicas")
-    inv = {"lab1": host("10.10.0.11", ["servers", "proxy"], replicas_per_host=2),
-           "lab2": host("mgmt-lab2", ["servers"], private_address="10.10.0.12")}
+    inv = {
+        "lab1": host("10.10.0.11", ["servers", "proxy"], replicas_per_host=2),
+        "lab2": host("mgmt-lab2", ["servers"], private_address="10.10.0.12"),
+    }
     out = render.render(r, inv)
     site = out["lab1"]["/etc/nginx/conf.d/vllm-fleet-lab-tiny-replicas.conf"].content
     ups = [line.strip() for line in site.splitlines() if line.strip().startswith("server ") and ":" in line]
-    assert ups == ["server 127.0.0.1:8000 max_fails=2 fail_timeout=10s;", "server 127.0.0.1:8001 max_fails=2 fail_timeout=10s;",
-                   "server 10.10.0.12:8000 max_fails=2 fail_timeout=10s;"]  # lab2 at its private address, not ssh's
+    assert ups == [
+        "server 127.0.0.1:8000 max_fails=2 fail_timeout=10s;",
+        "server 127.0.0.1:8001 max_fails=2 fail_timeout=10s;",
+        "server 10.10.0.12:8000 max_fails=2 fail_timeout=10s;",
+    ]  # lab2 at its private address, not ssh's
     assert "/etc/systemd/system/vllm-lab-tiny-replicas-1.service" in out["lab1"]
     assert "/etc/systemd/system/vllm-lab-tiny-replicas-1.service" not in out["lab2"]
     # lab2's API port is open to the proxy's private address only
     assert "elements = { 10.10.0.11 }" in out["lab2"]["/etc/vllm-fleet/api-firewall.nft"].content
     # a rollout batch of instances: only lab1:1 out of the upstream
-    site = render.render_many([r], inv, down=["lab1:1"])["lab1"]["/etc/nginx/conf.d/vllm-fleet-lab-tiny-replicas.conf"].content
+    site = render.render_many([r], inv, down=["lab1:1"])["lab1"][
+        "/etc/nginx/conf.d/vllm-fleet-lab-tiny-replicas.conf"
+    ].content
     assert "server 127.0.0.1:8001 max_fails=2 fail_timeout=10s down;" in site
     assert "server 127.0.0.1:8000 max_fails=2 fail_timeout=10s;" in site
 
@@ -107,11 +121,17 @@ def test_cpu_replicas_get_their_own_cores():
     r = resolved_of("lab-tiny-replicas")
     r["env"] = {}
     out = render.render(r, {"lab1": host("10.10.0.11", ["servers", "proxy"], replicas_per_host=2, cpu_count=8)})["lab1"]
-    binds = [env_of(out[f"/etc/vllm-fleet/lab-tiny-replicas/replica-{i}.env"].content)["VLLM_CPU_OMP_THREADS_BIND"] for i in (0, 1)]
+    binds = [
+        env_of(out[f"/etc/vllm-fleet/lab-tiny-replicas/replica-{i}.env"].content)["VLLM_CPU_OMP_THREADS_BIND"]
+        for i in (0, 1)
+    ]
     assert binds == ["0-3", "4-7"]
     r["parallel"]["tensor"] = 2  # two ranks each: their own ranges inside the replica's block
     out = render.render(r, {"lab1": host("10.10.0.11", ["servers", "proxy"], replicas_per_host=2, cpu_count=8)})["lab1"]
-    binds = [env_of(out[f"/etc/vllm-fleet/lab-tiny-replicas/replica-{i}.env"].content)["VLLM_CPU_OMP_THREADS_BIND"] for i in (0, 1)]
+    binds = [
+        env_of(out[f"/etc/vllm-fleet/lab-tiny-replicas/replica-{i}.env"].content)["VLLM_CPU_OMP_THREADS_BIND"]
+        for i in (0, 1)
+    ]
     assert binds == ["0-1|2-3", "4-5|6-7"]
     # one replica of one rank: vLLM's own binding (nothing to share)
     single = render.render(resolved_of("lab-tiny"), {"lab1": host("10.10.0.11", ["servers", "proxy"])})["lab1"]
@@ -120,31 +140,40 @@ def test_cpu_replicas_get_their_own_cores():
 
 def test_layout_parts_files_and_secrets_by_name():
     r = resolved_of("lab-tiny-replicas")
-    inv = {"lab1": host("10.10.0.11", ["servers", "proxy"]), "lab2": host("10.10.0.12", ["servers"]),
-           "other": host("10.10.0.13", ["ray_head"])}
+    inv = {
+        "lab1": host("10.10.0.11", ["servers", "proxy"]),
+        "lab2": host("10.10.0.12", ["servers"]),
+        "other": host("10.10.0.13", ["ray_head"]),
+    }
     layout = lay.build([r], inv)
     assert sorted(layout.hosts) == ["lab1", "lab2"]  # `ray_head` means nothing: left alone
     assert layout.hosts["lab1"].roles() == {"server", "proxy"} and layout.hosts["lab2"].roles() == {"server"}
     assert [i.id for i in layout.instances()] == ["lab1:0", "lab2:0"]
     assert {(s.deployment, s.key) for s in layout.hosts["lab1"].secrets} == {("lab-tiny-replicas", "api_key")}
     assert set(layout.hosts["lab1"].secrets[0].paths) | set(layout.hosts["lab1"].secrets[1].paths) == {
-        "/etc/vllm-fleet/lab-tiny-replicas/secrets.env", "/etc/nginx/vllm-fleet/lab-tiny-replicas-auth.conf"}
+        "/etc/vllm-fleet/lab-tiny-replicas/secrets.env",
+        "/etc/nginx/vllm-fleet/lab-tiny-replicas-auth.conf",
+    }
     # render is the files view of the same layout
     assert render.render(r, copy.deepcopy(inv)) == layout.files()
 
 
 def test_multinode_uses_the_private_address_and_ssh_may_differ():
     r = resolved_of("2node-ray-pp2")
-    inv = {"gpu-a": host("mgmt-a.example", ["servers"], private_address="10.10.0.11"),
-           "gpu-b": host("mgmt-b.example", ["workers"], private_address="10.10.0.12"),
-           "edge": host("10.10.0.5", ["proxy"])}
+    inv = {
+        "gpu-a": host("mgmt-a.example", ["servers"], private_address="10.10.0.11"),
+        "gpu-b": host("mgmt-b.example", ["workers"], private_address="10.10.0.12"),
+        "edge": host("10.10.0.5", ["proxy"]),
+    }
     out = render.render(r, inv)
     assert env_of(out["gpu-a"]["/etc/vllm-fleet/llama70b-2node/node.env"].content)["VLLM_HOST_IP"] == "10.10.0.11"
     assert env_of(out["gpu-b"]["/etc/vllm-fleet/llama70b-2node/node.env"].content)["NODE_IP"] == "10.10.0.12"
     assert "elements = { 10.10.0.11, 10.10.0.12 }" in out["gpu-b"]["/etc/vllm-fleet/ray-firewall.nft"].content
     assert "server 10.10.0.11:8000" in out["edge"]["/etc/nginx/conf.d/vllm-fleet-llama70b-2node.conf"].content
     inv["gpu-a"]["data"]["private_address"] = "10.10.0.99"
-    with pytest.raises(render.RenderError, match="head_address is 10.10.0.11 but the head host gpu-a has private address 10.10.0.99"):
+    with pytest.raises(
+        render.RenderError, match="head_address is 10.10.0.11 but the head host gpu-a has private address 10.10.0.99"
+    ):
         render.render(r, inv)
 
 
@@ -175,8 +204,11 @@ def _problems(specs, inv) -> str:
 def test_collisions_name_the_host_the_specs_and_the_fix():
     inv = {"gpu1": host("10.0.0.1", ["servers", "proxy"])}
     text = _problems([gpu_spec("chat", per_host=2, gpus=4), gpu_spec("code", per_host=2, gpus=4)], inv)
-    assert ("gpu1: GPUs 0, 1 are over-subscribed: vllm-chat-0.service 0.9 + vllm-code-0.service 0.9 = 1.8 of its memory" in text
-            and "chat (chat.yaml), code (code.yaml)" in text)
+    assert (
+        "gpu1: GPUs 0, 1 are over-subscribed: vllm-chat-0.service 0.9 + vllm-code-0.service 0.9 = 1.8 of its memory"
+        in text
+        and "chat (chat.yaml), code (code.yaml)" in text
+    )
     assert "hardware.gpu_ids" in text
     assert "gpu1: port 8000 is used by vLLM vllm-chat-0.service and by vLLM vllm-code-0.service (code.yaml)" in text
     assert "both serve nginx port 80 with server_name _: give each its own proxy.listen or proxy.server_name" in text
@@ -184,8 +216,14 @@ def test_collisions_name_the_host_the_specs_and_the_fix():
 
 def test_replicas_that_do_not_fit():
     text = _problems([gpu_spec("big", tp=4, per_host=3, gpus=8)], {"gpu1": host("10.0.0.1", ["servers", "proxy"])})
-    assert "gpu1: big.yaml: 3 replica(s) x 4 GPU(s)" in text and "need 12 GPUs" in text and "lower replicas.per_host to 2" in text
-    text = _problems([gpu_spec("ids", tp=2, per_host=1, gpus=4, gpu_ids=[0, 1])], {"gpu1": host("10.0.0.1", ["servers"])})
+    assert (
+        "gpu1: big.yaml: 3 replica(s) x 4 GPU(s)" in text
+        and "need 12 GPUs" in text
+        and "lower replicas.per_host to 2" in text
+    )
+    text = _problems(
+        [gpu_spec("ids", tp=2, per_host=1, gpus=4, gpu_ids=[0, 1])], {"gpu1": host("10.0.0.1", ["servers"])}
+    )
     assert "hardware.gpu_ids lists 2 GPU(s) but hardware.gpus_per_node is 4" in text
 
 
@@ -199,7 +237,10 @@ def test_deployments_key_limits_a_host():
     a, b = gpu_spec("chat", per_host=1, gpus=2), gpu_spec("code", per_host=1, gpus=2)
     b["proxy"]["listen"] = 8080  # g1's nginx serves both
     b["server"]["host"] = "0.0.0.0"  # and reaches g2
-    inv = {"g1": host("10.0.0.1", ["servers", "proxy"], deployments=["chat"]), "g2": host("10.0.0.2", ["servers"], deployments=["code"])}
+    inv = {
+        "g1": host("10.0.0.1", ["servers", "proxy"], deployments=["chat"]),
+        "g2": host("10.0.0.2", ["servers"], deployments=["code"]),
+    }
     layout = lay.build([a, b], inv)
     assert [i.id for i in layout.instances("chat")] == ["g1:0"] and [i.id for i in layout.instances("code")] == ["g2:0"]
 
@@ -227,11 +268,16 @@ hardware: {{gpu: h100-80gb, gpus_per_node: {gpus}{ids}}}
 
 def test_validate_several_specs_with_an_inventory(tmp_path):
     inv = _write(tmp_path, "inv.py", "servers = [('gpu1', {'ssh_hostname': '10.0.0.1'})]\nproxy = ['gpu1']\n")
-    a = _write(tmp_path, "a.yaml", SPEC_TEXT.format(name="a", port=8000, listen=80, gpus=4, ids=", gpu_ids: [0, 1, 2, 3]"))
+    a = _write(
+        tmp_path, "a.yaml", SPEC_TEXT.format(name="a", port=8000, listen=80, gpus=4, ids=", gpu_ids: [0, 1, 2, 3]")
+    )
     b = _write(tmp_path, "b.yaml", SPEC_TEXT.format(name="b", port=8001, listen=80, gpus=4, ids=""))
     r = cli("validate", str(a), str(b), "--inventory", str(inv))
     assert r.returncode == 1 and "Traceback" not in r.stderr
-    assert "gpu1: GPUs 0, 1 are over-subscribed: vllm-a-0.service 0.9 + vllm-b-0.service 0.9 = 1.8" in r.stderr and str(b) in r.stderr
+    assert (
+        "gpu1: GPUs 0, 1 are over-subscribed: vllm-a-0.service 0.9 + vllm-b-0.service 0.9 = 1.8" in r.stderr
+        and str(b) in r.stderr
+    )
     assert "port 8001 is used by vLLM vllm-a-1.service and by vLLM vllm-b-0.service" in r.stderr
     assert "nothing was changed" in r.stderr
     b.write_text(SPEC_TEXT.format(name="b", port=9000, listen=8080, gpus=4, ids=", gpu_ids: [4, 5, 6, 7]"))
@@ -244,8 +290,12 @@ def test_validate_several_specs_with_an_inventory(tmp_path):
 
 
 def test_validate_lists_schema_semantic_and_hardware_problems_in_one_run(tmp_path):
-    p = _write(tmp_path, "s.yaml", "name: two\nmodel: {source: /srv/m, transfer: none, max_model_len: 512}\n"
-                                   "engine: {max_num_seqs: many, kv_cache_dtype: fp8}\ninstall: {accelerator: cuda}\nhardware: {gpu: rtx3090}\n")
+    p = _write(
+        tmp_path,
+        "s.yaml",
+        "name: two\nmodel: {source: /srv/m, transfer: none, max_model_len: 512}\n"
+        "engine: {max_num_seqs: many, kv_cache_dtype: fp8}\ninstall: {accelerator: cuda}\nhardware: {gpu: rtx3090}\n",
+    )
     r = cli("validate", str(p))
     assert r.returncode == 1 and "Traceback" not in r.stderr
     assert "engine.max_num_seqs (line 3): expected integer" in r.stderr  # schema
@@ -256,7 +306,13 @@ def test_validate_lists_schema_semantic_and_hardware_problems_in_one_run(tmp_pat
 
 def test_validate_json_of_a_fleet(tmp_path):
     inv = _write(tmp_path, "inv.py", "servers = [('gpu1', {'ssh_hostname': '10.0.0.1'})]\n")
-    a = _write(tmp_path, "a.yaml", SPEC_TEXT.format(name="a", port=8000, listen=80, gpus=4, ids="").replace("replicas: {per_host: 2}", "replicas: {per_host: 3}"))
+    a = _write(
+        tmp_path,
+        "a.yaml",
+        SPEC_TEXT.format(name="a", port=8000, listen=80, gpus=4, ids="").replace(
+            "replicas: {per_host: 2}", "replicas: {per_host: 3}"
+        ),
+    )
     r = cli("validate", "--json", str(a), "--inventory", str(inv))
     doc = json.loads(r.stdout)
     # the spec's own check (6 GPUs asked of 4) and the layout's (3 replicas do not fit), in one run
@@ -288,7 +344,10 @@ def test_replicas_per_gpu_share_one_gpu_and_start_in_turn():
     insts = layout.hosts["gpu1"].instances
     assert [i.gpu_ids for i in insts] == [[0]] * 4 and [i.port for i in insts] == [8000, 8001, 8002, 8003]
     files = layout.hosts["gpu1"].files
-    u0, u2 = files["/etc/systemd/system/vllm-chat-0.service"].content, files["/etc/systemd/system/vllm-chat-2.service"].content
+    u0, u2 = (
+        files["/etc/systemd/system/vllm-chat-0.service"].content,
+        files["/etc/systemd/system/vllm-chat-2.service"].content,
+    )
     assert "--gpu-memory-utilization 0.225" in u0 and "wait-replica-health" not in u0
     assert "After=network-online.target vllm-chat-1.service" in u2 and "bin/wait-replica-health 8001 " in u2
     assert any(p.endswith("/bin/wait-replica-health") for p in files)

@@ -19,7 +19,9 @@ def test_validate_with_an_inventory_that_fails_does_not_say_valid(tmp_path, caps
     assert f"{SPEC}: valid on its own (lab-tiny: tiny, cpu, TP 1 x PP 1), but not on {inv}: see below" in out
     assert f"{SPEC}: valid (" not in out
     # the proxy-reach fix names the deploy's own firewall, not a port for the user to open
-    assert "set server.host: 0.0.0.0 (the deploy's own nftables rules then let only the proxy hosts reach port 8000" in err
+    assert (
+        "set server.host: 0.0.0.0 (the deploy's own nftables rules then let only the proxy hosts reach port 8000" in err
+    )
     assert "firewall port" not in err
 
 

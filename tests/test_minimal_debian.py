@@ -43,23 +43,37 @@ def test_host_packages_cover_what_a_minimal_debian_lacks():
 
 def _minbase_tarball() -> Path:
     """mmdebstrap --variant=minbase bookworm with this machine's apt sources (as lab/rootfs.sh)."""
-    sources = next((f for f in ("/etc/apt/sources.list.d/debian.sources", "/etc/apt/sources.list")
-                    if Path(f).is_file() and "bookworm" in Path(f).read_text()), None)
+    sources = next(
+        (
+            f
+            for f in ("/etc/apt/sources.list.d/debian.sources", "/etc/apt/sources.list")
+            if Path(f).is_file() and "bookworm" in Path(f).read_text()
+        ),
+        None,
+    )
     assert sources, "no Debian bookworm apt sources on this machine"
     key = hashlib.sha256(Path(sources).read_bytes() + b"minbase-1").hexdigest()[:12]
     tarball = CACHE / f"minbase-bookworm-{key}.tar.zst"
     if not tarball.is_file():
         CACHE.mkdir(parents=True, exist_ok=True)
-        part = tarball.with_name(tarball.name.replace(".tar.zst", ".part.tar.zst"))  # mmdebstrap: format from the suffix
-        r = subprocess.run(["mmdebstrap", "--quiet", "--variant=minbase", "bookworm", str(part), sources],
-                           capture_output=True, text=True, timeout=900)
+        part = tarball.with_name(
+            tarball.name.replace(".tar.zst", ".part.tar.zst")
+        )  # mmdebstrap: format from the suffix
+        r = subprocess.run(
+            ["mmdebstrap", "--quiet", "--variant=minbase", "bookworm", str(part), sources],
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
         assert r.returncode == 0, r.stderr[-3000:]
         os.replace(part, tarball)
     return tarball
 
 
-@pytest.mark.skipif(os.environ.get("VLLM_FLEET_MINBASE") != "1",
-                    reason="minutes of apt and pip in a Debian root: set VLLM_FLEET_MINBASE=1 to run it")
+@pytest.mark.skipif(
+    os.environ.get("VLLM_FLEET_MINBASE") != "1",
+    reason="minutes of apt and pip in a Debian root: set VLLM_FLEET_MINBASE=1 to run it",
+)
 def test_make_host_deps_venv_in_a_minimal_debian_12(tmp_path):
     if os.geteuid() != 0 or not shutil.which("unshare") or not shutil.which("mmdebstrap"):
         pytest.fail("needs root, unshare and mmdebstrap (make host-deps)", pytrace=False)
@@ -70,8 +84,12 @@ def test_make_host_deps_venv_in_a_minimal_debian_12(tmp_path):
     assert not (root / "usr/lib/python3.11/ensurepip").exists() and not (root / "usr/bin/make").exists()
     src = root / "src"
     src.mkdir()
-    files = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=REPO,
-                           capture_output=True, check=True).stdout.split(b"\0")
+    files = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=REPO,
+        capture_output=True,
+        check=True,
+    ).stdout.split(b"\0")
     for f in filter(None, files):
         p = REPO / f.decode()
         if p.is_file():
@@ -79,7 +97,12 @@ def test_make_host_deps_venv_in_a_minimal_debian_12(tmp_path):
             shutil.copy2(p, src / f.decode())
     # a chroot in its own mount namespace (nothing leaks to this machine): /proc, /dev, /sys, the
     # resolver and this machine's pip index settings (directories bound read-only), as a user's would be
-    mounts = ["mount -t proc proc R/proc", "mount --rbind /dev R/dev", "mount -t sysfs sys R/sys", "cp -L /etc/resolv.conf R/etc/"]
+    mounts = [
+        "mount -t proc proc R/proc",
+        "mount --rbind /dev R/dev",
+        "mount -t sysfs sys R/sys",
+        "cp -L /etc/resolv.conf R/etc/",
+    ]
     for d in ("/opt/wheels", "/opt/pypi", "/opt/pypi-more", "/etc/xdg/pip"):
         if Path(d).exists():
             mounts += [f"mkdir -p R{d}", f"mount --bind {d} R{d}", f"mount -o remount,bind,ro R{d}"]
@@ -88,13 +111,30 @@ def test_make_host_deps_venv_in_a_minimal_debian_12(tmp_path):
     if cert and Path(cert).is_file():  # this machine's CA bundle (its index may sit behind a proxy with its own CA)
         mounts += ["touch R/run/host-ca.crt", f"mount --bind {cert} R/run/host-ca.crt"]
         pip_env["PIP_CERT"] = "/run/host-ca.crt"
-    env = ["env", "-i", "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME=/root", "LANG=C.UTF-8",
-           *(f"{k}={v}" for k, v in pip_env.items())]
-    script = ("set -e; export DEBIAN_FRONTEND=noninteractive; apt-get update -qq; apt-get install -y -qq make >/dev/null; "
-              "cd /src && make host-deps venv && .venv/bin/vllm-fleet --version")
-    inner = " && ".join(m.replace("R/", f"{root}/") for m in mounts) + " && exec chroot " + str(root) + " " + \
-        " ".join(shlex.quote(a) for a in [*env, "bash", "-c", script])
-    r = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", inner], capture_output=True, text=True,
-                       timeout=1800)
+    env = [
+        "env",
+        "-i",
+        "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+        "HOME=/root",
+        "LANG=C.UTF-8",
+        *(f"{k}={v}" for k, v in pip_env.items()),
+    ]
+    script = (
+        "set -e; export DEBIAN_FRONTEND=noninteractive; apt-get update -qq; apt-get install -y -qq make >/dev/null; "
+        "cd /src && make host-deps venv && .venv/bin/vllm-fleet --version"
+    )
+    inner = (
+        " && ".join(m.replace("R/", f"{root}/") for m in mounts)
+        + " && exec chroot "
+        + str(root)
+        + " "
+        + " ".join(shlex.quote(a) for a in [*env, "bash", "-c", script])
+    )
+    r = subprocess.run(
+        ["unshare", "--mount", "--propagation", "private", "sh", "-c", inner],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
     assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
     assert "vllm-fleet " in r.stdout

@@ -32,8 +32,14 @@ REPO = Path(__file__).resolve().parent.parent
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "vllm-metrics-0.32.0.txt"
 PROMTOOL_TESTS = Path(__file__).resolve().parent / "promtool"
 
-LAB1 = {"lab1": {"address": "10.10.0.11", "groups": ["servers", "proxy", "ray_head", "monitoring"], "data": {"private_address": "10.10.0.11"}},
-        "lab2": {"address": "10.10.0.12", "groups": ["ray_workers"], "data": {"private_address": "10.10.0.12"}}}
+LAB1 = {
+    "lab1": {
+        "address": "10.10.0.11",
+        "groups": ["servers", "proxy", "ray_head", "monitoring"],
+        "data": {"private_address": "10.10.0.11"},
+    },
+    "lab2": {"address": "10.10.0.12", "groups": ["ray_workers"], "data": {"private_address": "10.10.0.12"}},
+}
 GPU2 = {
     "gpu-a": {"address": "10.10.0.11", "groups": ["servers"], "data": {}},
     "gpu-b": {"address": "10.10.0.12", "groups": ["workers"], "data": {}},
@@ -67,7 +73,9 @@ def scrape_targets(cfg_text: str) -> dict[str, list[tuple[str, dict]]]:
             if relabel.get("target_label") == "job":
                 name = relabel["replacement"]
         for group in job["static_configs"]:
-            out.setdefault(name, []).extend((t, {**group["labels"], "scheme": job.get("scheme", "http")}) for t in group["targets"])
+            out.setdefault(name, []).extend(
+                (t, {**group["labels"], "scheme": job.get("scheme", "http")}) for t in group["targets"]
+            )
     return out
 
 
@@ -81,7 +89,9 @@ def check_with_promtool(files: dict[str, render.RenderedFile], tmp_path: Path) -
         (tmp_path / "rules" / Path(p).name).write_text(f.content)
     cfg["rule_files"] = [str(tmp_path / "rules" / "*.rules.yml")]
     (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(cfg))
-    return subprocess.run([promtool(), "check", "config", str(tmp_path / "prometheus.yml")], capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [promtool(), "check", "config", str(tmp_path / "prometheus.yml")], capture_output=True, text=True, timeout=60
+    )
 
 
 # --------------------------------------------------------------------------- what is scraped, from where
@@ -105,7 +115,9 @@ def test_lab_single_host_scrapes_loopback_vllm_and_private_exporters():
 
 
 def test_prometheus_on_loopback_when_asked():
-    lab1 = render.render(resolved("lab-tiny-monitoring.yaml", prometheus_listen="loopback"), copy.deepcopy(LAB1))["lab1"]
+    lab1 = render.render(resolved("lab-tiny-monitoring.yaml", prometheus_listen="loopback"), copy.deepcopy(LAB1))[
+        "lab1"
+    ]
     assert "--web.listen-address=127.0.0.1:9090" in lab1[monitoring.PROMETHEUS_DEFAULTS].content
 
 
@@ -116,18 +128,33 @@ def test_nginx_metrics_location_reads_the_local_vllm():
     block = re.search(r"location = /metrics \{(.*?)\}", site, re.S).group(1)
     assert "proxy_pass http://127.0.0.1:8000;" in block and "deny all;" in block and "allow 10.10.0.0/24;" in block
     # a proxy-only host (the 2-node example's edge) keeps the upstream: it has no local vLLM
-    edge = render.render(resolved("2node-ray-pp2.yaml"), copy.deepcopy(GPU2))["edge"]["/etc/nginx/conf.d/vllm-fleet-llama70b-2node.conf"].content
-    assert "proxy_pass http://vllm_fleet_llama70b_2node;" in re.search(r"location = /metrics \{(.*?)\}", edge, re.S).group(1)
+    edge = render.render(resolved("2node-ray-pp2.yaml"), copy.deepcopy(GPU2))["edge"][
+        "/etc/nginx/conf.d/vllm-fleet-llama70b-2node.conf"
+    ].content
+    assert "proxy_pass http://vllm_fleet_llama70b_2node;" in re.search(
+        r"location = /metrics \{(.*?)\}", edge, re.S
+    ).group(1)
 
 
 def test_remote_replica_behind_its_own_nginx_is_scraped_through_it():
-    inv = {"mon": {"address": "10.10.0.9", "groups": ["monitoring"], "data": {}},
-           "lab2": {"address": "10.10.0.12", "groups": ["servers", "proxy"], "data": {}}}
+    inv = {
+        "mon": {"address": "10.10.0.9", "groups": ["monitoring"], "data": {}},
+        "lab2": {"address": "10.10.0.12", "groups": ["servers", "proxy"], "data": {}},
+    }
     r = resolved("lab-tiny-monitoring.yaml")
     files = render.render(r, copy.deepcopy(inv))
     t = scrape_targets(files["mon"][monitoring.PROMETHEUS_CONFIG].content)
-    assert t["vllm"] == [("10.10.0.12", {"deployment": "lab-tiny", "replica": "lab2", "scheme": "http",  # port 80: nginx
-                                         "__metrics_path__": "/metrics/0"})]
+    assert t["vllm"] == [
+        (
+            "10.10.0.12",
+            {
+                "deployment": "lab-tiny",
+                "replica": "lab2",
+                "scheme": "http",  # port 80: nginx
+                "__metrics_path__": "/metrics/0",
+            },
+        )
+    ]
     assert [x[0] for x in t["vllm-health"]] == ["http://10.10.0.12/health/0"]
     assert sorted(x[0] for x in t["node"]) == ["10.10.0.12:9100", "10.10.0.9:9100"]
     # ... which needs the monitoring host in proxy.metrics_allow
@@ -140,24 +167,35 @@ def test_every_replica_of_a_remote_host_is_scraped_through_its_nginx():
     """Two replicas on lab2 (vLLM on loopback), the monitoring host elsewhere: one target per
     replica, each at its own /metrics/N and /health/N, which lab2's nginx routes to that replica's
     port alone (before: replica 1 was not scraped at all)."""
-    inv = {"mon": {"address": "10.10.0.9", "groups": ["monitoring"], "data": {}},
-           "lab2": {"address": "10.10.0.12", "groups": ["servers", "proxy"], "data": {}}}
+    inv = {
+        "mon": {"address": "10.10.0.9", "groups": ["monitoring"], "data": {}},
+        "lab2": {"address": "10.10.0.12", "groups": ["servers", "proxy"], "data": {}},
+    }
     r = resolved("lab-tiny-monitoring.yaml")
     r["replicas"]["per_host"] = 2
     files = render.render(r, copy.deepcopy(inv))
     t = scrape_targets(files["mon"][monitoring.PROMETHEUS_CONFIG].content)
-    assert sorted((x[1]["replica"], x[1]["__metrics_path__"]) for x in t["vllm"]) == [("lab2:0", "/metrics/0"), ("lab2:1", "/metrics/1")]
+    assert sorted((x[1]["replica"], x[1]["__metrics_path__"]) for x in t["vllm"]) == [
+        ("lab2:0", "/metrics/0"),
+        ("lab2:1", "/metrics/1"),
+    ]
     assert sorted(x[0] for x in t["vllm-health"]) == ["http://10.10.0.12/health/0", "http://10.10.0.12/health/1"]
     site = files["lab2"]["/etc/nginx/conf.d/vllm-fleet-lab-tiny.conf"].content
     for n in (0, 1):
         for what in ("metrics", "health"):
             block = re.search(rf"location = /{what}/{n} \{{(.*?)\}}", site, re.S).group(1)
-            assert f"proxy_pass http://127.0.0.1:{8000 + n}/{what};" in block and "deny all;" in block and "allow 10.10.0.0/24;" in block
+            assert (
+                f"proxy_pass http://127.0.0.1:{8000 + n}/{what};" in block
+                and "deny all;" in block
+                and "allow 10.10.0.0/24;" in block
+            )
 
 
 def test_remote_replica_with_tls_self_signed():
-    inv = {"mon": {"address": "10.10.0.9", "groups": ["monitoring"], "data": {}},
-           "lab2": {"address": "10.10.0.12", "groups": ["servers", "proxy"], "data": {}}}
+    inv = {
+        "mon": {"address": "10.10.0.9", "groups": ["monitoring"], "data": {}},
+        "lab2": {"address": "10.10.0.12", "groups": ["servers", "proxy"], "data": {}},
+    }
     r = resolved("lab-tiny-monitoring.yaml")
     r["proxy"].update(listen=443, tls={"enabled": True, "self_signed": True})
     cfg = yaml.safe_load(render.render(r, copy.deepcopy(inv))["mon"][monitoring.PROMETHEUS_CONFIG].content)
@@ -176,8 +214,10 @@ def test_remote_vllm_on_a_private_address_is_scraped_directly():
 
 
 def test_unreachable_remote_vllm_is_an_error():
-    inv = {"mon": {"address": "10.10.0.9", "groups": ["monitoring"], "data": {}},
-           "lab2": {"address": "10.10.0.12", "groups": ["servers"], "data": {}}}
+    inv = {
+        "mon": {"address": "10.10.0.9", "groups": ["monitoring"], "data": {}},
+        "lab2": {"address": "10.10.0.12", "groups": ["servers"], "data": {}},
+    }
     r = resolved("lab-tiny-monitoring.yaml")
     r["proxy"]["enabled"] = False  # vLLM on 127.0.0.1, no nginx on lab2
     with pytest.raises(render.RenderError, match="cannot read vLLM's /metrics on lab2"):
@@ -200,10 +240,21 @@ def test_disabled_renders_nothing_and_leaves_monitoring_hosts_alone():
 
 
 def test_rules_follow_the_layout():
-    cpu = render.render(resolved("lab-tiny-monitoring.yaml"), copy.deepcopy(LAB1))["lab1"]["/etc/prometheus/vllm-fleet/lab-tiny.rules.yml"].content
+    cpu = render.render(resolved("lab-tiny-monitoring.yaml"), copy.deepcopy(LAB1))["lab1"][
+        "/etc/prometheus/vllm-fleet/lab-tiny.rules.yml"
+    ].content
     names = [r["alert"] for g in yaml.safe_load(cpu)["groups"] for r in g["rules"]]
-    assert names == ["VllmReplicaDown", "VllmHealthFailing", "VllmKvCacheNearFull", "VllmWaitingRequestsGrowing", "VllmTtftP99High", "NodeExporterDown"]
-    gpu = render.render(resolved("2node-ray-pp2.yaml"), copy.deepcopy(GPU2))["edge"]["/etc/prometheus/vllm-fleet/llama70b-2node.rules.yml"].content
+    assert names == [
+        "VllmReplicaDown",
+        "VllmHealthFailing",
+        "VllmKvCacheNearFull",
+        "VllmWaitingRequestsGrowing",
+        "VllmTtftP99High",
+        "NodeExporterDown",
+    ]
+    gpu = render.render(resolved("2node-ray-pp2.yaml"), copy.deepcopy(GPU2))["edge"][
+        "/etc/prometheus/vllm-fleet/llama70b-2node.rules.yml"
+    ].content
     names = [r["alert"] for g in yaml.safe_load(gpu)["groups"] for r in g["rules"]]
     assert {"GpuMemoryNearFull", "RayWorkerMissing"} <= set(names)
     # every rule carries a comment saying why it exists
@@ -216,21 +267,34 @@ def test_spec_checks():
     r["monitoring"]["node_exporter_port"] = 8000
     problems = {p.path: p for p in run_checks(r, hardware=False)}
     assert problems["monitoring.alerts.gpu_memory_usage"].severity == "warning"
-    assert problems["monitoring.node_exporter_port"].severity == "error" and "server.port" in problems["monitoring.node_exporter_port"].message
+    assert (
+        problems["monitoring.node_exporter_port"].severity == "error"
+        and "server.port" in problems["monitoring.node_exporter_port"].message
+    )
 
 
 def test_schema_rejects_unknown_monitoring_keys(cli, tmp_path):
-    text = (REPO / "deployments" / "lab-tiny-monitoring.yaml").read_text().replace("  scrape_interval: 15s", "  scrape_intervall: 15s")
+    text = (
+        (REPO / "deployments" / "lab-tiny-monitoring.yaml")
+        .read_text()
+        .replace("  scrape_interval: 15s", "  scrape_intervall: 15s")
+    )
     bad = tmp_path / "bad.yaml"
     bad.write_text(text)
     r = cli("validate", str(bad))
-    assert r.returncode == 1 and "monitoring.scrape_intervall" in r.stdout + r.stderr and "did you mean `scrape_interval`" in r.stdout + r.stderr
+    assert (
+        r.returncode == 1
+        and "monitoring.scrape_intervall" in r.stdout + r.stderr
+        and "did you mean `scrape_interval`" in r.stdout + r.stderr
+    )
 
 
 # --------------------------------------------------------------------------- promtool
 
 
-@pytest.mark.parametrize("name,inv,host", [("lab-tiny-monitoring.yaml", LAB1, "lab1"), ("2node-ray-pp2.yaml", GPU2, "edge")])
+@pytest.mark.parametrize(
+    "name,inv,host", [("lab-tiny-monitoring.yaml", LAB1, "lab1"), ("2node-ray-pp2.yaml", GPU2, "edge")]
+)
 def test_promtool_checks_config_and_rules(name, inv, host, tmp_path):
     r = check_with_promtool(render.render(resolved(name), copy.deepcopy(inv))[host], tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr
@@ -244,16 +308,22 @@ def test_blackbox_config_is_valid(tmp_path):
     exe = shutil.which("prometheus-blackbox-exporter")
     if exe:  # --config.check: the exporter's own parser
         (tmp_path / "bb.yml").write_text(lab1[monitoring.BLACKBOX_CONFIG].content)
-        r = subprocess.run([exe, f"--config.file={tmp_path / 'bb.yml'}", "--config.check"], capture_output=True, text=True, timeout=30)
+        r = subprocess.run(
+            [exe, f"--config.file={tmp_path / 'bb.yml'}", "--config.check"], capture_output=True, text=True, timeout=30
+        )
         assert r.returncode == 0, r.stdout + r.stderr
 
 
 def test_promtool_unit_tests_of_the_alert_rules(tmp_path):
-    rules = render.render(resolved("2node-ray-pp2.yaml"), copy.deepcopy(GPU2))["edge"]["/etc/prometheus/vllm-fleet/llama70b-2node.rules.yml"].content
+    rules = render.render(resolved("2node-ray-pp2.yaml"), copy.deepcopy(GPU2))["edge"][
+        "/etc/prometheus/vllm-fleet/llama70b-2node.rules.yml"
+    ].content
     (tmp_path / "rules.yml").write_text(rules)
     test = (PROMTOOL_TESTS / "alerts.test.yml").read_text().replace("  - RULES", f"  - {tmp_path / 'rules.yml'}")
     (tmp_path / "alerts.test.yml").write_text(test)
-    r = subprocess.run([promtool(), "test", "rules", str(tmp_path / "alerts.test.yml")], capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [promtool(), "test", "rules", str(tmp_path / "alerts.test.yml")], capture_output=True, text=True, timeout=60
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     assert "SUCCESS" in r.stdout
 
@@ -262,11 +332,15 @@ def test_promtool_unit_tests_can_fail(tmp_path):
     """The same tests against rules with a higher KV threshold must fail (the tests test something)."""
     r_spec = resolved("2node-ray-pp2.yaml")
     r_spec["monitoring"]["alerts"]["kv_cache_usage"] = 0.99
-    rules = render.render(r_spec, copy.deepcopy(GPU2))["edge"]["/etc/prometheus/vllm-fleet/llama70b-2node.rules.yml"].content
+    rules = render.render(r_spec, copy.deepcopy(GPU2))["edge"][
+        "/etc/prometheus/vllm-fleet/llama70b-2node.rules.yml"
+    ].content
     (tmp_path / "rules.yml").write_text(rules)
     test = (PROMTOOL_TESTS / "alerts.test.yml").read_text().replace("  - RULES", f"  - {tmp_path / 'rules.yml'}")
     (tmp_path / "alerts.test.yml").write_text(test)
-    r = subprocess.run([promtool(), "test", "rules", str(tmp_path / "alerts.test.yml")], capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [promtool(), "test", "rules", str(tmp_path / "alerts.test.yml")], capture_output=True, text=True, timeout=60
+    )
     assert r.returncode != 0 and "VllmKvCacheNearFull" in r.stdout + r.stderr
 
 
@@ -290,22 +364,43 @@ def test_dashboard_json_shape():
     d = json.loads(monitoring.DASHBOARD.read_text())
     assert d["uid"] == "vllm-fleet-vllm" and d["title"]
     titles = " ".join(p["title"] for p in d["panels"])
-    for what in ("Time to first token", "Time per output token", "Tokens per second", "running / waiting", "KV-cache usage"):
+    for what in (
+        "Time to first token",
+        "Time per output token",
+        "Tokens per second",
+        "running / waiting",
+        "KV-cache usage",
+    ):
         assert what in titles
     ids = [p["id"] for p in d["panels"]]
     assert len(ids) == len(set(ids))
     for p in d["panels"]:
         assert p["targets"] and all(t["datasource"]["uid"] == "${datasource}" for t in p["targets"])
         # the router's series name replicas by its own `worker` label (its job's replica is router@HOST)
-        assert all('replica=~"$replica"' in t["expr"] or t["expr"].startswith("up{") or "vllm_router_" in t["expr"] for t in p["targets"])
+        assert all(
+            'replica=~"$replica"' in t["expr"] or t["expr"].startswith("up{") or "vllm_router_" in t["expr"]
+            for t in p["targets"]
+        )
     for what in ("Prefix-cache hit rate per replica", "Routing decisions per replica"):
         assert what in titles
 
 
 def test_every_dashboard_query_parses(tmp_path):
-    rules = {"groups": [{"name": "dashboard", "rules": [{"record": f"dashboard:q{i}", "expr": as_promql(e)} for i, e in enumerate(dashboard_exprs())]}]}
+    rules = {
+        "groups": [
+            {
+                "name": "dashboard",
+                "rules": [{"record": f"dashboard:q{i}", "expr": as_promql(e)} for i, e in enumerate(dashboard_exprs())],
+            }
+        ]
+    }
     (tmp_path / "dashboard.rules.yml").write_text(yaml.safe_dump(rules))
-    r = subprocess.run([promtool(), "check", "rules", str(tmp_path / "dashboard.rules.yml")], capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [promtool(), "check", "rules", str(tmp_path / "dashboard.rules.yml")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     assert f"SUCCESS: {len(dashboard_exprs())} rules found" in r.stdout
 
@@ -313,7 +408,12 @@ def test_every_dashboard_query_parses(tmp_path):
 def test_dashboard_query_check_can_fail(tmp_path):
     rules = {"groups": [{"name": "bad", "rules": [{"record": "bad:q", "expr": "rate(vllm:prompt_tokens_total{[5m])"}]}]}
     (tmp_path / "bad.rules.yml").write_text(yaml.safe_dump(rules))
-    assert subprocess.run([promtool(), "check", "rules", str(tmp_path / "bad.rules.yml")], capture_output=True, timeout=60).returncode != 0
+    assert (
+        subprocess.run(
+            [promtool(), "check", "rules", str(tmp_path / "bad.rules.yml")], capture_output=True, timeout=60
+        ).returncode
+        != 0
+    )
 
 
 def vllm_names(exprs: list[str]) -> set[str]:
@@ -324,7 +424,9 @@ def test_every_vllm_series_of_the_dashboard_and_rules_is_exported_by_the_lab_vll
     exported = exported_series(FIXTURE.read_text())
     assert len([s for s in exported if s.startswith("vllm:")]) > 50  # a real capture, not a stub
     used = vllm_names(dashboard_exprs())
-    rules = render.render(resolved("lab-tiny-monitoring.yaml"), copy.deepcopy(LAB1))["lab1"]["/etc/prometheus/vllm-fleet/lab-tiny.rules.yml"].content
+    rules = render.render(resolved("lab-tiny-monitoring.yaml"), copy.deepcopy(LAB1))["lab1"][
+        "/etc/prometheus/vllm-fleet/lab-tiny.rules.yml"
+    ].content
     used |= vllm_names([r["expr"] for g in yaml.safe_load(rules)["groups"] for r in g["rules"]])
     assert {"vllm:time_to_first_token_seconds_bucket", "vllm:kv_cache_usage_perc", "vllm:num_requests_waiting"} <= used
     missing = sorted(used - exported)
@@ -370,17 +472,20 @@ def test_prometheus_scrapes_each_replica_through_the_hosts_nginx(tmp_path):
     r["proxy"]["listen"] = listen
     r["proxy"]["metrics_allow"] = ["127.0.0.0/8"]
     r["proxy"]["auth"] = "none"
-    inv = {"mon": {"address": "127.0.0.2", "groups": ["monitoring"], "data": {}},
-           "web": {"address": "127.0.0.1", "groups": ["servers", "proxy"], "data": {}}}
+    inv = {
+        "mon": {"address": "127.0.0.2", "groups": ["monitoring"], "data": {}},
+        "web": {"address": "127.0.0.1", "groups": ["servers", "proxy"], "data": {}},
+    }
     files = render.render(r, copy.deepcopy(inv))
 
     servers = []
     for n in (0, 1):
+
         class Replica(http.server.BaseHTTPRequestHandler):
             value = 10 + n
 
             def do_GET(self):  # noqa: N802
-                body = (f"vllm:num_requests_running {self.value}\n".encode() if self.path == "/metrics" else b"")
+                body = f"vllm:num_requests_running {self.value}\n".encode() if self.path == "/metrics" else b""
                 self.send_response(200 if self.path in ("/metrics", "/health") else 404)
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
@@ -399,15 +504,32 @@ def test_prometheus_scrapes_each_replica_through_the_hosts_nginx(tmp_path):
     (tmp_path / "nginx.conf").write_text(
         f"pid {tmp_path}/nginx.pid;\nerror_log {tmp_path}/logs/error.log;\ndaemon off;\nevents {{}}\n"
         f"http {{\n  access_log {tmp_path}/logs/access.log;\n  client_body_temp_path {tmp_path}/body;\n"
-        f"  proxy_temp_path {tmp_path}/proxy;\n  include {tmp_path}/site.conf;\n}}\n")
+        f"  proxy_temp_path {tmp_path}/proxy;\n  include {tmp_path}/site.conf;\n}}\n"
+    )
     cfg = yaml.safe_load(files["mon"][monitoring.PROMETHEUS_CONFIG].content)
     jobs = [j for j in cfg["scrape_configs"] if j["job_name"].startswith("vllm") and j["job_name"] != "vllm-health"]
-    (tmp_path / "prom.yml").write_text(yaml.safe_dump({"global": {"scrape_interval": "1s", "scrape_timeout": "1s"}, "scrape_configs": jobs}))
-    procs = [subprocess.Popen([nginx, "-p", str(tmp_path), "-c", str(tmp_path / "nginx.conf"), "-e", str(tmp_path / "logs/error.log")],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE),
-             subprocess.Popen([prom, f"--config.file={tmp_path / 'prom.yml'}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-                               f"--web.listen-address=127.0.0.1:{prom_port}"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
+    (tmp_path / "prom.yml").write_text(
+        yaml.safe_dump({"global": {"scrape_interval": "1s", "scrape_timeout": "1s"}, "scrape_configs": jobs})
+    )
+    procs = [
+        subprocess.Popen(
+            [nginx, "-p", str(tmp_path), "-c", str(tmp_path / "nginx.conf"), "-e", str(tmp_path / "logs/error.log")],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        ),
+        subprocess.Popen(
+            [
+                prom,
+                f"--config.file={tmp_path / 'prom.yml'}",
+                f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+                f"--web.listen-address=127.0.0.1:{prom_port}",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        ),
+    ]
     try:
+
         def query(q: str) -> list:
             url = f"http://127.0.0.1:{prom_port}/api/v1/query?query={urllib.request.quote(q)}"
             with urllib.request.urlopen(url, timeout=5) as resp:
@@ -418,7 +540,9 @@ def test_prometheus_scrapes_each_replica_through_the_hosts_nginx(tmp_path):
         while time.monotonic() < deadline and len(seen) < 2:
             time.sleep(1)
             try:
-                seen = {s["metric"]["replica"]: float(s["value"][1]) for s in query('vllm:num_requests_running{job="vllm"}')}
+                seen = {
+                    s["metric"]["replica"]: float(s["value"][1]) for s in query('vllm:num_requests_running{job="vllm"}')
+                }
             except OSError:
                 continue
         assert seen == {"web:0": 10.0, "web:1": 11.0}, f"series per replica: {seen}; nginx: {procs[0].poll()}"
@@ -462,11 +586,16 @@ def test_vllm_behind_a_proxy_elsewhere_admits_the_monitoring_host_in_its_api_fir
     n, problems, files = _scrape_problems(r, SPLIT)
     assert n >= 5 and problems == []
     t = scrape_targets(files["lab3"][monitoring.PROMETHEUS_CONFIG].content)
-    assert [x[0] for x in t["vllm"]] == ["10.10.0.12:8000"] and [x[0] for x in t["vllm-health"]] == ["http://10.10.0.12:8000/health"]
+    assert [x[0] for x in t["vllm"]] == ["10.10.0.12:8000"] and [x[0] for x in t["vllm-health"]] == [
+        "http://10.10.0.12:8000/health"
+    ]
     fw = files["lab2"][render.API_FIREWALL_FILE].content
     assert re.search(r"elements = \{ 10\.10\.0\.11, 10\.10\.0\.13 \}", fw) and "tcp dport { 8000 } accept" in fw
     # the checker reads the firewall: without lab3 there, it says so
-    broken = {**files, "lab2": {**files["lab2"], render.API_FIREWALL_FILE: render.RenderedFile(fw.replace(", 10.10.0.13", ""), 0o644)}}
+    broken = {
+        **files,
+        "lab2": {**files["lab2"], render.API_FIREWALL_FILE: render.RenderedFile(fw.replace(", 10.10.0.13", ""), 0o644)},
+    }
     assert any("api-firewall.nft there drops 10.10.0.13" in p for p in scrapecheck.unreachable(broken, SPLIT)[1])
 
 
@@ -478,7 +607,9 @@ def test_scrapes_through_nginx_name_the_private_address():
     n, problems, files = _scrape_problems(r, inv)
     assert problems == []
     t = scrape_targets(files["lab3"][monitoring.PROMETHEUS_CONFIG].content)
-    assert [x[0] for x in t["vllm"]] == ["10.10.0.12"] and [x[0] for x in t["vllm-health"]] == ["http://10.10.0.12/health/0"]
+    assert [x[0] for x in t["vllm"]] == ["10.10.0.12"] and [x[0] for x in t["vllm-health"]] == [
+        "http://10.10.0.12/health/0"
+    ]
 
 
 def test_the_routers_metrics_follow_the_same_rule():
@@ -492,11 +623,16 @@ def test_the_routers_metrics_follow_the_same_rule():
     t = scrape_targets(files["lab3"][monitoring.PROMETHEUS_CONFIG].content)
     assert [x[0] for x in t["vllm-router"]] == ["10.10.0.11"]
     r["proxy"]["metrics_allow"] = ["127.0.0.1"]
-    with pytest.raises(render.RenderError, match=r"lab3 \(10\.10\.0\.13\) reads /metrics/router of lab1 .*add 10\.10\.0\.13 .*proxy\.metrics_allow"):
+    with pytest.raises(
+        render.RenderError,
+        match=r"lab3 \(10\.10\.0\.13\) reads /metrics/router of lab1 .*add 10\.10\.0\.13 .*proxy\.metrics_allow",
+    ):
         render.render(r, copy.deepcopy(SPLIT))
     local = {"lab1": {**SPLIT["lab1"], "groups": ["proxy", "monitoring"]}, "lab2": SPLIT["lab2"]}
     r["proxy"]["metrics_allow"] = ["10.10.0.0/24"]
-    with pytest.raises(render.RenderError, match=r"lab1 \(127\.0\.0\.1\) reads /metrics/router of lab1 .*add 127\.0\.0\.1"):
+    with pytest.raises(
+        render.RenderError, match=r"lab1 \(127\.0\.0\.1\) reads /metrics/router of lab1 .*add 127\.0\.0\.1"
+    ):
         render.render(r, copy.deepcopy(local))
 
 
@@ -507,7 +643,9 @@ def test_the_ray_metrics_port_alone_is_opened_to_a_monitoring_host_outside_the_c
     n, problems, files = _scrape_problems(r, GPU2)
     assert problems == [] and n >= 8
     fw = files["gpu-b"][render.RAY_FIREWALL_FILE].content
-    assert "ip saddr { 10.10.0.5 } tcp dport { 6384 } accept" in fw and "10.10.0.5" not in re.search(r"elements = \{([^}]*)\}", fw).group(1)
+    assert "ip saddr { 10.10.0.5 } tcp dport { 6384 } accept" in fw and "10.10.0.5" not in re.search(
+        r"elements = \{([^}]*)\}", fw
+    ).group(1)
     assert not scrapecheck.firewall_admits(fw, "10.10.0.5", 6380) and scrapecheck.firewall_admits(fw, "10.10.0.5", 6384)
     nft = shutil.which("nft") or ("/usr/sbin/nft" if Path("/usr/sbin/nft").exists() else None)
     if nft:

@@ -35,12 +35,21 @@ def _units(files: dict[str, str]) -> dict[str, str]:
 
 
 def _assert_gpu_sandbox(unit: str) -> None:
-    for line in ("CapabilityBoundingSet=", "RestrictNamespaces=yes", "RemoveIPC=yes", "PrivateTmp=yes",
-                 "SystemCallFilter=@system-service", "SystemCallErrorNumber=EPERM", "LimitMEMLOCK=infinity"):
+    for line in (
+        "CapabilityBoundingSet=",
+        "RestrictNamespaces=yes",
+        "RemoveIPC=yes",
+        "PrivateTmp=yes",
+        "SystemCallFilter=@system-service",
+        "SystemCallErrorNumber=EPERM",
+        "LimitMEMLOCK=infinity",
+    ):
         assert line in unit.splitlines(), f"{line!r} missing from the GPU unit"
     # a device allow-list would shut out /dev/nvidia*; /dev/shm must stay the host's (NCCL's shared memory)
     assert "PrivateDevices=yes" not in unit and "DevicePolicy=closed" not in unit
-    assert not any(l.startswith(("InaccessiblePaths=/dev/shm", "TemporaryFileSystem=/dev/shm")) for l in unit.splitlines())
+    assert not any(
+        l.startswith(("InaccessiblePaths=/dev/shm", "TemporaryFileSystem=/dev/shm")) for l in unit.splitlines()
+    )
 
 
 def test_tp2_is_one_unit_that_sees_both_gpus():
@@ -79,6 +88,7 @@ def test_one_replica_per_gpu_each_sees_only_its_own():
 
 # --- the syscall filter, read back by systemd's own parser (issue 39) ----------------------------
 
+
 def _security(tmp_path: Path, unit: str) -> dict[str, dict]:
     """``systemd-analyze security --offline=true --json=short`` of a rendered unit: systemd 252's own
     reading of its sandbox, one entry per check (e.g. ``SystemCallFilter=~@debug``)."""
@@ -92,8 +102,12 @@ def _security(tmp_path: Path, unit: str) -> dict[str, dict]:
         pytest.skip("systemd-analyze not installed (apt-get install systemd)")
     path = tmp_path / "vllm-probe.service"
     path.write_text(unit)
-    out = subprocess.run(["systemd-analyze", "security", "--offline=true", "--json=short", str(path)],
-                         capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        ["systemd-analyze", "security", "--offline=true", "--json=short", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.stdout.strip(), out.stderr
     return {c["name"]: c for c in json.loads(out.stdout)}
 
@@ -109,8 +123,12 @@ def test_a_tp2_unit_allows_pidfd_getfd_and_nothing_else_beyond_system_service(tm
     tp2 = next(iter(_units(_files("h200-qwen7b-bf16-tp2")).values()))
     tp1 = next(iter(_units(_files("h200-qwen7b-bf16")).values()))
     lines = [l for l in tp2.splitlines() if l.startswith("SystemCall")]
-    assert lines == ["SystemCallArchitectures=native", "SystemCallFilter=@system-service",
-                     "SystemCallFilter=pidfd_getfd", "SystemCallErrorNumber=EPERM"]
+    assert lines == [
+        "SystemCallArchitectures=native",
+        "SystemCallFilter=@system-service",
+        "SystemCallFilter=pidfd_getfd",
+        "SystemCallErrorNumber=EPERM",
+    ]
     two = _syscall_checks(_security(tmp_path, tp2))
     one = _syscall_checks(_security(tmp_path, tp1))
     debug = "SystemCallFilter=~@debug"

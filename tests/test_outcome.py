@@ -22,8 +22,17 @@ from vllm_fleet.host.results import CHANGED, CONVERGED, FAILED, NOT_ATTEMPTED, W
 
 # -- --max-fail -----------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("text, want", [("0", MaxFail(count=0)), ("3", MaxFail(count=3)), ("10%", MaxFail(percent=10)),
-                                        (" 0% ", MaxFail(percent=0)), ("100%", MaxFail(percent=100))])
+
+@pytest.mark.parametrize(
+    "text, want",
+    [
+        ("0", MaxFail(count=0)),
+        ("3", MaxFail(count=3)),
+        ("10%", MaxFail(percent=10)),
+        (" 0% ", MaxFail(percent=0)),
+        ("100%", MaxFail(percent=100)),
+    ],
+)
 def test_max_fail_parses_a_count_or_a_whole_percentage(text, want):
     assert parse_max_fail(text) == want
 
@@ -76,6 +85,7 @@ def test_a_count_of_many_hosts_is_rounded_to_a_whole_percent_and_said():
 
 # -- exit codes ---------------------------------------------------------------------------------
 
+
 def R(host, status, reason=""):
     return HostResult(host, status, reason)
 
@@ -92,24 +102,62 @@ def test_exit_codes():
     assert outcome.exit_code([R("a", CHANGED)], 1) == 3  # pyinfra failed although every host finished
     assert outcome.exit_code([R("a", CHANGED)], 130) == 130
     # distinct from "bad spec, nothing changed" and usage
-    assert len({outcome.EXIT_OK, outcome.EXIT_INPUT, outcome.EXIT_USAGE, outcome.EXIT_SOME_FAILED,
-                outcome.EXIT_NOTHING_DONE, outcome.EXIT_INTERRUPTED}) == 6
+    assert (
+        len(
+            {
+                outcome.EXIT_OK,
+                outcome.EXIT_INPUT,
+                outcome.EXIT_USAGE,
+                outcome.EXIT_SOME_FAILED,
+                outcome.EXIT_NOTHING_DONE,
+                outcome.EXIT_INTERRUPTED,
+            }
+        )
+        == 6
+    )
 
 
 # -- the retry line and the summary ---------------------------------------------------------------
 
+
 def test_the_retry_line_repeats_the_users_arguments_on_the_failed_hosts_only():
-    line = outcome.retry_line("deploy", ["inventory/lab.py"],
-                              [("--spec", "my specs/a.yaml"), ("--data", "ssh_user=lab"), ("--limit", "servers"),
-                               ("--verify", None), ("-y", None)], ["lab2", "lab 3"])
+    line = outcome.retry_line(
+        "deploy",
+        ["inventory/lab.py"],
+        [
+            ("--spec", "my specs/a.yaml"),
+            ("--data", "ssh_user=lab"),
+            ("--limit", "servers"),
+            ("--verify", None),
+            ("-y", None),
+        ],
+        ["lab2", "lab 3"],
+    )
     argv = shlex.split(line)
-    assert argv == ["vllm-fleet", "deploy", "inventory/lab.py", "--spec", "my specs/a.yaml", "--data", "ssh_user=lab",
-                    "--limit", "lab2", "--limit", "lab 3", "--verify", "-y"]
+    assert argv == [
+        "vllm-fleet",
+        "deploy",
+        "inventory/lab.py",
+        "--spec",
+        "my specs/a.yaml",
+        "--data",
+        "ssh_user=lab",
+        "--limit",
+        "lab2",
+        "--limit",
+        "lab 3",
+        "--verify",
+        "-y",
+    ]
 
 
 def test_the_summary_names_each_host_its_status_and_why():
-    results = [R("lab1", CHANGED), R("lab2", FAILED, "host lab2: no space for the model (needs 2 GiB, 1 GiB free)"),
-               R("lab3", CONVERGED), R("lab4", NOT_ATTEMPTED, "the run stopped before any operation ran")]
+    results = [
+        R("lab1", CHANGED),
+        R("lab2", FAILED, "host lab2: no space for the model (needs 2 GiB, 1 GiB free)"),
+        R("lab3", CONVERGED),
+        R("lab4", NOT_ATTEMPTED, "the run stopped before any operation ran"),
+    ]
     lines = outcome.summary_lines("deploy", results, retry="vllm-fleet deploy inv.py --limit lab2 --limit lab4 -y")
     text = "\n".join(lines)
     assert lines[0] == "vllm-fleet deploy: 4 host(s): 1 failed, 1 not attempted, 1 changed, 1 converged"
@@ -144,10 +192,21 @@ def _run(tmp_path: Path, planning: list[str], *extra: str) -> tuple[int, list[Ho
     (tmp_path / "inv.py").write_text(INVENTORY.format())
     (tmp_path / "deploy.py").write_text(DEPLOY.format(planning=repr(set(planning))))
     results = tmp_path / "results.json"
-    env = {**os.environ, "VLLM_FLEET_RESULTS": str(results), "PYINFRA_FAKE_DELAY": "0", "PYINFRA_FAKE_DELAY_JITTER": "0",
-           "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
-    r = subprocess.run([sys.executable, "-m", "vllm_fleet.host.pyinfra_run", "inv.py", "deploy.py", "-y", *extra],
-                       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    env = {
+        **os.environ,
+        "VLLM_FLEET_RESULTS": str(results),
+        "PYINFRA_FAKE_DELAY": "0",
+        "PYINFRA_FAKE_DELAY_JITTER": "0",
+        "PYTHONPATH": str(Path(__file__).resolve().parents[1]),
+    }
+    r = subprocess.run(
+        [sys.executable, "-m", "vllm_fleet.host.pyinfra_run", "inv.py", "deploy.py", "-y", *extra],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     return r.returncode, outcome.read_results(str(results)), r.stdout + r.stderr
 
 
@@ -185,9 +244,11 @@ def test_every_host_failed_is_nothing_done(tmp_path):
 
 # -- deploy's end: flags to pyinfra, the summary, the retry line, the endpoints that serve ----------
 
-THREE = ('servers = [("gpu1", {"ssh_hostname": "192.0.2.10", "ssh_user": "root"}), '
-         '("gpu2", {"ssh_hostname": "192.0.2.11", "ssh_user": "root"}), ("gpu3", {"ssh_hostname": "192.0.2.12", "ssh_user": "root"})]\n'
-         'proxy = ["gpu1"]\n')
+THREE = (
+    'servers = [("gpu1", {"ssh_hostname": "192.0.2.10", "ssh_user": "root"}), '
+    '("gpu2", {"ssh_hostname": "192.0.2.11", "ssh_user": "root"}), ("gpu3", {"ssh_hostname": "192.0.2.12", "ssh_user": "root"})]\n'
+    'proxy = ["gpu1"]\n'
+)
 
 
 def _deploy_args(inv, spec, *extra):
@@ -208,8 +269,14 @@ def test_deploy_passes_max_fail_and_parallel_to_pyinfra_and_ends_with_the_summar
 
     def fake_run(argv, what, again, env=None):  # the pyinfra child: gpu3 failed while planned
         seen["argv"] = argv
-        hostresults.write(env[hostresults.RESULTS_ENV], [HostResult("gpu1", CHANGED), HostResult("gpu2", CONVERGED),
-                                                          HostResult("gpu3", FAILED, "host gpu3: user x cannot run sudo")])
+        hostresults.write(
+            env[hostresults.RESULTS_ENV],
+            [
+                HostResult("gpu1", CHANGED),
+                HostResult("gpu2", CONVERGED),
+                HostResult("gpu3", FAILED, "host gpu3: user x cannot run sudo"),
+            ],
+        )
         return 1
 
     monkeypatch.setattr("vllm_fleet.host.pyinfra_run.run", fake_run)
@@ -217,12 +284,28 @@ def test_deploy_passes_max_fail_and_parallel_to_pyinfra_and_ends_with_the_summar
     out, err = capsys.readouterr()
     assert "argv" in seen, (rc, out, err)
     argv = seen["argv"]
-    assert argv[argv.index("--fail-percent") + 1] == "66" and argv[argv.index("--parallel") + 1] == "2"  # 1 of 3: stop at 2
+    assert (
+        argv[argv.index("--fail-percent") + 1] == "66" and argv[argv.index("--parallel") + 1] == "2"
+    )  # 1 of 3: stop at 2
     assert rc == 3
     assert "  failed:        gpu3: host gpu3: user x cannot run sudo" in err
     retry = next(ln for ln in err.splitlines() if "retry only those:" in ln).split("retry only those: ", 1)[1]
-    assert shlex.split(retry) == ["vllm-fleet", "deploy", str(inv), "--spec", str(spec), "--data", "x=1",
-                                  "--max-fail", "1", "--parallel", "2", "--limit", "gpu3", "-y"]
+    assert shlex.split(retry) == [
+        "vllm-fleet",
+        "deploy",
+        str(inv),
+        "--spec",
+        str(spec),
+        "--data",
+        "x=1",
+        "--max-fail",
+        "1",
+        "--parallel",
+        "2",
+        "--limit",
+        "gpu3",
+        "-y",
+    ]
     assert "serves 'tiny' on gpu1, gpu2, gpu3" not in out
     assert "lab-tiny serves 'tiny' on gpu1, gpu2 (not on gpu3: failed or not attempted)" in out  # gpu1 is its proxy
 
@@ -236,8 +319,10 @@ def test_deploy_whose_proxy_failed_says_the_endpoint_does_not_serve(tmp_path, ca
     spec, inv = _spec(tmp_path, server={"host": "0.0.0.0"}), _inventory(tmp_path, THREE)
 
     def fake_run(argv, what, again, env=None):
-        hostresults.write(env[hostresults.RESULTS_ENV], [HostResult("gpu1", FAILED, "no space"), HostResult("gpu2", CHANGED),
-                                                          HostResult("gpu3", CHANGED)])
+        hostresults.write(
+            env[hostresults.RESULTS_ENV],
+            [HostResult("gpu1", FAILED, "no space"), HostResult("gpu2", CHANGED), HostResult("gpu3", CHANGED)],
+        )
         return 1
 
     monkeypatch.setattr("vllm_fleet.host.pyinfra_run.run", fake_run)
@@ -279,4 +364,8 @@ def test_a_retry_on_a_server_only_leaves_the_proxy_outside_the_run_serving(tmp_p
     monkeypatch.setattr("vllm_fleet.host.pyinfra_run.run", fake_run)
     assert deploycmd.cmd_deploy(_deploy_args(inv, spec, "--limit", "gpu3")) == 0
     out = capsys.readouterr().out
-    assert "lab-tiny serves 'tiny' on gpu3" in out and "endpoint:  http://192.0.2.10/v1" in out and "not serving" not in out
+    assert (
+        "lab-tiny serves 'tiny' on gpu3" in out
+        and "endpoint:  http://192.0.2.10/v1" in out
+        and "not serving" not in out
+    )

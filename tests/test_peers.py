@@ -35,10 +35,10 @@ def test_sources_double_each_round_and_one_copy_leaves_the_control_machine(n):
         assert len(r) == min(len(have), n - len(have))  # as many as there are sources, fewer at the end
         for name, srcs in r:
             assert sorted(srcs) == sorted(have)  # every host that holds a verified copy, none other
-        assert [s[0] for _, s in r] == have[:len(r)]  # each source serves one host first
+        assert [s[0] for _, s in r] == have[: len(r)]  # each source serves one host first
         have += [name for name, _ in r]
         if k < len(rounds) - 1:
-            assert len(have) == 2 ** k  # doubled
+            assert len(have) == 2**k  # doubled
     assert have == _hosts(n)  # every host once, in the layout's order
     assert len(rounds) <= round_count(n)  # the operations each host gets are enough
 
@@ -67,8 +67,10 @@ def _tree(root: Path) -> dict[str, list]:
     (root / "a.bin").write_bytes(os.urandom(300_000))
     (root / "sub" / "b.bin").write_bytes(os.urandom(1000))
     (root / "secret.txt").write_text("not in the list")
-    return {rel: [(root / rel).stat().st_size, hashlib.sha256((root / rel).read_bytes()).hexdigest()]
-            for rel in ("a.bin", "sub/b.bin")}
+    return {
+        rel: [(root / rel).stat().st_size, hashlib.sha256((root / rel).read_bytes()).hexdigest()]
+        for rel in ("a.bin", "sub/b.bin")
+    }
 
 
 @pytest.fixture
@@ -80,8 +82,12 @@ def server(tmp_path):
         listing = tmp_path / f"serve-{len(procs)}.json"
         listing.write_text(json.dumps({"token": token, "files": files}))
         env = {k: v for k, v in os.environ.items() if k != "VLLM_FLEET_SERVE_TOKEN"}
-        p = subprocess.Popen([sys.executable, str(SCRIPTS / "serve_files.py"), str(root), "127.0.0.1", "0", str(listing)],
-                             stdout=subprocess.PIPE, text=True, env=env)
+        p = subprocess.Popen(
+            [sys.executable, str(SCRIPTS / "serve_files.py"), str(root), "127.0.0.1", "0", str(listing)],
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
         procs.append(p)
         return int(p.stdout.readline()), token
 
@@ -106,24 +112,43 @@ def test_the_peer_server_serves_the_listed_files_under_its_token_and_nothing_els
     base = f"http://127.0.0.1:{port}"
     assert _get(f"{base}/{token}/sub/b.bin") == (200, (root / "sub/b.bin").read_bytes())
     assert _get(f"{base}/{token}/a.bin")[1] == (root / "a.bin").read_bytes()
-    for path in ("/", f"/{token}/", f"/{token}/secret.txt", "/a.bin", f"/{token}x/a.bin", f"/{token}/sub/../a.bin",
-                 f"/{token}/../art/a.bin", f"/{token}/%2e%2e/art/a.bin", f"/{'u' * 32}/a.bin", f"/{token}/sub"):
+    for path in (
+        "/",
+        f"/{token}/",
+        f"/{token}/secret.txt",
+        "/a.bin",
+        f"/{token}x/a.bin",
+        f"/{token}/sub/../a.bin",
+        f"/{token}/../art/a.bin",
+        f"/{token}/%2e%2e/art/a.bin",
+        f"/{'u' * 32}/a.bin",
+        f"/{token}/sub",
+    ):
         assert _get(base + path)[0] == 404, path
 
 
 def test_no_token_no_server(tmp_path):
     (tmp_path / "l.json").write_text(json.dumps({"files": {}}))
     env = {k: v for k, v in os.environ.items() if k != "VLLM_FLEET_SERVE_TOKEN"}
-    r = subprocess.run([sys.executable, str(SCRIPTS / "serve_files.py"), str(tmp_path), "127.0.0.1", "0", str(tmp_path / "l.json")],
-                       capture_output=True, text=True, timeout=10, env=env)
+    r = subprocess.run(
+        [sys.executable, str(SCRIPTS / "serve_files.py"), str(tmp_path), "127.0.0.1", "0", str(tmp_path / "l.json")],
+        capture_output=True,
+        text=True,
+        timeout=10,
+        env=env,
+    )
     assert r.returncode == 2 and "no token" in r.stderr
 
 
 def _fetch(listing: dict, dest: Path, tmp_path: Path) -> subprocess.CompletedProcess:
     path = tmp_path / "fetch.json"
     path.write_text(json.dumps(listing))
-    return subprocess.run(["sh", "-c", text(python(sys.executable, "fetch_files.py", str(path), str(dest)))],
-                          capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        ["sh", "-c", text(python(sys.executable, "fetch_files.py", str(path), str(dest)))],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def test_a_tree_is_fetched_from_a_peer_and_a_corrupt_peer_copy_refused(tmp_path, server):
@@ -163,8 +188,18 @@ def test_a_path_out_of_the_directory_is_refused(tmp_path):
 
 
 def _art(tmp_path):
-    return Artifact(key="model:/srv/m:abc", what="the model", local=tmp_path, root="/var/lib/models/m",
-                    files={"a": [1, "0" * 64]}, owner="vllm", mode="644", dir_mode="755", port=8471, seconds=900)
+    return Artifact(
+        key="model:/srv/m:abc",
+        what="the model",
+        local=tmp_path,
+        root="/var/lib/models/m",
+        files={"a": [1, "0" * 64]},
+        owner="vllm",
+        mode="644",
+        dir_mode="755",
+        port=8471,
+        seconds=900,
+    )
 
 
 def test_the_peer_unit_is_sandboxed_and_has_no_token_on_its_command_line(tmp_path):
@@ -192,9 +227,17 @@ def test_systemd_parses_every_property_of_the_peer_unit(tmp_path):
     unit = tmp_path / "etc/systemd/system" / f"{art.unit}.service"
     unit.parent.mkdir(parents=True)
     unit.write_text("[Service]\n" + "".join(f"{p}\n" for p in props) + "ExecStart=/usr/bin/python3 -I -c pass\n")
-    out = subprocess.run(["systemd-analyze", f"--root={tmp_path}", "verify", f"/etc/systemd/system/{unit.name}"],
-                         capture_output=True, text=True, timeout=60)
-    bad = [ln for ln in (out.stdout + out.stderr).splitlines() if "Unknown" in ln or "Failed to parse" in ln or "nvalid" in ln]
+    out = subprocess.run(
+        ["systemd-analyze", f"--root={tmp_path}", "verify", f"/etc/systemd/system/{unit.name}"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    bad = [
+        ln
+        for ln in (out.stdout + out.stderr).splitlines()
+        if "Unknown" in ln or "Failed to parse" in ln or "nvalid" in ln
+    ]
     assert not bad, "\n".join(bad)
 
 
@@ -225,14 +268,22 @@ def test_the_fetch_writes_through_no_link_the_directory_owner_left(tmp_path, ser
     victim.write_text("untouched")
     (dest / ".a.bin.part").symlink_to(victim)
     (dest / "a.bin").symlink_to(victim)
-    r = _fetch({"sources": [f"http://127.0.0.1:{port}/{token}/"], "files": files, "prune": False, "mode": "600"}, dest, tmp_path)
+    r = _fetch(
+        {"sources": [f"http://127.0.0.1:{port}/{token}/"], "files": files, "prune": False, "mode": "600"},
+        dest,
+        tmp_path,
+    )
     assert r.returncode == 0, r.stderr
     assert victim.read_text() == "untouched" and victim.stat().st_mode & 0o777 != 0o600
-    assert not (dest / "a.bin").is_symlink() and hashlib.sha256((dest / "a.bin").read_bytes()).hexdigest() == files["a.bin"][1]
+    assert (
+        not (dest / "a.bin").is_symlink()
+        and hashlib.sha256((dest / "a.bin").read_bytes()).hexdigest() == files["a.bin"][1]
+    )
 
 
 # ------------------------------------------------------------------------------------------------
 # the rounds as the operations run them, with stand-in hosts that record what they were asked
+
 
 class _Host:
     def __init__(self, name, fail_fetch=False):
@@ -263,8 +314,18 @@ def _members(tmp_path, monkeypatch, names, holders=(), fail=()):
     monkeypatch.setattr(peers, "_root_args", lambda state, h: {})
     hosts = _Inventory(_Host(n, fail_fetch=n in fail) for n in names)
     state = SimpleNamespace(inventory=hosts)
-    art = Artifact(key="k", what="m", local=tmp_path, root="/m", files={"a": [1, "0" * 64], "b/c": [1, "1" * 64]},
-                   owner="vllm", mode="644", dir_mode="755", port=8471, seconds=60)
+    art = Artifact(
+        key="k",
+        what="m",
+        local=tmp_path,
+        root="/m",
+        files={"a": [1, "0" * 64], "b/c": [1, "1" * 64]},
+        owner="vllm",
+        mode="644",
+        dir_mode="755",
+        port=8471,
+        seconds=60,
+    )
     for i, n in enumerate(names):
         art.members[n] = peers.Member(n, f"10.0.0.{i + 1}", [] if n in holders else ["a", "b/c"])
     peers._ARTIFACTS[(id(state), "k")] = art
@@ -328,7 +389,9 @@ def test_the_fleet_wheelhouse_goes_host_to_host_only_when_asked(tmp_path):
     (house / "x-1.0-py3-none-any.whl").write_bytes(b"wheel")
     for asked in (True, False):
         data = {"private_address": None, "wheels_peer_fetch": asked, "vllm_wheel_serve_address": "127.0.0.1"}
-        inv = Inventory(([("a", {**data, "private_address": "10.0.0.1"}), ("b", {**data, "private_address": "10.0.0.2"})], {}))
+        inv = Inventory(
+            ([("a", {**data, "private_address": "10.0.0.1"}), ("b", {**data, "private_address": "10.0.0.2"})], {})
+        )
         st = State(inv, Config())
         got = {}
         with ctx_inventory.use(inv), ctx_state.use(st):
@@ -338,8 +401,16 @@ def test_the_fleet_wheelhouse_goes_host_to_host_only_when_asked(tmp_path):
             names = {h.name: [sorted(st.op_meta[o].names)[0] for o in h.op_hash_order] for h in inv}
         if asked:
             assert got == {"a": ("/opt/x/wheelhouse", []), "b": ("/opt/x/wheelhouse", [])}
-            assert names["a"] == names["b"] == ["the wheelhouse /opt/x/wheelhouse: peer round 0",
-                                                 "the wheelhouse /opt/x/wheelhouse: peer round 1",
-                                                 "the wheelhouse /opt/x/wheelhouse: stop the peer servers"]
+            assert (
+                names["a"]
+                == names["b"]
+                == [
+                    "the wheelhouse /opt/x/wheelhouse: peer round 0",
+                    "the wheelhouse /opt/x/wheelhouse: peer round 1",
+                    "the wheelhouse /opt/x/wheelhouse: stop the peer servers",
+                ]
+            )
         else:
-            assert all("fetch_files" in text(cmds[0]) for _, cmds in got.values()) and all(len(n) == 1 for n in names.values())
+            assert all("fetch_files" in text(cmds[0]) for _, cmds in got.values()) and all(
+                len(n) == 1 for n in names.values()
+            )

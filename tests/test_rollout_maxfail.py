@@ -32,23 +32,37 @@ class Child:
         self.calls.append((step, ",".join(limit), env["VLLM_FLEET_UPSTREAM_DOWN"]))
         bad = [h for h in limit if step == "update" and h in self.fail]
         if self.results:
-            hostresults.write(env[hostresults.RESULTS_ENV],
-                              [HostResult(h, FAILED if h in bad else CHANGED) for h in limit])
+            hostresults.write(
+                env[hostresults.RESULTS_ENV], [HostResult(h, FAILED if h in bad else CHANGED) for h in limit]
+            )
         if bad:
-            return 1, "".join(f"    [{h}] RuntimeError: {h}: vllm-x-0.service not healthy after 9 s (unit failed)\n" for h in bad)
+            return 1, "".join(
+                f"    [{h}] RuntimeError: {h}: vllm-x-0.service not healthy after 9 s (unit failed)\n" for h in bad
+            )
         return 0, ""
 
 
 def _ro(tmp_path, servers, child, **kw):
     tmp_path.mkdir(parents=True, exist_ok=True)
-    return Rollout(_inventory(tmp_path, servers), str(SPEC), cwd=str(REPO), state_dir=str(tmp_path / "st"), runner=child,
-                   say=lambda m: None, **kw)
+    return Rollout(
+        _inventory(tmp_path, servers),
+        str(SPEC),
+        cwd=str(REPO),
+        state_dir=str(tmp_path / "st"),
+        runner=child,
+        say=lambda m: None,
+        **kw,
+    )
 
 
 def test_default_stops_at_the_first_failed_replica_and_says_which_were_not_attempted(tmp_path):
     child = Child(fail={"lab2"})
     res = _ro(tmp_path, ["lab1", "lab2", "lab3"], child).run()
-    assert [(r.host, r.status) for r in res.replicas] == [("lab1:0", CHANGED), ("lab2:0", FAILED), ("lab3:0", NOT_ATTEMPTED)]
+    assert [(r.host, r.status) for r in res.replicas] == [
+        ("lab1:0", CHANGED),
+        ("lab2:0", FAILED),
+        ("lab3:0", NOT_ATTEMPTED),
+    ]
     assert "not healthy after 9 s" in res.replicas[1].reason
     assert not any("lab3" in c[1] for c in child.calls)
     assert outcome.exit_code(res.replicas, 1) == 3
@@ -59,8 +73,12 @@ def test_default_stops_at_the_first_failed_replica_and_says_which_were_not_attem
 def test_max_fail_goes_on_with_the_failed_replica_kept_out_of_the_upstream(tmp_path):
     child = Child(fail={"lab2"})
     res = _ro(tmp_path, ["lab1", "lab2", "lab3", "lab4"], child, max_fail=MaxFail(count=1)).run()
-    assert [(r.host, r.status) for r in res.replicas] == [("lab1:0", CHANGED), ("lab2:0", FAILED), ("lab3:0", CHANGED),
-                                                         ("lab4:0", CHANGED)]
+    assert [(r.host, r.status) for r in res.replicas] == [
+        ("lab1:0", CHANGED),
+        ("lab2:0", FAILED),
+        ("lab3:0", CHANGED),
+        ("lab4:0", CHANGED),
+    ]
     assert res.left_out == ["lab2:0"] and not res.ok
     # lab2 failed: no back-in step for it; every later step keeps it down, and it never returns
     seq = child.calls
@@ -79,20 +97,32 @@ def test_max_fail_is_counted_over_the_replicas_and_stops_past_it(tmp_path):
     res = _ro(tmp_path, ["lab1", "lab2", "lab3", "lab4"], child, max_fail=MaxFail(count=1)).run()
     assert [r.status for r in res.replicas] == [CHANGED, FAILED, FAILED, NOT_ATTEMPTED]
     assert "more than 1 replica(s) failed" in res.replicas[3].reason
-    pct = _ro(tmp_path / "p", ["lab1", "lab2", "lab3", "lab4"], Child(fail={"lab2", "lab3"}), max_fail=MaxFail(percent=50)).run()
+    pct = _ro(
+        tmp_path / "p", ["lab1", "lab2", "lab3", "lab4"], Child(fail={"lab2", "lab3"}), max_fail=MaxFail(percent=50)
+    ).run()
     assert [r.status for r in pct.replicas] == [CHANGED, FAILED, FAILED, CHANGED]  # 2 of 4 is not more than 50 %
 
 
 def test_a_host_failed_inside_a_batch_fails_only_its_replicas(tmp_path):
     child = Child(fail={"lab3"})
     res = _ro(tmp_path, ["lab1", "lab2", "lab3", "lab4", "lab5"], child, size=2, max_fail=MaxFail(count=1)).run()
-    assert [(r.host, r.status) for r in res.replicas] == [("lab1:0", CHANGED), ("lab2:0", CHANGED), ("lab3:0", FAILED),
-                                                         ("lab4:0", CHANGED), ("lab5:0", CHANGED)]
+    assert [(r.host, r.status) for r in res.replicas] == [
+        ("lab1:0", CHANGED),
+        ("lab2:0", CHANGED),
+        ("lab3:0", FAILED),
+        ("lab4:0", CHANGED),
+        ("lab5:0", CHANGED),
+    ]
     # batch 2 (lab3, lab4): lab4 back in, lab3 kept out
     assert ("upstream", "lab1", "lab3:0") in child.calls and ("update", "lab3,lab4", "lab3:0,lab4:0") in child.calls
     # without per-host results (an older child) the whole batch counts as failed
-    res2 = _ro(tmp_path / "o", ["lab1", "lab2", "lab3", "lab4", "lab5"], Child(fail={"lab3"}, results=False), size=2,
-               max_fail=MaxFail(count=2)).run()
+    res2 = _ro(
+        tmp_path / "o",
+        ["lab1", "lab2", "lab3", "lab4", "lab5"],
+        Child(fail={"lab3"}, results=False),
+        size=2,
+        max_fail=MaxFail(count=2),
+    ).run()
     assert [r.status for r in res2.replicas][2:4] == [FAILED, FAILED]
 
 
@@ -100,7 +130,9 @@ def test_a_batch_that_would_take_every_replica_out_with_the_failed_is_not_starte
     res = _ro(tmp_path, ["lab1", "lab2", "lab3"], Child(fail={"lab1"}), size=2, max_fail=MaxFail(count=5)).run()
     # batch 1 (lab1, lab2): lab1 failed; batch 2 (lab3) with lab1 out leaves lab2: fine; all three run
     assert [r.status for r in res.replicas] == [FAILED, CHANGED, CHANGED]
-    res = _ro(tmp_path / "b", ["lab1", "lab2", "lab3"], Child(fail={"lab1", "lab2"}), size=2, max_fail=MaxFail(count=5)).run()
+    res = _ro(
+        tmp_path / "b", ["lab1", "lab2", "lab3"], Child(fail={"lab1", "lab2"}), size=2, max_fail=MaxFail(count=5)
+    ).run()
     assert [r.status for r in res.replicas] == [FAILED, FAILED, NOT_ATTEMPTED]
     assert "every replica out of the upstream" in res.replicas[2].reason
 
@@ -129,7 +161,23 @@ def test_the_cli_summary_and_retry_line(tmp_path, monkeypatch, capsys):
     out = capsys.readouterr().out
     assert rc == 3, out
     assert "vllm-fleet rollout: 3 replica(s): 1 failed, 1 not attempted, 1 changed, 0 converged" in out
-    assert "  failed:        lab2:0: drain, update, check failed: lab2: vllm-x-0.service not healthy after 9 s (unit failed)" in out
+    assert (
+        "  failed:        lab2:0: drain, update, check failed: lab2: vllm-x-0.service not healthy after 9 s (unit failed)"
+        in out
+    )
     retry = out.split("retry only those: ", 1)[1].splitlines()[0]
-    assert shlex.split(retry) == ["vllm-fleet", "rollout", inv, "--spec", str(SPEC), "--drain-timeout", "30", "--max-fail", "0",
-                                  "--limit", "lab2", "--limit", "lab3"]
+    assert shlex.split(retry) == [
+        "vllm-fleet",
+        "rollout",
+        inv,
+        "--spec",
+        str(SPEC),
+        "--drain-timeout",
+        "30",
+        "--max-fail",
+        "0",
+        "--limit",
+        "lab2",
+        "--limit",
+        "lab3",
+    ]

@@ -77,8 +77,10 @@ def test_batches_keep_inventory_order_and_put_left_out_first():
 def _inventory(tmp_path: Path, servers: list[str]) -> str:
     inv = tmp_path / "inv.py"
     # proxy listed first: the order of replicas is the servers list's, not the file's host order
-    inv.write_text(f"proxy = [('lab1', {{'ssh_hostname': '10.9.0.11'}})]\n"
-                   f"servers = {[(s, {'ssh_hostname': '10.9.0.' + str(10 + int(s[3:]))}) for s in servers]!r}\n")
+    inv.write_text(
+        f"proxy = [('lab1', {{'ssh_hostname': '10.9.0.11'}})]\n"
+        f"servers = {[(s, {'ssh_hostname': '10.9.0.' + str(10 + int(s[3:]))}) for s in servers]!r}\n"
+    )
     return str(inv)
 
 
@@ -89,26 +91,48 @@ class Recorder:
 
     def __call__(self, argv, env):
         limit = [argv[i + 1] for i, a in enumerate(argv) if a == "--limit"]
-        call = {"step": env["VLLM_FLEET_ROLLOUT_STEP"], "limit": limit, "down": env["VLLM_FLEET_UPSTREAM_DOWN"],
-                "update": env["VLLM_FLEET_UPDATE"],
-                "deploy": argv[3], "spec": env["VLLM_FLEET_SPEC"]}
+        call = {
+            "step": env["VLLM_FLEET_ROLLOUT_STEP"],
+            "limit": limit,
+            "down": env["VLLM_FLEET_UPSTREAM_DOWN"],
+            "update": env["VLLM_FLEET_UPDATE"],
+            "deploy": argv[3],
+            "spec": env["VLLM_FLEET_SPEC"],
+        }
         self.calls.append(call)
         if self.fail_on and (call["step"], ",".join(limit)) == self.fail_on:
-            return 1, "--> Starting operation: x\n    [lab2] RuntimeError: lab2: vllm.service not healthy after 31 s (unit failed)\n"
+            return (
+                1,
+                "--> Starting operation: x\n    [lab2] RuntimeError: lab2: vllm.service not healthy after 31 s (unit failed)\n",
+            )
         return 0, "    [lab2] nginx reloaded; old workers gone after 0.4 s\n"
 
 
 def test_rollout_steps_in_order(tmp_path):
     rec, said = Recorder(), []
-    ro = Rollout(_inventory(tmp_path, ["lab3", "lab1", "lab2"]), str(SPEC), cwd=str(REPO), state_dir=str(tmp_path / "st"),
-                 runner=rec, say=said.append)
+    ro = Rollout(
+        _inventory(tmp_path, ["lab3", "lab1", "lab2"]),
+        str(SPEC),
+        cwd=str(REPO),
+        state_dir=str(tmp_path / "st"),
+        runner=rec,
+        say=said.append,
+    )
     assert ro.batches == [["lab3:0"], ["lab1:0"], ["lab2:0"]]  # the servers group's order; instances HOST:N
     res = ro.run()
     assert res.ok and res.failed_batch is None
     seq = [(c["step"], ",".join(c["limit"]), c["down"], c["update"]) for c in rec.calls]
-    assert seq == [("upstream", "lab1", "lab3:0", ""), ("update", "lab3", "lab3:0", "lab3:0"), ("upstream", "lab1", "", ""),
-                   ("upstream", "lab1", "lab1:0", ""), ("update", "lab1", "lab1:0", "lab1:0"), ("upstream", "lab1", "", ""),
-                   ("upstream", "lab1", "lab2:0", ""), ("update", "lab2", "lab2:0", "lab2:0"), ("upstream", "lab1", "", "")]
+    assert seq == [
+        ("upstream", "lab1", "lab3:0", ""),
+        ("update", "lab3", "lab3:0", "lab3:0"),
+        ("upstream", "lab1", "", ""),
+        ("upstream", "lab1", "lab1:0", ""),
+        ("update", "lab1", "lab1:0", "lab1:0"),
+        ("upstream", "lab1", "", ""),
+        ("upstream", "lab1", "lab2:0", ""),
+        ("update", "lab2", "lab2:0", "lab2:0"),
+        ("upstream", "lab1", "", ""),
+    ]
     assert all(c["deploy"] == "vllm_fleet.deploys.rollout:rollout_step" and c["spec"] == str(SPEC) for c in rec.calls)
     # never more than the batch out of the upstream
     assert all(len([d for d in c["down"].split(",") if d]) <= 1 for c in rec.calls)
@@ -165,7 +189,9 @@ def test_cli_dry_prints_batches_and_what_each_would_change(tmp_path, monkeypatch
     spec_copy = tmp_path / "replicas.yaml"
     spec_copy.write_text(yaml.safe_dump(data))
     read = []
-    monkeypatch.setattr(diffmod, "read_host", lambda name, address, data, query: read.append(address) or bare_host(query))
+    monkeypatch.setattr(
+        diffmod, "read_host", lambda name, address, data, query: read.append(address) or bare_host(query)
+    )
     assert main(["rollout", inv, "--spec", str(spec_copy), "--batch-percent", "50", "--dry", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["batches"] == [["lab1:0", "lab2:0"], ["lab3:0", "lab4:0"]]
@@ -180,8 +206,13 @@ def test_cli_dry_prints_batches_and_what_each_would_change(tmp_path, monkeypatch
 
 def test_cli_refuses_a_batch_of_every_replica(tmp_path):
     inv = _inventory(tmp_path, ["lab1", "lab2", "lab3", "lab4"])
-    r = subprocess.run([sys.executable, "-m", "vllm_fleet", "rollout", inv, "--spec", str(SPEC), "--batch-size", "4"],
-                       cwd=REPO, capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [sys.executable, "-m", "vllm_fleet", "rollout", inv, "--spec", str(SPEC), "--batch-size", "4"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 1 and "every replica" in r.stderr and "no host was changed" in r.stderr
 
 
@@ -194,7 +225,10 @@ def _resolved() -> dict:
 
 
 def test_upstream_lists_every_replica_with_health_checks():
-    inv = {f"lab{i}": {"address": f"10.9.0.1{i}", "groups": ["servers"] + (["proxy"] if i == 1 else []), "data": {}} for i in (1, 2, 3)}
+    inv = {
+        f"lab{i}": {"address": f"10.9.0.1{i}", "groups": ["servers"] + (["proxy"] if i == 1 else []), "data": {}}
+        for i in (1, 2, 3)
+    }
     inv["lab3"]["data"]["upstream_down"] = True
     site = render.render(_resolved(), inv)["lab1"]["/etc/nginx/conf.d/vllm-fleet-lab-tiny-replicas.conf"].content
     assert "least_conn;" in site
@@ -204,7 +238,9 @@ def test_upstream_lists_every_replica_with_health_checks():
     assert "proxy_next_upstream error timeout http_502 http_503;" in site
     r = _resolved()
     r["proxy"]["routing"]["policy"] = "round_robin"
-    assert "least_conn" not in render.render(r, inv)["lab1"]["/etc/nginx/conf.d/vllm-fleet-lab-tiny-replicas.conf"].content
+    assert (
+        "least_conn" not in render.render(r, inv)["lab1"]["/etc/nginx/conf.d/vllm-fleet-lab-tiny-replicas.conf"].content
+    )
     for h in inv.values():
         h["data"]["upstream_down"] = True
     with pytest.raises(render.RenderError, match="every replica marked down"):
@@ -212,15 +248,23 @@ def test_upstream_lists_every_replica_with_health_checks():
 
 
 def test_api_firewall_rules():
-    inv = {"lab1": {"address": "10.9.0.11", "groups": ["servers", "proxy"], "data": {}},
-           "lab2": {"address": "10.9.0.12", "groups": ["servers"], "data": {"vllm_api_firewall_allow": ["10.9.0.11", "192.168.5.0/24"],
-                                                                            "replicas_per_host": 2}}}
+    inv = {
+        "lab1": {"address": "10.9.0.11", "groups": ["servers", "proxy"], "data": {}},
+        "lab2": {
+            "address": "10.9.0.12",
+            "groups": ["servers"],
+            "data": {"vllm_api_firewall_allow": ["10.9.0.11", "192.168.5.0/24"], "replicas_per_host": 2},
+        },
+    }
     text = render.render(_resolved(), inv)["lab2"]["/etc/vllm-fleet/api-firewall.nft"].content
     assert "elements = { 10.9.0.11, 192.168.5.0/24 }" in text
     # every instance of the host: server.port + its index
     assert "ip saddr @api_peers_v4 tcp dport { 8000, 8001 } accept" in text and "tcp dport { 8000, 8001 } drop" in text
     inv["lab2"]["data"]["vllm_api_firewall_allow"] = ["proxy.example"]
-    with pytest.raises(render.RenderError, match=r"host lab2: data vllm_api_firewall_allow\[0\] = 'proxy.example': expected a list of IPv4"):
+    with pytest.raises(
+        render.RenderError,
+        match=r"host lab2: data vllm_api_firewall_allow\[0\] = 'proxy.example': expected a list of IPv4",
+    ):
         render.render(_resolved(), inv)
 
 
@@ -228,12 +272,16 @@ def test_rollout_role_helpers(tmp_path):
     from vllm_fleet.host import programs
     from vllm_fleet.roles.rollout import parse_metrics
 
-    text = ('# HELP vllm:num_requests_running x\nvllm:num_requests_running{model_name="tiny"} 2.0\n'
-            'vllm:num_requests_waiting{model_name="tiny"} 1.0\nvllm:num_requests_running{model_name="b"} 1.0\n')
+    text = (
+        '# HELP vllm:num_requests_running x\nvllm:num_requests_running{model_name="tiny"} 2.0\n'
+        'vllm:num_requests_waiting{model_name="tiny"} 1.0\nvllm:num_requests_running{model_name="b"} 1.0\n'
+    )
     assert parse_metrics(text) == {"vllm:num_requests_running": 3.0, "vllm:num_requests_waiting": 1.0}
     with pytest.raises(ValueError):
         parse_metrics("other 1\n")
-    assert subprocess.run(["bash", "-n", str(programs.path("nginx_reload_wait.sh"))], capture_output=True).returncode == 0
+    assert (
+        subprocess.run(["bash", "-n", str(programs.path("nginx_reload_wait.sh"))], capture_output=True).returncode == 0
+    )
     compile(programs.script("replica_smoke.py"), "smoke", "exec")
 
 
@@ -258,8 +306,9 @@ def _fake_replica(name: str, hits: Counter, delay: float = 0.05, status: int = 2
             self.rfile.read(int(self.headers.get("Content-Length", 0)))
             hits[name] += 1
             time.sleep(delay)
-            body = json.dumps({"replica": name, "choices": [{"message": {"content": "hi"}}],
-                               "usage": {"completion_tokens": 1}}).encode()
+            body = json.dumps(
+                {"replica": name, "choices": [{"message": {"content": "hi"}}], "usage": {"completion_tokens": 1}}
+            ).encode()
             self.send_response(status)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(body)))
@@ -288,23 +337,37 @@ def test_nginx_spreads_skips_down_and_retries_refused(tmp_path):
     inv = {"p": {"address": "127.0.0.1", "groups": ["proxy"], "data": {}}}
     for n, port in (("a", pa), ("b", pb), ("down", pc), ("gone", refused)):
         # four "hosts" on this machine: their own ssh names, one private address (the upstream's)
-        inv[n] = {"address": f"{n}.invalid", "groups": ["servers"], "data": {"upstream_down": n == "down", "private_address": "127.0.0.1"}}
+        inv[n] = {
+            "address": f"{n}.invalid",
+            "groups": ["servers"],
+            "data": {"upstream_down": n == "down", "private_address": "127.0.0.1"},
+        }
     site = render.render(r, inv)["p"]["/etc/nginx/conf.d/vllm-fleet-lab-tiny-replicas.conf"].content
     # every replica has the same port in a spec: give each fake its own (the upstream lines are in order)
     lines = iter([pa, pb, pc, refused])
-    site = "\n".join(line.replace("127.0.0.1:8000", f"127.0.0.1:{next(lines)}") if line.strip().startswith("server 127.0.0.1:8000") else line
-                     for line in site.splitlines())
+    site = "\n".join(
+        line.replace("127.0.0.1:8000", f"127.0.0.1:{next(lines)}")
+        if line.strip().startswith("server 127.0.0.1:8000")
+        else line
+        for line in site.splitlines()
+    )
     listen = _free_port()
     prefix = _nginx_prefix(tmp_path, site, None, port=listen)
-    proc = subprocess.Popen([NGINX, "-p", str(prefix), "-c", str(prefix / "nginx.conf"), "-e", str(prefix / "logs/error.log")],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [NGINX, "-p", str(prefix), "-c", str(prefix / "nginx.conf"), "-e", str(prefix / "logs/error.log")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     try:
         wait_listening(proc, listen)
         codes = Counter()
 
         def post(i):
-            req = urllib.request.Request(f"http://127.0.0.1:{listen}/v1/chat/completions", data=b"{}",
-                                         headers={"Content-Type": "application/json"})
+            req = urllib.request.Request(
+                f"http://127.0.0.1:{listen}/v1/chat/completions",
+                data=b"{}",
+                headers={"Content-Type": "application/json"},
+            )
             with urllib.request.urlopen(req, timeout=10) as resp:
                 codes[resp.status] += 1
 

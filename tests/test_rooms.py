@@ -18,19 +18,31 @@ def imports_out_of(room: str, source: str) -> list[str]:
     """The vllm_fleet modules ``source`` imports that are not under ``vllm_fleet.ROOM``."""
     out = []
     for node in ast.walk(ast.parse(source)):
-        names = ([a.name for a in node.names] if isinstance(node, ast.Import)
-                 else [node.module] if isinstance(node, ast.ImportFrom) and node.module and not node.level else [])
+        names = (
+            [a.name for a in node.names]
+            if isinstance(node, ast.Import)
+            else [node.module]
+            if isinstance(node, ast.ImportFrom) and node.module and not node.level
+            else []
+        )
         if isinstance(node, ast.ImportFrom) and node.module == "vllm_fleet":
             names = [f"vllm_fleet.{a.name}" for a in node.names]
-        out += [f"{n} (line {node.lineno})" for n in names
-                if n.split(".")[0] == "vllm_fleet" and n != f"vllm_fleet.{room}" and not n.startswith(f"vllm_fleet.{room}.")]
+        out += [
+            f"{n} (line {node.lineno})"
+            for n in names
+            if n.split(".")[0] == "vllm_fleet" and n != f"vllm_fleet.{room}" and not n.startswith(f"vllm_fleet.{room}.")
+        ]
     return out
 
 
 @pytest.mark.parametrize("room", ["specs", "host"])
 def test_a_room_imports_nothing_of_the_rooms_above_it(room):
-    found = {f"{p.relative_to(PACKAGE)}: {m}" for p in (PACKAGE / room).rglob("*.py")
-             if "scripts" not in p.relative_to(PACKAGE / room).parts for m in imports_out_of(room, p.read_text())}
+    found = {
+        f"{p.relative_to(PACKAGE)}: {m}"
+        for p in (PACKAGE / room).rglob("*.py")
+        if "scripts" not in p.relative_to(PACKAGE / room).parts
+        for m in imports_out_of(room, p.read_text())
+    }
     assert not found, sorted(found)
 
 

@@ -76,7 +76,6 @@ def _sse_server(buffered_attempts: int, group: int = 0, log: list | None = None)
             if log is not None and self._what:
                 log.append((*self._what, self._end))
 
-
         def _json(self, code, obj):
             body = json.dumps(obj).encode()
             self._end = time.monotonic()
@@ -99,8 +98,13 @@ def _sse_server(buffered_attempts: int, group: int = 0, log: list | None = None)
             if self.headers.get("Authorization") != "Bearer k":
                 return self._json(401, {"error": "unauthorized"})
             if not req.get("stream"):
-                return self._json(200, {"choices": [{"message": {"content": "hi"}}],
-                                        "usage": {"prompt_tokens": 3, "completion_tokens": 1}})
+                return self._json(
+                    200,
+                    {
+                        "choices": [{"message": {"content": "hi"}}],
+                        "usage": {"prompt_tokens": 3, "completion_tokens": 1},
+                    },
+                )
             streams["n"] += 1
             buffered = streams["n"] <= buffered_attempts
             events = [b'data: {"choices":[{"delta":{"content":"x"}}]}\n\n'] * 64 + [b"data: [DONE]\n\n"]
@@ -118,7 +122,7 @@ def _sse_server(buffered_attempts: int, group: int = 0, log: list | None = None)
             elif group:
                 for i in range(0, len(events), group):
                     time.sleep(0.005 * group)
-                    chunk(b"".join(events[i:i + group]))
+                    chunk(b"".join(events[i : i + group]))
             else:
                 for e in events:
                     chunk(e)
@@ -138,7 +142,9 @@ def _stream_check(buffered_attempts: int, group: int = 0, direct_stream=None):
 
     srv, streams = _sse_server(buffered_attempts, group)
     try:
-        res = smoke_checks(f"http://127.0.0.1:{srv.server_port}", "tiny", "k", concurrency=1, direct_stream=direct_stream)
+        res = smoke_checks(
+            f"http://127.0.0.1:{srv.server_port}", "tiny", "k", concurrency=1, direct_stream=direct_stream
+        )
     finally:
         srv.shutdown()
     return next(c for c in res.checks if c["name"] == "stream-incremental"), streams["n"]
@@ -160,8 +166,16 @@ def test_the_stream_runs_first_and_alone_then_the_rest_at_once_in_a_fixed_report
     finally:
         srv.shutdown()
     assert res.ok, res.summary()
-    assert [c["name"] for c in res.checks] == ["health", "models", "chat", "stream-incremental", "stream-done",
-                                              "auth-no-key", "auth-wrong-key", "concurrent"]
+    assert [c["name"] for c in res.checks] == [
+        "health",
+        "models",
+        "chat",
+        "stream-incremental",
+        "stream-done",
+        "auth-no-key",
+        "auth-wrong-key",
+        "concurrent",
+    ]
     streams = [e for e in log if e[0] == "stream"]
     chats = [e for e in log if e[0] == "chat"]
     assert len(streams) == 1 and len(chats) == 5, log
@@ -179,7 +193,9 @@ def test_a_failing_check_is_named_with_its_url_and_the_others_still_run():
             smoke_checks(url, "not-served", "k", concurrency=2).raise_for_failures()  # /v1/models lists "tiny" only
     finally:
         srv.shutdown()
-    assert str(e.value).startswith(f"smoke tests failed against {url}:") and "models: GET /v1/models -> 200, ids ['tiny']" in str(e.value)
+    assert str(e.value).startswith(
+        f"smoke tests failed against {url}:"
+    ) and "models: GET /v1/models -> 200, ids ['tiny']" in str(e.value)
 
 
 def test_incremental_stream_passes_first_time():
@@ -240,7 +256,16 @@ def test_direct_stream_script_reads_the_key_from_the_file_and_times_each_event(t
     secrets.write_text("# comment\nVLLM_API_KEY=k\n")
     srv, streams = _sse_server(buffered_attempts=0)
     try:
-        argv = [sys.executable, "-c", programs.script("direct_stream.py"), str(srv.server_port), "tiny", str(secrets), "64", "30"]
+        argv = [
+            sys.executable,
+            "-c",
+            programs.script("direct_stream.py"),
+            str(srv.server_port),
+            "tiny",
+            str(secrets),
+            "64",
+            "30",
+        ]
         out = json.loads(subprocess.run(argv, capture_output=True, text=True, timeout=60, check=True).stdout)
         secrets.write_text("VLLM_API_KEY=wrong\n")
         refused = json.loads(subprocess.run(argv, capture_output=True, text=True, timeout=60, check=True).stdout)

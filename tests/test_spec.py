@@ -19,7 +19,13 @@ def test_every_example_spec_validates(path):
 
 def test_examples_cover_the_issue():
     names = {p.stem for p in DEPLOYMENTS}
-    assert {"lab-tiny", "rtx3090-qwen7b-awq-realtime", "rtx3090-qwen7b-awq-batch", "4xh100-qwen32b-tp4", "2node-ray-pp2"} <= names
+    assert {
+        "lab-tiny",
+        "rtx3090-qwen7b-awq-realtime",
+        "rtx3090-qwen7b-awq-batch",
+        "4xh100-qwen32b-tp4",
+        "2node-ray-pp2",
+    } <= names
 
 
 def _expectations(path: Path) -> list[str]:

@@ -11,8 +11,19 @@ from vllm_fleet.specs import load as spec_load
 from vllm_fleet.specs.sections import SectionNotDeclared, Sections, reads
 
 REPO = Path(__file__).resolve().parent.parent
-ROLES = {"model": model, "monitoring": monitoring, "nginx": nginx, "nvidia": nvidia, "pyenv": pyenv, "ray": ray,
-         "rollout": rollout, "router": router, "service": service, "smoke": smoke, "vllm": vllm}
+ROLES = {
+    "model": model,
+    "monitoring": monitoring,
+    "nginx": nginx,
+    "nvidia": nvidia,
+    "pyenv": pyenv,
+    "ray": ray,
+    "rollout": rollout,
+    "router": router,
+    "service": service,
+    "smoke": smoke,
+    "vllm": vllm,
+}
 
 
 def _resolved() -> dict:
@@ -26,7 +37,9 @@ def test_a_role_reading_a_section_it_does_not_declare_stops_with_its_name():
     def role(spec):
         return spec["proxy"]["enabled"], spec.get("server")
 
-    with pytest.raises(SectionNotDeclared, match=r"role reads the spec's 'server' section .*add 'server' to its @reads"):
+    with pytest.raises(
+        SectionNotDeclared, match=r"role reads the spec's 'server' section .*add 'server' to its @reads"
+    ):
         role(_resolved())
 
 

@@ -15,7 +15,9 @@ from vllm_fleet.commands import stage as stagemod
 
 def test_stage_runs_the_packaged_stage_deploy_without_reboots(tmp_path, capsys):
     run = Recorder()
-    rc = stagemod.cmd_stage(_args(_inventory(tmp_path, ONE_HOST), spec=str(_spec(tmp_path)), limit=["gpu1"]), runner=run)
+    rc = stagemod.cmd_stage(
+        _args(_inventory(tmp_path, ONE_HOST), spec=str(_spec(tmp_path)), limit=["gpu1"]), runner=run
+    )
     assert rc == 0
     (argv,) = run.calls
     assert argv[2] == "vllm_fleet.deploys.stage.stage"
@@ -34,8 +36,10 @@ def test_max_fail_and_parallel_are_pyinfras_flags(tmp_path):
     from vllm_fleet.commands.outcome import parse_max_fail
 
     run = Recorder(rc=1)
-    rc = stagemod.cmd_stage(_args(_inventory(tmp_path, ONE_HOST), spec=str(_spec(tmp_path)), max_fail=parse_max_fail("10%"),
-                                  parallel=4), runner=run)
+    rc = stagemod.cmd_stage(
+        _args(_inventory(tmp_path, ONE_HOST), spec=str(_spec(tmp_path)), max_fail=parse_max_fail("10%"), parallel=4),
+        runner=run,
+    )
     assert rc == 3  # pyinfra failed and wrote no results
     (argv,) = run.calls
     assert argv[argv.index("--fail-percent") + 1] == "10" and argv[argv.index("--parallel") + 1] == "4"
@@ -46,16 +50,24 @@ def test_the_run_ends_with_the_per_host_summary_the_retry_line_and_its_exit_code
     names) become outcome's summary: a failed host with why, the retry line on it alone, exit 3."""
     from vllm_fleet.host import pyinfra_run, results
 
-    inv = _inventory(tmp_path, 'servers = [("gpu1", {"ssh_hostname": "192.0.2.10"}), ("gpu2", {"ssh_hostname": "192.0.2.11"}),'
-                               ' ("gpu3", {"ssh_hostname": "192.0.2.12"})]\nproxy = ["gpu1"]\n')
+    inv = _inventory(
+        tmp_path,
+        'servers = [("gpu1", {"ssh_hostname": "192.0.2.10"}), ("gpu2", {"ssh_hostname": "192.0.2.11"}),'
+        ' ("gpu3", {"ssh_hostname": "192.0.2.12"})]\nproxy = ["gpu1"]\n',
+    )
     spec = _spec(tmp_path, server={"host": "0.0.0.0"})
     seen = {}
 
     def fake_run(argv, what, again, env=None):
         seen["argv"] = argv
-        results.write(env[results.RESULTS_ENV], [results.HostResult("gpu1", results.CHANGED),
-                                                 results.HostResult("gpu2", results.FAILED, "`vLLM | pip install` failed: No space left"),
-                                                 results.HostResult("gpu3", results.CONVERGED)])
+        results.write(
+            env[results.RESULTS_ENV],
+            [
+                results.HostResult("gpu1", results.CHANGED),
+                results.HostResult("gpu2", results.FAILED, "`vLLM | pip install` failed: No space left"),
+                results.HostResult("gpu3", results.CONVERGED),
+            ],
+        )
         return 1
 
     monkeypatch.setattr(pyinfra_run, "run", fake_run)
@@ -73,8 +85,11 @@ def test_the_summary_lists_the_hosts_the_layout_stages(tmp_path):
     """A proxy-only host of the inventory gets no stage part, so no line."""
     from vllm_fleet.commands.deploy import plan
 
-    inv = _inventory(tmp_path, 'servers = [("gpu1", {"ssh_hostname": "192.0.2.10"}), ("gpu2", {"ssh_hostname": "192.0.2.11"})]\n'
-                               'proxy = [("edge", {"ssh_hostname": "192.0.2.9"})]\n')
+    inv = _inventory(
+        tmp_path,
+        'servers = [("gpu1", {"ssh_hostname": "192.0.2.10"}), ("gpu2", {"ssh_hostname": "192.0.2.11"})]\n'
+        'proxy = [("edge", {"ssh_hostname": "192.0.2.9"})]\n',
+    )
     spec = _spec(tmp_path, server={"host": "0.0.0.0"})
     deployments, _ = plan(str(inv), str(spec))
     assert stagemod.staged_hosts(deployments) == ["gpu1", "gpu2"]

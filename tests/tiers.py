@@ -33,15 +33,19 @@ SUMMARY = re.compile(r"^=*\s*((?:\d+ \w+|no tests ran)\b.* in [0-9.]+s\b.*?)\s*=
 
 
 def tiers(workers: str) -> list[tuple[str, list[str]]]:
-    return [(f'unit  -m "not lab" -n {workers}', ["-m", "not lab", "-n", workers]),
-            ('lab   -m lab (serial)', ["-m", "lab"])]
+    return [
+        (f'unit  -m "not lab" -n {workers}', ["-m", "not lab", "-n", workers]),
+        ('lab   -m lab (serial)', ["-m", "lab"]),
+    ]
 
 
 def run_tier(argv: list[str], times_file: str) -> tuple[int, float, str]:
     """Run one pytest, its output passed through as it comes; (exit status, wall seconds, summary line)."""
     env = {**os.environ, "VLLM_FLEET_FIXTURE_TIMES": times_file}
     t0 = time.monotonic()
-    proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+    )
     tail = b""
     assert proc.stdout is not None
     while chunk := os.read(proc.stdout.fileno(), 65536):
@@ -49,8 +53,14 @@ def run_tier(argv: list[str], times_file: str) -> tuple[int, float, str]:
         sys.stdout.buffer.flush()
         tail = (tail + chunk)[-4096:]
     rc = proc.wait()
-    summary = next((m.group(1) for line in reversed(tail.decode(errors="replace").splitlines())
-                    if (m := SUMMARY.match(line.strip()))), "no pytest summary line")
+    summary = next(
+        (
+            m.group(1)
+            for line in reversed(tail.decode(errors="replace").splitlines())
+            if (m := SUMMARY.match(line.strip()))
+        ),
+        "no pytest summary line",
+    )
     return rc, time.monotonic() - t0, summary
 
 
@@ -68,7 +78,9 @@ def main(args: list[str]) -> int:
             rc, wall, summary = run_tier([*pytest, *tier_args, *args], times_file)
             results.append((name, rc, wall, summary))
             if Path(times_file).exists():
-                setups += [{**json.loads(line), "tier": name.split()[0]} for line in Path(times_file).read_text().splitlines()]
+                setups += [
+                    {**json.loads(line), "tier": name.split()[0]} for line in Path(times_file).read_text().splitlines()
+                ]
     total = time.monotonic() - t_all
     print("\n" + "=" * 30 + " make test: wall time per tier " + "=" * 30)
     for name, rc, wall, summary in results:
@@ -79,7 +91,9 @@ def main(args: list[str]) -> int:
         print(line)
     failed = [name.split()[0] for name, rc, _, _ in results if rc != 0]
     if failed:
-        print(f"make test: FAILED ({', '.join(failed)} tier{'s' if len(failed) > 1 else ''}; exit 5 is pytest's 'no tests collected')")
+        print(
+            f"make test: FAILED ({', '.join(failed)} tier{'s' if len(failed) > 1 else ''}; exit 5 is pytest's 'no tests collected')"
+        )
         return 1
     return 0
 

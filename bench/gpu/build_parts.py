@@ -47,15 +47,29 @@ PYINFRA = "3.10.0"
 ROUTER = "0.1.17"
 # a device call carries the working tree too (5.5 MiB tracked) within its 64 MiB
 PART_BYTES = 52 * 2**20
-PLATFORMS = ["manylinux_2_35_x86_64", "manylinux_2_34_x86_64", "manylinux_2_31_x86_64", "manylinux_2_28_x86_64",
-             "manylinux_2_27_x86_64", "manylinux_2_24_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64",
-             "manylinux1_x86_64", "linux_x86_64"]
+PLATFORMS = [
+    "manylinux_2_35_x86_64",
+    "manylinux_2_34_x86_64",
+    "manylinux_2_31_x86_64",
+    "manylinux_2_28_x86_64",
+    "manylinux_2_27_x86_64",
+    "manylinux_2_24_x86_64",
+    "manylinux_2_17_x86_64",
+    "manylinux2014_x86_64",
+    "manylinux1_x86_64",
+    "linux_x86_64",
+]
 # Required by vllm's metadata but unused for dense bf16 / AWQ models on an H200, and large:
 # stood in for by metadata-only wheels (see the module docstring).
 LEAVE_OUT = {
-    "flashinfer-cubin",      # prebuilt kernels, ~96 % for Blackwell (gpu-measurements note)
-    "tilelang", "z3-solver", "quack-kernels", "cuda-python",
-    "nvidia-cutlass-dsl", "nvidia-cutlass-dsl-libs-base", "nvidia-cutlass-dsl-libs-core",
+    "flashinfer-cubin",  # prebuilt kernels, ~96 % for Blackwell (gpu-measurements note)
+    "tilelang",
+    "z3-solver",
+    "quack-kernels",
+    "cuda-python",
+    "nvidia-cutlass-dsl",
+    "nvidia-cutlass-dsl-libs-base",
+    "nvidia-cutlass-dsl-libs-core",
     "nvidia-cutlass-dsl-libs-cu12",
 }
 
@@ -70,8 +84,8 @@ def stub_wheel(folder: Path, name: str, version: str, requires: list[str] = ()) 
     path = folder / f"{dist}-{version}-py3-none-any.whl"
     di = f"{dist}-{version}.dist-info"
     files = {
-        f"{di}/METADATA": "Metadata-Version: 2.1\nName: %s\nVersion: %s\n%s" % (
-            name, version, "".join(f"Requires-Dist: {r}\n" for r in requires)),
+        f"{di}/METADATA": "Metadata-Version: 2.1\nName: %s\nVersion: %s\n%s"
+        % (name, version, "".join(f"Requires-Dist: {r}\n" for r in requires)),
         f"{di}/WHEEL": "Wheel-Version: 1.0\nGenerator: vllm-fleet-stub\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
     }
     record = []
@@ -93,7 +107,10 @@ def stub_wheel(folder: Path, name: str, version: str, requires: list[str] = ()) 
 def _python312() -> str:
     import glob
 
-    for cand in [shutil.which("python3.12"), *sorted(glob.glob(os.path.expanduser("~/.pyenv/versions/3.12*/bin/python3.12")))]:
+    for cand in [
+        shutil.which("python3.12"),
+        *sorted(glob.glob(os.path.expanduser("~/.pyenv/versions/3.12*/bin/python3.12"))),
+    ]:
         if cand and subprocess.run([cand, "-m", "pip", "--version"], capture_output=True).returncode == 0:
             return cand
     print("warning: no python3.12 with pip here: markers are evaluated for this Python", file=sys.stderr)
@@ -112,21 +129,52 @@ def pip(*args: str, capture: bool = False) -> subprocess.CompletedProcess:
 
 
 def platform_args() -> list[str]:
-    out = ["--only-binary=:all:", "--python-version", "3.12", "--implementation", "cp", "--abi", "cp312", "--abi", "abi3", "--abi", "none"]
+    out = [
+        "--only-binary=:all:",
+        "--python-version",
+        "3.12",
+        "--implementation",
+        "cp",
+        "--abi",
+        "cp312",
+        "--abi",
+        "abi3",
+        "--abi",
+        "none",
+    ]
     for p in PLATFORMS:
         out += ["--platform", p]
     return out
 
 
-def resolve(report: Path, target: Path, constraints: Path, pinned: dict[str, str], args: list[str],
-            replaced: Callable[[str, str], None] = lambda n, v: None, tries: int = 40) -> bool:
+def resolve(
+    report: Path,
+    target: Path,
+    constraints: Path,
+    pinned: dict[str, str],
+    args: list[str],
+    replaced: Callable[[str, str], None] = lambda n, v: None,
+    tries: int = 40,
+) -> bool:
     """pip's resolver (``--dry-run --report``) for ``args`` with ``pinned`` as ``==`` constraints;
     a pin that a requirement contradicts is dropped (``replaced`` is told) and pip asked again.
     False when pip fails for another reason (its output is shown) or the pins never settle."""
     for _ in range(tries):
         constraints.write_text("".join(f"{n}=={v}\n" for n, v in sorted(pinned.items())))
-        r = pip("install", "--dry-run", "--ignore-installed", "--report", str(report), "--target", str(target),
-                *platform_args(), "-c", str(constraints), *args, capture=True)
+        r = pip(
+            "install",
+            "--dry-run",
+            "--ignore-installed",
+            "--report",
+            str(report),
+            "--target",
+            str(target),
+            *platform_args(),
+            "-c",
+            str(constraints),
+            *args,
+            capture=True,
+        )
         if r.returncode == 0:
             return True
         clash = re.findall(r"The user requested \(constraint\) ([A-Za-z0-9_.-]+)==", r.stdout + r.stderr)
@@ -158,8 +206,14 @@ def main() -> int:
     # constraint is dropped and the pinned version joins the wheel set (pip replaces it there).
     pinned = dict(device)
     stubs_args = ["--find-links", str(stubs)]
-    if not resolve(report, work / "tgt", constraints, pinned, [*stubs_args, f"vllm=={VLLM}", f"pyinfra=={PYINFRA}"],
-                   lambda n, v: print(f"image's {n}=={v} conflicts: replaced", flush=True)):
+    if not resolve(
+        report,
+        work / "tgt",
+        constraints,
+        pinned,
+        [*stubs_args, f"vllm=={VLLM}", f"pyinfra=={PYINFRA}"],
+        lambda n, v: print(f"image's {n}=={v} conflicts: replaced", flush=True),
+    ):
         return 1
     items = json.loads(report.read_text())["install"]
     missing = []
@@ -171,12 +225,18 @@ def main() -> int:
         missing.append((n, v, it["download_info"]["url"]))
     lines = []
     for n, v, url in sorted(missing):
-        note = "stand-in (LEAVE_OUT)" if n in LEAVE_OUT else (f"replaces the image's {device[n]}" if n in device else "")
+        note = (
+            "stand-in (LEAVE_OUT)" if n in LEAVE_OUT else (f"replaces the image's {device[n]}" if n in device else "")
+        )
         lines.append(f"{n}=={v}" + (f"    # {note}" if note else ""))
     (HERE / "wheels.txt").write_text(
         f"# vllm=={VLLM} + pyinfra=={PYINFRA} on the GPU image (bench/gpu/device-freeze.txt), built by build_parts.py\n"
-        + "\n".join(lines) + "\n")
-    print(f"{len(missing)} packages missing on the device ({sum(1 for m in missing if m[0] in LEAVE_OUT)} stood in for)")
+        + "\n".join(lines)
+        + "\n"
+    )
+    print(
+        f"{len(missing)} packages missing on the device ({sum(1 for m in missing if m[0] in LEAVE_OUT)} stood in for)"
+    )
     # vllm-router for a fresh venv: its closure without the image's stubs, the versions the image or
     # the vLLM set already has where the router accepts them (one wheel serves both)
     have = {**device, **{n: v for n, v, _ in missing}}
@@ -185,10 +245,17 @@ def main() -> int:
     if not resolve(router_report, work / "rtgt", constraints, have, [f"vllm-router=={ROUTER}"]):
         return 1
     in_set = {(n, v) for n, v, _ in missing}
-    router_only = sorted({(norm(it["metadata"]["name"]), it["metadata"]["version"])
-                          for it in json.loads(router_report.read_text())["install"]} - in_set)
+    router_only = sorted(
+        {
+            (norm(it["metadata"]["name"]), it["metadata"]["version"])
+            for it in json.loads(router_report.read_text())["install"]
+        }
+        - in_set
+    )
     with (HERE / "wheels.txt").open("a") as f:
-        f.write(f"# vllm-router=={ROUTER}'s venv on the proxy host (not the image's env): these besides the set above\n")
+        f.write(
+            f"# vllm-router=={ROUTER}'s venv on the proxy host (not the image's env): these besides the set above\n"
+        )
         f.write("".join(f"{n}=={v}    # router venv\n" for n, v in router_only))
     print(f"vllm-router=={ROUTER}: {len(router_only)} more wheels for its own venv")
     if args.resolve_only:

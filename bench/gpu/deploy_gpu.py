@@ -39,7 +39,15 @@ install_model(spec=spec, hub_token=ctx.secrets["hub_token"])
 ins, srv = spec["install"], spec["server"]
 for d in sorted({v for v in command.vllm_env(spec).values() if v.startswith(ins["state_dir"] + "/")}):
     files.directory(name=f"Directory {d}", path=d, user=srv["user"], group=srv["user"], mode="750")
-keep = [p for p in rendered if p.startswith("/etc/systemd/system/") or (p.startswith(ins["config_dir"] + "/") and not p.endswith("/secrets.env"))]
+keep = [
+    p
+    for p in rendered
+    if p.startswith("/etc/systemd/system/")
+    or (p.startswith(ins["config_dir"] + "/") and not p.endswith("/secrets.env"))
+]
 put_rendered(rendered, keep)
-secret_file(name="API key (0600, never shown)", path=render.paths(spec)["secrets_env"],
-            content=render.secrets_env_content(spec, ctx.secrets["api_key"]))
+secret_file(
+    name="API key (0600, never shown)",
+    path=render.paths(spec)["secrets_env"],
+    content=render.secrets_env_content(spec, ctx.secrets["api_key"]),
+)

@@ -37,8 +37,13 @@ def rendered(spec: Path) -> dict:
     r = load.resolve(load.load(spec))
     out = {p: {"content": f.content, "mode": f.mode} for t in render.render(r).values() for p, f in t.items()}
     units = sorted(p for p in out if re.search(r"/vllm-[\w.-]+-\d+\.service$", p))
-    return {"unit": units[0], "files": out, "user": r["server"]["user"], "state_dir": r["install"]["state_dir"],
-            "name": r["name"]}
+    return {
+        "unit": units[0],
+        "files": out,
+        "user": r["server"]["user"],
+        "state_dir": r["install"]["state_dir"],
+        "name": r["name"],
+    }
 
 
 def probe_unit(text: str, python: str, script: str, result: str) -> str:
@@ -57,14 +62,22 @@ def render_cmd(a) -> int:
     a.out, a.spec = str(Path(a.out).resolve()), str(Path(a.spec).resolve())  # the --ref run works elsewhere
     if a.ref:  # the same function, run against the vllm_fleet of an earlier commit
         with tempfile.TemporaryDirectory() as tmp:
-            arch = subprocess.run(["git", "-C", str(ROOT), "archive", a.ref, "vllm_fleet"], capture_output=True, check=True).stdout
+            arch = subprocess.run(
+                ["git", "-C", str(ROOT), "archive", a.ref, "vllm_fleet"], capture_output=True, check=True
+            ).stdout
             with tarfile.open(fileobj=__import__("io").BytesIO(arch)) as tf:
                 tf.extractall(tmp)
             env = {**os.environ, "VLLM_FLEET_PROBE_TREE": tmp}
-            return subprocess.run([sys.executable, __file__, "render", a.out, a.label, "--spec", a.spec, "--python", a.python],
-                                  env=env, cwd=tmp).returncode
-    sys.path.insert(0, os.environ.get("VLLM_FLEET_PROBE_TREE") or str(ROOT))  # that tree's vllm_fleet, not an installed one
+            return subprocess.run(
+                [sys.executable, __file__, "render", a.out, a.label, "--spec", a.spec, "--python", a.python],
+                env=env,
+                cwd=tmp,
+            ).returncode
+    sys.path.insert(
+        0, os.environ.get("VLLM_FLEET_PROBE_TREE") or str(ROOT)
+    )  # that tree's vllm_fleet, not an installed one
     import vllm_fleet
+
     r = rendered(Path(a.spec))
     d = Path(a.out) / a.label
     d.mkdir(parents=True, exist_ok=True)
@@ -72,13 +85,26 @@ def render_cmd(a) -> int:
     unit = probe_unit(r["files"][r["unit"]]["content"], a.python, f"{probe}/ipc_test.py", f"{probe}/result.json")
     (d / "unit").write_text(unit)
     env = {p: f for p, f in r["files"].items() if p.endswith(".env")}
-    (d / "meta.json").write_text(json.dumps({
-        "label": a.label, "ref": a.ref or "checkout", "rendered_by": str(Path(vllm_fleet.__file__).parent),
-        "spec": Path(a.spec).name, "unit": Path(r["unit"]).name, "user": r["user"], "state_dir": r["state_dir"],
-        "probe_dir": probe, "env_files": env,
-        "syscall_lines": [l for l in unit.splitlines() if l.startswith("SystemCall")],
-    }, indent=1))
-    print(f"{d}: {Path(r['unit']).name} ({', '.join(l for l in unit.splitlines() if l.startswith('SystemCallFilter'))})")
+    (d / "meta.json").write_text(
+        json.dumps(
+            {
+                "label": a.label,
+                "ref": a.ref or "checkout",
+                "rendered_by": str(Path(vllm_fleet.__file__).parent),
+                "spec": Path(a.spec).name,
+                "unit": Path(r["unit"]).name,
+                "user": r["user"],
+                "state_dir": r["state_dir"],
+                "probe_dir": probe,
+                "env_files": env,
+                "syscall_lines": [l for l in unit.splitlines() if l.startswith("SystemCall")],
+            },
+            indent=1,
+        )
+    )
+    print(
+        f"{d}: {Path(r['unit']).name} ({', '.join(l for l in unit.splitlines() if l.startswith('SystemCallFilter'))})"
+    )
     return 0
 
 

@@ -39,8 +39,12 @@ def main() -> int:
     handles.put(reduce_tensor(x))
     res = answers.get(timeout=180)
     p.join(60)
-    res.update(torch=torch.__version__, uid=os.getuid(), alloc_conf=os.environ["PYTORCH_CUDA_ALLOC_CONF"],
-               device=torch.cuda.get_device_name(0))
+    res.update(
+        torch=torch.__version__,
+        uid=os.getuid(),
+        alloc_conf=os.environ["PYTORCH_CUDA_ALLOC_CONF"],
+        device=torch.cuda.get_device_name(0),
+    )
     text = json.dumps(res)
     print(text, flush=True)
     with open(sys.argv[1], "w") as f:

@@ -37,9 +37,19 @@ CHAT_TEMPLATE = (
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
 )
-QWEN2 = {"attention_dropout": 0.0, "bos_token_id": 151643, "eos_token_id": 151645, "hidden_act": "silu",
-         "initializer_range": 0.02, "model_type": "qwen2", "rms_norm_eps": 1e-06, "rope_theta": 1000000.0,
-         "sliding_window": 131072, "use_cache": True, "use_sliding_window": False}
+QWEN2 = {
+    "attention_dropout": 0.0,
+    "bos_token_id": 151643,
+    "eos_token_id": 151645,
+    "hidden_act": "silu",
+    "initializer_range": 0.02,
+    "model_type": "qwen2",
+    "rms_norm_eps": 1e-06,
+    "rope_theta": 1000000.0,
+    "sliding_window": 131072,
+    "use_cache": True,
+    "use_sliding_window": False,
+}
 
 
 def config_for(name: str) -> dict:
@@ -48,14 +58,21 @@ def config_for(name: str) -> dict:
     if f["architecture"] != "Qwen2ForCausalLM":
         raise SystemExit(f"{name}: only Qwen2 shapes are written by this script")
     cfg = dict(QWEN2)
-    cfg.update({
-        "architectures": [f["architecture"]],
-        "hidden_size": f["hidden_size"], "intermediate_size": f["intermediate_size"],
-        "num_hidden_layers": f["num_hidden_layers"], "max_window_layers": f["num_hidden_layers"],
-        "num_attention_heads": f["num_attention_heads"], "num_key_value_heads": f["num_key_value_heads"],
-        "max_position_embeddings": f["max_position_embeddings"], "vocab_size": f["vocab_size"],
-        "tie_word_embeddings": f["tie_word_embeddings"], "torch_dtype": f["torch_dtype"],
-    })
+    cfg.update(
+        {
+            "architectures": [f["architecture"]],
+            "hidden_size": f["hidden_size"],
+            "intermediate_size": f["intermediate_size"],
+            "num_hidden_layers": f["num_hidden_layers"],
+            "max_window_layers": f["num_hidden_layers"],
+            "num_attention_heads": f["num_attention_heads"],
+            "num_key_value_heads": f["num_key_value_heads"],
+            "max_position_embeddings": f["max_position_embeddings"],
+            "vocab_size": f["vocab_size"],
+            "tie_word_embeddings": f["tie_word_embeddings"],
+            "torch_dtype": f["torch_dtype"],
+        }
+    )
     q = f.get("quantization_config")
     if q:
         cfg["quantization_config"] = {**q, "modules_to_not_convert": None}
@@ -75,9 +92,14 @@ def write_tokenizer(out: Path, vocab_size: int) -> None:
     tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     tok.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
-                                   unk_token="[UNK]", additional_special_tokens=["<|im_start|>"],
-                                   model_max_length=32768)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        unk_token="[UNK]",
+        additional_special_tokens=["<|im_start|>"],
+        model_max_length=32768,
+    )
     fast.chat_template = CHAT_TEMPLATE
     fast.save_pretrained(str(out / "tokenizer"))
 
@@ -87,7 +109,9 @@ def main(name: str, out: str) -> int:
     d.mkdir(parents=True, exist_ok=True)
     cfg = config_for(name)
     (d / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
-    (d / "generation_config.json").write_text(json.dumps({"bos_token_id": 151643, "eos_token_id": [151645, 151643]}) + "\n")
+    (d / "generation_config.json").write_text(
+        json.dumps({"bos_token_id": 151643, "eos_token_id": [151645, 151643]}) + "\n"
+    )
     write_tokenizer(d, cfg["vocab_size"])
     print(f"{d}: config.json ({name}), {d}/tokenizer of {cfg['vocab_size']} entries")
     return 0

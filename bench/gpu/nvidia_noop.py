@@ -26,6 +26,9 @@ from vllm_fleet.specs.load import load_and_check  # noqa: E402
 spec, _ = load_and_check(os.environ["VLLM_FLEET_SPEC"], hardware=False)
 load_host_state(server_stack_query(spec))  # what deploys/serve.py reads for the stack, in one round trip
 nvidia(spec=spec)
-python.call(name="After-reboot check: nvidia-smi read now (read_now)", function=_check_gpus_now,
-            branch=os.environ.get("VLLM_FLEET_CHECK_BRANCH", str(spec["install"]["nvidia"]["driver_branch"])),
-            hardware=spec["hardware"])
+python.call(
+    name="After-reboot check: nvidia-smi read now (read_now)",
+    function=_check_gpus_now,
+    branch=os.environ.get("VLLM_FLEET_CHECK_BRANCH", str(spec["install"]["nvidia"]["driver_branch"])),
+    hardware=spec["hardware"],
+)

@@ -96,11 +96,23 @@ def main(spec_path: str, out_dir: str) -> int:
     p = render.paths(resolved)
     unit = unit_settings(p["vllm_unit"])
     python = unit["argv"][0].rsplit("/", 1)[0] + "/python"
-    result: dict = {"spec": spec_path, "spec_text": Path(spec_path).read_text(), "name": name,
-                    "exec_start": unit["argv"], "environment_files": unit["env_files"], "user": unit["User"]}
+    result: dict = {
+        "spec": spec_path,
+        "spec_text": Path(spec_path).read_text(),
+        "name": name,
+        "exec_start": unit["argv"],
+        "environment_files": unit["env_files"],
+        "user": unit["User"],
+    }
     env = systemd_env(unit)
-    probe = [python, "-c", "import torch; torch.cuda.init(); print(torch.cuda.device_count(), torch.cuda.get_device_name(0))"]
-    pr = subprocess.run(as_user(unit["User"], probe), env=env, cwd=unit["WorkingDirectory"], text=True, capture_output=True)
+    probe = [
+        python,
+        "-c",
+        "import torch; torch.cuda.init(); print(torch.cuda.device_count(), torch.cuda.get_device_name(0))",
+    ]
+    pr = subprocess.run(
+        as_user(unit["User"], probe), env=env, cwd=unit["WorkingDirectory"], text=True, capture_output=True
+    )
     if pr.returncode == 0:
         mode, argv = "systemd-like (clean env + EnvironmentFiles, as User=)", as_user(unit["User"], unit["argv"])
     else:
@@ -113,8 +125,9 @@ def main(spec_path: str, out_dir: str) -> int:
     log_path = out / f"{name}.server.log"
     t0 = time.monotonic()
     with open(log_path, "w") as log:
-        proc = subprocess.Popen(argv, env=env, cwd=unit["WorkingDirectory"], stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            argv, env=env, cwd=unit["WorkingDirectory"], stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
     base = f"http://127.0.0.1:{resolved['server']['port']}"
     try:
         deadline = resolved["server"]["health_timeout"]
@@ -129,24 +142,68 @@ def main(spec_path: str, out_dir: str) -> int:
                     raise
         result["start_to_healthy_s"] = round(time.monotonic() - t0, 1)
         print(f"[{name}] healthy after {result['start_to_healthy_s']} s", flush=True)
-        result["nvidia_smi_serving"] = sh("nvidia-smi --query-gpu=index,name,memory.used,memory.total --format=csv,noheader")
+        result["nvidia_smi_serving"] = sh(
+            "nvidia-smi --query-gpu=index,name,memory.used,memory.total --format=csv,noheader"
+        )
         key = read_env_file(p["secrets_env"])["VLLM_API_KEY"]
         sm = resolved["smoke"]
-        res = smoke_checks(base, resolved["model"]["served_name"], key, prompt=sm["prompt"], max_tokens=sm["max_tokens"],
-                        concurrency=sm["concurrency"], expect_auth=True)
+        res = smoke_checks(
+            base,
+            resolved["model"]["served_name"],
+            key,
+            prompt=sm["prompt"],
+            max_tokens=sm["max_tokens"],
+            concurrency=sm["concurrency"],
+            expect_auth=True,
+        )
         print(res.summary(), flush=True)
         result["smoke"] = res.as_dict()
         vllm_bin = unit["argv"][0]
-        tok = unit["argv"][unit["argv"].index("--tokenizer") + 1] if "--tokenizer" in unit["argv"] else resolved["model"]["path"]
+        tok = (
+            unit["argv"][unit["argv"].index("--tokenizer") + 1]
+            if "--tokenizer" in unit["argv"]
+            else resolved["model"]["path"]
+        )
         result["bench"] = {}
         for conc, n in BENCH:
             fn = f"{name}.bench-c{conc}.json"
-            cmd = [vllm_bin, "bench", "serve", "--backend", "openai", "--endpoint", "/v1/completions", "--base-url", base,
-                   "--model", resolved["model"]["served_name"], "--tokenizer", tok, "--dataset-name", "random",
-                   "--random-input-len", str(IN_LEN), "--random-output-len", str(OUT_LEN), "--num-prompts", str(n),
-                   "--max-concurrency", str(conc), "--ignore-eos", "--seed", "0",
-                   "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,99",
-                   "--save-result", "--result-dir", str(out), "--result-filename", fn]
+            cmd = [
+                vllm_bin,
+                "bench",
+                "serve",
+                "--backend",
+                "openai",
+                "--endpoint",
+                "/v1/completions",
+                "--base-url",
+                base,
+                "--model",
+                resolved["model"]["served_name"],
+                "--tokenizer",
+                tok,
+                "--dataset-name",
+                "random",
+                "--random-input-len",
+                str(IN_LEN),
+                "--random-output-len",
+                str(OUT_LEN),
+                "--num-prompts",
+                str(n),
+                "--max-concurrency",
+                str(conc),
+                "--ignore-eos",
+                "--seed",
+                "0",
+                "--percentile-metrics",
+                "ttft,tpot,itl,e2el",
+                "--metric-percentiles",
+                "50,99",
+                "--save-result",
+                "--result-dir",
+                str(out),
+                "--result-filename",
+                fn,
+            ]
             benv = {**os.environ, **read_env_file(unit["env_files"][0]), "OPENAI_API_KEY": key}
             benv.pop("TMPDIR", None)
             br = subprocess.run(cmd, env=benv, text=True, capture_output=True, timeout=300)
@@ -155,11 +212,38 @@ def main(spec_path: str, out_dir: str) -> int:
                 print(f"[{name}] bench c={conc} failed:\n{br.stderr[-3000:]}", flush=True)
                 continue
             j = json.loads((out / fn).read_text())
-            keep = {k: j.get(k) for k in ("completed", "total_input_tokens", "total_output_tokens", "duration", "request_throughput",
-                                          "output_throughput", "total_token_throughput", "median_ttft_ms", "p99_ttft_ms",
-                                          "median_tpot_ms", "p99_tpot_ms", "median_itl_ms", "p99_itl_ms", "median_e2el_ms", "p99_e2el_ms")}
-            result["bench"][f"c{conc}"] = {"concurrency": conc, "num_prompts": n, "input_len": IN_LEN, "output_len": OUT_LEN, **keep}
-            print(f"[{name}] c={conc}: " + ", ".join(f"{k}={v:.2f}" if isinstance(v, float) else f"{k}={v}" for k, v in keep.items()), flush=True)
+            keep = {
+                k: j.get(k)
+                for k in (
+                    "completed",
+                    "total_input_tokens",
+                    "total_output_tokens",
+                    "duration",
+                    "request_throughput",
+                    "output_throughput",
+                    "total_token_throughput",
+                    "median_ttft_ms",
+                    "p99_ttft_ms",
+                    "median_tpot_ms",
+                    "p99_tpot_ms",
+                    "median_itl_ms",
+                    "p99_itl_ms",
+                    "median_e2el_ms",
+                    "p99_e2el_ms",
+                )
+            }
+            result["bench"][f"c{conc}"] = {
+                "concurrency": conc,
+                "num_prompts": n,
+                "input_len": IN_LEN,
+                "output_len": OUT_LEN,
+                **keep,
+            }
+            print(
+                f"[{name}] c={conc}: "
+                + ", ".join(f"{k}={v:.2f}" if isinstance(v, float) else f"{k}={v}" for k, v in keep.items()),
+                flush=True,
+            )
     finally:
         # KillMode=mixed: SIGTERM to the main process, then SIGKILL to what is left of the group.
         if proc.poll() is None:
@@ -173,9 +257,11 @@ def main(spec_path: str, out_dir: str) -> int:
         except ProcessLookupError:
             pass
         log_text = log_path.read_text(errors="replace")
+
         def grab(rx, cast=float):
             m = re.findall(rx, log_text)
             return cast(m[-1].replace(",", "")) if m else None
+
         vllm_kv = {
             "gpu_kv_cache_tokens": grab(r"GPU KV cache size: ([\d,]+) tokens", int),
             "available_kv_cache_gib": grab(r"Available KV cache memory: ([\d.]+) GiB"),
@@ -186,15 +272,32 @@ def main(spec_path: str, out_dir: str) -> int:
             "torch_compile_s": grab(r"torch.compile took ([\d.]+) s in total"),
         }
         pl = planner.plan(resolved)
-        planned = {k: pl.get(k) for k in ("weights_gib", "overhead_gib", "overhead_parts", "kv_cache_gib", "kv_tokens", "kv_blocks",
-                                          "budget_gib", "kv_bytes_per_token")}
+        planned = {
+            k: pl.get(k)
+            for k in (
+                "weights_gib",
+                "overhead_gib",
+                "overhead_parts",
+                "kv_cache_gib",
+                "kv_tokens",
+                "kv_blocks",
+                "budget_gib",
+                "kv_bytes_per_token",
+            )
+        }
         cmp = {"planner": planned, "vllm": vllm_kv}
         if vllm_kv["gpu_kv_cache_tokens"]:
-            cmp["kv_tokens_error_pct"] = round(100 * (pl["kv_tokens"] - vllm_kv["gpu_kv_cache_tokens"]) / vllm_kv["gpu_kv_cache_tokens"], 2)
+            cmp["kv_tokens_error_pct"] = round(
+                100 * (pl["kv_tokens"] - vllm_kv["gpu_kv_cache_tokens"]) / vllm_kv["gpu_kv_cache_tokens"], 2
+            )
         if vllm_kv["available_kv_cache_gib"]:
-            cmp["kv_gib_error_pct"] = round(100 * (pl["kv_cache_gib"] - vllm_kv["available_kv_cache_gib"]) / vllm_kv["available_kv_cache_gib"], 2)
+            cmp["kv_gib_error_pct"] = round(
+                100 * (pl["kv_cache_gib"] - vllm_kv["available_kv_cache_gib"]) / vllm_kv["available_kv_cache_gib"], 2
+            )
             cmp["vllm_non_kv_gib"] = round(pl["budget_gib"] - vllm_kv["available_kv_cache_gib"], 2)
-            cmp["vllm_overhead_gib"] = round(pl["budget_gib"] - vllm_kv["available_kv_cache_gib"] - (vllm_kv["model_loading_gib"] or 0), 2)
+            cmp["vllm_overhead_gib"] = round(
+                pl["budget_gib"] - vllm_kv["available_kv_cache_gib"] - (vllm_kv["model_loading_gib"] or 0), 2
+            )
         result["kv_compare"] = cmp
         print(f"[{name}] KV: {json.dumps(cmp)}", flush=True)
         result["gpu"] = sh("nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader")

@@ -65,8 +65,7 @@ def lab():
 
 @pytest.fixture(scope="session")
 def lab_hosts(lab) -> list[LabHost]:
-    return [LabHost(h["name"], h["address"], lab["ssh_user"], lab["ssh_key"], lab["known_hosts"])
-            for h in lab["hosts"]]
+    return [LabHost(h["name"], h["address"], lab["ssh_user"], lab["ssh_key"], lab["known_hosts"]) for h in lab["hosts"]]
 
 
 @pytest.fixture(scope="session")

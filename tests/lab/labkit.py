@@ -16,19 +16,34 @@ REPO = Path(__file__).resolve().parents[2]
 class LabHost:
     name: str
     address: str
-    user: str          # the lab user (passwordless sudo); root also accepts the key
-    key: str           # private key path
-    known_hosts: str   # the lab's known_hosts file (strict checking works with it)
+    user: str  # the lab user (passwordless sudo); root also accepts the key
+    key: str  # private key path
+    known_hosts: str  # the lab's known_hosts file (strict checking works with it)
 
     def ssh_argv(self, user: str | None = None) -> list[str]:
-        return ["ssh", "-i", self.key, "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes",
-                "-o", f"UserKnownHostsFile={self.known_hosts}", "-o", "ConnectTimeout=5",
-                "-o", "LogLevel=ERROR", f"{user or self.user}@{self.address}"]
+        return [
+            "ssh",
+            "-i",
+            self.key,
+            "-o",
+            "BatchMode=yes",
+            "-o",
+            "StrictHostKeyChecking=yes",
+            "-o",
+            f"UserKnownHostsFile={self.known_hosts}",
+            "-o",
+            "ConnectTimeout=5",
+            "-o",
+            "LogLevel=ERROR",
+            f"{user or self.user}@{self.address}",
+        ]
 
-    def ssh(self, command: str, user: str | None = None, check: bool = True,
-            timeout: float = 120) -> subprocess.CompletedProcess:
-        res = subprocess.run([*self.ssh_argv(user), command], capture_output=True, text=True,
-                             timeout=timeout, stdin=subprocess.DEVNULL)
+    def ssh(
+        self, command: str, user: str | None = None, check: bool = True, timeout: float = 120
+    ) -> subprocess.CompletedProcess:
+        res = subprocess.run(
+            [*self.ssh_argv(user), command], capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL
+        )
         if check and res.returncode != 0:
             raise AssertionError(f"{self.name}: ssh {command!r} -> {res.returncode}\n{res.stdout}\n{res.stderr}")
         return res
@@ -39,16 +54,29 @@ class LabHost:
 
 def lab_cli(*args: str, timeout: float = 1800) -> subprocess.CompletedProcess:
     """Run `python -m vllm_fleet.lab ARGS` (the same code as `vllm-fleet lab ARGS`)."""
-    return subprocess.run([sys.executable, "-m", "vllm_fleet.lab", *args], cwd=REPO, capture_output=True,
-                          text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    return subprocess.run(
+        [sys.executable, "-m", "vllm_fleet.lab", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+    )
 
 
 def run(argv: list[str], env: dict | None = None, timeout: float = 1800) -> subprocess.CompletedProcess:
     """A command as a user runs it, from the checkout, no stdin: .elapsed (s) and .out (stdout +
     stderr: pyinfra logs its table to stderr) added."""
     t0 = time.monotonic()
-    r = subprocess.run(argv, cwd=REPO, env={**os.environ, **(env or {})}, capture_output=True, text=True,
-                       timeout=timeout, stdin=subprocess.DEVNULL)
+    r = subprocess.run(
+        argv,
+        cwd=REPO,
+        env={**os.environ, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+    )
     r.elapsed = time.monotonic() - t0  # type: ignore[attr-defined]
     r.out = r.stdout + r.stderr  # type: ignore[attr-defined]
     return r
@@ -61,7 +89,9 @@ def copy_tree(src: "LabHost", dst: "LabHost", path: str) -> float:
     t0 = time.monotonic()
     if not link_tree(src, dst, path):
         out = subprocess.Popen([*src.ssh_argv("root"), f"tar -C / -cf - {path.lstrip('/')}"], stdout=subprocess.PIPE)
-        into = subprocess.run([*dst.ssh_argv("root"), "tar -C / -xf -"], stdin=out.stdout, capture_output=True, timeout=900)
+        into = subprocess.run(
+            [*dst.ssh_argv("root"), "tar -C / -xf -"], stdin=out.stdout, capture_output=True, timeout=900
+        )
         out.stdout.close()
         assert out.wait(timeout=60) == 0 and into.returncode == 0, into.stderr
     return round(time.monotonic() - t0, 1)
@@ -96,8 +126,14 @@ def link_tree(src: "LabHost", dst: "LabHost", path: str) -> bool:
     if not (s_up.is_dir() and os.path.ismount(d_root) and os.path.ismount(cfg.host_dir(src.name) / "root")):
         return False
     want = _files(src, path)
-    upper_only = subprocess.run(["sh", "-c", f"find {s_up} -type f | wc -l"], capture_output=True, text=True).stdout.strip()
-    if want.split()[0] != upper_only or dst.ssh(f"test -e {path}", user="root", check=False).returncode == 0 or d_up.exists():
+    upper_only = subprocess.run(
+        ["sh", "-c", f"find {s_up} -type f | wc -l"], capture_output=True, text=True
+    ).stdout.strip()
+    if (
+        want.split()[0] != upper_only
+        or dst.ssh(f"test -e {path}", user="root", check=False).returncode == 0
+        or d_up.exists()
+    ):
         return False
     (d_root / rel).parent.mkdir(parents=True, exist_ok=True)  # the parents through the overlay (its own upper dirs)
     if subprocess.run(["cp", "-al", str(s_up), str(d_up)], capture_output=True).returncode == 0:
@@ -137,4 +173,8 @@ def footprint_diff(before: list[str], after: list[str]) -> list[str]:
     """The lines only one side has, '-' before / '+' after (empty: the same host state)."""
     import difflib
 
-    return [ln for ln in difflib.unified_diff(before, after, lineterm="", n=0) if ln[:1] in "+-" and ln[:3] not in ("+++", "---")]
+    return [
+        ln
+        for ln in difflib.unified_diff(before, after, lineterm="", n=0)
+        if ln[:1] in "+-" and ln[:3] not in ("+++", "---")
+    ]

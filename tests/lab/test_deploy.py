@@ -31,8 +31,15 @@ TIMINGS: dict[str, float] = {}
 def deploy(spec: Path | str = SPEC, timeout: float = 1800, *flags: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "VLLM_FLEET_SPEC": str(spec)}
     t0 = time.monotonic()
-    r = subprocess.run([PYINFRA, "-y", *flags, "inventory/lab.py", "deploys/serve.py"], cwd=REPO, env=env,
-                       capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    r = subprocess.run(
+        [PYINFRA, "-y", *flags, "inventory/lab.py", "deploys/serve.py"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+    )
     r.elapsed = time.monotonic() - t0  # type: ignore[attr-defined]
     r.out = r.stdout + r.stderr  # type: ignore[attr-defined]  (pyinfra logs its table to stderr)
     return r
@@ -40,9 +47,12 @@ def deploy(spec: Path | str = SPEC, timeout: float = 1800, *flags: str) -> subpr
 
 def why(r) -> str:
     """What a failed deploy said: its error lines (pyinfra's, the smoke checks') and the tail."""
-    keep = [ln for ln in r.out.splitlines()
-            if re.search(r"FAIL |Error|error:|smoke tests failed|Traceback|RuntimeError|Could not", ln)
-            and not re.search(r"^\s{4}\S.*\s(\d+|-)\s+(\d+|-)\s+(\d+|-)\s*$", ln)]
+    keep = [
+        ln
+        for ln in r.out.splitlines()
+        if re.search(r"FAIL |Error|error:|smoke tests failed|Traceback|RuntimeError|Could not", ln)
+        and not re.search(r"^\s{4}\S.*\s(\d+|-)\s+(\d+|-)\s+(\d+|-)\s*$", ln)
+    ]
     return "\n".join(keep[-40:]) + "\n...\n" + r.out[-2500:]
 
 
@@ -114,10 +124,22 @@ def test_through_the_proxy_with_curl(server):
     models = json.loads(curl("-H", f"Authorization: Bearer {key}", f"{base}/v1/models").stdout)
     assert [m["id"] for m in models["data"]] == ["tiny"]
     assert curl("-o", "/dev/null", "-w", "%{http_code}", f"{base}/v1/models").stdout == "401"
-    assert curl("-o", "/dev/null", "-w", "%{http_code}", "-H", "Authorization: Bearer nope", f"{base}/v1/models").stdout == "401"
+    assert (
+        curl("-o", "/dev/null", "-w", "%{http_code}", "-H", "Authorization: Bearer nope", f"{base}/v1/models").stdout
+        == "401"
+    )
     body = json.dumps({"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8})
-    chat = json.loads(curl("-H", f"Authorization: Bearer {key}", "-H", "Content-Type: application/json", "-d", body,
-                           f"{base}/v1/chat/completions").stdout)
+    chat = json.loads(
+        curl(
+            "-H",
+            f"Authorization: Bearer {key}",
+            "-H",
+            "Content-Type: application/json",
+            "-d",
+            body,
+            f"{base}/v1/chat/completions",
+        ).stdout
+    )
     assert chat["choices"][0]["message"]["content"] and chat["usage"]["completion_tokens"] > 0
 
 
@@ -127,13 +149,35 @@ def test_stream_arrives_incrementally_through_nginx(server):
     A buffering proxy does so on every stream; vLLM's CPU build on a saturated 2-core host
     sometimes sends a generation in one burst too, so up to 5 streams are read and one must be
     spread."""
-    body = json.dumps({"model": "tiny", "messages": [{"role": "user", "content": "count"}], "max_tokens": 128,
-                       "stream": True, "ignore_eos": True})
+    body = json.dumps(
+        {
+            "model": "tiny",
+            "messages": [{"role": "user", "content": "count"}],
+            "max_tokens": 128,
+            "stream": True,
+            "ignore_eos": True,
+        }
+    )
     seen = []
     for _ in range(5):
-        p = subprocess.Popen(["curl", "-sN", "--max-time", "120", "-H", f"Authorization: Bearer {api_key()}",
-                              "-H", "Content-Type: application/json", "-d", body, f"http://{server.address}/v1/chat/completions"],
-                             stdout=subprocess.PIPE, text=True, bufsize=1)
+        p = subprocess.Popen(
+            [
+                "curl",
+                "-sN",
+                "--max-time",
+                "120",
+                "-H",
+                f"Authorization: Bearer {api_key()}",
+                "-H",
+                "Content-Type: application/json",
+                "-d",
+                body,
+                f"http://{server.address}/v1/chat/completions",
+            ],
+            stdout=subprocess.PIPE,
+            text=True,
+            bufsize=1,
+        )
         t0 = time.monotonic()
         times, last = [], ""
         for line in p.stdout:
@@ -212,15 +256,44 @@ DRAIN_TOKENS = 480  # per sequence: the prompt and 480 tokens fit lab-tiny's max
 def _drain_attempt(server, unit: str, n: int) -> tuple[dict, str]:
     """One streamed chat of ``n`` sequences (twice the engine's max_num_seqs: half of them wait for
     the other half's batch), the unit restarted on the stream's first event; (the stream, journal)."""
-    body = json.dumps({"model": "tiny", "messages": [{"role": "user", "content": "count"}], "max_tokens": DRAIN_TOKENS,
-                       "n": n, "stream": True, "ignore_eos": True, "stream_options": {"include_usage": True}})
+    body = json.dumps(
+        {
+            "model": "tiny",
+            "messages": [{"role": "user", "content": "count"}],
+            "max_tokens": DRAIN_TOKENS,
+            "n": n,
+            "stream": True,
+            "ignore_eos": True,
+            "stream_options": {"include_usage": True},
+        }
+    )
     since = time.time() - 1
-    watcher = subprocess.Popen([*server.ssh_argv("root"), _RESTART_ON_LINE.replace("UNIT", unit)],
-                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    watcher = subprocess.Popen(
+        [*server.ssh_argv("root"), _RESTART_ON_LINE.replace("UNIT", unit)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     assert watcher.stdout.readline().strip() == "watching", "the restart watcher did not start on the host"
-    proc = subprocess.Popen(["curl", "-sN", "--max-time", "300", "-H", f"Authorization: Bearer {api_key()}",
-                             "-H", "Content-Type: application/json", "-d", body, f"http://{server.address}/v1/chat/completions"],
-                            stdout=subprocess.PIPE, text=True, bufsize=1)
+    proc = subprocess.Popen(
+        [
+            "curl",
+            "-sN",
+            "--max-time",
+            "300",
+            "-H",
+            f"Authorization: Bearer {api_key()}",
+            "-H",
+            "Content-Type: application/json",
+            "-d",
+            body,
+            f"http://{server.address}/v1/chat/completions",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+        bufsize=1,
+    )
     got: dict = {}
     first = threading.Event()
     reader = threading.Thread(target=_read_stream, args=(proc, got, first), daemon=True)
@@ -273,8 +346,10 @@ def test_restart_drains_an_in_flight_stream(server):
             assert main_pid(server, unit) != before
             drained = _DRAINING.search(journal)
             tried.append(drained.group(0) if drained else "no request left at SIGTERM")
-            print(f"drain attempt: {tried[-1]}; {got['events']} events, the last {got['last_at'] - got['first_at']:.2f} s after the "
-                  f"first; {got['watcher']}")
+            print(
+                f"drain attempt: {tried[-1]}; {got['events']} events, the last {got['last_at'] - got['first_at']:.2f} s after the "
+                f"first; {got['watcher']}"
+            )
             if drained and int(drained.group(1)) > 0:
                 break
             wait_healthy(server)
@@ -286,7 +361,10 @@ def test_restart_drains_an_in_flight_stream(server):
 
 def wait_healthy(server, unit: str = "vllm-lab-tiny-0.service") -> None:
     for _ in range(120):
-        if server.ssh("curl -s -o /dev/null -w '%{http_code}' http://127.0.0.1:8000/health", check=False).stdout == "200":
+        if (
+            server.ssh("curl -s -o /dev/null -w '%{http_code}' http://127.0.0.1:8000/health", check=False).stdout
+            == "200"
+        ):
             return
         time.sleep(2)
     raise AssertionError(f"{unit} not healthy 240 s after the restart")
@@ -296,7 +374,9 @@ def test_vllm_listens_on_loopback_only(server, lab_hosts):
     listen = server.ssh("ss -ltnH 'sport = :8000'", user="root").stdout
     assert "127.0.0.1:8000" in listen and "0.0.0.0:8000" not in listen and "*:8000" not in listen
     other = lab_hosts[1]
-    r = other.ssh(f"curl -s -o /dev/null -w '%{{http_code}}' --max-time 5 http://{server.address}:8000/health", check=False)
+    r = other.ssh(
+        f"curl -s -o /dev/null -w '%{{http_code}}' --max-time 5 http://{server.address}:8000/health", check=False
+    )
     assert r.stdout.strip() in ("000", ""), r.stdout
 
 
@@ -306,13 +386,24 @@ def test_api_key_is_nowhere_it_should_not_be(server):
     key = max(re.findall(r"[A-Za-z0-9]+", api_key()), key=len)
     assert len(key) >= 8
     assert key not in server.ssh("ps -eo args", user="root").stdout
-    assert key not in server.ssh("cat /etc/systemd/system/vllm-lab-tiny-0.service /etc/vllm-fleet/lab-tiny/vllm.env", user="root").stdout
+    assert (
+        key
+        not in server.ssh(
+            "cat /etc/systemd/system/vllm-lab-tiny-0.service /etc/vllm-fleet/lab-tiny/vllm.env", user="root"
+        ).stdout
+    )
     assert key not in server.ssh("journalctl --no-pager -o cat", user="root", timeout=300).stdout
     # Every file holding the key is root-owned and not readable by anyone else.
-    found = server.ssh(f"grep -rlF -- {key} /etc /opt /var/lib /run /tmp 2>/dev/null | xargs -r stat -c '%a %U %n'",
-                       user="root", check=False).stdout.split("\n")
+    found = server.ssh(
+        f"grep -rlF -- {key} /etc /opt /var/lib /run /tmp 2>/dev/null | xargs -r stat -c '%a %U %n'",
+        user="root",
+        check=False,
+    ).stdout.split("\n")
     found = [f for f in found if f.strip()]
-    assert {f.split()[2] for f in found} == {"/etc/vllm-fleet/lab-tiny/secrets.env", "/etc/nginx/vllm-fleet/lab-tiny-auth.conf"}
+    assert {f.split()[2] for f in found} == {
+        "/etc/vllm-fleet/lab-tiny/secrets.env",
+        "/etc/nginx/vllm-fleet/lab-tiny-auth.conf",
+    }
     assert all(f.split()[0] == "600" and f.split()[1] == "root" for f in found), found
     log = (REPO / ".pytest_cache" / "deploy-first.log").read_text()
     assert key not in log
@@ -329,8 +420,10 @@ def test_second_deploy_changes_nothing(server):
     assert re.search(r"(PASS|WARN)  stream-incremental", r.out), r.out[-3000:]
 
 
-APT_TIMES = ("stat -c '%n %Y' /var/lib/apt/periodic/update-success-stamp /var/lib/apt/lists /var/lib/apt/lists/* "
-             "/var/lib/apt/lists/partial 2>/dev/null | sort")
+APT_TIMES = (
+    "stat -c '%n %Y' /var/lib/apt/periodic/update-success-stamp /var/lib/apt/lists /var/lib/apt/lists/* "
+    "/var/lib/apt/lists/partial 2>/dev/null | sort"
+)
 
 
 def test_a_noop_hours_later_refreshes_no_apt_lists(server):
@@ -339,8 +432,11 @@ def test_a_noop_hours_later_refreshes_no_apt_lists(server):
     roles' cache_time of 1 h); pyinfra's own -vv listing of every command it sent is the reader of
     what ran, and the lists' and the stamp's mtimes (apt-get update, and pyinfra after it, write
     them) that nothing refreshed them."""
-    server.ssh("mkdir -p /var/lib/apt/periodic && touch -d '3 hours ago' /var/lib/apt/periodic/update-success-stamp "
-               "/var/lib/apt/lists /var/lib/apt/lists/* /var/lib/apt/lists/partial", user="root")
+    server.ssh(
+        "mkdir -p /var/lib/apt/periodic && touch -d '3 hours ago' /var/lib/apt/periodic/update-success-stamp "
+        "/var/lib/apt/lists /var/lib/apt/lists/* /var/lib/apt/lists/partial",
+        user="root",
+    )
     before = server.ssh(APT_TIMES, user="root").stdout
     assert "update-success-stamp" in before
     r = deploy(SPEC, 600, "-vv")
@@ -387,10 +483,16 @@ def test_spec_change_restarts_only_vllm(server, tmp_path):
         changed.write_text(yaml.safe_dump(spec))
         bad = deploy(changed)
         assert bad.returncode != 0, bad.out[-3000:]
-        cause = re.search(r"vllm-lab-tiny-0\.service not healthy after .*\n\s*root cause: (.*)\n\s*full journal: "
-                          r"journalctl -u vllm-lab-tiny-0\.service --no-pager \(on lab1\)\n", bad.out)
+        cause = re.search(
+            r"vllm-lab-tiny-0\.service not healthy after .*\n\s*root cause: (.*)\n\s*full journal: "
+            r"journalctl -u vllm-lab-tiny-0\.service --no-pager \(on lab1\)\n",
+            bad.out,
+        )
         assert cause and cause.group(1).startswith("ValueError: No available memory for the cache blocks"), why(bad)
-        assert "EngineCore failed to start" in server.ssh("journalctl -u vllm-lab-tiny-0.service --no-pager -n 400", user="root").stdout
+        assert (
+            "EngineCore failed to start"
+            in server.ssh("journalctl -u vllm-lab-tiny-0.service --no-pager -n 400", user="root").stdout
+        )
     finally:
         back = deploy()
         assert back.returncode == 0, why(back)
@@ -415,16 +517,23 @@ def test_a_kv_tier_too_big_for_the_hosts_ram_is_refused_before_any_change(server
     kib = int(server.ssh("sed -n 's/^MemTotal: *\\([0-9]*\\) kB$/\\1/p' /proc/meminfo", user="root").stdout)
     total = round(kib / 1024**2, 2)
     # every vLLM unit already on lab1 that runs or is enabled (lab-tiny's, ...) is a replica of the host too
-    others = server.ssh("for u in /etc/systemd/system/vllm-*.service; do [ -f \"$u\" ] || continue; n=${u##*/}; "
-                        "case $(systemctl is-active $n)$(systemctl is-enabled $n) in inactivedisabled|faileddisabled) ;; *) echo $n;; esac; done",
-                        user="root").stdout.split()
+    others = server.ssh(
+        "for u in /etc/systemd/system/vllm-*.service; do [ -f \"$u\" ] || continue; n=${u##*/}; "
+        "case $(systemctl is-active $n)$(systemctl is-enabled $n) in inactivedisabled|faileddisabled) ;; *) echo $n;; esac; done",
+        user="root",
+    ).stdout.split()
     assert "vllm-lab-tiny-0.service" in others
     n = len(others) + 1
     reserve = 8 + 4 * n
     largest = int(total - reserve)
-    assert (f"host lab1: the CPU tiers of the KV cache do not fit in its memory: {total:g} GiB of RAM (MemTotal) - reserve {reserve} GiB "
-            f"(8 + 4 x {n} vLLM replicas) - tiers vllm-h200-kv-offload-0.service 60000 GiB") in r.out, why(r)
-    assert f"the largest engine.kv_offload.size_gib of h200-kv-offload that fits here (1 replica(s)): {largest} GiB (or `auto`)" in r.out
+    assert (
+        f"host lab1: the CPU tiers of the KV cache do not fit in its memory: {total:g} GiB of RAM (MemTotal) - reserve {reserve} GiB "
+        f"(8 + 4 x {n} vLLM replicas) - tiers vllm-h200-kv-offload-0.service 60000 GiB"
+    ) in r.out, why(r)
+    assert (
+        f"the largest engine.kv_offload.size_gib of h200-kv-offload that fits here (1 replica(s)): {largest} GiB (or `auto`)"
+        in r.out
+    )
     assert "nothing was uploaded or changed" in r.out and "Starting operation" not in r.out
     assert server.ssh("ls /etc/systemd/system /opt; ls /etc/vllm-fleet", user="root").stdout == before
 
@@ -432,21 +541,32 @@ def test_a_kv_tier_too_big_for_the_hosts_ram_is_refused_before_any_change(server
 def test_bad_spec_touches_no_host(server, tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text(SPEC.read_text().replace("max_model_len: 512", "max_model_len: 512\n  servd_name: typo"))
-    before = server.ssh("sha256sum /etc/systemd/system/vllm-lab-tiny-0.service /etc/vllm-fleet/lab-tiny/*.env; "
-                        "systemctl show -p MainPID --value vllm-lab-tiny-0.service", user="root").stdout
+    before = server.ssh(
+        "sha256sum /etc/systemd/system/vllm-lab-tiny-0.service /etc/vllm-fleet/lab-tiny/*.env; "
+        "systemctl show -p MainPID --value vllm-lab-tiny-0.service",
+        user="root",
+    ).stdout
     r = deploy(bad)
     assert r.returncode != 0
     out = r.stdout + r.stderr
     assert "model.servd_name" in out and "did you mean `served_name`" in out and "no host was changed" in out
     assert "Starting operation" not in out
-    after = server.ssh("sha256sum /etc/systemd/system/vllm-lab-tiny-0.service /etc/vllm-fleet/lab-tiny/*.env; "
-                       "systemctl show -p MainPID --value vllm-lab-tiny-0.service", user="root").stdout
+    after = server.ssh(
+        "sha256sum /etc/systemd/system/vllm-lab-tiny-0.service /etc/vllm-fleet/lab-tiny/*.env; "
+        "systemctl show -p MainPID --value vllm-lab-tiny-0.service",
+        user="root",
+    ).stdout
     assert before == after
 
 
 def test_status_command(server):
-    r = subprocess.run([str(Path(sys.executable).parent / "vllm-fleet"), "status", "inventory/lab.py", "--json"],
-                       cwd=REPO, capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [str(Path(sys.executable).parent / "vllm-fleet"), "status", "inventory/lab.py", "--json"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr
     rows = {row["host"]: row for row in json.loads(r.stdout)}
     row = rows[server.name]
@@ -457,7 +577,9 @@ def test_status_command(server):
 def _requests_served(host) -> float:
     """vLLM's own count of finished requests on the host (its /metrics, read over ssh)."""
     text = host.ssh("curl -s --max-time 20 127.0.0.1:8000/metrics", user="root").stdout
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith("vllm:request_success_total{"))
+    return sum(
+        float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith("vllm:request_success_total{")
+    )
 
 
 def test_bench_command_runs_on_the_host_over_ssh(server, tmp_path):
@@ -465,10 +587,36 @@ def test_bench_command_runs_on_the_host_over_ssh(server, tmp_path):
     connector) and runs `vllm bench serve` there, through nginx and direct: one short level."""
     before = _requests_served(server)
     out = tmp_path / "bench"
-    r = subprocess.run([str(Path(sys.executable).parent / "vllm-fleet"), "bench", "inventory/lab.py", "--spec", str(SPEC),
-                        "--host", f"{server.name}:0", "--concurrency", "1", "--input-len", "8", "--output-len", "4",
-                        "--min-prompts", "2", "--prompts-per-level", "1", "--warmups", "0", "--out", str(out)],
-                       cwd=REPO, capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
+    r = subprocess.run(
+        [
+            str(Path(sys.executable).parent / "vllm-fleet"),
+            "bench",
+            "inventory/lab.py",
+            "--spec",
+            str(SPEC),
+            "--host",
+            f"{server.name}:0",
+            "--concurrency",
+            "1",
+            "--input-len",
+            "8",
+            "--output-len",
+            "4",
+            "--min-prompts",
+            "2",
+            "--prompts-per-level",
+            "1",
+            "--warmups",
+            "0",
+            "--out",
+            str(out),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        stdin=subprocess.DEVNULL,
+    )
     assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
     runs = {x["target"]: x["result"] for x in json.loads((out / "bench.json").read_text())["runs"]}
     assert set(runs) == {"proxy", "direct"}

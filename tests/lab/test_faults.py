@@ -25,8 +25,10 @@ pytestmark = pytest.mark.lab
 
 TIMINGS: dict[str, float] = {}
 HEALTH_BOUND_S = 240  # restart-to-healthy on a busy 2-core machine (RestartSec=10 + the tiny model's start)
-FILES = ("/etc/systemd/system/vllm-lab-tiny-0.service /etc/vllm-fleet/lab-tiny/vllm.env /etc/vllm-fleet/lab-tiny/secrets.env "
-         "/etc/nginx/conf.d/vllm-fleet-lab-tiny.conf /etc/nginx/vllm-fleet/lab-tiny-auth.conf")
+FILES = (
+    "/etc/systemd/system/vllm-lab-tiny-0.service /etc/vllm-fleet/lab-tiny/vllm.env /etc/vllm-fleet/lab-tiny/secrets.env "
+    "/etc/nginx/conf.d/vllm-fleet-lab-tiny.conf /etc/nginx/vllm-fleet/lab-tiny-auth.conf"
+)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -46,8 +48,9 @@ def server(lab_hosts):
 
 
 def fingerprint(host) -> str:
-    return host.ssh(f"sha256sum {FILES}; systemctl show -p MainPID --value vllm-lab-tiny-0.service nginx.service",
-                    user="root").stdout
+    return host.ssh(
+        f"sha256sum {FILES}; systemctl show -p MainPID --value vllm-lab-tiny-0.service nginx.service", user="root"
+    ).stdout
 
 
 def wait_healthy(host, deadline_s: float) -> float:
@@ -64,24 +67,35 @@ def wait_healthy(host, deadline_s: float) -> float:
 def inventory_file(tmp_path: Path, body: str) -> Path:
     """An inventory built from the lab's hosts (the same host data inventory/lab.py gives)."""
     f = tmp_path / "inventory.py"
-    f.write_text(f"import sys\nsys.path.insert(0, {str(REPO)!r})\n"
-                 "from vllm_fleet.lab.inventory import lab_hosts\n"
-                 "_hosts, _ = lab_hosts()\n_by = {n: d for n, d in _hosts}\n" + body)
+    f.write_text(
+        f"import sys\nsys.path.insert(0, {str(REPO)!r})\n"
+        "from vllm_fleet.lab.inventory import lab_hosts\n"
+        "_hosts, _ = lab_hosts()\n_by = {n: d for n, d in _hosts}\n" + body
+    )
     return f
 
 
 def run_pyinfra(inventory: Path | str, *extra: str, spec: Path | str = SPEC, timeout: float = 1200):
     env = {**os.environ, "VLLM_FLEET_SPEC": str(spec)}
-    r = subprocess.run([PYINFRA, "-y", *extra, str(inventory), "deploys/serve.py"], cwd=REPO, env=env,
-                       capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    r = subprocess.run(
+        [PYINFRA, "-y", *extra, str(inventory), "deploys/serve.py"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+    )
     r.out = r.stdout + r.stderr  # type: ignore[attr-defined]
     return r
 
 
 # -- bad input reaching a real deploy
 
-@pytest.mark.parametrize("case", ["yaml-syntax", "missing-source", "parallel-product-mismatch",
-                                  "api-key-in-extra-args", "tls-without-cert"])
+
+@pytest.mark.parametrize(
+    "case", ["yaml-syntax", "missing-source", "parallel-product-mismatch", "api-key-in-extra-args", "tls-without-cert"]
+)
 def test_bad_spec_deploy_changes_no_file_on_the_host(server, case):
     before = fingerprint(server)
     r = deploy(REPO / "tests" / "specs" / "invalid" / f"{case}.yaml")
@@ -93,6 +107,7 @@ def test_bad_spec_deploy_changes_no_file_on_the_host(server, case):
 
 # -- broken inventories
 
+
 def unused_address(lab_hosts) -> str:
     """An address on the lab subnet where no host runs (.250)."""
     return re.sub(r"\.\d+$", ".250", lab_hosts[0].address)
@@ -101,8 +116,11 @@ def unused_address(lab_hosts) -> str:
 def test_unreachable_host_others_go_on_and_the_summary_names_it(server, lab_hosts, tmp_path):
     """No --fail-percent: pyinfra drops the host it cannot reach and converges the others."""
     ghost = unused_address(lab_hosts)
-    inv = inventory_file(tmp_path, f"servers = [('lab1', _by['lab1'])]\nproxy = [('lab1', _by['lab1'])]\n"
-                                   f"spare = [('ghost', {{**_by['lab1'], 'ssh_hostname': {ghost!r}}})]\n")
+    inv = inventory_file(
+        tmp_path,
+        f"servers = [('lab1', _by['lab1'])]\nproxy = [('lab1', _by['lab1'])]\n"
+        f"spare = [('ghost', {{**_by['lab1'], 'ssh_hostname': {ghost!r}}})]\n",
+    )
     t0 = time.monotonic()
     r = run_pyinfra(inv)
     TIMINGS["unreachable_host_deploy_s"] = round(time.monotonic() - t0, 1)
@@ -115,8 +133,11 @@ def test_unreachable_host_others_go_on_and_the_summary_names_it(server, lab_host
 
 def test_unreachable_host_with_fail_percent_stops_before_any_operation(server, lab_hosts, tmp_path):
     ghost = unused_address(lab_hosts)
-    inv = inventory_file(tmp_path, f"servers = [('lab1', _by['lab1'])]\nproxy = [('lab1', _by['lab1'])]\n"
-                                   f"spare = [('ghost', {{**_by['lab1'], 'ssh_hostname': {ghost!r}}})]\n")
+    inv = inventory_file(
+        tmp_path,
+        f"servers = [('lab1', _by['lab1'])]\nproxy = [('lab1', _by['lab1'])]\n"
+        f"spare = [('ghost', {{**_by['lab1'], 'ssh_hostname': {ghost!r}}})]\n",
+    )
     before = fingerprint(server)
     r = run_pyinfra(inv, "--fail-percent", "0")
     assert r.returncode != 0
@@ -128,8 +149,9 @@ def test_unreachable_host_with_fail_percent_stops_before_any_operation(server, l
 def test_wrong_ssh_key_fails_the_host_and_changes_nothing(server, tmp_path):
     key = tmp_path / "wrong_key"
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
-    inv = inventory_file(tmp_path, f"servers = [('lab1', {{**_by['lab1'], 'ssh_key': {str(key)!r}}})]\n"
-                                   "proxy = servers\n")
+    inv = inventory_file(
+        tmp_path, f"servers = [('lab1', {{**_by['lab1'], 'ssh_key': {str(key)!r}}})]\nproxy = servers\n"
+    )
     before = fingerprint(server)
     r = run_pyinfra(inv)
     assert r.returncode != 0
@@ -142,8 +164,11 @@ def test_user_without_sudo_fails_at_the_first_root_step(server, lab_hosts, tmp_p
     """lab2 (not serving) gets a user with the lab key and no sudo; a deploy as that user must fail
     on lab2 without creating anything there."""
     lab2 = lab_hosts[1]
-    lab2.ssh("id nosudo >/dev/null 2>&1 || useradd -m -s /bin/bash nosudo; install -d -o nosudo -m 700 ~nosudo/.ssh; "
-             "cp /home/lab/.ssh/authorized_keys ~nosudo/.ssh/; chown nosudo ~nosudo/.ssh/authorized_keys", user="root")
+    lab2.ssh(
+        "id nosudo >/dev/null 2>&1 || useradd -m -s /bin/bash nosudo; install -d -o nosudo -m 700 ~nosudo/.ssh; "
+        "cp /home/lab/.ssh/authorized_keys ~nosudo/.ssh/; chown nosudo ~nosudo/.ssh/authorized_keys",
+        user="root",
+    )
     inv = inventory_file(tmp_path, "servers = [('lab2', {**_by['lab2'], 'ssh_user': 'nosudo'})]\nproxy = servers\n")
     try:
         r = run_pyinfra(inv, timeout=600)
@@ -152,8 +177,12 @@ def test_user_without_sudo_fails_at_the_first_root_step(server, lab_hosts, tmp_p
         assert "host lab2: user nosudo cannot run sudo without a password" in r.out, r.out[-3000:]
         assert "NOPASSWD" in r.out and "Traceback" not in r.out, r.out[-3000:]
         assert "Starting operation" not in r.out
-        assert lab2.ssh("test -e /etc/vllm-fleet || test -e /opt/vllm-fleet || id vllm", user="root",
-                        check=False).returncode != 0, "something was created on lab2"
+        assert (
+            lab2.ssh(
+                "test -e /etc/vllm-fleet || test -e /opt/vllm-fleet || id vllm", user="root", check=False
+            ).returncode
+            != 0
+        ), "something was created on lab2"
     finally:
         lab2.ssh("userdel -r nosudo 2>/dev/null; true", user="root")
 
@@ -167,18 +196,24 @@ def test_no_disk_space_for_the_model_stops_before_any_change(server, tmp_path):
     spec["model"]["path"] = "/var/lib/vllm-fleet/lab-tiny/model-elsewhere"  # nothing there yet: all to upload
     path = tmp_path / "lab-tiny.yaml"
     path.write_text(yaml.safe_dump(spec))
-    inv = inventory_file(tmp_path, "servers = [('lab1', {**_by['lab1'], 'model_keep_free_bytes': 1 << 50})]\nproxy = servers\n")
+    inv = inventory_file(
+        tmp_path, "servers = [('lab1', {**_by['lab1'], 'model_keep_free_bytes': 1 << 50})]\nproxy = servers\n"
+    )
     before = fingerprint(server)
     r = run_pyinfra(inv, spec=path, timeout=600)
     assert r.returncode != 0
-    assert re.search(r"host lab1: not enough disk space for model\.path /var/lib/vllm-fleet/lab-tiny/model-elsewhere: "
-                     r"\d+ file\(s\) to upload, .* GiB free", r.out), r.out[-3000:]
+    assert re.search(
+        r"host lab1: not enough disk space for model\.path /var/lib/vllm-fleet/lab-tiny/model-elsewhere: "
+        r"\d+ file\(s\) to upload, .* GiB free",
+        r.out,
+    ), r.out[-3000:]
     assert "Starting operation" not in r.out and "Traceback" not in r.out, r.out[-3000:]
     assert fingerprint(server) == before
     assert server.ssh("test -e /var/lib/vllm-fleet/lab-tiny/model-elsewhere", user="root", check=False).returncode != 0
 
 
 # -- faults on a running service
+
 
 def test_killed_vllm_is_restarted_and_healthy_within_a_bound(server):
     pid = main_pid(server, "vllm-lab-tiny-0.service")
@@ -187,16 +222,22 @@ def test_killed_vllm_is_restarted_and_healthy_within_a_bound(server):
     server.ssh(f"kill -KILL {pid}", user="root")
     # the proxy must notice (a 502) before it can recover: don't time a stale answer
     deadline = time.monotonic() + 60
-    while curl("-o", "/dev/null", "-w", "%{http_code}", "--max-time", "5",
-               f"http://{server.address}/health").stdout == "200" and time.monotonic() < deadline:
+    while (
+        curl("-o", "/dev/null", "-w", "%{http_code}", "--max-time", "5", f"http://{server.address}/health").stdout
+        == "200"
+        and time.monotonic() < deadline
+    ):
         time.sleep(0.2)
     # Users re-deploy exactly when something looks wrong: a re-deploy while systemd restarts vLLM
     # (nothing in the spec changed) waits for /health before its smoke tests (issue 25; on the
     # H200 they gave up after 30 s of 502 through nginx).
     r = deploy()
     assert r.returncode == 0, why(r)
-    assert re.search(r"Wait for vllm-lab-tiny-0\.service /health on port \d+ \(deadline \d+ s; "
-                     r"(the unit is activating \(auto-restart\)|its process started \d+ s ago)", r.out), r.out[-3000:]
+    assert re.search(
+        r"Wait for vllm-lab-tiny-0\.service /health on port \d+ \(deadline \d+ s; "
+        r"(the unit is activating \(auto-restart\)|its process started \d+ s ago)",
+        r.out,
+    ), r.out[-3000:]
     assert re.search(r"vllm-lab-tiny-0\.service healthy after \d+ s of waiting", r.out), r.out[-3000:]
     wait_healthy(server, HEALTH_BOUND_S)
     took = time.monotonic() - t0  # from the kill to the re-deploy's end (its smoke tests passed)
@@ -213,20 +254,30 @@ def test_a_crash_looping_unit_fails_the_redeploy_naming_it(server):
     journal tail, instead of smoke tests against nothing."""
     unit = "vllm-lab-tiny-0.service"
     drop = f"/etc/systemd/system/{unit}.d"
-    server.ssh(f"mkdir -p {drop} && printf '[Service]\\nExecStart=\\nExecStart=/bin/sh -c \"echo crash-loop-by-test >&2; exit 1\"\\n' "
-               f"> {drop}/zz-test-crash.conf && systemctl daemon-reload && systemctl restart {unit}", user="root")
+    server.ssh(
+        f"mkdir -p {drop} && printf '[Service]\\nExecStart=\\nExecStart=/bin/sh -c \"echo crash-loop-by-test >&2; exit 1\"\\n' "
+        f"> {drop}/zz-test-crash.conf && systemctl daemon-reload && systemctl restart {unit}",
+        user="root",
+    )
     try:
         t0 = time.monotonic()
         r = deploy()
         took = time.monotonic() - t0
         assert r.returncode != 0, r.out[-3000:]
-        m = re.search(rf"{re.escape(unit)} not healthy after \d+ s \(deadline \d+ s; [^)]*NRestarts (\d+)[^\n]*crashed while starting", r.out)
+        m = re.search(
+            rf"{re.escape(unit)} not healthy after \d+ s \(deadline \d+ s; [^)]*NRestarts (\d+)[^\n]*crashed while starting",
+            r.out,
+        )
         assert m, r.out[-4000:]
         assert "crash-loop-by-test" in r.out, r.out[-3000:]  # the journal tail
         assert "smoke" not in "".join(changed_ops(r.out)).lower()  # it stopped before the smoke tests
         TIMINGS["crash_loop_redeploy_fails_s"] = round(took, 1)
     finally:
-        server.ssh(f"rm -rf {drop} && systemctl daemon-reload && systemctl reset-failed {unit}; systemctl restart {unit}", user="root", check=False)
+        server.ssh(
+            f"rm -rf {drop} && systemctl daemon-reload && systemctl reset-failed {unit}; systemctl restart {unit}",
+            user="root",
+            check=False,
+        )
 
 
 def unit_references_exist(host) -> None:
@@ -250,8 +301,15 @@ def test_interrupted_deploy_then_converges(server, tmp_path):
     changed = tmp_path / "lab-tiny.yaml"
     changed.write_text(yaml.safe_dump(spec))
     env = {**os.environ, "VLLM_FLEET_SPEC": str(changed)}
-    p = subprocess.Popen([PYINFRA, "-y", "inventory/lab.py", "deploys/serve.py"], cwd=REPO, env=env,
-                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    p = subprocess.Popen(
+        [PYINFRA, "-y", "inventory/lab.py", "deploys/serve.py"],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     seen = []
     try:
         for line in p.stdout:
@@ -284,7 +342,9 @@ def test_interrupted_deploy_then_converges(server, tmp_path):
     assert total["changed"] == "-" and total["error"] == "-", (total, changed_ops(again.out), again.out[-4000:])
     assert "--max-num-seqs 16" in server.ssh("ps -eo args", user="root").stdout
     unit_references_exist(server)
-    leftovers = server.ssh("find /etc/vllm-fleet /etc/systemd/system /etc/nginx -name '*tmp*'", user="root").stdout.split()
+    leftovers = server.ssh(
+        "find /etc/vllm-fleet /etc/systemd/system /etc/nginx -name '*tmp*'", user="root"
+    ).stdout.split()
     assert not leftovers, leftovers
 
 
@@ -311,6 +371,10 @@ def test_reboot_everything_comes_back(server):
     assert r.returncode == 0, why(r)
     total = grand_total(r.out)
     assert total["changed"] == "-" and total["error"] == "-", (
-        total, changed_ops(r.out),
-        server.ssh("systemctl status --no-pager -n 30 vllm-lab-tiny-0.service nginx.service", user="root", check=False).stdout[-3000:])
+        total,
+        changed_ops(r.out),
+        server.ssh(
+            "systemctl status --no-pager -n 30 vllm-lab-tiny-0.service nginx.service", user="root", check=False
+        ).stdout[-3000:],
+    )
     assert "PASS  chat" in r.out and "FAIL" not in r.out

@@ -55,8 +55,9 @@ def test_weights_from_the_hub_once_per_fleet(lab, lab_hosts, tmp_path):
     want_bytes = sum(len(v) for k, v in files.items() if not k.startswith("original/"))
     hub = StandInHub(SOURCE, COMMIT, files, plain=tuple(k for k in files if k.endswith(".json")))
     spec = copy.deepcopy(resolve(load(REPO / "deployments" / "lab-tiny.yaml")))
-    spec["model"].update({"transfer": "hub", "hub_fetch": "fleet", "source": SOURCE, "revision": COMMIT,
-                          "local_dir": None, "path": PATH})
+    spec["model"].update(
+        {"transfer": "hub", "hub_fetch": "fleet", "source": SOURCE, "revision": COMMIT, "local_dir": None, "path": PATH}
+    )
     spec["server"]["user"] = "root"  # a user every lab host has (bare or not)
     (tmp_path / "spec.json").write_text(json.dumps(spec))
     (tmp_path / "deploy.py").write_text(DEPLOY.format(spec=str(tmp_path / "spec.json")))
@@ -70,8 +71,9 @@ def test_weights_from_the_hub_once_per_fleet(lab, lab_hosts, tmp_path):
         (tmp_path / "bad.json").write_text(json.dumps(bad))
         (tmp_path / "bad.py").write_text(DEPLOY.format(spec=str(tmp_path / "bad.json")))
         refused = run([*argv[:-1], str(tmp_path / "bad.py")], env=env, timeout=600)
-        assert refused.returncode != 0 and "model.revision 'no-such-tag' does not exist in lab/tiny-llama" in refused.out, \
-            refused.out[-4000:]
+        assert (
+            refused.returncode != 0 and "model.revision 'no-such-tag' does not exist in lab/tiny-llama" in refused.out
+        ), refused.out[-4000:]
         assert "Traceback" not in refused.out
         for h in lab_hosts:
             assert h.ssh(f"test -e {Path(PATH).parent}", user="root", check=False).returncode == 1, h.name
@@ -85,13 +87,18 @@ def test_weights_from_the_hub_once_per_fleet(lab, lab_hosts, tmp_path):
         assert hub.served_bytes == want_bytes, (hub.served_bytes, want_bytes)
         received = {}
         for h in lab_hosts:
-            check = h.ssh(f"cd {PATH} && sha256sum --strict -c MANIFEST.sha256 && cat .vllm-fleet-hub && "
-                          "find . -type f ! -name MANIFEST.sha256 ! -name .vllm-fleet-hub -printf '%s\\n'", user="root")
+            check = h.ssh(
+                f"cd {PATH} && sha256sum --strict -c MANIFEST.sha256 && cat .vllm-fleet-hub && "
+                "find . -type f ! -name MANIFEST.sha256 ! -name .vllm-fleet-hub -printf '%s\\n'",
+                user="root",
+            )
             assert check.stdout.count(": OK") == len(files) - 1, check.stdout
             assert f"{SOURCE}@{COMMIT}\n" in check.stdout
             received[h.name] = sum(int(x) for x in check.stdout.split("\n") if x.isdigit())
             assert received[h.name] == want_bytes
-        mtimes = {h.name: h.ssh(f"find {PATH} -type f -printf '%p %T@\\n' | sort", user="root").stdout for h in lab_hosts}
+        mtimes = {
+            h.name: h.ssh(f"find {PATH} -type f -printf '%p %T@\\n' | sort", user="root").stdout for h in lab_hosts
+        }
 
         asked = len(hub.requests)
         t0 = time.monotonic()
@@ -101,11 +108,13 @@ def test_weights_from_the_hub_once_per_fleet(lab, lab_hosts, tmp_path):
         assert len(hub.requests) == asked  # the converged hosts: the hub is not asked
         for h in lab_hosts:  # and nothing was written again
             assert h.ssh(f"find {PATH} -type f -printf '%p %T@\\n' | sort", user="root").stdout == mtimes[h.name]
-        print(f"\nhub fleet fan-out, {len(lab_hosts)} hosts: the hub served {hub.served_bytes} bytes "
-              f"({len(hub.file_requests())} file requests) for {want_bytes} bytes of model; the hosts received "
-              f"{sum(received.values())} bytes ({', '.join(f'{k} {v}' for k, v in received.items())}); bridge tx "
-              f"{tx} bytes; first deploy {first.elapsed:.1f} s, second (no change, no hub request) {noop_s:.1f} s; "
-              f"load {os.getloadavg()[0]:.2f}")
+        print(
+            f"\nhub fleet fan-out, {len(lab_hosts)} hosts: the hub served {hub.served_bytes} bytes "
+            f"({len(hub.file_requests())} file requests) for {want_bytes} bytes of model; the hosts received "
+            f"{sum(received.values())} bytes ({', '.join(f'{k} {v}' for k, v in received.items())}); bridge tx "
+            f"{tx} bytes; first deploy {first.elapsed:.1f} s, second (no change, no hub request) {noop_s:.1f} s; "
+            f"load {os.getloadavg()[0]:.2f}"
+        )
     finally:
         hub.close()
         for h in lab_hosts:

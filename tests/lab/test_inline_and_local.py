@@ -27,8 +27,20 @@ pytestmark = pytest.mark.lab
 SPEC = REPO / "deployments" / "lab-tiny.yaml"
 UNIT = "vllm-lab-tiny-0.service"
 ENV_DIR = "/opt/vllm-fleet/lab-tiny/env"
-BENCH = ["--concurrency", "1", "--prompts-per-level", "1", "--min-prompts", "2", "--warmups", "0",
-         "--input-len", "16", "--output-len", "8"]
+BENCH = [
+    "--concurrency",
+    "1",
+    "--prompts-per-level",
+    "1",
+    "--min-prompts",
+    "2",
+    "--warmups",
+    "0",
+    "--input-len",
+    "16",
+    "--output-len",
+    "8",
+]
 TIMES: dict[str, float] = {}
 
 
@@ -49,8 +61,16 @@ def test_an_inline_user_at_host_from_the_control_machine(lab_hosts, tmp_path):
     lab1, lab2 = lab_hosts[:2]
     data = _lab_data(lab2.name)
     inv = f"{data['ssh_user']}@{lab2.address}"  # lab@10.10.0.12: the login in the name, the rest as --data
-    keys = ("_sudo", "ssh_key", "ssh_known_hosts_file", "ssh_strict_host_key_checking", "private_address", "pip_cache_dir",
-            "vllm_find_links", "vllm_wheel_serve_address")
+    keys = (
+        "_sudo",
+        "ssh_key",
+        "ssh_known_hosts_file",
+        "ssh_strict_host_key_checking",
+        "private_address",
+        "pip_cache_dir",
+        "vllm_find_links",
+        "vllm_wheel_serve_address",
+    )
     given = [a for k in keys for a in ("--data", f"{k}={data[k]}")]
     if lab2.ssh(f"test -x {ENV_DIR}/bin/python", user="root", check=False).returncode != 0:
         TIMES["env copy lab1 -> lab2"] = copy_tree(lab1, lab2, ENV_DIR)
@@ -80,8 +100,12 @@ def test_an_inline_user_at_host_from_the_control_machine(lab_hosts, tmp_path):
         r = _fleet("status", inv, "--spec", str(SPEC), *given)
         assert r.returncode == 1 and "down (no unit)" in r.stdout, r.out
     finally:
-        lab2.ssh(f"systemctl disable --now {UNIT}; rm -f /etc/systemd/system/{UNIT} /etc/nginx/conf.d/vllm-fleet-lab-tiny.conf; "
-                 "systemctl daemon-reload; systemctl reload nginx", user="root", check=False)
+        lab2.ssh(
+            f"systemctl disable --now {UNIT}; rm -f /etc/systemd/system/{UNIT} /etc/nginx/conf.d/vllm-fleet-lab-tiny.conf; "
+            "systemctl daemon-reload; systemctl reload nginx",
+            user="root",
+            check=False,
+        )
         print("\ninline times (s):", TIMES)
 
 
@@ -95,30 +119,51 @@ def test_at_local_inside_a_lab_host_from_a_wheel(lab_hosts, tmp_path):
     lab1 = lab_hosts[0]
     t0 = time.monotonic()
     wheels = tmp_path / "wheels"
-    r = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "-w", str(wheels), str(REPO)], capture_output=True,
-                       text=True, timeout=900)
+    r = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "-w", str(wheels), str(REPO)],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     # the spec, the tiny model and the API key where the spec names them (~ is /root there)
     spec = yaml_with_bind(tmp_path / "lab-tiny.yaml")
     tar = subprocess.Popen(["tar", "-C", str(tmp_path), "-cf", "-", "wheels", "lab-tiny.yaml"], stdout=subprocess.PIPE)
-    into = subprocess.run([*lab1.ssh_argv("root"), "rm -rf /opt/vf38 && mkdir -p /opt/vf38 && tar -C /opt/vf38 -xf - && "
-                           "python3 -m venv /opt/vf38/venv && /opt/vf38/venv/bin/pip install -q --no-index --find-links "
-                           "/opt/vf38/wheels vllm-fleet"], stdin=tar.stdout, capture_output=True, text=True, timeout=900)
+    into = subprocess.run(
+        [
+            *lab1.ssh_argv("root"),
+            "rm -rf /opt/vf38 && mkdir -p /opt/vf38 && tar -C /opt/vf38 -xf - && "
+            "python3 -m venv /opt/vf38/venv && /opt/vf38/venv/bin/pip install -q --no-index --find-links "
+            "/opt/vf38/wheels vllm-fleet",
+        ],
+        stdin=tar.stdout,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     tar.stdout.close()
     assert tar.wait(60) == 0 and into.returncode == 0, into.stderr[-3000:]
     import os
 
     home = os.path.expanduser("~")
-    tar = subprocess.Popen(["tar", "-C", home, "-cf", "-", ".cache/vllm-fleet/models/tiny-llama", ".config/vllm-fleet/lab-tiny.key"],
-                           stdout=subprocess.PIPE)
-    into = subprocess.run([*lab1.ssh_argv("root"), "tar -C /root -xf -"], stdin=tar.stdout, capture_output=True, timeout=300)
+    tar = subprocess.Popen(
+        ["tar", "-C", home, "-cf", "-", ".cache/vllm-fleet/models/tiny-llama", ".config/vllm-fleet/lab-tiny.key"],
+        stdout=subprocess.PIPE,
+    )
+    into = subprocess.run(
+        [*lab1.ssh_argv("root"), "tar -C /root -xf -"], stdin=tar.stdout, capture_output=True, timeout=300
+    )
     tar.stdout.close()
     assert tar.wait(60) == 0 and into.returncode == 0, into.stderr
     TIMES["wheels + install in lab1"] = round(time.monotonic() - t0, 1)
     fleet = "/opt/vf38/venv/bin/vllm-fleet"
-    assert _in_lab1(lab1, f"/opt/vf38/venv/bin/python -c 'import vllm_fleet; print(vllm_fleet.__file__)'").stdout.startswith("/opt/vf38/venv/")
+    assert _in_lab1(
+        lab1, f"/opt/vf38/venv/bin/python -c 'import vllm_fleet; print(vllm_fleet.__file__)'"
+    ).stdout.startswith("/opt/vf38/venv/")
     data = _lab_data(lab1.name)
-    given = " ".join(f"--data {k}={shlex.quote(str(data[k]))}" for k in ("private_address", "pip_cache_dir", "vllm_find_links"))
+    given = " ".join(
+        f"--data {k}={shlex.quote(str(data[k]))}" for k in ("private_address", "pip_cache_dir", "vllm_find_links")
+    )
     at = f"@local --spec {spec} {given}"
     try:
         # lab-tiny on lab1 as the control machine deploys it (a no-op when the lab is as it should be)

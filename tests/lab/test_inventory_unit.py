@@ -11,8 +11,13 @@ from labkit import REPO
 
 @pytest.fixture
 def fake_state(tmp_path, monkeypatch):
-    st = {"ssh_user": "lab", "ssh_key": "/k", "known_hosts": "/kh", "pip_cache_dir": "/var/cache/vllm-fleet/pip",
-          "hosts": [{"name": f"lab{i}", "address": f"10.10.0.{10 + i}", "index": i} for i in (1, 2, 3)]}
+    st = {
+        "ssh_user": "lab",
+        "ssh_key": "/k",
+        "known_hosts": "/kh",
+        "pip_cache_dir": "/var/cache/vllm-fleet/pip",
+        "hosts": [{"name": f"lab{i}", "address": f"10.10.0.{10 + i}", "index": i} for i in (1, 2, 3)],
+    }
     (tmp_path / "state.json").write_text(json.dumps(st))
     monkeypatch.setenv("VLLM_FLEET_LAB_DIR", str(tmp_path))
     for g in ("SERVERS", "PROXY", "RAY_HEAD", "RAY_WORKERS", "MONITORING"):

@@ -38,8 +38,11 @@ def test_hosts_reach_each_other(lab_hosts):
 
 def test_pip_in_a_venv_downloads_over_tls(lab_hosts):
     h = lab_hosts[0]
-    res = h.ssh("rm -rf /tmp/t /tmp/dl && python3 -m venv /tmp/t && "
-                "/tmp/t/bin/pip download --no-cache-dir --no-deps -q -d /tmp/dl six && ls /tmp/dl", timeout=300)
+    res = h.ssh(
+        "rm -rf /tmp/t /tmp/dl && python3 -m venv /tmp/t && "
+        "/tmp/t/bin/pip download --no-cache-dir --no-deps -q -d /tmp/dl six && ls /tmp/dl",
+        timeout=300,
+    )
     assert ".whl" in res.stdout
 
 
@@ -56,8 +59,14 @@ def test_shared_pip_cache(lab, lab_hosts):
 
 
 def test_pyinfra_exec_over_the_inventory(lab_hosts):
-    res = subprocess.run([PYINFRA, "-y", "inventory/lab.py", "exec", "--", "systemctl", "is-system-running"],
-                         cwd=REPO, capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
+    res = subprocess.run(
+        [PYINFRA, "-y", "inventory/lab.py", "exec", "--", "systemctl", "is-system-running"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        stdin=subprocess.DEVNULL,
+    )
     assert res.returncode == 0, res.stdout + res.stderr
     for h in lab_hosts:
         assert f"[{h.name}] running" in res.stdout + res.stderr
@@ -81,11 +90,19 @@ def test_reboot_via_pyinfra(lab, lab_hosts, tmp_path):
     h = lab_hosts[-1]
     boot_id = h.ssh("cat /proc/sys/kernel/random/boot_id").stdout.strip()
     deploy = tmp_path / "reboot.py"
-    deploy.write_text("from pyinfra.operations import server\n"
-                      "server.reboot(name='reboot', delay=2, interval=1, reboot_timeout=120, _sudo=True)\n")
+    deploy.write_text(
+        "from pyinfra.operations import server\n"
+        "server.reboot(name='reboot', delay=2, interval=1, reboot_timeout=120, _sudo=True)\n"
+    )
     t0 = time.monotonic()
-    res = subprocess.run([PYINFRA, "-y", "--limit", h.name, "inventory/lab.py", str(deploy)], cwd=REPO,
-                         capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
+    res = subprocess.run(
+        [PYINFRA, "-y", "--limit", h.name, "inventory/lab.py", str(deploy)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        stdin=subprocess.DEVNULL,
+    )
     assert res.returncode == 0, res.stdout + res.stderr
     assert time.monotonic() - t0 < 120
     assert h.ssh("systemctl is-system-running --wait", user="root").stdout.strip() == "running"
@@ -116,17 +133,25 @@ def test_errors_a_user_can_act_on(lab, tmp_path):
     env = dict(os.environ, VLLM_FLEET_LAB_DIR=str(tmp_path / "other"))
     cmd = [sys.executable, "-m", "vllm_fleet.lab", "up", "--hosts", "1"]
     # the bridge name is taken (by the running lab)
-    res = subprocess.run(cmd, cwd=REPO, env={**env, "VLLM_FLEET_LAB_BRIDGE": lab["bridge"]},
-                         capture_output=True, text=True, timeout=300)
+    res = subprocess.run(
+        cmd, cwd=REPO, env={**env, "VLLM_FLEET_LAB_BRIDGE": lab["bridge"]}, capture_output=True, text=True, timeout=300
+    )
     assert res.returncode == 2 and "already exists" in res.stderr and "VLLM_FLEET_LAB_BRIDGE" in res.stderr
     # the subnet is taken
-    res = subprocess.run(cmd, cwd=REPO, env={**env, "VLLM_FLEET_LAB_BRIDGE": "vftest9"},
-                         capture_output=True, text=True, timeout=300)
+    res = subprocess.run(
+        cmd, cwd=REPO, env={**env, "VLLM_FLEET_LAB_BRIDGE": "vftest9"}, capture_output=True, text=True, timeout=300
+    )
     assert res.returncode == 2 and "overlaps" in res.stderr and "VLLM_FLEET_LAB_SUBNET" in res.stderr
     assert not (tmp_path / "other").exists() and not Path("/sys/class/net/vftest9").exists()
     # not root
-    res = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", *cmd], cwd=REPO,
-                         env={**env, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=60)
+    res = subprocess.run(
+        ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", *cmd],
+        cwd=REPO,
+        env={**env, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert res.returncode == 2 and "needs root" in res.stderr
 
 
@@ -188,8 +213,11 @@ def test_down_removes_everything_and_is_idempotent(lab):
     from vllm_fleet.lab.nspawn import LabConfig
 
     mine = tuple(f"vb-{LabConfig().machine(h['name'])}@" for h in lab["hosts"])
-    assert not [ln for ln in subprocess.run(["ip", "-br", "link"], capture_output=True, text=True).stdout.splitlines()
-                if ln.startswith(mine)]
+    assert not [
+        ln
+        for ln in subprocess.run(["ip", "-br", "link"], capture_output=True, text=True).stdout.splitlines()
+        if ln.startswith(mine)
+    ]
     rules = subprocess.run(["iptables-save"], capture_output=True, text=True).stdout
     assert "vllm-fleet-lab" not in rules
     for pid in [*pids, lxcfs_pid]:
@@ -204,5 +232,3 @@ def test_down_removes_everything_and_is_idempotent(lab):
 
     res = lab_cli("down", timeout=60)
     assert res.returncode == 0 and "nothing to do" in res.stderr
-
-

@@ -111,7 +111,9 @@ def test_vllm_series_carry_the_served_model(monitored):
     names = prom(monitored["prom"], "/api/v1/label/__name__/values")
     RESULTS["vllm_series_names"] = len([n for n in names if n.startswith("vllm:")])
     assert RESULTS["vllm_series_names"] > 30
-    assert query(monitored["prom"], 'probe_success{job="vllm-health"} == 1')  # /health probed through the blackbox exporter
+    assert query(
+        monitored["prom"], 'probe_success{job="vllm-health"} == 1'
+    )  # /health probed through the blackbox exporter
 
 
 def test_a_request_through_the_proxy_moves_the_counters(monitored):
@@ -122,12 +124,22 @@ def test_a_request_through_the_proxy_moves_the_counters(monitored):
     before = float(query(monitored["prom"], expr)[0]["value"][1])
     tokens_before = float(query(monitored["prom"], tokens)[0]["value"][1])
     body = json.dumps({"model": "tiny", "messages": [{"role": "user", "content": "count to five"}], "max_tokens": 16})
-    chat = curl("-H", f"Authorization: Bearer {api_key()}", "-H", "Content-Type: application/json", "-d", body,
-                f"http://{monitored['host'].address}/v1/chat/completions")
+    chat = curl(
+        "-H",
+        f"Authorization: Bearer {api_key()}",
+        "-H",
+        "Content-Type: application/json",
+        "-d",
+        body,
+        f"http://{monitored['host'].address}/v1/chat/completions",
+    )
     done = json.loads(chat.stdout)["usage"]["completion_tokens"]
     assert done > 0
-    after, took = wait_for("request counter moved", lambda: (lambda v: v if v >= before + 1 else None)(
-        float(query(monitored["prom"], expr)[0]["value"][1])), deadline_s=30)
+    after, took = wait_for(
+        "request counter moved",
+        lambda: (lambda v: v if v >= before + 1 else None)(float(query(monitored["prom"], expr)[0]["value"][1])),
+        deadline_s=30,
+    )
     RESULTS["counter_moved_after_s"] = round(took, 1)
     assert float(query(monitored["prom"], tokens)[0]["value"][1]) >= tokens_before + done
 
@@ -135,9 +147,22 @@ def test_a_request_through_the_proxy_moves_the_counters(monitored):
 def test_alert_rules_loaded_and_healthy(monitored):
     groups = prom(monitored["prom"], "/api/v1/rules")["groups"]
     rules = {r["name"]: r for g in groups for r in g["rules"]}
-    assert set(rules) == {"VllmReplicaDown", "VllmHealthFailing", "VllmKvCacheNearFull", "VllmWaitingRequestsGrowing",
-                          "VllmTtftP99High", "NodeExporterDown"}, sorted(rules)
-    wait_for("rules evaluated", lambda: all(r.get("lastEvaluation", "").startswith("20") for r in prom(monitored["prom"], "/api/v1/rules")["groups"][0]["rules"]), 30)
+    assert set(rules) == {
+        "VllmReplicaDown",
+        "VllmHealthFailing",
+        "VllmKvCacheNearFull",
+        "VllmWaitingRequestsGrowing",
+        "VllmTtftP99High",
+        "NodeExporterDown",
+    }, sorted(rules)
+    wait_for(
+        "rules evaluated",
+        lambda: all(
+            r.get("lastEvaluation", "").startswith("20")
+            for r in prom(monitored["prom"], "/api/v1/rules")["groups"][0]["rules"]
+        ),
+        30,
+    )
     assert all(r["health"] == "ok" for r in prom(monitored["prom"], "/api/v1/rules")["groups"][0]["rules"])
     firing = [a for a in prom(monitored["prom"], "/api/v1/alerts")["alerts"] if a["state"] == "firing"]
     assert firing == [], firing  # a healthy idle replica raises nothing
@@ -194,19 +219,30 @@ def test_turning_monitoring_off_removes_what_it_added(monitored):
     from vllm_fleet.render import monitoring
     from vllm_fleet.specs.load import load, resolve
 
-    files = sorted(set(p for p in monitoring.paths(resolve(load(monitored["spec"]))).values()
-                       if lab1.ssh(f"test -e {p}", user="root", check=False).returncode == 0))
+    files = sorted(
+        set(
+            p
+            for p in monitoring.paths(resolve(load(monitored["spec"]))).values()
+            if lab1.ssh(f"test -e {p}", user="root", check=False).returncode == 0
+        )
+    )
     assert "/etc/prometheus/prometheus.yml" in files, files  # what the monitored deploy placed
     pid = lab1.ssh("systemctl show -p MainPID --value vllm-lab-tiny-0.service", user="root").stdout.strip()
     r = deploy(SINGLE)
     RESULTS["monitoring_off_s"] = round(r.elapsed, 1)
     assert r.returncode == 0, why(r)
     for unit in UNITS:
-        assert lab1.ssh(f"systemctl is-active {unit}", user="root", check=False).stdout.strip() in ("inactive", "failed"), unit
+        assert lab1.ssh(f"systemctl is-active {unit}", user="root", check=False).stdout.strip() in (
+            "inactive",
+            "failed",
+        ), unit
         assert lab1.ssh(f"systemctl is-enabled {unit}", user="root", check=False).stdout.strip() == "disabled", unit
     assert lab1.ssh(f"ls {' '.join(files)}", user="root", check=False).stdout.strip() == ""
     assert lab1.ssh("systemctl show -p MainPID --value vllm-lab-tiny-0.service", user="root").stdout.strip() == pid
-    assert lab1.ssh("nginx -t && test -e /etc/nginx/conf.d/vllm-fleet-lab-tiny.conf", user="root", check=False).returncode == 0
+    assert (
+        lab1.ssh("nginx -t && test -e /etc/nginx/conf.d/vllm-fleet-lab-tiny.conf", user="root", check=False).returncode
+        == 0
+    )
 
 
 # --------------------------------------------------------------------------- across hosts (round 3, class 4)
@@ -235,8 +271,11 @@ def split(three_hosts, tmp_path_factory):
     spec["smoke"] = {"enabled": False}
     path = tmp / "lab-tiny.yaml"
     path.write_text(yaml.safe_dump(spec))
-    inv = inventory(tmp, "split.py", "proxy = [('lab1', _by['lab1'])]\nservers = [('lab2', _by['lab2'])]\n"
-                                    "monitoring = [('lab3', _by['lab3'])]\n")
+    inv = inventory(
+        tmp,
+        "split.py",
+        "proxy = [('lab1', _by['lab1'])]\nservers = [('lab2', _by['lab2'])]\nmonitoring = [('lab3', _by['lab3'])]\n",
+    )
     try:
         if lab2.ssh(f"test -x {ENV_DIR}/bin/python", user="root", check=False).returncode != 0:
             RESULTS["split_env_copy_s"] = copy_tree(lab1, lab2, ENV_DIR)
@@ -262,19 +301,31 @@ def test_across_hosts_every_target_up_and_the_probe_green(split):
     """Prometheus on lab3 reads vLLM on lab2 directly through lab2's API firewall (and the node
     exporters of all three hosts): every target up in Prometheus' own /api/v1/targets."""
     base = split["prom"]
-    targets, took = wait_for("every target up on lab3's Prometheus",
-                             lambda: (lambda ts: ts if ts and all(t["health"] == "up" for t in ts) else None)(_targets(base)), 120)
+    targets, took = wait_for(
+        "every target up on lab3's Prometheus",
+        lambda: (lambda ts: ts if ts and all(t["health"] == "up" for t in ts) else None)(_targets(base)),
+        120,
+    )
     RESULTS["split_all_up_s"] = round(took, 1)
     jobs = {t["labels"]["job"]: t for t in targets}
     assert {"vllm", "vllm-health", "node", "prometheus"} <= set(jobs), sorted(jobs)
     assert jobs["vllm"]["scrapeUrl"] == f"http://{split['lab2'].address}:8000/metrics"
-    assert sorted(t["labels"]["instance"] for t in targets if t["labels"]["job"] == "node") == \
-        sorted(f"{h.address}:9100" for h in (split["lab1"], split["lab2"], split["lab3"]))
-    ok, _ = wait_for("the /health probe green", lambda: [x for x in query(base, 'probe_success{job="vllm-health"}') if x["value"][1] == "1"], 60)
+    assert sorted(t["labels"]["instance"] for t in targets if t["labels"]["job"] == "node") == sorted(
+        f"{h.address}:9100" for h in (split["lab1"], split["lab2"], split["lab3"])
+    )
+    ok, _ = wait_for(
+        "the /health probe green",
+        lambda: [x for x in query(base, 'probe_success{job="vllm-health"}') if x["value"][1] == "1"],
+        60,
+    )
     assert ok
     # the serving path itself: lab1's nginx in front of lab2's vLLM
-    wait_for("lab1's nginx answers /health from lab2's vLLM",
-             lambda: curl("-o", "/dev/null", "-w", "%{http_code}", f"http://{split['lab1'].address}/health").stdout == "200", 120, 2)
+    wait_for(
+        "lab1's nginx answers /health from lab2's vLLM",
+        lambda: curl("-o", "/dev/null", "-w", "%{http_code}", f"http://{split['lab1'].address}/health").stdout == "200",
+        120,
+        2,
+    )
 
 
 def test_across_hosts_the_firewall_rule_is_what_makes_it_work(split):
@@ -283,10 +334,25 @@ def test_across_hosts_the_firewall_rule_is_what_makes_it_work(split):
     base, lab2, lab3 = split["prom"], split["lab2"], split["lab3"]
     lab2.ssh(f"nft delete element inet vllm_fleet_api api_peers_v4 '{{ {lab3.address} }}'", user="root")
     try:
-        wait_for("the vLLM target down without the firewall opening",
-                 lambda: [t for t in _targets(base) if t["labels"]["job"] == "vllm" and t["health"] == "down"], 60)
-        wait_for("the probe red", lambda: [x for x in query(base, 'probe_success{job="vllm-health"}') if x["value"][1] == "0"], 60)
+        wait_for(
+            "the vLLM target down without the firewall opening",
+            lambda: [t for t in _targets(base) if t["labels"]["job"] == "vllm" and t["health"] == "down"],
+            60,
+        )
+        wait_for(
+            "the probe red",
+            lambda: [x for x in query(base, 'probe_success{job="vllm-health"}') if x["value"][1] == "0"],
+            60,
+        )
     finally:
         lab2.ssh("systemctl restart vllm-fleet-api-firewall.service", user="root")
-    wait_for("the vLLM target up again", lambda: [t for t in _targets(base) if t["labels"]["job"] == "vllm" and t["health"] == "up"], 60)
-    wait_for("the probe green again", lambda: [x for x in query(base, 'probe_success{job="vllm-health"}') if x["value"][1] == "1"], 60)
+    wait_for(
+        "the vLLM target up again",
+        lambda: [t for t in _targets(base) if t["labels"]["job"] == "vllm" and t["health"] == "up"],
+        60,
+    )
+    wait_for(
+        "the probe green again",
+        lambda: [x for x in query(base, 'probe_success{job="vllm-health"}') if x["value"][1] == "1"],
+        60,
+    )

@@ -50,16 +50,27 @@ GROUPS = {"SERVERS": "lab2", "PROXY": "lab2", "RAY_HEAD": "lab2", "MONITORING": 
 def deploy(spec: Path, timeout: float = 2400) -> subprocess.CompletedProcess:
     env = {**os.environ, "VLLM_FLEET_SPEC": str(spec), **{f"VLLM_FLEET_LAB_{g}": h for g, h in GROUPS.items()}}
     t0 = time.monotonic()
-    r = subprocess.run([PYINFRA, "-y", "inventory/lab.py", "deploys/serve.py"], cwd=REPO, env=env,
-                       capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    r = subprocess.run(
+        [PYINFRA, "-y", "inventory/lab.py", "deploys/serve.py"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+    )
     r.elapsed = time.monotonic() - t0  # type: ignore[attr-defined]
     r.out = r.stdout + r.stderr  # type: ignore[attr-defined]
     return r
 
 
 def curl_code(url: str, *args: str) -> str:
-    r = subprocess.run(["curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", "--max-time", "10", *args, url],
-                       capture_output=True, text=True, timeout=30)
+    r = subprocess.run(
+        ["curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", "--max-time", "10", *args, url],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     return r.stdout.strip()
 
 
@@ -69,8 +80,12 @@ def rss_mib(host: LabHost) -> int:
 
 
 def ray_status(head: LabHost, address: str) -> str:
-    return head.ssh(f"runuser -u vllm -- env {RAY_ENV} {RAY_BIN} status --address {address}:6379", user="root",
-                    check=False, timeout=120).stdout
+    return head.ssh(
+        f"runuser -u vllm -- env {RAY_ENV} {RAY_BIN} status --address {address}:6379",
+        user="root",
+        check=False,
+        timeout=120,
+    ).stdout
 
 
 @pytest.fixture(scope="module")
@@ -85,8 +100,11 @@ def cluster(three_hosts, tmp_path_factory):
     path.write_text(yaml.safe_dump(spec))
     # One deployment per host: a lab-tiny on the head is set aside (its nginx site claims the default
     # server, its vLLM the port the head's vLLM takes); see the module's docstring.
-    head.ssh("rm -f /etc/nginx/conf.d/vllm-fleet-lab-tiny.conf; systemctl disable --now vllm-lab-tiny-0.service",
-             user="root", check=False)
+    head.ssh(
+        "rm -f /etc/nginx/conf.d/vllm-fleet-lab-tiny.conf; systemctl disable --now vllm-lab-tiny-0.service",
+        user="root",
+        check=False,
+    )
     fresh = worker.ssh("test -e /opt/vllm-fleet/lab-tiny-pp2/env/bin/ray", user="root", check=False).returncode != 0
     try:
         r = deploy(path)
@@ -99,16 +117,24 @@ def cluster(three_hosts, tmp_path_factory):
     finally:
         # Teardown, also when the deploy above failed: the 2-node service off (later lab tests
         # deploy lab-tiny to lab2 and expect its site alone and port 8000 free).
-        head.ssh("systemctl disable --now vllm-lab-tiny-pp2-0.service ray-head.service vllm-fleet-ray-firewall.service; "
-                 # a unit that failed on its way down stays listed (`loaded failed`) until reset:
-                 # test_rollout's dropped-host test lists vllm-lab-tiny* units on lab2 and expects none
-                 "for u in vllm-lab-tiny-pp2-0 ray-head vllm-fleet-ray-firewall; do systemctl reset-failed $u.service; done; "
-                 "rm -f /etc/nginx/conf.d/vllm-fleet-lab-tiny-pp2.conf; systemctl reload nginx || true", user="root", check=False)
+        head.ssh(
+            "systemctl disable --now vllm-lab-tiny-pp2-0.service ray-head.service vllm-fleet-ray-firewall.service; "
+            # a unit that failed on its way down stays listed (`loaded failed`) until reset:
+            # test_rollout's dropped-host test lists vllm-lab-tiny* units on lab2 and expects none
+            "for u in vllm-lab-tiny-pp2-0 ray-head vllm-fleet-ray-firewall; do systemctl reset-failed $u.service; done; "
+            "rm -f /etc/nginx/conf.d/vllm-fleet-lab-tiny-pp2.conf; systemctl reload nginx || true",
+            user="root",
+            check=False,
+        )
         # Ray's worker, its head gone, took 57 s to stop (SIGKILL at its TimeoutStopSec=60): this is
         # the test's cleanup, not `down`, so it is killed first
-        worker.ssh("systemctl kill -s SIGKILL ray-worker.service; "
-                   "systemctl disable --now ray-worker.service vllm-fleet-ray-firewall.service; "
-                   "for u in ray-worker vllm-fleet-ray-firewall; do systemctl reset-failed $u.service; done", user="root", check=False)
+        worker.ssh(
+            "systemctl kill -s SIGKILL ray-worker.service; "
+            "systemctl disable --now ray-worker.service vllm-fleet-ray-firewall.service; "
+            "for u in ray-worker vllm-fleet-ray-firewall; do systemctl reset-failed $u.service; done",
+            user="root",
+            check=False,
+        )
         (REPO / ".pytest_cache").mkdir(exist_ok=True)
         (REPO / ".pytest_cache" / "multinode-results.json").write_text(json.dumps(RESULTS, indent=2))
         print("\nmulti-node results:", RESULTS)
@@ -136,9 +162,24 @@ def test_smoke_through_nginx(cluster):
     head = cluster["head"]
     key = KEY_FILE.read_text().strip()
     body = json.dumps({"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8})
-    r = subprocess.run(["curl", "-s", "--max-time", "120", "-H", f"Authorization: Bearer {key}", "-H",
-                        "Content-Type: application/json", "-d", body, f"http://{head.address}/v1/chat/completions"],
-                       capture_output=True, text=True, timeout=150)
+    r = subprocess.run(
+        [
+            "curl",
+            "-s",
+            "--max-time",
+            "120",
+            "-H",
+            f"Authorization: Bearer {key}",
+            "-H",
+            "Content-Type: application/json",
+            "-d",
+            body,
+            f"http://{head.address}/v1/chat/completions",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=150,
+    )
     assert json.loads(r.stdout)["usage"]["completion_tokens"] > 0, r.stdout
 
 
@@ -166,8 +207,12 @@ def test_ray_ports_closed_outside_the_cluster(cluster):
     assert r.stdout.strip() == "closed"  # the control machine is outside the cluster too
     assert "closed" == outside.ssh(probe.format(worker.address, 6380), check=False).stdout.strip()
     # nginx (port 80) is not a Ray port: still reachable from outside
-    assert outside.ssh(f"curl -s -o /dev/null -w '%{{http_code}}' --max-time 5 http://{head.address}/health",
-                       check=False).stdout.strip() == "200"
+    assert (
+        outside.ssh(
+            f"curl -s -o /dev/null -w '%{{http_code}}' --max-time 5 http://{head.address}/health", check=False
+        ).stdout.strip()
+        == "200"
+    )
 
 
 def test_second_deploy_changes_nothing(cluster):
@@ -195,7 +240,9 @@ def test_worker_down_unhealthy_then_recovers(cluster):
         worker.ssh("systemctl start ray-worker.service", user="root")
     t1 = time.monotonic()
     while curl_code(url) != "200":
-        assert time.monotonic() - t1 < RECOVER_WITHIN, head.ssh("journalctl -u vllm -n 30 --no-pager -o cat", user="root").stdout
+        assert time.monotonic() - t1 < RECOVER_WITHIN, head.ssh(
+            "journalctl -u vllm -n 30 --no-pager -o cat", user="root"
+        ).stdout
         time.sleep(5)
     RESULTS["recovered_after_s"] = round(time.monotonic() - t1, 1)
 
@@ -210,15 +257,21 @@ def test_head_without_worker_times_out_naming_it(cluster):
         argv = pre.split("argv[]=", 1)[1].split(";", 1)[0].strip()
         assert "--timeout 600" in argv
         short = argv.replace("--timeout 600", "--timeout 30")
-        head.ssh(f"mkdir -p {os.path.dirname(drop_in)} && printf '[Service]\\nExecStartPre=\\nExecStartPre={short}\\n"
-                 f"Restart=no\\n' > {drop_in} && systemctl daemon-reload && systemctl restart ray-head.service", user="root")
+        head.ssh(
+            f"mkdir -p {os.path.dirname(drop_in)} && printf '[Service]\\nExecStartPre=\\nExecStartPre={short}\\n"
+            f"Restart=no\\n' > {drop_in} && systemctl daemon-reload && systemctl restart ray-head.service",
+            user="root",
+        )
         head.ssh("systemctl start vllm-lab-tiny-pp2-0.service", user="root", check=False, timeout=240)
         state = head.ssh("systemctl is-active vllm-lab-tiny-pp2-0.service", user="root", check=False).stdout.strip()
         log = head.ssh("journalctl -u vllm-lab-tiny-pp2-0.service -n 40 --no-pager -o cat", user="root").stdout
         assert state != "active", log
         assert "timed out after 30 s" in log and f"missing node(s): {worker.address}" in log, log
     finally:
-        head.ssh(f"rm -f {drop_in} && systemctl daemon-reload && systemctl reset-failed vllm-lab-tiny-pp2-0.service || true", user="root")
+        head.ssh(
+            f"rm -f {drop_in} && systemctl daemon-reload && systemctl reset-failed vllm-lab-tiny-pp2-0.service || true",
+            user="root",
+        )
         worker.ssh("systemctl start ray-worker.service", user="root")
         head.ssh("systemctl start --no-block vllm-lab-tiny-pp2-0.service", user="root")
         _LEFT["head_restarting"] = True  # a later test waits for it (_cluster_healthy)

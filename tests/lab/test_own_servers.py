@@ -54,9 +54,14 @@ def _clean_env() -> dict[str, str]:
     return env
 
 
-PROGRESS_UPLOAD = re.compile(r"^\s+\[lab1\] (?:[^|\n]+\| )*Upload the wheelhouse to /opt/vllm-fleet/own-b/wheelhouse: "
-                             r"[\d.]+ (?:kB|MB|GB|bytes) of [\d.]+ (?:kB|MB|GB) \([\d.]+ (?:kB|MB|GB|bytes)/s\), \d+ s$", re.M)
-PROGRESS_WAIT = re.compile(r"^\s+\[lab1\] (?:[^|\n]+\| )*Wait for vllm-lab-tiny-0\.service[^\n]*: \d+ s, waiting for the unit to answer$", re.M)
+PROGRESS_UPLOAD = re.compile(
+    r"^\s+\[lab1\] (?:[^|\n]+\| )*Upload the wheelhouse to /opt/vllm-fleet/own-b/wheelhouse: "
+    r"[\d.]+ (?:kB|MB|GB|bytes) of [\d.]+ (?:kB|MB|GB) \([\d.]+ (?:kB|MB|GB|bytes)/s\), \d+ s$",
+    re.M,
+)
+PROGRESS_WAIT = re.compile(
+    r"^\s+\[lab1\] (?:[^|\n]+\| )*Wait for vllm-lab-tiny-0\.service[^\n]*: \d+ s, waiting for the unit to answer$", re.M
+)
 
 
 @pytest.fixture(scope="module")
@@ -65,14 +70,23 @@ def tool(tmp_path_factory):
     t0 = time.monotonic()
     base = tmp_path_factory.mktemp("own-servers")
     wheels = base / "wheels"
-    r = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(wheels), str(REPO)],
-                       capture_output=True, text=True, timeout=600)
+    r = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(wheels), str(REPO)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     (wheel,) = wheels.glob("vllm_fleet-*.whl")
     venv = base / "venv"
     subprocess.run(["/usr/bin/python3", "-m", "venv", str(venv)], check=True, timeout=300)
-    r = subprocess.run([str(venv / "bin" / "pip"), "install", "-q", str(wheel)], capture_output=True, text=True,
-                       timeout=900, env=_clean_env())
+    r = subprocess.run(
+        [str(venv / "bin" / "pip"), "install", "-q", str(wheel)],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=_clean_env(),
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     TIMES["wheel build + venv install"] = round(time.monotonic() - t0, 1)
     work = base / "infra"
@@ -85,8 +99,15 @@ def tool(tmp_path_factory):
 
 def fleet(tool, *args: str, step: str | None = None, timeout: float = 1800) -> subprocess.CompletedProcess:
     t0 = time.monotonic()
-    r = subprocess.run([tool["bin"], *args], cwd=tool["work"], capture_output=True, text=True, timeout=timeout,
-                       env=_clean_env(), stdin=subprocess.DEVNULL)
+    r = subprocess.run(
+        [tool["bin"], *args],
+        cwd=tool["work"],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=_clean_env(),
+        stdin=subprocess.DEVNULL,
+    )
     if step:
         TIMES[step] = round(time.monotonic() - t0, 1)
     r.out = r.stdout + r.stderr  # type: ignore[attr-defined]
@@ -107,8 +128,13 @@ def test_the_whole_flow_from_a_wheel(tool, lab_hosts):
     lab1 = lab_hosts[0]
     work = tool["work"]
     # the package is the wheel's, not this checkout's
-    where = subprocess.run([str(tool["venv"] / "bin" / "python"), "-c", "import vllm_fleet; print(vllm_fleet.__file__)"],
-                           capture_output=True, text=True, cwd=work, env=_clean_env()).stdout.strip()
+    where = subprocess.run(
+        [str(tool["venv"] / "bin" / "python"), "-c", "import vllm_fleet; print(vllm_fleet.__file__)"],
+        capture_output=True,
+        text=True,
+        cwd=work,
+        env=_clean_env(),
+    ).stdout.strip()
     assert where.startswith(str(tool["venv"])), where
 
     # init, then the spec edited for the CPU lab (lab-tiny's values) and the inventory for lab1
@@ -138,15 +164,19 @@ def test_the_whole_flow_from_a_wheel(tool, lab_hosts):
     data = dict(dict(lab_inventory()[0])["lab1"])
     data.pop("lab_kind")  # a user's own host: no lab defaults
     text = (work / "inventory.py").read_text()
-    text = text[:text.index("servers = [")] + f"servers = [('lab1', {{**{data!r}, **_CONNECT}})]\nproxy = ['lab1']\n"
+    text = text[: text.index("servers = [")] + f"servers = [('lab1', {{**{data!r}, **_CONNECT}})]\nproxy = ['lab1']\n"
     (work / "inventory.py").write_text(text.replace('"ssh_user": "ubuntu", ', ""))
 
     # lab1 is shared by the lab tests: another deployment one left running on lab-tiny's ports would
     # (rightly) be refused as a clash below; stop it as the other tests' teardowns do
-    lab1.ssh("for u in $(cd /etc/systemd/system && ls vllm-*.service 2>/dev/null | grep -v '^vllm-lab-tiny-[0-9]*\\.service$'); do "
-             "systemctl disable --now $u; done; "
-             "for f in /etc/nginx/conf.d/vllm-fleet-*.conf; do [ -e \"$f\" ] && [ \"$f\" != /etc/nginx/conf.d/vllm-fleet-lab-tiny.conf ] "
-             "&& rm -f \"$f\"; done; systemctl reload nginx 2>/dev/null; true", user="root", check=False)
+    lab1.ssh(
+        "for u in $(cd /etc/systemd/system && ls vllm-*.service 2>/dev/null | grep -v '^vllm-lab-tiny-[0-9]*\\.service$'); do "
+        "systemctl disable --now $u; done; "
+        "for f in /etc/nginx/conf.d/vllm-fleet-*.conf; do [ -e \"$f\" ] && [ \"$f\" != /etc/nginx/conf.d/vllm-fleet-lab-tiny.conf ] "
+        "&& rm -f \"$f\"; done; systemctl reload nginx 2>/dev/null; true",
+        user="root",
+        check=False,
+    )
 
     # without -y and without a terminal: refused before any host, no traceback, no debug log here
     r = fleet(tool, "deploy", "inventory.py", step="deploy without -y, no terminal")
@@ -160,9 +190,15 @@ def test_the_whole_flow_from_a_wheel(tool, lab_hosts):
     assert json.loads(models.stdout)["data"][0]["id"] == "tiny"
     # the closing summary: where it serves, the client files, where the key is (never the key), a command to try
     assert f"  endpoint:  http://{lab1.address}/v1" in r.stdout, r.stdout[-2000:]
-    assert "~/.config/vllm-fleet/lab-tiny/openai.json" in r.stdout and "~/.config/vllm-fleet/lab-tiny/openai.env" in r.stdout
+    assert (
+        "~/.config/vllm-fleet/lab-tiny/openai.json" in r.stdout
+        and "~/.config/vllm-fleet/lab-tiny/openai.env" in r.stdout
+    )
     assert lab["server"]["api_key"]["file"] in r.stdout and key not in r.out
-    assert json.loads(Path(os.path.expanduser("~/.config/vllm-fleet/lab-tiny/openai.json")).read_text())["base_url"] == f"http://{lab1.address}/v1"
+    assert (
+        json.loads(Path(os.path.expanduser("~/.config/vllm-fleet/lab-tiny/openai.json")).read_text())["base_url"]
+        == f"http://{lab1.address}/v1"
+    )
     try_it = next(ln for ln in r.stdout.splitlines() if "try it:" in ln).split("try it:", 1)[1].strip()
     tried = subprocess.run(["bash", "-c", try_it], capture_output=True, text=True, timeout=60)
     assert json.loads(tried.stdout)["data"][0]["id"] == "tiny", (try_it, tried.stdout, tried.stderr)
@@ -176,7 +212,9 @@ def test_the_whole_flow_from_a_wheel(tool, lab_hosts):
     write_spec()
     r = fleet(tool, "diff", "inventory.py", step="diff (a change)")
     assert r.returncode == 1, r.out[-4000:]
-    assert re.search(r"^-ExecStart=.*--max-num-seqs 16", r.stdout, re.M) and re.search(r"^\+ExecStart=.*--max-num-seqs 8", r.stdout, re.M)
+    assert re.search(r"^-ExecStart=.*--max-num-seqs 16", r.stdout, re.M) and re.search(
+        r"^\+ExecStart=.*--max-num-seqs 8", r.stdout, re.M
+    )
     assert key not in r.out
 
     r = fleet(tool, "deploy", "inventory.py", "-y", step="deploy (the change)")
@@ -190,30 +228,61 @@ def test_the_whole_flow_from_a_wheel(tool, lab_hosts):
 
     r = fleet(tool, "down", "inventory.py", "-y", step="down")
     assert r.returncode == 0, r.out[-4000:]
-    for path in ("/etc/systemd/system/vllm-lab-tiny-0.service", "/etc/vllm-fleet/lab-tiny", "/etc/nginx/conf.d/vllm-fleet-lab-tiny.conf",
-                 "/etc/nginx/vllm-fleet/lab-tiny-auth.conf"):
+    for path in (
+        "/etc/systemd/system/vllm-lab-tiny-0.service",
+        "/etc/vllm-fleet/lab-tiny",
+        "/etc/nginx/conf.d/vllm-fleet-lab-tiny.conf",
+        "/etc/nginx/vllm-fleet/lab-tiny-auth.conf",
+    ):
         assert lab1.ssh(f"test -e {path}", user="root", check=False).returncode == 1, path
-    assert lab1.ssh("systemctl is-active vllm-lab-tiny-0.service", user="root", check=False).stdout.strip() in ("inactive", "unknown")
-    assert "vllm-lab-tiny-0.service" not in lab1.ssh("systemctl list-unit-files --no-legend 'vllm-lab-tiny-*'", user="root", check=False).stdout
+    assert lab1.ssh("systemctl is-active vllm-lab-tiny-0.service", user="root", check=False).stdout.strip() in (
+        "inactive",
+        "unknown",
+    )
+    assert (
+        "vllm-lab-tiny-0.service"
+        not in lab1.ssh("systemctl list-unit-files --no-legend 'vllm-lab-tiny-*'", user="root", check=False).stdout
+    )
     assert lab1.ssh("nginx -t", user="root", check=False).returncode == 0
     assert lab1.ssh("systemctl is-active nginx", user="root").stdout.strip() == "active"
     assert "vllm_fleet" not in lab1.ssh("nft list ruleset", user="root", check=False).stdout
-    assert curl("-o", "/dev/null", "-w", "%{http_code}", "-H", f"Authorization: Bearer {key}",
-                f"http://{lab1.address}/v1/models").stdout != "200"
+    assert (
+        curl(
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_code}",
+            "-H",
+            f"Authorization: Bearer {key}",
+            f"http://{lab1.address}/v1/models",
+        ).stdout
+        != "200"
+    )
     # no unit left "not-found failed" (the host would be "degraded"), no install-time wheels in the prefix
-    assert not lab1.ssh("systemctl list-units --all --no-legend 'vllm-lab-tiny-[0-9]*.service'", user="root", check=False).stdout.strip()
+    assert not lab1.ssh(
+        "systemctl list-units --all --no-legend 'vllm-lab-tiny-[0-9]*.service'", user="root", check=False
+    ).stdout.strip()
     for sub in ("wheelhouse", "find-links", "uv-cache"):
         assert lab1.ssh(f"test -e /opt/vllm-fleet/lab-tiny/{sub}", user="root", check=False).returncode == 1, sub
     # environment and weights stay (no --purge)
-    assert lab1.ssh("test -x /opt/vllm-fleet/lab-tiny/env/bin/python && test -d /var/lib/vllm-fleet/lab-tiny/model",
-                    user="root", check=False).returncode == 0
+    assert (
+        lab1.ssh(
+            "test -x /opt/vllm-fleet/lab-tiny/env/bin/python && test -d /var/lib/vllm-fleet/lab-tiny/model",
+            user="root",
+            check=False,
+        ).returncode
+        == 0
+    )
 
     r = fleet(tool, "down", "inventory.py", "-y", step="down (again)")
     assert r.returncode == 0 and changed(r.out) == "-", r.out[-3000:]
 
     r = fleet(tool, "diff", "inventory.py", "--files-only", step="diff (after down)")
     assert r.returncode == 1, r.out[-3000:]
-    assert "+ /etc/systemd/system/vllm-lab-tiny-0.service: new" in r.out and "+ /etc/nginx/conf.d/vllm-fleet-lab-tiny.conf: new" in r.out
+    assert (
+        "+ /etc/systemd/system/vllm-lab-tiny-0.service: new" in r.out
+        and "+ /etc/nginx/conf.d/vllm-fleet-lab-tiny.conf: new" in r.out
+    )
     assert "+ /etc/vllm-fleet/lab-tiny/secrets.env: new (secret, content not shown)" in r.out and key not in r.out
 
     # (issue 22) `down` leaves the host as the deploy found it: deploy again onto this state (the
@@ -221,7 +290,12 @@ def test_the_whole_flow_from_a_wheel(tool, lab_hosts):
     before = footprint(lab1)
     r = fleet(tool, "deploy", "inventory.py", "-y", step="deploy (onto the state down left)")
     assert r.returncode == 0, r.out[-4000:]
-    assert json.loads(curl("-H", f"Authorization: Bearer {key}", f"http://{lab1.address}/v1/models").stdout)["data"][0]["id"] == "tiny"
+    assert (
+        json.loads(curl("-H", f"Authorization: Bearer {key}", f"http://{lab1.address}/v1/models").stdout)["data"][0][
+            "id"
+        ]
+        == "tiny"
+    )
     assert footprint_diff(before, footprint(lab1)), "the deploy changed nothing the footprint sees: it cannot tell"
     r = fleet(tool, "down", "inventory.py", "-y", step="down (back to the state before)")
     assert r.returncode == 0, r.out[-4000:]
@@ -243,9 +317,19 @@ def other_deployment_steps(tool, lab1, spec, key):
     assert r.returncode == 4, r.out[-3000:]
     assert "host lab1: another vllm-fleet deployment already on this host is in the way" in r.out, r.out[-3000:]
     assert "port 8000 (vllm-own-b-0.service) is taken by deployment 'lab-tiny' (vllm-lab-tiny-0.service)" in r.out
-    assert "nginx port 80: both are the default server (/etc/nginx/conf.d/vllm-fleet-lab-tiny.conf of deployment 'lab-tiny')" in r.out
+    assert (
+        "nginx port 80: both are the default server (/etc/nginx/conf.d/vllm-fleet-lab-tiny.conf of deployment 'lab-tiny')"
+        in r.out
+    )
     assert "Upload" not in r.out and "Traceback" not in r.out
-    assert lab1.ssh("test -e /opt/vllm-fleet/own-b || test -e /etc/systemd/system/vllm-own-b-0.service", user="root", check=False).returncode == 1
+    assert (
+        lab1.ssh(
+            "test -e /opt/vllm-fleet/own-b || test -e /etc/systemd/system/vllm-own-b-0.service",
+            user="root",
+            check=False,
+        ).returncode
+        == 1
+    )
     assert lab1.ssh("sha256sum /etc/nginx/conf.d/*.conf", user="root").stdout == nginx_before
 
     # own ports, and a wheelhouse of its own to upload (the CPU build's wheels, ~180 MB): Ctrl-C mid-upload
@@ -256,8 +340,15 @@ def other_deployment_steps(tool, lab1, spec, key):
     t0 = time.monotonic()
     out_path = work / "own-b-deploy.log"
     with open(out_path, "w") as out:
-        proc = subprocess.Popen([tool["bin"], "deploy", "inventory.py", "--spec", "own-b.yaml", "-y"], cwd=work, env=_clean_env(),
-                                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        proc = subprocess.Popen(
+            [tool["bin"], "deploy", "inventory.py", "--spec", "own-b.yaml", "-y"],
+            cwd=work,
+            env=_clean_env(),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
         try:
             while not PROGRESS_UPLOAD.findall(out_path.read_text()):
                 assert proc.poll() is None, out_path.read_text()[-4000:]
@@ -280,7 +371,12 @@ def other_deployment_steps(tool, lab1, spec, key):
     r = fleet(tool, "down", "inventory.py", "--spec", "own-b.yaml", "-y", "--purge", step="down own-b --purge")
     assert r.returncode == 0, r.out[-3000:]
     assert lab1.ssh("test -e /opt/vllm-fleet/own-b", user="root", check=False).returncode == 1
-    assert json.loads(curl("-H", f"Authorization: Bearer {key}", f"http://{lab1.address}/v1/models").stdout)["data"][0]["id"] == "tiny"
+    assert (
+        json.loads(curl("-H", f"Authorization: Bearer {key}", f"http://{lab1.address}/v1/models").stdout)["data"][0][
+            "id"
+        ]
+        == "tiny"
+    )
 
 
 def nginx_rollback_step(tool, lab1, spec, write_spec, key):
@@ -288,8 +384,10 @@ def nginx_rollback_step(tool, lab1, spec, write_spec, key):
     fails, the previous site is back, `nginx -t` passes and the service still answers on port 80."""
     site = "/etc/nginx/conf.d/vllm-fleet-lab-tiny.conf"
     before = lab1.ssh(f"sha256sum {site}", user="root").stdout
-    lab1.ssh("printf 'server {\\n    listen 8082 default_server;\\n    return 204;\\n}\\n' > /etc/nginx/conf.d/zz-hand-made.conf && nginx -t",
-             user="root")
+    lab1.ssh(
+        "printf 'server {\\n    listen 8082 default_server;\\n    return 204;\\n}\\n' > /etc/nginx/conf.d/zz-hand-made.conf && nginx -t",
+        user="root",
+    )
     try:
         spec["proxy"]["listen"] = 8082
         write_spec()
@@ -299,7 +397,12 @@ def nginx_rollback_step(tool, lab1, spec, write_spec, key):
         assert "its previous nginx files are back and nginx was not reloaded" in r.out
         assert lab1.ssh("nginx -t", user="root", check=False).returncode == 0
         assert lab1.ssh(f"sha256sum {site}", user="root").stdout == before
-        assert json.loads(curl("-H", f"Authorization: Bearer {key}", f"http://{lab1.address}/v1/models").stdout)["data"][0]["id"] == "tiny"
+        assert (
+            json.loads(curl("-H", f"Authorization: Bearer {key}", f"http://{lab1.address}/v1/models").stdout)["data"][
+                0
+            ]["id"]
+            == "tiny"
+        )
     finally:
         lab1.ssh("rm -f /etc/nginx/conf.d/zz-hand-made.conf", user="root")
         spec["proxy"]["listen"] = 80

@@ -57,14 +57,17 @@ install: {{accelerator: cpu, vllm_version: 0.32.0, env_manager: venv, prefix: /v
 hardware: {{gpu: cpu}}
 """)
     _clean(hosts)
-    yield {"hosts": hosts, "model": model, "spec": spec,
-           "shas": {rel: hashlib.sha256((model / rel).read_bytes()).hexdigest() for rel in SIZES}}
+    yield {
+        "hosts": hosts,
+        "model": model,
+        "spec": spec,
+        "shas": {rel: hashlib.sha256((model / rel).read_bytes()).hexdigest() for rel in SIZES},
+    }
     _clean(hosts)
 
 
 def _deploy(fleet):
-    env = {"VF_MODEL_ONLY_SPEC": str(fleet["spec"]),
-           "VLLM_FLEET_LAB_SERVERS": ",".join(h.name for h in fleet["hosts"])}
+    env = {"VF_MODEL_ONLY_SPEC": str(fleet["spec"]), "VLLM_FLEET_LAB_SERVERS": ",".join(h.name for h in fleet["hosts"])}
     before = int(BRIDGE_TX.read_text())
     r = run([PYINFRA, "-y", "inventory/lab.py", str(REPO / "tests/lab/fixtures/model_only.py")], env=env, timeout=600)
     r.control_bytes = int(BRIDGE_TX.read_text()) - before  # type: ignore[attr-defined]
@@ -73,8 +76,10 @@ def _deploy(fleet):
 
 def _sums(h) -> dict[str, str]:
     """sha256sum of every file under ROOT on ``h`` (the manifest left out); {} when there is none."""
-    out = h.ssh(f"cd {ROOT} 2>/dev/null || exit 0; sudo find . -type f ! -name MANIFEST.sha256 -printf '%P\\n' | sort | "
-                "sudo xargs -r sha256sum").stdout
+    out = h.ssh(
+        f"cd {ROOT} 2>/dev/null || exit 0; sudo find . -type f ! -name MANIFEST.sha256 -printf '%P\\n' | sort | "
+        "sudo xargs -r sha256sum"
+    ).stdout
     return {line.split()[1]: line.split()[0] for line in out.splitlines()}
 
 
@@ -108,7 +113,10 @@ def test_the_model_crosses_the_control_link_once_and_the_hosts_fill_each_other(f
     staged = _deploy(fleet)
     assert staged.returncode == 0, staged.out[-3000:]
     assert "2 host(s) to fill, 1 holding a verified copy" in staged.out, staged.out[-3000:]
-    assert f"round 1: {names[1]} <- {names[0]}" in staged.out and f"round 2: {names[2]} <- {names[0]}, {names[1]}" in staged.out
+    assert (
+        f"round 1: {names[1]} <- {names[0]}" in staged.out
+        and f"round 2: {names[2]} <- {names[0]}, {names[1]}" in staged.out
+    )
     assert "the control machine" not in staged.out, staged.out[-3000:]  # no seed, no fallback
     assert staged.control_bytes < 0.25 * size, staged.control_bytes
     for h in fleet["hosts"]:
@@ -125,30 +133,55 @@ def test_a_corrupted_copy_on_a_peer_is_refused(fleet):
     if _sums(h1) != fleet["shas"]:  # run alone (-k): the model first
         assert _deploy(fleet).returncode == 0
     files = {rel: [SIZES[rel], sha] for rel, sha in fleet["shas"].items()}
-    art = Artifact(key="lab-test:corrupt", what="test", local=fleet["model"], root=ROOT, files=files, owner="daemon",
-                   mode="644", dir_mode="755", port=8471, seconds=120)
+    art = Artifact(
+        key="lab-test:corrupt",
+        what="test",
+        local=fleet["model"],
+        root=ROOT,
+        files=files,
+        owner="daemon",
+        mode="644",
+        dir_mode="755",
+        port=8471,
+        seconds=120,
+    )
     # one byte flipped on lab1, its size kept (what a bad disk or a tampering peer gives)
     h1.ssh(f"printf '\\377' | sudo dd of={ROOT}/shard-1.bin bs=1 seek=4096 count=1 conv=notrunc status=none")
     listing = shlex.quote(json.dumps({"token": art.token, "files": files}))
     try:
         for h in (h1, h3):
-            h.ssh(f"sudo install -d -m 700 {RUN_DIR} && echo {listing} | sudo tee {RUN_DIR}/{art.unit}.serve.json >/dev/null"
-                  f" && sudo chmod 600 {RUN_DIR}/{art.unit}.serve.json")
+            h.ssh(
+                f"sudo install -d -m 700 {RUN_DIR} && echo {listing} | sudo tee {RUN_DIR}/{art.unit}.serve.json >/dev/null"
+                f" && sudo chmod 600 {RUN_DIR}/{art.unit}.serve.json"
+            )
             h.ssh("sudo " + shlex.join([str(a) for a in server_argv(art, h.address)]))
             # the unit runs as a dynamic user, not root
             user = h.ssh(f"sleep 0.5; ps -o user= -p $(systemctl show -P MainPID {art.unit}.service)").stdout.strip()
             assert user and user != "root", (h.name, user)
         # without the token: nothing
-        code = h2.ssh(f"curl -s -o /dev/null -w '%{{http_code}}' http://{h1.address}:8471/shard-1.bin", check=False).stdout
+        code = h2.ssh(
+            f"curl -s -o /dev/null -w '%{{http_code}}' http://{h1.address}:8471/shard-1.bin", check=False
+        ).stdout
         assert code == "404", code
         h2.ssh(f"sudo rm -f {ROOT}/shard-1.bin")
 
         def fetch(sources):
-            body = shlex.quote(json.dumps({"sources": [f"http://{a}:8471/{art.token}/" for a in sources],
-                                           "files": files, "prune": False, "owner": "daemon", "mode": "644"}))
-            return h2.ssh(f"echo {body} | sudo tee /root/vf-peers-test.json >/dev/null && "
-                          f"sudo python3 -c {shlex.quote(script('fetch_files.py'))} /root/vf-peers-test.json {ROOT}",
-                          check=False)
+            body = shlex.quote(
+                json.dumps(
+                    {
+                        "sources": [f"http://{a}:8471/{art.token}/" for a in sources],
+                        "files": files,
+                        "prune": False,
+                        "owner": "daemon",
+                        "mode": "644",
+                    }
+                )
+            )
+            return h2.ssh(
+                f"echo {body} | sudo tee /root/vf-peers-test.json >/dev/null && "
+                f"sudo python3 -c {shlex.quote(script('fetch_files.py'))} /root/vf-peers-test.json {ROOT}",
+                check=False,
+            )
 
         bad = fetch([h1.address])
         assert bad.returncode == 1, bad.stdout + bad.stderr

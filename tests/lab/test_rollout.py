@@ -60,14 +60,18 @@ UNIT0, UNIT1 = "vllm-lab-tiny-0.service", "vllm-lab-tiny-1.service"
 def inventory(tmp: Path, name: str, body: str) -> Path:
     """An inventory from the lab's hosts (the same host data inventory/lab.py gives)."""
     f = tmp / name
-    f.write_text(f"import sys\nsys.path.insert(0, {str(REPO)!r})\n"
-                 "from vllm_fleet.lab.inventory import lab_hosts\n"
-                 "_hosts, _ = lab_hosts()\n_by = {n: d for n, d in _hosts}\n" + body)
+    f.write_text(
+        f"import sys\nsys.path.insert(0, {str(REPO)!r})\n"
+        "from vllm_fleet.lab.inventory import lab_hosts\n"
+        "_hosts, _ = lab_hosts()\n_by = {n: d for n, d in _hosts}\n" + body
+    )
     return f
 
 
 def deploy(inv: Path | str, *specs: Path) -> subprocess.CompletedProcess:
-    return run([PYINFRA, "-y", str(inv), "deploys/serve.py"], {"VLLM_FLEET_SPEC": os.pathsep.join(str(s) for s in specs)})
+    return run(
+        [PYINFRA, "-y", str(inv), "deploys/serve.py"], {"VLLM_FLEET_SPEC": os.pathsep.join(str(s) for s in specs)}
+    )
 
 
 def rollout(inv: Path, spec: Path) -> subprocess.CompletedProcess:
@@ -80,8 +84,11 @@ def main_pid(host: LabHost, unit: str) -> str:
 
 def cmdline(host: LabHost, unit: str) -> str:
     """The running vLLM's command line (its main process), or '' when it is not running."""
-    return host.ssh(f"pid=$(systemctl show -p MainPID --value {unit}); "
-                    "[ \"$pid\" != 0 ] && tr '\\0' ' ' < /proc/$pid/cmdline || true", user="root").stdout
+    return host.ssh(
+        f"pid=$(systemctl show -p MainPID --value {unit}); "
+        "[ \"$pid\" != 0 ] && tr '\\0' ' ' < /proc/$pid/cmdline || true",
+        user="root",
+    ).stdout
 
 
 def proc_env(host: LabHost, unit: str) -> dict[str, str]:
@@ -111,7 +118,9 @@ def write_spec(path: Path, subnet: str, **engine) -> Path:
 def wait_health(host: LabHost, port: int, deadline: float = 600) -> None:
     t0 = time.monotonic()
     while time.monotonic() - t0 < deadline:
-        code = host.ssh(f"curl -s -o /dev/null -w '%{{http_code}}' --max-time 5 http://127.0.0.1:{port}/health", check=False)
+        code = host.ssh(
+            f"curl -s -o /dev/null -w '%{{http_code}}' --max-time 5 http://127.0.0.1:{port}/health", check=False
+        )
         if code.stdout.strip() == "200":
             return
         time.sleep(3)
@@ -123,11 +132,17 @@ def fleet(lab_hosts, tmp_path_factory):
     lab1, lab2 = lab_hosts[:2]
     tmp = tmp_path_factory.mktemp("replicas")
     subnet = lab1.address.rsplit(".", 1)[0] + ".0/24"  # the lab's own subnet (a dev lab may differ)
-    specs = {"base": write_spec(tmp / "base.yaml", subnet),
-             "new": write_spec(tmp / "new.yaml", subnet, max_num_seqs=12),
-             "broken": write_spec(tmp / "broken.yaml", subnet, max_num_seqs=12, extra_args=["--no-such-vllm-flag"])}
-    inv = inventory(tmp, "fleet.py", "servers = [('lab1', {**_by['lab1'], 'replicas_per_host': 2}), ('lab2', _by['lab2'])]\n"
-                                     "proxy = [('lab1', _by['lab1'])]\n")
+    specs = {
+        "base": write_spec(tmp / "base.yaml", subnet),
+        "new": write_spec(tmp / "new.yaml", subnet, max_num_seqs=12),
+        "broken": write_spec(tmp / "broken.yaml", subnet, max_num_seqs=12, extra_args=["--no-such-vllm-flag"]),
+    }
+    inv = inventory(
+        tmp,
+        "fleet.py",
+        "servers = [('lab1', {**_by['lab1'], 'replicas_per_host': 2}), ('lab2', _by['lab2'])]\n"
+        "proxy = [('lab1', _by['lab1'])]\n",
+    )
     lab1_only = inventory(tmp, "lab1.py", "servers = [('lab1', _by['lab1'])]\nproxy = servers\n")
     STATE_FILE.unlink(missing_ok=True)
     try:
@@ -137,10 +152,18 @@ def fleet(lab_hosts, tmp_path_factory):
         assert r.returncode == 0, r.out[-5000:]
         # (d) what the previous release left on lab1: one vllm.service serving port 8000
         t0 = time.monotonic()
-        lab1.ssh("for u in $(cd /etc/systemd/system && ls vllm-lab-tiny-*.service 2>/dev/null); do "
-                 "systemctl disable --now $u; rm -f /etc/systemd/system/$u; done", user="root")
-        subprocess.run([*lab1.ssh_argv("root"), "cat > /etc/systemd/system/vllm.service"], input=LEGACY_UNIT.read_text(),
-                       text=True, check=True, timeout=60)
+        lab1.ssh(
+            "for u in $(cd /etc/systemd/system && ls vllm-lab-tiny-*.service 2>/dev/null); do "
+            "systemctl disable --now $u; rm -f /etc/systemd/system/$u; done",
+            user="root",
+        )
+        subprocess.run(
+            [*lab1.ssh_argv("root"), "cat > /etc/systemd/system/vllm.service"],
+            input=LEGACY_UNIT.read_text(),
+            text=True,
+            check=True,
+            timeout=60,
+        )
         lab1.ssh("systemctl daemon-reload && systemctl enable --now vllm.service", user="root")
         wait_health(lab1, 8000)
         RESULTS["legacy_unit_up_s"] = round(time.monotonic() - t0, 1)
@@ -153,19 +176,29 @@ def fleet(lab_hosts, tmp_path_factory):
         assert r.returncode == 0, r.out[-6000:]
         yield {"lab1": lab1, "lab2": lab2, "specs": specs, "inv": inv, "lab1_only": lab1_only, "deploy": r, "tmp": tmp}
     finally:
-        lab2.ssh("systemctl disable --now vllm-lab-tiny-0.service vllm-fleet-api-firewall.service; "
-                 "rm -f /etc/systemd/system/vllm-lab-tiny-0.service /etc/systemd/system/vllm-fleet-api-firewall.service; "
-                 "systemctl daemon-reload", user="root", check=False)
-        lab1.ssh("systemctl disable --now vllm-lab-tiny-b-0.service vllm-fleet-api-firewall.service; "
-                 "rm -f /etc/systemd/system/vllm-lab-tiny-b-0.service /etc/systemd/system/vllm-fleet-api-firewall.service "
-                 "/etc/vllm-fleet/api-firewall.nft /etc/nginx/conf.d/vllm-fleet-lab-tiny-b.conf; "
-                 "systemctl daemon-reload; systemctl reload nginx", user="root", check=False)
+        lab2.ssh(
+            "systemctl disable --now vllm-lab-tiny-0.service vllm-fleet-api-firewall.service; "
+            "rm -f /etc/systemd/system/vllm-lab-tiny-0.service /etc/systemd/system/vllm-fleet-api-firewall.service; "
+            "systemctl daemon-reload",
+            user="root",
+            check=False,
+        )
+        lab1.ssh(
+            "systemctl disable --now vllm-lab-tiny-b-0.service vllm-fleet-api-firewall.service; "
+            "rm -f /etc/systemd/system/vllm-lab-tiny-b-0.service /etc/systemd/system/vllm-fleet-api-firewall.service "
+            "/etc/vllm-fleet/api-firewall.nft /etc/nginx/conf.d/vllm-fleet-lab-tiny-b.conf; "
+            "systemctl daemon-reload; systemctl reload nginx",
+            user="root",
+            check=False,
+        )
         STATE_FILE.unlink(missing_ok=True)
         (REPO / ".pytest_cache").mkdir(exist_ok=True)
         (REPO / ".pytest_cache" / "rollout-results.json").write_text(json.dumps(RESULTS, indent=2))
         print("\nreplicas/rollout results:", json.dumps(RESULTS))
-        if not (lab1.ssh(f"systemctl is-active {UNIT0}", user="root", check=False).stdout.strip() == "active"
-                and "--host 127.0.0.1" in cmdline(lab1, UNIT0)):
+        if not (
+            lab1.ssh(f"systemctl is-active {UNIT0}", user="root", check=False).stdout.strip() == "active"
+            and "--host 127.0.0.1" in cmdline(lab1, UNIT0)
+        ):
             back = deploy(lab1_only, SINGLE)  # lab-tiny alone on lab1, as later lab tests expect
             assert back.returncode == 0, back.out[-4000:]
 
@@ -176,8 +209,15 @@ def load(fleet):
 
     # Continuous but bounded: 2 threads, at most 1 request a second in all (the lab's hosts share
     # the machine's 2 cores; docs/rollout.md).
-    gen = LoadGen(f"http://{fleet['lab1'].address}", "tiny", KEY_FILE.read_text().strip(), concurrency=2,
-                  max_tokens=16, rate=1, timeout=120)
+    gen = LoadGen(
+        f"http://{fleet['lab1'].address}",
+        "tiny",
+        KEY_FILE.read_text().strip(),
+        concurrency=2,
+        max_tokens=16,
+        rate=1,
+        timeout=120,
+    )
     yield gen
     if not gen._stop.is_set():
         gen.stop()
@@ -200,8 +240,11 @@ def test_requests_reach_every_instance_each_on_its_own_cores(fleet):
     lab1, lab2 = fleet["lab1"], fleet["lab2"]
     site = lab1.ssh(f"cat {SITE}", user="root").stdout
     ups = [line.strip() for line in site.splitlines() if re.match(r"\s+server \S+:\d+ ", line)]
-    assert ups == ["server 127.0.0.1:8000 max_fails=2 fail_timeout=10s;", "server 127.0.0.1:8001 max_fails=2 fail_timeout=10s;",
-                   f"server {lab2.address}:8000 max_fails=2 fail_timeout=10s;"], site
+    assert ups == [
+        "server 127.0.0.1:8000 max_fails=2 fail_timeout=10s;",
+        "server 127.0.0.1:8001 max_fails=2 fail_timeout=10s;",
+        f"server {lab2.address}:8000 max_fails=2 fail_timeout=10s;",
+    ], site
     binds = [proc_env(lab1, u).get("VLLM_CPU_OMP_THREADS_BIND") for u in (UNIT0, UNIT1)]
     assert binds == ["0", "1"], binds  # one core each (the lab hosts have 2)
     targets = [(lab1, 8000), (lab1, 8001), (lab2, 8000)]
@@ -210,9 +253,28 @@ def test_requests_reach_every_instance_each_on_its_own_cores(fleet):
     body = json.dumps({"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
     codes = []
     for _ in range(12):
-        r = subprocess.run(["curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", "--max-time", "120", "-H", f"Authorization: Bearer {key}",
-                            "-H", "Content-Type: application/json", "-d", body, f"http://{lab1.address}/v1/chat/completions"],
-                           capture_output=True, text=True, timeout=150)
+        r = subprocess.run(
+            [
+                "curl",
+                "-s",
+                "-o",
+                "/dev/null",
+                "-w",
+                "%{http_code}",
+                "--max-time",
+                "120",
+                "-H",
+                f"Authorization: Bearer {key}",
+                "-H",
+                "Content-Type: application/json",
+                "-d",
+                body,
+                f"http://{lab1.address}/v1/chat/completions",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=150,
+        )
         codes.append(r.stdout.strip())
     after = [served(h, p) for h, p in targets]
     RESULTS["requests_per_instance"] = [a - b for a, b in zip(after, before)]
@@ -238,7 +300,18 @@ def test_a_host_that_fails_while_planned_fails_alone_and_its_retry_line_converge
     lab2.ssh("mv /etc/sudoers.d/lab /root/sudoers-lab.off", user="root")
     try:
         assert lab2.ssh("sudo -n true", check=False).returncode != 0  # the fault is real
-        r = run([sys.executable, "-m", "vllm_fleet", "deploy", str(fleet["inv"]), "--spec", str(fleet["specs"]["base"]), "-y"])
+        r = run(
+            [
+                sys.executable,
+                "-m",
+                "vllm_fleet",
+                "deploy",
+                str(fleet["inv"]),
+                "--spec",
+                str(fleet["specs"]["base"]),
+                "-y",
+            ]
+        )
     finally:
         lab2.ssh("mv /root/sudoers-lab.off /etc/sudoers.d/lab", user="root", check=False)
     RESULTS["one_host_failed_deploy_s"] = round(r.elapsed, 1)
@@ -247,26 +320,53 @@ def test_a_host_that_fails_while_planned_fails_alone_and_its_retry_line_converge
     assert re.search(r"converged: +lab1$", r.out, re.M), r.out[-3000:]
     retry = re.search(r"retry only those: (.*)$", r.out, re.M).group(1)
     argv = shlex.split(retry)
-    assert argv == ["vllm-fleet", "deploy", str(fleet["inv"]), "--spec", str(fleet["specs"]["base"]), "--limit", "lab2", "-y"]
+    assert argv == [
+        "vllm-fleet",
+        "deploy",
+        str(fleet["inv"]),
+        "--spec",
+        str(fleet["specs"]["base"]),
+        "--limit",
+        "lab2",
+        "-y",
+    ]
     assert lab2.ssh("sudo -n true", check=False).returncode == 0
     again = run([sys.executable, "-m", "vllm_fleet", *argv[1:]])
     RESULTS["retry_line_deploy_s"] = round(again.elapsed, 1)
     assert again.returncode == 0, again.out[-5000:]
-    assert re.search(r"1 host\(s\): 0 failed, 0 changed, 1 converged", again.out) and "converged:     lab2" in again.out, again.out[-3000:]
+    assert (
+        re.search(r"1 host\(s\): 0 failed, 0 changed, 1 converged", again.out) and "converged:     lab2" in again.out
+    ), again.out[-3000:]
     assert "[lab1]" not in again.out and "[lab2] Connected" in again.out  # pyinfra's --limit: lab2 only
     # nothing restarted anywhere; every replica answers through nginx
     assert {k: main_pid(lab1 if k[0] == "lab1" else lab2, k[1]) for k in pids} == pids
-    codes = [curl("-s", "-o", "/dev/null", "-w", "%{http_code}", "--max-time", "10", f"http://{lab1.address}/health").stdout
-             for _ in range(6)]
+    codes = [
+        curl("-s", "-o", "/dev/null", "-w", "%{http_code}", "--max-time", "10", f"http://{lab1.address}/health").stdout
+        for _ in range(6)
+    ]
     assert codes == ["200"] * 6, codes
 
 
 def test_status_has_one_row_per_instance(fleet):
-    r = run([sys.executable, "-m", "vllm_fleet", "status", str(fleet["inv"]), "--spec", str(fleet["specs"]["base"]), "--json"])
+    r = run(
+        [
+            sys.executable,
+            "-m",
+            "vllm_fleet",
+            "status",
+            str(fleet["inv"]),
+            "--spec",
+            str(fleet["specs"]["base"]),
+            "--json",
+        ]
+    )
     assert r.returncode == 0, r.out[-3000:]
     rows = json.loads(r.stdout)
-    assert [(x["instance"], x["unit"], x["health"]) for x in rows] == [("lab1:0", "active", "ok"), ("lab1:1", "active", "ok"),
-                                                                       ("lab2:0", "active", "ok")]
+    assert [(x["instance"], x["unit"], x["health"]) for x in rows] == [
+        ("lab1:0", "active", "ok"),
+        ("lab1:1", "active", "ok"),
+        ("lab2:0", "active", "ok"),
+    ]
 
 
 def test_session_routing_keeps_a_conversation_on_one_replica(fleet):
@@ -292,10 +392,29 @@ def test_session_routing_keeps_a_conversation_on_one_replica(fleet):
     def moved_by(headers: list[list[str]]) -> list[float]:
         before = [served(h, p) for h, p in targets]
         for extra in headers:
-            out = subprocess.run(["curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", "--max-time", "120",
-                                  "-H", f"Authorization: Bearer {key}", "-H", "Content-Type: application/json", *extra,
-                                  "-d", body, f"http://{lab1.address}/v1/chat/completions"],
-                                 capture_output=True, text=True, timeout=150).stdout.strip()
+            out = subprocess.run(
+                [
+                    "curl",
+                    "-s",
+                    "-o",
+                    "/dev/null",
+                    "-w",
+                    "%{http_code}",
+                    "--max-time",
+                    "120",
+                    "-H",
+                    f"Authorization: Bearer {key}",
+                    "-H",
+                    "Content-Type: application/json",
+                    *extra,
+                    "-d",
+                    body,
+                    f"http://{lab1.address}/v1/chat/completions",
+                ],
+                capture_output=True,
+                text=True,
+                timeout=150,
+            ).stdout.strip()
             assert out == "200", out
         return [a - b for a, b in zip([served(h, p) for h, p in targets], before)]
 
@@ -320,8 +439,12 @@ def test_moving_the_proxy_removes_its_site_from_the_old_host(fleet):
     lab1, lab2 = fleet["lab1"], fleet["lab2"]
     auth = "/etc/nginx/vllm-fleet/lab-tiny-auth.conf"
     pids = [main_pid(lab1, UNIT0), main_pid(lab1, UNIT1), main_pid(lab2, UNIT0)]
-    moved = inventory(fleet["tmp"], "proxy-on-lab2.py", "servers = [('lab1', {**_by['lab1'], 'replicas_per_host': 2}), ('lab2', _by['lab2'])]\n"
-                                                        "proxy = [('lab2', _by['lab2'])]\n")
+    moved = inventory(
+        fleet["tmp"],
+        "proxy-on-lab2.py",
+        "servers = [('lab1', {**_by['lab1'], 'replicas_per_host': 2}), ('lab2', _by['lab2'])]\n"
+        "proxy = [('lab2', _by['lab2'])]\n",
+    )
     key = KEY_FILE.read_text().strip()
     for new, old, inv in ((lab2, lab1, moved), (lab1, lab2, fleet["inv"])):
         r = deploy(inv, fleet["specs"]["base"])
@@ -330,8 +453,12 @@ def test_moving_the_proxy_removes_its_site_from_the_old_host(fleet):
         assert SITE not in nginx_sites(old) and SITE in nginx_sites(new), (nginx_sites(old), nginx_sites(new))
         assert old.ssh(f"ls {SITE} {auth}", user="root", check=False).returncode != 0  # both gone
         assert old.ssh("nginx -t && systemctl is-active nginx", user="root", check=False).returncode == 0
-        out = subprocess.run(["curl", "-s", "--max-time", "60", "-H", f"Authorization: Bearer {key}", f"http://{new.address}/v1/models"],
-                             capture_output=True, text=True, timeout=90).stdout
+        out = subprocess.run(
+            ["curl", "-s", "--max-time", "60", "-H", f"Authorization: Bearer {key}", f"http://{new.address}/v1/models"],
+            capture_output=True,
+            text=True,
+            timeout=90,
+        ).stdout
         assert [m["id"] for m in json.loads(out)["data"]] == ["tiny"], out
     assert [main_pid(lab1, UNIT0), main_pid(lab1, UNIT1), main_pid(lab2, UNIT0)] == pids  # no vLLM restarted
 
@@ -347,7 +474,9 @@ def test_rollout_in_instance_batches_under_load_fails_no_request(fleet, load):
     RESULTS["rollout"] = {"seconds": round(r.elapsed, 1), "requests": st.as_dict()}
     (REPO / ".pytest_cache" / "rollout-ok.log").write_text(r.out)
     assert r.returncode == 0, r.out[-6000:]
-    assert "batch 1/3 (lab1:0)" in r.out and "batch 2/3 (lab1:1)" in r.out and "batch 3/3 (lab2:0)" in r.out, r.out[-3000:]
+    assert "batch 1/3 (lab1:0)" in r.out and "batch 2/3 (lab1:1)" in r.out and "batch 3/3 (lab2:0)" in r.out, r.out[
+        -3000:
+    ]
     assert st.failed == 0, st.summary()
     assert st.ok >= 20 and st.streamed >= 5, st.summary()
     print("\nload during the rollout:", st.summary())
@@ -366,7 +495,9 @@ def test_broken_update_stops_after_the_first_batch(fleet):
     assert "batch 1/3 (lab1:0) FAILED" in r.out and "lab1:0: left OUT of the nginx upstream" in r.out, r.out[-4000:]
     assert re.search(r"failed: +lab1:0: drain, update, check failed: .*", r.out), r.out[-3000:]
     assert re.search(r"not attempted: lab1:1, lab2:0 \(the rollout stopped", r.out), r.out[-3000:]
-    assert re.search(r"retry only those: vllm-fleet rollout \S+ --spec \S+ --max-fail 0 --limit lab1 --limit lab2$", r.out, re.M), r.out[-3000:]
+    assert re.search(
+        r"retry only those: vllm-fleet rollout \S+ --spec \S+ --max-fail 0 --limit lab1 --limit lab2$", r.out, re.M
+    ), r.out[-3000:]
     assert "batch 2/3" not in r.out
     site = lab1.ssh(f"cat {SITE}", user="root").stdout
     assert "server 127.0.0.1:8000 max_fails=2 fail_timeout=10s down;" in site
@@ -403,8 +534,20 @@ def test_two_deployments_on_one_host_behind_one_nginx(fleet):
     assert lab1.ssh(f"test -e /etc/systemd/system/{UNIT1}", user="root", check=False).returncode != 0
     assert "--host 127.0.0.1 --port 8000" in cmdline(lab1, UNIT0)
     for port, model, key in ((80, "tiny", KEY_FILE), (8081, "tiny-b", KEY_B)):
-        out = subprocess.run(["curl", "-s", "--max-time", "30", "-H", f"Authorization: Bearer {key.read_text().strip()}",
-                              f"http://{lab1.address}:{port}/v1/models"], capture_output=True, text=True, timeout=60).stdout
+        out = subprocess.run(
+            [
+                "curl",
+                "-s",
+                "--max-time",
+                "30",
+                "-H",
+                f"Authorization: Bearer {key.read_text().strip()}",
+                f"http://{lab1.address}:{port}/v1/models",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        ).stdout
         assert [m["id"] for m in json.loads(out)["data"]] == [model], out
     assert lab1.ssh("nginx -t", user="root", check=False).returncode == 0
 
@@ -416,16 +559,32 @@ def test_a_host_dropped_from_the_deployment_loses_its_part(fleet):
     environment stays, as after `down`. lab-tiny-b on lab1 is not this deploy's and stays.
     A second deploy changes nothing."""
     lab1, lab2 = fleet["lab1"], fleet["lab2"]
-    assert lab2.ssh(f"test -e /etc/systemd/system/{UNIT0}", user="root", check=False).returncode == 0  # left by the fleet
-    inv = inventory(fleet["tmp"], "lab1-and-spare.py", "servers = [('lab1', _by['lab1'])]\nproxy = servers\n"
-                                                         "spare = [('lab2', _by['lab2'])]\n")
+    assert (
+        lab2.ssh(f"test -e /etc/systemd/system/{UNIT0}", user="root", check=False).returncode == 0
+    )  # left by the fleet
+    inv = inventory(
+        fleet["tmp"],
+        "lab1-and-spare.py",
+        "servers = [('lab1', _by['lab1'])]\nproxy = servers\nspare = [('lab2', _by['lab2'])]\n",
+    )
     r = deploy(inv, SINGLE)
     RESULTS["host_dropped_s"] = round(r.elapsed, 1)
     assert r.returncode == 0, r.out[-6000:]
-    assert lab2.ssh("systemctl list-units --all --no-legend 'vllm-lab-tiny*' vllm-fleet-api-firewall.service", user="root").stdout.strip() == ""
-    assert lab2.ssh("ls /etc/systemd/system/vllm-lab-tiny-0.service /etc/systemd/system/vllm-fleet-api-firewall.service "
-                    "/etc/vllm-fleet/api-firewall.nft /etc/vllm-fleet/lab-tiny/vllm.env /etc/vllm-fleet/lab-tiny/replica-0.env",
-                    user="root", check=False).stdout.strip() == ""
+    assert (
+        lab2.ssh(
+            "systemctl list-units --all --no-legend 'vllm-lab-tiny*' vllm-fleet-api-firewall.service", user="root"
+        ).stdout.strip()
+        == ""
+    )
+    assert (
+        lab2.ssh(
+            "ls /etc/systemd/system/vllm-lab-tiny-0.service /etc/systemd/system/vllm-fleet-api-firewall.service "
+            "/etc/vllm-fleet/api-firewall.nft /etc/vllm-fleet/lab-tiny/vllm.env /etc/vllm-fleet/lab-tiny/replica-0.env",
+            user="root",
+            check=False,
+        ).stdout.strip()
+        == ""
+    )
     assert lab2.ssh("nft list table inet vllm_fleet_api", user="root", check=False).returncode != 0
     assert lab2.ssh(f"test -x {ENV_DIR}/bin/python", user="root", check=False).returncode == 0  # the environment stays
     assert lab1.ssh("systemctl is-active vllm-lab-tiny-b-0.service", user="root").stdout.strip() == "active"

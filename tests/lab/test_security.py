@@ -94,8 +94,10 @@ def test_tls_self_signed_serves_with_the_key(locked_proxy):
     # the certificate is really one: without -k curl refuses it as self-signed (not a plain-HTTP port)
     v = curl("-o", "/dev/null", "-w", "%{ssl_verify_result}", f"{base}/health")
     assert v.returncode == 60, (v.returncode, v.stderr)
-    cert = server.ssh("echo | openssl s_client -connect 127.0.0.1:443 2>/dev/null | openssl x509 -noout -subject "
-                      "2>/dev/null || true", user="root").stdout
+    cert = server.ssh(
+        "echo | openssl s_client -connect 127.0.0.1:443 2>/dev/null | openssl x509 -noout -subject 2>/dev/null || true",
+        user="root",
+    ).stdout
     RESULTS["tls_subject"] = cert.strip()
     # nothing answers plain HTTP on the old port any more
     assert code("--max-time", "5", f"http://{server.address}/v1/models") == "000"
@@ -118,11 +120,13 @@ def test_tls_redeploy_is_two_remote_commands(locked_proxy):
 def test_metrics_only_from_the_allowed_addresses(locked_proxy, lab_hosts):
     server, _, _ = locked_proxy
     other = lab_hosts[1]
-    outside = other.ssh(f"curl -sk -o /dev/null -w '%{{http_code}}' --max-time 10 https://{server.address}/metrics",
-                        check=False).stdout.strip()
+    outside = other.ssh(
+        f"curl -sk -o /dev/null -w '%{{http_code}}' --max-time 10 https://{server.address}/metrics", check=False
+    ).stdout.strip()
     control = code("-k", f"https://{server.address}/metrics")
-    inside = server.ssh("curl -sk -o /dev/null -w '%{http_code}' --max-time 10 https://127.0.0.1/metrics",
-                        user="root").stdout.strip()
+    inside = server.ssh(
+        "curl -sk -o /dev/null -w '%{http_code}' --max-time 10 https://127.0.0.1/metrics", user="root"
+    ).stdout.strip()
     body = server.ssh("curl -sk --max-time 10 https://127.0.0.1/metrics", user="root").stdout
     RESULTS["metrics"] = {"other_host": outside, "control_machine": control, "loopback": inside}
     assert outside == "403" and control == "403"

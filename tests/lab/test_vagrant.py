@@ -20,12 +20,24 @@ def _vagrant() -> str:
     if os.geteuid() != 0 or not shutil.which("apt-get"):
         pytest.skip("vagrant is not installed and cannot be (needs root and apt-get: Debian's `vagrant` package)")
     env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-    res = subprocess.run(["apt-get", "install", "-y", "-q", "--no-install-recommends", "vagrant"], env=env,
-                         capture_output=True, text=True, timeout=900, stdin=subprocess.DEVNULL)
+    res = subprocess.run(
+        ["apt-get", "install", "-y", "-q", "--no-install-recommends", "vagrant"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        stdin=subprocess.DEVNULL,
+    )
     if res.returncode != 0:
         subprocess.run(["apt-get", "update", "-q"], env=env, capture_output=True, timeout=600, stdin=subprocess.DEVNULL)
-        res = subprocess.run(["apt-get", "install", "-y", "-q", "--no-install-recommends", "vagrant"], env=env,
-                             capture_output=True, text=True, timeout=900, stdin=subprocess.DEVNULL)
+        res = subprocess.run(
+            ["apt-get", "install", "-y", "-q", "--no-install-recommends", "vagrant"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=900,
+            stdin=subprocess.DEVNULL,
+        )
     if res.returncode != 0 or not shutil.which("vagrant"):
         pytest.skip(f"Debian's vagrant package did not install: {res.stderr.strip()[-300:]}")
     return shutil.which("vagrant")
@@ -33,14 +45,27 @@ def _vagrant() -> str:
 
 def test_vagrantfile_validates(tmp_path):
     vagrant = _vagrant()
-    env = dict(os.environ, VAGRANT_HOME=str(tmp_path / "vagrant.d"), XDG_DATA_HOME=str(tmp_path / "data"),
-               VAGRANT_CHECKPOINT_DISABLE="1", VLLM_FLEET_LAB_HOSTS="3")
-    res = subprocess.run([vagrant, "validate"], cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
-                         stdin=subprocess.DEVNULL)
+    env = dict(
+        os.environ,
+        VAGRANT_HOME=str(tmp_path / "vagrant.d"),
+        XDG_DATA_HOME=str(tmp_path / "data"),
+        VAGRANT_CHECKPOINT_DISABLE="1",
+        VLLM_FLEET_LAB_HOSTS="3",
+    )
+    res = subprocess.run(
+        [vagrant, "validate"], cwd=REPO, env=env, capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL
+    )
     if res.returncode != 0 and "provider" in res.stderr:
         # no VirtualBox/libvirt on this machine: validate everything but the provider blocks
-        res = subprocess.run([vagrant, "validate", "--ignore-provider"], cwd=REPO, env=env, capture_output=True,
-                             text=True, timeout=300, stdin=subprocess.DEVNULL)
+        res = subprocess.run(
+            [vagrant, "validate", "--ignore-provider"],
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            stdin=subprocess.DEVNULL,
+        )
     assert res.returncode == 0, res.stdout + res.stderr
     assert "validated successfully" in res.stdout
     assert not (tmp_path / "data").exists()  # validate makes no key; only up/provision/reload do
@@ -52,10 +77,19 @@ def test_vagrant_provision_script_parses(tmp_path):
     if not ruby:
         pytest.skip("no ruby (comes with Debian's vagrant package)")
     # load the Vagrantfile with a stub Vagrant module and print its provisioning script
-    script = subprocess.run([ruby, "-e", "module Vagrant; def self.configure(*); end; end; "
-                             "ARGV.replace(['validate']); load 'Vagrantfile'; print PROVISION"],
-                            cwd=REPO, capture_output=True, text=True, timeout=60,
-                            env=dict(os.environ, XDG_DATA_HOME=str(tmp_path)))
+    script = subprocess.run(
+        [
+            ruby,
+            "-e",
+            "module Vagrant; def self.configure(*); end; end; "
+            "ARGV.replace(['validate']); load 'Vagrantfile'; print PROVISION",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=dict(os.environ, XDG_DATA_HOME=str(tmp_path)),
+    )
     assert script.returncode == 0, script.stderr
     assert "useradd" in script.stdout
     res = subprocess.run(["bash", "-n"], input=script.stdout, capture_output=True, text=True)

@@ -136,9 +136,16 @@ def _render(command: Any) -> str:
     return str(command)
 
 
-def run_deploy(deploy_func: Callable[..., Any], *args: Any, facts: dict | None = None,
-               host: str = "testhost", data: dict | None = None, strict: bool = False,
-               groups: list[str] | None = None, **kwargs: Any) -> DeployRun:
+def run_deploy(
+    deploy_func: Callable[..., Any],
+    *args: Any,
+    facts: dict | None = None,
+    host: str = "testhost",
+    data: dict | None = None,
+    strict: bool = False,
+    groups: list[str] | None = None,
+    **kwargs: Any,
+) -> DeployRun:
     from pyinfra.api import Config, Inventory, State
     from pyinfra.api.deploy import add_deploy
     from pyinfra.api.host import Host

@@ -45,7 +45,9 @@ def test_the_state_read_finds_what_another_deployment_holds(tmp_path):
     units = sorted(found[clash.UNITS])
     assert units == [f"/etc/systemd/system/vllm-qwen7b-tp2x4-{i}.service" for i in range(4)]
     assert found[clash.UNITS][units[1]] == (GOLDEN / units[1][1:]).read_text()  # the file itself
-    states = {p.removeprefix(str(tmp_path)): st for p in snap.matching(globs[clash.UNITS]) if (st := snap.unit_file_state(p))}
+    states = {
+        p.removeprefix(str(tmp_path)): st for p in snap.matching(globs[clash.UNITS]) if (st := snap.unit_file_state(p))
+    }
     assert sorted(states) == units  # each unit file's (is-active, is-enabled), as this machine's systemctl says
     held = clash.held_on_host(found)["qwen7b-tp2x4"]  # states unknown: every unit holds
     assert held.ports == {8000 + i: f"vllm-qwen7b-tp2x4-{i}.service" for i in range(4)}
@@ -54,13 +56,21 @@ def test_the_state_read_finds_what_another_deployment_holds(tmp_path):
 
 
 def _want(ports=(), gpus=(), site=None) -> clash.Held:
-    return clash.Held({p: f"vllm-new-{i}.service" for i, p in enumerate(ports)}, [site] if site else [],
-                      {g: ["vllm-new-0.service"] for g in gpus})
+    return clash.Held(
+        {p: f"vllm-new-{i}.service" for i, p in enumerate(ports)},
+        [site] if site else [],
+        {g: ["vllm-new-0.service"] for g in gpus},
+    )
 
 
 def test_clashes_name_the_other_deployment_and_the_fix(tmp_path):
-    theirs = {"old": clash.Held({8000: "vllm-old-0.service"}, [(80, "_", True, "/etc/nginx/conf.d/vllm-fleet-old.conf")],
-                                {0: ["vllm-old-0.service"], 1: ["vllm-old-0.service"]})}
+    theirs = {
+        "old": clash.Held(
+            {8000: "vllm-old-0.service"},
+            [(80, "_", True, "/etc/nginx/conf.d/vllm-fleet-old.conf")],
+            {0: ["vllm-old-0.service"], 1: ["vllm-old-0.service"]},
+        )
+    }
     lines = clash.clashes({"new": _want([8000], [1], (80, "_", True, "proxy.listen 80"))}, theirs, {"new"})
     assert lines == [
         "port 8000 (vllm-new-0.service) is taken by deployment 'old' (vllm-old-0.service): give new another server.port",
@@ -68,7 +78,10 @@ def test_clashes_name_the_other_deployment_and_the_fix(tmp_path):
         "nginx port 80: both are the default server (/etc/nginx/conf.d/vllm-fleet-old.conf of deployment 'old'): give new its own proxy.server_name or proxy.listen",
     ]
     # no clash: other ports, other GPUs, a named server on the same nginx port
-    assert clash.clashes({"new": _want([8100], [2, 3], (80, "api.example", False, "proxy.listen 80"))}, theirs, {"new"}) == []
+    assert (
+        clash.clashes({"new": _want([8100], [2, 3], (80, "api.example", False, "proxy.listen 80"))}, theirs, {"new"})
+        == []
+    )
     # the same deployment again (a redeploy), or one this deploy manages too: not "another"
     assert clash.clashes({"old": _want([8000], [0])}, theirs, {"old"}) == []
     assert clash.clashes({"new": _want([8000])}, theirs, {"new", "old"}) == []
@@ -84,32 +97,52 @@ def test_refuse_raises_before_anything_and_knows_nothing_without_a_read():
     h = type("H", (), {"parts": {"new": Node()}})()
     specs = {"new": {}}
     clash.refuse(specs, h, "lab1", Snapshot())  # nothing read: nothing refused
-    s = Snapshot.parse(["glob\t" + clash.UNITS + "\t.",
-                        "glob\t" + clash.UNITS + "\t/etc/systemd/system/vllm-old-0.service\t"
-                        + __import__("base64").b64encode(b"ExecStart=/x/vllm serve m --host 127.0.0.1 --port 8000\n").decode(),
-                        "glob\t" + clash.SITES + "\t.", "glob\t" + clash.REPLICA_ENVS + "\t.", "end"])
+    s = Snapshot.parse(
+        [
+            "glob\t" + clash.UNITS + "\t.",
+            "glob\t"
+            + clash.UNITS
+            + "\t/etc/systemd/system/vllm-old-0.service\t"
+            + __import__("base64").b64encode(b"ExecStart=/x/vllm serve m --host 127.0.0.1 --port 8000\n").decode(),
+            "glob\t" + clash.SITES + "\t.",
+            "glob\t" + clash.REPLICA_ENVS + "\t.",
+            "end",
+        ]
+    )
     s.query = clash.query()
-    with pytest.raises(DeployError, match=r"(?s)host lab1: another vllm-fleet deployment .*\n  port 8000 .* deployment 'old'.*nothing was uploaded or changed"):
+    with pytest.raises(
+        DeployError,
+        match=r"(?s)host lab1: another vllm-fleet deployment .*\n  port 8000 .* deployment 'old'.*nothing was uploaded or changed",
+    ):
         clash.refuse(specs, h, "lab1", s)
 
 
 def test_a_stopped_disabled_unit_left_behind_holds_nothing():
     assert clash.holds(None) and clash.holds(("active", "enabled")) and clash.holds(("inactive", "enabled"))
     assert clash.holds(("activating", "disabled")) and clash.holds(("failed", "enabled"))  # a crash loop, or at boot
-    assert not clash.holds(("inactive", "disabled")) and not clash.holds(("failed", "disabled")) and not clash.holds(("inactive", ""))
+    assert (
+        not clash.holds(("inactive", "disabled"))
+        and not clash.holds(("failed", "disabled"))
+        and not clash.holds(("inactive", ""))
+    )
     assert clash.holds(("", ""))  # no answer: holds
     unit = "/etc/systemd/system/vllm-old-0.service"
     found = {clash.UNITS: {unit: "ExecStart=/x/vllm serve m --port 8000\n"}, clash.SITES: {}, clash.REPLICA_ENVS: {}}
     assert clash.held_on_host(found, {unit: ("inactive", "disabled")}).get("old", clash.Held()).ports == {}
-    assert clash.held_on_host(found, {unit: ("", "")})["old"].ports == {8000: "vllm-old-0.service"}  # systemctl could not say
+    assert clash.held_on_host(found, {unit: ("", "")})["old"].ports == {
+        8000: "vllm-old-0.service"
+    }  # systemctl could not say
     assert clash.held_on_host(found, {unit: ("active", "disabled")})["old"].ports == {8000: "vllm-old-0.service"}
 
 
 def _gpu_host(share: str | None) -> dict:
     """A host with deployment old's one replica on GPU 0 (its --gpu-memory-utilization: share)."""
     flag = f" --gpu-memory-utilization {share}" if share else ""
-    return {clash.UNITS: {"/etc/systemd/system/vllm-old-0.service": f"ExecStart=/x/vllm serve m{flag} --port 8000\n"},
-            clash.SITES: {}, clash.REPLICA_ENVS: {"/etc/vllm-fleet/old/replica-0.env": "CUDA_VISIBLE_DEVICES=0\n"}}
+    return {
+        clash.UNITS: {"/etc/systemd/system/vllm-old-0.service": f"ExecStart=/x/vllm serve m{flag} --port 8000\n"},
+        clash.SITES: {},
+        clash.REPLICA_ENVS: {"/etc/vllm-fleet/old/replica-0.env": "CUDA_VISIBLE_DEVICES=0\n"},
+    }
 
 
 def test_a_gpu_is_shared_with_another_deployment_while_the_shares_fit():
@@ -126,7 +159,8 @@ def test_a_gpu_is_shared_with_another_deployment_while_the_shares_fit():
         "GPU 0 (vllm-new-0.service) is shared with deployment 'old' (vllm-old-0.service): vllm-new-0.service 0.9 + "
         "vllm-old-0.service 0.45 (deployment 'old') = 1.35 of its memory (each vLLM takes its --gpu-memory-utilization "
         "share of the whole GPU at start): lower engine.gpu_memory_utilization of new so the shares sum to at most 1, "
-        "give new other GPUs (hardware.gpu_ids), or this host to one of them"]
+        "give new other GPUs (hardware.gpu_ids), or this host to one of them"
+    ]
     # two replicas of ours on the GPU (replicas.per_gpu) count both
     two = clash.Held({8100: "vllm-new-0.service", 8101: "vllm-new-1.service"})
     two.use_gpu(0, "vllm-new-0.service", 0.3)
@@ -135,7 +169,8 @@ def test_a_gpu_is_shared_with_another_deployment_while_the_shares_fit():
     # a unit without the flag (vLLM's default 0.9, or not ours to know): it takes the GPU
     assert clash.clashes({"new": half}, clash.held_on_host(_gpu_host(None)), {"new"}) == [
         "GPU 0 (vllm-new-0.service) is used by deployment 'old' (vllm-old-0.service): give new other GPUs (hardware, replicas), "
-        "or this host to one of them"]
+        "or this host to one of them"
+    ]
 
 
 def test_what_this_deploy_wants_carries_each_replicas_share():

@@ -30,7 +30,9 @@ def bare_builders(source: str) -> list[int]:
 
 def test_no_role_builds_a_command_line_by_hand():
     found = {f"{p.relative_to(ROLES)}:{n}" for p in ROLES.rglob("*.py") for n in bare_builders(p.read_text())}
-    assert not found, f"build these through vllm_fleet.host.programs (argv, chain, group, to_file, quiet...): {sorted(found)}"
+    assert not found, (
+        f"build these through vllm_fleet.host.programs (argv, chain, group, to_file, quiet...): {sorted(found)}"
+    )
 
 
 def test_the_check_sees_a_bare_builder_added_back():
@@ -42,8 +44,11 @@ def test_the_check_sees_a_bare_builder_added_back():
 def test_the_helpers_quote_every_value_and_run_as_the_shell_reads_them(tmp_path):
     """What the roles now send, run by sh: a path with a space and a ``;`` stays one argument."""
     odd = tmp_path / "a b; touch pwned"
-    line = chain(quiet(argv("test", "-e", odd)), group(to_file(argv("printf", "%s\\n", "v 1"), odd),
-                                                         to_stderr(argv("echo", "made"))), op="||")
+    line = chain(
+        quiet(argv("test", "-e", odd)),
+        group(to_file(argv("printf", "%s\\n", "v 1"), odd), to_stderr(argv("echo", "made"))),
+        op="||",
+    )
     r = subprocess.run(["sh", "-c", text(line)], capture_output=True, text=True, cwd=tmp_path)
     assert r.returncode == 0 and r.stderr == "made\n" and odd.read_text() == "v 1\n"
     assert not (tmp_path / "pwned").exists()

@@ -12,8 +12,10 @@ from vllm_fleet.render.files import RenderedFile
 
 UNIT = "/etc/systemd/system/vllm.service"
 ENV = "/etc/vllm-fleet/x/vllm.env"
-FILES = {UNIT: RenderedFile("[Service]\nEnvironmentFile=/etc/vllm-fleet/x/vllm.env\n", 0o644),
-         ENV: RenderedFile("A=1\n", 0o640, "root", "vllm")}
+FILES = {
+    UNIT: RenderedFile("[Service]\nEnvironmentFile=/etc/vllm-fleet/x/vllm.env\n", 0o644),
+    ENV: RenderedFile("A=1\n", 0o640, "root", "vllm"),
+}
 
 
 @deploy("put rendered")
@@ -34,8 +36,12 @@ def _facts(present: dict):
 def test_a_new_file_is_uploaded_beside_it_and_renamed_over_it(harness):
     run = harness.run(_put, FILES, facts=_facts({}))
     unit = run.op(f"Put {UNIT}").commands
-    assert unit == [f"upload:{UNIT}.tmp-vllm-fleet", f"chown root:root {UNIT}.tmp-vllm-fleet",
-                    f"chmod 644 {UNIT}.tmp-vllm-fleet", f"mv -f {UNIT}.tmp-vllm-fleet {UNIT}"]
+    assert unit == [
+        f"upload:{UNIT}.tmp-vllm-fleet",
+        f"chown root:root {UNIT}.tmp-vllm-fleet",
+        f"chmod 644 {UNIT}.tmp-vllm-fleet",
+        f"mv -f {UNIT}.tmp-vllm-fleet {UNIT}",
+    ]
     env = run.op(f"Put {ENV}").commands
     assert env[-1] == f"mv -f {ENV}.tmp-vllm-fleet {ENV}" and f"chown root:vllm {ENV}.tmp-vllm-fleet" in env
     assert not any(c.startswith(("cp ", "tee ")) or c == f"upload:{UNIT}" for c in run.commands)
@@ -44,13 +50,18 @@ def test_a_new_file_is_uploaded_beside_it_and_renamed_over_it(harness):
 
 def test_units_are_put_after_the_files_they_name(harness):
     names = [op.name for op in harness.run(_put, FILES, facts=_facts({})).ops]
-    assert [n for n in names if n.startswith("put rendered | Put ")] == [f"put rendered | Put {ENV}", f"put rendered | Put {UNIT}"], names
+    assert [n for n in names if n.startswith("put rendered | Put ")] == [
+        f"put rendered | Put {ENV}",
+        f"put rendered | Put {UNIT}",
+    ], names
 
 
 def test_a_converged_file_sends_nothing_and_drifted_mode_is_fixed_in_place(harness):
     def present(f, mode, group):
-        return {"stat": {"user": "root", "group": group, "mode": mode},
-                "sha": hashlib.sha256(f.content.encode()).hexdigest()}
+        return {
+            "stat": {"user": "root", "group": group, "mode": mode},
+            "sha": hashlib.sha256(f.content.encode()).hexdigest(),
+        }
 
     same = {UNIT: present(FILES[UNIT], 644, "root"), ENV: present(FILES[ENV], 640, "vllm")}
     assert not harness.run(_put, FILES, facts=_facts(same)).changed

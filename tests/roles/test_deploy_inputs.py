@@ -55,8 +55,13 @@ def _plan_nginx():
     from vllm_fleet.roles.nginx import install_nginx
 
     ctx = load_deploy_spec()
-    install_nginx(spec=ctx.spec, rendered=rendered_for_host(ctx), api_key=ctx.secrets["api_key"],
-                  tls_key=ctx.secrets["tls_key"], tls_certificate=ctx.secrets["tls_certificate"])
+    install_nginx(
+        spec=ctx.spec,
+        rendered=rendered_for_host(ctx),
+        api_key=ctx.secrets["api_key"],
+        tls_key=ctx.secrets["tls_key"],
+        tls_certificate=ctx.secrets["tls_certificate"],
+    )
 
 
 CLIENT: list = []
@@ -78,7 +83,10 @@ def _plan_client():
 def test_spec_source_order_and_messages():
     from vllm_fleet.specs.source import SpecSourceError, spec_source
 
-    assert spec_source({"vllm_fleet_spec": "a.yaml"}, "h", env={"VLLM_FLEET_SPEC": "b.yaml"}) == ("a.yaml", "data vllm_fleet_spec")
+    assert spec_source({"vllm_fleet_spec": "a.yaml"}, "h", env={"VLLM_FLEET_SPEC": "b.yaml"}) == (
+        "a.yaml",
+        "data vllm_fleet_spec",
+    )
     assert spec_source({}, "h", env={"VLLM_FLEET_SPEC": "b.yaml"})[0] == "b.yaml"
     assert spec_source({"lab_kind": "nspawn"}, "lab1", env={})[0] == "deployments/lab-tiny.yaml"
     with pytest.raises(SpecSourceError) as e:
@@ -101,8 +109,12 @@ def test_host_data_names_the_spec_and_the_layout_has_only_its_hosts(harness, tmp
     from vllm_fleet.roles.common import _CACHE
 
     spec = _spec(tmp_path)
-    harness.run(_plan, host="gpu1", groups=["servers", "proxy"],
-                data={"vllm_fleet_spec": str(spec), "private_address": "10.0.0.5", "ssh_hostname": "192.0.2.5"})
+    harness.run(
+        _plan,
+        host="gpu1",
+        groups=["servers", "proxy"],
+        data={"vllm_fleet_spec": str(spec), "private_address": "10.0.0.5", "ssh_hostname": "192.0.2.5"},
+    )
     (ctx,) = _CACHE.values()
     assert ctx.path == str(spec) and set(ctx.rendered) == {"gpu1", "client"}
 
@@ -117,7 +129,9 @@ def test_planning_writes_no_key_file_and_the_first_operation_does(harness, tmp_p
     key = tmp_path / "keys" / "api.key"
     run = harness.run(_plan, host="gpu1", groups=["servers"], data={"vllm_fleet_spec": str(spec)})
     assert not key.exists() and not key.parent.exists()  # what pyinfra --dry would leave: nothing
-    assert len(run.ops) == 1 and run.op("Write generated secret files on the control machine").commands == ["python:_write_generated"]
+    assert len(run.ops) == 1 and run.op("Write generated secret files on the control machine").commands == [
+        "python:_write_generated"
+    ]
     (ctx,) = _CACHE.values()
     value = ctx.secrets["api_key"]
     assert value.startswith("sk-") and ctx.generated == {key: value}
@@ -168,7 +182,9 @@ def test_every_secret_of_the_spec_is_in_the_one_list():
 
 # -- TLS: certificate and key from the control machine -------------------------------------------
 
-KEY_PEM = "-----BEGIN PRIVATE KEY-----\nMIIEvQIBADANBgkqhkiG9w0BAQEFAASCBKcwggSjAgEAAoIBAQC7\n-----END PRIVATE KEY-----\n"
+KEY_PEM = (
+    "-----BEGIN PRIVATE KEY-----\nMIIEvQIBADANBgkqhkiG9w0BAQEFAASCBKcwggSjAgEAAoIBAQC7\n-----END PRIVATE KEY-----\n"
+)
 CRT_PEM = "-----BEGIN CERTIFICATE-----\nMIIDazCCAlOgAwIBAgIUZ\n-----END CERTIFICATE-----\n"
 
 
@@ -176,8 +192,17 @@ def test_tls_certificate_and_key_reach_the_host(harness, tmp_path):
     (tmp_path / "tls.key").write_text(KEY_PEM)
     (tmp_path / "tls.key").chmod(0o600)
     (tmp_path / "tls.crt").write_text(CRT_PEM)
-    spec = _spec(tmp_path, proxy={"listen": 443, "tls": {"enabled": True, "certificate": "tls.crt",  # relative to the spec
-                                                         "certificate_key": {"file": "tls.key"}}})
+    spec = _spec(
+        tmp_path,
+        proxy={
+            "listen": 443,
+            "tls": {
+                "enabled": True,
+                "certificate": "tls.crt",  # relative to the spec
+                "certificate_key": {"file": "tls.key"},
+            },
+        },
+    )
     run = harness.run(_plan_nginx, host="gpu1", groups=["servers", "proxy"], data={"vllm_fleet_spec": str(spec)})
     assert run.uploads["/etc/nginx/vllm-fleet/lab-tiny.key"] == KEY_PEM
     assert run.uploads["/etc/nginx/vllm-fleet/lab-tiny.crt"] == CRT_PEM
@@ -191,8 +216,13 @@ def test_a_tls_key_that_is_not_pem_stops_the_deploy(harness, tmp_path):
 
     (tmp_path / "tls.key").write_text("sk-not-a-key\n")
     (tmp_path / "tls.crt").write_text(CRT_PEM)
-    spec = _spec(tmp_path, proxy={"listen": 443, "tls": {"enabled": True, "certificate": "tls.crt",
-                                                         "certificate_key": {"file": "tls.key"}}})
+    spec = _spec(
+        tmp_path,
+        proxy={
+            "listen": 443,
+            "tls": {"enabled": True, "certificate": "tls.crt", "certificate_key": {"file": "tls.key"}},
+        },
+    )
     with pytest.raises(DeployError, match=r"proxy.tls.certificate_key: .*not a PEM file.*no host was changed"):
         harness.run(_plan_nginx, host="gpu1", groups=["servers", "proxy"], data={"vllm_fleet_spec": str(spec)})
 

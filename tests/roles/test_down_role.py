@@ -30,8 +30,10 @@ REPO = Path(__file__).resolve().parents[2]
 def replicas():
     """lab-tiny-replicas on lab1 (server + proxy) and lab2 (a replica behind it): firewall, nginx site."""
     resolved, _ = load_and_check(REPO / "deployments" / "lab-tiny-replicas.yaml", hardware=False)
-    inv = {"lab1": {"address": "10.10.0.11", "groups": ["servers", "proxy"], "data": {}},
-           "lab2": {"address": "10.10.0.12", "groups": ["servers"], "data": {}}}
+    inv = {
+        "lab1": {"address": "10.10.0.11", "groups": ["servers", "proxy"], "data": {}},
+        "lab2": {"address": "10.10.0.12", "groups": ["servers"], "data": {}},
+    }
     return resolved, render.render(resolved, inv)
 
 
@@ -41,10 +43,13 @@ def _facts(on_host: dict[str, str], nginx_active: bool = True, dirs: list[str] =
     present = {p: {"mode": 644, "user": "root", "group": "root", "size": 1} for p in on_host}
     units = {Path(p).name: True for p in on_host if p.startswith("/etc/systemd/system/")}
     nginx = {"ActiveState": "active" if nginx_active else "inactive", "UnitFileState": "enabled"}
-    return {**host_state(on_host, units={"nginx.service": nginx}, complete=complete),
-            File: lambda path=None: present.get(path),
-            Directory: lambda path=None: {"mode": 755} if path in dirs else None,
-            SystemdStatus: {**units, "nginx.service": nginx_active}, SystemdEnabled: units}
+    return {
+        **host_state(on_host, units={"nginx.service": nginx}, complete=complete),
+        File: lambda path=None: present.get(path),
+        Directory: lambda path=None: {"mode": 755} if path in dirs else None,
+        SystemdStatus: {**units, "nginx.service": nginx_active},
+        SystemdEnabled: units,
+    }
 
 
 def _texts(files: dict) -> dict[str, str]:
@@ -59,7 +64,10 @@ def test_removes_units_files_site_and_firewall_of_this_deployment(harness, repli
     stamp = "/etc/vllm-fleet/lab-tiny-replicas/replica-0.applied"  # written by the service role, not rendered
     run = harness.run(remove_deployment, spec=spec, rendered=files, facts=_facts({**_texts(files), stamp: "x"}))
     units = [p for p in owned if p.startswith("/etc/systemd/system/")]
-    assert {Path(u).name for u in units} == {"vllm-lab-tiny-replicas-0.service", "vllm-fleet-api-firewall.service"}  # names from the files
+    assert {Path(u).name for u in units} == {
+        "vllm-lab-tiny-replicas-0.service",
+        "vllm-fleet-api-firewall.service",
+    }  # names from the files
     for u in units:  # stopped and disabled before their files go
         op = run.op(f"Stop and disable {Path(u).name}")
         assert any("systemctl stop" in c for c in op.commands) and any("systemctl disable" in c for c in op.commands)
@@ -68,7 +76,9 @@ def test_removes_units_files_site_and_firewall_of_this_deployment(harness, repli
         assert f"rm -f {p}" in run.commands
     # the service role's record of the instance's configuration goes too (the config dir can go)
     assert f"rm -f {stamp}" in run.commands
-    assert run.index("rm -f /etc/systemd/system/vllm-lab-tiny-replicas-0.service") < run.index("systemctl daemon-reload")
+    assert run.index("rm -f /etc/systemd/system/vllm-lab-tiny-replicas-0.service") < run.index(
+        "systemctl daemon-reload"
+    )
     assert "nft delete table inet vllm_fleet_api" in " ".join(run.commands)
     site = "/etc/nginx/conf.d/vllm-fleet-lab-tiny-replicas.conf"
     assert run.index(f"rm -f {site}") < run.index("nginx -t") < run.index("systemctl reload nginx")
@@ -84,16 +94,27 @@ def test_install_time_wheels_go_the_environment_stays(harness, replicas):
     spec, rendered = replicas
     prefix = spec["install"]["prefix"]
     install_time = [f"{prefix}/wheelhouse", f"{prefix}/find-links", f"{prefix}/uv-cache", f"{prefix}/router-wheels"]
-    run = harness.run(remove_deployment, spec=spec, rendered=rendered["lab1"],
-                      facts=_facts(_texts(rendered["lab1"]), dirs=[*install_time, f"{prefix}/env", f"{prefix}/router"]))
+    run = harness.run(
+        remove_deployment,
+        spec=spec,
+        rendered=rendered["lab1"],
+        facts=_facts(_texts(rendered["lab1"]), dirs=[*install_time, f"{prefix}/env", f"{prefix}/router"]),
+    )
     for d in install_time:
         assert f"rm -rf {d}" in run.commands, (d, run.commands)
-    assert not any(c.startswith("rm -rf") and c.split()[-1] in (f"{prefix}/env", f"{prefix}/router") for c in run.commands)
+    assert not any(
+        c.startswith("rm -rf") and c.split()[-1] in (f"{prefix}/env", f"{prefix}/router") for c in run.commands
+    )
 
 
 def test_nginx_not_running_is_validated_not_reloaded(harness, replicas):
     spec, rendered = replicas
-    run = harness.run(remove_deployment, spec=spec, rendered=rendered["lab1"], facts=_facts(_texts(rendered["lab1"]), nginx_active=False))
+    run = harness.run(
+        remove_deployment,
+        spec=spec,
+        rendered=rendered["lab1"],
+        facts=_facts(_texts(rendered["lab1"]), nginx_active=False),
+    )
     assert run.has_op("nginx -t") and not run.has_op("Reload nginx")
 
 
@@ -107,9 +128,16 @@ def test_a_read_that_did_not_complete_removes_nothing(harness, replicas):
     """The state read stopped before its end: which files are the deployment's is not known, so
     the host stops with StateUnknown (naming it and how to retry) instead of removing on a guess."""
     spec, rendered = replicas
-    with pytest.raises(StateUnknown, match="host lab1: the read of this host's state did not complete.*run the command again"):
-        harness.run(remove_deployment, spec=spec, rendered=rendered["lab1"], facts=_facts(_texts(rendered["lab1"]), complete=False),
-                    host="lab1")
+    with pytest.raises(
+        StateUnknown, match="host lab1: the read of this host's state did not complete.*run the command again"
+    ):
+        harness.run(
+            remove_deployment,
+            spec=spec,
+            rendered=rendered["lab1"],
+            facts=_facts(_texts(rendered["lab1"]), complete=False),
+            host="lab1",
+        )
 
 
 def test_another_deployments_files_are_left_alone(harness, replicas):
@@ -148,7 +176,9 @@ def test_which_files_are_its_own_on_a_real_directory(tmp_path, replicas):
     def owned(spec_):
         q = removal_query(spec_, paths)
         assert set(q.read) == set(paths) and not q.stat  # none in its own directories: their text decides
-        out = subprocess.run(["sh", "-c", HostState().command(q).get_raw_value()], capture_output=True, text=True, timeout=60)
+        out = subprocess.run(
+            ["sh", "-c", HostState().command(q).get_raw_value()], capture_output=True, text=True, timeout=60
+        )
         snap = Snapshot.parse(out.stdout.splitlines())
         snap.query = q
         return [x for x in paths if mine(spec_, x, snap)]
@@ -161,8 +191,13 @@ def test_purge_removes_environment_weights_and_config(harness, replicas):
     spec, rendered = replicas
     ins = spec["install"]
     dirs = [ins["prefix"], ins["state_dir"], ins["config_dir"]]
-    run = harness.run(remove_deployment, spec=spec, rendered=rendered["lab2"], facts=_facts({}, dirs=dirs),
-                      data={"vllm_fleet_purge": True})
+    run = harness.run(
+        remove_deployment,
+        spec=spec,
+        rendered=rendered["lab2"],
+        facts=_facts({}, dirs=dirs),
+        data={"vllm_fleet_purge": True},
+    )
     for d in dirs:
         assert f"rm -rf {d}" in run.commands
 
@@ -174,13 +209,23 @@ def test_exporters_whose_configuration_was_this_deployments_are_stopped(harness)
     inv = {"lab1": {"address": "10.10.0.11", "groups": ["servers", "proxy", "monitoring"], "data": {}}}
     files = render.render(resolved, inv)["lab1"]
     facts = _facts(_texts(files))
-    facts[SystemdStatus] = {**facts[SystemdStatus], "prometheus.service": True, "prometheus-node-exporter.service": True,
-                            "prometheus-blackbox-exporter.service": True}
+    facts[SystemdStatus] = {
+        **facts[SystemdStatus],
+        "prometheus.service": True,
+        "prometheus-node-exporter.service": True,
+        "prometheus-blackbox-exporter.service": True,
+    }
     facts[SystemdEnabled] = dict(facts[SystemdStatus])
     run = harness.run(remove_deployment, spec=resolved, rendered=files, facts=facts)
     for service in ("prometheus", "prometheus-node-exporter", "prometheus-blackbox-exporter"):
-        assert f"systemctl stop {service}.service" in run.commands and f"systemctl disable {service}.service" in run.commands
-    assert "rm -f /etc/prometheus/prometheus.yml" in run.commands and "rm -f /etc/default/prometheus-node-exporter" in run.commands
+        assert (
+            f"systemctl stop {service}.service" in run.commands
+            and f"systemctl disable {service}.service" in run.commands
+        )
+    assert (
+        "rm -f /etc/prometheus/prometheus.yml" in run.commands
+        and "rm -f /etc/default/prometheus-node-exporter" in run.commands
+    )
 
 
 def _snap(files: dict[str, str], query):
@@ -199,7 +244,10 @@ def test_leftovers_are_what_the_layout_no_longer_gives_the_host(replicas):
 
     resolved, rendered = replicas
     lab1, lab2_had = dict(rendered["lab1"]), sorted(rendered["lab2"])
-    assert "/etc/systemd/system/vllm-lab-tiny-replicas-0.service" in lab2_had and "/etc/vllm-fleet/api-firewall.nft" in lab2_had
+    assert (
+        "/etc/systemd/system/vllm-lab-tiny-replicas-0.service" in lab2_had
+        and "/etc/vllm-fleet/api-firewall.nft" in lab2_had
+    )
     envs = clash.REPLICA_ENVS  # the default config_dir: the glob the clash check reads anyway
     # lab2, no part of the layout any more: everything of the deployment that is there
     q = leftover_query(resolved, None, {})
@@ -208,13 +256,24 @@ def test_leftovers_are_what_the_layout_no_longer_gives_the_host(replicas):
     on_lab2 = {p: rendered["lab2"][p].content for p in lab2_had}
     # not this deployment's: a package's own defaults file (no marker), another deployment's unit
     on_lab2["/etc/default/prometheus-node-exporter"] = 'ARGS=""\n'
-    on_lab2["/etc/systemd/system/vllm-lab-tiny-replicas-x-0.service"] = "# Rendered by vllm-fleet for deployment lab-tiny-replicas-x: ...\n"
+    on_lab2["/etc/systemd/system/vllm-lab-tiny-replicas-x-0.service"] = (
+        "# Rendered by vllm-fleet for deployment lab-tiny-replicas-x: ...\n"
+    )
     on_lab2["/etc/vllm-fleet/other/replica-0.env"] = "# Rendered by vllm-fleet for deployment other: ...\n"
     snap = _snap(on_lab2, q)
-    assert set(snap.matching(clash.UNITS)) == {*units, "/etc/systemd/system/vllm-fleet-api-firewall.service",
-                                                "/etc/systemd/system/vllm-lab-tiny-replicas-x-0.service"}
-    assert leftovers(resolved, None, {}, snap) == sorted(lab2_had)  # not the package's file, not the other deployment's unit
-    assert render.paths(resolved)["tls_certificate_key"] in q.stat and render.paths(resolved)["tls_certificate_key"] not in q.read
+    assert set(snap.matching(clash.UNITS)) == {
+        *units,
+        "/etc/systemd/system/vllm-fleet-api-firewall.service",
+        "/etc/systemd/system/vllm-lab-tiny-replicas-x-0.service",
+    }
+    assert leftovers(resolved, None, {}, snap) == sorted(
+        lab2_had
+    )  # not the package's file, not the other deployment's unit
+    assert (
+        render.paths(resolved)["tls_certificate_key"] in q.stat
+        and render.paths(resolved)["tls_certificate_key"] not in q.read
+    )
+
     # lab1 converged: nothing (its own files are rendered for it, the TLS files and router unit are the roles')
     class Node:
         roles, instances = {"server", "proxy"}, [object()]
@@ -259,7 +318,11 @@ def test_each_role_removes_its_own_part_and_down_goes_in_reverse_order(harness, 
     run = harness.run(remove_deployment, spec=spec, rendered=files, facts=_facts(_texts(files)))
     site = render.paths(spec)["nginx_site"]
     reload_at = run.commands.index("systemctl reload nginx.service")
-    assert run.commands.index(f"rm -f {site}") < reload_at < run.commands.index("systemctl stop vllm-lab-tiny-replicas-0.service")
+    assert (
+        run.commands.index(f"rm -f {site}")
+        < reload_at
+        < run.commands.index("systemctl stop vllm-lab-tiny-replicas-0.service")
+    )
     assert not [c for c in run.commands if "ray" in c.split(" ")[-1]], run.commands
 
 
@@ -271,8 +334,13 @@ def test_the_router_role_removes_its_unit_when_routing_is_no_longer_cache_aware(
 
     resolved, _ = load_and_check(REPO / "deployments" / "lab-tiny-routing.yaml", hardware=False)
     inv = {"lab1": {"address": "10.10.0.11", "groups": ["servers", "proxy"], "data": {}}}
-    files = render.render({**resolved, "proxy": {**resolved["proxy"], "routing": {**resolved["proxy"]["routing"], "policy": "round_robin"}}},
-                          inv)["lab1"]
+    files = render.render(
+        {
+            **resolved,
+            "proxy": {**resolved["proxy"], "routing": {**resolved["proxy"]["routing"], "policy": "round_robin"}},
+        },
+        inv,
+    )["lab1"]
     unit = render.paths(resolved)["router_unit"]
     assert unit not in files
     ours = f"# Rendered by vllm-fleet for deployment {resolved['name']}: edit the spec\n[Unit]\n"
@@ -281,7 +349,10 @@ def test_the_router_role_removes_its_unit_when_routing_is_no_longer_cache_aware(
     assert f"systemctl stop {name}" in run.commands and f"systemctl disable {name}" in run.commands
     assert f"rm -f {unit}" in run.commands and "systemctl daemon-reload" in run.commands
     theirs = "# Rendered by vllm-fleet for deployment other: edit the spec\n"
-    assert harness.run(install_router, spec=resolved, rendered=files, present=False, facts=_facts({unit: theirs})).commands == []
+    assert (
+        harness.run(install_router, spec=resolved, rendered=files, present=False, facts=_facts({unit: theirs})).commands
+        == []
+    )
     assert harness.run(install_router, spec=resolved, rendered=files, present=False, facts=_facts({})).commands == []
 
 
@@ -292,8 +363,12 @@ def test_the_model_stamp_goes_the_weights_stay_and_the_config_dir_is_left_empty(
     spec, rendered = replicas
     cfg = spec["install"]["config_dir"]
     stamp = f"{cfg}/model.stamp"
-    run = harness.run(remove_deployment, spec=spec, rendered=rendered["lab1"],
-                      facts=_facts({**_texts(rendered["lab1"]), stamp: "x"}, dirs=[spec["model"]["path"]]))
+    run = harness.run(
+        remove_deployment,
+        spec=spec,
+        rendered=rendered["lab1"],
+        facts=_facts({**_texts(rendered["lab1"]), stamp: "x"}, dirs=[spec["model"]["path"]]),
+    )
     op = run.op(f"Remove {cfg} if empty")
     assert op.commands == [f"rm -f {stamp}", f"rmdir --ignore-fail-on-non-empty {cfg}"], op.commands
     assert not any(c.startswith("rm -rf") and c.split()[-1] == spec["model"]["path"] for c in run.commands)

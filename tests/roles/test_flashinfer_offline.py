@@ -40,13 +40,17 @@ def stub_wheel(folder: Path, name: str, version: str) -> Path:
     dist = name.replace("-", "_")
     path = folder / f"{dist}-{version}-py3-none-any.whl"
     di = f"{dist}-{version}.dist-info"
-    files = {f"{di}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
-             f"{di}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
+    files = {
+        f"{di}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
+        f"{di}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
     with zipfile.ZipFile(path, "w") as z:
         rec = []
         for rel, text in files.items():
             z.writestr(rel, text)
-            rec.append(f"{rel},sha256={base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b'=').decode()},{len(text)}")
+            rec.append(
+                f"{rel},sha256={base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b'=').decode()},{len(text)}"
+            )
         z.writestr(f"{di}/RECORD", "\n".join(rec + [f"{di}/RECORD,,"]) + "\n")
     return path
 
@@ -60,7 +64,10 @@ def test_the_resolved_set_of_vllm_0_33_0_needs_the_cubin_added():
     assert flashinfer.companions(old) == []  # 0.20.2 still brought it
     # the index this was resolved against listed no flashinfer-cubin 0.7.2.post1 (newest 0.6.13):
     # hence a warning, not a failure, where the source lacks it
-    assert "0.7.2.post1" not in REPORT["flashinfer_cubin_versions"] and "0.6.8.post1" in REPORT["flashinfer_cubin_versions"]
+    assert (
+        "0.7.2.post1" not in REPORT["flashinfer_cubin_versions"]
+        and "0.6.8.post1" in REPORT["flashinfer_cubin_versions"]
+    )
     assert flashinfer.companions({"flashinfer_python": "0.7.2.post1", "flashinfer-cubin": "0.7.2.post1"}) == []
     assert flashinfer.companions({"vllm": "0.33.0"}) == []
 
@@ -77,10 +84,13 @@ def _spec(**install):
 
 def test_a_cuda_install_adds_the_cubin_from_the_same_index(harness):
     from vllm_fleet.roles.vllm import install_vllm
+
     spec = _spec(index_url="https://mirror.example/simple")
     run = harness.run(install_vllm, spec, facts={**env_state({})})
     install, cubin = run.commands[0], run.commands[1]
-    assert "--index-url https://mirror.example/simple" in install and "--index-url https://mirror.example/simple" in cubin
+    assert (
+        "--index-url https://mirror.example/simple" in install and "--index-url https://mirror.example/simple" in cubin
+    )
     assert "flashinfer-cubin" in cubin
     assert "--no-deps" in cubin
     assert run.index("flashinfer-cubin") > run.index("vllm==0.33.0")  # after vLLM, at its flashinfer's version
@@ -107,22 +117,31 @@ if [ "$1" = -m ]; then printf '%s\\n' "$@" > {tmp_path}/pip-argv; exit {pip_rc};
     return py
 
 
-@pytest.mark.parametrize("fi_version,pip_rc,installs,warns", [
-    ("0.7.2.post1", 0, True, False),   # the cubin at exactly the env's flashinfer-python version
-    ("0.7.2.post1", 1, True, True),    # the source lacks it: a warning, the install goes on
-    (None, 0, False, False),           # no flashinfer-python in the env: nothing
-])
+@pytest.mark.parametrize(
+    "fi_version,pip_rc,installs,warns",
+    [
+        ("0.7.2.post1", 0, True, False),  # the cubin at exactly the env's flashinfer-python version
+        ("0.7.2.post1", 1, True, True),  # the source lacks it: a warning, the install goes on
+        (None, 0, False, False),  # no flashinfer-python in the env: nothing
+    ],
+)
 def test_the_cubin_command_run_by_sh(tmp_path, fi_version, pip_rc, installs, warns):
     from vllm_fleet.roles.vllm import flashinfer_cubin_command
 
     _fake_env(tmp_path, fi_version, pip_rc)
     spec = _spec(prefix=str(tmp_path))
-    cmd = flashinfer_cubin_command(spec, cache_dir=None, wheelhouse=f"{tmp_path}/wheelhouse").get_raw_value()  # a StringCommand
+    cmd = flashinfer_cubin_command(
+        spec, cache_dir=None, wheelhouse=f"{tmp_path}/wheelhouse"
+    ).get_raw_value()  # a StringCommand
     r = subprocess.run(["sh", "-c", cmd], capture_output=True, text=True, timeout=30)
     assert r.returncode == 0, r.stderr
     argv = (tmp_path / "pip-argv").read_text().split("\n") if (tmp_path / "pip-argv").exists() else []
     if installs:
-        assert argv[-2:] == [f"flashinfer-cubin=={fi_version}", ""] and "--no-index" in argv and f"{tmp_path}/wheelhouse" in argv, argv
+        assert (
+            argv[-2:] == [f"flashinfer-cubin=={fi_version}", ""]
+            and "--no-index" in argv
+            and f"{tmp_path}/wheelhouse" in argv
+        ), argv
     else:
         assert not argv
     assert ("WARNING: flashinfer-cubin==0.7.2.post1" in r.stderr) == warns, r.stderr
@@ -149,7 +168,10 @@ def test_the_fleet_wheelhouse_gets_the_cubin_or_says_once_it_cannot(tmp_path, mo
     # the source has it: downloaded beside flashinfer-python (pip download, offline: a local find-links)
     (house / ".flashinfer-cubin-0.7.2.post1-unavailable").unlink()
     stub_wheel(links, "flashinfer-cubin", "0.7.2.post1")
-    assert wh.add_flashinfer_cubin(house, target, index_url=empty_index.as_uri(), find_links=str(links), log=said.append) is None
+    assert (
+        wh.add_flashinfer_cubin(house, target, index_url=empty_index.as_uri(), find_links=str(links), log=said.append)
+        is None
+    )
     assert (house / "flashinfer_cubin-0.7.2.post1-py3-none-any.whl").exists()
     assert flashinfer.wheelhouse_lacks_cubin(house) is None
 

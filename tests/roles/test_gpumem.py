@@ -26,16 +26,22 @@ OURS = "vllm-qwen7b-awq-rt-0.service"
 
 # The desk: Xorg and gnome-shell hold /dev/nvidia0; nvidia-smi lists no compute process.
 DESK_SMI = [f"0, {UUID}, 0, 24576, 1243, 23026"]
-DESK_HOLDERS = {1523: {"minors": [0], "cgroup": "/system.slice/display-manager.service", "comm": "Xorg"},
-                2231: {"minors": [0], "cgroup": "/user.slice/user-1000.slice/session-2.scope", "comm": "gnome-shell"}}
+DESK_HOLDERS = {
+    1523: {"minors": [0], "cgroup": "/system.slice/display-manager.service", "comm": "Xorg"},
+    2231: {"minors": [0], "cgroup": "/user.slice/user-1000.slice/session-2.scope", "comm": "gnome-shell"},
+}
 
 # The same desk on a re-deploy: our vLLM (its API server and its engine core, both in our unit) holds 20.9 GiB.
 REDEPLOY_SMI = [f"0, {UUID}, 0, 24576, 22620, 1649"]
-REDEPLOY_APPS = [f"{UUID}, 4242, 21377, /opt/vllm-fleet/qwen7b-awq-rt/env/bin/python3",
-                 f"{UUID}, 4301, 0, VLLM::EngineCore"]
-REDEPLOY_HOLDERS = {**DESK_HOLDERS,
-                    4242: {"minors": [0], "cgroup": f"/system.slice/{OURS}", "comm": "python3"},
-                    4301: {"minors": [0], "cgroup": f"/system.slice/{OURS}", "comm": "VLLM::EngineCo"}}
+REDEPLOY_APPS = [
+    f"{UUID}, 4242, 21377, /opt/vllm-fleet/qwen7b-awq-rt/env/bin/python3",
+    f"{UUID}, 4301, 0, VLLM::EngineCore",
+]
+REDEPLOY_HOLDERS = {
+    **DESK_HOLDERS,
+    4242: {"minors": [0], "cgroup": f"/system.slice/{OURS}", "comm": "python3"},
+    4301: {"minors": [0], "cgroup": f"/system.slice/{OURS}", "comm": "VLLM::EngineCo"},
+}
 
 
 def _g(smi, apps=(), holders=None, ours=(OURS,)):
@@ -45,14 +51,18 @@ def _g(smi, apps=(), holders=None, ours=(OURS,)):
 def test_the_desktops_gpu_is_planned_with_its_free_memory_and_the_holders_named():
     [g] = _g(DESK_SMI, holders=DESK_HOLDERS)
     assert (g.total, g.free, g.cuda_total, g.held_by_others, g.plannable) == (24576, 23026, 24269, 1243, 23026)
-    assert gpumem.describe(g) == ("GPU 0: 24.0 GiB total, 1.2 GiB held by other processes (Xorg (pid 1523), "
-                                  "gnome-shell (pid 2231)), planning with 22.5 GiB")
+    assert gpumem.describe(g) == (
+        "GPU 0: 24.0 GiB total, 1.2 GiB held by other processes (Xorg (pid 1523), "
+        "gnome-shell (pid 2231)), planning with 22.5 GiB"
+    )
     # the realtime profile's 0.90 asks 21.3 GiB: fits; the batch profile's 0.95 asks 22.5 GiB of 22.49: vLLM refuses
     assert gpumem.problems([g], {0: {OURS: 0.90}}) == ([], [])
     errors, warnings = gpumem.problems([g], {0: {OURS: 0.95}})
     assert warnings == [] and len(errors) == 1, errors
-    assert errors[0].startswith(f"GPU 0: {OURS} 0.95 = 0.95 x 23.70 GiB = 22.52 GiB asked at start (engine.gpu_memory_utilization), "
-                                "but only 22.49 GiB is free for this deployment")
+    assert errors[0].startswith(
+        f"GPU 0: {OURS} 0.95 = 0.95 x 23.70 GiB = 22.52 GiB asked at start (engine.gpu_memory_utilization), "
+        "but only 22.49 GiB is free for this deployment"
+    )
     assert "engine.gpu_memory_utilization 0.94 or lower" in errors[0] and "Xorg (pid 1523)" in errors[0]
 
 
@@ -64,7 +74,9 @@ def test_our_own_running_vllm_is_not_a_foreign_process_on_a_redeploy():
     assert sorted(g.others) == ["Xorg (pid 1523)", "gnome-shell (pid 2231)"]
     assert g.held_by_others == 22620 - 21377 and g.plannable == 1649 + 21377
     assert gpumem.problems([g], {0: {OURS: 0.90}}) == ([], [])
-    assert gpumem.describe(g).endswith(f"20.9 GiB by this deployment ({OURS}: given back when it restarts), planning with 22.5 GiB")
+    assert gpumem.describe(g).endswith(
+        f"20.9 GiB by this deployment ({OURS}: given back when it restarts), planning with 22.5 GiB"
+    )
     # the same processes under a unit that is not this deploy's: 21 GiB held by others, no room
     [other] = _g(REDEPLOY_SMI, REDEPLOY_APPS, REDEPLOY_HOLDERS, ours=("vllm-else-0.service",))
     assert other.ours == {} and other.plannable == 1649
@@ -73,7 +85,10 @@ def test_our_own_running_vllm_is_not_a_foreign_process_on_a_redeploy():
 
 
 def test_a_users_own_vllm_in_a_terminal_is_someone_elses_by_its_cgroup_not_its_name():
-    holders = {**DESK_HOLDERS, 7001: {"minors": [0], "cgroup": "/user.slice/user-1000.slice/session-2.scope", "comm": "vllm"}}
+    holders = {
+        **DESK_HOLDERS,
+        7001: {"minors": [0], "cgroup": "/user.slice/user-1000.slice/session-2.scope", "comm": "vllm"},
+    }
     [g] = _g(REDEPLOY_SMI, [f"{UUID}, 7001, 21377, /home/me/.venv/bin/vllm"], holders)
     assert g.ours == {} and g.others["vllm (pid 7001)"] == 21377
     assert gpumem.problems([g], {0: {OURS: 0.90}})[0]
@@ -96,28 +111,39 @@ def test_two_replicas_on_one_gpu_need_their_shares_together():
 
 
 def test_lines_that_are_not_gpus_are_skipped():
-    msg = ["NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. Make sure that the latest NVIDIA driver is installed and running.", ""]
+    msg = [
+        "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. Make sure that the latest NVIDIA driver is installed and running.",
+        "",
+    ]
     assert gpumem.parse_memory(msg) == [] and gpumem.parse_apps(msg) == []
     assert gpumem.parse_apps([f"{UUID}, 4242, [N/A], python3"])[0]["mib"] is None
     assert gpumem.unit_of_cgroup("/system.slice/vllm-x-0.service") == "vllm-x-0.service"
-    assert gpumem.unit_of_cgroup("/user.slice/user-1000.slice/session-2.scope") is None and gpumem.unit_of_cgroup(None) is None
+    assert (
+        gpumem.unit_of_cgroup("/user.slice/user-1000.slice/session-2.scope") is None
+        and gpumem.unit_of_cgroup(None) is None
+    )
 
 
 # -- through the one state read: host_state.sh for real with a stand-in nvidia-smi on PATH --------
+
 
 def _stub(tmp_path: Path, smi: list[str], apps: list[str]) -> dict:
     (tmp_path / "bin").mkdir()
     (tmp_path / "smi.txt").write_text("".join(f"{x}\n" for x in smi))
     (tmp_path / "apps.txt").write_text("".join(f"{x}\n" for x in apps))
     exe = tmp_path / "bin" / "nvidia-smi"
-    exe.write_text(f'#!/bin/sh\ncase "$1" in --query-gpu=*) cat {tmp_path}/smi.txt ;; --query-compute-apps=*) cat {tmp_path}/apps.txt ;; esac\n')
+    exe.write_text(
+        f'#!/bin/sh\ncase "$1" in --query-gpu=*) cat {tmp_path}/smi.txt ;; --query-compute-apps=*) cat {tmp_path}/apps.txt ;; esac\n'
+    )
     exe.chmod(0o755)
     return {**os.environ, "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}"}
 
 
 def _read(env: dict) -> Snapshot:
     query = gpumem.query()
-    r = subprocess.run(["sh", "-c", HostState().command(query).get_raw_value()], capture_output=True, text=True, timeout=60, env=env)
+    r = subprocess.run(
+        ["sh", "-c", HostState().command(query).get_raw_value()], capture_output=True, text=True, timeout=60, env=env
+    )
     assert r.returncode == 0, r.stderr
     snap = Snapshot.parse(r.stdout.splitlines())
     snap.query = query
@@ -141,10 +167,15 @@ def test_the_one_read_asks_nvidia_smi_and_the_deploy_stops_before_anything(tmp_p
     snap = _read(env)
     assert snap.known and snap.nvidia_smi(gpumem.MEMORY_FIELDS) == (True, DESK_SMI)
     known, apps, holders = snap.gpu_apps(gpumem.APPS_FIELDS)
-    assert known and apps == [] and (holders == {} or Path("/dev/nvidia0").exists())  # no GPU device here: nobody holds one
+    assert (
+        known and apps == [] and (holders == {} or Path("/dev/nvidia0").exists())
+    )  # no GPU device here: nobody holds one
     h = _Host(0.95)
     said: list[str] = []
-    with pytest.raises(DeployError, match=r"(?s)host desk: not enough free GPU memory:\n  GPU 0: .*0\.9[0-4] or lower.*nothing was uploaded"):
+    with pytest.raises(
+        DeployError,
+        match=r"(?s)host desk: not enough free GPU memory:\n  GPU 0: .*0\.9[0-4] or lower.*nothing was uploaded",
+    ):
         gpumem.refuse({"qwen7b-awq-rt": h.spec}, h, "desk", snap, log=said.append)
     assert said == ["GPU 0: 24.0 GiB total, 1.2 GiB held by other processes, planning with 22.5 GiB"]
     h = _Host(0.90)
@@ -210,7 +241,10 @@ def test_plan_and_validate_on_at_local_say_the_free_memory_and_refuse_what_vllm_
     assert out.out.splitlines()[-1] == line and "error:" not in out.err, out
     assert main(["plan", str(root / "rtx3090-qwen7b-awq-batch.yaml"), "--inventory", "@local"]) == 1
     out = capsys.readouterr()
-    assert line in out.out and "error: engine.gpu_memory_utilization: @local: GPU 0: vllm-qwen7b-awq-batch-0.service 0.95" in out.err, out
+    assert (
+        line in out.out
+        and "error: engine.gpu_memory_utilization: @local: GPU 0: vllm-qwen7b-awq-batch-0.service 0.95" in out.err
+    ), out
     assert main(["validate", str(root / "rtx3090-qwen7b-awq-batch.yaml"), "--inventory", "@local"]) == 1
     out = capsys.readouterr()
     assert line in out.out and "@local: error: @local: GPU 0: " in out.err and "0.94 or lower" in out.err, out
@@ -244,7 +278,9 @@ def test_a_deploy_on_at_local_says_the_line_and_stops_before_any_operation(tmp_p
 
     import yaml
 
-    spec = yaml.safe_load((Path(__file__).resolve().parents[2] / "deployments" / "rtx3090-qwen7b-awq-batch.yaml").read_text())
+    spec = yaml.safe_load(
+        (Path(__file__).resolve().parents[2] / "deployments" / "rtx3090-qwen7b-awq-batch.yaml").read_text()
+    )
     spec["server"]["api_key"] = {"file": str(tmp_path / "key"), "generate": True}
     spec["model"]["hub_fetch"] = "host"  # nothing fetched on this machine while planning
     spec["install"]["wheels"] = "host"
@@ -252,9 +288,16 @@ def test_a_deploy_on_at_local_says_the_line_and_stops_before_any_operation(tmp_p
     env = _stub(tmp_path, DESK_SMI, [])
     (tmp_path / "bin" / "nvidia-smi").write_text(  # the nvidia role's own query too: the desk's card
         f'#!/bin/sh\ncase "$1" in --query-gpu=name,*) echo "NVIDIA GeForce RTX 3090, 24576, 580.159.04, 8.6" ;; '
-        f'--query-gpu=*) cat {tmp_path}/smi.txt ;; --query-compute-apps=*) cat {tmp_path}/apps.txt ;; esac\n')
-    r = subprocess.run([sys.executable, "-m", "vllm_fleet", "deploy", "@local", "--spec", str(tmp_path / "batch.yaml"), "--dry"],
-                       capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
+        f'--query-gpu=*) cat {tmp_path}/smi.txt ;; --query-compute-apps=*) cat {tmp_path}/apps.txt ;; esac\n'
+    )
+    r = subprocess.run(
+        [sys.executable, "-m", "vllm_fleet", "deploy", "@local", "--spec", str(tmp_path / "batch.yaml"), "--dry"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+        cwd=tmp_path,
+    )
     out = r.stdout + r.stderr
     assert r.returncode == 4, out[-3000:]
     assert "[@local] GPU 0: 24.0 GiB total, 1.2 GiB held by other processes, planning with 22.5 GiB" in out, out[-3000:]

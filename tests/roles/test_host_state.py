@@ -45,17 +45,30 @@ def test_the_script_reads_files_dirs_users_and_an_env(tmp_path):
     f.chmod(0o640)
     (tmp_path / "d" / "sub" / "b.bin").write_bytes(b"\0" * 10)
     me = pwd.getpwuid(os.getuid())
-    q = Query(stat=(str(f), str(tmp_path / "d"), str(tmp_path / "nope")), sha=(str(f), str(tmp_path / "nope")),
-              read=(str(f), str(tmp_path / "nope")), ls=(str(tmp_path / "d"), str(tmp_path / "nope")),
-              find=(str(tmp_path / "d"),), users=(me.pw_name, "no-such-user-vf"),
-              envs=((sys.executable, ("dist:pyinfra", "dist:no-such-dist-vf", "file:no-such.pth")),
-                    (str(tmp_path / "no-env" / "python"), ("dist:x",))))
+    q = Query(
+        stat=(str(f), str(tmp_path / "d"), str(tmp_path / "nope")),
+        sha=(str(f), str(tmp_path / "nope")),
+        read=(str(f), str(tmp_path / "nope")),
+        ls=(str(tmp_path / "d"), str(tmp_path / "nope")),
+        find=(str(tmp_path / "d"),),
+        users=(me.pw_name, "no-such-user-vf"),
+        envs=(
+            (sys.executable, ("dist:pyinfra", "dist:no-such-dist-vf", "file:no-such.pth")),
+            (str(tmp_path / "no-env" / "python"), ("dist:x",)),
+        ),
+    )
     lines = run_script(q)
     assert lines[-1] == "end"
     s = Snapshot.parse(lines)
     s.query = q
     st = os.stat(f)
-    assert s.stats[str(f)] == {"type": "file", "user": me.pw_name, "group": s.stats[str(f)]["group"], "mode": 0o640, "size": 6}
+    assert s.stats[str(f)] == {
+        "type": "file",
+        "user": me.pw_name,
+        "group": s.stats[str(f)]["group"],
+        "mode": 0o640,
+        "size": 6,
+    }
     assert s.shas[str(f)] == hashlib.sha256(b"hello\n").hexdigest() and st.st_size == 6
     assert s.file_ok(str(f), hashlib.sha256(b"hello\n").hexdigest(), me.pw_name, None, "640")
     assert not s.file_ok(str(f), hashlib.sha256(b"hello\n").hexdigest(), me.pw_name, None, "644")  # mode differs
@@ -69,7 +82,9 @@ def test_the_script_reads_files_dirs_users_and_an_env(tmp_path):
     from importlib.metadata import version
 
     assert env["python"] == ".".join(map(str, sys.version_info[:3]))
-    assert env["dist"] == {"pyinfra": version("pyinfra"), "no-such-dist-vf": None} and env["file"] == {"no-such.pth": None}
+    assert env["dist"] == {"pyinfra": version("pyinfra"), "no-such-dist-vf": None} and env["file"] == {
+        "no-such.pth": None
+    }
     assert s.env(str(tmp_path / "no-env" / "python")) == {"python": None, "dist": {}, "file": {}, "done": True}
 
 
@@ -128,6 +143,7 @@ def test_the_script_reads_free_bytes_where_a_path_is_or_will_be(tmp_path):
     def avail(path):
         st = os.statvfs(path)
         return st.f_bavail * st.f_frsize
+
     before = avail(tmp_path)
     q = Query(free=asked)
     lines = run_script(q)
@@ -148,9 +164,21 @@ def test_the_script_reads_free_bytes_where_a_path_is_or_will_be(tmp_path):
 
 
 def test_units_and_packages_parse_and_an_unfinished_read_knows_nothing():
-    lines = ["unit\tId=nginx.service", "unit\tLoadState=loaded", "unit\tActiveState=active", "unit\tUnitFileState=enabled",
-             "unit\t", "unit\tLoadState=not-found", "unit\tId=x.service", "unit\tActiveState=failed", "unit\tUnitFileState=",
-             "unit\t", "deb\tnginx\tii \t1.22", "deb\tlibnuma1\trc \t2.0", "end"]
+    lines = [
+        "unit\tId=nginx.service",
+        "unit\tLoadState=loaded",
+        "unit\tActiveState=active",
+        "unit\tUnitFileState=enabled",
+        "unit\t",
+        "unit\tLoadState=not-found",
+        "unit\tId=x.service",
+        "unit\tActiveState=failed",
+        "unit\tUnitFileState=",
+        "unit\t",
+        "deb\tnginx\tii \t1.22",
+        "deb\tlibnuma1\trc \t2.0",
+        "end",
+    ]
     s = Snapshot.parse(lines)
     s.query = Query(units=("nginx.service", "x.service", "y.service"), debs=("nginx", "libnuma1", "curl"))
     assert s.unit_ok("nginx.service") and not s.unit_ok("x.service") and s.unit("x.service")["ActiveState"] == "failed"
@@ -169,7 +197,9 @@ def test_held_packages_count_as_installed_and_patterns_read_every_match():
     s.query = Query(debs=("nvidia-driver-cuda", "x"))
     assert s.debs_installed(["nvidia-driver-cuda"]) and not s.debs_installed(["x"])
     q = Query(debs=("dpk?",))
-    r = subprocess.run(["/bin/sh", "-c", HostState().command(q).get_raw_value()], capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        ["/bin/sh", "-c", HostState().command(q).get_raw_value()], capture_output=True, text=True, timeout=60
+    )
     real = Snapshot.parse(r.stdout.splitlines())
     real.query = q
     assert real.known and real.debs_installed(["dpkg"])  # this machine's dpkg, matched by the pattern
@@ -204,7 +234,11 @@ def test_a_role_reads_only_what_the_deploys_read_did_not_ask(harness):
         snap = role_state(role_q)
         seen.update(absent=snap.absent("/a"), b=snap.directory_ok("/b", "root"), known=snap.known)
 
-    for first, reads in ((role_q | deploy_q, [role_q | deploy_q]), (deploy_q, [deploy_q, Query(stat=("/b",))]), (None, [role_q])):
+    for first, reads in (
+        (role_q | deploy_q, [role_q | deploy_q]),
+        (deploy_q, [deploy_q, Query(stat=("/b",))]),
+        (None, [role_q]),
+    ):
         run = harness.run(both, first, facts={HostState: read}, strict=True)
         assert [kw["query"] for _, kw in run.asked] == reads
         assert seen == {"absent": True, "b": True, "known": True}
@@ -222,7 +256,9 @@ def _lab(replicas: bool = False):
     from vllm_fleet.specs.load import load, resolve
 
     spec = resolve(load(REPO / "deployments" / "lab-tiny.yaml"))
-    layout = build([spec], copy.deepcopy({"testhost": {"address": "10.10.0.11", "groups": ["servers", "proxy"], "data": {}}}))
+    layout = build(
+        [spec], copy.deepcopy({"testhost": {"address": "10.10.0.11", "groups": ["servers", "proxy"], "data": {}}})
+    )
     h = layout.hosts["testhost"]
     return spec, h, h.parts[spec["name"]]
 
@@ -238,7 +274,12 @@ def converged_lines(spec, h, node, api_key: str, *, drift: str | None = None) ->
     for p, text in host_secret_files(spec, {"api_key": api_key}).items():
         files[p] = (text, "root", "root", "600")
     for inst in node.instances:
-        files[f"{spec['install']['config_dir']}/replica-{inst.index}.applied"] = (applied_token(spec, h.files, inst, api_key) + "\n", "root", "root", "600")
+        files[f"{spec['install']['config_dir']}/replica-{inst.index}.applied"] = (
+            applied_token(spec, h.files, inst, api_key) + "\n",
+            "root",
+            "root",
+            "600",
+        )
     out = []
     for p, (text, user, group, mode) in files.items():
         sha = hashlib.sha256(("changed" if p == drift else text).encode()).hexdigest()
@@ -252,11 +293,21 @@ def converged_lines(spec, h, node, api_key: str, *, drift: str | None = None) ->
     user = spec["server"]["user"]
     for d in _instance_dirs(spec, node):
         out.append(f"stat\t{d}\tdirectory\t{user}\t{user}\t750\t4096")
-    out += ["stat\t/etc/nginx/sites-enabled/default\t-", f"read\t{render.SYSTEMD_DIR}/vllm.service\t-",
-            f"ls\t{render.SYSTEMD_DIR}\t.", *(f"ls\t{render.SYSTEMD_DIR}\t{i.unit}" for i in node.instances),
-            "deb\tnginx\tii \t1.22.1"]
+    out += [
+        "stat\t/etc/nginx/sites-enabled/default\t-",
+        f"read\t{render.SYSTEMD_DIR}/vllm.service\t-",
+        f"ls\t{render.SYSTEMD_DIR}\t.",
+        *(f"ls\t{render.SYSTEMD_DIR}\t{i.unit}" for i in node.instances),
+        "deb\tnginx\tii \t1.22.1",
+    ]
     for unit in ["nginx.service", *(i.unit for i in node.instances)]:
-        out += [f"unit\tId={unit}", "unit\tLoadState=loaded", "unit\tActiveState=active", "unit\tUnitFileState=enabled", "unit\t"]
+        out += [
+            f"unit\tId={unit}",
+            "unit\tLoadState=loaded",
+            "unit\tActiveState=active",
+            "unit\tUnitFileState=enabled",
+            "unit\t",
+        ]
     return out + ["end"]
 
 
@@ -272,10 +323,13 @@ def _service_and_nginx(spec, h, node, api_key):
 def test_a_converged_host_gets_no_operation(harness):
     spec, h, node = _lab()
     lines = converged_lines(spec, h, node, "k3y")
-    run = harness.run(_service_and_nginx, spec, h, node, "k3y", facts={HostState: lambda query: Snapshot.parse(lines)}, strict=True)
+    run = harness.run(
+        _service_and_nginx, spec, h, node, "k3y", facts={HostState: lambda query: Snapshot.parse(lines)}, strict=True
+    )
     # only the check that the replica answers a chat (read with the state; no command: issue 25)
     assert [(op.name.rsplit(" | ", 1)[-1], op.commands) for op in run.ops] == [
-        (f"{node.instances[0].unit} answers a chat on port {node.instances[0].port}", [])]
+        (f"{node.instances[0].unit} answers a chat on port {node.instances[0].port}", [])
+    ]
     assert [name for name, _ in run.asked] == ["HostState"]  # one read, no other fact
 
 
@@ -294,9 +348,19 @@ def test_the_service_role_on_its_own_reads_its_state_once(harness, state):
     lines = converged_lines(spec, h, node, "k3y")
     at = lines.index(f"unit\tId={unit}")  # the unit's own ActiveState (nginx's stays active)
     lines[at + 2] = f"unit\tActiveState={state}"
-    run = harness.run(service.install_service, spec=spec, node=node, rendered=h.files, api_key="k3y",
-                      facts={HostState: lambda query: Snapshot.parse(lines), SystemdStatus: {unit: False}, SystemdEnabled: {unit: True}},
-                      strict=True)
+    run = harness.run(
+        service.install_service,
+        spec=spec,
+        node=node,
+        rendered=h.files,
+        api_key="k3y",
+        facts={
+            HostState: lambda query: Snapshot.parse(lines),
+            SystemdStatus: {unit: False},
+            SystemdEnabled: {unit: True},
+        },
+        strict=True,
+    )
     names = [op.name.rsplit(" | ", 1)[-1] for op in run.ops]
     if state == "active":
         assert [name for name, _ in run.asked] == ["HostState"]
@@ -314,13 +378,26 @@ def test_one_file_that_differs_gets_its_put_and_the_restart_it_needs(harness):
     from pyinfra.facts.files import File, Sha256File
     from pyinfra.facts.systemd import SystemdEnabled, SystemdStatus
 
-    run = harness.run(_service_and_nginx, spec, h, node, "k3y",
-                      facts={HostState: lambda query: Snapshot.parse(lines), File: {"user": "root"}, Sha256File: "x",
-                             SystemdStatus: {}, SystemdEnabled: {}})
+    run = harness.run(
+        _service_and_nginx,
+        spec,
+        h,
+        node,
+        "k3y",
+        facts={
+            HostState: lambda query: Snapshot.parse(lines),
+            File: {"user": "root"},
+            Sha256File: "x",
+            SystemdStatus: {},
+            SystemdEnabled: {},
+        },
+    )
     names = [op.name.rsplit(" | ", 1)[-1] for op in run.ops]
     unit = node.instances[0].unit
     assert names[0] == f"Put {env}"
-    assert f"Restart {unit} (its inputs changed)" in names and any(n.startswith(f"Wait for {unit} /health") for n in names)
+    assert f"Restart {unit} (its inputs changed)" in names and any(
+        n.startswith(f"Wait for {unit} /health") for n in names
+    )
     assert not any("nginx" in n.lower() for n in names)  # the proxy is in place: nothing of it
     assert not any(n.startswith("Directory ") or n.startswith("Put /etc/systemd") for n in names)
 
@@ -331,7 +408,12 @@ def test_without_a_snapshot_every_operation_is_created(harness):
     spec, h, node = _lab()
     run = harness.run(nginx.install_nginx, spec=spec, rendered=h.files, api_key="k3y", facts={DebPackages: {}})
     names = [op.name.rsplit(" | ", 1)[-1] for op in run.ops]
-    assert {"nginx package", "Remove the default site", "nginx running and enabled", "Reload nginx (config changed)"} <= set(names)
+    assert {
+        "nginx package",
+        "Remove the default site",
+        "nginx running and enabled",
+        "Reload nginx (config changed)",
+    } <= set(names)
 
 
 @pytest.mark.parametrize("lines,expect_op", [(["deb\tlibnuma1\tii \t2.0.16", "end"], False), (["end"], True)])
@@ -349,12 +431,17 @@ def test_installed_packages_bring_no_apt_operation(harness, lines, expect_op):
         asked.append(query.debs)
         return Snapshot.parse(lines)
 
-    run = harness.run(install_system_libraries, spec, facts={HostState: state, DebPackages: {"libnuma1": ["2.0.16"]} if not expect_op else {},
-                                                             "AptUpdateTime": None})
+    run = harness.run(
+        install_system_libraries,
+        spec,
+        facts={HostState: state, DebPackages: {"libnuma1": ["2.0.16"]} if not expect_op else {}, "AptUpdateTime": None},
+    )
     assert asked == [("libnuma1",)] and ("DebPackages" in {n for n, _ in run.asked}) == expect_op, run.asked
     assert run.has_op("system libraries") == expect_op
     if expect_op:
-        assert any("apt-get" in c and "update" in c for c in run.commands) and any("libnuma1" in c for c in run.commands)
+        assert any("apt-get" in c and "update" in c for c in run.commands) and any(
+            "libnuma1" in c for c in run.commands
+        )
     else:
         assert not any("apt-get" in c for c in run.commands)
 
@@ -364,8 +451,14 @@ def test_a_fresh_nginx_install_still_removes_the_default_site_it_brings(harness)
     one, so its removal must still be planned (and decided by pyinfra's own operation)."""
     spec, h, node = _lab()
     lines = [ln for ln in converged_lines(spec, h, node, "k3y") if not ln.startswith("deb\tnginx")]
-    run = harness.run(_service_and_nginx, spec, h, node, "k3y",
-                      facts={HostState: lambda query: Snapshot.parse(lines), DebPackages: {}, "Link": {"link_target": "x"}})
+    run = harness.run(
+        _service_and_nginx,
+        spec,
+        h,
+        node,
+        "k3y",
+        facts={HostState: lambda query: Snapshot.parse(lines), DebPackages: {}, "Link": {"link_target": "x"}},
+    )
     names = [op.name.rsplit(" | ", 1)[-1] for op in run.ops if "answers a chat" not in op.name]
     assert names[:2] == ["nginx package", "Remove the default site"], names
 
@@ -390,10 +483,16 @@ def _model_lines(spec, local: Path, drift: str | None = None, stamped: bool = Tr
     sizes = {rel: (local / rel).stat().st_size for rel in rels} | {"MANIFEST.sha256": len(manifest)}
     t = "1764800000.0000000000"
     tree = [f"tree\t{root}\t."] + [f"tree\t{root}\t{sizes[rel]} {t} {t} {rel}" for rel in shas]
-    out = [f"stat\t{root}\tdirectory\t{user}\t{user}\t755\t4096", f"stat\t{root}/sub\tdirectory\t{user}\t{user}\t755\t4096", *tree]
+    out = [
+        f"stat\t{root}\tdirectory\t{user}\t{user}\t755\t4096",
+        f"stat\t{root}/sub\tdirectory\t{user}\t{user}\t755\t4096",
+        *tree,
+    ]
     for rel, sha in shas.items():
-        out += [f"stat\t{root}/{rel}\tregular file\t{user}\t{user}\t644\t{sizes[rel]}",
-                f"sha\t{root}/{rel}\t{'0' * 64 if rel == drift else sha}"]
+        out += [
+            f"stat\t{root}/{rel}\tregular file\t{user}\t{user}\t644\t{sizes[rel]}",
+            f"sha\t{root}/{rel}\t{'0' * 64 if rel == drift else sha}",
+        ]
     if stamped:
         stamp = "\n".join([f"manifest\t{root}\t{hashlib.sha256(manifest.encode()).hexdigest()}", *tree, "end"]) + "\n"
         out.append(f"read\t{spec['install']['config_dir']}/model.stamp\t{base64.b64encode(stamp.encode()).decode()}")
@@ -423,8 +522,11 @@ def test_a_model_in_place_gets_no_operation_and_a_changed_file_only_its_upload(h
     from pyinfra.facts.files import File, Sha1File
 
     room = [f"free\t{spec['model']['path']}\t{1 << 40}", "free\t/tmp\t" + str(1 << 40)]  # the space check's figures
-    run = harness.run(_model, spec, facts={HostState: lambda query: Snapshot.parse(room + lines),
-                                           File: {"user": "vllm"}, Sha1File: "x"})
+    run = harness.run(
+        _model,
+        spec,
+        facts={HostState: lambda query: Snapshot.parse(room + lines), File: {"user": "vllm"}, Sha1File: "x"},
+    )
     names = [op.name.rsplit(" | ", 1)[-1] for op in run.ops]
     assert names == ["Model file model.safetensors", "Verify the model against MANIFEST.sha256 (as vllm)"], names
 
@@ -436,7 +538,9 @@ def _tls_lab():
     spec = resolve(load(REPO / "deployments" / "lab-tiny.yaml"))
     spec["proxy"]["listen"] = 443
     spec["proxy"]["tls"].update(enabled=True, self_signed=True)
-    layout = build([spec], copy.deepcopy({"testhost": {"address": "10.10.0.11", "groups": ["servers", "proxy"], "data": {}}}))
+    layout = build(
+        [spec], copy.deepcopy({"testhost": {"address": "10.10.0.11", "groups": ["servers", "proxy"], "data": {}}})
+    )
     return spec, layout.hosts["testhost"]
 
 
@@ -451,8 +555,13 @@ def test_a_self_signed_certificate_in_place_is_known_from_the_state_read_only(ha
     spec, h = _tls_lab()
     crt = render.paths(spec)["tls_certificate"]
     there = [f"stat\t{crt}\tregular file\troot\troot\t644\t1200", "end"]
-    run = harness.run(nginx.install_nginx, spec=spec, rendered=h.files, api_key="k3y",
-                      facts={HostState: lambda query: Snapshot.parse(there), DebPackages: {}})
+    run = harness.run(
+        nginx.install_nginx,
+        spec=spec,
+        rendered=h.files,
+        api_key="k3y",
+        facts={HostState: lambda query: Snapshot.parse(there), DebPackages: {}},
+    )
     assert not run.has_op("Self-signed TLS certificate"), run
     assert ("File", {"path": crt}) not in run.asked, run.asked
     unknown = harness.run(nginx.install_nginx, spec=spec, rendered=h.files, api_key="k3y", facts={DebPackages: {}})

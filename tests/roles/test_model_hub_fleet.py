@@ -46,9 +46,11 @@ def _tiny_files() -> dict[str, bytes]:
     if (built / "model.safetensors").is_file():
         files = {p.relative_to(built).as_posix(): p.read_bytes() for p in sorted(built.rglob("*")) if p.is_file()}
     else:  # the tiny model not built on this machine: bytes of the same kind
-        files = {"config.json": b'{"architectures": ["LlamaForCausalLM"]}',
-                 "tokenizer.json": b'{"model": {"type": "BPE"}}',
-                 "model.safetensors": bytes(range(256)) * 3000}
+        files = {
+            "config.json": b'{"architectures": ["LlamaForCausalLM"]}',
+            "tokenizer.json": b'{"model": {"type": "BPE"}}',
+            "model.safetensors": bytes(range(256)) * 3000,
+        }
     # as in Llama repositories: what vLLM never loads, left out by model_hub_ignore
     files["original/consolidated.00.pth"] = b"\0" * 8192
     return files
@@ -71,6 +73,7 @@ def hub(tmp_path, monkeypatch):
         made.append(StandInHub(SOURCE, revision, FILES, **kw))
         monkeypatch.setenv("HF_ENDPOINT", made[-1].url)
         return made[-1]
+
     yield make
     for h in made:
         h.close()
@@ -86,7 +89,11 @@ def bare_host(path=None, lines=(), free=100 << 30):
     """Facts of a host without the model (and with room for it: ``free`` bytes wherever the read
     asks): the state read (the marker, then the cache's tree) finds nothing but ``lines``;
     pyinfra's own operations see no file."""
-    return {HostState: lambda query: Snapshot.parse([*lines, *free_lines(query, free), "end"]), File: None, Directory: None}
+    return {
+        HostState: lambda query: Snapshot.parse([*lines, *free_lines(query, free), "end"]),
+        File: None,
+        Directory: None,
+    }
 
 
 def _sha(p: Path) -> str:
@@ -99,12 +106,14 @@ def _cache_dirs(tmp_path) -> list[str]:
 
 # ------------------------------------------------------------------------------ the schema
 
+
 def test_schema_default_is_fleet():
     m = resolve(load(REPO / "deployments" / "8xh100-qwen7b-tp2x4.yaml"))["model"]
     assert (m["transfer"], m["hub_fetch"]) == ("hub", "fleet")
 
 
 # --------------------------------------------------------------------- once per fleet (plan)
+
 
 def test_three_hosts_one_download_and_every_host_gets_the_files_as_upload_does(harness, hub, tmp_path):
     h = hub()
@@ -118,7 +127,8 @@ def test_three_hosts_one_download_and_every_host_gets_the_files_as_upload_does(h
     for run in runs:
         assert not any("snapshot_download" in c for c in run.commands)  # no host asks the hub
         assert all(TOKEN not in c for c in run.commands) and all(
-            TOKEN.encode() not in (v if isinstance(v, bytes) else v.encode()) for v in run.uploads.values())
+            TOKEN.encode() not in (v if isinstance(v, bytes) else v.encode()) for v in run.uploads.values()
+        )
         for rel, data in WANTED.items():
             got = run.uploads[f"{root}/{rel}"]
             assert (got if isinstance(got, bytes) else got.encode()) == data
@@ -129,8 +139,12 @@ def test_three_hosts_one_download_and_every_host_gets_the_files_as_upload_does(h
         assert verify[0].startswith(f"cd {root} && runuser -u {user} -- sha256sum --quiet --strict -c MANIFEST.sha256")
         assert verify[1] == f"printf '%s\\n' {SOURCE}@{COMMIT} > {root}/.vllm-fleet-hub"
         # the marker goes after every file and the manifest, with the check
-        assert run.index(f"> {root}/.vllm-fleet-hub") > run.index("sha256sum --quiet") > \
-            run.index(f"upload:{root}/MANIFEST.sha256") > max(run.index(f"upload:{root}/{r}") for r in WANTED)
+        assert (
+            run.index(f"> {root}/.vllm-fleet-hub")
+            > run.index("sha256sum --quiet")
+            > run.index(f"upload:{root}/MANIFEST.sha256")
+            > max(run.index(f"upload:{root}/{r}") for r in WANTED)
+        )
 
 
 def test_a_host_without_room_stops_before_any_operation(harness, hub):
@@ -156,6 +170,7 @@ def test_concurrent_fills_share_one_download(hub, tmp_path):
             got.append(hubcache.ensure(SOURCE, COMMIT, ignore=IGNORE))
         except Exception as exc:  # noqa: BLE001  reported below
             errors.append(exc)
+
     threads = [threading.Thread(target=fill) for _ in range(3)]
     for t in threads:
         t.start()
@@ -185,11 +200,21 @@ def test_a_new_revision_removes_the_files_the_old_one_had_from_the_state_read(ha
     root = spec["model"]["path"]
     old = base64.b64encode(f"{SOURCE}@{'d' * 40}\n".encode()).decode()
     t = "1764800000.0000000000"
-    lines = [f"read\t{root}/.vllm-fleet-hub\t{old}", f"tree\t{root}\t.", f"tree\t{root}\t9 {t} {t} .vllm-fleet-hub",
-             f"tree\t{root}\t5 {t} {t} model-00002-of-00002.safetensors"]
+    lines = [
+        f"read\t{root}/.vllm-fleet-hub\t{old}",
+        f"tree\t{root}\t.",
+        f"tree\t{root}\t9 {t} {t} .vllm-fleet-hub",
+        f"tree\t{root}\t5 {t} {t} model-00002-of-00002.safetensors",
+    ]
     there = {"mode": 644, "user": "vllm", "group": "vllm"}
-    facts = {**bare_host(lines=lines), FindFiles: [], FileContents: None,  # pyinfra's removal reads the file's stat
-             File: harness.per_arg("path", {f"{root}/.vllm-fleet-hub": there, f"{root}/model-00002-of-00002.safetensors": there})}
+    facts = {
+        **bare_host(lines=lines),
+        FindFiles: [],
+        FileContents: None,  # pyinfra's removal reads the file's stat
+        File: harness.per_arg(
+            "path", {f"{root}/.vllm-fleet-hub": there, f"{root}/model-00002-of-00002.safetensors": there}
+        ),
+    }
     run = harness.run(install_model, spec, facts=facts)
     removed = sorted(op.commands[0] for op in run.ops if "Remove" in op.name)
     assert removed == [f"rm -f {root}/.vllm-fleet-hub", f"rm -f {root}/model-00002-of-00002.safetensors"], run
@@ -230,6 +255,7 @@ def test_the_cache_holds_what_the_hub_has(hub, tmp_path):
 
 # ----------------------------------------------------------------- resume and verification
 
+
 def test_interrupted_fill_resumes_where_it_stopped(hub, tmp_path):
     """The connection drops half-way through the weights: the fill fails (no complete cache, no
     host changed); the next fill asks only for the rest of that file (a byte range from what
@@ -238,9 +264,10 @@ def test_interrupted_fill_resumes_where_it_stopped(hub, tmp_path):
     with pytest.raises(hubcache.HubError, match="cannot reach the hub.*model.hub_fetch: host"):
         hubcache.ensure(SOURCE, COMMIT, ignore=IGNORE)
     assert [p.name for p in (tmp_path / "hub-cache").iterdir() if p.is_dir()] == [
-        hubcache.key(SOURCE, COMMIT, IGNORE) + ".part"]
+        hubcache.key(SOURCE, COMMIT, IGNORE) + ".part"
+    ]
     d = hubcache.ensure(SOURCE, COMMIT, ignore=IGNORE)
-    (name, rng), = h.ranges
+    ((name, rng),) = h.ranges
     start = int(rng.removeprefix("bytes=").rstrip("-"))
     half = len(WANTED["model.safetensors"]) // 2
     assert name == "model.safetensors" and 0 < start <= half
@@ -254,8 +281,11 @@ def test_interrupted_fill_resumes_where_it_stopped(hub, tmp_path):
 def test_bytes_that_do_not_match_the_hub_are_removed_and_nothing_is_cached(hub, tmp_path, name):
     """LFS files against their sha256, git files against their blob id."""
     h = hub(corrupt={name: 1})
-    with pytest.raises(hubcache.HubError, match=rf"{name} of {SOURCE}@{COMMIT} did not match the hub's metadata "
-                                                r"\((sha256|git blob) .*removed.*no host was changed"):
+    with pytest.raises(
+        hubcache.HubError,
+        match=rf"{name} of {SOURCE}@{COMMIT} did not match the hub's metadata "
+        r"\((sha256|git blob) .*removed.*no host was changed",
+    ):
         hubcache.ensure(SOURCE, COMMIT, ignore=IGNORE)
     part = tmp_path / "hub-cache" / (hubcache.key(SOURCE, COMMIT, IGNORE) + ".part")
     assert not (part / name).exists() and not (part / (name + ".incomplete")).exists()
@@ -272,10 +302,14 @@ def test_a_mismatch_fails_the_plan_before_any_operation(harness, hub):
 
 # ------------------------------------------------------------------------------ the errors
 
+
 def test_revision_that_does_not_exist(harness, hub):
     hub()
-    with pytest.raises(DeployError, match=r"model.revision 'v9' does not exist in lab/tiny-llama .*pin a branch, tag "
-                                          r"or commit.*no host was changed"):
+    with pytest.raises(
+        DeployError,
+        match=r"model.revision 'v9' does not exist in lab/tiny-llama .*pin a branch, tag "
+        r"or commit.*no host was changed",
+    ):
         harness.run(install_model, fleet_spec(revision="v9"), facts=bare_host())
 
 
@@ -292,8 +326,11 @@ def test_revision_not_set_is_the_hubs_main(harness, hub):
 
 def test_repo_that_does_not_exist(harness, hub):
     hub()
-    with pytest.raises(DeployError, match=r"model.source 'lab/nope' does not exist on the hub at http://127.0.0.1:\d+ "
-                                          r"or is private.*model.hub_token"):
+    with pytest.raises(
+        DeployError,
+        match=r"model.source 'lab/nope' does not exist on the hub at http://127.0.0.1:\d+ "
+        r"or is private.*model.hub_token",
+    ):
         harness.run(install_model, fleet_spec(source="lab/nope"), facts=bare_host())
 
 
@@ -309,8 +346,11 @@ def test_gated_repo_without_token_and_with_it(harness, hub):
 def test_control_machine_without_hub_access_says_set_hub_fetch_host(harness, hub, monkeypatch):
     hub()
     monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")
-    with pytest.raises(DeployError, match=r"the control machine cannot reach the hub at http://127.0.0.1:9 .*"
-                                          r"set model.hub_fetch: host"):
+    with pytest.raises(
+        DeployError,
+        match=r"the control machine cannot reach the hub at http://127.0.0.1:9 .*"
+        r"set model.hub_fetch: host",
+    ):
         harness.run(install_model, fleet_spec(), facts=bare_host())
 
 
@@ -337,12 +377,21 @@ def test_with_huggingface_hub_the_same_cache(hub, tmp_path):
     files and record, its resume state removed, and the same errors."""
     py = require_vllm_venv()
     h = hub(cut={"model.safetensors": 50})  # every try of the first fill (huggingface_hub retries by itself)
-    env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HOME": str(tmp_path / "hf-home"), "HF_HUB_DISABLE_TELEMETRY": "1",
-           "HF_HUB_DISABLE_PROGRESS_BARS": "1", "HF_HUB_ETAG_TIMEOUT": "5", "HF_HUB_DOWNLOAD_TIMEOUT": "5"}
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(REPO),
+        "HF_HOME": str(tmp_path / "hf-home"),
+        "HF_HUB_DISABLE_TELEMETRY": "1",
+        "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+        "HF_HUB_ETAG_TIMEOUT": "5",
+        "HF_HUB_DOWNLOAD_TIMEOUT": "5",
+    }
 
     def fill(revision=COMMIT):
-        return subprocess.run([py, "-c", FILL, SOURCE, revision, json.dumps(IGNORE)], env=env, capture_output=True,
-                              text=True, timeout=120)
+        return subprocess.run(
+            [py, "-c", FILL, SOURCE, revision, json.dumps(IGNORE)], env=env, capture_output=True, text=True, timeout=120
+        )
+
     first = fill()
     assert first.returncode != 0 and "HubError" in first.stderr, first.stderr[-2000:]
     h.cut.clear()
@@ -359,6 +408,7 @@ def test_with_huggingface_hub_the_same_cache(hub, tmp_path):
 
 
 # -------------------------------------------------------------- a deploy for real with @local
+
 
 def test_deploy_for_real_with_local_connector(hub, tmp_path, monkeypatch):
     """pyinfra @local into a temporary directory: the files land intact (the system's sha256sum),
@@ -380,8 +430,11 @@ def test_deploy_for_real_with_local_connector(hub, tmp_path, monkeypatch):
 
     dry = pyinfra_local(tmp_path, "--dry", "--json", yes=False)
     assert dry.returncode == 0, dry.stderr[-3000:]
-    changing = [op["name"] for op in json.loads(dry.stdout)["plan"]
-                if op["hosts_with_change"] or op["hosts_with_conditional_change"]]
+    changing = [
+        op["name"]
+        for op in json.loads(dry.stdout)["plan"]
+        if op["hosts_with_change"] or op["hosts_with_conditional_change"]
+    ]
     assert changing == [] and len(h.requests) == asked
 
     # a new revision, and a hub out of reach: the plan stops with the fix, the host keeps its model
@@ -391,8 +444,9 @@ def test_deploy_for_real_with_local_connector(hub, tmp_path, monkeypatch):
     before = {p: p.stat().st_mtime_ns for p in dest.rglob("*")}
     third = pyinfra_local(tmp_path)
     out = third.stdout + third.stderr
-    assert third.returncode != 0 and "cannot reach the hub at http://127.0.0.1:9" in out and \
-        "model.hub_fetch: host" in out, out[-3000:]
+    assert (
+        third.returncode != 0 and "cannot reach the hub at http://127.0.0.1:9" in out and "model.hub_fetch: host" in out
+    ), out[-3000:]
     assert "Traceback" not in out
     assert {p: p.stat().st_mtime_ns for p in dest.rglob("*")} == before
 
@@ -404,8 +458,10 @@ def test_hub_fetch_on_a_spec_that_does_not_download_is_a_warning(tmp_path):
     (tmp_path / "s.yaml").write_text("name: x\nmodel: {source: ./m, hub_fetch: host}\nserver: {api_key: {env: K}}\n")
     r = run_cli("validate", str(tmp_path / "s.yaml"), env={"K": "k"})
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "warning: model.hub_fetch (line 2): set but the weights are not downloaded from the hub (transfer: upload)" \
+    assert (
+        "warning: model.hub_fetch (line 2): set but the weights are not downloaded from the hub (transfer: upload)"
         in r.stdout + r.stderr
+    )
 
 
 def test_a_file_name_outside_the_repository_is_refused(hub, tmp_path):

@@ -55,7 +55,9 @@ def sha256sum_lines(d: Path) -> str:
 def state(lines, free=None):
     """The HostState fact answering host_state.sh's ``lines`` (``end`` appended: a read that
     completed) and, with ``free`` (bytes: an int or ``f(path)``), a ``free`` line per path asked."""
-    return {HostState: lambda query: Snapshot.parse([*lines, *(free_lines(query, free) if free is not None else []), "end"])}
+    return {
+        HostState: lambda query: Snapshot.parse([*lines, *(free_lines(query, free) if free is not None else []), "end"])
+    }
 
 
 BARE = {**state([]), File: None, Directory: None}  # a host without the model: nothing at model.path
@@ -97,23 +99,29 @@ def remote_state(spec, local: Path, extra=(), free=None, stamp=None, times=None,
     files_ = {f"{root}/{p.relative_to(local).as_posix()}": p.read_bytes() for p in local.rglob("*") if p.is_file()}
     files_[f"{root}/MANIFEST.sha256"] = sha256sum_lines(local).encode()
     files_.update({f"{root}/{rel}": data for rel, data in dict(extra).items()})
-    sha1 = {k: "0" * 40 if k[len(root) + 1:] in (shas or {}) else hashlib.sha1(v).hexdigest() for k, v in files_.items()}
+    sha1 = {
+        k: "0" * 40 if k[len(root) + 1 :] in (shas or {}) else hashlib.sha1(v).hexdigest() for k, v in files_.items()
+    }
     meta = {"mode": 644, "user": user, "group": user}
     dirs = {root: {"mode": 755, "user": user, "group": user}, f"{root}/sub": {"mode": 755, "user": user, "group": user}}
     lines = [f"stat\t{path}\tdirectory\t{user}\t{user}\t755\t4096" for path in dirs] + [f"tree\t{root}\t."]
     lines.append(f"read\t{stamp_path(spec)}\t" + (base64.b64encode(stamp.encode()).decode() if stamp else "-"))
     for path, data in files_.items():
-        rel = path[len(root) + 1:]
+        rel = path[len(root) + 1 :]
         mtime, ctime = (times or {}).get(rel, (T0, T0))
         sha = (shas or {}).get(rel) or hashlib.sha256(data).hexdigest()
-        lines += [f"stat\t{path}\tregular file\t{user}\t{user}\t644\t{len(data)}",
-                  f"sha\t{path}\t{sha}", f"tree\t{root}\t{len(data)} {mtime} {ctime} {rel}"]
+        lines += [
+            f"stat\t{path}\tregular file\t{user}\t{user}\t644\t{len(data)}",
+            f"sha\t{path}\t{sha}",
+            f"tree\t{root}\t{len(data)} {mtime} {ctime} {rel}",
+        ]
     return {
         **state(lines, free),
         File: lambda path: meta if path in sha1 else None,
         Directory: lambda path: dirs.get(path),
         Sha1File: lambda path: sha1.get(path),
-        Md5File: None, Sha256File: None,
+        Md5File: None,
+        Sha256File: None,
     }
 
 
@@ -137,8 +145,11 @@ def test_no_space_for_the_model_stops_before_any_operation(harness, local_model)
     # exactly the 1 GiB margin free: the files do not fit with it to spare; the free bytes come
     # from the one state read (strict: no other fact is read before the stop)
     facts = {**BARE, **state([], free=on_model_path(GIB + size - 1))}
-    with pytest.raises(NoSpace, match=r"host testhost: not enough disk space for model.path /var/lib/vllm-fleet/lab-tiny/model: "
-                                      r"4 file\(s\) to upload.*model_keep_free_bytes.*no host was changed"):
+    with pytest.raises(
+        NoSpace,
+        match=r"host testhost: not enough disk space for model.path /var/lib/vllm-fleet/lab-tiny/model: "
+        r"4 file\(s\) to upload.*model_keep_free_bytes.*no host was changed",
+    ):
         harness.run(install_model, spec, facts=facts, strict=True)
     facts.update(state([], free=on_model_path(GIB + size)))
     run = harness.run(install_model, spec, facts=facts)
@@ -153,13 +164,17 @@ def test_the_free_bytes_are_read_with_the_tree_in_one_read(harness, local_model)
 
     spec = lab_spec(local_dir=str(local_model))
     root = spec["model"]["path"]
-    run = harness.run(install_model, spec, facts=state([], free=on_model_path(100 * GIB)), data={"_temp_dir": "/scratch"})
+    run = harness.run(
+        install_model, spec, facts=state([], free=on_model_path(100 * GIB)), data={"_temp_dir": "/scratch"}
+    )
     query, full = [kw["query"] for name, kw in run.asked if name == "HostState"]
     assert query.free == (root, "/scratch") and query.tree == (root,) and query.read == (stamp_path(spec),)
     assert not query.sha  # the one read hashes nothing; no stamp here: the second read asks the hashes alone
     assert full == Query(sha=full.sha) and f"{root}/model.safetensors" in full.sha
     with pytest.raises(NoSpace, match="uploads each file through /scratch first"):
-        harness.run(install_model, spec, facts=state([], free=on_model_path(100 * GIB, 10)), data={"_temp_dir": "/scratch"})
+        harness.run(
+            install_model, spec, facts=state([], free=on_model_path(100 * GIB, 10)), data={"_temp_dir": "/scratch"}
+        )
     assert lab_spec(transfer="none")["model"]["transfer"] == "none"
     assert not state_query(lab_spec(transfer="none")).free  # no upload: no free bytes asked
 
@@ -191,7 +206,9 @@ def test_a_read_that_did_not_complete_counts_no_file_as_there_and_removes_none(h
     facts = remote_state(spec, local_model, extra={"model-00002-of-00002.safetensors": b"stale"})
     facts[HostState] = lambda query: Snapshot.parse([*free_lines(query, 0), "stat\t/x\t-"])  # cut off before `end`
     facts["FindFiles"] = [f"{root}/model-00002-of-00002.safetensors"]
-    facts["FileSizes"] = {p.relative_to(local_model).as_posix(): p.stat().st_size for p in local_model.rglob("*") if p.is_file()}
+    facts["FileSizes"] = {
+        p.relative_to(local_model).as_posix(): p.stat().st_size for p in local_model.rglob("*") if p.is_file()
+    }
     run = harness.run(install_model, spec, facts=facts)
     assert not run.has_op("Remove"), run
     assert not {"FindFiles", "FileSizes", "FreeBytes"} & read_fact_names(run), run.asked
@@ -235,7 +252,9 @@ def test_upload_second_deploy_no_changes(harness, local_model):
     run = harness.run(install_model, spec, facts=converged(spec, local_model), strict=True)
     assert not run.changed, run
     assert not run.has_op("Verify the model")
-    assert read_fact_names(run) == {"HostState"} and len(run.asked) == 1, run.asked  # the one state read, no fact per file
+    assert read_fact_names(run) == {"HostState"} and len(run.asked) == 1, (
+        run.asked
+    )  # the one state read, no fact per file
     assert hash_reads(run) == [], run.asked
 
 
@@ -247,13 +266,18 @@ def test_a_copy_verified_before_stamps_is_hashed_once_and_stamped(harness, local
     cfg = spec["install"]["config_dir"]
     facts = {**remote_state(spec, local_model), Directory: harness.per_arg("path", {cfg: {"mode": 750}})}
     run = harness.run(install_model, spec, facts=facts)
-    assert [op.name.split(" | ")[-1] for op in run.ops if op.commands] == ["Stamp the verified model (model.stamp)"], run
+    assert [op.name.split(" | ")[-1] for op in run.ops if op.commands] == ["Stamp the verified model (model.stamp)"], (
+        run
+    )
     assert len(hash_reads(run)) == 1
     stamp = stamp_path(spec)
     want = stamp_of(spec, sha256sum_lines(local_model), tree_of(spec, local_model))
     assert sorted(run.uploads[stamp].splitlines()) == sorted(want.splitlines())
-    assert run.op("Stamp the verified model").commands[1:] == [f"chown root:root {stamp}.tmp-vllm-fleet", f"chmod 644 {stamp}.tmp-vllm-fleet",
-                                                              f"mv -f {stamp}.tmp-vllm-fleet {stamp}"]
+    assert run.op("Stamp the verified model").commands[1:] == [
+        f"chown root:root {stamp}.tmp-vllm-fleet",
+        f"chmod 644 {stamp}.tmp-vllm-fleet",
+        f"mv -f {stamp}.tmp-vllm-fleet {stamp}",
+    ]
 
 
 def _differs(spec, local: Path, how: str) -> tuple[str, dict]:
@@ -286,14 +310,19 @@ def test_any_difference_from_the_stamp_brings_the_full_check(harness, local_mode
     cfg = spec["install"]["config_dir"]
     text, extra = _differs(spec, local_model, how)
     root = spec["model"]["path"]
-    facts = {**remote_state(spec, local_model, stamp=text, extra=extra), Directory: harness.per_arg("path", {cfg: {"mode": 750}}),
-             FileContents: None}
+    facts = {
+        **remote_state(spec, local_model, stamp=text, extra=extra),
+        Directory: harness.per_arg("path", {cfg: {"mode": 750}}),
+        FileContents: None,
+    }
     run = harness.run(install_model, spec, facts=facts)
     assert len(hash_reads(run)) == 1, run.asked
     changed = [op.name.split(" | ")[-1] for op in run.ops if op.commands]
     if how == "added":  # the stale file goes and the check runs on the host (it writes the stamp)
-        assert changed == [f"Remove {root}/model-00002-of-00002.safetensors (not in the manifest)",
-                           "Verify the model against MANIFEST.sha256 (as vllm)"], run
+        assert changed == [
+            f"Remove {root}/model-00002-of-00002.safetensors (not in the manifest)",
+            "Verify the model against MANIFEST.sha256 (as vllm)",
+        ], run
     else:  # every file in place: a new stamp from the read, nothing put
         assert changed == ["Stamp the verified model (model.stamp)"], run
 
@@ -343,10 +372,19 @@ def test_upload_missing_local_dir(harness, tmp_path):
 
 # --------------------------------------------------------------------------------------- hub
 
+
 def hub_spec(**model):
     """``hub_fetch: host``: every host downloads for itself (the fleet cache: test_model_hub_fleet.py)."""
-    return lab_spec(**{"transfer": "hub", "source": "Qwen/Qwen2.5-7B-Instruct-AWQ", "revision": "a" * 40,
-                       "local_dir": None, "hub_fetch": "host", **model})
+    return lab_spec(
+        **{
+            "transfer": "hub",
+            "source": "Qwen/Qwen2.5-7B-Instruct-AWQ",
+            "revision": "a" * 40,
+            "local_dir": None,
+            "hub_fetch": "host",
+            **model,
+        }
+    )
 
 
 def marker(spec, text=None):
@@ -361,14 +399,22 @@ def test_hub_download_token_never_on_the_command_line(harness):
     run = harness.run(install_model, spec, hub_token=TOKEN, facts={**marker(spec), File: None})
     assert all(TOKEN not in c for c in run.commands), "the token must never be in a command"
     assert any(TOKEN in text for path, text in run.uploads.items() if path.startswith(token_path))
-    assert f"chmod 600 {token_path}.tmp-vllm-fleet" in run.commands or \
-        any(c.startswith("install -m 600 /dev/null") for c in run.commands)
+    assert f"chmod 600 {token_path}.tmp-vllm-fleet" in run.commands or any(
+        c.startswith("install -m 600 /dev/null") for c in run.commands
+    )
     dl = next(c for c in run.commands if "snapshot_download" in c)
     argv = shlex.split(dl)
     py = argv.index(f"{spec['install']['prefix']}/env/bin/python")
     assert "HF_HUB_OFFLINE=0" in argv[:py]
-    assert argv[py + 3:] == ["Qwen/Qwen2.5-7B-Instruct-AWQ", "a" * 40, spec["model"]["path"],
-                             ".vllm-fleet-hub", '["original/*", "*.pth"]', str(1 << 30), token_path]
+    assert argv[py + 3 :] == [
+        "Qwen/Qwen2.5-7B-Instruct-AWQ",
+        "a" * 40,
+        spec["model"]["path"],
+        ".vllm-fleet-hub",
+        '["original/*", "*.pth"]',
+        str(1 << 30),
+        token_path,
+    ]
     user = spec["server"]["user"]
     assert f"chown -R {user}:{user} {spec['model']['path']}" in run.commands
 
@@ -377,7 +423,7 @@ def _hub_script(harness, spec, token_file="", data=None):
     """The download command's python argv (script and arguments) as the role would send it."""
     run = harness.run(install_model, spec, facts=marker(spec), data=data)
     argv = shlex.split(next(c for c in run.commands if "snapshot_download" in c))
-    args = argv[argv.index(f"{spec['install']['prefix']}/env/bin/python") + 1:]
+    args = argv[argv.index(f"{spec['install']['prefix']}/env/bin/python") + 1 :]
     args[-1] = token_file
     return args
 
@@ -386,8 +432,15 @@ def _run_hub_script(args, hub, tmp_path):
     """Run the role's download script with the vLLM CPU venv's python (the huggingface_hub the
     hosts get with vLLM) against the stand-in hub."""
     py = require_vllm_venv()
-    env = {**os.environ, "HF_ENDPOINT": hub.url, "HF_HOME": str(tmp_path / "hf-home"), "HF_HUB_DISABLE_TELEMETRY": "1",
-           "HF_HUB_DISABLE_PROGRESS_BARS": "1", "HF_HUB_ETAG_TIMEOUT": "5", "HF_HUB_DOWNLOAD_TIMEOUT": "5"}
+    env = {
+        **os.environ,
+        "HF_ENDPOINT": hub.url,
+        "HF_HOME": str(tmp_path / "hf-home"),
+        "HF_HUB_DISABLE_TELEMETRY": "1",
+        "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+        "HF_HUB_ETAG_TIMEOUT": "5",
+        "HF_HUB_DOWNLOAD_TIMEOUT": "5",
+    }
     return subprocess.run([py, *args], env=env, capture_output=True, text=True, timeout=120)
 
 
@@ -401,14 +454,19 @@ def hub(tmp_path):
     def make(**kw):
         made.append(StandInHub("Qwen/Qwen2.5-7B-Instruct-AWQ", "a" * 40, HUB_FILES, **kw))
         return made[-1]
+
     yield make
     for h in made:
         h.close()
 
 
-HUB_FILES = {"config.json": b'{"architectures": ["Qwen2ForCausalLM"]}', "model.safetensors": bytes(range(256)) * 2000,
-             # as in Llama repositories: what vLLM never loads (not downloaded)
-             "original/consolidated.00.pth": b"\0" * 4096, "original/params.json": b"{}"}
+HUB_FILES = {
+    "config.json": b'{"architectures": ["Qwen2ForCausalLM"]}',
+    "model.safetensors": bytes(range(256)) * 2000,
+    # as in Llama repositories: what vLLM never loads (not downloaded)
+    "original/consolidated.00.pth": b"\0" * 4096,
+    "original/params.json": b"{}",
+}
 WANTED = {k: v for k, v in HUB_FILES.items() if not k.startswith("original/")}
 
 
@@ -442,10 +500,14 @@ def test_hub_download_stops_before_anything_when_the_disk_is_too_small(harness, 
     import shutil as _sh
 
     free = _sh.disk_usage(tmp_path).free
-    args = _hub_script(harness, spec, data={"model_keep_free_bytes": free + (64 << 30)})  # cannot fit, however free space moves
+    args = _hub_script(
+        harness, spec, data={"model_keep_free_bytes": free + (64 << 30)}
+    )  # cannot fit, however free space moves
     r = _run_hub_script(args, hub(), tmp_path)
     assert r.returncode == 3, (r.returncode, r.stderr[-2000:])
-    assert "model download: not enough disk space at" in r.stderr and "model_keep_free_bytes" in r.stderr, r.stderr[-2000:]
+    assert "model download: not enough disk space at" in r.stderr and "model_keep_free_bytes" in r.stderr, r.stderr[
+        -2000:
+    ]
     assert "nothing was downloaded" in r.stderr and "Traceback" not in r.stderr
     assert not (tmp_path / "model" / "model.safetensors").exists()
     assert not (tmp_path / "model" / ".vllm-fleet-hub").exists()
@@ -461,8 +523,10 @@ def test_hub_revision_that_does_not_exist_is_named_with_a_fix(harness, hub, tmp_
     spec = hub_spec(path=str(tmp_path / "model"), revision="no-such-revision")
     r = _run_hub_script(_hub_script(harness, spec), hub(), tmp_path)
     assert r.returncode == 3, (r.returncode, r.stderr[-2000:])
-    assert ("model download: model.revision 'no-such-revision' does not exist in Qwen/Qwen2.5-7B-Instruct-AWQ: "
-            "pin a branch, tag or commit") in r.stderr, r.stderr[-2000:]
+    assert (
+        "model download: model.revision 'no-such-revision' does not exist in Qwen/Qwen2.5-7B-Instruct-AWQ: "
+        "pin a branch, tag or commit"
+    ) in r.stderr, r.stderr[-2000:]
     assert "Traceback" not in r.stderr
     assert not (tmp_path / "model" / ".vllm-fleet-hub").exists()
 
@@ -493,7 +557,10 @@ def test_hub_corrupted_file_is_removed_and_not_marked(harness, hub, tmp_path):
     args = _hub_script(harness, spec)
     h = hub(corrupt={"model.safetensors": 1})
     first = _run_hub_script(args, h, tmp_path)
-    assert first.returncode == 3 and "did not match the hub's size/sha256 and were removed (model.safetensors)" in first.stderr, first.stderr[-2000:]
+    assert (
+        first.returncode == 3
+        and "did not match the hub's size/sha256 and were removed (model.safetensors)" in first.stderr
+    ), first.stderr[-2000:]
     assert not (tmp_path / "model" / "model.safetensors").exists()
     assert not (tmp_path / "model" / ".vllm-fleet-hub").exists()
     second = _run_hub_script(args, h, tmp_path)
@@ -503,7 +570,9 @@ def test_hub_corrupted_file_is_removed_and_not_marked(harness, hub, tmp_path):
 
 def test_hub_skipped_when_marker_matches(harness):
     spec = hub_spec()
-    run = harness.run(install_model, spec, facts=marker(spec, f"Qwen/Qwen2.5-7B-Instruct-AWQ@{'a' * 40}\n"), strict=True)
+    run = harness.run(
+        install_model, spec, facts=marker(spec, f"Qwen/Qwen2.5-7B-Instruct-AWQ@{'a' * 40}\n"), strict=True
+    )
     assert not run.changed
     assert run.asked == [("HostState", {"query": Query(read=(f"{spec['model']['path']}/.vllm-fleet-hub",))})]
 
@@ -525,10 +594,13 @@ def test_hub_downloads_when_the_read_did_not_complete(harness):
 
 # -------------------------------------------------------------------------------------- none
 
+
 def test_none_present(harness):
     spec = lab_spec(transfer="none")
     config = f"{spec['model']['path']}/config.json"
-    run = harness.run(install_model, spec, facts=state([f"stat\t{config}\tregular file\tvllm\tvllm\t644\t42"]), strict=True)
+    run = harness.run(
+        install_model, spec, facts=state([f"stat\t{config}\tregular file\tvllm\tvllm\t644\t42"]), strict=True
+    )
     assert not run.changed
     assert run.asked == [("HostState", {"query": Query(stat=(config,))})]
 
@@ -549,6 +621,7 @@ def test_none_on_a_read_that_did_not_complete_is_not_a_missing_model(harness):
 
 # --------------------------------------------------------------- upload for real with @local
 
+
 def test_upload_for_real_with_local_connector(tmp_path):
     local = tmp_path / "local-model"
     (local / "sub").mkdir(parents=True)
@@ -564,8 +637,7 @@ def test_upload_for_real_with_local_connector(tmp_path):
 
     first = pyinfra_local(tmp_path)
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
-    check = subprocess.run(["sha256sum", "--strict", "-c", "MANIFEST.sha256"], cwd=dest,
-                           capture_output=True, text=True)
+    check = subprocess.run(["sha256sum", "--strict", "-c", "MANIFEST.sha256"], cwd=dest, capture_output=True, text=True)
     assert check.returncode == 0, check.stdout + check.stderr
     assert check.stdout.count(": OK") == 3
     assert (dest / "MANIFEST.sha256").read_text() == sha256sum_lines(local)
@@ -583,7 +655,9 @@ def test_upload_for_real_with_local_connector(tmp_path):
     # a no-op: the one state read asks no file's sha256 (pyinfra's -vv shows what it ran)
     noop = pyinfra_local(tmp_path, "-vv")
     assert noop.returncode == 0, noop.stderr[-3000:]
-    reads = [ln.split("host-state", 1)[1] for ln in (noop.stdout + noop.stderr).splitlines() if "host-state stat " in ln]
+    reads = [
+        ln.split("host-state", 1)[1] for ln in (noop.stdout + noop.stderr).splitlines() if "host-state stat " in ln
+    ]
     assert len(reads) == 1 and f" tree {dest} " in reads[0] and " sha " not in reads[0], reads
     assert_stamp_matches(stamp, dest)
 
@@ -592,11 +666,17 @@ def test_upload_for_real_with_local_connector(tmp_path):
     # (host data model_verify) hashes every file and puts the bad one again
     good = (local / "model.safetensors").read_bytes()
     (dest / "model.safetensors").write_bytes(bytes(255 - b for b in good))
-    listing = subprocess.run(["sh", "-c", state_command(Query(tree=(str(dest),))).get_raw_value()],
-                             capture_output=True, text=True, check=True).stdout
+    listing = subprocess.run(
+        ["sh", "-c", state_command(Query(tree=(str(dest),))).get_raw_value()],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     stamp.write_text(stamp.read_text().splitlines()[0] + "\n" + listing)
     dry = pyinfra_local(tmp_path, "--dry", "--json", yes=False)
-    assert [op for op in json.loads(dry.stdout)["plan"] if op["hosts_with_change"]] == []  # trusted: the limit of a stamp
+    assert [
+        op for op in json.loads(dry.stdout)["plan"] if op["hosts_with_change"]
+    ] == []  # trusted: the limit of a stamp
     verify = pyinfra_local(tmp_path, "--data", "model_verify=true")
     assert verify.returncode == 0, verify.stdout[-3000:] + verify.stderr[-3000:]
     assert (dest / "model.safetensors").read_bytes() == good
@@ -606,14 +686,18 @@ def test_upload_for_real_with_local_connector(tmp_path):
     dry = pyinfra_local(tmp_path, "--dry", "--json", yes=False)
     assert dry.returncode == 0, dry.stderr[-3000:]
     plan = json.loads(dry.stdout)["plan"]
-    changing = [op["name"].split(" | ")[-1] for op in plan
-                if op["hosts_with_change"] or op["hosts_with_conditional_change"]]
+    changing = [
+        op["name"].split(" | ")[-1] for op in plan if op["hosts_with_change"] or op["hosts_with_conditional_change"]
+    ]
     assert changing == []
     # the same plan sees a change when there is one
     (dest / "config.json").write_text("{}")
     dry = pyinfra_local(tmp_path, "--dry", "--json", yes=False)
-    changing = [op["name"].split(" | ")[-1] for op in json.loads(dry.stdout)["plan"]
-                if op["hosts_with_change"] or op["hosts_with_conditional_change"]]
+    changing = [
+        op["name"].split(" | ")[-1]
+        for op in json.loads(dry.stdout)["plan"]
+        if op["hosts_with_change"] or op["hosts_with_conditional_change"]
+    ]
     assert changing == ["Model file config.json", "Verify the model against MANIFEST.sha256 (as root)"]
 
 

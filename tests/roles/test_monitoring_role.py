@@ -24,7 +24,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from fleetutil import host_state  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
-LAB = {"testhost": {"address": "10.10.0.11", "groups": ["servers", "proxy", "monitoring"], "data": {"private_address": "10.10.0.11"}}}
+LAB = {
+    "testhost": {
+        "address": "10.10.0.11",
+        "groups": ["servers", "proxy", "monitoring"],
+        "data": {"private_address": "10.10.0.11"},
+    }
+}
 GPU2 = {
     "testhost": {"address": "10.10.0.11", "groups": ["servers"], "data": {}},
     "gpu-b": {"address": "10.10.0.12", "groups": ["workers"], "data": {}},
@@ -64,11 +70,17 @@ def test_lab_host_listen_addresses_first_then_packages_then_promtool(harness):
     r, rendered = run(harness, spec_of("lab-tiny-monitoring.yaml"), LAB, facts={"SystemdStatus": running})
     p = monitoring.paths(spec_of("lab-tiny-monitoring.yaml"))
     # the exporters' and Prometheus' /etc/default files land before the package that starts them
-    assert r.index(f"upload:{p['node_exporter_defaults']}") < r.index("install --no-install-recommends prometheus-node-exporter")
+    assert r.index(f"upload:{p['node_exporter_defaults']}") < r.index(
+        "install --no-install-recommends prometheus-node-exporter"
+    )
     assert r.index(f"upload:{p['prometheus_defaults']}") < r.index("install --no-install-recommends prometheus")
-    assert r.index(f"upload:{p['blackbox_defaults']}") < r.index("install --no-install-recommends prometheus prometheus-blackbox-exporter")
+    assert r.index(f"upload:{p['blackbox_defaults']}") < r.index(
+        "install --no-install-recommends prometheus prometheus-blackbox-exporter"
+    )
     # the prober's config too: its arguments name it, and the package starts it at install time
-    assert r.index(f"upload:{p['blackbox_config']}") < r.index("install --no-install-recommends prometheus prometheus-blackbox-exporter")
+    assert r.index(f"upload:{p['blackbox_config']}") < r.index(
+        "install --no-install-recommends prometheus prometheus-blackbox-exporter"
+    )
     assert "--web.listen-address=10.10.0.11:9100" in uploaded(r, p["node_exporter_defaults"])
     assert "--web.listen-address=10.10.0.11:9090" in uploaded(r, p["prometheus_defaults"])
     assert "--web.listen-address=127.0.0.1:9115" in uploaded(r, p["blackbox_defaults"])
@@ -98,7 +110,9 @@ def test_second_run_changes_nothing(harness):
     files = {path: (f.content, f.owner, f.group, f.mode) for path, f in rendered.items()}
     dirs = {str(Path(p).parent): ("root", "root", 0o755) for p in rendered}
     units = {f"{u}.service": {"ActiveState": "active", "UnitFileState": "enabled"} for u in SERVICES}
-    r = harness.run(install_monitoring, spec=spec, rendered=rendered, facts=host_state(files, dirs, units, debs=SERVICES))
+    r = harness.run(
+        install_monitoring, spec=spec, rendered=rendered, facts=host_state(files, dirs, units, debs=SERVICES)
+    )
     assert r.ops == [], r
     assert [n for n, _ in r.asked] == ["HostState"], r.asked
 
@@ -112,7 +126,10 @@ def test_the_serve_deploys_one_read_holds_what_the_role_compares(harness):
     from vllm_fleet.render.layout import build
     from vllm_fleet.roles.common import DeployContext
 
-    spec = spec_of("lab-tiny-monitoring.yaml", grafana={"enabled": True, "dashboards_dir": "/var/lib/grafana/dashboards/vllm-fleet"})
+    spec = spec_of(
+        "lab-tiny-monitoring.yaml",
+        grafana={"enabled": True, "dashboards_dir": "/var/lib/grafana/dashboards/vllm-fleet"},
+    )
     layout = build([spec], copy.deepcopy(LAB))
     h = layout.hosts["testhost"]
     got = {}
@@ -140,7 +157,9 @@ def test_gpu_hosts_get_dcgm_and_the_exporter_on_the_private_address(harness, tmp
     assert "--address 10.10.0.11:9400" in unit and "--collectors /etc/dcgm-exporter/vllm-fleet-counters.csv" in unit
     assert "DCGM_FI_DEV_FB_USED, gauge" in uploaded(r, monitoring.DCGM_COUNTERS)
     assert r.index("upload:/etc/systemd/system/dcgm-exporter.service") < r.index("systemctl daemon-reload")
-    assert r.index("upload:/etc/dcgm-exporter/vllm-fleet-counters.csv") < r.index("upload:/etc/systemd/system/dcgm-exporter.service")
+    assert r.index("upload:/etc/dcgm-exporter/vllm-fleet-counters.csv") < r.index(
+        "upload:/etc/systemd/system/dcgm-exporter.service"
+    )
     assert "systemctl enable dcgm-exporter.service" in r.commands
     assert not r.has_op("Prometheus running")  # Prometheus runs on the monitoring host (edge) only
 
@@ -151,17 +170,27 @@ def test_gpu_host_without_a_dcgm_exporter_binary_stops_with_a_hint(harness):
 
 
 def test_gpu_host_with_dcgm_exporter_already_installed(harness):
-    r, _ = run(harness, spec_of("2node-ray-pp2.yaml"), GPU2, facts=host_state({monitoring.DCGM_BINARY: ("ELF", "root", "root", 0o755)}))
+    r, _ = run(
+        harness,
+        spec_of("2node-ray-pp2.yaml"),
+        GPU2,
+        facts=host_state({monitoring.DCGM_BINARY: ("ELF", "root", "root", 0o755)}),
+    )
     assert "upload:/usr/local/bin/dcgm-exporter" not in r.commands
     assert "systemctl enable dcgm-exporter.service" in r.commands
-    assert not [a for a in r.asked if a[0] == "File" and a[1].get("path") == monitoring.DCGM_BINARY], r.asked  # as the read saw it
+    assert not [a for a in r.asked if a[0] == "File" and a[1].get("path") == monitoring.DCGM_BINARY], (
+        r.asked
+    )  # as the read saw it
 
 
 def test_gpu_host_whose_read_did_not_complete_stops_without_a_guess(harness):
     """Whether dcgm-exporter is on the host is not known: StateUnknown (names the host, how to
     retry), not the "missing" hint and not a unit that would start without its binary."""
-    with pytest.raises(StateUnknown, match="host testhost: the read of this host's state did not complete.*"
-                                           "whether /usr/local/bin/dcgm-exporter is there"):
+    with pytest.raises(
+        StateUnknown,
+        match="host testhost: the read of this host's state did not complete.*"
+        "whether /usr/local/bin/dcgm-exporter is there",
+    ):
         run(harness, spec_of("2node-ray-pp2.yaml"), GPU2, facts=host_state(complete=False))
 
 
@@ -178,7 +207,10 @@ def test_monitoring_host_of_a_gpu_fleet(harness):
 
 
 def test_grafana_provisioned_and_restarted_only_when_installed(harness):
-    spec = spec_of("lab-tiny-monitoring.yaml", grafana={"enabled": True, "dashboards_dir": "/var/lib/grafana/dashboards/vllm-fleet"})
+    spec = spec_of(
+        "lab-tiny-monitoring.yaml",
+        grafana={"enabled": True, "dashboards_dir": "/var/lib/grafana/dashboards/vllm-fleet"},
+    )
     installed = {"grafana-server.service": {"ActiveState": "active", "UnitFileState": "enabled"}}  # its package's unit
     r, _ = run(harness, spec, LAB, facts=host_state(units=installed))
     assert uploaded(r, "/etc/grafana/provisioning/datasources/vllm-fleet.yaml")

@@ -23,11 +23,27 @@ from pyinfra.facts.server import LinuxDistribution, Which
 from vllm_fleet.specs import checks
 from vllm_fleet.host.state import HostState, Query, Snapshot
 from vllm_fleet.roles.common.state import StateUnknown
-from vllm_fleet.roles.nvidia import (GpuMismatch, RebootNeeded, UnsupportedHost, _check_gpus_now, _reboot_needed,
-                                     kernel_flavour, nvidia, state_query)
+from vllm_fleet.roles.nvidia import (
+    GpuMismatch,
+    RebootNeeded,
+    UnsupportedHost,
+    _check_gpus_now,
+    _reboot_needed,
+    kernel_flavour,
+    nvidia,
+    state_query,
+)
 from vllm_fleet.roles.nvidia import defaults as d
-from vllm_fleet.roles.nvidia.parse import (NVIDIA_SMI_QUERY, apt_source_lines, driver_branch, parse_apt_components,
-                                           parse_nvidia_smi, parse_os_release, parse_pci_classes, secure_boot_on)
+from vllm_fleet.roles.nvidia.parse import (
+    NVIDIA_SMI_QUERY,
+    apt_source_lines,
+    driver_branch,
+    parse_apt_components,
+    parse_nvidia_smi,
+    parse_os_release,
+    parse_pci_classes,
+    secure_boot_on,
+)
 from vllm_fleet.specs.load import load, resolve
 
 REPO = Path(__file__).resolve().parents[2]
@@ -55,18 +71,32 @@ def _b64(text: str) -> str:
     return base64.b64encode(text.encode()).decode()
 
 
-def host_lines(query, *, os_release, kernel="6.1.0-27-amd64", nouveau=True, components=("main",), smi=None,
-               nvswitches=0, debs=None, secure_boot=False):
+def host_lines(
+    query,
+    *,
+    os_release,
+    kernel="6.1.0-27-amd64",
+    nouveau=True,
+    components=("main",),
+    smi=None,
+    nvswitches=0,
+    debs=None,
+    secure_boot=False,
+):
     """host_state.sh's answer to ``query`` on a GPU host: ``os_release`` the text of its
     /etc/os-release, ``smi`` nvidia-smi's lines (None: no nvidia-smi), ``nvswitches`` NVIDIA
     bridges on the PCI bus (next to one GPU per smi line and an Intel bridge), ``debs``
     ``{installed package: version}`` (dpkg answers names and patterns asked), apt's sources.list
     one ``deb`` line of the release's codename with ``components``; then ``end``."""
-    codename = next((l.split("=", 1)[1].strip('"') for l in os_release.splitlines() if l.startswith("VERSION_CODENAME=")), "")
-    reads = {d.KERNEL_RELEASE: kernel + "\n",
-             d.KERNEL_MODULES: "nouveau 2170880 0 - Live 0x0000000000000000\n" if nouveau else "",
-             d.SECURE_BOOT_EFIVAR: "\x06\x00\x00\x00\x01" if secure_boot else None,
-             d.APT_SOURCES_LIST: f"deb http://deb.debian.org/debian {codename} {' '.join(components)}\n"}
+    codename = next(
+        (l.split("=", 1)[1].strip('"') for l in os_release.splitlines() if l.startswith("VERSION_CODENAME=")), ""
+    )
+    reads = {
+        d.KERNEL_RELEASE: kernel + "\n",
+        d.KERNEL_MODULES: "nouveau 2170880 0 - Live 0x0000000000000000\n" if nouveau else "",
+        d.SECURE_BOOT_EFIVAR: "\x06\x00\x00\x00\x01" if secure_boot else None,
+        d.APT_SOURCES_LIST: f"deb http://deb.debian.org/debian {codename} {' '.join(components)}\n",
+    }
     lines = []
     for path in query.read:
         text = reads.get(path)
@@ -76,9 +106,15 @@ def host_lines(query, *, os_release, kernel="6.1.0-27-amd64", nouveau=True, comp
         if pattern == d.OS_RELEASE_GLOB:
             lines.append(f"glob\t{pattern}\t/etc/os-release\t{_b64(os_release)}")
     for fields in query.gpus:
-        lines += [f"gpus\t{fields}\t-"] if smi is None else [f"gpus\t{fields}\t.", *(f"gpus\t{fields}\t{l}" for l in smi)]
+        lines += (
+            [f"gpus\t{fields}\t-"] if smi is None else [f"gpus\t{fields}\t.", *(f"gpus\t{fields}\t{l}" for l in smi)]
+        )
     for sysfs in query.pci:
-        devices = ["0x8086 0x060400"] + ["0x10de 0x030200"] * len(parse_nvidia_smi(smi or [])) + ["0x10de 0x068000"] * nvswitches
+        devices = (
+            ["0x8086 0x060400"]
+            + ["0x10de 0x030200"] * len(parse_nvidia_smi(smi or []))
+            + ["0x10de 0x068000"] * nvswitches
+        )
         lines += [f"pci\t{sysfs}\t.", *(f"pci\t{sysfs}\t{dev}" for dev in devices)]
     for name, version in (debs or {}).items():
         if any(fnmatch.fnmatchcase(name, asked) for asked in query.debs):
@@ -131,10 +167,12 @@ def apt_installs(run):
 
 # ----------------------------------------------------------------------------------- parsers
 
+
 def test_parse_real_h200_output(harness):
     gpus = parse_nvidia_smi(harness.fixture_lines("nvidia-smi/h200-1gpu-580.csv"))
-    assert gpus == [{"index": 0, "name": "NVIDIA H200", "memory_mib": 143771,
-                     "driver_version": "580.159.04", "compute_cap": "9.0"}]
+    assert gpus == [
+        {"index": 0, "name": "NVIDIA H200", "memory_mib": 143771, "driver_version": "580.159.04", "compute_cap": "9.0"}
+    ]
     assert driver_branch(gpus) == "580"
 
 
@@ -153,8 +191,13 @@ def test_parse_driver_not_loaded_means_no_gpus(harness):
 def read_for_real(query: Query, path_env: str | None = None) -> Snapshot:
     """host_state.sh run here by sh, as the HostState fact runs it on a host."""
     env = {**os.environ, **({"PATH": path_env} if path_env else {})}
-    r = subprocess.run(["/bin/sh", "-c", HostState().command(query).get_raw_value()], capture_output=True, text=True,
-                       env=env, timeout=60)
+    r = subprocess.run(
+        ["/bin/sh", "-c", HostState().command(query).get_raw_value()],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
     assert r.returncode == 0 and r.stdout.splitlines()[-1] == "end", r.stderr
     snap = Snapshot.parse(r.stdout.splitlines())
     snap.query = query
@@ -166,9 +209,11 @@ def test_gpus_kind_runs_nvidia_smi_for_real(harness, tmp_path):
     parser gets nvidia-smi's stdout as printed); no nvidia-smi: `-`, no GPU."""
     fake = tmp_path / "bin" / "nvidia-smi"
     fake.parent.mkdir()
-    fake.write_text("#!/bin/sh\n"
-                    f'[ "$*" = "--query-gpu={NVIDIA_SMI_QUERY} --format=csv,noheader,nounits" ] || exit 9\n'
-                    f"cat {FIXTURES / 'nvidia-smi' / 'h100-4gpu-570.csv'}\n")
+    fake.write_text(
+        "#!/bin/sh\n"
+        f'[ "$*" = "--query-gpu={NVIDIA_SMI_QUERY} --format=csv,noheader,nounits" ] || exit 9\n'
+        f"cat {FIXTURES / 'nvidia-smi' / 'h100-4gpu-570.csv'}\n"
+    )
     fake.chmod(0o755)
     q = Query(gpus=(NVIDIA_SMI_QUERY,))
     known, lines = read_for_real(q, path_env=f"{fake.parent}:{os.environ['PATH']}").nvidia_smi(NVIDIA_SMI_QUERY)
@@ -211,7 +256,9 @@ def test_secure_boot_from_the_efivar_read_for_real(tmp_path):
         efivar.write_bytes(value)
         assert secure_boot_on(read_for_real(Query(read=(str(efivar),))).content(str(efivar))[1]) is on
     efivar.unlink()
-    assert secure_boot_on(read_for_real(Query(read=(str(efivar),))).content(str(efivar))[1]) is False  # no EFI / no variable
+    assert (
+        secure_boot_on(read_for_real(Query(read=(str(efivar),))).content(str(efivar))[1]) is False
+    )  # no EFI / no variable
 
 
 def test_distribution_and_kernel_read_as_pyinfras_facts_give_them():
@@ -225,18 +272,25 @@ def test_distribution_and_kernel_read_as_pyinfras_facts_give_them():
 
 
 def test_apt_components_from_the_source_files_read_for_real(tmp_path):
-    (tmp_path / "sources.list").write_text("deb [arch=amd64] http://mirror.invalid/debian bookworm contrib\n"
-                                           "# deb http://mirror.invalid/debian bookworm non-free\n")
+    (tmp_path / "sources.list").write_text(
+        "deb [arch=amd64] http://mirror.invalid/debian bookworm contrib\n"
+        "# deb http://mirror.invalid/debian bookworm non-free\n"
+    )
     (tmp_path / "sources.list.d").mkdir()
-    (tmp_path / "sources.list.d" / "a.sources").write_text("Types: deb\nURIs: http://mirror.invalid/debian\nSuites: bookworm bookworm-updates\n"
-                                        "Components: main non-free-firmware\n\nTypes: deb\nURIs: http://mirror.invalid/x\n"
-                                        "Suites: nodistro\nComponents: other\n")
+    (tmp_path / "sources.list.d" / "a.sources").write_text(
+        "Types: deb\nURIs: http://mirror.invalid/debian\nSuites: bookworm bookworm-updates\n"
+        "Components: main non-free-firmware\n\nTypes: deb\nURIs: http://mirror.invalid/x\n"
+        "Suites: nodistro\nComponents: other\n"
+    )
     (tmp_path / "sources.list.d" / "b.list").write_text("deb http://mirror.invalid/debian bookworm-backports non-free")
     listd = tmp_path / "sources.list.d"
     q = Query(read=(str(tmp_path / "sources.list"),), globs=(f"{listd}/*.list", f"{listd}/*.sources"))
     snap = read_for_real(q)
-    texts = [snap.content(str(tmp_path / "sources.list"))[1], *snap.matching(f"{listd}/*.list").values(),
-             *snap.matching(f"{listd}/*.sources").values()]
+    texts = [
+        snap.content(str(tmp_path / "sources.list"))[1],
+        *snap.matching(f"{listd}/*.list").values(),
+        *snap.matching(f"{listd}/*.sources").values(),
+    ]
     assert len(texts) == 3
     assert parse_apt_components(apt_source_lines(texts), "bookworm") == {"main", "non-free-firmware", "contrib"}
 
@@ -250,9 +304,16 @@ def test_kernel_flavour_for_the_headers_meta_package():
 
 def test_parse_apt_components_both_formats():
     lines = [
-        "Types: deb", "URIs: http://mirror.invalid/debian", "Suites: bookworm bookworm-updates",
-        "Components: main non-free-firmware", "", "Types: deb", "URIs: http://mirror.invalid/x",
-        "Suites: nodistro", "Components: other", "",
+        "Types: deb",
+        "URIs: http://mirror.invalid/debian",
+        "Suites: bookworm bookworm-updates",
+        "Components: main non-free-firmware",
+        "",
+        "Types: deb",
+        "URIs: http://mirror.invalid/x",
+        "Suites: nodistro",
+        "Components: other",
+        "",
         "deb [arch=amd64] http://mirror.invalid/debian bookworm contrib",
         "# deb http://mirror.invalid/debian bookworm non-free",
     ]
@@ -261,11 +322,12 @@ def test_parse_apt_components_both_formats():
 
 # ------------------------------------------------------------------------ driver vs vLLM's CUDA
 
+
 def test_driver_branch_follows_the_pinned_vllm():
-    assert cuda_spec()["install"]["nvidia"]["driver_branch"] == "580"           # vLLM 0.33.0: CUDA 13
+    assert cuda_spec()["install"]["nvidia"]["driver_branch"] == "580"  # vLLM 0.33.0: CUDA 13
     assert cuda_spec()["install"]["nvidia"]["cuda_version"] == "13.0"
     old = cuda_spec(vllm_version="0.19.1")["install"]["nvidia"]
-    assert (old["driver_branch"], old["cuda_version"]) == ("570", "12.8")      # CUDA 12.8 wheels
+    assert (old["driver_branch"], old["cuda_version"]) == ("570", "12.8")  # CUDA 12.8 wheels
     assert checks.spec_problems(cuda_spec()) == []
 
 
@@ -277,7 +339,9 @@ def test_validate_refuses_a_driver_older_than_vllms_cuda():
     # a newer branch than needed is fine (the branch is a minimum)
     assert checks.spec_problems(cuda_spec(driver_branch="590")) == []
     # a CUDA 13 toolkit also needs 580, whatever the vLLM
-    assert [p.path for p in checks.spec_problems(cuda_spec(vllm_version="0.19.1", driver_branch="570", cuda_version="13.0"))] == ["install.nvidia.driver_branch"]
+    assert [
+        p.path for p in checks.spec_problems(cuda_spec(vllm_version="0.19.1", driver_branch="570", cuda_version="13.0"))
+    ] == ["install.nvidia.driver_branch"]
 
 
 def test_validate_refuses_debians_535_for_a_cuda13_vllm():
@@ -288,6 +352,7 @@ def test_validate_refuses_debians_535_for_a_cuda13_vllm():
 
 # ------------------------------------------------------------------------------- deploy cases
 
+
 def test_cpu_accelerator_is_a_no_op(harness):
     spec = resolve(load(REPO / "deployments" / "lab-tiny.yaml"))
     run = harness.run(nvidia, spec, facts={}, strict=True)  # strict: not even a fact is read
@@ -296,7 +361,9 @@ def test_cpu_accelerator_is_a_no_op(harness):
 
 def test_right_driver_installs_nothing_and_does_not_reboot(harness):
     spec = cuda_spec(gpu="h200")
-    facts = gpu_host(harness, "ubuntu-24.04", nouveau=False, smi=smi(harness, H200), debs={"cuda-toolkit-13-0": "13.0.2-1"})
+    facts = gpu_host(
+        harness, "ubuntu-24.04", nouveau=False, smi=smi(harness, H200), debs={"cuda-toolkit-13-0": "13.0.2-1"}
+    )
     run = harness.run(nvidia, spec, facts=facts, host="h200-a", strict=True)
     assert not run.changed
     assert run.ops == []
@@ -319,12 +386,22 @@ def test_debian12_bare_host_nvidia_repository(harness):
     # NVIDIA's repository for Debian 12 through its keyring package, contrib enabled first
     assert f"compute/cuda/repos/debian12/x86_64/{KEYRING}" in cmds
     assert run.index("contrib") < run.index(KEYRING)
-    assert run.index(f"dpkg --force-confdef --force-confold -i /var/cache/vllm-fleet/{KEYRING}") < run.index("apt-get update")
+    assert run.index(f"dpkg --force-confdef --force-confold -i /var/cache/vllm-fleet/{KEYRING}") < run.index(
+        "apt-get update"
+    )
     # DKMS + headers of the running kernel and the flavour's meta-package, pinning before the
     # driver, the compute-only set (no desktop stack), the toolkit of vLLM 0.33's CUDA 13.0
-    assert apt_installs(run) == ["dkms", "linux-headers-6.1.0-27-amd64", "linux-headers-amd64", "nvidia-driver-pinning-580",
-                                 "nvidia-driver-cuda", "nvidia-kernel-open-dkms", "nvidia-persistenced", "nvidia-modprobe",
-                                 "cuda-toolkit-13-0"]
+    assert apt_installs(run) == [
+        "dkms",
+        "linux-headers-6.1.0-27-amd64",
+        "linux-headers-amd64",
+        "nvidia-driver-pinning-580",
+        "nvidia-driver-cuda",
+        "nvidia-kernel-open-dkms",
+        "nvidia-persistenced",
+        "nvidia-modprobe",
+        "cuda-toolkit-13-0",
+    ]
     assert "nvidia-open" not in apt_installs(run) and "cuda-drivers" not in apt_installs(run)
     assert run.index("apt-get update") < run.index("install --no-install-recommends dkms")
     # nouveau blacklisted, initramfs rebuilt only when the file changed
@@ -343,28 +420,44 @@ def test_debian12_bare_host_nvidia_repository(harness):
     assert run.commands[-1] == "python:_check_gpus_now"
 
 
-@pytest.mark.parametrize("distro_name, repo, kernel", [
-    ("ubuntu-22.04", "ubuntu2204/x86_64", "5.15.0-125-generic"),
-    ("ubuntu-24.04", "ubuntu2404/x86_64", "6.8.0-49-generic"),
-])
+@pytest.mark.parametrize(
+    "distro_name, repo, kernel",
+    [
+        ("ubuntu-22.04", "ubuntu2204/x86_64", "5.15.0-125-generic"),
+        ("ubuntu-24.04", "ubuntu2404/x86_64", "6.8.0-49-generic"),
+    ],
+)
 def test_ubuntu_bare_host_nvidia_repository(harness, distro_name, repo, kernel):
     run = harness.run(nvidia, cuda_spec(), facts=bare_facts(harness, distro_name, kernel=kernel), host="gpu2")
     cmds = "\n".join(run.commands)
     assert f"compute/cuda/repos/{repo}/{KEYRING}" in cmds
     assert "contrib" not in cmds  # Ubuntu: no Debian components
-    assert apt_installs(run) == ["dkms", f"linux-headers-{kernel}", "linux-headers-generic", "nvidia-driver-pinning-580",
-                                 "libnvidia-compute-580", "nvidia-dkms-580-open", "nvidia-utils-580",
-                                 "nvidia-compute-utils-580", "nvidia-modprobe", "cuda-toolkit-13-0"]
+    assert apt_installs(run) == [
+        "dkms",
+        f"linux-headers-{kernel}",
+        "linux-headers-generic",
+        "nvidia-driver-pinning-580",
+        "libnvidia-compute-580",
+        "nvidia-dkms-580-open",
+        "nvidia-utils-580",
+        "nvidia-compute-utils-580",
+        "nvidia-modprobe",
+        "cuda-toolkit-13-0",
+    ]
     assert run.has_op("Reboot")
 
 
 def test_ubuntu_590_packages_have_no_branch_suffix(harness):
     run = harness.run(nvidia, cuda_spec(driver_branch="590"), facts=bare_facts(harness, "ubuntu-24.04"))
-    assert ["nvidia-driver-pinning-590", "libnvidia-compute", "nvidia-dkms-open", "nvidia-utils"] == apt_installs(run)[3:7]
+    assert ["nvidia-driver-pinning-590", "libnvidia-compute", "nvidia-dkms-open", "nvidia-utils"] == apt_installs(run)[
+        3:7
+    ]
 
 
 def test_full_driver_when_compute_only_is_off(harness):
-    run = harness.run(nvidia, cuda_spec(), facts=bare_facts(harness, "ubuntu-24.04"), data={"nvidia_compute_only": False})
+    run = harness.run(
+        nvidia, cuda_spec(), facts=bare_facts(harness, "ubuntu-24.04"), data={"nvidia_compute_only": False}
+    )
     assert "nvidia-open" in apt_installs(run)
 
 
@@ -377,8 +470,12 @@ def test_ubuntu2404_keyring_download_is_checksummed(harness):
 def test_proprietary_modules(harness):
     run = harness.run(nvidia, cuda_spec(open_kernel_modules=False), facts=bare_facts(harness, "ubuntu-24.04"))
     assert "nvidia-dkms-580" in apt_installs(run) and "nvidia-dkms-580-open" not in apt_installs(run)
-    full = harness.run(nvidia, cuda_spec(open_kernel_modules=False), facts=bare_facts(harness, "ubuntu-24.04"),
-                       data={"nvidia_compute_only": False})
+    full = harness.run(
+        nvidia,
+        cuda_spec(open_kernel_modules=False),
+        facts=bare_facts(harness, "ubuntu-24.04"),
+        data={"nvidia_compute_only": False},
+    )
     assert "cuda-drivers" in apt_installs(full) and "nvidia-open" not in apt_installs(full)
 
 
@@ -386,13 +483,25 @@ def test_changed_branch_really_installs_it(harness):
     """570 loaded with its packages installed, the spec needs 580: the pinning package moves and
     the installed driver packages are upgraded (apt-get install of the installed names, which
     the new pin resolves to 580), then the reboot, only if that changed something."""
-    installed = {n: "570.195.03-1" for n in ("nvidia-driver-cuda", "nvidia-kernel-open-dkms", "nvidia-persistenced",
-                                             "nvidia-modprobe", "nvidia-driver-pinning-570")}
+    installed = {
+        n: "570.195.03-1"
+        for n in (
+            "nvidia-driver-cuda",
+            "nvidia-kernel-open-dkms",
+            "nvidia-persistenced",
+            "nvidia-modprobe",
+            "nvidia-driver-pinning-570",
+        )
+    }
     facts = bare_facts(harness, "debian-12", nouveau=False, smi=smi(harness, H100_570), debs=installed)
     run = harness.run(nvidia, cuda_spec(gpu="h100-80gb", count=4), facts=facts, host="node3")
     assert "nvidia-driver-pinning-580" in apt_installs(run)
     driver = run.op("NVIDIA driver 580")
-    assert driver.commands and "nvidia-driver-cuda" in driver.commands[0] and "nvidia-kernel-open-dkms" in driver.commands[0]
+    assert (
+        driver.commands
+        and "nvidia-driver-cuda" in driver.commands[0]
+        and "nvidia-kernel-open-dkms" in driver.commands[0]
+    )
     reboot = run.op("Reboot")
     assert reboot.conditional  # _if: only when the driver install changed something
     assert run.commands[-1] == "python:_check_gpus_now"
@@ -403,14 +512,22 @@ def test_distro_source_ubuntu(harness):
     run = harness.run(nvidia, spec, facts=bare_facts(harness, "ubuntu-22.04", kernel="5.15.0-125-generic"))
     cmds = "\n".join(run.commands)
     assert "compute/cuda/repos" not in cmds and "nvidia-driver-pinning" not in cmds
-    assert apt_installs(run) == ["dkms", "linux-headers-5.15.0-125-generic", "linux-headers-generic",
-                                 "nvidia-headless-580-server-open", "nvidia-utils-580-server", "nvidia-modprobe",
-                                 "nvidia-cuda-toolkit"]
+    assert apt_installs(run) == [
+        "dkms",
+        "linux-headers-5.15.0-125-generic",
+        "linux-headers-generic",
+        "nvidia-headless-580-server-open",
+        "nvidia-utils-580-server",
+        "nvidia-modprobe",
+        "nvidia-cuda-toolkit",
+    ]
     assert run.has_op("Reboot")
 
 
 def test_distro_source_debian_needs_its_branch(harness):
-    with pytest.raises(UnsupportedHost, match=r"host gpu7: Debian 12 ships NVIDIA driver branch 535, the spec needs 580") as err:
+    with pytest.raises(
+        UnsupportedHost, match=r"host gpu7: Debian 12 ships NVIDIA driver branch 535, the spec needs 580"
+    ) as err:
         harness.run(nvidia, cuda_spec(source="distro"), facts=bare_facts(harness, "debian-12"), host="gpu7")
     assert "vLLM 0.33.0 needs 580" in str(err.value) and "source: nvidia" in str(err.value)
 
@@ -421,9 +538,18 @@ def test_distro_source_debian_535(harness):
     components = run.op("apt components")
     assert "contrib non-free non-free-firmware" in components.name
     assert "compute/cuda/repos" not in "\n".join(run.commands)
-    assert apt_installs(run) == ["dkms", "linux-headers-6.1.0-27-amd64", "linux-headers-amd64", "nvidia-open-kernel-dkms",
-                                 "libcuda1", "nvidia-smi", "nvidia-persistenced", "nvidia-modprobe", "firmware-misc-nonfree",
-                                 "nvidia-cuda-toolkit"]
+    assert apt_installs(run) == [
+        "dkms",
+        "linux-headers-6.1.0-27-amd64",
+        "linux-headers-amd64",
+        "nvidia-open-kernel-dkms",
+        "libcuda1",
+        "nvidia-smi",
+        "nvidia-persistenced",
+        "nvidia-modprobe",
+        "firmware-misc-nonfree",
+        "nvidia-cuda-toolkit",
+    ]
     assert run.index("non-free-firmware") < run.index("apt-get update")
 
 
@@ -452,12 +578,20 @@ def test_nvswitch_board_gets_the_fabric_manager_of_the_loaded_branch(harness):
     assert any("systemctl enable nvidia-fabricmanager" in c for c in fm.commands)
     assert not run.has_op("Reboot")
     # present: nothing more (dpkg answers the pattern the read asks with the branch's name)
-    facts = bare_facts(harness, "ubuntu-24.04", debs={"cuda-toolkit-13-0": "13.0.2-1", "nvidia-fabricmanager-580": "580.159.04-1"},
-                       **host)
+    facts = bare_facts(
+        harness,
+        "ubuntu-24.04",
+        debs={"cuda-toolkit-13-0": "13.0.2-1", "nvidia-fabricmanager-580": "580.159.04-1"},
+        **host,
+    )
     assert harness.run(nvidia, spec, facts=facts).ops == []
     # another branch's fabric manager is not this one's
-    facts = bare_facts(harness, "ubuntu-24.04", debs={"cuda-toolkit-13-0": "13.0.2-1", "nvidia-fabricmanager-570": "570.195.03-1"},
-                       **host)
+    facts = bare_facts(
+        harness,
+        "ubuntu-24.04",
+        debs={"cuda-toolkit-13-0": "13.0.2-1", "nvidia-fabricmanager-570": "570.195.03-1"},
+        **host,
+    )
     assert apt_installs(harness.run(nvidia, spec, facts=facts)) == ["nvidia-fabricmanager-580"]
 
 
@@ -507,17 +641,22 @@ def test_no_reboot_when_disabled_stops_with_a_message(harness):
     stop = run.op("Stop: the new driver")
     assert stop.commands == ["python:_reboot_needed"]
     host = type("H", (), {"name": "gpu4"})()
-    with pytest.raises(RebootNeeded, match="host gpu4: NVIDIA driver branch 580 is installed but not loaded.*reboot gpu4"):
+    with pytest.raises(
+        RebootNeeded, match="host gpu4: NVIDIA driver branch 580 is installed but not loaded.*reboot gpu4"
+    ):
         _reboot_needed(None, host, branch="580")
 
 
 # --------------------------------------------------------------------- the one state read
 
+
 def test_an_unfinished_read_stops_the_host_before_anything(harness):
     """No `end` (the read was cut): nothing is believed, so no "no driver here" guess that would
     install a driver and reboot the host; the message names the host."""
     facts = bare_facts(harness, "debian-12")
-    facts[HostState] = lambda query: Snapshot.parse(host_lines(query, os_release=(FIXTURES / "os-release" / "debian-12").read_text())[:-1])
+    facts[HostState] = lambda query: Snapshot.parse(
+        host_lines(query, os_release=(FIXTURES / "os-release" / "debian-12").read_text())[:-1]
+    )
     with pytest.raises(StateUnknown, match="host gpu5: the read of this host's state did not complete") as err:
         harness.run(nvidia, cuda_spec(), facts=facts, host="gpu5")
     assert "nothing was changed" in str(err.value)
@@ -542,7 +681,9 @@ def test_the_serve_deploys_one_read_holds_what_the_role_needs(harness):
         load_host_state(server_stack_query(spec))
         nvidia(spec=spec)
 
-    facts = gpu_host(harness, "ubuntu-24.04", nouveau=False, smi=smi(harness, H200), debs={"cuda-toolkit-13-0": "13.0.2-1"})
+    facts = gpu_host(
+        harness, "ubuntu-24.04", nouveau=False, smi=smi(harness, H200), debs={"cuda-toolkit-13-0": "13.0.2-1"}
+    )
     run = harness.run(serve_like, spec, facts=facts, strict=True)
     assert run.ops == [] and facts_read(run) == ["HostState"]
 
@@ -565,8 +706,13 @@ def test_the_read_asks_the_toolkit_and_nvswitches_only_when_the_role_would_insta
         nvidia(spec=spec)
 
     facts = gpu_host(harness, "ubuntu-24.04", nouveau=False, smi=smi(harness, H200), debs={})
-    run = harness.run(serve_like, spec, facts=facts, strict=True,
-                      data={"nvidia_install_toolkit": False, "nvidia_fabricmanager": False})
+    run = harness.run(
+        serve_like,
+        spec,
+        facts=facts,
+        strict=True,
+        data={"nvidia_install_toolkit": False, "nvidia_fabricmanager": False},
+    )
     assert run.ops == [] and facts_read(run) == ["HostState"]
     (q,) = asked
     assert not q.pci and not [p for p in q.debs if "toolkit" in p or "fabricmanager" in p], q.debs
@@ -608,8 +754,19 @@ def test_the_check_after_the_reboot_reads_the_gpus_again(harness):
 def test_a_held_driver_and_toolkit_are_installed(harness):
     """apt-mark hold on the toolkit (dpkg's `hi`): present, as pyinfra's DebPackages says; no apt."""
     os_release = (FIXTURES / "os-release" / "ubuntu-24.04").read_text()
-    facts = gpu_host(harness, "ubuntu-24.04", nouveau=False, smi=smi(harness, H200), debs={"cuda-toolkit-13-0": "13.0.2-1"})
+    facts = gpu_host(
+        harness, "ubuntu-24.04", nouveau=False, smi=smi(harness, H200), debs={"cuda-toolkit-13-0": "13.0.2-1"}
+    )
     facts[HostState] = lambda query: Snapshot.parse(
-        [l.replace("\tii \t", "\thi \t") for l in host_lines(query, os_release=os_release, nouveau=False, smi=smi(harness, H200),
-                                                            debs={"cuda-toolkit-13-0": "13.0.2-1"})])
+        [
+            l.replace("\tii \t", "\thi \t")
+            for l in host_lines(
+                query,
+                os_release=os_release,
+                nouveau=False,
+                smi=smi(harness, H200),
+                debs={"cuda-toolkit-13-0": "13.0.2-1"},
+            )
+        ]
+    )
     assert harness.run(nvidia, cuda_spec(gpu="h200"), facts=facts).ops == []

@@ -30,10 +30,16 @@ def plan(tmp_path: Path, keyed: bool) -> list[list[str]]:
     deploy = tmp_path / "loop.py"
     deploy.write_text(f"KEYED = {keyed}\n" + DEPLOY)
     pyinfra = str(Path(sys.executable).parent / "pyinfra")
-    r = subprocess.run([pyinfra, "@fake/proxy,@fake/server", str(deploy), "--dry", "--json", "-y"], cwd=tmp_path,
-                       capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+    r = subprocess.run(
+        [pyinfra, "@fake/proxy,@fake/server", str(deploy), "--dry", "--json", "-y"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+    )
     assert r.returncode == 0, r.stderr
-    doc = json.loads(r.stdout[r.stdout.find("{"):])
+    doc = json.loads(r.stdout[r.stdout.find("{") :])
     return [sorted(op["names"]) for op in doc["plan"]]
 
 

@@ -31,7 +31,9 @@ def test_the_documented_own_deploy_runs(harness, tmp_path, monkeypatch):
     code = _example()
     assert code.rstrip().endswith("my_inference_host()")
     ns: dict = {}
-    exec(compile(code.rstrip()[: -len("my_inference_host()")], "own-servers.md", "exec"), ns)  # without the call pyinfra makes
+    exec(
+        compile(code.rstrip()[: -len("my_inference_host()")], "own-servers.md", "exec"), ns
+    )  # without the call pyinfra makes
     data = yaml.safe_load((REPO / "deployments" / "lab-tiny.yaml").read_text())
     (tmp_path / "model").mkdir()
     data["model"]["source"] = str(tmp_path / "model")
@@ -39,12 +41,26 @@ def test_the_documented_own_deploy_runs(harness, tmp_path, monkeypatch):
     data["install"]["wheels"] = "host"  # no fleet wheelhouse download while testing (test_vllm_fleet_wheels.py)
     spec = tmp_path / "spec.yaml"
     spec.write_text(yaml.safe_dump(data))
-    run = harness.run(ns["my_inference_host"], host="gpu1", groups=["servers", "proxy"],
-                      data={"vllm_fleet_spec": str(spec), "ssh_hostname": "192.0.2.10"},
-                      facts={"LinuxDistribution": harness.distro("debian-12"), "Os": "Linux", "Arch": "x86_64",
-                             "Which": lambda command=None: f"/usr/bin/{command}", **env_state(python=None)})
+    run = harness.run(
+        ns["my_inference_host"],
+        host="gpu1",
+        groups=["servers", "proxy"],
+        data={"vllm_fleet_spec": str(spec), "ssh_hostname": "192.0.2.10"},
+        facts={
+            "LinuxDistribution": harness.distro("debian-12"),
+            "Os": "Linux",
+            "Arch": "x86_64",
+            "Which": lambda command=None: f"/usr/bin/{command}",
+            **env_state(python=None),
+        },
+    )
     names = [op.name for op in run.ops]
     first = lambda text: next(i for i, n in enumerate(names) if text in n)  # noqa: E731
-    assert first("Write generated secret files") < first("Our own tools") < first("Put /etc/systemd/system/vllm-lab-tiny-0.service") \
-        < first("nginx") < first("Smoke tests")
+    assert (
+        first("Write generated secret files")
+        < first("Our own tools")
+        < first("Put /etc/systemd/system/vllm-lab-tiny-0.service")
+        < first("nginx")
+        < first("Smoke tests")
+    )
     assert not (tmp_path / "api.key").exists()  # planning wrote nothing

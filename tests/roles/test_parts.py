@@ -21,8 +21,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from fleetutil import host_state  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
-INV = {"lab1": {"address": "10.10.0.11", "groups": ["servers", "proxy"], "data": {}},
-       "lab2": {"address": "10.10.0.12", "groups": ["servers"], "data": {}}}
+INV = {
+    "lab1": {"address": "10.10.0.11", "groups": ["servers", "proxy"], "data": {}},
+    "lab2": {"address": "10.10.0.12", "groups": ["servers"], "data": {}},
+}
 
 
 def _ctx(name: str = "lab-tiny-routing", inv=INV):
@@ -33,7 +35,13 @@ def _ctx(name: str = "lab-tiny-routing", inv=INV):
 
 def test_the_parts_of_a_host_come_from_the_layout_in_the_registrys_order():
     spec, ctx = _ctx()
-    assert [p.name for p, _ in parts.host_steps(ctx, ctx.layout.hosts["lab1"])] == ["stack", "service", "router", "nginx", "smoke"]
+    assert [p.name for p, _ in parts.host_steps(ctx, ctx.layout.hosts["lab1"])] == [
+        "stack",
+        "service",
+        "router",
+        "nginx",
+        "smoke",
+    ]
     assert [p.name for p, _ in parts.host_steps(ctx, ctx.layout.hosts["lab2"])] == ["stack", "service"]
     # down: the parts that place files, in the reverse order (nginx stops pointing at vLLM before vLLM stops)
     assert [name for name, _ in parts.removals()] == ["monitoring", "nginx", "router", "service", "ray"]
@@ -53,8 +61,13 @@ def test_a_new_part_is_one_entry_its_query_joins_the_one_read_and_its_install_ru
 
     spec, ctx = _ctx()
     ran = []
-    extra = parts.Part("kv-tier", applies=lambda s: "proxy" in s.node.roles, query=lambda s: Query(stat=("/etc/kv-tier.conf",)),
-                       install=lambda s: ran.append((s.h.name, s.name)), remove=lambda **kw: {})
+    extra = parts.Part(
+        "kv-tier",
+        applies=lambda s: "proxy" in s.node.roles,
+        query=lambda s: Query(stat=("/etc/kv-tier.conf",)),
+        install=lambda s: ran.append((s.h.name, s.name)),
+        remove=lambda **kw: {},
+    )
     monkeypatch.setattr(parts, "PARTS", (*parts.PARTS, extra))
     got = {}
 

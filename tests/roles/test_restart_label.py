@@ -14,9 +14,20 @@ from test_host_state import _lab, _service_and_nginx, converged_lines
 
 def _names(harness, lines):
     spec, h, node = _lab()
-    run = harness.run(_service_and_nginx, spec, h, node, "k3y",
-                      facts={HostState: lambda query: Snapshot.parse(lines), File: {"user": "root"}, Sha256File: "x",
-                             SystemdStatus: {}, SystemdEnabled: {}})
+    run = harness.run(
+        _service_and_nginx,
+        spec,
+        h,
+        node,
+        "k3y",
+        facts={
+            HostState: lambda query: Snapshot.parse(lines),
+            File: {"user": "root"},
+            Sha256File: "x",
+            SystemdStatus: {},
+            SystemdEnabled: {},
+        },
+    )
     return node.instances[0].unit, [op.name.rsplit(" | ", 1)[-1] for op in run.ops]
 
 
@@ -26,7 +37,11 @@ def test_first_start_and_older_configuration(harness):
     no_stamp = [ln for ln in lines if not (ln.startswith("read\t") and ln.split("\t")[1].endswith(".applied"))]
     unit, names = _names(harness, no_stamp)
     assert f"Restart {unit} (first start of this configuration)" in names, names
-    old = [f"read\t{ln.split(chr(9))[1]}\t{base64.b64encode(b'an-older-token').decode()}"
-           if ln.startswith("read\t") and ln.split("\t")[1].endswith(".applied") else ln for ln in lines]
+    old = [
+        f"read\t{ln.split(chr(9))[1]}\t{base64.b64encode(b'an-older-token').decode()}"
+        if ln.startswith("read\t") and ln.split("\t")[1].endswith(".applied")
+        else ln
+        for ln in lines
+    ]
     unit, names = _names(harness, old)
     assert f"Restart {unit} (it runs an older configuration)" in names, names

@@ -61,9 +61,13 @@ def _run(harness, drift_suffix: str | None = None):
     from pyinfra.facts.files import File, Sha256File
     from pyinfra.facts.systemd import SystemdEnabled, SystemdStatus
 
-    return harness.run(_update, host="gpu1", groups=["servers"],
-                       data={"private_address": "10.0.0.5", "ssh_hostname": "192.0.2.5"},
-                       facts={HostState: host_state, File: {"user": "root"}, Sha256File: "x", SystemdStatus: {}, SystemdEnabled: {}})
+    return harness.run(
+        _update,
+        host="gpu1",
+        groups=["servers"],
+        data={"private_address": "10.0.0.5", "ssh_hostname": "192.0.2.5"},
+        facts={HostState: host_state, File: {"user": "root"}, Sha256File: "x", SystemdStatus: {}, SystemdEnabled: {}},
+    )
 
 
 def _names(run):
@@ -74,8 +78,10 @@ def test_a_converged_batch_gets_only_the_drain_and_its_smoke_test(harness):
     run = _run(harness)
     names = _names(run)
     assert [n for n, _ in run.asked].count("HostState") == 1
-    assert names == ["Wait for vLLM's running/waiting requests on port 8000 to reach 0 (at most 120 s)",
-                     "Smoke test of the replica itself (127.0.0.1:8000 on the host)"], names
+    assert names == [
+        "Wait for vLLM's running/waiting requests on port 8000 to reach 0 (at most 120 s)",
+        "Smoke test of the replica itself (127.0.0.1:8000 on the host)",
+    ], names
 
 
 def test_a_batch_whose_env_file_differs_is_put_restarted_and_waited_for(harness):

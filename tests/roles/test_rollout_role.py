@@ -22,8 +22,10 @@ def _spec(host: str = "0.0.0.0") -> dict:
 
 
 def _fleet(data=None) -> dict:
-    return {"lab1": {"address": "10.10.0.11", "groups": ["proxy"], "data": {}},
-            "testhost": {"address": "10.10.0.12", "groups": ["servers"], "data": dict(data or {})}}
+    return {
+        "lab1": {"address": "10.10.0.11", "groups": ["proxy"], "data": {}},
+        "testhost": {"address": "10.10.0.12", "groups": ["servers"], "data": dict(data or {})},
+    }
 
 
 def test_api_firewall_when_listening_beyond_loopback(harness):
@@ -39,13 +41,17 @@ def test_no_api_firewall_on_loopback_or_when_off(harness):
     spec = _spec("127.0.0.1")
     spec["proxy"]["enabled"] = False  # loopback only, nothing in front
     assert not harness.run(api_firewall, render.render(spec, _fleet())["testhost"], facts={}).ops
-    assert not harness.run(api_firewall, render.render(_spec(), _fleet({"vllm_api_firewall": False}))["testhost"], facts={}).ops
+    assert not harness.run(
+        api_firewall, render.render(_spec(), _fleet({"vllm_api_firewall": False}))["testhost"], facts={}
+    ).ops
 
 
 def test_upstream_puts_the_site_and_reloads_only_on_change(harness):
     spec = _spec()
-    inv = {"testhost": {"address": "10.10.0.11", "groups": ["servers", "proxy"], "data": {}},
-           "lab2": {"address": "10.10.0.12", "groups": ["servers"], "data": {"upstream_down": True}}}
+    inv = {
+        "testhost": {"address": "10.10.0.11", "groups": ["servers", "proxy"], "data": {}},
+        "lab2": {"address": "10.10.0.12", "groups": ["servers"], "data": {"upstream_down": True}},
+    }
     rendered = render.render(spec, inv)["testhost"]
     run = harness.run(upstream, spec, rendered, 30, facts={File: None})
     site = run.uploads["/etc/nginx/conf.d/vllm-fleet-lab-tiny-replicas.conf"]

@@ -30,14 +30,19 @@ def _run(harness, monkeypatch, tmp_path, data=None, **install):
     ensured = []
     monkeypatch.setattr(wh, "ensure", lambda reqs, target, **kw: ensured.append(reqs) or house)
     monkeypatch.setattr(wh, "serve", lambda directory, address: (4242, "tok3n"))
-    run = harness.run(install_router, spec, render.render(spec, INV)["lab1"], data=data or {},
-                      facts=env_state(target={"python": "3.11", "glibc": "2.36", "machine": "x86_64"}))
+    run = harness.run(
+        install_router,
+        spec,
+        render.render(spec, INV)["lab1"],
+        data=data or {},
+        facts=env_state(target={"python": "3.11", "glibc": "2.36", "machine": "x86_64"}),
+    )
     pip = next(shlex.split(c) for c in run.commands if " -m pip install " in c)
     return spec, run, pip, ensured
 
 
 def _source(pip: list[str]) -> list[str]:
-    return pip[pip.index("--timeout") + 2:-1]  # between pip's own flags and the requirement
+    return pip[pip.index("--timeout") + 2 : -1]  # between pip's own flags and the requirement
 
 
 def test_fleet_wheels_over_http(harness, monkeypatch, tmp_path):
@@ -45,9 +50,12 @@ def test_fleet_wheels_over_http(harness, monkeypatch, tmp_path):
     list (put over SSH) names, then installed from there with --no-index (no URL in pip's argv)."""
     import json
 
-    spec, run, pip, ensured = _run(harness, monkeypatch, tmp_path, data={"vllm_wheel_serve_address": "10.10.0.1"},
-                                   wheels="fleet")
-    assert ensured == [[f"vllm-router=={spec['proxy']['routing']['router']['version']}"]] and not run.has_op("wheels to")  # fetched over HTTP
+    spec, run, pip, ensured = _run(
+        harness, monkeypatch, tmp_path, data={"vllm_wheel_serve_address": "10.10.0.1"}, wheels="fleet"
+    )
+    assert ensured == [[f"vllm-router=={spec['proxy']['routing']['router']['version']}"]] and not run.has_op(
+        "wheels to"
+    )  # fetched over HTTP
     dest = render.paths(spec)["router_env"] + "-wheels"
     assert json.loads(run.uploads[f"{dest}.fetch.json"])["sources"] == ["http://10.10.0.1:4242/tok3n/"]
     op = run.op(f"pip install vllm-router=={spec['proxy']['routing']['router']['version']}")
@@ -71,10 +79,17 @@ def test_uploaded_wheels(harness, monkeypatch, tmp_path, how):
 
 
 def test_uploaded_or_fetched_wheels_kept_when_asked(harness, monkeypatch, tmp_path):
-    spec, run, _, _ = _run(harness, monkeypatch, tmp_path, data={"vllm_keep_wheelhouse": True}, wheelhouse=str(tmp_path))
+    spec, run, _, _ = _run(
+        harness, monkeypatch, tmp_path, data={"vllm_keep_wheelhouse": True}, wheelhouse=str(tmp_path)
+    )
     assert not any(c.startswith("rm -rf") for c in run.commands), run.commands
-    spec, run, _, _ = _run(harness, monkeypatch, tmp_path, data={"vllm_wheel_serve_address": "10.10.0.1",
-                                                                 "vllm_keep_wheelhouse": True}, wheels="fleet")
+    spec, run, _, _ = _run(
+        harness,
+        monkeypatch,
+        tmp_path,
+        data={"vllm_wheel_serve_address": "10.10.0.1", "vllm_keep_wheelhouse": True},
+        wheels="fleet",
+    )
     assert not any(c.startswith("rm -rf") for c in run.commands), run.commands
 
 
@@ -96,10 +111,17 @@ def test_the_target_comes_from_the_state_read(harness, monkeypatch, tmp_path):
     spec = spec_load.resolve(spec_load.load(REPO / "deployments" / "lab-tiny-routing.yaml"))
     spec["install"]["wheels"] = "fleet"
     monkeypatch.setattr(wh, "ensure", lambda *a, **kw: pytest.fail("downloaded on a guess"))
-    with pytest.raises(StateUnknown, match="host testhost: the read of this host's state did not complete, so which "
-                                           "Python, C library and machine the fleet wheelhouse must fit is not known"):
-        harness.run(install_router, spec, render.render(spec, INV)["lab1"],
-                    facts={HostState: lambda query: Snapshot.parse(["target\tpython3\tmachine=x86_64"])})
+    with pytest.raises(
+        StateUnknown,
+        match="host testhost: the read of this host's state did not complete, so which "
+        "Python, C library and machine the fleet wheelhouse must fit is not known",
+    ):
+        harness.run(
+            install_router,
+            spec,
+            render.render(spec, INV)["lab1"],
+            facts={HostState: lambda query: Snapshot.parse(["target\tpython3\tmachine=x86_64"])},
+        )
 
 
 def test_the_serve_deploys_one_read_asks_the_target_once_for_vllm_and_the_router(harness):

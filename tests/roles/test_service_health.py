@@ -70,7 +70,13 @@ def _owner(port: int, bin_: Path) -> str:
     import subprocess
 
     env = dict(os.environ, PATH=f"{bin_}:{os.environ['PATH']}")
-    r = subprocess.run(["sh", "-c", programs.script("port_owner.sh") + f"owner {port} vllm-x-0.service"], capture_output=True, text=True, env=env, timeout=30)
+    r = subprocess.run(
+        ["sh", "-c", programs.script("port_owner.sh") + f"owner {port} vllm-x-0.service"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=30,
+    )
     assert r.returncode == 0, r.stderr
     return r.stdout.strip()
 
@@ -107,7 +113,9 @@ def _wait(port: int, bin_: Path, monkeypatch, deadline: int = 20, stamp: str | N
     logged: list[str] = []
     monkeypatch.setattr(h, "log", lambda msg, *a, **k: logged.append(msg))
     with ctx_state.use(state), ctx_host.use(h):
-        service._wait_healthy(port=port, deadline=deadline, interval=0.2, journal_lines=5, unit="vllm-x-0.service", stamp=stamp)
+        service._wait_healthy(
+            port=port, deadline=deadline, interval=0.2, journal_lines=5, unit="vllm-x-0.service", stamp=stamp
+        )
     return logged
 
 
@@ -122,8 +130,10 @@ def test_another_process_answering_on_the_port_is_not_healthy(tmp_path, health_p
     assert f"answered by PID {os.getpid()}" in msg and "not by vllm-x-0.service" in msg, msg
     assert "crashed while starting" in msg and "Address already in use" in msg, msg
     # the journal's own error first, then where the whole journal is (issue 37)
-    assert msg.splitlines()[1:3] == ["  root cause: OSError: [Errno 98] Address already in use",
-                                     "  full journal: journalctl -u vllm-x-0.service --no-pager (on @local)"], msg
+    assert msg.splitlines()[1:3] == [
+        "  root cause: OSError: [Errno 98] Address already in use",
+        "  full journal: journalctl -u vllm-x-0.service --no-pager (on @local)",
+    ], msg
 
 
 def test_the_units_own_listener_is_healthy(tmp_path, health_port, monkeypatch):
@@ -155,17 +165,35 @@ def _plan(harness, extra: list[str] | None = None, drop: tuple[str, ...] = (), m
     from pyinfra.facts.files import File, Sha256File
     from pyinfra.facts.systemd import SystemdEnabled, SystemdStatus
 
-    run = harness.run(_service_and_nginx, spec, h, node, "k3y",
-                      facts={HostState: lambda query: Snapshot.parse(lines), File: {"user": "root", "mode": 600}, Sha256File: "x",
-                             SystemdStatus: {}, SystemdEnabled: {}})
+    run = harness.run(
+        _service_and_nginx,
+        spec,
+        h,
+        node,
+        "k3y",
+        facts={
+            HostState: lambda query: Snapshot.parse(lines),
+            File: {"user": "root", "mode": 600},
+            Sha256File: "x",
+            SystemdStatus: {},
+            SystemdEnabled: {},
+        },
+    )
     unit = node.instances[0].unit
     stamp = f"{spec['install']['config_dir']}/replica-{node.instances[0].index}.applied"
     return run, [op.name.rsplit(" | ", 1)[-1] for op in run.ops], unit, stamp, spec, h
 
 
 def _unit_lines(unit: str, active: str, sub: str, restarts: int) -> list[str]:
-    return [f"unit\tId={unit}", "unit\tLoadState=loaded", f"unit\tActiveState={active}", f"unit\tSubState={sub}",
-            "unit\tUnitFileState=enabled", f"unit\tNRestarts={restarts}", "unit\t"]
+    return [
+        f"unit\tId={unit}",
+        "unit\tLoadState=loaded",
+        f"unit\tActiveState={active}",
+        f"unit\tSubState={sub}",
+        "unit\tUnitFileState=enabled",
+        f"unit\tNRestarts={restarts}",
+        "unit\t",
+    ]
 
 
 def test_a_unit_systemd_is_restarting_is_waited_for_not_restarted(harness):
@@ -173,7 +201,9 @@ def test_a_unit_systemd_is_restarting_is_waited_for_not_restarted(harness):
 
     spec, h, node = _lab()
     unit = node.instances[0].unit
-    run, names, unit, _, _, _ = _plan(harness, extra=_unit_lines(unit, "activating", "auto-restart", 4), drop=(f"unit\t",))
+    run, names, unit, _, _, _ = _plan(
+        harness, extra=_unit_lines(unit, "activating", "auto-restart", 4), drop=(f"unit\t",)
+    )
     waits = [n for n in names if n.startswith(f"Wait for {unit} /health")]
     assert len(waits) == 1 and "activating (auto-restart), NRestarts 4" in waits[0], names
     assert not any(n.startswith("Restart ") or n.startswith("Put ") for n in names), names
@@ -183,13 +213,16 @@ def test_a_unit_systemd_is_restarting_is_waited_for_not_restarted(harness):
 _SERVES = '{"model": "%s", "choices": [{"message": {"content": "OK"}, "finish_reason": "stop"}], "usage": {"completion_tokens": 1}}'
 
 
-@pytest.mark.parametrize("started,stamp_age,chat,waits", [
-    (40, 3600, None, True),       # systemd restarted it (a crash, a kill) after it was last seen healthy
-    (40, 3600, "502", True),      # ... and its short chat in the state read fails: not serving yet
-    (40, 3600, "200", False),     # ... but its short chat in the same read answered: it serves, nothing to wait for
-    (40, 30, None, False),        # this deploy's own start, recorded healthy after it: the no-op stays a no-op
-    (4000, 9000, None, False),    # older than the health timeout: not "still starting"
-])
+@pytest.mark.parametrize(
+    "started,stamp_age,chat,waits",
+    [
+        (40, 3600, None, True),  # systemd restarted it (a crash, a kill) after it was last seen healthy
+        (40, 3600, "502", True),  # ... and its short chat in the state read fails: not serving yet
+        (40, 3600, "200", False),  # ... but its short chat in the same read answered: it serves, nothing to wait for
+        (40, 30, None, False),  # this deploy's own start, recorded healthy after it: the no-op stays a no-op
+        (4000, 9000, None, False),  # older than the health timeout: not "still starting"
+    ],
+)
 def test_a_recent_start_not_yet_seen_healthy_is_waited_for(harness, started, stamp_age, chat, waits):
     import base64
 
@@ -207,8 +240,11 @@ def test_a_recent_start_not_yet_seen_healthy_is_waited_for(harness, started, sta
     run, names, _, _, _, _ = _plan(harness, extra=extra)
     check = f"{unit} answers a chat on port {port}"  # every replica proven (test_replica_chat below)
     if waits:
-        assert names == [f"Wait for {unit} /health on port {port} (deadline {spec['server']['health_timeout']} s; "
-                         f"its process started {started} s ago, not yet seen healthy)", check], names
+        assert names == [
+            f"Wait for {unit} /health on port {port} (deadline {spec['server']['health_timeout']} s; "
+            f"its process started {started} s ago, not yet seen healthy)",
+            check,
+        ], names
         assert run.ops[1].conditional  # the chat check runs only where the wait (which chats itself) did not
     else:
         assert names == [check] and run.ops[0].commands == [], names
@@ -249,8 +285,13 @@ esac
     stamp.write_text("x\n")
     os.utime(stamp, (time.time() - 120, time.time() - 120))
     q = Query(units=("vllm-x-0.service",), ages=(str(stamp), str(tmp_path / "nope")))
-    r = subprocess.run(["sh", "-c", HostState().command(q).get_raw_value()], capture_output=True, text=True, timeout=30,
-                       env=dict(os.environ, PATH=f"{bin_}:{os.environ['PATH']}"))
+    r = subprocess.run(
+        ["sh", "-c", HostState().command(q).get_raw_value()],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env=dict(os.environ, PATH=f"{bin_}:{os.environ['PATH']}"),
+    )
     s = Snapshot.parse(r.stdout.splitlines())
     s.query = q
     assert s.unit("vllm-x-0.service")["SubState"] == "auto-restart" and s.unit("vllm-x-0.service")["NRestarts"] == "3"
@@ -274,8 +315,11 @@ class _Chat(BaseHTTPRequestHandler):
         _Chat.seen.append((self.headers.get("Authorization"), body))
         import json
 
-        doc = {"model": _Chat.model, "choices": [{"message": {"role": "assistant", "content": "OK"}, "finish_reason": "length"}],
-               "usage": {"prompt_tokens": 5, "completion_tokens": 4}}
+        doc = {
+            "model": _Chat.model,
+            "choices": [{"message": {"role": "assistant", "content": "OK"}, "finish_reason": "length"}],
+            "usage": {"prompt_tokens": 5, "completion_tokens": 4},
+        }
         data = json.dumps(doc).encode()
         self.send_response(200)
         self.send_header("Content-Length", str(len(data)))
@@ -324,16 +368,29 @@ def test_the_state_read_chats_with_each_replica_with_the_key_off_the_command_lin
     r = subprocess.run(["sh", "-c", cmd], capture_output=True, text=True, timeout=60)
     snap = Snapshot.parse(r.stdout.splitlines())
     snap.query = q
-    assert judge_replica_chat(*snap.chat(port), "tiny").startswith("HTTP 000") or "no answer" in judge_replica_chat(*snap.chat(port), "tiny")
+    assert judge_replica_chat(*snap.chat(port), "tiny").startswith("HTTP 000") or "no answer" in judge_replica_chat(
+        *snap.chat(port), "tiny"
+    )
 
 
-@pytest.mark.parametrize("code,body,bad", [
-    ("200", '{"model": "tiny", "choices": [{"message": {"content": "OK"}, "finish_reason": "stop"}], "usage": {"completion_tokens": 1}}', None),
-    ("502", "Bad Gateway", "HTTP 502"),
-    ("200", "<html>", "not JSON"),
-    ("200", '{"model": "tiny", "choices": [], "usage": {"completion_tokens": 1}}', "no message"),
-    ("200", '{"model": "tiny", "choices": [{"message": {"content": ""}, "finish_reason": "length"}], "usage": {"completion_tokens": 0}}', "no completion tokens"),
-])
+@pytest.mark.parametrize(
+    "code,body,bad",
+    [
+        (
+            "200",
+            '{"model": "tiny", "choices": [{"message": {"content": "OK"}, "finish_reason": "stop"}], "usage": {"completion_tokens": 1}}',
+            None,
+        ),
+        ("502", "Bad Gateway", "HTTP 502"),
+        ("200", "<html>", "not JSON"),
+        ("200", '{"model": "tiny", "choices": [], "usage": {"completion_tokens": 1}}', "no message"),
+        (
+            "200",
+            '{"model": "tiny", "choices": [{"message": {"content": ""}, "finish_reason": "length"}], "usage": {"completion_tokens": 0}}',
+            "no completion tokens",
+        ),
+    ],
+)
 def test_judging_a_replicas_chat(code, body, bad):
     from vllm_fleet.serving.smoke import judge_replica_chat
 

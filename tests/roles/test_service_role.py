@@ -24,13 +24,21 @@ def state_lines(legacy: str | None = None, listed: str = "", stamps=None, failed
     (``legacy``: its text, None when absent), the unit directory's entries, the recorded
     configurations (``stamps``: {path: text}), the replicas' units (``failed``: failed ones)."""
     b64 = lambda text: base64.b64encode(text.encode()).decode()  # noqa: E731
-    out = [f"read\t/etc/systemd/system/vllm.service\t{b64(legacy) if legacy is not None else '-'}",
-           "ls\t/etc/systemd/system\t.", *(f"ls\t/etc/systemd/system\t{u}" for u in listed.split())]
+    out = [
+        f"read\t/etc/systemd/system/vllm.service\t{b64(legacy) if legacy is not None else '-'}",
+        "ls\t/etc/systemd/system\t.",
+        *(f"ls\t/etc/systemd/system\t{u}" for u in listed.split()),
+    ]
     out += [f"read\t{path}\t{b64(text)}" for path, text in (stamps or {}).items()]
     for i in (0, 1):
         unit = f"vllm-lab-tiny-replicas-{i}.service"
-        out += [f"unit\tId={unit}", "unit\tLoadState=loaded", f"unit\tActiveState={'failed' if unit in failed else 'active'}",
-                "unit\tUnitFileState=enabled", "unit\t"]
+        out += [
+            f"unit\tId={unit}",
+            "unit\tLoadState=loaded",
+            f"unit\tActiveState={'failed' if unit in failed else 'active'}",
+            "unit\tUnitFileState=enabled",
+            "unit\t",
+        ]
     return out + ["end"]
 
 
@@ -43,7 +51,9 @@ def _run(harness, legacy=None, listed="", stamps=None, only=None, key="k3y", fai
     facts = {HostState: lambda query: Snapshot.parse(lines), File: lambda path: None, Sha256File: lambda path: None}
     run = harness.run(install_service, spec, node, h.files, key, facts=facts, only=only)
     # the role's own state read is all it asks of the host beyond pyinfra's operations' facts
-    assert [name for name, _ in run.asked].count("HostState") == 1 and "Command" not in {name for name, _ in run.asked}, run.asked
+    assert [name for name, _ in run.asked].count("HostState") == 1 and "Command" not in {
+        name for name, _ in run.asked
+    }, run.asked
     return spec, node, h, run
 
 
@@ -51,7 +61,11 @@ LEGACY = "[Unit]\nDescription=vLLM lab-tiny-replicas: tiny (an older release)\n"
 
 
 def test_one_unit_per_replica_and_the_old_unit_removed_first(harness):
-    spec, node, h, run = _run(harness, legacy=LEGACY, listed="vllm-lab-tiny-replicas-0.service vllm-lab-tiny-replicas-5.service vllm-other-7.service")
+    spec, node, h, run = _run(
+        harness,
+        legacy=LEGACY,
+        listed="vllm-lab-tiny-replicas-0.service vllm-lab-tiny-replicas-5.service vllm-other-7.service",
+    )
     names = [op.name.split(" | ", 1)[-1] for op in run.ops]
     for i in (0, 1):
         assert f"/etc/systemd/system/vllm-lab-tiny-replicas-{i}.service" in run.uploads
@@ -65,7 +79,9 @@ def test_one_unit_per_replica_and_the_old_unit_removed_first(harness):
     assert not any("vllm-other-7" in n for n in names)  # another deployment's
     # never started before (no record): both start, wait for /health on their own ports, are recorded
     assert "Wait for vllm-lab-tiny-replicas-1.service /health on port 8001 (deadline 300 s)" in names
-    assert run.uploads["/etc/vllm-fleet/lab-tiny-replicas/replica-1.applied"].strip() == applied_token(spec, h.files, node.instances[1], "k3y")
+    assert run.uploads["/etc/vllm-fleet/lab-tiny-replicas/replica-1.applied"].strip() == applied_token(
+        spec, h.files, node.instances[1], "k3y"
+    )
     assert "k3y" not in run.uploads["/etc/vllm-fleet/lab-tiny-replicas/replica-1.applied"]
 
 
@@ -82,8 +98,10 @@ def test_a_recorded_instance_restarts_only_on_a_change(harness):
     spec = resolve(load(REPO / "deployments" / "lab-tiny-replicas.yaml"))
     layout = build([spec], copy.deepcopy(INV))
     h = layout.hosts["testhost"]
-    stamps = {f"/etc/vllm-fleet/lab-tiny-replicas/replica-{i.index}.applied": applied_token(spec, h.files, i, "k3y")
-              for i in h.parts[spec["name"]].instances}
+    stamps = {
+        f"/etc/vllm-fleet/lab-tiny-replicas/replica-{i.index}.applied": applied_token(spec, h.files, i, "k3y")
+        for i in h.parts[spec["name"]].instances
+    }
     _, _, _, run = _run(harness, stamps=stamps)
     restart = [op for op in run.ops if "| Restart vllm-lab-tiny-replicas-" in op.name]
     assert len(restart) == 2 and all(op.conditional for op in restart)
@@ -108,7 +126,9 @@ def test_the_applied_stamp_is_what_a_later_run_compares_with(harness):
     assert not _stamps(same) or _stamps(same) == stamps
     _, _, _, rekeyed = _run(harness, stamps=stamps, key="an0ther-key")
     restart = [op for op in rekeyed.ops if "| Restart vllm-lab-tiny-replicas-" in op.name]
-    assert len(restart) == 2 and all("(it runs an older configuration)" in op.name for op in restart), [op.name for op in restart]
+    assert len(restart) == 2 and all("(it runs an older configuration)" in op.name for op in restart), [
+        op.name for op in restart
+    ]
     new = _stamps(rekeyed)
     assert set(new) == set(stamps) and all(new[p] != stamps[p] for p in stamps)
 
@@ -117,7 +137,6 @@ def test_another_deployments_older_unit_stays(harness):
     """The older release's vllm.service goes only when its text (from the state read) names this deployment."""
     _, _, _, run = _run(harness, legacy=LEGACY.replace("lab-tiny-replicas:", "lab-tiny:"))
     assert not any("vllm.service" in op.name for op in run.ops), run
-
 
 
 def test_a_state_read_that_did_not_complete_restarts_nothing(harness):
@@ -133,6 +152,9 @@ def test_a_state_read_that_did_not_complete_restarts_nothing(harness):
     h = build([spec], copy.deepcopy(INV)).hosts["testhost"]
     cut = [ln for ln in state_lines(stamps={"/etc/vllm-fleet/lab-tiny-replicas/replica-0.applied": "x"}) if ln != "end"]
     facts = {HostState: lambda query: Snapshot.parse(cut), File: lambda path: None, Sha256File: lambda path: None}
-    with pytest.raises(StateUnknown, match=r"host testhost: the read of this host's state did not complete, so what each "
-                                           r"vLLM instance of lab-tiny-replicas runs is not known.*run the deploy again"):
+    with pytest.raises(
+        StateUnknown,
+        match=r"host testhost: the read of this host's state did not complete, so what each "
+        r"vLLM instance of lab-tiny-replicas runs is not known.*run the deploy again",
+    ):
         harness.run(install_service, spec, h.parts[spec["name"]], h.files, "k3y", facts=facts)

@@ -43,7 +43,9 @@ def test_a_failing_smoke_test_fails_the_host_and_names_it(harness, role, monkeyp
     from vllm_fleet.serving.smoke import SmokeError
 
     def failing(*args, **kwargs):
-        raise SmokeError("smoke tests failed against http://10.0.0.5:\n  chat: POST /v1/chat/completions -> 502: bad gateway")
+        raise SmokeError(
+            "smoke tests failed against http://10.0.0.5:\n  chat: POST /v1/chat/completions -> 502: bad gateway"
+        )
 
     monkeypatch.setattr(role, "_run", failing)
     run = harness.run(role.run_smoke, _spec(), "k3y", host="gpu1", groups=["proxy"], data={"ssh_hostname": "10.0.0.5"})

@@ -21,8 +21,10 @@ from fleetutil import env_state  # noqa: E402
 
 #: what starts, restarts or reloads a service, or loads a firewall (host_state.sh, embedded in the
 #: model's stamp command, reads units with `systemctl show`: that is not among them)
-ACTS = re.compile(r"\bsystemctl (start|restart|reload|try-restart|reload-or-restart|enable|daemon-reload)\b|"
-                  r"\bnginx -s\b|\bnft -f\b|python:_wait_healthy")
+ACTS = re.compile(
+    r"\bsystemctl (start|restart|reload|try-restart|reload-or-restart|enable|daemon-reload)\b|"
+    r"\bnginx -s\b|\bnft -f\b|python:_wait_healthy"
+)
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -37,8 +39,9 @@ def _spec(monkeypatch, tmp_path):
     model = tmp_path / "model"
     model.mkdir()
     for name in ("config.json", "tokenizer_config.json"):  # the layout's plan reads config.json
-        shutil.copy(REPO / "tests" / "fixtures" / "tiny-model" / name, model / name) if (REPO / "tests" / "fixtures" / "tiny-model" / name).exists() \
-            else (model / name).write_text('{"architectures": ["LlamaForCausalLM"]}\n')
+        shutil.copy(REPO / "tests" / "fixtures" / "tiny-model" / name, model / name) if (
+            REPO / "tests" / "fixtures" / "tiny-model" / name
+        ).exists() else (model / name).write_text('{"architectures": ["LlamaForCausalLM"]}\n')
     (model / "model.safetensors").write_bytes(b"\0" * 4096)
     data["model"]["source"] = str(model)
     data["install"]["wheels"] = "host"  # no fleet wheelhouse download while testing
@@ -66,9 +69,19 @@ def _serve():
 
 def _run(harness, func):
     """A bare Debian 12 host (its state read finds nothing: no file, no package, no python in the env)."""
-    return harness.run(func, host="lab1", groups=["servers", "proxy"], data={"ssh_hostname": "10.10.0.11"},
-                       facts={"LinuxDistribution": harness.distro("debian-12"), "Os": "Linux", "Arch": "x86_64",
-                              "Which": lambda command=None: f"/usr/bin/{command}", **env_state(python=None)})
+    return harness.run(
+        func,
+        host="lab1",
+        groups=["servers", "proxy"],
+        data={"ssh_hostname": "10.10.0.11"},
+        facts={
+            "LinuxDistribution": harness.distro("debian-12"),
+            "Os": "Linux",
+            "Arch": "x86_64",
+            "Which": lambda command=None: f"/usr/bin/{command}",
+            **env_state(python=None),
+        },
+    )
 
 
 def test_stage_runs_the_registrys_stage_parts_only():
@@ -82,16 +95,20 @@ def written(run) -> set[str]:
     for c in run.commands:
         out |= {m.group(1) for m in re.finditer(r"mv -f \S+ (\S+)", c)}
         if c.startswith("upload:"):
-            out.add(c[len("upload:"):].removesuffix(".tmp-vllm-fleet"))
+            out.add(c[len("upload:") :].removesuffix(".tmp-vllm-fleet"))
     return out
 
 
 def offences(run) -> list[str]:
     """What stage must never do: a unit, a service config (env files, secrets, nginx, firewall),
     a start, restart, enable or reload."""
-    bad = [p for p in written(run)
-           if p.startswith(("/etc/systemd/", "/etc/nginx/", "/etc/nftables")) or p.endswith((".service", ".env", ".applied"))
-           or (p.startswith("/etc/vllm-fleet/") and not p.endswith("/model.stamp"))]
+    bad = [
+        p
+        for p in written(run)
+        if p.startswith(("/etc/systemd/", "/etc/nginx/", "/etc/nftables"))
+        or p.endswith((".service", ".env", ".applied"))
+        or (p.startswith("/etc/vllm-fleet/") and not p.endswith("/model.stamp"))
+    ]
     return bad + [c[:120] for c in run.commands if ACTS.search(c)]
 
 
@@ -112,7 +129,9 @@ def test_a_bare_host_gets_env_vllm_and_weights_and_no_unit_service_config_or_res
     asked = repr(first)
     assert "/etc/systemd" not in asked and "/etc/nginx" not in asked and "vllm.env" not in asked, asked
     # nothing after the stack: no part that places a unit or a site
-    assert not any(n.startswith(("vLLM service", "nginx", "Smoke", "Ray", "Monitoring", "API firewall")) for n in names), names
+    assert not any(
+        n.startswith(("vLLM service", "nginx", "Smoke", "Ray", "Monitoring", "API firewall")) for n in names
+    ), names
 
 
 def test_serve_on_the_same_host_does_what_stage_must_not(harness):

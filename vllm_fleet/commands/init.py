@@ -113,8 +113,10 @@ def write(target: Path, force: bool = False, local: bool = False) -> list[Path]:
     """Write the two files into ``target``; return them. Raise FileExistsError naming the first
     existing one. ``local``: the inventory is this machine (``@local``)."""
     inventory = LOCAL_INVENTORY if local else INVENTORY
-    files = {target / SPEC_NAME: SPEC.format(schema=schema_location(), spec_name=SPEC_NAME),
-             target / INVENTORY_NAME: inventory.format(spec_name=SPEC_NAME, inventory_name=INVENTORY_NAME)}
+    files = {
+        target / SPEC_NAME: SPEC.format(schema=schema_location(), spec_name=SPEC_NAME),
+        target / INVENTORY_NAME: inventory.format(spec_name=SPEC_NAME, inventory_name=INVENTORY_NAME),
+    }
     if not force:
         for p in files:
             if p.exists():
@@ -130,19 +132,28 @@ def cmd_init(args: argparse.Namespace) -> int:
     try:
         written = write(target, args.force, local=args.local)
     except FileExistsError as exc:
-        print(f"vllm-fleet init: {exc} exists; nothing was written (edit it, pick another DIR, or --force)", file=sys.stderr)
+        print(
+            f"vllm-fleet init: {exc} exists; nothing was written (edit it, pick another DIR, or --force)",
+            file=sys.stderr,
+        )
         return 1
     except OSError as exc:  # /proc/x, a file where the directory should be, no permission
         where = exc.filename or target
-        print(f"vllm-fleet init: cannot write {where}: {exc.strerror or exc}: name a directory you can write "
-              "(e.g. vllm-fleet init infra)", file=sys.stderr)
+        print(
+            f"vllm-fleet init: cannot write {where}: {exc.strerror or exc}: name a directory you can write "
+            "(e.g. vllm-fleet init infra)",
+            file=sys.stderr,
+        )
         return 1
     for p in written:
         print(f"wrote {p}")
     what = "the spec (model, GPU)" if args.local else "both (hosts, model, GPU)"
-    print(f"next: edit {what}, then\n  vllm-fleet validate {target / SPEC_NAME}\n"
-          f"  vllm-fleet deploy {target / INVENTORY_NAME}\n"
-          + (f"  vllm-fleet status {target / INVENTORY_NAME}\n" if args.local else "") + f"(the schema: {schema_location()})")
+    print(
+        f"next: edit {what}, then\n  vllm-fleet validate {target / SPEC_NAME}\n"
+        f"  vllm-fleet deploy {target / INVENTORY_NAME}\n"
+        + (f"  vllm-fleet status {target / INVENTORY_NAME}\n" if args.local else "")
+        + f"(the schema: {schema_location()})"
+    )
     return 0
 
 
@@ -154,8 +165,13 @@ def _dir_arg(text: str) -> str:
 
 def add_cli(sub: Any) -> None:
     p = sub.add_parser("init", help="write a commented spec and an inventory skeleton for your hosts")
-    p.add_argument("dir", metavar="DIR", nargs="?", default=".", type=_dir_arg, help="where to write them (default: here)")
+    p.add_argument(
+        "dir", metavar="DIR", nargs="?", default=".", type=_dir_arg, help="where to write them (default: here)"
+    )
     p.add_argument("--force", action="store_true", help="overwrite existing files")
-    p.add_argument("--local", action="store_true", help="the inventory is this machine (pyinfra's @local: no SSH), "
-                   "for one GPU under the desk")
+    p.add_argument(
+        "--local",
+        action="store_true",
+        help="the inventory is this machine (pyinfra's @local: no SSH), for one GPU under the desk",
+    )
     p.set_defaults(func=cmd_init)

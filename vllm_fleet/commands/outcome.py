@@ -40,8 +40,17 @@ import tempfile
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Sequence
 
-from vllm_fleet.host.results import (CHANGED, CONVERGED, FAILED, NOT_ATTEMPTED, RESULTS_ENV, STATUSES, WOULD_CHANGE,
-                                     HostResult, read)
+from vllm_fleet.host.results import (
+    CHANGED,
+    CONVERGED,
+    FAILED,
+    NOT_ATTEMPTED,
+    RESULTS_ENV,
+    STATUSES,
+    WOULD_CHANGE,
+    HostResult,
+    read,
+)
 
 EXIT_OK = 0
 EXIT_INPUT = 1
@@ -51,13 +60,30 @@ EXIT_NOTHING_DONE = 4
 EXIT_INTERRUPTED = 130
 
 #: one line each, for --help and the docs (docs/rollout.md, "Exit codes")
-EXIT_HELP = ("Exit codes: 0 all done (--dry: the plan shown); 1 spec/inventory/secret problem, no host contacted; "
-             "2 usage; 3 some hosts failed, the others done (the summary names them, with a retry line); "
-             "4 nothing done (every host failed, or the run stopped before any finished); 130 interrupted.")
+EXIT_HELP = (
+    "Exit codes: 0 all done (--dry: the plan shown); 1 spec/inventory/secret problem, no host contacted; "
+    "2 usage; 3 some hosts failed, the others done (the summary names them, with a retry line); "
+    "4 nothing done (every host failed, or the run stopped before any finished); 130 interrupted."
+)
 
 DONE = (CONVERGED, CHANGED, WOULD_CHANGE)
-__all__ = ["CHANGED", "CONVERGED", "FAILED", "NOT_ATTEMPTED", "WOULD_CHANGE", "HostResult", "MaxFail", "parse_max_fail",
-           "exit_code", "summary_lines", "retry_line", "report", "add_run_arguments", "pyinfra_run_flags", "results_file"]
+__all__ = [
+    "CHANGED",
+    "CONVERGED",
+    "FAILED",
+    "NOT_ATTEMPTED",
+    "WOULD_CHANGE",
+    "HostResult",
+    "MaxFail",
+    "parse_max_fail",
+    "exit_code",
+    "summary_lines",
+    "retry_line",
+    "report",
+    "add_run_arguments",
+    "pyinfra_run_flags",
+    "results_file",
+]
 
 
 @dataclass(frozen=True)
@@ -111,17 +137,32 @@ def parse_max_fail(text: str) -> MaxFail:
 parse_max_fail.__name__ = "max-fail"  # argparse's "invalid max-fail value"
 
 
-def add_run_arguments(p: argparse.ArgumentParser, *, max_fail_default: str | None = None, parallel: bool = True) -> None:
+def add_run_arguments(
+    p: argparse.ArgumentParser, *, max_fail_default: str | None = None, parallel: bool = True
+) -> None:
     """``--max-fail`` (and ``--parallel``, pyinfra's) on a command's parser."""
-    p.add_argument("--max-fail", type=parse_max_fail, default=parse_max_fail(max_fail_default) if max_fail_default else None,
-                   metavar="N|P%", help="stop once more than N hosts (P%% of them) have failed; the others go on below that "
-                   "(Ansible's max_fail_percentage; pyinfra's --fail-percent)"
-                   + (f"; default {max_fail_default}" if max_fail_default else "; default: no limit, every host that can converges"))
+    p.add_argument(
+        "--max-fail",
+        type=parse_max_fail,
+        default=parse_max_fail(max_fail_default) if max_fail_default else None,
+        metavar="N|P%",
+        help="stop once more than N hosts (P%% of them) have failed; the others go on below that "
+        "(Ansible's max_fail_percentage; pyinfra's --fail-percent)"
+        + (
+            f"; default {max_fail_default}"
+            if max_fail_default
+            else "; default: no limit, every host that can converges"
+        ),
+    )
     if parallel:
         from vllm_fleet.commands.argtypes import count
 
-        p.add_argument("--parallel", type=count(1, 100_000), metavar="N",
-                       help="pyinfra's --parallel: hosts worked on at once (default: pyinfra's, every host up to its limit)")
+        p.add_argument(
+            "--parallel",
+            type=count(1, 100_000),
+            metavar="N",
+            help="pyinfra's --parallel: hosts worked on at once (default: pyinfra's, every host up to its limit)",
+        )
 
 
 def pyinfra_run_flags(args: argparse.Namespace, hosts: int, say: Callable[[str], None] | None = None) -> list[str]:
@@ -132,8 +173,10 @@ def pyinfra_run_flags(args: argparse.Namespace, hosts: int, say: Callable[[str],
     if mf is not None:
         q, exact = mf.fail_percent(hosts)
         if not exact and say:
-            say(f"--max-fail {mf} of {hosts} hosts: pyinfra counts whole percents; it stops past {q}% "
-                f"({math.floor(q * hosts / 100)} hosts)")
+            say(
+                f"--max-fail {mf} of {hosts} hosts: pyinfra counts whole percents; it stops past {q}% "
+                f"({math.floor(q * hosts / 100)} hosts)"
+            )
         out += ["--fail-percent", str(q)]
     if getattr(args, "parallel", None):
         out += ["--parallel", str(args.parallel)]
@@ -159,7 +202,9 @@ def retry_hosts(results: Iterable[HostResult]) -> list[str]:
     return [r.host for r in results if r.status == FAILED] + [r.host for r in results if r.status == NOT_ATTEMPTED]
 
 
-def retry_line(command: str, positional: Sequence[str], options: Sequence[tuple[str, str | None]], hosts: Sequence[str]) -> str:
+def retry_line(
+    command: str, positional: Sequence[str], options: Sequence[tuple[str, str | None]], hosts: Sequence[str]
+) -> str:
     """``vllm-fleet COMMAND POSITIONAL... OPTIONS... --limit H ... `` on ``hosts`` only, quoted for a
     shell. ``options``: ``(flag, value)`` pairs as the user gave them (value None: a bare flag,
     put last); their ``--limit`` is replaced by the hosts."""
@@ -177,7 +222,9 @@ def retry_line(command: str, positional: Sequence[str], options: Sequence[tuple[
     return " ".join(shlex.quote(a) for a in out + flags)
 
 
-def summary_lines(command: str, results: Sequence[HostResult], retry: str | None = None, unit: str = "host") -> list[str]:
+def summary_lines(
+    command: str, results: Sequence[HostResult], retry: str | None = None, unit: str = "host"
+) -> list[str]:
     """The per-host summary (failed hosts one per line with why; the others grouped by status),
     then the retry line when a host failed or was not attempted."""
     by: dict[str, list[HostResult]] = {s: [] for s in STATUSES}
@@ -189,7 +236,9 @@ def summary_lines(command: str, results: Sequence[HostResult], retry: str | None
         lines.append(f"  failed:        {r.host}: {r.reason or 'see the output above'}")
     if by[NOT_ATTEMPTED]:
         why = sorted({r.reason for r in by[NOT_ATTEMPTED] if r.reason})
-        lines.append(f"  not attempted: {', '.join(r.host for r in by[NOT_ATTEMPTED])}" + (f" ({'; '.join(why)})" if why else ""))
+        lines.append(
+            f"  not attempted: {', '.join(r.host for r in by[NOT_ATTEMPTED])}" + (f" ({'; '.join(why)})" if why else "")
+        )
     for status in (CHANGED, WOULD_CHANGE, CONVERGED):
         if by[status]:
             lines.append(f"  {status + ':':<14} {', '.join(r.host for r in by[status])}")
@@ -198,8 +247,14 @@ def summary_lines(command: str, results: Sequence[HostResult], retry: str | None
     return lines
 
 
-def report(command: str, results: Sequence[HostResult] | None, rc: int, retry: Callable[[list[str]], str] | None = None,
-           say: Callable[[str], None] | None = None, unit: str = "host") -> int:
+def report(
+    command: str,
+    results: Sequence[HostResult] | None,
+    rc: int,
+    retry: Callable[[list[str]], str] | None = None,
+    say: Callable[[str], None] | None = None,
+    unit: str = "host",
+) -> int:
     """End a run: the per-host summary (with ``retry(hosts)``'s line when hosts failed) told to
     ``say`` (default: stderr), and the exit code (:func:`exit_code`)."""
     import sys

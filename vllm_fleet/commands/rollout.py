@@ -68,9 +68,11 @@ def batch_size(replicas: int, size: int | None = None, percent: float | None = N
     else:
         n = 1
     if n >= replicas:
-        raise RolloutError(f"a batch of {n} of {replicas} replica(s) would take every replica out of the upstream "
-                           f"(the service would stop): use a batch of at most {replicas - 1}"
-                           + ("" if replicas > 1 else "; with one replica, redeploy with deploys/serve.py (it restarts in place)"))
+        raise RolloutError(
+            f"a batch of {n} of {replicas} replica(s) would take every replica out of the upstream "
+            f"(the service would stop): use a batch of at most {replicas - 1}"
+            + ("" if replicas > 1 else "; with one replica, redeploy with deploys/serve.py (it restarts in place)")
+        )
     return n
 
 
@@ -80,11 +82,13 @@ def plan_batches(servers: list[str], size: int, first: list[str] | None = None) 
     first = [s for s in servers if s in set(first or [])]
     rest = [s for s in servers if s not in first]
     batches = [first] if first else []
-    batches += [rest[i:i + size] for i in range(0, len(rest), size)]
+    batches += [rest[i : i + size] for i in range(0, len(rest), size)]
     return batches
 
 
-def server_order(inventory_path: str, spec: dict[str, Any] | None = None, data: Sequence[str] = ()) -> tuple[list[str], list[str], dict[str, dict[str, Any]]]:
+def server_order(
+    inventory_path: str, spec: dict[str, Any] | None = None, data: Sequence[str] = ()
+) -> tuple[list[str], list[str], dict[str, dict[str, Any]]]:
     """(instance ids ``HOST:N`` in the layout's order, proxy hosts, {host: {address, groups, data}})."""
     from vllm_fleet.specs.inventory import load_inventory
     from vllm_fleet.render.layout import LayoutError, build
@@ -96,7 +100,11 @@ def server_order(inventory_path: str, spec: dict[str, Any] | None = None, data: 
         layout = build([spec], hosts)
     except LayoutError as exc:
         raise RolloutError(f"{inventory_path}: {exc}") from None
-    return [i.id for i in layout.instances(spec["name"]) if i.role == "server"], layout.hosts_with("proxy", spec["name"]), hosts
+    return (
+        [i.id for i in layout.instances(spec["name"]) if i.role == "server"],
+        layout.hosts_with("proxy", spec["name"]),
+        hosts,
+    )
 
 
 def _host_of(instance: str) -> str:
@@ -136,7 +144,10 @@ def _noted(text: str) -> list[str]:
     """The drain/smoke lines the rollout role writes through host.noop (pyinfra prints them)."""
     out = []
     for line in text.splitlines():
-        if re.search(r"(nginx reloaded; old workers|WARNING drain|drain: no running|drain: vLLM|PASS replica|healthy after)", line):
+        if re.search(
+            r"(nginx reloaded; old workers|WARNING drain|drain: no running|drain: vLLM|PASS replica|healthy after)",
+            line,
+        ):
             out.append(re.sub(r"\x1b\[[0-9;]*m", "", line).strip())
     return out
 
@@ -145,11 +156,23 @@ class Rollout:
     """One rollout: call :meth:`run`. ``runner(argv, env) -> (returncode, output)`` runs pyinfra
     (a subprocess by default; tests may pass their own)."""
 
-    def __init__(self, inventory: str, spec_path: str, *, size: int | None = None, percent: float | None = None,
-                 drain_timeout: float | None = None, pyinfra: str | None = None, cwd: str | None = None,
-                 state_dir: str = STATE_DIR, say: Callable[[str], None] = print,
-                 runner: Callable[[list[str], dict[str, str]], tuple[int, str]] | None = None, data: Sequence[str] = (),
-                 max_fail: MaxFail | None = None, limit: Sequence[str] = ()):
+    def __init__(
+        self,
+        inventory: str,
+        spec_path: str,
+        *,
+        size: int | None = None,
+        percent: float | None = None,
+        drain_timeout: float | None = None,
+        pyinfra: str | None = None,
+        cwd: str | None = None,
+        state_dir: str = STATE_DIR,
+        say: Callable[[str], None] = print,
+        runner: Callable[[list[str], dict[str, str]], tuple[int, str]] | None = None,
+        data: Sequence[str] = (),
+        max_fail: MaxFail | None = None,
+        limit: Sequence[str] = (),
+    ):
         from vllm_fleet.specs.pipeline import load_checked
         from vllm_fleet.specs.load import SpecError
 
@@ -161,9 +184,13 @@ class Rollout:
             raise RolloutError(f"{spec_path}: the spec has errors:\n{text}") from None
         ro = self.spec["rollout"]
         if self.spec["parallel"]["nodes"] > 1:
-            raise RolloutError(f"{spec_path}: parallel.nodes is {self.spec['parallel']['nodes']}: a rollout replaces single-node replicas")
+            raise RolloutError(
+                f"{spec_path}: parallel.nodes is {self.spec['parallel']['nodes']}: a rollout replaces single-node replicas"
+            )
         if not self.spec["proxy"]["enabled"]:
-            raise RolloutError(f"{spec_path}: proxy.enabled is false: a rollout takes replicas out of the nginx upstream, there is none")
+            raise RolloutError(
+                f"{spec_path}: proxy.enabled is false: a rollout takes replicas out of the nginx upstream, there is none"
+            )
         try:
             self.servers, self.proxies, self.hosts = server_order(inventory, self.spec, self.data)
         except RolloutError:
@@ -209,8 +236,17 @@ class Rollout:
     def _save_left_out(self, hosts: list[str]) -> None:
         self.state_dir.mkdir(parents=True, exist_ok=True)
         if hosts:
-            self.state_file.write_text(json.dumps({"left_out": hosts, "spec": os.path.abspath(self.spec_path),
-                                                   "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}, indent=2) + "\n")
+            self.state_file.write_text(
+                json.dumps(
+                    {
+                        "left_out": hosts,
+                        "spec": os.path.abspath(self.spec_path),
+                        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                    },
+                    indent=2,
+                )
+                + "\n"
+            )
         elif self.state_file.exists():
             self.state_file.unlink()
 
@@ -221,10 +257,27 @@ class Rollout:
 
         return run_step(child_argv(argv), env, cwd=self.cwd)  # pyinfra's CLI, writing its per-host results
 
-    def _step(self, result: RolloutResult, index: int, step: str, limit: list[str], down: list[str], log: Path,
-              update: list[str] | None = None) -> Step:
-        argv, env = step_command(self.pyinfra, for_pyinfra(self.inventory), self.spec_path, step, limit=limit, down=down,
-                                 drain_timeout=self.drain_timeout, update=update, data=self.data)
+    def _step(
+        self,
+        result: RolloutResult,
+        index: int,
+        step: str,
+        limit: list[str],
+        down: list[str],
+        log: Path,
+        update: list[str] | None = None,
+    ) -> Step:
+        argv, env = step_command(
+            self.pyinfra,
+            for_pyinfra(self.inventory),
+            self.spec_path,
+            step,
+            limit=limit,
+            down=down,
+            drain_timeout=self.drain_timeout,
+            update=update,
+            data=self.data,
+        )
         from vllm_fleet.commands.outcome import read_results, results_file, with_results
 
         path = results_file()
@@ -233,9 +286,18 @@ class Rollout:
         seconds = time.monotonic() - t0
         results = {r.host: r.status for r in read_results(path) or []}
         with log.open("a") as f:
-            f.write(f"\n===== batch {index} step {step} on {','.join(limit)} (down: {','.join(down) or '-'}): rc {rc}, {seconds:.1f} s\n{out}")
-        s = Step(index, step, list(limit), rc == 0, round(seconds, 1), "; ".join(_noted(out)) if rc == 0 else failure_tail(out),
-                 results)
+            f.write(
+                f"\n===== batch {index} step {step} on {','.join(limit)} (down: {','.join(down) or '-'}): rc {rc}, {seconds:.1f} s\n{out}"
+            )
+        s = Step(
+            index,
+            step,
+            list(limit),
+            rc == 0,
+            round(seconds, 1),
+            "; ".join(_noted(out)) if rc == 0 else failure_tail(out),
+            results,
+        )
         result.steps.append(s)
         return s
 
@@ -250,16 +312,23 @@ class Rollout:
         result = RolloutResult(name, self.batches, log_dir=str(log_dir))
         t0 = time.monotonic()
         n = len(self.batches)
-        self.say(f"rollout {name}: {len(self.servers)} replica(s) {', '.join(self.servers)}; "
-                 f"{n} batch(es): {' | '.join(','.join(b) for b in self.batches)}; proxy {', '.join(self.proxies)}; "
-                 f"drain at most {self.drain_timeout:.0f} s; stop once more than {self.max_fail} replica(s) failed; log {log}")
+        self.say(
+            f"rollout {name}: {len(self.servers)} replica(s) {', '.join(self.servers)}; "
+            f"{n} batch(es): {' | '.join(','.join(b) for b in self.batches)}; proxy {', '.join(self.proxies)}; "
+            f"drain at most {self.drain_timeout:.0f} s; stop once more than {self.max_fail} replica(s) failed; log {log}"
+        )
         out: list[str] = []  # replicas of this run that failed: they stay out of the upstream
         done: dict[str, HostResult] = {}
         stopped = ""
 
-        def step(i: int, label: str, what: str, kind: str, limit: list[str], down: list[str], update: list[str] | None = None) -> Step:
+        def step(
+            i: int, label: str, what: str, kind: str, limit: list[str], down: list[str], update: list[str] | None = None
+        ) -> Step:
             s = self._step(result, i, kind, limit, down, log, update=update)
-            self.say(f"  {label}: {what}: {'ok' if s.ok else 'FAILED'} in {s.seconds:.1f} s" + (f" ({s.detail})" if s.ok and s.detail else ""))
+            self.say(
+                f"  {label}: {what}: {'ok' if s.ok else 'FAILED'} in {s.seconds:.1f} s"
+                + (f" ({s.detail})" if s.ok and s.detail else "")
+            )
             return s
 
         def finished(r: str, s: Step) -> HostResult:
@@ -275,7 +344,11 @@ class Rollout:
             s = step(i, label, "out of the upstream", "upstream", self.proxies, out + batch)
             if not s.ok:  # nginx on the proxy: every replica's problem, never one to go past
                 for r in batch:
-                    done[r] = HostResult(r, FAILED, f"taking it out of the upstream on {', '.join(self.proxies)} failed: {_one_line(s.detail)}")
+                    done[r] = HostResult(
+                        r,
+                        FAILED,
+                        f"taking it out of the upstream on {', '.join(self.proxies)} failed: {_one_line(s.detail)}",
+                    )
                 out, stopped = out + batch, f"the nginx change on {', '.join(self.proxies)} failed"
                 result.left_out = out
                 self._explain_failure(result, i, "out of the upstream", batch, s, log)
@@ -283,16 +356,28 @@ class Rollout:
             s = step(i, label, "drain, update, check", "update", batch_hosts, out + batch, update=batch)
             bad: list[str] = []
             if not s.ok:  # the replicas of the hosts pyinfra failed (the whole batch when it wrote no results)
-                failed_hosts = {h for h, st in s.results.items() if st not in (CHANGED, CONVERGED)} if s.results else set(batch_hosts)
+                failed_hosts = (
+                    {h for h, st in s.results.items() if st not in (CHANGED, CONVERGED)}
+                    if s.results
+                    else set(batch_hosts)
+                )
                 bad = [r for r in batch if _host_of(r) in failed_hosts] or list(batch)
             for r in batch:
-                done[r] = HostResult(r, FAILED, f"drain, update, check failed: {_one_line(s.detail)}") if r in bad else finished(r, s)
+                done[r] = (
+                    HostResult(r, FAILED, f"drain, update, check failed: {_one_line(s.detail)}")
+                    if r in bad
+                    else finished(r, s)
+                )
             good = [r for r in batch if r not in bad]
             if good:
                 back = step(i, label, "back into the upstream", "upstream", self.proxies, out + bad)
                 if not back.ok:
                     for r in good:
-                        done[r] = HostResult(r, FAILED, f"updated, but putting it back into the upstream failed: {_one_line(back.detail)}")
+                        done[r] = HostResult(
+                            r,
+                            FAILED,
+                            f"updated, but putting it back into the upstream failed: {_one_line(back.detail)}",
+                        )
                     out, stopped = out + batch, f"the nginx change on {', '.join(self.proxies)} failed"
                     result.left_out = out
                     self._explain_failure(result, i, "back into the upstream", batch, back, log)
@@ -307,13 +392,17 @@ class Rollout:
                 if fatal:
                     stopped = f"more than {self.max_fail} replica(s) failed"
                     break
-                self.say(f"  {len(out)} of {len(self.servers)} replica(s) failed, within --max-fail {self.max_fail}: "
-                         f"{', '.join(out)} stay out of the upstream; the rollout goes on")
+                self.say(
+                    f"  {len(out)} of {len(self.servers)} replica(s) failed, within --max-fail {self.max_fail}: "
+                    f"{', '.join(out)} stay out of the upstream; the rollout goes on"
+                )
         if out and result.failed_batch is None:
             result.failed_batch = i
         result.left_out = out
-        result.replicas = [done.get(r) or HostResult(r, NOT_ATTEMPTED, f"the rollout stopped ({stopped})" if stopped else "")
-                           for r in self.servers]
+        result.replicas = [
+            done.get(r) or HostResult(r, NOT_ATTEMPTED, f"the rollout stopped ({stopped})" if stopped else "")
+            for r in self.servers
+        ]
         result.ok = not out and not stopped
         result.seconds = round(time.monotonic() - t0, 1)
         self._save_left_out(out)
@@ -323,31 +412,44 @@ class Rollout:
             self.say(f"rollout {name}: stopped: {stopped}")
         return result
 
-    def _explain_failure(self, result: RolloutResult, i: int, what: str, batch: list[str], s: Step, log: Path,
-                         stopped: bool = True) -> None:
+    def _explain_failure(
+        self, result: RolloutResult, i: int, what: str, batch: list[str], s: Step, log: Path, stopped: bool = True
+    ) -> None:
         out = set(result.left_out) | set(batch)  # this run's failed replicas, out of the upstream
-        done = [h for b in self.batches[:i - 1] for h in b if h not in out]
+        done = [h for b in self.batches[: i - 1] for h in b if h not in out]
         untouched = [h for b in self.batches[i:] for h in b]
         serving = [h for h in self.servers if h not in out]
         inv, spec = self.inventory, self.spec_path
         port = self.spec["server"]["port"]
-        lines = [f"rollout {result.name}: batch {i}/{len(self.batches)} ({', '.join(batch)}) FAILED at `{what}`; "
-                 + ("the rollout stopped." if stopped else f"the rollout goes on (--max-fail {self.max_fail})."),
-                 "  what failed:", *("    " + line for line in s.detail.splitlines())]
+        lines = [
+            f"rollout {result.name}: batch {i}/{len(self.batches)} ({', '.join(batch)}) FAILED at `{what}`; "
+            + ("the rollout stopped." if stopped else f"the rollout goes on (--max-fail {self.max_fail})."),
+            "  what failed:",
+            *("    " + line for line in s.detail.splitlines()),
+        ]
         if what == "out of the upstream":
-            lines.append(f"  the nginx change on {', '.join(self.proxies)} failed (nginx -t or reload): the upstream is as it was, "
-                         f"or has {', '.join(batch)} out; {', '.join(batch)} were not updated.")
+            lines.append(
+                f"  the nginx change on {', '.join(self.proxies)} failed (nginx -t or reload): the upstream is as it was, "
+                f"or has {', '.join(batch)} out; {', '.join(batch)} were not updated."
+            )
         else:
-            lines.append(f"  {', '.join(batch)}: left OUT of the nginx upstream (marked down on {', '.join(self.proxies)}).")
-        lines += [f"  serving: {', '.join(serving) or 'nothing!'} (updated: {', '.join(done) or 'none'}; "
-                  f"not yet updated, old configuration: {', '.join(untouched) or 'none'})",
-                  "  look:",
-                  *(f"    ssh {self.hosts.get(_host_of(h), {}).get('address', _host_of(h))} sudo journalctl -u vllm-{result.name}-{h.rsplit(':', 1)[-1]}.service -n 100 --no-pager" for h in batch),
-                  f"    ssh {self.hosts.get(_host_of(batch[0]), {}).get('address', _host_of(batch[0]))} curl -s 127.0.0.1:{port + int(batch[0].rsplit(':', 1)[-1])}/health; full log: {log}",
-                  "  then either:",
-                  f"    fix the spec and run again:  vllm-fleet rollout {inv} --spec {spec}",
-                  f"    (it updates {', '.join(batch)} first; they stay out of the upstream until they pass)",
-                  f"    or roll back:                vllm-fleet rollout {inv} --spec <the previous spec>"]
+            lines.append(
+                f"  {', '.join(batch)}: left OUT of the nginx upstream (marked down on {', '.join(self.proxies)})."
+            )
+        lines += [
+            f"  serving: {', '.join(serving) or 'nothing!'} (updated: {', '.join(done) or 'none'}; "
+            f"not yet updated, old configuration: {', '.join(untouched) or 'none'})",
+            "  look:",
+            *(
+                f"    ssh {self.hosts.get(_host_of(h), {}).get('address', _host_of(h))} sudo journalctl -u vllm-{result.name}-{h.rsplit(':', 1)[-1]}.service -n 100 --no-pager"
+                for h in batch
+            ),
+            f"    ssh {self.hosts.get(_host_of(batch[0]), {}).get('address', _host_of(batch[0]))} curl -s 127.0.0.1:{port + int(batch[0].rsplit(':', 1)[-1])}/health; full log: {log}",
+            "  then either:",
+            f"    fix the spec and run again:  vllm-fleet rollout {inv} --spec {spec}",
+            f"    (it updates {', '.join(batch)} first; they stay out of the upstream until they pass)",
+            f"    or roll back:                vllm-fleet rollout {inv} --spec <the previous spec>",
+        ]
         self.say("\n".join(lines))
 
 
@@ -378,9 +480,17 @@ def cmd_rollout(args: argparse.Namespace) -> int:
         return EXIT_INPUT
     say = (lambda m: print(m, file=sys.stderr)) if args.json else print
     try:
-        ro = Rollout(args.inventory, spec, size=args.batch_size, percent=args.batch_percent,
-                     drain_timeout=args.drain_timeout, data=args.data or [], say=say,
-                     max_fail=getattr(args, "max_fail", None), limit=getattr(args, "limit", None) or [])
+        ro = Rollout(
+            args.inventory,
+            spec,
+            size=args.batch_size,
+            percent=args.batch_percent,
+            drain_timeout=args.drain_timeout,
+            data=args.data or [],
+            say=say,
+            max_fail=getattr(args, "max_fail", None),
+            limit=getattr(args, "limit", None) or [],
+        )
     except RolloutError as exc:
         print(f"vllm-fleet rollout: {exc}; no host was changed", file=sys.stderr)
         return EXIT_INPUT
@@ -393,8 +503,12 @@ def cmd_rollout(args: argparse.Namespace) -> int:
         print(format_table(result))
     options = [("--spec", args.spec)] if args.spec else []
     options += [("--data", d) for d in args.data or []]
-    for flag, value in (("--batch-size", args.batch_size), ("--batch-percent", args.batch_percent),
-                        ("--drain-timeout", args.drain_timeout), ("--max-fail", getattr(args, "max_fail", None))):
+    for flag, value in (
+        ("--batch-size", args.batch_size),
+        ("--batch-percent", args.batch_percent),
+        ("--drain-timeout", args.drain_timeout),
+        ("--max-fail", getattr(args, "max_fail", None)),
+    ):
         if value is not None:
             options.append((flag, f"{value:g}" if isinstance(value, float) else str(value)))
 
@@ -418,9 +532,19 @@ def _dry(ro: Rollout, args: argparse.Namespace) -> int:
     # a batch is instances (HOST:N): the diff is of their hosts
     per_batch = [diff_files(deployments, hosts=sorted({i.rsplit(':', 1)[0] for i in b})) for b in ro.batches]
     if args.json:
-        print(json.dumps({"replicas": ro.servers, "proxies": ro.proxies, "batches": ro.batches,
-                          "changes": [{hd.host: sorted({f.path for f in hd.files}) + hd.units for hd in diffs} for diffs in per_batch]},
-                         indent=2))
+        print(
+            json.dumps(
+                {
+                    "replicas": ro.servers,
+                    "proxies": ro.proxies,
+                    "batches": ro.batches,
+                    "changes": [
+                        {hd.host: sorted({f.path for f in hd.files}) + hd.units for hd in diffs} for diffs in per_batch
+                    ],
+                },
+                indent=2,
+            )
+        )
     else:
         for i, (b, diffs) in enumerate(zip(ro.batches, per_batch), start=1):
             print(f"batch {i}: {', '.join(b)}")
@@ -432,21 +556,44 @@ def add_cli(sub: Any) -> None:
     p = sub.add_parser("rollout", help="rolling update of the replicas behind nginx, batch by batch (docs/rollout.md)")
     from vllm_fleet.commands.argtypes import INVENTORY_HELP, add_inventory_arguments
 
-    add_inventory_arguments(p, INVENTORY_HELP + "; replicas: the deployment's instances on its `servers` hosts, in order")
-    p.add_argument("--spec", help="the new deployment spec (default: the inventory's data vllm_fleet_spec, $VLLM_FLEET_SPEC; the lab: deployments/lab-tiny.yaml)")
+    add_inventory_arguments(
+        p, INVENTORY_HELP + "; replicas: the deployment's instances on its `servers` hosts, in order"
+    )
+    p.add_argument(
+        "--spec",
+        help="the new deployment spec (default: the inventory's data vllm_fleet_spec, $VLLM_FLEET_SPEC; the lab: deployments/lab-tiny.yaml)",
+    )
     from vllm_fleet.commands.argtypes import count, number
 
     g = p.add_mutually_exclusive_group()
-    g.add_argument("--batch-size", type=count(1, 10_000), help="instances per batch (default: the spec's rollout.batch_size, 1)")
-    g.add_argument("--batch-percent", type=number(0, 100), help="replicas per batch as a percentage, rounded down, at least 1")
-    p.add_argument("--drain-timeout", type=number(0, 86400, lo_open=False), help="seconds to wait for in-flight requests (default: rollout.drain_timeout)")
+    g.add_argument(
+        "--batch-size", type=count(1, 10_000), help="instances per batch (default: the spec's rollout.batch_size, 1)"
+    )
+    g.add_argument(
+        "--batch-percent", type=number(0, 100), help="replicas per batch as a percentage, rounded down, at least 1"
+    )
+    p.add_argument(
+        "--drain-timeout",
+        type=number(0, 86400, lo_open=False),
+        help="seconds to wait for in-flight requests (default: rollout.drain_timeout)",
+    )
     from vllm_fleet.commands.outcome import EXIT_HELP, add_run_arguments
 
     add_run_arguments(p, max_fail_default="0", parallel=False)
-    p.add_argument("--limit", action="append", metavar="HOSTS",
-                   help="only the replicas on these hosts or groups (pyinfra's --limit; repeatable): the retry line's")
-    p.description = ("Replicas updated batch by batch behind nginx; the first failure stops the rollout (--max-fail: "
-                     "once more than N replicas failed). " + EXIT_HELP)
-    p.add_argument("--dry", action="store_true", help="print the batches and what each would change (vllm-fleet diff's files; nothing is changed)")
+    p.add_argument(
+        "--limit",
+        action="append",
+        metavar="HOSTS",
+        help="only the replicas on these hosts or groups (pyinfra's --limit; repeatable): the retry line's",
+    )
+    p.description = (
+        "Replicas updated batch by batch behind nginx; the first failure stops the rollout (--max-fail: "
+        "once more than N replicas failed). " + EXIT_HELP
+    )
+    p.add_argument(
+        "--dry",
+        action="store_true",
+        help="print the batches and what each would change (vllm-fleet diff's files; nothing is changed)",
+    )
     p.add_argument("--json", action="store_true", help="print the result as JSON (progress goes to stderr)")
     p.set_defaults(func=cmd_rollout)

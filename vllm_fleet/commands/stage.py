@@ -66,11 +66,16 @@ def cmd_stage(args: argparse.Namespace, runner: Callable[[list[str]], int] | Non
         for w in d.warnings:
             print(f"vllm-fleet stage: {w}", file=sys.stderr)
     hosts = staged_hosts(deployments)
-    print(f"vllm-fleet stage: env, vLLM and weights of {summary(deployments)} on {len(hosts)} host(s) "
-          "(no unit, no restart)", file=sys.stderr)
+    print(
+        f"vllm-fleet stage: env, vLLM and weights of {summary(deployments)} on {len(hosts)} host(s) "
+        "(no unit, no restart)",
+        file=sys.stderr,
+    )
     hash_models(deployments, lambda m: print(f"vllm-fleet stage: {m}", file=sys.stderr))
     flags = outcome.pyinfra_run_flags(args, len(hosts), lambda m: print(f"vllm-fleet stage: {m}", file=sys.stderr))
-    argv = pyinfra_argv(args.inventory, STAGE, [*data, NO_REBOOT], args.limit or [], dry=args.dry, yes=args.yes, extra=flags)
+    argv = pyinfra_argv(
+        args.inventory, STAGE, [*data, NO_REBOOT], args.limit or [], dry=args.dry, yes=args.yes, extra=flags
+    )
     print(f"vllm-fleet stage: {' '.join(argv)}", file=sys.stderr)
     if runner is not None:
         rc, results = runner(argv), None
@@ -97,10 +102,13 @@ def cmd_stage(args: argparse.Namespace, runner: Callable[[list[str]], int] | Non
 def add_cli(sub: Any) -> None:
     from vllm_fleet.commands.deploy import add_fleet_arguments
 
-    p = sub.add_parser("stage", help="put env, vLLM and weights on the hosts ahead of a deploy or rollout (no unit, no restart)",
-                       description="Install what a deploy would transfer (env, wheels, vLLM, model weights) on every host of "
-                       "the layout, changing no unit and restarting nothing; a later deploy or rollout finds it in place. "
-                       + outcome.EXIT_HELP)
+    p = sub.add_parser(
+        "stage",
+        help="put env, vLLM and weights on the hosts ahead of a deploy or rollout (no unit, no restart)",
+        description="Install what a deploy would transfer (env, wheels, vLLM, model weights) on every host of "
+        "the layout, changing no unit and restarting nothing; a later deploy or rollout finds it in place. "
+        + outcome.EXIT_HELP,
+    )
     add_fleet_arguments(p)
     outcome.add_run_arguments(p)
     p.add_argument("--dry", action="store_true", help="show what would be staged; change nothing")

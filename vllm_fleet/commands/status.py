@@ -27,8 +27,14 @@ def probe_command(resolved: dict[str, Any], instances: list[Any]) -> Any:
     from vllm_fleet.render import command
     from vllm_fleet.render.files import paths
 
-    return python("python3", "status_probe.py", command.env_python(resolved), resolved["install"]["vllm_package"],
-                  paths(resolved)["secrets_env"], *(f"{i.unit}:{i.port}" for i in instances))
+    return python(
+        "python3",
+        "status_probe.py",
+        command.env_python(resolved),
+        resolved["install"]["vllm_package"],
+        paths(resolved)["secrets_env"],
+        *(f"{i.unit}:{i.port}" for i in instances),
+    )
 
 
 def judge(inst: dict[str, Any]) -> tuple[str, str]:
@@ -38,8 +44,11 @@ def judge(inst: dict[str, Any]) -> tuple[str, str]:
     active, sub, restarts = inst.get("active") or "unknown", inst.get("sub") or "", int(inst.get("restarts") or 0)
     unit = active if sub in ("", "running", "exited") or active == sub else f"{active} ({sub})"
     since = inst.get("active_for_s")
-    looping = sub == "auto-restart" or (active == "activating" and restarts > 0) or (
-        active == "active" and restarts > 0 and since is not None and since < RECENT_RESTART_S)
+    looping = (
+        sub == "auto-restart"
+        or (active == "activating" and restarts > 0)
+        or (active == "active" and restarts > 0 and since is not None and since < RECENT_RESTART_S)
+    )
     if inst.get("load") == "not-found":
         return "not-found", "down (no unit)"
     if looping:
@@ -50,7 +59,9 @@ def judge(inst: dict[str, Any]) -> tuple[str, str]:
     return unit, "ok" if code == 200 else f"down ({code or 'no answer'})"
 
 
-def probe_hosts(resolved: dict[str, Any], hosts: dict[str, dict[str, Any]], servers: dict[str, list[Any]]) -> list[dict[str, Any]]:
+def probe_hosts(
+    resolved: dict[str, Any], hosts: dict[str, dict[str, Any]], servers: dict[str, list[Any]]
+) -> list[dict[str, Any]]:
     """One row per instance, every host at once through the one transport; an unreachable host
     is one row with ``error``."""
     from vllm_fleet.host.transport import HostError, Transport
@@ -67,9 +78,18 @@ def probe_hosts(resolved: dict[str, Any], hosts: dict[str, dict[str, Any]], serv
         rows = []
         for i, inst in zip(servers[name], doc["instances"]):
             unit, health = judge(inst)
-            rows.append({**base, "instance": f"{name}:{i.index}", "unit": unit, "enabled": inst.get("enabled") or "-",
-                         "restarts": inst.get("restarts"), "version": doc.get("version") or "none", "health": health,
-                         "models": inst.get("models") or []})
+            rows.append(
+                {
+                    **base,
+                    "instance": f"{name}:{i.index}",
+                    "unit": unit,
+                    "enabled": inst.get("enabled") or "-",
+                    "restarts": inst.get("restarts"),
+                    "version": doc.get("version") or "none",
+                    "health": health,
+                    "models": inst.get("models") or [],
+                }
+            )
         return rows
 
     with Transport({n: hosts[n] for n in servers}) as t:
@@ -110,7 +130,10 @@ def status_main(args: argparse.Namespace) -> int:
         return 1
     servers = {n: h.instances for n, h in layout.hosts.items() if h.instances}
     if not servers:
-        print(f"vllm-fleet status: {args.inventory}: no vLLM instance of {resolved['name']} in the layout", file=sys.stderr)
+        print(
+            f"vllm-fleet status: {args.inventory}: no vLLM instance of {resolved['name']} in the layout",
+            file=sys.stderr,
+        )
         return 1
     rows = probe_hosts(resolved, hosts, servers)
     if args.json:
@@ -122,6 +145,8 @@ def status_main(args: argparse.Namespace) -> int:
             if "error" in r:
                 print(f"{label:<14} {r['address']:<15} UNREACHABLE: {r['error']}")
                 continue
-            print(f"{label:<14} {r['address']:<15} {r.get('unit', '?'):<24} {r.get('enabled', '?'):<9} {r.get('version', '?'):<12} {r['health']:<32} {','.join(r['models']) or '-'}")
+            print(
+                f"{label:<14} {r['address']:<15} {r.get('unit', '?'):<24} {r.get('enabled', '?'):<9} {r.get('version', '?'):<12} {r['health']:<32} {','.join(r['models']) or '-'}"
+            )
     bad = [r for r in rows if "error" in r or r.get("health") != "ok"]
     return 1 if bad else 0

@@ -42,8 +42,9 @@ def down() -> None:
 
 
 @deploy("Remove the deployment", data_defaults=DEFAULTS)
-def remove_deployment(spec: dict[str, Any], rendered: dict[str, Any], purge: bool | None = None,
-                      paths: list[str] | None = None):
+def remove_deployment(
+    spec: dict[str, Any], rendered: dict[str, Any], purge: bool | None = None, paths: list[str] | None = None
+):
     """
     Remove this deployment from the host: each role that placed a part of it, with ``present=False``.
 
@@ -74,8 +75,11 @@ def remove_deployment(spec: dict[str, Any], rendered: dict[str, Any], purge: boo
     site = render.paths(spec)["nginx_site"]
     snap = role_state(remove.removal_query(spec, paths, units=("nginx.service",) if site in paths else ()))
     if not snap.known:
-        raise unknown(f"which files of deployment {spec['name']} are there", changed="nothing was removed from this host",
-                      run="the command")
+        raise unknown(
+            f"which files of deployment {spec['name']} are there",
+            changed="nothing was removed from this host",
+            run="the command",
+        )
     parts = remove.by_part(spec, rendered, paths)
     removed: dict[str, Any] = {}
     for part, role in removals():  # the parts that place files, in the reverse of serve's order
@@ -89,8 +93,10 @@ def remove_deployment(spec: dict[str, Any], rendered: dict[str, Any], purge: boo
     in_cfg = [op for x, op in removed.items() if x.startswith(cfg + "/")]
     if not purge and in_cfg:  # it held only this deployment's files, and the stamp of its weights
         # (the weights stay; the next deploy verifies them again: roles.model.stamp_path)
-        server.shell(name=f"Remove {cfg} if empty (and the model's stamp)",
-                     commands=[cmd("rm", "-f", model.stamp_path(spec)), cmd("rmdir", "--ignore-fail-on-non-empty", cfg)],
-                     _if=any_changed(*in_cfg))
+        server.shell(
+            name=f"Remove {cfg} if empty (and the model's stamp)",
+            commands=[cmd("rm", "-f", model.stamp_path(spec)), cmd("rmdir", "--ignore-fail-on-non-empty", cfg)],
+            _if=any_changed(*in_cfg),
+        )
     if not removed and not purge and not pruning:
         host.noop(f"nothing of deployment {spec['name']} on this host")

@@ -27,8 +27,15 @@ from pyinfra import host
 
 from vllm_fleet.host.state import Query
 from vllm_fleet.render.layout import HostLayout
-from vllm_fleet.roles.common import (DeployContext, DeployError, host_layout, load_deploy_spec, settle_memory, this_host_only,
-                                     write_generated_secrets)
+from vllm_fleet.roles.common import (
+    DeployContext,
+    DeployError,
+    host_layout,
+    load_deploy_spec,
+    settle_memory,
+    this_host_only,
+    write_generated_secrets,
+)
 from vllm_fleet.roles.common.state import load_host_state
 
 #: The instances of the batch being updated (``HOST:N``, comma-separated; a host name: all of its).
@@ -62,16 +69,28 @@ def rollout_step() -> None:
     batch = {i.strip() for i in os.environ.get(UPDATE_ENV, "").split(",") if i.strip()}
 
     if spec["parallel"]["nodes"] > 1:
-        raise DeployError(f"{ctx.path}: a rolling update replaces single-node replicas (parallel.nodes is {spec['parallel']['nodes']}); "
-                          "redeploy a multi-node server with deploys/serve.py; no host was changed")
+        raise DeployError(
+            f"{ctx.path}: a rolling update replaces single-node replicas (parallel.nodes is {spec['parallel']['nodes']}); "
+            "redeploy a multi-node server with deploys/serve.py; no host was changed"
+        )
     if step not in ("upstream", "update"):
-        raise DeployError(f"VLLM_FLEET_ROLLOUT_STEP must be `upstream` or `update` (got {step!r}); `vllm-fleet rollout` sets it")
+        raise DeployError(
+            f"VLLM_FLEET_ROLLOUT_STEP must be `upstream` or `update` (got {step!r}); `vllm-fleet rollout` sets it"
+        )
     with this_host_only():  # a problem of this host fails it alone (the rollout reads which)
         _step_host(ctx, spec, h, node, rendered, step, drain_timeout, batch)
 
 
-def _step_host(ctx: DeployContext, spec: dict, h: HostLayout, node, rendered: dict, step: str, drain_timeout: float,
-               batch: set[str]) -> None:
+def _step_host(
+    ctx: DeployContext,
+    spec: dict,
+    h: HostLayout,
+    node,
+    rendered: dict,
+    step: str,
+    drain_timeout: float,
+    batch: set[str],
+) -> None:
     if node is None:
         host.noop(f"no part of {spec['name']} on this host")
         return
@@ -112,8 +131,14 @@ def _step_host(ctx: DeployContext, spec: dict, h: HostLayout, node, rendered: di
         spec = {**spec, "server": {**spec["server"], "health_timeout": spec["rollout"]["health_timeout"]}}
         vllm_changed, model_changed = install_server_stack(spec=spec, hub_token=ctx.secrets["hub_token"])
         api_firewall(rendered=rendered)
-        install_service(spec=spec, node=node, rendered=rendered, api_key=ctx.secrets["api_key"],
-                        restart_on=[*vllm_changed, *model_changed], only=[i.index for i in mine],
-                        prove_replicas=False)  # smoke_replica below proves each (more than one chat)
+        install_service(
+            spec=spec,
+            node=node,
+            rendered=rendered,
+            api_key=ctx.secrets["api_key"],
+            restart_on=[*vllm_changed, *model_changed],
+            only=[i.index for i in mine],
+            prove_replicas=False,
+        )  # smoke_replica below proves each (more than one chat)
         for inst in mine:
             smoke_replica(spec=spec, port=inst.port, unit=inst.unit)

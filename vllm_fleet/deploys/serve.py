@@ -33,8 +33,17 @@ from pyinfra import host
 from vllm_fleet.deploys.down import remove_deployment
 from vllm_fleet.host.state import Query, Snapshot
 from vllm_fleet.render.layout import HostLayout
-from vllm_fleet.roles.common import (DeployContext, clash, host_layout, load_deploy_spec, preflight, remove, settle_memory,
-                                     this_host_only, write_generated_secrets)
+from vllm_fleet.roles.common import (
+    DeployContext,
+    clash,
+    host_layout,
+    load_deploy_spec,
+    preflight,
+    remove,
+    settle_memory,
+    this_host_only,
+    write_generated_secrets,
+)
 from vllm_fleet.roles.common.state import load_host_state
 from vllm_fleet.roles.nvidia import gpumem
 from vllm_fleet.roles.parts import host_query, host_steps

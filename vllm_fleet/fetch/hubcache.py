@@ -90,6 +90,7 @@ def manifest(directory: Path) -> list[tuple[str, str]]:
 # ------------------------------------------------------------------------------------------------
 # The two ways to talk to the hub: huggingface_hub when importable, else its HTTP API.
 
+
 class _Http:
     """The hub's HTTP API with requests: ``GET /api/models/REPO/revision/REV?blobs=true`` (commit
     and files with sizes, LFS sha256 and blob ids), ``GET /REPO/resolve/COMMIT/FILE`` per file."""
@@ -118,8 +119,14 @@ class _Http:
         out = []
         for s in body.get("siblings") or []:
             lfs = s.get("lfs") or {}
-            out.append({"name": s["rfilename"], "size": lfs.get("size", s.get("size")),
-                        "sha256": lfs.get("sha256"), "blob": None if lfs else s.get("blobId")})
+            out.append(
+                {
+                    "name": s["rfilename"],
+                    "size": lfs.get("size", s.get("size")),
+                    "sha256": lfs.get("sha256"),
+                    "blob": None if lfs else s.get("blobId"),
+                }
+            )
         return body["sha"], out
 
     def download(self, repo: str, commit: str, f: dict, part: Path) -> Path:
@@ -182,13 +189,26 @@ class _Library:
         out = []
         for s in mi.siblings or []:
             lfs = s.lfs
-            out.append({"name": s.rfilename, "size": lfs.size if lfs else s.size,
-                        "sha256": lfs.sha256 if lfs else None, "blob": None if lfs else s.blob_id})
+            out.append(
+                {
+                    "name": s.rfilename,
+                    "size": lfs.size if lfs else s.size,
+                    "sha256": lfs.sha256 if lfs else None,
+                    "blob": None if lfs else s.blob_id,
+                }
+            )
         return mi.sha, out
 
     def download(self, repo: str, commit: str, f: dict, part: Path) -> Path:
-        p = self._call(self.hf.hf_hub_download, repo, f["name"], revision=commit, local_dir=str(part),
-                       token=self.token, endpoint=self.ep)
+        p = self._call(
+            self.hf.hf_hub_download,
+            repo,
+            f["name"],
+            revision=commit,
+            local_dir=str(part),
+            token=self.token,
+            endpoint=self.ep,
+        )
         self.fetched["bytes"] += f["size"] or 0
         return Path(p)
 
@@ -207,6 +227,7 @@ def _client(ep: str, token: str | None, use_library: bool | None):
     if use_library is None:
         try:
             import huggingface_hub  # noqa: F401
+
             use_library = True
         except ImportError:
             use_library = False
@@ -214,6 +235,7 @@ def _client(ep: str, token: str | None, use_library: bool | None):
 
 
 # ------------------------------------------------------------------------------------------------
+
 
 def _hashes(path: Path) -> tuple[str, str]:
     """(sha256, git blob sha1) of a file, in one read."""
@@ -241,27 +263,45 @@ def _mismatch(path: Path, f: dict) -> tuple[str | None, str]:
 def _message(exc: Exception, repo: str, revision: str, ep: str, token: str | None) -> str:
     fix_host = "or set model.hub_fetch: host to let every host download for itself"
     if isinstance(exc, _Unreachable):
-        return (f"model.hub_fetch: fleet: the control machine cannot reach the hub at {ep} ({exc}). Fix: give this "
-                f"machine hub access (HF_ENDPOINT for a mirror), {fix_host}; no host was changed")
+        return (
+            f"model.hub_fetch: fleet: the control machine cannot reach the hub at {ep} ({exc}). Fix: give this "
+            f"machine hub access (HF_ENDPOINT for a mirror), {fix_host}; no host was changed"
+        )
     code = getattr(exc, "code", "")
     status = getattr(exc, "status", 0)
     if code == "RevisionNotFound":
-        return (f"model.revision {revision!r} does not exist in {repo} (the hub at {ep}): pin a branch, tag or commit "
-                "the repo has (its commit history on the hub lists them); nothing was downloaded, no host was changed")
+        return (
+            f"model.revision {revision!r} does not exist in {repo} (the hub at {ep}): pin a branch, tag or commit "
+            "the repo has (its commit history on the hub lists them); nothing was downloaded, no host was changed"
+        )
     if code == "GatedRepo" or (code != "RepoNotFound" and status == 403):
         why = "" if token else " and model.hub_token is not set"
-        return (f"model.source {repo!r} is gated{why}: accept its licence on the hub with an account, and set "
-                "model.hub_token to that account's token; no host was changed")
+        return (
+            f"model.source {repo!r} is gated{why}: accept its licence on the hub with an account, and set "
+            "model.hub_token to that account's token; no host was changed"
+        )
     if code in ("RepoNotFound", "") and status in (401, 404):
-        return (f"model.source {repo!r} does not exist on the hub at {ep} or is private: check the id, or set "
-                "model.hub_token; no host was changed")
-    return (f"model.hub_fetch: fleet: the hub at {ep} refused {repo}@{revision} ({exc}). Fix: check model.source and "
-            f"model.revision, {fix_host}; no host was changed")
+        return (
+            f"model.source {repo!r} does not exist on the hub at {ep} or is private: check the id, or set "
+            "model.hub_token; no host was changed"
+        )
+    return (
+        f"model.hub_fetch: fleet: the hub at {ep} refused {repo}@{revision} ({exc}). Fix: check model.source and "
+        f"model.revision, {fix_host}; no host was changed"
+    )
 
 
-def ensure(repo: str, revision: str, *, token: str | None = None, ignore: list[str] | tuple = (),
-           endpoint_url: str | None = None, root: Path | None = None, log=None,
-           use_library: bool | None = None) -> Path:
+def ensure(
+    repo: str,
+    revision: str,
+    *,
+    token: str | None = None,
+    ignore: list[str] | tuple = (),
+    endpoint_url: str | None = None,
+    root: Path | None = None,
+    log=None,
+    use_library: bool | None = None,
+) -> Path:
     """The complete cache directory of ``repo`` at ``revision`` without the ``ignore`` patterns
     (downloaded once; a commit revision already cached is answered without the network).
     Raises :class:`HubError` with a message for the user (the YAML path, the fix)."""
@@ -289,27 +329,42 @@ def _ensure(repo, revision, token, ignore, ep, root, log, use_library) -> Path:
     except (_Refused, _Unreachable) as exc:
         raise HubError(_message(exc, repo, revision, ep, token)) from None
     wanted = [f for f in files if not any(fnmatch.fnmatch(f["name"], p) for p in ignore)]
-    unsafe = [f["name"] for f in wanted if f["name"].startswith("/") or ".." in f["name"].split("/")
-              or f["name"] in ("", COMPLETE_MARKER)]
+    unsafe = [
+        f["name"]
+        for f in wanted
+        if f["name"].startswith("/") or ".." in f["name"].split("/") or f["name"] in ("", COMPLETE_MARKER)
+    ]
     if unsafe:  # a file name must stay inside the cache directory (and model.path on the hosts)
-        raise HubError(f"model.source {repo!r}: the hub at {ep} lists file names outside the repository "
-                       f"({', '.join(map(repr, unsafe[:3]))}); nothing was downloaded, no host was changed")
+        raise HubError(
+            f"model.source {repo!r}: the hub at {ep} lists file names outside the repository "
+            f"({', '.join(map(repr, unsafe[:3]))}); nothing was downloaded, no host was changed"
+        )
     k = key(repo, commit, ignore)
 
     def fill(part: Path) -> dict:
         part.mkdir(parents=True, exist_ok=True)
         total = sum(f["size"] or 0 for f in wanted)
         if log:
-            log(f"fleet hub cache: downloading {repo}@{revision} ({len(wanted)} files, {total / 2**20:.1f} MiB) "
-                f"into {root / k} (once per fleet)")
+            log(
+                f"fleet hub cache: downloading {repo}@{revision} ({len(wanted)} files, {total / 2**20:.1f} MiB) "
+                f"into {root / k} (once per fleet)"
+            )
         t0 = time.monotonic()
         record = {}
         with wh.Ticker(log, f"fleet hub cache: downloading {repo}", part, total):
             _fill_files(part, record)
         shutil.rmtree(part / ".cache", ignore_errors=True)  # huggingface_hub's resume state
-        return {"repo": repo, "revision": revision, "commit": commit, "endpoint": ep, "ignore": ignore,
-                "files": record, "bytes": sum(f["size"] for f in record.values()),
-                "seconds": round(time.monotonic() - t0, 1), "fetched": dict(client.fetched)}
+        return {
+            "repo": repo,
+            "revision": revision,
+            "commit": commit,
+            "endpoint": ep,
+            "ignore": ignore,
+            "files": record,
+            "bytes": sum(f["size"] for f in record.values()),
+            "seconds": round(time.monotonic() - t0, 1),
+            "fetched": dict(client.fetched),
+        }
 
     def _fill_files(part: Path, record: dict) -> None:
         for f in wanted:
@@ -330,7 +385,8 @@ def _ensure(repo, revision, token, ignore, ep, root, log, use_library) -> Path:
                 raise HubError(
                     f"model.hub_fetch: fleet: {f['name']} of {repo}@{commit} did not match the hub's metadata ({bad}) "
                     "and was removed from the control machine's cache; no host was changed. Run the deploy again "
-                    "(what was already verified is kept)")
+                    "(what was already verified is kept)"
+                )
             if got != final:
                 final.parent.mkdir(parents=True, exist_ok=True)
                 os.replace(got, final)

@@ -108,12 +108,17 @@ def _hash(root: Path, log: Callable[[str], None] | None) -> tuple[dict[str, str]
     record = _record_path(root)
     cached = _load(record, root)
     now = _files(root)
-    todo = [rel for rel, (_, sig) in now.items()
-            if not (isinstance(cached.get(rel), list) and len(cached[rel]) == 5 and tuple(cached[rel][:4]) == sig)]
+    todo = [
+        rel
+        for rel, (_, sig) in now.items()
+        if not (isinstance(cached.get(rel), list) and len(cached[rel]) == 5 and tuple(cached[rel][:4]) == sig)
+    ]
     if todo and log:
         size = sum(now[rel][1][0] for rel in todo)
-        log(f"hashing {len(todo)} file(s) of {root} ({size / 2**30:.2f} GiB) not hashed before; "
-            f"kept in {cache_dir()} for the next deploy")
+        log(
+            f"hashing {len(todo)} file(s) of {root} ({size / 2**30:.2f} GiB) not hashed before; "
+            f"kept in {cache_dir()} for the next deploy"
+        )
     out = {}
     for rel, (path, sig) in now.items():
         if rel in todo:
@@ -148,11 +153,12 @@ def hash_tree(directory: str | Path, log: Callable[[str], None] | None = None) -
     return shas
 
 
-
 def wheel_manifest(directory: str | Path) -> dict[str, list]:
     """``{wheel file name: [size, sha256]}`` of the wheels directly in ``directory`` (a fleet
     wheelhouse), from :func:`hash_tree`: what each host checks a fetched wheel against (the list
     reaches the host over SSH, never over the wheel server: vllm_fleet.roles.common.wheels)."""
     root = Path(os.path.abspath(os.path.expanduser(str(directory))))
     shas = hash_tree(root)
-    return {rel: [(root / rel).stat().st_size, sha] for rel, sha in shas.items() if "/" not in rel and rel.endswith(".whl")}
+    return {
+        rel: [(root / rel).stat().st_size, sha] for rel, sha in shas.items() if "/" not in rel and rel.endswith(".whl")
+    }

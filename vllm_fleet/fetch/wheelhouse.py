@@ -79,22 +79,47 @@ def platform_tags(glibc: str, machine: str) -> list[str]:
         raise WheelhouseError(f"glibc {glibc}: only glibc 2.x hosts are known")
     tags = [f"manylinux_2_{m}_{machine}" for m in range(minor, _OLDEST_GLIBC_MINOR - 1, -1)]
     # PEP 599/571/513 aliases: manylinux2014 = 2_17 (every arch), 2010 = 2_12 and 1 = 2_5 (x86 only)
-    legacy = [(17, "manylinux2014", None), (12, "manylinux2010", ("x86_64", "i686")),
-              (5, "manylinux1", ("x86_64", "i686"))]
-    tags += [f"{name}_{machine}" for m, name, arches in legacy
-             if m <= minor and (arches is None or machine in arches)]
+    legacy = [
+        (17, "manylinux2014", None),
+        (12, "manylinux2010", ("x86_64", "i686")),
+        (5, "manylinux1", ("x86_64", "i686")),
+    ]
+    tags += [f"{name}_{machine}" for m, name, arches in legacy if m <= minor and (arches is None or machine in arches)]
     return [*dict.fromkeys(tags), f"linux_{machine}"]
 
 
-def download_argv(python: str, requirements: list[str], dest: str | Path, target: dict, *,
-                  index_url: str | None = None, find_links: str | None = None) -> list[str]:
+def download_argv(
+    python: str,
+    requirements: list[str],
+    dest: str | Path,
+    target: dict,
+    *,
+    index_url: str | None = None,
+    find_links: str | None = None,
+) -> list[str]:
     """``pip download`` of ``requirements`` and every dependency, as wheels for ``target``
     (``{"python": "3.11", "glibc": "2.36", "machine": "x86_64"}``)."""
     py = target["python"]
     abi = "cp" + py.replace(".", "")
-    argv = [python, "-m", "pip", "download", "--no-input", "--disable-pip-version-check",
-            "--progress-bar", "off", "--dest", str(dest), "--only-binary=:all:",
-            "--python-version", py, "--implementation", "cp", "--abi", abi]
+    argv = [
+        python,
+        "-m",
+        "pip",
+        "download",
+        "--no-input",
+        "--disable-pip-version-check",
+        "--progress-bar",
+        "off",
+        "--dest",
+        str(dest),
+        "--only-binary=:all:",
+        "--python-version",
+        py,
+        "--implementation",
+        "cp",
+        "--abi",
+        abi,
+    ]
     for tag in platform_tags(target["glibc"], target["machine"]):
         argv += ["--platform", tag]
     if index_url:
@@ -104,12 +129,13 @@ def download_argv(python: str, requirements: list[str], dest: str | Path, target
     return argv + list(requirements)
 
 
-def key(requirements: list[str], target: dict, *, index_url: str | None = None,
-        find_links: str | None = None) -> str:
+def key(requirements: list[str], target: dict, *, index_url: str | None = None, find_links: str | None = None) -> str:
     """The cache key: requirements, target and sources (the find-links directory by its wheels' names)."""
     links = sorted(p.name for p in Path(find_links).glob("*")) if find_links and Path(find_links).is_dir() else []
-    text = json.dumps({"requirements": sorted(requirements), "target": target, "index_url": index_url,
-                       "find_links": links}, sort_keys=True)
+    text = json.dumps(
+        {"requirements": sorted(requirements), "target": target, "index_url": index_url, "find_links": links},
+        sort_keys=True,
+    )
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
@@ -137,9 +163,16 @@ def fill_once(root: Path, k: str, fill) -> Path:
         return dest
 
 
-def ensure(requirements: list[str], target: dict, *, index_url: str | None = None,
-           find_links: str | None = None, root: Path | None = None,
-           python: str | None = None, log=None) -> Path:
+def ensure(
+    requirements: list[str],
+    target: dict,
+    *,
+    index_url: str | None = None,
+    find_links: str | None = None,
+    root: Path | None = None,
+    python: str | None = None,
+    log=None,
+) -> Path:
     """The filled wheelhouse directory for these requirements and target (downloaded once;
     later calls return the same directory without touching the network)."""
     root = root or cache_root()
@@ -147,11 +180,14 @@ def ensure(requirements: list[str], target: dict, *, index_url: str | None = Non
     dest = root / k
 
     def fill(part: Path) -> dict:
-        argv = download_argv(python or sys.executable, requirements, part, target,
-                             index_url=index_url, find_links=find_links)
+        argv = download_argv(
+            python or sys.executable, requirements, part, target, index_url=index_url, find_links=find_links
+        )
         if log:
-            log(f"fleet wheelhouse: downloading {' '.join(requirements)} for Python {target['python']} "
-                f"glibc {target['glibc']} {target['machine']} into {dest} (once per fleet)")
+            log(
+                f"fleet wheelhouse: downloading {' '.join(requirements)} for Python {target['python']} "
+                f"glibc {target['glibc']} {target['machine']} into {dest} (once per fleet)"
+            )
         t0 = time.monotonic()
         proc = _run_with_progress(argv, part, log)
         if proc.returncode != 0:
@@ -160,11 +196,17 @@ def ensure(requirements: list[str], target: dict, *, index_url: str | None = Non
                 f"install.wheels: fleet: `pip download` on the control machine failed (exit {proc.returncode}):\n"
                 f"{tail}\nFix: make the index reachable from the control machine (install.index_url for a mirror), "
                 "give a complete wheelhouse (install.wheelhouse), or let every host download for itself "
-                "(install.wheels: host)")
+                "(install.wheels: host)"
+            )
         wheels = sorted(p.name for p in part.glob("*.whl"))
-        return {"requirements": requirements, "target": target, "index_url": index_url,
-                "seconds": round(time.monotonic() - t0, 1), "wheels": len(wheels),
-                "bytes": sum((part / w).stat().st_size for w in wheels)}
+        return {
+            "requirements": requirements,
+            "target": target,
+            "index_url": index_url,
+            "seconds": round(time.monotonic() - t0, 1),
+            "wheels": len(wheels),
+            "bytes": sum((part / w).stat().st_size for w in wheels),
+        }
 
     return fill_once(root, k, fill)
 
@@ -227,8 +269,15 @@ def _run_with_progress(argv: list[str], part: Path, log) -> subprocess.Completed
     return subprocess.CompletedProcess(argv, proc.returncode, out, err)
 
 
-def add_flashinfer_cubin(directory: Path, target: dict, *, index_url: str | None = None,
-                         find_links: str | None = None, python: str | None = None, log=None) -> str | None:
+def add_flashinfer_cubin(
+    directory: Path,
+    target: dict,
+    *,
+    index_url: str | None = None,
+    find_links: str | None = None,
+    python: str | None = None,
+    log=None,
+) -> str | None:
     """Put ``flashinfer-cubin`` beside the ``flashinfer-python`` of a filled CUDA wheelhouse (the
     same version exactly; vLLM >= 0.26 no longer requires it, so ``pip download vllm`` leaves it
     out: :mod:`vllm_fleet.specs.flashinfer`). Once per wheelhouse: when the source has no such
@@ -246,16 +295,26 @@ def add_flashinfer_cubin(directory: Path, target: dict, *, index_url: str | None
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not flashinfer.wheelhouse_lacks_cubin(directory):
             return None
-        argv = download_argv(python or sys.executable, ["--no-deps", f"{flashinfer.CUBIN}=={version}"], directory, target,
-                             index_url=index_url, find_links=find_links)
+        argv = download_argv(
+            python or sys.executable,
+            ["--no-deps", f"{flashinfer.CUBIN}=={version}"],
+            directory,
+            target,
+            index_url=index_url,
+            find_links=find_links,
+        )
         proc = subprocess.run(argv, capture_output=True, text=True, stdin=subprocess.DEVNULL)
         if proc.returncode == 0 and not flashinfer.wheelhouse_lacks_cubin(directory):
             if log:
-                log(f"fleet wheelhouse: added {flashinfer.CUBIN}=={version} (FlashInfer's pre-built kernels, for hosts without internet)")
+                log(
+                    f"fleet wheelhouse: added {flashinfer.CUBIN}=={version} (FlashInfer's pre-built kernels, for hosts without internet)"
+                )
             return None
-        why = (f"{flashinfer.CUBIN}=={version} (the version of {flashinfer.PYTHON} in the wheelhouse) is not on the index: "
-               "FlashInfer will download its pre-built kernels at first use, which a host without internet cannot; "
-               f"put the wheel into the fleet's find-links (host data vllm_find_links) or install.wheelhouse")
+        why = (
+            f"{flashinfer.CUBIN}=={version} (the version of {flashinfer.PYTHON} in the wheelhouse) is not on the index: "
+            "FlashInfer will download its pre-built kernels at first use, which a host without internet cannot; "
+            f"put the wheel into the fleet's find-links (host data vllm_find_links) or install.wheelhouse"
+        )
         marker.write_text(why + "\n")
         if log:
             log(f"fleet wheelhouse: WARNING: {why}")
@@ -298,14 +357,20 @@ def _serve(directory: Path, address: str) -> tuple[int, str]:
         return running[1], running[2]
     token = secrets.token_urlsafe(24)
     # the token in the environment (readable by this user only), not in argv (ps shows argv to all)
-    proc = subprocess.Popen([sys.executable, str(SERVE_SCRIPT), str(directory), address, "0"],
-                            stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
-                            env={**os.environ, TOKEN_ENV: token})
+    proc = subprocess.Popen(
+        [sys.executable, str(SERVE_SCRIPT), str(directory), address, "0"],
+        stdout=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        text=True,
+        env={**os.environ, TOKEN_ENV: token},
+    )
     line = proc.stdout.readline() if proc.stdout else ""
     if not line.strip().isdigit():
         proc.kill()
-        raise WheelhouseError(f"vllm_wheel_serve_address {address}: the wheel server did not start "
-                              f"(is {address} an address of this machine?)")
+        raise WheelhouseError(
+            f"vllm_wheel_serve_address {address}: the wheel server did not start "
+            f"(is {address} an address of this machine?)"
+        )
     port = int(line)
     _servers[k] = (proc, port, token)
     atexit.register(_stop, proc)

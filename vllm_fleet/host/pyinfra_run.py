@@ -27,12 +27,16 @@ EXIT_INTERRUPTED = 130
 # what the child says when the parent (vllm-fleet) reports; the parent sets it
 _QUIET = "VLLM_FLEET_INTERRUPT_QUIET"
 
-STILL_RUNNING = ("a command already started on a host (a pip install, a model download, a health wait) "
-                 "may still run there to its end; nothing is rolled back")
+STILL_RUNNING = (
+    "a command already started on a host (a pip install, a model download, a health wait) "
+    "may still run there to its end; nothing is rolled back"
+)
 
 
 def interrupted_line(what: str, again: str) -> str:
-    return f"{what}: interrupted (Ctrl-C): {STILL_RUNNING}. Next: `{again}` converges the hosts again (it is idempotent)"
+    return (
+        f"{what}: interrupted (Ctrl-C): {STILL_RUNNING}. Next: `{again}` converges the hosts again (it is idempotent)"
+    )
 
 
 def _handler(signum, frame) -> None:  # pragma: no cover - exercised by the lab test (a real SIGINT)

@@ -22,7 +22,13 @@ import os
 from dataclasses import asdict, dataclass
 from typing import Any
 
-CONVERGED, CHANGED, FAILED, NOT_ATTEMPTED, WOULD_CHANGE = "converged", "changed", "failed", "not attempted", "would change"
+CONVERGED, CHANGED, FAILED, NOT_ATTEMPTED, WOULD_CHANGE = (
+    "converged",
+    "changed",
+    "failed",
+    "not attempted",
+    "would change",
+)
 #: every status, in the order a summary lists them
 STATUSES = (FAILED, NOT_ATTEMPTED, CHANGED, WOULD_CHANGE, CONVERGED)
 
@@ -44,7 +50,7 @@ _REASONS: dict[str, str] = {}
 def one_line(text: str, limit: int = 240) -> str:
     """The first non-blank line of ``text``, cut to ``limit`` characters."""
     line = next((s.strip() for s in str(text).splitlines() if s.strip()), "")
-    return line if len(line) <= limit else line[:limit - 3] + "..."
+    return line if len(line) <= limit else line[: limit - 3] + "..."
 
 
 def fail_host(host: Any, reason: str) -> None:
@@ -92,13 +98,17 @@ def from_state(state: Any, dry: bool = False) -> list[HostResult]:
                     if op_hash in ops:
                         meta = ops[op_hash].operation_meta
                         if meta.is_complete() and not meta.did_succeed(_raise_if_not_complete=False):
-                            tail = [s for s in meta.stderr_lines if s.strip()] or [s for s in meta.stdout_lines if s.strip()]
+                            tail = [s for s in meta.stderr_lines if s.strip()] or [
+                                s for s in meta.stdout_lines if s.strip()
+                            ]
                             why = f"`{_op_name(state, op_hash)}` failed" + (f": {one_line(tail[-1])}" if tail else "")
                             break
             out.append(HostResult(host.name, FAILED, why or "failed (pyinfra's output above says why)"))
             continue
         if dry:
-            change = any(op.operation_meta._maybe_is_change is not False for op in ops.values())  # None: not checked (-y)
+            change = any(
+                op.operation_meta._maybe_is_change is not False for op in ops.values()
+            )  # None: not checked (-y)
             out.append(HostResult(host.name, WOULD_CHANGE if change else CONVERGED))
             continue
         if not executed:

@@ -19,8 +19,18 @@ DEPLOY = "vllm_fleet.deploys.rollout:rollout_step"
 STEPS = ("upstream", "update")
 
 
-def step_command(pyinfra: str, inventory: str, spec_path: str, step: str, *, limit: list[str], down: list[str],
-                 drain_timeout: float, update: list[str] | None = None, data: Sequence[str] = ()) -> tuple[list[str], dict[str, str]]:
+def step_command(
+    pyinfra: str,
+    inventory: str,
+    spec_path: str,
+    step: str,
+    *,
+    limit: list[str],
+    down: list[str],
+    drain_timeout: float,
+    update: list[str] | None = None,
+    data: Sequence[str] = (),
+) -> tuple[list[str], dict[str, str]]:
     """``(argv, env)`` of one step on the hosts in ``limit``.
 
     + pyinfra: the pyinfra executable
@@ -42,9 +52,14 @@ def step_command(pyinfra: str, inventory: str, spec_path: str, step: str, *, lim
     """
     if step not in STEPS:
         raise ValueError(f"rollout step {step!r}: one of {', '.join(STEPS)}")
-    env = {**os.environ, "VLLM_FLEET_SPEC": os.path.abspath(spec_path), "VLLM_FLEET_ROLLOUT_STEP": step,
-           "VLLM_FLEET_UPSTREAM_DOWN": ",".join(down), "VLLM_FLEET_UPDATE": ",".join(update or []),
-           "VLLM_FLEET_DRAIN_TIMEOUT": str(drain_timeout)}
+    env = {
+        **os.environ,
+        "VLLM_FLEET_SPEC": os.path.abspath(spec_path),
+        "VLLM_FLEET_ROLLOUT_STEP": step,
+        "VLLM_FLEET_UPSTREAM_DOWN": ",".join(down),
+        "VLLM_FLEET_UPDATE": ",".join(update or []),
+        "VLLM_FLEET_DRAIN_TIMEOUT": str(drain_timeout),
+    }
     argv = [pyinfra, "-y", inventory, DEPLOY]
     for d in data:
         argv += ["--data", d]
@@ -66,5 +81,5 @@ def failure_tail(text: str, n: int = 25) -> str:
     errors = [i for i, line in enumerate(lines) if re.search(r"Error|error:|FAIL|RuntimeError|not healthy", line)]
     if errors:
         start = max(0, errors[0] - 2)
-        return "\n".join(lines[start:start + n])
+        return "\n".join(lines[start : start + n])
     return "\n".join(lines[-n:])

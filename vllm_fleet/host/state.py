@@ -33,6 +33,7 @@ from vllm_fleet.host import programs
 
 _TYPES = {"regular file": "file", "regular empty file": "file", "directory": "directory", "symbolic link": "link"}
 
+
 @dataclass(frozen=True)
 class Query:
     """What to read: paths to stat / hash / read, directories to list (``ls``) or walk for files
@@ -88,8 +89,11 @@ class Query:
         for f in fields(self):
             if f.name == "envs":
                 have = dict(other.envs)
-                left["envs"] = tuple((py, tuple(a for a in args if a not in have.get(py, ()))) for py, args in self.envs
-                                     if py not in have or any(a not in have[py] for a in args))
+                left["envs"] = tuple(
+                    (py, tuple(a for a in args if a not in have.get(py, ())))
+                    for py, args in self.envs
+                    if py not in have or any(a not in have[py] for a in args)
+                )
             else:
                 theirs = set(getattr(other, f.name))
                 left[f.name] = tuple(v for v in getattr(self, f.name) if v not in theirs)
@@ -102,11 +106,25 @@ class Query:
         """host_state.sh's arguments (KIND VALUE pairs)."""
         out: list[str] = []
         # tree before sha: a listing taken before the hashing (vllm_fleet.roles.model's stamp)
-        for kind, values in (("stat", self.stat), ("tree", self.tree), ("sha", self.sha), ("read", self.read), ("ls", self.ls),
-                             ("find", self.find), ("user", self.users), ("deb", self.debs), ("unit", self.units),
-                             ("glob", self.globs), ("age", self.ages), ("chat", self.chats),
-                             ("free", self.free), ("target", self.targets),
-                             ("gpus", self.gpus), ("gpuapps", self.gpuapps), ("pci", self.pci)):
+        for kind, values in (
+            ("stat", self.stat),
+            ("tree", self.tree),
+            ("sha", self.sha),
+            ("read", self.read),
+            ("ls", self.ls),
+            ("find", self.find),
+            ("user", self.users),
+            ("deb", self.debs),
+            ("unit", self.units),
+            ("glob", self.globs),
+            ("age", self.ages),
+            ("chat", self.chats),
+            ("free", self.free),
+            ("target", self.targets),
+            ("gpus", self.gpus),
+            ("gpuapps", self.gpuapps),
+            ("pci", self.pci),
+        ):
             for v in values:
                 out += [kind, v]
         code = programs.script("env_probe.py") if self.envs else ""
@@ -151,7 +169,9 @@ class Snapshot:
         self.reads: dict[str, str | None] = {}
         self.lists: dict[str, list[str]] = {}
         self.finds: dict[str, dict[str, int]] = {}
-        self.trees: dict[str, dict[str, tuple[int, str, str]]] = {}  # dir asked with ``tree`` -> {rel: (size, mtime, ctime)}
+        self.trees: dict[
+            str, dict[str, tuple[int, str, str]]
+        ] = {}  # dir asked with ``tree`` -> {rel: (size, mtime, ctime)}
         self.users: dict[str, dict | None] = {}
         self.debs: dict[str, dict] = {}
         self.units: dict[str, dict] = {}
@@ -163,9 +183,15 @@ class Snapshot:
         self.glob_units: dict[str, tuple[str, str]] = {}  # unit file path -> (is-active, is-enabled)
         self.avail: dict[str, int | None] = {}  # path asked with ``free`` -> bytes available
         self.targets: dict[str, dict[str, str]] = {}  # python asked with ``targets`` -> what wheels must fit
-        self.smi: dict[str, list[str] | None] = {}  # fields asked with ``gpus`` -> nvidia-smi's lines (None: no nvidia-smi)
-        self.apps: dict[str, list[str] | None] = {}  # fields asked with ``gpuapps`` -> nvidia-smi's lines (None: no nvidia-smi)
-        self.holders: dict[int, dict] = {}  # pid -> {"minors": [N of /dev/nvidiaN], "cgroup": path or None, "comm": name}
+        self.smi: dict[
+            str, list[str] | None
+        ] = {}  # fields asked with ``gpus`` -> nvidia-smi's lines (None: no nvidia-smi)
+        self.apps: dict[
+            str, list[str] | None
+        ] = {}  # fields asked with ``gpuapps`` -> nvidia-smi's lines (None: no nvidia-smi)
+        self.holders: dict[
+            int, dict
+        ] = {}  # pid -> {"minors": [N of /dev/nvidiaN], "cgroup": path or None, "comm": name}
         self.pcis: dict[str, list[str]] = {}  # sysfs directory asked with ``pci`` -> "VENDOR CLASS" per device
         self.query = Query()
 
@@ -209,10 +235,17 @@ class Snapshot:
         st = self.stats.get(path) if self._asked("stat", path) else None
         return bool(st and st["type"] == "directory" and _owner_mode_ok(st, user, group, mode))
 
-    def file_ok(self, path: str, sha256: str, user: str | None = None, group: str | None = None, mode: Any = None) -> bool:
+    def file_ok(
+        self, path: str, sha256: str, user: str | None = None, group: str | None = None, mode: Any = None
+    ) -> bool:
         st = self.stats.get(path) if self._asked("stat", path) else None
-        return bool(st and st["type"] == "file" and self._asked("sha", path) and self.shas.get(path) == sha256
-                    and _owner_mode_ok(st, user, group, mode))
+        return bool(
+            st
+            and st["type"] == "file"
+            and self._asked("sha", path)
+            and self.shas.get(path) == sha256
+            and _owner_mode_ok(st, user, group, mode)
+        )
 
     def regular_file(self, path: str, user: str | None = None, group: str | None = None, mode: Any = None) -> bool:
         """True when the snapshot shows PATH (asked with ``stat``) as a regular file with that
@@ -240,8 +273,9 @@ class Snapshot:
         return bool(u and (home is None or u["home"] == home) and (shell is None or u["shell"] == shell))
 
     def _deb_asked(self, name: str) -> bool:
-        return self._asked("debs", name) or (self.known and any(
-            fnmatch.fnmatchcase(name, p) for p in self.query.debs if any(c in p for c in "*?[")))
+        return self._asked("debs", name) or (
+            self.known and any(fnmatch.fnmatchcase(name, p) for p in self.query.debs if any(c in p for c in "*?["))
+        )
 
     def debs_installed(self, names: list[str] | tuple[str, ...]) -> bool:
         """True when every package (a name asked with ``debs``, or matched by a pattern asked) is
@@ -307,9 +341,12 @@ class Snapshot:
 
     def unit_ok(self, name: str, running: bool = True, enabled: bool = True) -> bool:
         u = self.unit(name)
-        return bool(u and u.get("LoadState") == "loaded"
-                    and (u.get("ActiveState") == "active") == running
-                    and (u.get("UnitFileState") == "enabled") == enabled)
+        return bool(
+            u
+            and u.get("LoadState") == "loaded"
+            and (u.get("ActiveState") == "active") == running
+            and (u.get("UnitFileState") == "enabled") == enabled
+        )
 
     def content(self, path: str) -> tuple[bool, str | None]:
         """``(known, text or None when absent)`` of a file asked with ``read``."""
@@ -364,9 +401,17 @@ def _b64_text(b64: str, errors: str = "strict") -> str | None:
 
 def _stat_line(s: Snapshot, key: str, value: str) -> None:
     parts = value.split("\t")
-    s.stats[key] = None if value == "-" or len(parts) < 5 else {
-        "type": _TYPES.get(parts[0], parts[0]), "user": parts[1], "group": parts[2],
-        "mode": int(parts[3], 8), "size": int(parts[4]) if parts[4].isdigit() else None}
+    s.stats[key] = (
+        None
+        if value == "-" or len(parts) < 5
+        else {
+            "type": _TYPES.get(parts[0], parts[0]),
+            "user": parts[1],
+            "group": parts[2],
+            "mode": int(parts[3], 8),
+            "size": int(parts[4]) if parts[4].isdigit() else None,
+        }
+    )
 
 
 def _sha_line(s: Snapshot, key: str, value: str) -> None:
@@ -502,11 +547,28 @@ def _unit_line(s: Snapshot, unit: dict[str, str], rest: str) -> dict[str, str]:
     return unit
 
 
-_LINES = {"stat": _stat_line, "sha": _sha_line, "read": _read_line, "ls": _ls_line, "find": _find_line, "tree": _tree_line,
-          "glob": _glob_line, "globunit": _globunit_line, "user": _user_line, "deb": _deb_line,
-          "started": _started_line, "chat": _chat_line, "age": _age_line, "py": _py_line,
-          "free": _free_line, "target": _target_line, "gpus": _gpus_line, "gpuapps": _gpuapps_line,
-          "gpupid": _gpupid_line, "pci": _pci_line}
+_LINES = {
+    "stat": _stat_line,
+    "sha": _sha_line,
+    "read": _read_line,
+    "ls": _ls_line,
+    "find": _find_line,
+    "tree": _tree_line,
+    "glob": _glob_line,
+    "globunit": _globunit_line,
+    "user": _user_line,
+    "deb": _deb_line,
+    "started": _started_line,
+    "chat": _chat_line,
+    "age": _age_line,
+    "py": _py_line,
+    "free": _free_line,
+    "target": _target_line,
+    "gpus": _gpus_line,
+    "gpuapps": _gpuapps_line,
+    "gpupid": _gpupid_line,
+    "pci": _pci_line,
+}
 
 
 def _owner_mode_ok(st: dict, user: str | None, group: str | None, mode: Any) -> bool:

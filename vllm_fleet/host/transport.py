@@ -119,8 +119,7 @@ class Transport:
         host = self._host(name)
         cmd = command if isinstance(command, StringCommand) else StringCommand(command)
         try:
-            ok, out = host.run_shell_command(cmd, _sudo=sudo, _timeout=timeout, print_output=False,
-                                             print_input=False)
+            ok, out = host.run_shell_command(cmd, _sudo=sudo, _timeout=timeout, print_output=False, print_input=False)
         except Exception as exc:
             raise HostError(f"{name}: {type(exc).__name__}: {exc}") from None
         stdout = "\n".join(getattr(out, "stdout_lines", []) or [])
@@ -136,8 +135,9 @@ class Transport:
         if sudo:
             line = "sudo -n -H sh -c " + _text(StringCommand(_quote(line)))
         try:
-            r = subprocess.run(["sh", "-c", line], capture_output=True, text=True, stdin=subprocess.DEVNULL,
-                               timeout=timeout)
+            r = subprocess.run(
+                ["sh", "-c", line], capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=timeout
+            )
         except subprocess.TimeoutExpired:
             raise HostError(f"@local: the command did not finish in {timeout} s") from None
         except OSError as exc:
@@ -160,8 +160,16 @@ class Transport:
         if sudo:
             line = "sudo -n -H sh -c " + _text(StringCommand(_quote(line)))
         if is_local(name):
-            return Session(proc=subprocess.Popen(["sh", "-c", line], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                                 stderr=subprocess.PIPE, text=True, bufsize=1))
+            return Session(
+                proc=subprocess.Popen(
+                    ["sh", "-c", line],
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                    bufsize=1,
+                )
+            )
         host = self._host(name)
         client = getattr(host.connector, "client", None)
         if client is None or not hasattr(client, "get_transport"):

@@ -41,15 +41,23 @@ def _cmd(args: argparse.Namespace) -> int:
 
 
 def add_cli(subparsers) -> argparse.ArgumentParser:
-    p = subparsers.add_parser("lab", help="the local lab: N systemd-nspawn hosts with sshd on a private bridge",
-                              description="Local lab hosts for deploys and tests (root; see docs/lab.md). "
-                                          "Env: VLLM_FLEET_LAB_DIR, VLLM_FLEET_CACHE_DIR, VLLM_FLEET_LAB_BRIDGE, "
-                                          "VLLM_FLEET_LAB_SUBNET.")
+    p = subparsers.add_parser(
+        "lab",
+        help="the local lab: N systemd-nspawn hosts with sshd on a private bridge",
+        description="Local lab hosts for deploys and tests (root; see docs/lab.md). "
+        "Env: VLLM_FLEET_LAB_DIR, VLLM_FLEET_CACHE_DIR, VLLM_FLEET_LAB_BRIDGE, "
+        "VLLM_FLEET_LAB_SUBNET.",
+    )
     sub = p.add_subparsers(dest="lab_command", metavar="ACTION")
     sub.required = True
     u = sub.add_parser("up", help="install host packages, build/restore the rootfs, boot N hosts, wait for SSH")
-    u.add_argument("--hosts", type=int, default=3, metavar="N", help="number of hosts (default 3); "
-                   "a running lab is reconciled to N")
+    u.add_argument(
+        "--hosts",
+        type=int,
+        default=3,
+        metavar="N",
+        help="number of hosts (default 3); a running lab is reconciled to N",
+    )
     u.add_argument("--timeout", type=float, default=180, help="seconds to wait for each host's SSH (default 180)")
     u.add_argument("--json", action="store_true", help="print the lab state as JSON")
     d = sub.add_parser("down", help="stop the hosts, remove bridge, NAT rule, mounts, cgroups; restore ip_forward")

@@ -47,20 +47,25 @@ def _nspawn_hosts() -> tuple[list[tuple[str, dict]], str]:
         return [], f"the lab is down (no {state_dir / 'state.json'}): run `vllm-fleet lab up`"
     hosts = []
     for h in st.get("hosts", []):
-        hosts.append((h["name"], {
-            "ssh_hostname": h["address"],
-            "ssh_user": st["ssh_user"],
-            "_sudo": True,  # the lab user has passwordless sudo; operations need root
-            "ssh_key": st["ssh_key"],
-            "ssh_known_hosts_file": st["known_hosts"],
-            "ssh_strict_host_key_checking": "yes",
-            "private_address": h["address"],
-            "pip_cache_dir": st["pip_cache_dir"],
-            "vllm_find_links": _cpu_find_links(),
-            # install.wheels: fleet: the hosts fetch the fleet wheelhouse from the control machine here
-            "vllm_wheel_serve_address": st.get("gateway"),
-            "lab_kind": "nspawn",
-        }))
+        hosts.append(
+            (
+                h["name"],
+                {
+                    "ssh_hostname": h["address"],
+                    "ssh_user": st["ssh_user"],
+                    "_sudo": True,  # the lab user has passwordless sudo; operations need root
+                    "ssh_key": st["ssh_key"],
+                    "ssh_known_hosts_file": st["known_hosts"],
+                    "ssh_strict_host_key_checking": "yes",
+                    "private_address": h["address"],
+                    "pip_cache_dir": st["pip_cache_dir"],
+                    "vllm_find_links": _cpu_find_links(),
+                    # install.wheels: fleet: the hosts fetch the fleet wheelhouse from the control machine here
+                    "vllm_wheel_serve_address": st.get("gateway"),
+                    "lab_kind": "nspawn",
+                },
+            )
+        )
     return hosts, ""
 
 
@@ -70,18 +75,23 @@ def _vagrant_hosts() -> tuple[list[tuple[str, dict]], str]:
     hosts = []
     for i in range(1, n + 1):
         addr = f"{VAGRANT_SUBNET_BASE}{10 + i}"
-        hosts.append((f"lab{i}", {
-            "ssh_hostname": addr,
-            "ssh_user": "lab",
-            "_sudo": True,
-            "ssh_key": str(key),
-            "ssh_strict_host_key_checking": "no",  # VMs are recreated with new host keys
-            "ssh_known_hosts_file": "/dev/null",
-            "private_address": addr,
-            "pip_cache_dir": "/var/cache/vllm-fleet/pip",
-            "vllm_find_links": _cpu_find_links(),
-            "lab_kind": "vagrant",
-        }))
+        hosts.append(
+            (
+                f"lab{i}",
+                {
+                    "ssh_hostname": addr,
+                    "ssh_user": "lab",
+                    "_sudo": True,
+                    "ssh_key": str(key),
+                    "ssh_strict_host_key_checking": "no",  # VMs are recreated with new host keys
+                    "ssh_known_hosts_file": "/dev/null",
+                    "private_address": addr,
+                    "pip_cache_dir": "/var/cache/vllm-fleet/pip",
+                    "vllm_find_links": _cpu_find_links(),
+                    "lab_kind": "vagrant",
+                },
+            )
+        )
     return hosts, ""
 
 
@@ -112,7 +122,8 @@ def groups() -> dict[str, list[tuple[str, dict]]]:
             members = [m.strip() for m in env.split(",") if m.strip()]
             unknown = [m for m in members if m not in data]
             if unknown:
-                raise ValueError(f"VLLM_FLEET_LAB_{group.upper()}={env!r}: {unknown} not in the lab "
-                                 f"(hosts up: {names})")
+                raise ValueError(
+                    f"VLLM_FLEET_LAB_{group.upper()}={env!r}: {unknown} not in the lab (hosts up: {names})"
+                )
         result[group] = [(m, data[m]) for m in members]
     return result

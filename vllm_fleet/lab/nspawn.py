@@ -30,9 +30,16 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[2]  # the checkout, or site-packages of an installed wheel
 RECIPE = Path(__file__).resolve().parent / "rootfs.sh"  # packaged (the checkout's lab/rootfs.sh links it)
 HOST_PACKAGES = ["mmdebstrap", "systemd-container", "iptables", "lxcfs", "zstd", "openssh-client", "iproute2", "fuse3"]
-HOST_COMMANDS = {"mmdebstrap": "mmdebstrap", "systemd-nspawn": "systemd-container", "iptables": "iptables",
-                 "lxcfs": "lxcfs", "zstd": "zstd", "ssh": "openssh-client", "ssh-keygen": "openssh-client",
-                 "ip": "iproute2"}
+HOST_COMMANDS = {
+    "mmdebstrap": "mmdebstrap",
+    "systemd-nspawn": "systemd-container",
+    "iptables": "iptables",
+    "lxcfs": "lxcfs",
+    "zstd": "zstd",
+    "ssh": "openssh-client",
+    "ssh-keygen": "openssh-client",
+    "ip": "iproute2",
+}
 LAB_USER = "lab"
 MAX_HOSTS = 50
 NSPAWN_REBOOT_RC = 133
@@ -46,8 +53,12 @@ class LabError(Exception):
 
 @dataclass
 class LabConfig:
-    state_dir: Path = field(default_factory=lambda: Path(os.environ.get("VLLM_FLEET_LAB_DIR", "/var/lib/vllm-fleet-lab")))
-    cache_dir: Path = field(default_factory=lambda: Path(os.environ.get("VLLM_FLEET_CACHE_DIR", "/var/cache/vllm-fleet")))
+    state_dir: Path = field(
+        default_factory=lambda: Path(os.environ.get("VLLM_FLEET_LAB_DIR", "/var/lib/vllm-fleet-lab"))
+    )
+    cache_dir: Path = field(
+        default_factory=lambda: Path(os.environ.get("VLLM_FLEET_CACHE_DIR", "/var/cache/vllm-fleet"))
+    )
     bridge: str = field(default_factory=lambda: os.environ.get("VLLM_FLEET_LAB_BRIDGE", "vfleet0"))
     subnet: str = field(default_factory=lambda: os.environ.get("VLLM_FLEET_LAB_SUBNET", "10.10.0.0/24"))
 
@@ -72,7 +83,7 @@ class LabConfig:
         stays ``name``."""
         if self.bridge == "vfleet0":
             return name
-        tag = self.bridge[len("vfleet"):] if self.bridge.startswith("vfleet") else self.bridge
+        tag = self.bridge[len("vfleet") :] if self.bridge.startswith("vfleet") else self.bridge
         return f"{tag[:5]}-{name}"
 
     @property
@@ -138,13 +149,15 @@ def rootfs_key() -> str:
 
 # ---------------------------------------------------------------- small helpers
 
+
 def log(msg: str) -> None:
     print(f"lab: {msg}", file=sys.stderr, flush=True)
 
 
 def run(cmd: list[str], check: bool = True, capture: bool = False, **kw) -> subprocess.CompletedProcess:
-    res = subprocess.run(cmd, text=True, stdout=subprocess.PIPE if capture else None,
-                         stderr=subprocess.PIPE if capture else None, **kw)
+    res = subprocess.run(
+        cmd, text=True, stdout=subprocess.PIPE if capture else None, stderr=subprocess.PIPE if capture else None, **kw
+    )
     if check and res.returncode != 0:
         err = (res.stderr or "").strip() if capture else ""
         raise LabError(f"command failed ({res.returncode}): {' '.join(cmd)}" + (f"\n{err}" if err else ""))
@@ -196,6 +209,7 @@ def tail(path: Path, lines: int = 30) -> str:
         return "(no console log)"
     # the console carries terminal escapes; keep it readable
     import re
+
     data = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", data).replace("\r", "")
     return "\n".join(data.splitlines()[-lines:])
 
@@ -214,6 +228,7 @@ def lab_lock(cfg: LabConfig):
 
 # ---------------------------------------------------------------- state
 
+
 def load_state(cfg: LabConfig) -> dict | None:
     try:
         return json.loads(cfg.state_file.read_text())
@@ -231,17 +246,30 @@ def save_state(cfg: LabConfig, st: dict) -> None:
 
 
 def new_state(cfg: LabConfig) -> dict:
-    return {"version": 1, "bridge": cfg.bridge, "subnet": cfg.subnet, "gateway": cfg.gateway,
-            "state_dir": str(cfg.state_dir), "ssh_key": str(cfg.ssh_key), "known_hosts": str(cfg.known_hosts),
-            "ssh_user": LAB_USER, "pip_cache_dir": str(cfg.pip_cache), "hosts": [], "made": {}}
+    return {
+        "version": 1,
+        "bridge": cfg.bridge,
+        "subnet": cfg.subnet,
+        "gateway": cfg.gateway,
+        "state_dir": str(cfg.state_dir),
+        "ssh_key": str(cfg.ssh_key),
+        "known_hosts": str(cfg.known_hosts),
+        "ssh_user": LAB_USER,
+        "pip_cache_dir": str(cfg.pip_cache),
+        "hosts": [],
+        "made": {},
+    }
 
 
 # ---------------------------------------------------------------- preflight
 
+
 def preflight(cfg: LabConfig) -> None:
     if os.geteuid() != 0:
-        raise LabError("the lab needs root (it creates a bridge, a NAT rule, mounts and containers): "
-                       "run it as root, e.g. `sudo -E vllm-fleet lab up`")
+        raise LabError(
+            "the lab needs root (it creates a bridge, a NAT rule, mounts and containers): "
+            "run it as root, e.g. `sudo -E vllm-fleet lab up`"
+        )
     problems = []
     if "overlay" not in Path("/proc/filesystems").read_text():
         subprocess.run(["modprobe", "overlay"], stderr=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
@@ -263,9 +291,11 @@ def check_disk(path: Path, need: int, what: str) -> None:
         p = p.parent
     free = shutil.disk_usage(p).free
     if free < need:
-        raise LabError(f"not enough disk space for {what} in {path}: {free / 1024**3:.1f} GiB free, "
-                       f"need {need / 1024**3:.1f} GiB (free some, or point VLLM_FLEET_LAB_DIR / "
-                       f"VLLM_FLEET_CACHE_DIR at a bigger disk)")
+        raise LabError(
+            f"not enough disk space for {what} in {path}: {free / 1024**3:.1f} GiB free, "
+            f"need {need / 1024**3:.1f} GiB (free some, or point VLLM_FLEET_LAB_DIR / "
+            f"VLLM_FLEET_CACHE_DIR at a bigger disk)"
+        )
 
 
 def ensure_host_packages() -> None:
@@ -277,8 +307,9 @@ def ensure_host_packages() -> None:
     log(f"installing host packages: {' '.join(HOST_PACKAGES)} (apt-get update first)")
     env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
     run(["apt-get", "update", "-q"], env=env, stdin=subprocess.DEVNULL)
-    run(["apt-get", "install", "-y", "-q", "--no-install-recommends", *HOST_PACKAGES], env=env,
-        stdin=subprocess.DEVNULL)
+    run(
+        ["apt-get", "install", "-y", "-q", "--no-install-recommends", *HOST_PACKAGES], env=env, stdin=subprocess.DEVNULL
+    )
 
 
 def check_network_free(cfg: LabConfig, st: dict) -> None:
@@ -286,19 +317,24 @@ def check_network_free(cfg: LabConfig, st: dict) -> None:
     if st["made"].get("bridge"):
         return
     if Path(f"/sys/class/net/{cfg.bridge}").exists():
-        raise LabError(f"interface {cfg.bridge} already exists and this lab did not make it: remove it "
-                       f"(`ip link del {cfg.bridge}`) if it is a leftover, or pick another name with "
-                       f"VLLM_FLEET_LAB_BRIDGE")
+        raise LabError(
+            f"interface {cfg.bridge} already exists and this lab did not make it: remove it "
+            f"(`ip link del {cfg.bridge}`) if it is a leftover, or pick another name with "
+            f"VLLM_FLEET_LAB_BRIDGE"
+        )
     addrs = json.loads(run(["ip", "-j", "-4", "addr", "show"], capture=True).stdout or "[]")
     for iface in addrs:
         for a in iface.get("addr_info", []):
             other = ipaddress.ip_network(f"{a['local']}/{a['prefixlen']}", strict=False)
             if other.overlaps(cfg.net):
-                raise LabError(f"subnet {cfg.subnet} overlaps {a['local']}/{a['prefixlen']} on "
-                               f"{iface['ifname']}: pick another with VLLM_FLEET_LAB_SUBNET (e.g. 10.99.0.0/24)")
+                raise LabError(
+                    f"subnet {cfg.subnet} overlaps {a['local']}/{a['prefixlen']} on "
+                    f"{iface['ifname']}: pick another with VLLM_FLEET_LAB_SUBNET (e.g. 10.99.0.0/24)"
+                )
 
 
 # ---------------------------------------------------------------- rootfs
+
 
 def ensure_rootfs_tarball(cfg: LabConfig) -> Path:
     key = rootfs_key()
@@ -315,14 +351,29 @@ def ensure_rootfs_tarball(cfg: LabConfig) -> Path:
     t0 = time.monotonic()
     blog = cfg.rootfs_cache / f"build-{key}.log"
     with open(blog, "w") as out:
-        rc = subprocess.run(["bash", str(RECIPE), str(build)], stdout=out, stderr=subprocess.STDOUT,
-                            stdin=subprocess.DEVNULL).returncode
+        rc = subprocess.run(
+            ["bash", str(RECIPE), str(build)], stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+        ).returncode
     if rc != 0:
         run(["rm", "-rf", "--one-file-system", str(build)], check=False)
         raise LabError(f"rootfs build failed (rc {rc}); last lines of {blog}:\n{tail(blog, 25)}")
     part = tarball.with_name(tarball.name + ".part")
-    run(["tar", "--numeric-owner", "--xattrs", "--xattrs-include=*", "--acls", "-I", "zstd -T0 -6",
-         "-C", str(build), "-cf", str(part), "."])
+    run(
+        [
+            "tar",
+            "--numeric-owner",
+            "--xattrs",
+            "--xattrs-include=*",
+            "--acls",
+            "-I",
+            "zstd -T0 -6",
+            "-C",
+            str(build),
+            "-cf",
+            str(part),
+            ".",
+        ]
+    )
     os.replace(part, tarball)
     run(["rm", "-rf", "--one-file-system", str(build)])
     log(f"rootfs: built in {time.monotonic() - t0:.0f} s, {tarball.stat().st_size / 1024**2:.0f} MiB")
@@ -346,8 +397,21 @@ def prepare_rootfs(cfg: LabConfig, tarball: Path) -> None:
     if r.exists():
         run(["rm", "-rf", "--one-file-system", str(r)])
     r.mkdir(parents=True)
-    run(["tar", "--numeric-owner", "--xattrs", "--xattrs-include=*", "--acls", "-I", "zstd", "-C", str(r),
-         "-xpf", str(tarball)])
+    run(
+        [
+            "tar",
+            "--numeric-owner",
+            "--xattrs",
+            "--xattrs-include=*",
+            "--acls",
+            "-I",
+            "zstd",
+            "-C",
+            str(r),
+            "-xpf",
+            str(tarball),
+        ]
+    )
     pub = cfg.ssh_key.with_suffix(".pub").read_text()
     passwd = {line.split(":")[0]: line.split(":") for line in (r / "etc/passwd").read_text().splitlines()}
     uid, gid = int(passwd[LAB_USER][2]), int(passwd[LAB_USER][3])
@@ -374,10 +438,12 @@ def prepare_rootfs(cfg: LabConfig, tarball: Path) -> None:
         conf = r / "etc/systemd/system.conf.d"
         conf.mkdir(parents=True, exist_ok=True)
         (conf / "10-lab-ca.conf").write_text(
-            "[Manager]\nDefaultEnvironment=" + " ".join(f"{k}={v}" for k, v in envs.items()) + "\n")
+            "[Manager]\nDefaultEnvironment=" + " ".join(f"{k}={v}" for k, v in envs.items()) + "\n"
+        )
 
 
 # ---------------------------------------------------------------- network
+
 
 def ipt_rules(cfg: LabConfig) -> list[tuple[str, str, list[str]]]:
     tag = ["-m", "comment", "--comment", f"vllm-fleet-lab:{cfg.bridge}"]
@@ -393,8 +459,10 @@ def network_up(cfg: LabConfig, st: dict) -> None:
     if not Path(f"/sys/class/net/{cfg.bridge}").exists():
         res = run(["ip", "link", "add", cfg.bridge, "type", "bridge"], check=False, capture=True)
         if res.returncode != 0:
-            raise LabError(f"cannot create bridge {cfg.bridge}: {res.stderr.strip()} "
-                           "(missing kernel feature: bridge support, `modprobe bridge`?)")
+            raise LabError(
+                f"cannot create bridge {cfg.bridge}: {res.stderr.strip()} "
+                "(missing kernel feature: bridge support, `modprobe bridge`?)"
+            )
         made["bridge"] = True
         save_state(cfg, st)
         run(["ip", "addr", "add", f"{cfg.gateway}/{cfg.net.prefixlen}", "dev", cfg.bridge])
@@ -408,8 +476,10 @@ def network_up(cfg: LabConfig, st: dict) -> None:
         if run(["iptables", "-w", "-t", table, "-C", chain, *rule], check=False, capture=True).returncode != 0:
             res = run(["iptables", "-w", "-t", table, "-I", chain, "1", *rule], check=False, capture=True)
             if res.returncode != 0:
-                raise LabError(f"cannot add the lab's iptables {table} rule: {res.stderr.strip()} "
-                               "(missing kernel feature: netfilter NAT / xt_comment?)")
+                raise LabError(
+                    f"cannot add the lab's iptables {table} rule: {res.stderr.strip()} "
+                    "(missing kernel feature: netfilter NAT / xt_comment?)"
+                )
     made["nat"] = True
     save_state(cfg, st)
 
@@ -432,6 +502,7 @@ def network_down(cfg: LabConfig, st: dict | None) -> None:
 
 # ---------------------------------------------------------------- lxcfs
 
+
 def lxcfs_up(cfg: LabConfig, st: dict) -> None:
     pidf = cfg.state_dir / "lxcfs.pid"
     if pid_alive(read_pid(pidf), "lxcfs") and mounted(cfg.lxcfs_dir):
@@ -442,8 +513,13 @@ def lxcfs_up(cfg: LabConfig, st: dict) -> None:
         run(["umount", "-l", str(cfg.lxcfs_dir)], check=False, capture=True)
     cfg.lxcfs_dir.mkdir(parents=True, exist_ok=True)
     logf = open(cfg.state_dir / "lxcfs.log", "ab")
-    p = subprocess.Popen(["lxcfs", "-f", "-p", str(cfg.state_dir / "lxcfs.lock"), str(cfg.lxcfs_dir)],
-                         stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT, start_new_session=True)
+    p = subprocess.Popen(
+        ["lxcfs", "-f", "-p", str(cfg.state_dir / "lxcfs.lock"), str(cfg.lxcfs_dir)],
+        stdin=subprocess.DEVNULL,
+        stdout=logf,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     pidf.write_text(f"{p.pid}\n")
     st["made"]["lxcfs"] = True
     save_state(cfg, st)
@@ -481,6 +557,7 @@ def wait_gone(pid: int, needle: str | None, timeout: float) -> bool:
 
 # ---------------------------------------------------------------- hosts
 
+
 def host_names(n: int) -> list[str]:
     return [f"lab{i}" for i in range(1, n + 1)]
 
@@ -503,11 +580,23 @@ def nameservers() -> list[str]:
 
 
 def nspawn_argv(cfg: LabConfig, name: str) -> list[str]:
-    return ["systemd-nspawn", "--quiet", "--boot", f"--directory={cfg.host_dir(name) / 'root'}",
-            f"--machine={cfg.machine(name)}", f"--hostname={name}", f"--network-bridge={cfg.bridge}",
-            "--register=no", "--keep-unit", "--link-journal=no", "--resolv-conf=off", "--timezone=off",
-            "--console=read-only", f"--bind={cfg.pip_cache}:{cfg.pip_cache}",
-            f"--bind={cfg.lxcfs_dir}:/var/lib/lxcfs"]
+    return [
+        "systemd-nspawn",
+        "--quiet",
+        "--boot",
+        f"--directory={cfg.host_dir(name) / 'root'}",
+        f"--machine={cfg.machine(name)}",
+        f"--hostname={name}",
+        f"--network-bridge={cfg.bridge}",
+        "--register=no",
+        "--keep-unit",
+        "--link-journal=no",
+        "--resolv-conf=off",
+        "--timezone=off",
+        "--console=read-only",
+        f"--bind={cfg.pip_cache}:{cfg.pip_cache}",
+        f"--bind={cfg.lxcfs_dir}:/var/lib/lxcfs",
+    ]
 
 
 def supervisor_needle(cfg: LabConfig, name: str) -> str:
@@ -517,8 +606,10 @@ def supervisor_needle(cfg: LabConfig, name: str) -> str:
 def host_pids(cfg: LabConfig, name: str) -> tuple[int | None, int | None]:
     hd = cfg.host_dir(name)
     sup, ns = read_pid(hd / "supervisor.pid"), read_pid(hd / "nspawn.pid")
-    return (sup if pid_alive(sup, supervisor_needle(cfg, name)) else None,
-            ns if pid_alive(ns, f"--machine={cfg.machine(name)}") else None)
+    return (
+        sup if pid_alive(sup, supervisor_needle(cfg, name)) else None,
+        ns if pid_alive(ns, f"--machine={cfg.machine(name)}") else None,
+    )
 
 
 def start_host(cfg: LabConfig, st: dict, index: int, names: list[str]) -> None:
@@ -528,8 +619,17 @@ def start_host(cfg: LabConfig, st: dict, index: int, names: list[str]) -> None:
     for d in (root, upper, work):
         d.mkdir(parents=True, exist_ok=True)
     if not mounted(root):
-        run(["mount", "-t", "overlay", "overlay", "-o",
-             f"lowerdir={cfg.rootfs},upperdir={upper},workdir={work}", str(root)])
+        run(
+            [
+                "mount",
+                "-t",
+                "overlay",
+                "overlay",
+                "-o",
+                f"lowerdir={cfg.rootfs},upperdir={upper},workdir={work}",
+                str(root),
+            ]
+        )
     addr = cfg.address(index)
     # per-host files, written through the mounted overlay (they land in the host's upper dir)
     (root / "etc/hostname").write_text(name + "\n")
@@ -541,7 +641,8 @@ def start_host(cfg: LabConfig, st: dict, index: int, names: list[str]) -> None:
     dns = "".join(f"DNS={ns}\n" for ns in nameservers())
     (root / "etc/systemd/network/10-host0.network").write_text(
         f"[Match]\nName=host0\n\n[Network]\nAddress={addr}/{cfg.net.prefixlen}\nGateway={cfg.gateway}\n"
-        f"{dns}LinkLocalAddressing=no\nIPv6AcceptRA=no\n")
+        f"{dns}LinkLocalAddressing=no\nIPv6AcceptRA=no\n"
+    )
     hostkey = root / "etc/ssh/ssh_host_ed25519_key"
     if not hostkey.exists():
         run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"root@{name}", "-f", str(hostkey)])
@@ -549,14 +650,25 @@ def start_host(cfg: LabConfig, st: dict, index: int, names: list[str]) -> None:
     (root / "var/lib/lxcfs").mkdir(parents=True, exist_ok=True)
     # the supervisor: its own cgroup, restarts nspawn when the guest reboots (exit 133)
     cgroups = [str(c) for c in cfg.cgroup_dirs(name)]
-    sup_cfg = {"name": name, "argv": nspawn_argv(cfg, name), "cgroups": cgroups,
-               "console_log": str(hd / "console.log"), "nspawn_pid": str(hd / "nspawn.pid")}
+    sup_cfg = {
+        "name": name,
+        "argv": nspawn_argv(cfg, name),
+        "cgroups": cgroups,
+        "console_log": str(hd / "console.log"),
+        "nspawn_pid": str(hd / "nspawn.pid"),
+    }
     (hd / "supervisor.json").write_text(json.dumps(sup_cfg, indent=2))
     env = dict(os.environ, PYTHONPATH=str(REPO_ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     with open(hd / "supervisor.log", "ab") as slog:
-        p = subprocess.Popen([sys.executable, "-m", "vllm_fleet.lab.supervisor", str(hd / "supervisor.json")],
-                             stdin=subprocess.DEVNULL, stdout=slog, stderr=subprocess.STDOUT,
-                             start_new_session=True, env=env, cwd="/")
+        p = subprocess.Popen(
+            [sys.executable, "-m", "vllm_fleet.lab.supervisor", str(hd / "supervisor.json")],
+            stdin=subprocess.DEVNULL,
+            stdout=slog,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env=env,
+            cwd="/",
+        )
     (hd / "supervisor.pid").write_text(f"{p.pid}\n")
     entry = {"name": name, "address": addr, "index": index}
     st["hosts"] = [h for h in st["hosts"] if h["name"] != name] + [entry]
@@ -596,7 +708,9 @@ def stop_host(cfg: LabConfig, name: str, timeout: float = 20) -> None:
     elif ns:
         os.kill(ns, signal.SIGTERM)
     deadline = time.monotonic() + timeout
-    while (sup and pid_alive(sup, supervisor_needle(cfg, name))) or (ns and pid_alive(ns, f"--machine={cfg.machine(name)}")):
+    while (sup and pid_alive(sup, supervisor_needle(cfg, name))) or (
+        ns and pid_alive(ns, f"--machine={cfg.machine(name)}")
+    ):
         if time.monotonic() > deadline:
             log(f"{name}: did not power off in {timeout:.0f} s; killing it")
             for pid, needle in ((ns, f"--machine={cfg.machine(name)}"), (sup, supervisor_needle(cfg, name))):
@@ -633,16 +747,36 @@ def host_running_state(cfg: LabConfig, name: str, address: str, timeout: int = 5
 
 
 def ssh_base(cfg: LabConfig, user: str = "root", connect_timeout: int = 3) -> list[str]:
-    return ["ssh", "-i", str(cfg.ssh_key), "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes",
-            "-o", f"UserKnownHostsFile={cfg.known_hosts}", "-o", f"ConnectTimeout={connect_timeout}",
-            "-o", "LogLevel=ERROR", "-l", user]
+    return [
+        "ssh",
+        "-i",
+        str(cfg.ssh_key),
+        "-o",
+        "BatchMode=yes",
+        "-o",
+        "StrictHostKeyChecking=yes",
+        "-o",
+        f"UserKnownHostsFile={cfg.known_hosts}",
+        "-o",
+        f"ConnectTimeout={connect_timeout}",
+        "-o",
+        "LogLevel=ERROR",
+        "-l",
+        user,
+    ]
 
 
-def ssh(cfg: LabConfig, address: str, command: str, user: str = "root", timeout: float = 30,
-        check: bool = True) -> subprocess.CompletedProcess:
+def ssh(
+    cfg: LabConfig, address: str, command: str, user: str = "root", timeout: float = 30, check: bool = True
+) -> subprocess.CompletedProcess:
     try:
-        res = subprocess.run([*ssh_base(cfg, user), address, command], text=True, capture_output=True,
-                             timeout=timeout, stdin=subprocess.DEVNULL)
+        res = subprocess.run(
+            [*ssh_base(cfg, user), address, command],
+            text=True,
+            capture_output=True,
+            timeout=timeout,
+            stdin=subprocess.DEVNULL,
+        )
     except subprocess.TimeoutExpired:
         res = subprocess.CompletedProcess([], 255, "", "timeout")
     if check and res.returncode != 0:
@@ -653,7 +787,7 @@ def ssh(cfg: LabConfig, address: str, command: str, user: str = "root", timeout:
 def write_known_hosts(cfg: LabConfig, st: dict) -> None:
     lines = []
     for h in st["hosts"]:
-        pub = (cfg.host_dir(h["name"]) / "root/etc/ssh/ssh_host_ed25519_key.pub")
+        pub = cfg.host_dir(h["name"]) / "root/etc/ssh/ssh_host_ed25519_key.pub"
         with contextlib.suppress(OSError):
             kt, key = pub.read_text().split()[:2]
             lines.append(f"{h['name']},{h['address']} {kt} {key}\n")
@@ -662,6 +796,7 @@ def write_known_hosts(cfg: LabConfig, st: dict) -> None:
 
 def wait_ready(cfg: LabConfig, st: dict, timeout: float) -> dict[str, str]:
     """Wait until every host answers over SSH and has finished booting."""
+
     def one(h: dict) -> str:
         deadline = time.monotonic() + timeout
         while True:
@@ -683,10 +818,14 @@ def wait_ready(cfg: LabConfig, st: dict, timeout: float) -> dict[str, str]:
         msgs = []
         for n, s in bad.items():
             what = "its supervisor exited" if s == "died" else f"no SSH answer within {timeout:g} s"
-            msgs.append(f"host {n} never answered ({what}); console log tail "
-                        f"({cfg.host_dir(n) / 'console.log'}):\n{tail(cfg.host_dir(n) / 'console.log')}")
-        raise LabError("\n\n".join(msgs) + "\n\n(the lab is left as is for inspection: "
-                       "`vllm-fleet lab status`; clean up with `vllm-fleet lab down`)")
+            msgs.append(
+                f"host {n} never answered ({what}); console log tail "
+                f"({cfg.host_dir(n) / 'console.log'}):\n{tail(cfg.host_dir(n) / 'console.log')}"
+            )
+        raise LabError(
+            "\n\n".join(msgs) + "\n\n(the lab is left as is for inspection: "
+            "`vllm-fleet lab status`; clean up with `vllm-fleet lab down`)"
+        )
     for n, s in results.items():
         if s == "degraded":
             h = next(h for h in st["hosts"] if h["name"] == n)
@@ -697,10 +836,16 @@ def wait_ready(cfg: LabConfig, st: dict, timeout: float) -> dict[str, str]:
 
 # ---------------------------------------------------------------- up / down / status
 
+
 def _already_up(cfg: LabConfig, st: dict | None, names: list[str]) -> bool:
     """The lab runs exactly these hosts, each with its supervisor and container, over lxcfs and its bridge."""
-    return bool(st and [h["name"] for h in st["hosts"]] == names and all(all(host_pids(cfg, x)) for x in names)
-                and mounted(cfg.lxcfs_dir) and Path(f"/sys/class/net/{cfg.bridge}").exists())
+    return bool(
+        st
+        and [h["name"] for h in st["hosts"]] == names
+        and all(all(host_pids(cfg, x)) for x in names)
+        and mounted(cfg.lxcfs_dir)
+        and Path(f"/sys/class/net/{cfg.bridge}").exists()
+    )
 
 
 def _ensure_rootfs(cfg: LabConfig, st: dict, tarball: Path) -> None:
@@ -709,8 +854,10 @@ def _ensure_rootfs(cfg: LabConfig, st: dict, tarball: Path) -> None:
     running = [h["name"] for h in st["hosts"] if any(host_pids(cfg, h["name"]))]
     if st.get("rootfs_key") != key or not (cfg.rootfs / "etc/os-release").exists():
         if running:
-            log(f"warning: the rootfs recipe changed, but hosts {running} run on the old one; "
-                "`lab down && lab up` to use the new one")
+            log(
+                f"warning: the rootfs recipe changed, but hosts {running} run on the old one; "
+                "`lab down && lab up` to use the new one"
+            )
         else:
             check_disk(cfg.state_dir, MIN_FREE_HOSTS, "the lab hosts")
             log("rootfs: restoring into the state dir")
@@ -786,8 +933,12 @@ def down(cfg: LabConfig | None = None) -> bool:
     with lab_lock(cfg):
         st = load_state(cfg)
         if st and st.get("bridge") and st["bridge"] != cfg.bridge:
-            cfg = LabConfig(state_dir=cfg.state_dir, cache_dir=cfg.cache_dir, bridge=st["bridge"],
-                            subnet=st.get("subnet", cfg.subnet))
+            cfg = LabConfig(
+                state_dir=cfg.state_dir,
+                cache_dir=cfg.cache_dir,
+                bridge=st["bridge"],
+                subnet=st.get("subnet", cfg.subnet),
+            )
         anything = st is not None or cfg.state_dir.exists()
         names = {h["name"] for h in (st or {}).get("hosts", [])}
         if (cfg.state_dir / "hosts").is_dir():
@@ -821,8 +972,11 @@ def status(cfg: LabConfig | None = None, probe: bool = True) -> dict:
         sup, ns = host_pids(cfg, h["name"])
         state = "stopped"
         if sup and ns:
-            state = host_running_state(cfg, h["name"], h["address"], timeout=5) if probe and os.geteuid() == 0 \
+            state = (
+                host_running_state(cfg, h["name"], h["address"], timeout=5)
+                if probe and os.geteuid() == 0
                 else "started"
+            )
         rss = 0
         for pid in _cgroup_pids(cfg, h["name"]):
             with contextlib.suppress(OSError, ValueError):
@@ -838,7 +992,9 @@ def format_hosts(st: dict) -> str:
     for h in st["hosts"]:
         state = h.get("state", "")
         rss = f"{h['rss_mib']} MiB" if "rss_mib" in h else ""
-        rows.append(f"{h['name']:6} {h['address']:12} {state:12} {rss:>8}  ssh -i {st['ssh_key']} "
-                    f"-o UserKnownHostsFile={st['known_hosts']} {st['ssh_user']}@{h['address']}")
+        rows.append(
+            f"{h['name']:6} {h['address']:12} {state:12} {rss:>8}  ssh -i {st['ssh_key']} "
+            f"-o UserKnownHostsFile={st['known_hosts']} {st['ssh_user']}@{h['address']}"
+        )
     rows.append(f"inventory: pyinfra inventory/lab.py ...   pip cache: {st['pip_cache_dir']}")
     return "\n".join(rows)

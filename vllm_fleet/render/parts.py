@@ -60,11 +60,26 @@ from vllm_fleet.specs.ports import RAY_FIXED_PORTS, RAY_WORKER_PORTS
 BLACKBOX_LISTEN = "127.0.0.1:9115"
 
 #: Inventory group -> part. Exactly these names (see the module docstring).
-GROUPS = {"servers": "server", "workers": "worker", "ray_workers": "worker", "proxy": "proxy", "monitoring": "monitoring"}
+GROUPS = {
+    "servers": "server",
+    "workers": "worker",
+    "ray_workers": "worker",
+    "proxy": "proxy",
+    "monitoring": "monitoring",
+}
 
 #: Host data keys render reads (the deploy may fill them from facts before rendering).
-HOST_DATA_KEYS = ("socket_ifname", "cpu_count", "ray_memory_bytes", "ray_object_store_bytes", "upstream_down",
-                  "replicas_per_host", "deployments", "private_address", "kv_offload_gib")
+HOST_DATA_KEYS = (
+    "socket_ifname",
+    "cpu_count",
+    "ray_memory_bytes",
+    "ray_object_store_bytes",
+    "upstream_down",
+    "replicas_per_host",
+    "deployments",
+    "private_address",
+    "kv_offload_gib",
+)
 
 #: Host data the layout reads with these defaults (the roles take them from here too).
 HOST_DATA_DEFAULTS: dict[str, Any] = {
@@ -281,20 +296,31 @@ def _cpu_sets(cpu_count: int | None, replicas: int, ranks: int) -> list[str | No
     return out
 
 
-def _instances(resolved: dict[str, Any], host: str, data: dict[str, Any], private: str | None, rank: int,
-               problems: list[str], source: str) -> list[Instance]:
+def _instances(
+    resolved: dict[str, Any],
+    host: str,
+    data: dict[str, Any],
+    private: str | None,
+    rank: int,
+    problems: list[str],
+    source: str,
+) -> list[Instance]:
     name, srv, ins, par = resolved["name"], resolved["server"], resolved["install"], resolved["parallel"]
     n = replicas_on(resolved, data)
     multi = _multi(resolved)
     if multi and n != 1:
-        problems.append(f"{host}: {source}: a {par['nodes']}-node server runs one instance per node, not {n}: "
-                        "set replicas.per_host (or host data replicas_per_host) to 1")
+        problems.append(
+            f"{host}: {source}: a {par['nodes']}-node server runs one instance per node, not {n}: "
+            "set replicas.per_host (or host data replicas_per_host) to 1"
+        )
         n = 1
     if n < 1:
         return []
     if int(srv["port"]) + n - 1 > 65535:
-        problems.append(f"{host}: {source}: {n} replica(s) listen on server.port {srv['port']} to {int(srv['port']) + n - 1}, "
-                        f"past the last TCP port 65535: set server.port to at most {65536 - n} (each replica takes server.port + its index)")
+        problems.append(
+            f"{host}: {source}: {n} replica(s) listen on server.port {srv['port']} to {int(srv['port']) + n - 1}, "
+            f"past the last TCP port 65535: set server.port to at most {65536 - n} (each replica takes server.port + its index)"
+        )
         return []
     worker = rank > 0
     per = gpus_per_instance(resolved)
@@ -303,27 +329,42 @@ def _instances(resolved: dict[str, Any], host: str, data: dict[str, Any], privat
     pool = _gpu_pool(resolved)
     hw = resolved["hardware"]
     if cuda and hw.get("gpu_ids") and len(hw["gpu_ids"]) != int(hw["gpus_per_node"]):
-        problems.append(f"{source}: hardware.gpu_ids lists {len(hw['gpu_ids'])} GPU(s) but hardware.gpus_per_node is {hw.get('gpus_per_node', 1)}: "
-                        f"make them agree (gpus_per_node: {len(hw['gpu_ids'])})")
+        problems.append(
+            f"{source}: hardware.gpu_ids lists {len(hw['gpu_ids'])} GPU(s) but hardware.gpus_per_node is {hw.get('gpus_per_node', 1)}: "
+            f"make them agree (gpus_per_node: {len(hw['gpu_ids'])})"
+        )
     share = replicas_per_gpu(resolved) if cuda else 1
     groups = -(-n // share)
     if cuda and groups * per > len(pool):
-        problems.append(f"{host}: {source}: {n} replica(s) x {per} GPU(s) (tensor x pipeline per node)"
-                        + (f", {share} per GPU group (replicas.per_gpu)," if share > 1 else "") + f" need {groups * per} GPUs, "
-                        f"the deployment has {len(pool)} on this host (hardware.{'gpu_ids' if resolved['hardware'].get('gpu_ids') else 'gpus_per_node'}): "
-                        f"lower replicas.per_host to {max(1, len(pool) // per) * share} or give it more GPUs")
+        problems.append(
+            f"{host}: {source}: {n} replica(s) x {per} GPU(s) (tensor x pipeline per node)"
+            + (f", {share} per GPU group (replicas.per_gpu)," if share > 1 else "")
+            + f" need {groups * per} GPUs, "
+            f"the deployment has {len(pool)} on this host (hardware.{'gpu_ids' if resolved['hardware'].get('gpu_ids') else 'gpus_per_node'}): "
+            f"lower replicas.per_host to {max(1, len(pool) // per) * share} or give it more GPUs"
+        )
     cpus = _cpu_sets(int(data["cpu_count"]) if data.get("cpu_count") else None, n, per) if not cuda else [None] * n
     for i in range(n):
         g = i // share  # replicas.per_gpu replicas share one group of GPUs
-        gpu_ids = pool[g * per:(g + 1) * per] if cuda else None
+        gpu_ids = pool[g * per : (g + 1) * per] if cuda else None
         if cuda and multi and not resolved["hardware"].get("gpu_ids"):
             gpu_ids = None  # the whole node is the deployment's: Ray (or torch) sees every GPU
-        out.append(Instance(
-            deployment=name, host=host, index=i, unit=unit_name(name, i), port=int(srv["port"]) + i,
-            state_dir=f"{ins['state_dir']}/replica-{i}", env_file=f"{ins['config_dir']}/replica-{i}.env",
-            address=private or "", gpu_ids=gpu_ids, cpus=cpus[i],
-            role="worker" if worker else "server", node_rank=rank,
-        ))
+        out.append(
+            Instance(
+                deployment=name,
+                host=host,
+                index=i,
+                unit=unit_name(name, i),
+                port=int(srv["port"]) + i,
+                state_dir=f"{ins['state_dir']}/replica-{i}",
+                env_file=f"{ins['config_dir']}/replica-{i}.env",
+                address=private or "",
+                gpu_ids=gpu_ids,
+                cpus=cpus[i],
+                role="worker" if worker else "server",
+                node_rank=rank,
+            )
+        )
     return out
 
 
@@ -348,18 +389,26 @@ def _inventory_nodes(resolved: dict[str, Any], inventory: dict[str, dict[str, An
     return out
 
 
-def _multi_node_roles(resolved: dict[str, Any], servers: list[Node], workers: list[Node], problems: list[str], source: str) -> None:
+def _multi_node_roles(
+    resolved: dict[str, Any], servers: list[Node], workers: list[Node], problems: list[str], source: str
+) -> None:
     """A multi-node server: one head, as many workers as parallel.nodes asks, node ranks, and (Ray) head / worker roles."""
     par = resolved["parallel"]
     ray_multi = par["backend"] == "ray"
     if len(servers) != 1:
-        problems.append(f"{source}: a {par['nodes']}-node server has exactly one head host in the `servers` group, found {len(servers)}: {', '.join(n.target for n in servers)}")
+        problems.append(
+            f"{source}: a {par['nodes']}-node server has exactly one head host in the `servers` group, found {len(servers)}: {', '.join(n.target for n in servers)}"
+        )
     head = servers[0]
     if head.private != par.get("head_address"):
-        problems.append(f"{source}: parallel.head_address is {par.get('head_address')} but the head host {head.target} has private address {head.private}: "
-                        "make them the same (host data private_address, else ssh_hostname; VLLM_HOST_IP must be the address Ray registered)")
+        problems.append(
+            f"{source}: parallel.head_address is {par.get('head_address')} but the head host {head.target} has private address {head.private}: "
+            "make them the same (host data private_address, else ssh_hostname; VLLM_HOST_IP must be the address Ray registered)"
+        )
     if 1 + len(workers) != int(par["nodes"]):
-        problems.append(f"{source}: parallel.nodes is {par['nodes']} but the inventory has 1 server and {len(workers)} worker host(s): list {int(par['nodes']) - 1} host(s) in the `workers` group")
+        problems.append(
+            f"{source}: parallel.nodes is {par['nodes']} but the inventory has 1 server and {len(workers)} worker host(s): list {int(par['nodes']) - 1} host(s) in the `workers` group"
+        )
     if ray_multi:
         head.roles.add("ray-head")
     for rank, w in enumerate(workers, start=1):
@@ -371,7 +420,9 @@ def _multi_node_roles(resolved: dict[str, Any], servers: list[Node], workers: li
             w.roles.add("ray-worker")
 
 
-def _add_instances(resolved: dict[str, Any], nodes: list[Node], down: set[str], problems: list[str], source: str) -> None:
+def _add_instances(
+    resolved: dict[str, Any], nodes: list[Node], down: set[str], problems: list[str], source: str
+) -> None:
     """The vLLM instances of each server and worker node, marked down as the rollout (or host data upstream_down) asks."""
     for n in nodes:
         if "server" in n.roles or "worker" in n.roles:
@@ -389,15 +440,23 @@ MANY_PROXIES = 8
 
 
 def no_proxy_group_warning(source: str, name: str, servers: int) -> str:
-    return (f"{source}: proxy: no host of the inventory is in the `proxy` group, so nginx runs on each of the {servers} "
-            f"server hosts of {name}, each with all {servers}+ replicas in its upstream, and each replica's API firewall "
-            f"lists all {servers} of them: the rendered files and every change to them grow as {servers} x {servers}. "
-            "Fix: put one or two hosts in the inventory's `proxy` group (a proxy may also be a server), "
-            "or set proxy.enabled: false in this spec if clients reach the replicas without nginx")
+    return (
+        f"{source}: proxy: no host of the inventory is in the `proxy` group, so nginx runs on each of the {servers} "
+        f"server hosts of {name}, each with all {servers}+ replicas in its upstream, and each replica's API firewall "
+        f"lists all {servers} of them: the rendered files and every change to them grow as {servers} x {servers}. "
+        "Fix: put one or two hosts in the inventory's `proxy` group (a proxy may also be a server), "
+        "or set proxy.enabled: false in this spec if clients reach the replicas without nginx"
+    )
 
 
-def _host_parts(resolved: dict[str, Any], inventory: dict[str, dict[str, Any]], down: set[str], problems: list[str],
-                source: str, warnings: list[str] | None = None) -> list[Node]:
+def _host_parts(
+    resolved: dict[str, Any],
+    inventory: dict[str, dict[str, Any]],
+    down: set[str],
+    problems: list[str],
+    source: str,
+    warnings: list[str] | None = None,
+) -> list[Node]:
     """One deployment's nodes on the inventory's hosts (the old renderer's rules, with groups
     fixed to :data:`GROUPS`)."""
     name = resolved["name"]
@@ -407,8 +466,14 @@ def _host_parts(resolved: dict[str, Any], inventory: dict[str, dict[str, Any]], 
     servers = [n for n in out if "server" in n.roles]
     workers = [n for n in out if "worker" in n.roles]
     if not servers:
-        problems.append(f"{source}: no inventory host runs deployment {name}: put a host in the `servers` group"
-                        + (" (or add it to that host's data `deployments`)" if any((h.get("data") or {}).get("deployments") is not None for h in inventory.values()) else ""))
+        problems.append(
+            f"{source}: no inventory host runs deployment {name}: put a host in the `servers` group"
+            + (
+                " (or add it to that host's data `deployments`)"
+                if any((h.get("data") or {}).get("deployments") is not None for h in inventory.values())
+                else ""
+            )
+        )
         return []
     if not proxy_on:
         for n in out:
@@ -417,7 +482,9 @@ def _host_parts(resolved: dict[str, Any], inventory: dict[str, dict[str, Any]], 
         for n in out:
             n.roles.discard("monitoring")
     elif not any("monitoring" in n.roles for n in out):
-        problems.append(f"{source}: monitoring.enabled is true but no inventory host is in the `monitoring` group: add one (it runs Prometheus)")
+        problems.append(
+            f"{source}: monitoring.enabled is true but no inventory host is in the `monitoring` group: add one (it runs Prometheus)"
+        )
     if _multi(resolved):
         _multi_node_roles(resolved, servers, workers, problems, source)
     else:
@@ -475,7 +542,9 @@ def _role_parts(resolved: dict[str, Any], problems: list[str], source: str) -> l
         out.append(Node("monitoring", {"monitoring"}))
     for n in out:
         if n.roles & {"server", "worker"}:
-            n.instances = _instances(resolved, n.target, {}, None if n.target != "server" else head, n.node_rank, problems, source)
+            n.instances = _instances(
+                resolved, n.target, {}, None if n.target != "server" else head, n.node_rank, problems, source
+            )
             for i in n.instances:
                 i.address = "127.0.0.1"
     _decide_routing(resolved, out)
@@ -508,8 +577,10 @@ def router_ports(resolved: dict[str, Any], node: Node) -> list[tuple[int, int, s
     if "router" not in node.roles:
         return []
     name, router = resolved["name"], resolved["proxy"]["routing"]["router"]
-    return [(int(router["port"]),) * 2 + (f"vLLM router of {name} (proxy.routing.router.port)",),
-            (int(router["metrics_port"]),) * 2 + (f"vLLM router metrics of {name} (proxy.routing.router.metrics_port)",)]
+    return [
+        (int(router["port"]),) * 2 + (f"vLLM router of {name} (proxy.routing.router.port)",),
+        (int(router["metrics_port"]),) * 2 + (f"vLLM router metrics of {name} (proxy.routing.router.metrics_port)",),
+    ]
 
 
 def monitoring_ports(resolved: dict[str, Any], node: Node) -> list[tuple[int, int, str]]:
@@ -519,10 +590,14 @@ def monitoring_ports(resolved: dict[str, Any], node: Node) -> list[tuple[int, in
     if not (mon["enabled"] and node.roles):
         return []
     if mon["node_exporter"]:
-        out.append((int(mon["node_exporter_port"]),) * 2 + (f"node exporter (monitoring.node_exporter_port of {name})",))
+        out.append(
+            (int(mon["node_exporter_port"]),) * 2 + (f"node exporter (monitoring.node_exporter_port of {name})",)
+        )
     cuda = resolved["install"]["accelerator"] == "cuda"
     if mon["dcgm_exporter"] and cuda and node.roles & SERVICE_PARTS:
-        out.append((int(mon["dcgm_exporter_port"]),) * 2 + (f"dcgm-exporter (monitoring.dcgm_exporter_port of {name})",))
+        out.append(
+            (int(mon["dcgm_exporter_port"]),) * 2 + (f"dcgm-exporter (monitoring.dcgm_exporter_port of {name})",)
+        )
     if "monitoring" in node.roles:
         out.append((int(mon["prometheus_port"]),) * 2 + (f"Prometheus of {name} (monitoring.prometheus_port)",))
         if mon["health_probe"]:
@@ -553,8 +628,13 @@ def ray_node_ports(resolved: dict[str, Any], node: Node) -> list[tuple[int, int,
 #: The ports each listening part declares ({part: its ports on a node}), by the part names of
 #: vllm_fleet.render.files.PARTS; the registry of parts (vllm_fleet.roles.parts) names them per
 #: entry. In the order the port check lists them.
-PART_PORTS = {"service": vllm_ports, "nginx": nginx_ports, "router": router_ports, "monitoring": monitoring_ports,
-              "ray": ray_node_ports}
+PART_PORTS = {
+    "service": vllm_ports,
+    "nginx": nginx_ports,
+    "router": router_ports,
+    "monitoring": monitoring_ports,
+    "ray": ray_node_ports,
+}
 
 
 def _listen_ports(resolved: dict[str, Any], node: Node) -> list[tuple[int, int, str]]:
@@ -577,14 +657,18 @@ def _role_port_problems(resolved: dict[str, Any], nodes: list[Node], source: str
         for lo, hi, what in mon:
             other = next((o for o in seen if not (lo > o[1] or o[0] > hi)), None)
             if other is not None:
-                out.append(f"{n.target}: port {max(lo, other[0])} is used by {other[2]} and by {what} ({source}): give one of them "
-                           "another port (monitoring.*_port; the blackbox exporter keeps "
-                           f"{BLACKBOX_LISTEN.rpartition(':')[2]}; Ray keeps {', '.join(map(str, _ray_fixed()))} and its worker range)")
+                out.append(
+                    f"{n.target}: port {max(lo, other[0])} is used by {other[2]} and by {what} ({source}): give one of them "
+                    "another port (monitoring.*_port; the blackbox exporter keeps "
+                    f"{BLACKBOX_LISTEN.rpartition(':')[2]}; Ray keeps {', '.join(map(str, _ray_fixed()))} and its worker range)"
+                )
             seen.append((lo, hi, what))
     return out
 
 
-def _port_problems(host: str, h: "HostLayout", deployments: dict[str, dict[str, Any]], sources: dict[str, str]) -> list[str]:
+def _port_problems(
+    host: str, h: "HostLayout", deployments: dict[str, dict[str, Any]], sources: dict[str, str]
+) -> list[str]:
     seen: list[tuple[int, int, str, str]] = []
     out: list[str] = []
     for dep, node in h.parts.items():
@@ -598,9 +682,11 @@ def _port_problems(host: str, h: "HostLayout", deployments: dict[str, dict[str, 
                 if what.startswith("Ray") and other.startswith("Ray"):
                     continue  # one deployment's own; two Ray deployments on a host: the Ray check says so
                 port = max(lo, olo)
-                out.append(f"{host}: port {port} is used by {other} and by {what} ({sources[dep]}): give one of them another port "
-                           "(server.port: each replica takes server.port + its index; proxy.listen; monitoring.*_port; "
-                           f"parallel.ray_port; Ray keeps {', '.join(map(str, _ray_fixed()))} and its worker range)")
+                out.append(
+                    f"{host}: port {port} is used by {other} and by {what} ({sources[dep]}): give one of them another port "
+                    "(server.port: each replica takes server.port + its index; proxy.listen; monitoring.*_port; "
+                    f"parallel.ray_port; Ray keeps {', '.join(map(str, _ray_fixed()))} and its worker range)"
+                )
                 break
             seen.append((lo, hi, what, dep))
     return out
@@ -620,8 +706,10 @@ def _same_machine(layout_hosts: dict[str, HostLayout], inventory: dict[str, dict
         if len(names) > 1:
             served = [n for n in names if n in layout_hosts and layout_hosts[n].instances]
             if served:
-                out.append(f"inventory: hosts {', '.join(names)} are one machine (ssh_hostname {address}): their units and ports would "
-                           "collide; list it once and set replicas.per_host (or host data replicas_per_host) for more replicas")
+                out.append(
+                    f"inventory: hosts {', '.join(names)} are one machine (ssh_hostname {address}): their units and ports would "
+                    "collide; list it once and set replicas.per_host (or host data replicas_per_host) for more replicas"
+                )
     return out
 
 
@@ -643,42 +731,57 @@ def _gpu_shares(host: str, h: HostLayout, deployments: dict[str, dict[str, Any]]
         if len(shares) > 1 and not shares_fit_one_gpu([s for _, s in shares]):
             parts = " + ".join(f"{i.unit} {s:g}" for i, s in shares)
             deps = sorted({i.deployment for i in insts})
-            out.append(f"{host}: GPU{'s' if len(gs) > 1 else ''} {', '.join(map(str, gs))} {'are' if len(gs) > 1 else 'is'} over-subscribed: {parts} = {total:.3g} of its memory (each vLLM takes its "
-                       f"--gpu-memory-utilization share of the whole GPU at start): lower engine.gpu_memory_utilization of "
-                       f"{', '.join(f'{d} ({sources[d]})' for d in deps)} so the shares sum to at most 1 (e.g. 0.9 split between them), "
-                       "or pin the deployments to different GPUs with hardware.gpu_ids")
+            out.append(
+                f"{host}: GPU{'s' if len(gs) > 1 else ''} {', '.join(map(str, gs))} {'are' if len(gs) > 1 else 'is'} over-subscribed: {parts} = {total:.3g} of its memory (each vLLM takes its "
+                f"--gpu-memory-utilization share of the whole GPU at start): lower engine.gpu_memory_utilization of "
+                f"{', '.join(f'{d} ({sources[d]})' for d in deps)} so the shares sum to at most 1 (e.g. 0.9 split between them), "
+                "or pin the deployments to different GPUs with hardware.gpu_ids"
+            )
     return out
 
 
 def _gpu_owners(host: str, h: HostLayout, deployments: dict[str, dict[str, Any]], sources: dict[str, str]) -> list[str]:
     """A multi-node deployment without hardware.gpu_ids owns every GPU of its hosts (its server,
     worker or Ray node sees them all): no other deployment may need GPUs there."""
+
     def _cuda(dep: str) -> bool:
         return deployments[dep]["install"]["accelerator"] == "cuda"
 
     out: list[str] = []
-    whole = [dep for dep, n in h.parts.items() if n.roles & SERVICE_PARTS and _cuda(dep) and _multi(deployments[dep])
-             and not deployments[dep]["hardware"].get("gpu_ids")]
+    whole = [
+        dep
+        for dep, n in h.parts.items()
+        if n.roles & SERVICE_PARTS
+        and _cuda(dep)
+        and _multi(deployments[dep])
+        and not deployments[dep]["hardware"].get("gpu_ids")
+    ]
     gpu_deps = [dep for dep, n in h.parts.items() if n.roles & SERVICE_PARTS and _cuda(dep)]
     for w in whole[:1]:
         other = next((d for d in gpu_deps if d != w), None)
         if other:
-            out.append(f"{host}: deployment {w} ({sources[w]}) is multi-node without hardware.gpu_ids, so it owns every GPU "
-                       f"of this host, and deployment {other} ({sources[other]}) needs GPUs here too: pin both with "
-                       "hardware.gpu_ids (e.g. [0, 1, 2, 3] and [4, 5, 6, 7]), or put them on different hosts")
+            out.append(
+                f"{host}: deployment {w} ({sources[w]}) is multi-node without hardware.gpu_ids, so it owns every GPU "
+                f"of this host, and deployment {other} ({sources[other]}) needs GPUs here too: pin both with "
+                "hardware.gpu_ids (e.g. [0, 1, 2, 3] and [4, 5, 6, 7]), or put them on different hosts"
+            )
     return out
 
 
-def _one_per_host(host: str, h: HostLayout, deployments: dict[str, dict[str, Any]], sources: dict[str, str]) -> list[str]:
+def _one_per_host(
+    host: str, h: HostLayout, deployments: dict[str, dict[str, Any]], sources: dict[str, str]
+) -> list[str]:
     """What a host has once for every deployment there: monitoring, an nginx site per port and name, a Ray cluster."""
     out: list[str] = []
     # two monitored deployments on one host: one Prometheus and one node exporter per host
     monitored = [dep for dep, n in h.parts.items() if n.roles and deployments[dep]["monitoring"]["enabled"]]
     if len(monitored) > 1:
-        out.append(f"{host}: deployments {', '.join(monitored)} both have monitoring.enabled and this host is part of both: "
-                   "their monitoring files (the node exporter's and Prometheus' configuration) are one per host. "
-                   f"Set monitoring.enabled: true in one spec only ({sources[monitored[0]]}); its Prometheus watches its own "
-                   "deployment, or put the deployments on different hosts")
+        out.append(
+            f"{host}: deployments {', '.join(monitored)} both have monitoring.enabled and this host is part of both: "
+            "their monitoring files (the node exporter's and Prometheus' configuration) are one per host. "
+            f"Set monitoring.enabled: true in one spec only ({sources[monitored[0]]}); its Prometheus watches its own "
+            "deployment, or put the deployments on different hosts"
+        )
     # ports used twice on one host (every listening part)
     out.extend(_port_problems(host, h, deployments, sources))
     seen_proxy: dict[tuple[int, str], str] = {}
@@ -687,17 +790,26 @@ def _one_per_host(host: str, h: HostLayout, deployments: dict[str, dict[str, Any
         if "proxy" in node.roles:
             key = (int(resolved["proxy"]["listen"]), str(resolved["proxy"]["server_name"]))
             if key in seen_proxy:
-                out.append(f"{host}: deployments {seen_proxy[key]} and {dep} ({sources[dep]}) both serve nginx port {key[0]} with "
-                           f"server_name {key[1]}: give each its own proxy.listen or proxy.server_name")
+                out.append(
+                    f"{host}: deployments {seen_proxy[key]} and {dep} ({sources[dep]}) both serve nginx port {key[0]} with "
+                    f"server_name {key[1]}: give each its own proxy.listen or proxy.server_name"
+                )
             seen_proxy.setdefault(key, dep)
     ray = [dep for dep, n in h.parts.items() if n.roles & {"ray-head", "ray-worker"}]
     if len(ray) > 1:
-        out.append(f"{host}: is a Ray node of {', '.join(ray)}: one Ray cluster per host; put the deployments on different hosts")
+        out.append(
+            f"{host}: is a Ray node of {', '.join(ray)}: one Ray cluster per host; put the deployments on different hosts"
+        )
     return out
 
 
-def _cross_checks(layout_hosts: dict[str, HostLayout], deployments: dict[str, dict[str, Any]], sources: dict[str, str],
-                  inventory: dict[str, dict[str, Any]], problems: list[str]) -> None:
+def _cross_checks(
+    layout_hosts: dict[str, HostLayout],
+    deployments: dict[str, dict[str, Any]],
+    sources: dict[str, str],
+    inventory: dict[str, dict[str, Any]],
+    problems: list[str],
+) -> None:
     """Checks across deployments and hosts: the machine listed twice, then per host its GPUs and what it has once."""
     problems.extend(_same_machine(layout_hosts, inventory))
     for host, h in layout_hosts.items():
@@ -709,8 +821,15 @@ def _cross_checks(layout_hosts: dict[str, HostLayout], deployments: dict[str, di
 # ---------------------------------------------------------------------------------------------
 
 
-def _inventory_hosts(hosts: dict[str, HostLayout], deployments: dict[str, dict[str, Any]], inventory: dict[str, dict[str, Any]],
-                     down: set[str], sources: dict[str, str], problems: list[str], warnings: list[str] | None = None) -> None:
+def _inventory_hosts(
+    hosts: dict[str, HostLayout],
+    deployments: dict[str, dict[str, Any]],
+    inventory: dict[str, dict[str, Any]],
+    down: set[str],
+    sources: dict[str, str],
+    problems: list[str],
+    warnings: list[str] | None = None,
+) -> None:
     """Fill ``hosts`` with every inventory host and each deployment's parts there, then check them
     across deployments. Bad host data raises :class:`LayoutError` at once (nothing reads a value it did not check)."""
     # host data first, every host's at once: nothing below reads a value it did not check
@@ -723,21 +842,33 @@ def _inventory_hosts(hosts: dict[str, HostLayout], deployments: dict[str, dict[s
         data = dict(h.get("data") or {})
         address = str(h.get("address") or host)
         order = (h.get("order") or {}).get("servers")
-        hosts[host] = HostLayout(host, address, str(data.get("private_address") or address), data,
-                                 order=order if order is not None else 10000 + n)
+        hosts[host] = HostLayout(
+            host,
+            address,
+            str(data.get("private_address") or address),
+            data,
+            order=order if order is not None else 10000 + n,
+        )
     for name, r in deployments.items():
         for node in _host_parts(r, inventory, down, problems, sources[name], warnings):
             hosts[node.target].parts[name] = node
     for host, hl in hosts.items():
         if hl.parts and not is_address_or_hostname(hl.address):
-            problems.append(f"host {host}: its address {hl.address!r} (the host name: no ssh_hostname) is not an IPv4 address or a "
-                            "host name, and it would go into nginx, Prometheus and the client's URL: set ssh_hostname "
-                            "(e.g. ssh_hostname: 192.0.2.10) for this host")
+            problems.append(
+                f"host {host}: its address {hl.address!r} (the host name: no ssh_hostname) is not an IPv4 address or a "
+                "host name, and it would go into nginx, Prometheus and the client's URL: set ssh_hostname "
+                "(e.g. ssh_hostname: 192.0.2.10) for this host"
+            )
     _cross_checks(hosts, deployments, sources, inventory, problems)
 
 
-def build_parts(specs: Sequence[dict[str, Any]] | dict[str, Any], inventory: dict[str, dict[str, Any]] | None = None, *,
-                down: Iterable[str] = (), sources: dict[str, str] | None = None) -> Layout:
+def build_parts(
+    specs: Sequence[dict[str, Any]] | dict[str, Any],
+    inventory: dict[str, dict[str, Any]] | None = None,
+    *,
+    down: Iterable[str] = (),
+    sources: dict[str, str] | None = None,
+) -> Layout:
     """The parts of the layout of ``specs`` (resolved) on ``inventory`` ({host: {address, groups, data}}, as
     :func:`vllm_fleet.specs.inventory.load_inventory` returns; None: per part, e.g. ``server``).
 
@@ -752,7 +883,9 @@ def build_parts(specs: Sequence[dict[str, Any]] | dict[str, Any], inventory: dic
     src = dict(sources or {})
     for r in specs:
         if r["name"] in deployments:
-            problems.append(f"{src.get(r['name'], r['name'])}: two specs are named {r['name']}: each deployment needs its own `name` (units, paths and the nginx site are named after it)")
+            problems.append(
+                f"{src.get(r['name'], r['name'])}: two specs are named {r['name']}: each deployment needs its own `name` (units, paths and the nginx site are named after it)"
+            )
             continue
         deployments[r["name"]] = r
         src.setdefault(r["name"], f"spec {r['name']}")
@@ -798,8 +931,12 @@ def firewall_addresses(addresses: Iterable[str], what: str) -> list[str]:
         try:
             net = ipaddress.ip_network(str(a), strict=False)
         except ValueError:
-            raise LayoutError([f"{what}: {a!r} is not an IPv4 address or network (give the host's private_address, "
-                               "or fix the host data allow list)"]) from None
+            raise LayoutError(
+                [
+                    f"{what}: {a!r} is not an IPv4 address or network (give the host's private_address, "
+                    "or fix the host data allow list)"
+                ]
+            ) from None
         if net.version != 4:
             raise LayoutError([f"{what}: {a}: only IPv4 addresses/networks are supported"])
         nets.append(net)

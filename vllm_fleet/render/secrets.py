@@ -48,7 +48,9 @@ def new_token() -> str:
     return "sk-" + _random.token_urlsafe(32)
 
 
-def read_spec_secrets(resolved: dict[str, Any], base_dir: Path | None, generated: dict[Path, str]) -> dict[str, str | None]:
+def read_spec_secrets(
+    resolved: dict[str, Any], base_dir: Path | None, generated: dict[Path, str]
+) -> dict[str, str | None]:
     """{name: value or None} of every secret in :data:`SPEC_SECRETS`.
 
     A missing ``generate: true`` file gets a fresh value in memory, recorded in ``generated``
@@ -58,8 +60,10 @@ def read_spec_secrets(resolved: dict[str, Any], base_dir: Path | None, generated
     for s in SPEC_SECRETS:
         ref = ref_at(resolved, s.yaml_path)
         if ref and ref.get("generate") and s.kind != "token":
-            raise SecretError(f"{s.yaml_path}: `generate: true` makes API-key-like tokens only; give an existing file "
-                              "(for a lab, proxy.tls.self_signed: true makes a key on the host)")
+            raise SecretError(
+                f"{s.yaml_path}: `generate: true` makes API-key-like tokens only; give an existing file "
+                "(for a lab, proxy.tls.self_signed: true makes a key on the host)"
+            )
         values[s.name] = read_secret(ref, yaml_path=s.yaml_path, base_dir=base_dir, generated=generated, kind=s.kind)
     return values
 
@@ -75,19 +79,29 @@ def write_generated(generated: dict[Path, str]) -> list[Path]:
             fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         except FileExistsError:
             if p.read_text().strip() != value:
-                raise SecretError(f"secret file {p} appeared while this deploy ran (another deploy?); run it again") from None
+                raise SecretError(
+                    f"secret file {p} appeared while this deploy ran (another deploy?); run it again"
+                ) from None
             continue
         except OSError as exc:
-            raise SecretError(f"cannot create the generated secret file {p}: {exc.strerror or exc}; "
-                              "point the secret's `file:` at a writable place on the control machine") from None
+            raise SecretError(
+                f"cannot create the generated secret file {p}: {exc.strerror or exc}; "
+                "point the secret's `file:` at a writable place on the control machine"
+            ) from None
         with os.fdopen(fd, "w") as f:
             f.write(value + "\n")
         written.append(p)
     return written
 
 
-def read_secret(ref: dict[str, Any] | None, *, yaml_path: str, base_dir: Path | None = None,
-                generated: dict[Path, str] | None = None, kind: str = "token") -> str | None:
+def read_secret(
+    ref: dict[str, Any] | None,
+    *,
+    yaml_path: str,
+    base_dir: Path | None = None,
+    generated: dict[Path, str] | None = None,
+    kind: str = "token",
+) -> str | None:
     """Return the secret's value; raise :class:`SecretError` naming the YAML path and the fix.
 
     ``generated`` given: a missing ``generate: true`` file is not written but its new value is
@@ -98,7 +112,9 @@ def read_secret(ref: dict[str, Any] | None, *, yaml_path: str, base_dir: Path | 
     if "env" in ref:
         value = os.environ.get(ref["env"])
         if not value:
-            raise SecretError(f"{yaml_path}: environment variable {ref['env']} is not set on the control machine; export it before deploying")
+            raise SecretError(
+                f"{yaml_path}: environment variable {ref['env']} is not set on the control machine; export it before deploying"
+            )
         return value.strip() if kind == "token" else value
     p = secret_path(ref, base_dir, yaml_path)
     if generated is not None and p in generated:
@@ -108,7 +124,9 @@ def read_secret(ref: dict[str, Any] | None, *, yaml_path: str, base_dir: Path | 
         raise SecretError(f"{yaml_path}: cannot read secret file {p}: {why}")
     if why:
         if not ref.get("generate"):
-            raise SecretError(f"{yaml_path}: secret file {p} does not exist; create it (mode 0600) or set `generate: true`")
+            raise SecretError(
+                f"{yaml_path}: secret file {p} does not exist; create it (mode 0600) or set `generate: true`"
+            )
         if generated is not None:
             generated[p] = new_token()
             return generated[p]
@@ -127,11 +145,15 @@ def read_secret(ref: dict[str, Any] | None, *, yaml_path: str, base_dir: Path | 
     if kind == "pem" and "-----BEGIN" not in value:
         raise SecretError(f"{yaml_path}: {p} is not a PEM file (no -----BEGIN line)")
     if kind == "token" and ("\n" in value or any(c in value for c in "\"'\\$`")):
-        raise SecretError(f"{yaml_path}: secret in {p} has a newline, quote, backslash, '$' or backtick; use a plain token")
+        raise SecretError(
+            f"{yaml_path}: secret in {p} has a newline, quote, backslash, '$' or backtick; use a plain token"
+        )
     if mode & (stat.S_IRWXG | stat.S_IRWXO):
         import warnings
 
-        warnings.warn(f"{yaml_path}: secret file {p} is readable by others (mode {oct(mode & 0o777)}); chmod 600 it", stacklevel=2)
+        warnings.warn(
+            f"{yaml_path}: secret file {p} is readable by others (mode {oct(mode & 0o777)}); chmod 600 it", stacklevel=2
+        )
     return value
 
 
@@ -141,8 +163,10 @@ def host_secret_files(resolved: dict[str, Any], values: dict[str, Any]) -> dict[
     write these, `vllm-fleet diff` compares their checksums (never their text)."""
     p = render.paths(resolved)
     key = values.get("api_key")
-    out = {p["secrets_env"]: render.secrets_env_content(resolved, key) if key else "# no API key configured\n",
-           p["nginx_auth"]: render.nginx_auth_content(resolved, key)}
+    out = {
+        p["secrets_env"]: render.secrets_env_content(resolved, key) if key else "# no API key configured\n",
+        p["nginx_auth"]: render.nginx_auth_content(resolved, key),
+    }
     tls = resolved["proxy"].get("tls") or {}
     if tls.get("enabled") and not tls.get("self_signed") and values.get("tls_key"):
         out[p["tls_certificate_key"]] = values["tls_key"]

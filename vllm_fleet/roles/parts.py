@@ -92,20 +92,31 @@ def _stack(s: Step) -> None:
 
 
 def _ray(s: Step) -> None:
-    node = ray.install_ray(spec=s.spec, node=s.node, layout=s.ctx.layout, rendered=s.rendered,
-                           restart_on=s.results.get("vllm_changed", []))
+    node = ray.install_ray(
+        spec=s.spec, node=s.node, layout=s.ctx.layout, rendered=s.rendered, restart_on=s.results.get("vllm_changed", [])
+    )
     s.results["restart_on"] = [*s.results.get("restart_on", []), *node.env_ops, node.cluster_restarted]
 
 
 def _service(s: Step) -> None:
-    service.install_service(spec=s.spec, node=s.node, rendered=s.rendered, api_key=s.secrets["api_key"],
-                            restart_on=s.results.get("restart_on", []))
+    service.install_service(
+        spec=s.spec,
+        node=s.node,
+        rendered=s.rendered,
+        api_key=s.secrets["api_key"],
+        restart_on=s.results.get("restart_on", []),
+    )
 
 
 def _nginx(s: Step) -> None:
     sec = s.secrets
-    nginx.install_nginx(spec=s.spec, rendered=s.rendered, api_key=sec["api_key"], tls_key=sec["tls_key"],
-                        tls_certificate=sec["tls_certificate"])
+    nginx.install_nginx(
+        spec=s.spec,
+        rendered=s.rendered,
+        api_key=sec["api_key"],
+        tls_key=sec["tls_key"],
+        tls_certificate=sec["tls_certificate"],
+    )
 
 
 def _smoke(s: Step) -> None:
@@ -123,27 +134,55 @@ def _uninstall_stack(spec: dict[str, Any], purge: bool) -> None:
 #: run once every site is in; monitoring last.
 PARTS: tuple[Part, ...] = (
     # everything vLLM stands on: driver, service user and dirs, env, vLLM, model
-    Part("stack", applies=lambda s: bool(s.node.roles & SERVICE_PARTS),
-         query=lambda s: service.server_stack_query(s.spec), install=_stack, uninstall=_uninstall_stack,
-         stages=True),
-    Part("ray", applies=lambda s: bool(s.node.roles & {"ray-head", "ray-worker"}),
-         query=lambda s: ray.state_query(s.spec, s.node, s.rendered), install=_ray, remove=ray.install_ray,
-         ports=PART_PORTS["ray"]),
-    Part("service", applies=lambda s: bool(s.node.instances),
-         query=lambda s: service.state_query(s.spec, s.node, s.rendered), install=_service, remove=service.install_service,
-         ports=PART_PORTS["service"]),
-    Part("router", applies=lambda s: "router" in s.node.roles,
-         query=lambda s: router.state_query(s.spec, s.rendered),
-         install=lambda s: router.install_router(spec=s.spec, rendered=s.rendered), remove=router.install_router,
-         ports=PART_PORTS["router"]),
-    Part("nginx", applies=lambda s: "proxy" in s.node.roles,
-         query=lambda s: nginx.state_query(s.spec, s.rendered), install=_nginx, remove=nginx.install_nginx,
-         ports=PART_PORTS["nginx"]),
+    Part(
+        "stack",
+        applies=lambda s: bool(s.node.roles & SERVICE_PARTS),
+        query=lambda s: service.server_stack_query(s.spec),
+        install=_stack,
+        uninstall=_uninstall_stack,
+        stages=True,
+    ),
+    Part(
+        "ray",
+        applies=lambda s: bool(s.node.roles & {"ray-head", "ray-worker"}),
+        query=lambda s: ray.state_query(s.spec, s.node, s.rendered),
+        install=_ray,
+        remove=ray.install_ray,
+        ports=PART_PORTS["ray"],
+    ),
+    Part(
+        "service",
+        applies=lambda s: bool(s.node.instances),
+        query=lambda s: service.state_query(s.spec, s.node, s.rendered),
+        install=_service,
+        remove=service.install_service,
+        ports=PART_PORTS["service"],
+    ),
+    Part(
+        "router",
+        applies=lambda s: "router" in s.node.roles,
+        query=lambda s: router.state_query(s.spec, s.rendered),
+        install=lambda s: router.install_router(spec=s.spec, rendered=s.rendered),
+        remove=router.install_router,
+        ports=PART_PORTS["router"],
+    ),
+    Part(
+        "nginx",
+        applies=lambda s: "proxy" in s.node.roles,
+        query=lambda s: nginx.state_query(s.spec, s.rendered),
+        install=_nginx,
+        remove=nginx.install_nginx,
+        ports=PART_PORTS["nginx"],
+    ),
     Part("smoke", applies=lambda s: "proxy" in s.node.roles, query=lambda s: Query(), install=_smoke),
-    Part("monitoring", applies=lambda s: monitors(s.spec, s.rendered),
-         query=lambda s: monitoring.state_query(s.spec, s.rendered),
-         install=lambda s: monitoring.install_monitoring(spec=s.spec, rendered=s.rendered),
-         remove=monitoring.install_monitoring, ports=PART_PORTS["monitoring"]),
+    Part(
+        "monitoring",
+        applies=lambda s: monitors(s.spec, s.rendered),
+        query=lambda s: monitoring.state_query(s.spec, s.rendered),
+        install=lambda s: monitoring.install_monitoring(spec=s.spec, rendered=s.rendered),
+        remove=monitoring.install_monitoring,
+        ports=PART_PORTS["monitoring"],
+    ),
 )
 
 

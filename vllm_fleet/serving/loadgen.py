@@ -32,7 +32,7 @@ import requests
 
 @dataclass
 class Record:
-    start: float      # seconds since the generator started
+    start: float  # seconds since the generator started
     seconds: float
     stream: bool
     ok: bool
@@ -65,8 +65,10 @@ class Stats:
 
     def summary(self) -> str:
         lat = ", ".join(f"{k} {v:.0f} ms" for k, v in self.latency_ms.items())
-        out = (f"{self.total} requests in {self.seconds:.1f} s ({self.plain} plain, {self.streamed} streamed): "
-               f"{self.ok} ok, {self.failed} failed" + (f"; latency {lat}" if lat else ""))
+        out = (
+            f"{self.total} requests in {self.seconds:.1f} s ({self.plain} plain, {self.streamed} streamed): "
+            f"{self.ok} ok, {self.failed} failed" + (f"; latency {lat}" if lat else "")
+        )
         if self.retried:
             out += f"; {self.retried} retried once (connection closed before any response)"
         if self.reasons:
@@ -80,8 +82,9 @@ def _unanswered(exc: BaseException) -> bool:
     the client sends on one at that instant. The request was never processed, so a client may
     send it again (the OpenAI SDKs retry connection errors); anything else is not retried."""
     text = repr(exc)
-    return isinstance(exc, requests.ConnectionError) and ("RemoteDisconnected" in text or "ConnectionResetError" in text
-                                                          or "closed connection without response" in text)
+    return isinstance(exc, requests.ConnectionError) and (
+        "RemoteDisconnected" in text or "ConnectionResetError" in text or "closed connection without response" in text
+    )
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -94,10 +97,23 @@ def _pct(values: list[float], q: float) -> float:
 class LoadGen:
     """Bounded concurrent chat load; see the module docstring."""
 
-    def __init__(self, base_url: str, model: str, api_key: str | None, *, concurrency: int = 4, max_tokens: int = 16,
-                 stream_every: int = 2, rate: float | None = None, pause: float = 0.0, timeout: float = 120,
-                 prompt: str = "Count from one to ten.", verify: Any = True, keep_failures: int = 50,
-                 retry_unanswered: bool = True):
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        api_key: str | None,
+        *,
+        concurrency: int = 4,
+        max_tokens: int = 16,
+        stream_every: int = 2,
+        rate: float | None = None,
+        pause: float = 0.0,
+        timeout: float = 120,
+        prompt: str = "Count from one to ten.",
+        verify: Any = True,
+        keep_failures: int = 50,
+        retry_unanswered: bool = True,
+    ):
         base_url = base_url.rstrip("/")
         self.base_url = base_url[:-3] if base_url.endswith("/v1") else base_url
         self.model, self.api_key = model, api_key
@@ -122,12 +138,23 @@ class LoadGen:
     def _body(self, i: int, stream: bool) -> dict[str, Any]:
         # ignore_eos (a vLLM extension): every answer is max_tokens long, so the load is even and
         # a model that ends at once (the lab's tiny random model often does) still answers.
-        return {"model": self.model, "messages": [{"role": "user", "content": f"{self.prompt} ({i})"}],
-                "max_tokens": self.max_tokens, "temperature": 0, "stream": stream, "ignore_eos": True}
+        return {
+            "model": self.model,
+            "messages": [{"role": "user", "content": f"{self.prompt} ({i})"}],
+            "max_tokens": self.max_tokens,
+            "temperature": 0,
+            "stream": stream,
+            "ignore_eos": True,
+        }
 
     def _plain(self, session: requests.Session, i: int) -> tuple[bool, int | None, str]:
-        r = session.post(f"{self.base_url}/v1/chat/completions", json=self._body(i, False), headers=self._headers(),
-                         timeout=self.timeout, verify=self.verify)
+        r = session.post(
+            f"{self.base_url}/v1/chat/completions",
+            json=self._body(i, False),
+            headers=self._headers(),
+            timeout=self.timeout,
+            verify=self.verify,
+        )
         if r.status_code != 200:
             return False, r.status_code, f"HTTP {r.status_code}: {r.text[:120].strip()}"
         try:
@@ -141,8 +168,14 @@ class LoadGen:
         return True, 200, ""
 
     def _stream(self, session: requests.Session, i: int) -> tuple[bool, int | None, str]:
-        with session.post(f"{self.base_url}/v1/chat/completions", json=self._body(i, True), headers=self._headers(),
-                          timeout=self.timeout, verify=self.verify, stream=True) as r:
+        with session.post(
+            f"{self.base_url}/v1/chat/completions",
+            json=self._body(i, True),
+            headers=self._headers(),
+            timeout=self.timeout,
+            verify=self.verify,
+            stream=True,
+        ) as r:
             if r.status_code != 200:
                 return False, r.status_code, f"HTTP {r.status_code}: {r.text[:120].strip()}"
             done, events, buf = False, 0, b""

@@ -24,8 +24,11 @@ from vllm_fleet.specs.inventory import InventoryError, load_inventory
 from vllm_fleet.specs.load import SpecError
 from vllm_fleet.specs.pipeline import load_checked
 
-BOOTSTRAP = ("import json,sys; d=json.loads(sys.stdin.readline()); "
-             "exec(compile(d['script'], 'benchhost.py', 'exec'), {'CFG': d['cfg'], '__name__': 'benchhost'})")
+BOOTSTRAP = (
+    "import json,sys; d=json.loads(sys.stdin.readline()); "
+    "exec(compile(d['script'], 'benchhost.py', 'exec'), {'CFG': d['cfg'], '__name__': 'benchhost'})"
+)
+
 
 class BenchError(Exception):
     """Cannot run (bad arguments, spec, inventory, host); says what to do."""
@@ -36,10 +39,21 @@ class HostSession:
     (vllm_fleet.host.transport: pyinfra's connector for the host, @local included):
     ``call(op, **args) -> dict``."""
 
-    def __init__(self, view: FleetView, host: str, resolved: dict[str, Any], key: str | None,
-                 say: Callable[[str], None] = print, transport: Transport | None = None):
-        cfg = {"key": key, "model": resolved["model"]["served_name"], "tokenizer": served_tokenizer(resolved),
-               "vllm": command.env_bin(resolved, "vllm")}
+    def __init__(
+        self,
+        view: FleetView,
+        host: str,
+        resolved: dict[str, Any],
+        key: str | None,
+        say: Callable[[str], None] = print,
+        transport: Transport | None = None,
+    ):
+        cfg = {
+            "key": key,
+            "model": resolved["model"]["served_name"],
+            "tokenizer": served_tokenizer(resolved),
+            "vllm": command.env_bin(resolved, "vllm"),
+        }
         self.host, self.say = host, say
         self._own = transport is None
         self.transport = transport or Transport(view.hosts)
@@ -50,7 +64,9 @@ class HostSession:
         self.err: list[str] = []
         self._t = threading.Thread(target=self._drain_stderr, daemon=True)
         self._t.start()
-        self.p.stdin.write(json.dumps({"script": programs.script("benchhost.py"), "cfg": cfg}) + "\n")  # the key: on stdin only
+        self.p.stdin.write(
+            json.dumps({"script": programs.script("benchhost.py"), "cfg": cfg}) + "\n"
+        )  # the key: on stdin only
         self.p.stdin.flush()
         first = self.p.stdout.readline()
         if not first.strip().startswith('{"ready"'):
@@ -58,8 +74,11 @@ class HostSession:
                 self.p.wait(timeout=30)
             except Exception:
                 self.p.kill()
-            raise BenchError(f"{host}: the benchmark helper did not start (rc {self.p.returncode}): "
-                             + "".join(self.err[-15:]).strip()[-1500:] + f"\n  fix: is the deployment installed there ({command.env_python(resolved)})?")
+            raise BenchError(
+                f"{host}: the benchmark helper did not start (rc {self.p.returncode}): "
+                + "".join(self.err[-15:]).strip()[-1500:]
+                + f"\n  fix: is the deployment installed there ({command.env_python(resolved)})?"
+            )
 
     def _drain_stderr(self) -> None:
         for line in self.p.stderr:
@@ -104,7 +123,9 @@ def spec_digest(path: str) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
-def load_fleet(inventory: str, spec_path: str, need_key: bool = True, data: Sequence[str] = ()) -> tuple[dict[str, Any], Any, FleetView, str | None]:
+def load_fleet(
+    inventory: str, spec_path: str, need_key: bool = True, data: Sequence[str] = ()
+) -> tuple[dict[str, Any], Any, FleetView, str | None]:
     """(resolved spec, Spec, view, API key or None when not ``need_key``): every problem as BenchError, nothing touched."""
     try:
         resolved, _, spec = load_checked(spec_path)  # the spec read once

@@ -58,8 +58,10 @@ class SmokeResult:
             status = "FAIL" if not c["ok"] else "WARN" if c.get("warn") else "PASS"
             lines.append(f"  {status}  {c['name']}: {c['detail']}")
         if self.ttft_s is not None:
-            lines.append(f"  TTFT {self.ttft_s * 1000:.0f} ms, streamed {self.stream_events} events in {self.stream_total_s * 1000:.0f} ms; "
-                         f"plain chat {self.chat_total_s * 1000:.0f} ms")
+            lines.append(
+                f"  TTFT {self.ttft_s * 1000:.0f} ms, streamed {self.stream_events} events in {self.stream_total_s * 1000:.0f} ms; "
+                f"plain chat {self.chat_total_s * 1000:.0f} ms"
+            )
         return "\n".join(lines)
 
 
@@ -68,22 +70,42 @@ def _check(result: SmokeResult, name: str, ok: bool, detail: str, *, warn: bool 
     result.checks.append({"name": name, "ok": bool(ok), "warn": bool(warn), "detail": detail})
 
 
-def stream_chat(base_url: str, model: str, api_key: str | None, prompt: str, max_tokens: int, *, verify: Any = True, timeout: float = 120,
-                host_header: str | None = None) -> dict[str, Any]:
+def stream_chat(
+    base_url: str,
+    model: str,
+    api_key: str | None,
+    prompt: str,
+    max_tokens: int,
+    *,
+    verify: Any = True,
+    timeout: float = 120,
+    host_header: str | None = None,
+) -> dict[str, Any]:
     """POST a streamed chat completion; return the arrival time of every SSE event.
 
     The response is read as it arrives (chunk by chunk), so a proxy that buffers the whole
     stream shows up as all events arriving at once. ``host_header``: the ``Host`` sent (a proxy
     whose site is chosen by ``server_name``; the URL names the host's address).
     """
-    headers = {**({"Authorization": f"Bearer {api_key}"} if api_key else {}), **({"Host": host_header} if host_header else {})}
-    body = {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
-            "stream": True, "temperature": 0, "ignore_eos": True}
+    headers = {
+        **({"Authorization": f"Bearer {api_key}"} if api_key else {}),
+        **({"Host": host_header} if host_header else {}),
+    }
+    body = {
+        "model": model,
+        "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": max_tokens,
+        "stream": True,
+        "temperature": 0,
+        "ignore_eos": True,
+    }
     t0 = time.monotonic()
     times: list[float] = []
     text: list[str] = []
     done = False
-    with requests.post(f"{base_url}/v1/chat/completions", json=body, headers=headers, stream=True, timeout=timeout, verify=verify) as r:
+    with requests.post(
+        f"{base_url}/v1/chat/completions", json=body, headers=headers, stream=True, timeout=timeout, verify=verify
+    ) as r:
         if r.status_code != 200:
             raise SmokeError(f"stream: POST {base_url}/v1/chat/completions -> HTTP {r.status_code}: {r.text[:300]}")
         ctype = r.headers.get("content-type", "")
@@ -130,12 +152,15 @@ def describe_stream(times: list[float]) -> str:
     """One stream's arrival pattern, e.g. "66 events in 1 arrivals, first at 181 ms, last at 181 ms"."""
     if not times:
         return "0 events"
-    return (f"{len(times)} events in {_arrivals(times)} arrivals, first at {times[0] * 1000:.0f} ms, "
-            f"last at {times[-1] * 1000:.0f} ms")
+    return (
+        f"{len(times)} events in {_arrivals(times)} arrivals, first at {times[0] * 1000:.0f} ms, "
+        f"last at {times[-1] * 1000:.0f} ms"
+    )
 
 
-def judge_stream(seen: list[str], passed: bool, direct: list[list[float]], direct_errors: list[str],
-                 attempts: int) -> tuple[bool, bool, str]:
+def judge_stream(
+    seen: list[str], passed: bool, direct: list[list[float]], direct_errors: list[str], attempts: int
+) -> tuple[bool, bool, str]:
     """The stream-incremental verdict: ``(ok, warn, detail)``.
 
     - The last stream through the proxy arrived incrementally: pass.
@@ -157,12 +182,24 @@ def judge_stream(seen: list[str], passed: bool, direct: list[list[float]], direc
     spread = sum(1 for t in direct if is_incremental(t))
     straight = "; straight from vLLM on its host: " + "; ".join(describe_stream(t) for t in direct)
     if 2 * spread > len(direct):
-        return False, False, (f"every stream through the proxy arrived at once, while {spread} of {len(direct)} "
-                              f"straight from vLLM arrived incrementally: the proxy holds responses "
-                              f"(nginx: proxy_buffering off in the API location): {detail}{straight}")
-    return True, True, (f"inconclusive: {len(direct) - spread} of {len(direct)} streams straight from vLLM on its "
-                        f"host arrived at once too (vLLM sent them in one burst), so the proxy cannot be judged: "
-                        f"{detail}{straight}")
+        return (
+            False,
+            False,
+            (
+                f"every stream through the proxy arrived at once, while {spread} of {len(direct)} "
+                f"straight from vLLM arrived incrementally: the proxy holds responses "
+                f"(nginx: proxy_buffering off in the API location): {detail}{straight}"
+            ),
+        )
+    return (
+        True,
+        True,
+        (
+            f"inconclusive: {len(direct) - spread} of {len(direct)} streams straight from vLLM on its "
+            f"host arrived at once too (vLLM sent them in one burst), so the proxy cannot be judged: "
+            f"{detail}{straight}"
+        ),
+    )
 
 
 #: Tokens of the one short chat each replica answers on its own host (every deploy proves every replica).
@@ -205,9 +242,22 @@ def _guarded(out: SmokeResult, name: str, fn: Callable[[SmokeResult], None]) -> 
 class _Smoke:
     """The smoke checks against one endpoint (the settings :func:`smoke_checks` takes), one method a check."""
 
-    def __init__(self, base_url: str, model: str, api_key: str | None, *, prompt: str, max_tokens: int, concurrency: int,
-                 verify: Any, timeout: float, stream_attempts: int, stream_tokens: int,
-                 direct_stream: Callable[[int], list[float]] | None, host_header: str | None) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        api_key: str | None,
+        *,
+        prompt: str,
+        max_tokens: int,
+        concurrency: int,
+        verify: Any,
+        timeout: float,
+        stream_attempts: int,
+        stream_tokens: int,
+        direct_stream: Callable[[int], list[float]] | None,
+        host_header: str | None,
+    ) -> None:
         self.base_url, self.model, self.api_key = base_url, model, api_key
         self.prompt, self.max_tokens, self.concurrency = prompt, max_tokens, concurrency
         self.verify, self.timeout, self.host_header = verify, timeout, host_header
@@ -233,9 +283,17 @@ class _Smoke:
 
     def chat(self, out: SmokeResult) -> None:
         t0 = time.monotonic()
-        r = self.s.post(f"{self.base_url}/v1/chat/completions", headers=self.auth, timeout=self.timeout,
-                        json={"model": self.model, "messages": [{"role": "user", "content": self.prompt}],
-                              "max_tokens": self.max_tokens, "temperature": 0})
+        r = self.s.post(
+            f"{self.base_url}/v1/chat/completions",
+            headers=self.auth,
+            timeout=self.timeout,
+            json={
+                "model": self.model,
+                "messages": [{"role": "user", "content": self.prompt}],
+                "max_tokens": self.max_tokens,
+                "temperature": 0,
+            },
+        )
         out.chat_total_s = time.monotonic() - t0
         if r.status_code != 200:
             raise SmokeError(f"POST /v1/chat/completions -> {r.status_code}: {r.text[:300]}")
@@ -257,8 +315,16 @@ class _Smoke:
         direct_errors: list[str] = []
         tokens = max(self.max_tokens, self.stream_tokens)
         for attempt in range(1, self.stream_attempts + 1):
-            st = stream_chat(self.base_url, self.model, self.api_key, self.prompt, tokens, verify=self.verify, timeout=self.timeout,
-                             host_header=self.host_header)
+            st = stream_chat(
+                self.base_url,
+                self.model,
+                self.api_key,
+                self.prompt,
+                tokens,
+                verify=self.verify,
+                timeout=self.timeout,
+                host_header=self.host_header,
+            )
             times = st["times"]
             out.stream_events = len(times)
             out.ttft_s = times[0] if times else None
@@ -280,7 +346,12 @@ class _Smoke:
     def refused(self, out: SmokeResult) -> None:
         for label, hdrs in (("no key", {}), ("wrong key", {"Authorization": "Bearer wrong-key-for-smoke"})):
             r = self.s.get(f"{self.base_url}/v1/models", headers=hdrs, timeout=self.timeout)
-            _check(out, f"auth-{label.replace(' ', '-')}", r.status_code == 401, f"GET /v1/models with {label} -> {r.status_code}")
+            _check(
+                out,
+                f"auth-{label.replace(' ', '-')}",
+                r.status_code == 401,
+                f"GET /v1/models with {label} -> {r.status_code}",
+            )
 
     def concurrent(self, out: SmokeResult) -> None:
         """What is proven is that the endpoint serves several requests at once: one token each
@@ -288,19 +359,40 @@ class _Smoke:
         headers = {**self.auth, **({"Host": self.host_header} if self.host_header else {})}
 
         def one(i: int) -> int:
-            r = requests.post(f"{self.base_url}/v1/chat/completions", headers=headers, timeout=self.timeout, verify=self.verify,
-                              json={"model": self.model, "messages": [{"role": "user", "content": f"{self.prompt} ({i})"}],
-                                    "max_tokens": CONCURRENT_TOKENS})
+            r = requests.post(
+                f"{self.base_url}/v1/chat/completions",
+                headers=headers,
+                timeout=self.timeout,
+                verify=self.verify,
+                json={
+                    "model": self.model,
+                    "messages": [{"role": "user", "content": f"{self.prompt} ({i})"}],
+                    "max_tokens": CONCURRENT_TOKENS,
+                },
+            )
             return r.status_code
+
         with ThreadPoolExecutor(max_workers=self.concurrency) as pool:
             codes = list(pool.map(one, range(self.concurrency)))
         _check(out, "concurrent", all(c == 200 for c in codes), f"{self.concurrency} concurrent chats -> {codes}")
 
 
-def smoke_checks(base_url: str, model: str, api_key: str | None, *, prompt: str = "Say hello in one short sentence.",
-              max_tokens: int = 32, concurrency: int = 4, expect_auth: bool = True, verify: Any = True,
-              timeout: float = 120, stream_attempts: int = 5, stream_tokens: int = 64,
-              direct_stream: Callable[[int], list[float]] | None = None, host_header: str | None = None) -> SmokeResult:
+def smoke_checks(
+    base_url: str,
+    model: str,
+    api_key: str | None,
+    *,
+    prompt: str = "Say hello in one short sentence.",
+    max_tokens: int = 32,
+    concurrency: int = 4,
+    expect_auth: bool = True,
+    verify: Any = True,
+    timeout: float = 120,
+    stream_attempts: int = 5,
+    stream_tokens: int = 64,
+    direct_stream: Callable[[int], list[float]] | None = None,
+    host_header: str | None = None,
+) -> SmokeResult:
     """Run every check against one endpoint: the one smoke entry point (the smoke role's deploy,
     ``run_smoke``, calls it). Never raises for a failed check: :meth:`SmokeResult.raise_for_failures`.
 
@@ -321,11 +413,26 @@ def smoke_checks(base_url: str, model: str, api_key: str | None, *, prompt: str 
     if base_url.endswith("/v1"):
         base_url = base_url[:-3]
     res = SmokeResult(base_url)
-    smoke = _Smoke(base_url, model, api_key, prompt=prompt, max_tokens=max_tokens, concurrency=concurrency, verify=verify,
-                   timeout=timeout, stream_attempts=stream_attempts, stream_tokens=stream_tokens,
-                   direct_stream=direct_stream, host_header=host_header)
+    smoke = _Smoke(
+        base_url,
+        model,
+        api_key,
+        prompt=prompt,
+        max_tokens=max_tokens,
+        concurrency=concurrency,
+        verify=verify,
+        timeout=timeout,
+        stream_attempts=stream_attempts,
+        stream_tokens=stream_tokens,
+        direct_stream=direct_stream,
+        host_header=host_header,
+    )
     streamed = _guarded(SmokeResult(base_url), "stream", smoke.stream)
-    checks: list[tuple[str, Callable[[SmokeResult], None]]] = [("health", smoke.health), ("models", smoke.models), ("chat", smoke.chat)]
+    checks: list[tuple[str, Callable[[SmokeResult], None]]] = [
+        ("health", smoke.health),
+        ("models", smoke.models),
+        ("chat", smoke.chat),
+    ]
     if expect_auth:
         checks.append(("auth", smoke.refused))
     checks.append(("concurrent", smoke.concurrent))
@@ -340,7 +447,9 @@ def smoke_checks(base_url: str, model: str, api_key: str | None, *, prompt: str 
     return res
 
 
-def wait_healthy(url: str, deadline_s: float, *, verify: Any = True, interval: float = 2.0, host_header: str | None = None) -> float:
+def wait_healthy(
+    url: str, deadline_s: float, *, verify: Any = True, interval: float = 2.0, host_header: str | None = None
+) -> float:
     """Poll ``url`` until it answers 200; return seconds waited; raise TimeoutError.
     ``host_header``: the ``Host`` sent (see :func:`smoke_checks`)."""
     t0 = time.monotonic()
@@ -357,8 +466,15 @@ def wait_healthy(url: str, deadline_s: float, *, verify: Any = True, interval: f
     raise TimeoutError(f"{url} not healthy after {deadline_s:.0f} s (last: {last})")
 
 
-def wait_serving(base_url: str, api_key: str | None, deadline_s: float, *, verify: Any = True, interval: float = 0.5,
-                 host_header: str | None = None) -> bool:
+def wait_serving(
+    base_url: str,
+    api_key: str | None,
+    deadline_s: float,
+    *,
+    verify: Any = True,
+    interval: float = 0.5,
+    host_header: str | None = None,
+) -> bool:
     """Poll an authenticated ``GET /v1/models`` on fresh connections until it answers 200.
 
     After ``nginx -s reload`` the master starts new workers asynchronously; until they run, the
@@ -366,12 +482,18 @@ def wait_serving(base_url: str, api_key: str | None, deadline_s: float, *, verif
     only an authenticated request shows that the new configuration is live. Returns whether it
     got there; the checks that follow report what is wrong when it did not.
     """
-    headers = {**({"Authorization": f"Bearer {api_key}"} if api_key else {}), **({"Host": host_header} if host_header else {})}
+    headers = {
+        **({"Authorization": f"Bearer {api_key}"} if api_key else {}),
+        **({"Host": host_header} if host_header else {}),
+    }
     t0 = time.monotonic()
     while time.monotonic() - t0 < deadline_s:
         try:
             with requests.Session() as s:
-                if s.get(f"{base_url.rstrip('/')}/v1/models", headers=headers, timeout=5, verify=verify).status_code == 200:
+                if (
+                    s.get(f"{base_url.rstrip('/')}/v1/models", headers=headers, timeout=5, verify=verify).status_code
+                    == 200
+                ):
                     return True
         except requests.RequestException:
             pass

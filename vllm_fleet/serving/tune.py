@@ -91,7 +91,9 @@ def parse_target(text: str) -> dict[str, float]:
     for part in filter(None, (p.strip() for p in text.split(","))):
         key, _, value = part.partition("=")
         if key not in TARGET_KEYS:
-            raise TuneError(f"--target {part!r}: unknown metric {key!r}; use {', '.join(k for k in TARGET_KEYS if 'p99' in k)} (or p50/p90)")
+            raise TuneError(
+                f"--target {part!r}: unknown metric {key!r}; use {', '.join(k for k in TARGET_KEYS if 'p99' in k)} (or p50/p90)"
+            )
         if key in out:
             raise TuneError(f"--target {part!r}: {key} is given twice; give each metric once")
         try:
@@ -99,7 +101,9 @@ def parse_target(text: str) -> dict[str, float]:
         except ValueError:
             raise TuneError(f"--target {part!r}: {value!r} is not a number of milliseconds") from None
         if not math.isfinite(out[key]) or not 0 < out[key] <= TARGET_MAX_MS:
-            raise TuneError(f"--target {part!r}: give a finite number of milliseconds above 0 and at most {TARGET_MAX_MS} (a day)")
+            raise TuneError(
+                f"--target {part!r}: give a finite number of milliseconds above 0 and at most {TARGET_MAX_MS} (a day)"
+            )
     if not out:
         raise TuneError("--target: give at least one limit, e.g. ttft_p99_ms=500,tpot_p99_ms=50")
     return out
@@ -249,8 +253,10 @@ def check_point(spec: Any, settings: dict[str, Any], workload_tokens: int) -> tu
         return None, "planner: does not fit: " + ("; ".join(plan.get("notes") or []) or "no KV cache left")
     tokens, seqs = plan.get("kv_tokens"), int(resolved["engine"]["max_num_seqs"])
     if tokens is not None and workload_tokens > 0 and tokens // workload_tokens < seqs:
-        return None, (f"planner: the KV cache holds {tokens:,} tokens = {tokens // workload_tokens} sequences of the workload's "
-                      f"{workload_tokens} tokens, fewer than max_num_seqs {seqs}")
+        return None, (
+            f"planner: the KV cache holds {tokens:,} tokens = {tokens // workload_tokens} sequences of the workload's "
+            f"{workload_tokens} tokens, fewer than max_num_seqs {seqs}"
+        )
     return resolved, None
 
 
@@ -270,8 +276,15 @@ def prune(spec: Any, candidates: list[dict[str, Any]], workload_tokens: int) -> 
                 resolved, why = None, f"same vLLM command line and environment as {seen[key]}"
             else:
                 seen[key] = pid
-        out.append({"id": pid, "settings": s, "status": "pending" if resolved is not None else "skipped", "reason": why,
-                    "resolved": resolved})
+        out.append(
+            {
+                "id": pid,
+                "settings": s,
+                "status": "pending" if resolved is not None else "skipped",
+                "reason": why,
+                "resolved": resolved,
+            }
+        )
     return out
 
 
@@ -279,9 +292,16 @@ def prune(spec: Any, candidates: list[dict[str, Any]], workload_tokens: int) -> 
 # load search, Pareto front
 
 
-def search(measure: Callable[[float], dict[str, Any] | None], ok: Callable[[dict[str, Any] | None], bool], *,
-           lo: float = 1, hi: float = 64, max_probes: int = 6, integer: bool = True, tolerance: float = 1.15
-           ) -> tuple[float | None, list[dict[str, Any]]]:
+def search(
+    measure: Callable[[float], dict[str, Any] | None],
+    ok: Callable[[dict[str, Any] | None], bool],
+    *,
+    lo: float = 1,
+    hi: float = 64,
+    max_probes: int = 6,
+    integer: bool = True,
+    tolerance: float = 1.15,
+) -> tuple[float | None, list[dict[str, Any]]]:
     """The highest load in [lo, hi] that ``ok`` accepts: double from ``lo`` until a load fails (or
     ``hi``), then bisect between the last pass and the first failure; at most ``max_probes``
     measurements. Returns (best load or None when even ``lo`` fails, the probes in order)."""
@@ -327,13 +347,21 @@ def default_probes(lo: float, hi: float) -> int:
 
 def pareto(measured: list[dict[str, Any]], latency_key: str) -> list[dict[str, Any]]:
     """Points not dominated in (higher output throughput, lower latency), by latency."""
-    pts = [p for p in measured if p.get("best") and p["best"].get("output_throughput") is not None
-           and p["best"].get(latency_key) is not None]
+    pts = [
+        p
+        for p in measured
+        if p.get("best") and p["best"].get("output_throughput") is not None and p["best"].get(latency_key) is not None
+    ]
     front = []
     for p in pts:
         t, lat = p["best"]["output_throughput"], p["best"][latency_key]
-        dominated = any(q is not p and q["best"]["output_throughput"] >= t and q["best"][latency_key] <= lat
-                        and (q["best"]["output_throughput"] > t or q["best"][latency_key] < lat) for q in pts)
+        dominated = any(
+            q is not p
+            and q["best"]["output_throughput"] >= t
+            and q["best"][latency_key] <= lat
+            and (q["best"]["output_throughput"] > t or q["best"][latency_key] < lat)
+            for q in pts
+        )
         if not dominated:
             front.append(p)
     return sorted(front, key=lambda p: p["best"][latency_key])
@@ -357,9 +385,13 @@ def closest(points_: list[dict[str, Any]], target: dict[str, float]) -> str:
         return "no point was measured"
     p, pr = how
     m = pr["metrics"] or {}
-    got = ", ".join(f"{k} {m.get(TARGET_KEYS[k]):.1f} (limit {v:g})" for k, v in target.items() if m.get(TARGET_KEYS[k]) is not None)
-    return (f"the closest was {p['id']} ({', '.join(f'{k}={v}' for k, v in p['settings'].items())}) at load {pr['load']:g}: "
-            f"{got}: {best:.2f}x the target" + (f", {m.get('failed')} failed" if m.get("failed") else ""))
+    got = ", ".join(
+        f"{k} {m.get(TARGET_KEYS[k]):.1f} (limit {v:g})" for k, v in target.items() if m.get(TARGET_KEYS[k]) is not None
+    )
+    return (
+        f"the closest was {p['id']} ({', '.join(f'{k}={v}' for k, v in p['settings'].items())}) at load {pr['load']:g}: "
+        f"{got}: {best:.2f}x the target" + (f", {m.get('failed')} failed" if m.get("failed") else "")
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -402,36 +434,46 @@ def settings_key(settings: dict[str, Any]) -> str:
 def overlay_text(state: dict[str, Any], win: dict[str, Any], base: dict[str, Any] | None) -> str:
     b = win["best"]
     kind = state["load_kind"]
-    lines = [f"# vllm-fleet tune: the winning engine settings for {state['deployment']} (point {win['id']})",
-             f"# target: {', '.join(f'{k} <= {v:g}' for k, v in state['target'].items())}; measured on {state['host']} "
-             f"{state['started']}; {state.get('vllm_version') or 'vLLM ?'}; GPU: {state.get('gpu') or '-'}",
-             f"# workload: {json.dumps(state['workload'])}; spec {state['spec_file']} (sha256 {state['spec_sha256'][:16]})",
-             f"# evidence: {kind} {win['best_load']:g} meets it: TTFT p99 {b.get('p99_ttft_ms', 0):.1f} ms, TPOT p99 "
-             f"{b.get('p99_tpot_ms', 0):.2f} ms, ITL p99 {b.get('p99_itl_ms') or 0:.2f} ms, {b.get('output_throughput', 0):.0f} "
-             f"output tok/s, {b.get('completed')} requests, {b.get('failed') or 0} failed"]
+    lines = [
+        f"# vllm-fleet tune: the winning engine settings for {state['deployment']} (point {win['id']})",
+        f"# target: {', '.join(f'{k} <= {v:g}' for k, v in state['target'].items())}; measured on {state['host']} "
+        f"{state['started']}; {state.get('vllm_version') or 'vLLM ?'}; GPU: {state.get('gpu') or '-'}",
+        f"# workload: {json.dumps(state['workload'])}; spec {state['spec_file']} (sha256 {state['spec_sha256'][:16]})",
+        f"# evidence: {kind} {win['best_load']:g} meets it: TTFT p99 {b.get('p99_ttft_ms', 0):.1f} ms, TPOT p99 "
+        f"{b.get('p99_tpot_ms', 0):.2f} ms, ITL p99 {b.get('p99_itl_ms') or 0:.2f} ms, {b.get('output_throughput', 0):.0f} "
+        f"output tok/s, {b.get('completed')} requests, {b.get('failed') or 0} failed",
+    ]
     if base and base.get("best"):
         bb = base["best"]
         gain = (b["output_throughput"] / bb["output_throughput"] - 1) * 100 if bb.get("output_throughput") else 0
-        lines.append(f"# the spec's own settings ({base['id']}): {kind} {base['best_load']:g}, {bb.get('output_throughput', 0):.0f} "
-                     f"output tok/s within the target: {gain:+.0f} % output tokens/s for this overlay")
+        lines.append(
+            f"# the spec's own settings ({base['id']}): {kind} {base['best_load']:g}, {bb.get('output_throughput', 0):.0f} "
+            f"output tok/s within the target: {gain:+.0f} % output tokens/s for this overlay"
+        )
     elif base:
         lines.append(f"# the spec's own settings ({base['id']}): met the target at no load tried ({base['status']})")
-    lines += [f"# points: {sum(1 for p in state['points'] if p['status'] == 'measured')} measured, "
-              f"{sum(1 for p in state['points'] if p['status'] == 'skipped')} skipped; report: report.html",
-              "# use: merge into the spec (tuned-spec.yaml beside this file is the merged spec, validated), then",
-              "#      vllm-fleet rollout INVENTORY --spec tuned-spec.yaml",
-              "# a null value means: leave the key out (vLLM's default)"]
+    lines += [
+        f"# points: {sum(1 for p in state['points'] if p['status'] == 'measured')} measured, "
+        f"{sum(1 for p in state['points'] if p['status'] == 'skipped')} skipped; report: report.html",
+        "# use: merge into the spec (tuned-spec.yaml beside this file is the merged spec, validated), then",
+        "#      vllm-fleet rollout INVENTORY --spec tuned-spec.yaml",
+        "# a null value means: leave the key out (vLLM's default)",
+    ]
     body = yaml.safe_dump(overlay_of(win["settings"]), sort_keys=False, default_flow_style=False)
     return "\n".join(lines) + "\n" + body
 
 
-def write_overlay(out: Path, spec: Any, state: dict[str, Any], win: dict[str, Any], base: dict[str, Any] | None) -> tuple[Path, Path]:
+def write_overlay(
+    out: Path, spec: Any, state: dict[str, Any], win: dict[str, Any], base: dict[str, Any] | None
+) -> tuple[Path, Path]:
     ov = out / "overlay.yaml"
     ov.write_text(overlay_text(state, win, base))
     merged = merge(spec.raw, yaml.safe_load(ov.read_text()))
     tuned = out / "tuned-spec.yaml"
-    tuned.write_text(f"# {spec.path}, with {ov.name} merged (vllm-fleet tune, point {win['id']})\n"
-                     + yaml.safe_dump(merged, sort_keys=False))
+    tuned.write_text(
+        f"# {spec.path}, with {ov.name} merged (vllm-fleet tune, point {win['id']})\n"
+        + yaml.safe_dump(merged, sort_keys=False)
+    )
     return ov, tuned
 
 
@@ -442,31 +484,57 @@ def write_overlay(out: Path, spec: Any, state: dict[str, Any], win: dict[str, An
 class Tuner:
     """One tune; see the module docstring. ``runner(argv, env) -> (rc, output)`` runs pyinfra."""
 
-    def __init__(self, inventory: str, spec_path: str, target: dict[str, float], out: str, *, grid: dict[str, list[Any]] | None = None,
-                 host: str | None = None, budget_min: float | None = None, resume: bool = False, in_place: bool = False,
-                 input_len: int = 128, output_len: int = 128, prompts_per_stream: int = 4, min_prompts: int = 8,
-                 max_probes: int | None = None, max_load: float | None = None, warmup_prompts: int = 4, health_timeout: float = 900, dry: bool = False,
-                 load_kind: str = "concurrency", multi_turn: dict[str, Any] | None = None,
-                 say: Callable[[str], None] = print, runner: Callable[[list[str], dict[str, str]], tuple[int, str]] | None = None,
-                 data: Sequence[str] = ()):
+    def __init__(
+        self,
+        inventory: str,
+        spec_path: str,
+        target: dict[str, float],
+        out: str,
+        *,
+        grid: dict[str, list[Any]] | None = None,
+        host: str | None = None,
+        budget_min: float | None = None,
+        resume: bool = False,
+        in_place: bool = False,
+        input_len: int = 128,
+        output_len: int = 128,
+        prompts_per_stream: int = 4,
+        min_prompts: int = 8,
+        max_probes: int | None = None,
+        max_load: float | None = None,
+        warmup_prompts: int = 4,
+        health_timeout: float = 900,
+        dry: bool = False,
+        load_kind: str = "concurrency",
+        multi_turn: dict[str, Any] | None = None,
+        say: Callable[[str], None] = print,
+        runner: Callable[[list[str], dict[str, str]], tuple[int, str]] | None = None,
+        data: Sequence[str] = (),
+    ):
         self.inventory, self.spec_path, self.target, self.say, self.data = inventory, spec_path, target, say, list(data)
         try:
-            self.resolved, self.spec, self.view, self.key = load_fleet(inventory, spec_path, need_key=not dry, data=self.data)
+            self.resolved, self.spec, self.view, self.key = load_fleet(
+                inventory, spec_path, need_key=not dry, data=self.data
+            )
         except BenchError as exc:
             raise TuneError(str(exc)) from None
         v = self.view
         if host:
             rep = v.replica(host)
             if not rep:
-                raise TuneError(f"--host {host}: not a replica of {self.resolved['name']} in {inventory} "
-                                f"(replicas: {', '.join(r.id for r in v.replicas)})")
+                raise TuneError(
+                    f"--host {host}: not a replica of {self.resolved['name']} in {inventory} "
+                    f"(replicas: {', '.join(r.id for r in v.replicas)})"
+                )
         else:
             rep = next((r for r in reversed(v.replicas) if r.host not in v.proxies), v.replicas[-1])
         self.rep = rep
         self.upstream = bool(v.proxies) and not in_place
         if self.upstream and len(v.replicas) < 2:
-            raise TuneError(f"{rep.id} ({rep.unit}) is the only replica: taking it out of the upstream stops the service. Add a replica, "
-                            "or pass --in-place (the tune restarts it while clients use it)")
+            raise TuneError(
+                f"{rep.id} ({rep.unit}) is the only replica: taking it out of the upstream stops the service. Add a replica, "
+                "or pass --in-place (the tune restarts it while clients use it)"
+            )
         self.out = Path(out)
         self.results = self.out / "tune.jsonl"
         self.budget_s = budget_min * 60 if budget_min else None
@@ -478,14 +546,20 @@ class Tuner:
         self.multi_turn = dict(multi_turn) if multi_turn else None
         if self.multi_turn:
             if not v.proxies or self.upstream or len(v.replicas) != 1 or load_kind != "concurrency":
-                raise TuneError("--multi-turn sends the conversations through the proxy: it needs a deployment with a proxy and one "
-                                f"replica (here {len(v.replicas)}), --in-place, and --search concurrency")
+                raise TuneError(
+                    "--multi-turn sends the conversations through the proxy: it needs a deployment with a proxy and one "
+                    f"replica (here {len(v.replicas)}), --in-place, and --search concurrency"
+                )
             from vllm_fleet.serving import multiturn
 
             self.proxy_url = multiturn.proxy_url(self.resolved, v)
             self.workload = {"dataset": "multi-turn", **self.multi_turn}
             mt = self.multi_turn
-            input_len = int(mt.get("prefix_words", 0)) + int(mt.get("system_words", 0)) + int(mt.get("turns", 1)) * int(mt.get("user_words", 0))
+            input_len = (
+                int(mt.get("prefix_words", 0))
+                + int(mt.get("system_words", 0))
+                + int(mt.get("turns", 1)) * int(mt.get("user_words", 0))
+            )
             output_len = int(mt.get("turns", 1)) * int(mt.get("output_tokens", 0))
         self.prompts_per_stream, self.min_prompts, self.max_probes = prompts_per_stream, min_prompts, max_probes
         self.max_load, self.warmup_prompts, self.health_timeout = max_load, warmup_prompts, health_timeout
@@ -493,7 +567,9 @@ class Tuner:
             raise TuneError(f"--search {load_kind}: use concurrency or rate")
         self.load_kind = load_kind
         self.grid = grid or default_grid(self.resolved, self._gpu())
-        self.points = prune(self.spec, points(self.grid, base_settings(self.resolved, self.grid)), input_len + output_len)
+        self.points = prune(
+            self.spec, points(self.grid, base_settings(self.resolved, self.grid)), input_len + output_len
+        )
         self._prune_layout()
         self.runner = runner or run_step
         self.pyinfra = str(Path(sys.executable).parent / "pyinfra")
@@ -510,14 +586,24 @@ class Tuner:
         """The rollout's own upstream step on the proxies (nginx -t, reload, old workers gone)."""
         from vllm_fleet.specs.inventory import for_pyinfra
 
-        argv, env = step_command(self.pyinfra, for_pyinfra(self.inventory), self.spec_path, "upstream", limit=list(self.view.proxies),
-                                 down=down, drain_timeout=self.resolved["rollout"]["drain_timeout"], data=self.data)
+        argv, env = step_command(
+            self.pyinfra,
+            for_pyinfra(self.inventory),
+            self.spec_path,
+            "upstream",
+            limit=list(self.view.proxies),
+            down=down,
+            drain_timeout=self.resolved["rollout"]["drain_timeout"],
+            data=self.data,
+        )
         t0 = time.monotonic()
         rc, text = self.runner(argv, env)
         (self.out / "pyinfra.log").open("a").write(f"\n===== upstream down={down}: rc {rc}\n{text}")
         if rc != 0:
-            raise TuneError(f"putting {', '.join(down) or 'every replica'} {'out of' if down else 'back into'} the upstream on "
-                            f"{', '.join(self.view.proxies)} failed:\n{failure_tail(text)}")
+            raise TuneError(
+                f"putting {', '.join(down) or 'every replica'} {'out of' if down else 'back into'} the upstream on "
+                f"{', '.join(self.view.proxies)} failed:\n{failure_tail(text)}"
+            )
         return time.monotonic() - t0
 
     def _prune_layout(self) -> None:
@@ -533,11 +619,18 @@ class Tuner:
             except LayoutError as exc:
                 p.update(status="skipped", reason=f"layout: {str(exc).splitlines()[0]}", resolved=None)
                 continue
-            changed = [path for path in self.rep.shared if (files.get(path) and files[path].content) != (base.get(path) and base[path].content)]
+            changed = [
+                path
+                for path in self.rep.shared
+                if (files.get(path) and files[path].content) != (base.get(path) and base[path].content)
+            ]
             if changed:
-                p.update(status="skipped", resolved=None,
-                         reason=f"changes {', '.join(changed)}, which the other replica(s) of {self.rep.host} read too: "
-                                "tune on a host with one replica (--host)")
+                p.update(
+                    status="skipped",
+                    resolved=None,
+                    reason=f"changes {', '.join(changed)}, which the other replica(s) of {self.rep.host} read too: "
+                    "tune on a host with one replica (--host)",
+                )
 
     def files_for(self, resolved: dict[str, Any]) -> dict[str, dict[str, Any]]:
         files = instance_files(resolved, self.view.hosts, self.rep)
@@ -546,9 +639,17 @@ class Tuner:
     # -- the sweep --------------------------------------------------------------------------
 
     def header(self) -> dict[str, Any]:
-        return {"kind": "header", "deployment": self.resolved["name"], "spec_file": os.path.abspath(self.spec_path),
-                "spec_sha256": spec_digest(self.spec_path), "target": self.target, "workload": {**self.workload, "search": self.load_kind},
-                "host": self.rep.host, "replica": self.rep.id, "grid": self.grid}
+        return {
+            "kind": "header",
+            "deployment": self.resolved["name"],
+            "spec_file": os.path.abspath(self.spec_path),
+            "spec_sha256": spec_digest(self.spec_path),
+            "target": self.target,
+            "workload": {**self.workload, "search": self.load_kind},
+            "host": self.rep.host,
+            "replica": self.rep.id,
+            "grid": self.grid,
+        }
 
     def prepare_results(self) -> dict[str, dict[str, Any]]:
         """{settings key: finished row} from an earlier run (--resume), after checking it matches."""
@@ -562,10 +663,14 @@ class Tuner:
             append(self.results, {**mine, "started": _now()})
             return {}
         if not self.resume:
-            raise TuneError(f"{self.results} exists ({len(rows)} point(s) done): pass --resume to go on with it, or another --out")
+            raise TuneError(
+                f"{self.results} exists ({len(rows)} point(s) done): pass --resume to go on with it, or another --out"
+            )
         for k in ("spec_sha256", "target", "workload", "host"):
             if header.get(k) != mine[k]:
-                raise TuneError(f"{self.results}: --resume with another {k} ({header.get(k)!r}, now {mine[k]!r}): use another --out")
+                raise TuneError(
+                    f"{self.results}: --resume with another {k} ({header.get(k)!r}, now {mine[k]!r}): use another --out"
+                )
         return {settings_key(r["settings"]): r for r in rows}
 
     def run(self) -> dict[str, Any]:
@@ -584,9 +689,11 @@ class Tuner:
             elif p["status"] == "skipped":
                 self.say(f"  {p['id']} skipped: {point_label(p['settings'])}: {p['reason']}")
                 append(self.results, _row(p))
-        self.say(f"tune {self.resolved['name']}: {len(self.points)} point(s), {sum(p['status'] == 'skipped' for p in self.points)} skipped, "
-                 f"{len(done)} done before, {len(pending)} to run on {self.rep.id} ({self.rep.unit}, port {self.rep.port}); "
-                 f"target {', '.join(f'{k} <= {v:g}' for k, v in self.target.items())}; results {self.results}")
+        self.say(
+            f"tune {self.resolved['name']}: {len(self.points)} point(s), {sum(p['status'] == 'skipped' for p in self.points)} skipped, "
+            f"{len(done)} done before, {len(pending)} to run on {self.rep.id} ({self.rep.unit}, port {self.rep.port}); "
+            f"target {', '.join(f'{k} <= {v:g}' for k, v in self.target.items())}; results {self.results}"
+        )
         info: dict[str, Any] = {}
         if pending:
             info = self._sweep(pending, t_start, HostSession)
@@ -605,7 +712,9 @@ class Tuner:
                 original = sess.call("read", paths=list(self.rep.files))["files"]
                 missing = [p for p, f in original.items() if f is None]
                 if missing:
-                    raise TuneError(f"{self.rep.host}: {', '.join(missing)} missing: is {self.resolved['name']} deployed there?")
+                    raise TuneError(
+                        f"{self.rep.host}: {', '.join(missing)} missing: is {self.resolved['name']} deployed there?"
+                    )
                 orig_file.write_text(json.dumps(original))
             if self.upstream:
                 s = self.set_upstream([self.rep.id])
@@ -615,8 +724,10 @@ class Tuner:
             for p in pending:
                 elapsed = time.monotonic() - t_start
                 if self.budget_s and times and elapsed + sum(times) / len(times) > self.budget_s:
-                    self.say(f"  budget: {elapsed / 60:.1f} of {self.budget_s / 60:g} min used, a point takes ~{sum(times) / len(times) / 60:.1f} min: "
-                             f"stopping ({sum(1 for q in pending if q['status'] == 'pending')} point(s) not run; --resume goes on)")
+                    self.say(
+                        f"  budget: {elapsed / 60:.1f} of {self.budget_s / 60:g} min used, a point takes ~{sum(times) / len(times) / 60:.1f} min: "
+                        f"stopping ({sum(1 for q in pending if q['status'] == 'pending')} point(s) not run; --resume goes on)"
+                    )
                     break
                 t0 = time.monotonic()
                 self.run_point(sess, p)
@@ -626,12 +737,20 @@ class Tuner:
             try:
                 if orig_file.exists():
                     self.say(f"  {self.rep.id} ({self.rep.unit}): back to its own configuration")
-                    back = sess.call("apply", files=json.loads(orig_file.read_text()), unit=self.rep.unit, port=self.rep.port,
-                                     health_timeout=self.health_timeout, drain_timeout=self.resolved["rollout"]["drain_timeout"])
+                    back = sess.call(
+                        "apply",
+                        files=json.loads(orig_file.read_text()),
+                        unit=self.rep.unit,
+                        port=self.rep.port,
+                        health_timeout=self.health_timeout,
+                        drain_timeout=self.resolved["rollout"]["drain_timeout"],
+                    )
                     if not back.get("ok"):
-                        raise TuneError(f"{self.rep.id} ({self.rep.unit}): its own configuration did not come back healthy: {back.get('error')}\n"
-                                        f"{back.get('journal', '')[-1500:]}\n  it stays OUT of the upstream; "
-                                        f"look: journalctl -u {self.rep.unit}; then redeploy it (deploys/serve.py or vllm-fleet rollout)")
+                        raise TuneError(
+                            f"{self.rep.id} ({self.rep.unit}): its own configuration did not come back healthy: {back.get('error')}\n"
+                            f"{back.get('journal', '')[-1500:]}\n  it stays OUT of the upstream; "
+                            f"look: journalctl -u {self.rep.unit}; then redeploy it (deploys/serve.py or vllm-fleet rollout)"
+                        )
                     self.say(f"  {self.rep.id}: healthy again ({back.get('restart_s', 0):.0f} s)")
                     orig_file.unlink()
             finally:
@@ -643,11 +762,24 @@ class Tuner:
 
     def run_point(self, sess: Any, p: dict[str, Any]) -> None:
         self.say(f"  {p['id']} {point_label(p['settings'])}: restart")
-        ans = sess.call("apply", files=self.files_for(p["resolved"]), unit=self.rep.unit, port=self.rep.port,
-                        health_timeout=self.health_timeout, drain_timeout=self.resolved["rollout"]["drain_timeout"])
-        p["times"] = {"drain_s": ans.get("drain_s"), "restart_s": ans.get("restart_s"), "restarted": ans.get("restarted")}
+        ans = sess.call(
+            "apply",
+            files=self.files_for(p["resolved"]),
+            unit=self.rep.unit,
+            port=self.rep.port,
+            health_timeout=self.health_timeout,
+            drain_timeout=self.resolved["rollout"]["drain_timeout"],
+        )
+        p["times"] = {
+            "drain_s": ans.get("drain_s"),
+            "restart_s": ans.get("restart_s"),
+            "restarted": ans.get("restarted"),
+        }
         if not ans.get("ok"):
-            p.update(status="failed", reason=f"did not start: {ans.get('error')}; journal: {(ans.get('journal') or '')[-600:]}")
+            p.update(
+                status="failed",
+                reason=f"did not start: {ans.get('error')}; journal: {(ans.get('journal') or '')[-600:]}",
+            )
             self.say(f"  {p['id']} FAILED to start: {ans.get('error')}")
             return
         if self.multi_turn:
@@ -655,8 +787,16 @@ class Tuner:
             return self._record(p, best, probes)
         base = f"http://127.0.0.1:{self.rep.port}"
         t0 = time.monotonic()
-        warm = sess.call("bench", base=base, concurrency=1, num_prompts=self.warmup_prompts, input_len=self.workload["input_len"],
-                         output_len=self.workload["output_len"], seed=1, warmups=0)
+        warm = sess.call(
+            "bench",
+            base=base,
+            concurrency=1,
+            num_prompts=self.warmup_prompts,
+            input_len=self.workload["input_len"],
+            output_len=self.workload["output_len"],
+            seed=1,
+            warmups=0,
+        )
         p["times"]["warmup_s"] = round(time.monotonic() - t0, 1)
         if not warm.get("result"):
             p.update(status="failed", reason=f"warm-up failed: {warm.get('error')}")
@@ -668,23 +808,48 @@ class Tuner:
             seed[0] += 1
             n = max(self.min_prompts, int(self.prompts_per_stream * load))
             how = {"concurrency": int(load)} if self.load_kind == "concurrency" else {"rate": load}
-            r = sess.call("bench", base=base, **how, num_prompts=n, input_len=self.workload["input_len"],
-                          output_len=self.workload["output_len"], seed=seed[0], warmups=0)
+            r = sess.call(
+                "bench",
+                base=base,
+                **how,
+                num_prompts=n,
+                input_len=self.workload["input_len"],
+                output_len=self.workload["output_len"],
+                seed=seed[0],
+                warmups=0,
+            )
             m = r.get("result")
-            self.say(f"    load {load:g}: " + (f"TTFT p99 {m['p99_ttft_ms']:.1f} ms, TPOT p99 {m['p99_tpot_ms']:.2f} ms, "
-                                                f"{m['output_throughput']:.0f} tok/s, {m['failed']} failed ({r['wall_s']:.0f} s)"
-                                                if m else f"ERROR {r.get('error')}"))
+            self.say(
+                f"    load {load:g}: "
+                + (
+                    f"TTFT p99 {m['p99_ttft_ms']:.1f} ms, TPOT p99 {m['p99_tpot_ms']:.2f} ms, "
+                    f"{m['output_throughput']:.0f} tok/s, {m['failed']} failed ({r['wall_s']:.0f} s)"
+                    if m
+                    else f"ERROR {r.get('error')}"
+                )
+            )
             return m
 
         t1 = time.monotonic()
         if self.load_kind == "concurrency":
             hi = self.max_load or int(p["resolved"]["engine"]["max_num_seqs"])
-            best, probes = search(measure, lambda m: meets(m, self.target), lo=1, hi=int(hi),
-                                  max_probes=self.max_probes or default_probes(1, int(hi)))
+            best, probes = search(
+                measure,
+                lambda m: meets(m, self.target),
+                lo=1,
+                hi=int(hi),
+                max_probes=self.max_probes or default_probes(1, int(hi)),
+            )
         else:  # requests/s, from 0.5 up to --max-load (default 64), bisected geometrically
             hi = float(self.max_load or 64)
-            best, probes = search(measure, lambda m: meets(m, self.target), lo=0.5, hi=hi,
-                                  max_probes=self.max_probes or default_probes(0.5, hi), integer=False)
+            best, probes = search(
+                measure,
+                lambda m: meets(m, self.target),
+                lo=0.5,
+                hi=hi,
+                max_probes=self.max_probes or default_probes(0.5, hi),
+                integer=False,
+            )
         p["times"]["search_s"] = round(time.monotonic() - t1, 1)
         self._record(p, best, probes)
 
@@ -692,11 +857,22 @@ class Tuner:
         """A point's search result: its probes, the best load meeting the target and its metrics."""
         p["probes"] = probes
         p["best_load"] = best
-        p["best"] = next((pr["metrics"] for pr in probes if pr["load"] == best and pr["ok"]), None) if best is not None else None
+        p["best"] = (
+            next((pr["metrics"] for pr in probes if pr["load"] == best and pr["ok"]), None)
+            if best is not None
+            else None
+        )
         p["status"] = "measured"
-        p["reason"] = None if best is not None else f"even load 1 misses the target ({excess(probes[0]['metrics'], self.target):.2f}x)"
-        self.say(f"  {p['id']} " + (f"best load {best:g}: {p['best']['output_throughput']:.0f} tok/s" if best is not None else p["reason"])
-                 + f" (restart {p['times']['restart_s']} s, warm-up {p['times']['warmup_s']} s, search {p['times']['search_s']} s)")
+        p["reason"] = (
+            None
+            if best is not None
+            else f"even load 1 misses the target ({excess(probes[0]['metrics'], self.target):.2f}x)"
+        )
+        self.say(
+            f"  {p['id']} "
+            + (f"best load {best:g}: {p['best']['output_throughput']:.0f} tok/s" if best is not None else p["reason"])
+            + f" (restart {p['times']['restart_s']} s, warm-up {p['times']['warmup_s']} s, search {p['times']['search_s']} s)"
+        )
 
     def _search_multi_turn(self, p: dict[str, Any]) -> tuple[float | None, list[dict[str, Any]]]:
         """The load search of one point with the multi-turn workload: load = conversations at once
@@ -710,8 +886,16 @@ class Tuner:
         def run(n: int) -> dict[str, Any]:
             seed[0] += 1
             wl = multiturn.Workload(**{**self.multi_turn, "conversations": int(n), "concurrency": 0})
-            return multiturn.run_workload(self.proxy_url, model, self.key, wl, seed=seed[0], run_id=f"tune-{p['id']}-{seed[0]}",
-                                          session_header=header, say=self.say)
+            return multiturn.run_workload(
+                self.proxy_url,
+                model,
+                self.key,
+                wl,
+                seed=seed[0],
+                run_id=f"tune-{p['id']}-{seed[0]}",
+                session_header=header,
+                say=self.say,
+            )
 
         t0 = time.monotonic()
         run(1)  # warm-up: one conversation
@@ -719,13 +903,21 @@ class Tuner:
 
         def measure(load: float) -> dict[str, Any] | None:
             m = multiturn.as_bench_metrics(run(int(load)))
-            self.say(f"    {int(load)} conversations: TTFT p99 {m['p99_ttft_ms'] or 0:.1f} ms, TPOT p99 {m['p99_tpot_ms'] or 0:.2f} ms, "
-                     f"{m['output_throughput'] or 0:.0f} tok/s, {m['failed']} failed")
+            self.say(
+                f"    {int(load)} conversations: TTFT p99 {m['p99_ttft_ms'] or 0:.1f} ms, TPOT p99 {m['p99_tpot_ms'] or 0:.2f} ms, "
+                f"{m['output_throughput'] or 0:.0f} tok/s, {m['failed']} failed"
+            )
             return m
 
         t1 = time.monotonic()
         hi = self.max_load or int(p["resolved"]["engine"]["max_num_seqs"])
-        best, probes = search(measure, lambda m: meets(m, self.target), lo=1, hi=int(hi), max_probes=self.max_probes or default_probes(1, int(hi)))
+        best, probes = search(
+            measure,
+            lambda m: meets(m, self.target),
+            lo=1,
+            hi=int(hi),
+            max_probes=self.max_probes or default_probes(1, int(hi)),
+        )
         p["times"]["search_s"] = round(time.monotonic() - t1, 1)
         return best, probes
 
@@ -738,12 +930,31 @@ class Tuner:
         measured = [p for p in self.points if p["status"] == "measured"]
         front = pareto(measured, lat_key)
         win = winner(front, lat_key)
-        gpu = (", ".join(g["name"] for g in info.get("gpus") or []) + f" (driver {info.get('driver')})") if info.get("gpus") else info.get("accelerator_note")
-        state = {"deployment": self.resolved["name"], "host": self.rep.host, "replica": self.rep.id, "target": self.target, "workload": self.workload,
-                 "spec_file": os.path.abspath(self.spec_path), "spec_sha256": self.header()["spec_sha256"], "load_kind": self.load_kind,
-                 "started": (header or {}).get("started", _now()), "vllm_version": info.get("vllm_version"), "gpu": gpu,
-                 "points": [_row(p) for p in self.points], "front": [_row(p) for p in front], "winner": _row(win) if win else None,
-                 "seconds": round(seconds, 1), "overlay_file": None, "tuned_spec": None, "closest": None}
+        gpu = (
+            (", ".join(g["name"] for g in info.get("gpus") or []) + f" (driver {info.get('driver')})")
+            if info.get("gpus")
+            else info.get("accelerator_note")
+        )
+        state = {
+            "deployment": self.resolved["name"],
+            "host": self.rep.host,
+            "replica": self.rep.id,
+            "target": self.target,
+            "workload": self.workload,
+            "spec_file": os.path.abspath(self.spec_path),
+            "spec_sha256": self.header()["spec_sha256"],
+            "load_kind": self.load_kind,
+            "started": (header or {}).get("started", _now()),
+            "vllm_version": info.get("vllm_version"),
+            "gpu": gpu,
+            "points": [_row(p) for p in self.points],
+            "front": [_row(p) for p in front],
+            "winner": _row(win) if win else None,
+            "seconds": round(seconds, 1),
+            "overlay_file": None,
+            "tuned_spec": None,
+            "closest": None,
+        }
         base = self.points[0]
         if win:
             ov, tuned = write_overlay(self.out, self.spec, state, win, base)
@@ -776,17 +987,30 @@ def format_table(state: dict[str, Any]) -> str:
         b, t = p.get("best") or {}, p.get("times") or {}
         f = lambda v, d=1: "-" if v is None else f"{v:.{d}f}"  # noqa: E731
         mark = " *" if p["id"] == win else " f" if p["id"] in front else ""
-        rows.append((p["id"] + mark, point_label(p["settings"]), p["status"], "-" if p.get("best_load") is None else f"{p['best_load']:g}",
-                     f(b.get("p99_ttft_ms")), f(b.get("p99_tpot_ms"), 2), f(b.get("output_throughput"), 0),
-                     f(t.get("restart_s")), f(t.get("warmup_s")), f(t.get("search_s"))))
+        rows.append(
+            (
+                p["id"] + mark,
+                point_label(p["settings"]),
+                p["status"],
+                "-" if p.get("best_load") is None else f"{p['best_load']:g}",
+                f(b.get("p99_ttft_ms")),
+                f(b.get("p99_tpot_ms"), 2),
+                f(b.get("output_throughput"), 0),
+                f(t.get("restart_s")),
+                f(t.get("warmup_s")),
+                f(t.get("search_s")),
+            )
+        )
     w = [max(len(r[i]) for r in rows) for i in range(len(head))]
     lines = ["  ".join(c.ljust(w[i]) for i, c in enumerate(r)).rstrip() for r in rows]
     skipped = [p for p in state["points"] if p["status"] in ("skipped", "failed")]
     lines += [f"  {p['id']} {p['status']}: {p['reason']}" for p in skipped]
     lines.append("(* winner, f on the Pareto front; ms, output tokens/s, seconds)")
     if state.get("winner"):
-        lines.append(f"winner {win}: {point_label(state['winner']['settings'])}; overlay {state['overlay_file']}; "
-                     f"merged spec {state['tuned_spec']} (vllm-fleet rollout INVENTORY --spec {state['tuned_spec']})")
+        lines.append(
+            f"winner {win}: {point_label(state['winner']['settings'])}; overlay {state['overlay_file']}; "
+            f"merged spec {state['tuned_spec']} (vllm-fleet rollout INVENTORY --spec {state['tuned_spec']})"
+        )
     else:
         lines.append(f"no winner: {state.get('closest')}")
     return "\n".join(lines)

@@ -139,8 +139,14 @@ class _BoundedLoader(yaml.SafeLoader):
         try:
             if self._depth > MAX_DEPTH:
                 mark = self.peek_event().start_mark
-                raise _Refused(Problem("", f"the YAML nests more than {MAX_DEPTH} levels deep",
-                                       "write the spec out plainly: its sections nest a few levels", line=mark.line + 1))
+                raise _Refused(
+                    Problem(
+                        "",
+                        f"the YAML nests more than {MAX_DEPTH} levels deep",
+                        "write the spec out plainly: its sections nest a few levels",
+                        line=mark.line + 1,
+                    )
+                )
             return super().compose_node(parent, index)
         finally:
             self._depth -= 1
@@ -149,7 +155,14 @@ class _BoundedLoader(yaml.SafeLoader):
 def _scalar(node: yaml.Node, loader: yaml.SafeLoader, path: str) -> Any:
     line = node.start_mark.line + 1
     if isinstance(node, yaml.ScalarNode) and node.tag in (_INT_TAG, _FLOAT_TAG) and len(node.value) > MAX_NUMBER_CHARS:
-        raise _Refused(Problem(path, f"a number of {len(node.value)} characters", "write the setting's value (see the schema for its range)", line=line))
+        raise _Refused(
+            Problem(
+                path,
+                f"a number of {len(node.value)} characters",
+                "write the setting's value (see the schema for its range)",
+                line=line,
+            )
+        )
     try:
         value = loader.construct_object(node, deep=True)
     except ValueError as exc:  # e.g. an int Python refuses to convert
@@ -159,13 +172,26 @@ def _scalar(node: yaml.Node, loader: yaml.SafeLoader, path: str) -> Any:
     if isinstance(value, str):
         bad = CONTROL_CHARS.search(value.replace("\n", "").replace("\t", "") if path in MULTILINE_TEXT else value)
         if bad:
-            raise _Refused(Problem(path, f"the value holds a control character ({bad.group()!r}): it would break the line of the file it is written to",
-                                   "write the value on one line, without control characters", line=line))
+            raise _Refused(
+                Problem(
+                    path,
+                    f"the value holds a control character ({bad.group()!r}): it would break the line of the file it is written to",
+                    "write the value on one line, without control characters",
+                    line=line,
+                )
+            )
     return value
 
 
-def _construct(node: yaml.Node, loader: yaml.SafeLoader, path: str, lines: dict[str, int], problems: list[Problem],
-               budget: list[int] | None = None, stack: tuple[int, ...] = ()) -> Any:
+def _construct(
+    node: yaml.Node,
+    loader: yaml.SafeLoader,
+    path: str,
+    lines: dict[str, int],
+    problems: list[Problem],
+    budget: list[int] | None = None,
+    stack: tuple[int, ...] = (),
+) -> Any:
     budget = budget if budget is not None else [MAX_NODES]
     budget[0] -= 1
     if budget[0] < 0:
@@ -173,24 +199,54 @@ def _construct(node: yaml.Node, loader: yaml.SafeLoader, path: str, lines: dict[
     lines[path] = node.start_mark.line + 1
     if isinstance(node, (yaml.MappingNode, yaml.SequenceNode)):
         if id(node) in stack:
-            raise _Refused(Problem(path, "a recursive alias: this value contains itself", "write the value out instead of the alias", line=node.start_mark.line + 1))
+            raise _Refused(
+                Problem(
+                    path,
+                    "a recursive alias: this value contains itself",
+                    "write the value out instead of the alias",
+                    line=node.start_mark.line + 1,
+                )
+            )
         if len(stack) >= MAX_DEPTH:
-            raise _Refused(Problem(path, f"the values nest more than {MAX_DEPTH} levels deep (anchors and aliases)", "write the spec out plainly", line=node.start_mark.line + 1))
+            raise _Refused(
+                Problem(
+                    path,
+                    f"the values nest more than {MAX_DEPTH} levels deep (anchors and aliases)",
+                    "write the spec out plainly",
+                    line=node.start_mark.line + 1,
+                )
+            )
         stack = stack + (id(node),)
     if isinstance(node, yaml.MappingNode):
         out: dict[Any, Any] = {}
         for key_node, value_node in node.value:
             kline = key_node.start_mark.line + 1
             if key_node.tag == _MERGE_TAG:
-                problems.append(Problem(path, "YAML merge keys (`<<`) are not supported in a spec", "write the keys out under this section instead of merging an anchor", line=kline))
+                problems.append(
+                    Problem(
+                        path,
+                        "YAML merge keys (`<<`) are not supported in a spec",
+                        "write the keys out under this section instead of merging an anchor",
+                        line=kline,
+                    )
+                )
                 continue
             key = _scalar(key_node, loader, path) if isinstance(key_node, yaml.ScalarNode) else None
             if not isinstance(key, (str, int, float, bool)) or key is None:
-                problems.append(Problem(path, f"mapping key {key!r} is not a plain name", "use a plain word as the key", line=kline))
+                problems.append(
+                    Problem(path, f"mapping key {key!r} is not a plain name", "use a plain word as the key", line=kline)
+                )
                 continue
             key = str(key) if not isinstance(key, str) else key
             if key == "" or key.strip() != key:
-                problems.append(Problem(path, f"the key {key!r} is empty or has spaces around it", "write the key's name before the ':' (or delete the line)", line=kline))
+                problems.append(
+                    Problem(
+                        path,
+                        f"the key {key!r} is empty or has spaces around it",
+                        "write the key's name before the ':' (or delete the line)",
+                        line=kline,
+                    )
+                )
                 continue
             child = _join(path, key)
             if key in out:
@@ -216,22 +272,58 @@ def _yaml_error_problem(exc: yaml.YAMLError, text: str) -> Problem:
     msg = f"YAML syntax error: {what}" + (f" ({context})" if context else "")
     if line is None:
         return Problem("", msg, "fix the YAML (indentation, a missing ':' or an unclosed quote or bracket)")
-    return Problem("", msg, "fix the YAML at that line (indentation, a missing ':' or an unclosed quote or bracket)", line=line)
+    return Problem(
+        "", msg, "fix the YAML at that line (indentation, a missing ':' or an unclosed quote or bracket)", line=line
+    )
 
 
 def loads(text: str | bytes, source: str = "spec") -> Spec:
     """Parse YAML text into a :class:`Spec`; raise :class:`SpecError` for unreadable input."""
     if isinstance(text, bytes):
         if len(text) > MAX_SPEC_BYTES:
-            raise SpecError([Problem("", f"file is {len(text)} bytes; a spec is at most {MAX_SPEC_BYTES}", "point at the deployment YAML, not a model or data file")], source)
+            raise SpecError(
+                [
+                    Problem(
+                        "",
+                        f"file is {len(text)} bytes; a spec is at most {MAX_SPEC_BYTES}",
+                        "point at the deployment YAML, not a model or data file",
+                    )
+                ],
+                source,
+            )
         try:
             text = text.decode("utf-8")
         except UnicodeDecodeError as exc:
-            raise SpecError([Problem("", f"not UTF-8 text (byte {exc.start}: {text[exc.start:exc.start + 1]!r})", "save the file as UTF-8")], source) from None
+            raise SpecError(
+                [
+                    Problem(
+                        "",
+                        f"not UTF-8 text (byte {exc.start}: {text[exc.start : exc.start + 1]!r})",
+                        "save the file as UTF-8",
+                    )
+                ],
+                source,
+            ) from None
     if len(text) > MAX_SPEC_BYTES:
-        raise SpecError([Problem("", f"file is {len(text)} characters; a spec is at most {MAX_SPEC_BYTES}", "point at the deployment YAML, not a model or data file")], source)
+        raise SpecError(
+            [
+                Problem(
+                    "",
+                    f"file is {len(text)} characters; a spec is at most {MAX_SPEC_BYTES}",
+                    "point at the deployment YAML, not a model or data file",
+                )
+            ],
+            source,
+        )
     if not text.strip():
-        raise SpecError([Problem("", "the spec is empty", "start from an example in deployments/ (e.g. deployments/lab-tiny.yaml)")], source)
+        raise SpecError(
+            [
+                Problem(
+                    "", "the spec is empty", "start from an example in deployments/ (e.g. deployments/lab-tiny.yaml)"
+                )
+            ],
+            source,
+        )
     problems: list[Problem] = []
     lines: dict[str, int] = {}
     loader = None
@@ -245,15 +337,33 @@ def loads(text: str | bytes, source: str = "spec") -> Spec:
     except _Refused as exc:
         raise SpecError([exc.problem], source) from None
     except _TooBig:
-        raise SpecError([Problem("", f"the YAML has (or its anchors and aliases expand to) more than {MAX_NODES} values",
-                                 "write the spec out plainly; a deployment spec needs a few hundred values")], source) from None
+        raise SpecError(
+            [
+                Problem(
+                    "",
+                    f"the YAML has (or its anchors and aliases expand to) more than {MAX_NODES} values",
+                    "write the spec out plainly; a deployment spec needs a few hundred values",
+                )
+            ],
+            source,
+        ) from None
     except yaml.YAMLError as exc:
         raise SpecError([_yaml_error_problem(exc, text)], source) from None
     finally:
         if loader is not None:
             loader.dispose()
     if not isinstance(data, dict):
-        raise SpecError([Problem("", f"the spec must be a mapping of sections (model:, engine:, ...), not a {_type_name(data)}", "start from an example in deployments/", line=1)], source)
+        raise SpecError(
+            [
+                Problem(
+                    "",
+                    f"the spec must be a mapping of sections (model:, engine:, ...), not a {_type_name(data)}",
+                    "start from an example in deployments/",
+                    line=1,
+                )
+            ],
+            source,
+        )
     if problems:
         raise SpecError(problems, source)
     return Spec(raw=data, lines=lines)
@@ -262,7 +372,11 @@ def loads(text: str | bytes, source: str = "spec") -> Spec:
 def load(path: str | os.PathLike[str]) -> Spec:
     """Read and parse the spec file at ``path``."""
     p = Path(path)
-    too_big = Problem("", f"the file is larger than {MAX_SPEC_BYTES} bytes; a spec is at most {MAX_SPEC_BYTES}", "point at the deployment YAML, not a model or data file")
+    too_big = Problem(
+        "",
+        f"the file is larger than {MAX_SPEC_BYTES} bytes; a spec is at most {MAX_SPEC_BYTES}",
+        "point at the deployment YAML, not a model or data file",
+    )
     try:
         if p.is_dir():
             raise SpecError([Problem("", f"{p} is a directory", "pass the path of a .yaml file")], str(p))
@@ -271,7 +385,14 @@ def load(path: str | os.PathLike[str]) -> Spec:
         fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
         try:
             if not stat.S_ISREG(os.fstat(fd).st_mode):
-                raise SpecError([Problem("", f"{p} is not a regular file (a device, pipe or socket)", "pass the path of a .yaml file")], str(p))
+                raise SpecError(
+                    [
+                        Problem(
+                            "", f"{p} is not a regular file (a device, pipe or socket)", "pass the path of a .yaml file"
+                        )
+                    ],
+                    str(p),
+                )
             chunks, size = [], 0
             while size <= MAX_SPEC_BYTES:
                 chunk = os.read(fd, MAX_SPEC_BYTES + 1 - size)
@@ -285,11 +406,17 @@ def load(path: str | os.PathLike[str]) -> Spec:
             raise SpecError([too_big], str(p))
         data = b"".join(chunks)
     except FileNotFoundError:
-        raise SpecError([Problem("", f"no such file: {p}", "check the path (examples are in deployments/)")], str(p)) from None
+        raise SpecError(
+            [Problem("", f"no such file: {p}", "check the path (examples are in deployments/)")], str(p)
+        ) from None
     except PermissionError:
-        raise SpecError([Problem("", f"cannot read {p}: permission denied", "check the file's permissions")], str(p)) from None
+        raise SpecError(
+            [Problem("", f"cannot read {p}: permission denied", "check the file's permissions")], str(p)
+        ) from None
     except OSError as exc:
-        raise SpecError([Problem("", f"cannot read {p}: {exc.strerror or exc}", "pass the path of a readable .yaml file")], str(p)) from None
+        raise SpecError(
+            [Problem("", f"cannot read {p}: {exc.strerror or exc}", "pass the path of a readable .yaml file")], str(p)
+        ) from None
     spec = loads(data, str(p))
     spec.path = p.resolve()
     return spec
@@ -305,7 +432,15 @@ def schema() -> dict[str, Any]:
 
 
 def _type_name(value: Any) -> str:
-    return {dict: "mapping", list: "list", str: "string", bool: "boolean", int: "integer", float: "number", type(None): "null"}.get(type(value), type(value).__name__)
+    return {
+        dict: "mapping",
+        list: "list",
+        str: "string",
+        bool: "boolean",
+        int: "integer",
+        float: "number",
+        type(None): "null",
+    }.get(type(value), type(value).__name__)
 
 
 def _subschema(path: list[Any]) -> dict[str, Any]:
@@ -318,7 +453,9 @@ def _subschema(path: list[Any]) -> dict[str, Any]:
         if isinstance(part, int):
             node = node.get("items", {})
         else:
-            node = node.get("properties", {}).get(part) or (node.get("additionalProperties") if isinstance(node.get("additionalProperties"), dict) else {})
+            node = node.get("properties", {}).get(part) or (
+                node.get("additionalProperties") if isinstance(node.get("additionalProperties"), dict) else {}
+            )
     if "$ref" in node:
         merged = dict(_deref(node["$ref"]))
         merged.update({k: v for k, v in node.items() if k != "$ref"})
@@ -354,7 +491,10 @@ def did_you_mean(word: str, choices: list[str]) -> str | None:
     match = difflib.get_close_matches(word, choices, n=1, cutoff=0.6)
     if not match:
         lowered = {c.lower().replace("-", "_"): c for c in choices}
-        match = [lowered[k] for k in difflib.get_close_matches(word.lower().replace("-", "_"), list(lowered), n=1, cutoff=0.6)]
+        match = [
+            lowered[k]
+            for k in difflib.get_close_matches(word.lower().replace("-", "_"), list(lowered), n=1, cutoff=0.6)
+        ]
     return match[0] if match else None
 
 
@@ -378,7 +518,11 @@ def _schema_error_to_problems(err: jsonschema.ValidationError, spec: Spec) -> li
     line = spec.line(path) if path else None
     if v == "additionalProperties":
         allowed = sorted(err.schema.get("properties", {}))
-        extras = [k for k in err.instance if k not in err.schema.get("properties", {})] if isinstance(err.instance, dict) else []
+        extras = (
+            [k for k in err.instance if k not in err.schema.get("properties", {})]
+            if isinstance(err.instance, dict)
+            else []
+        )
         out = []
         for key in extras:
             kpath = _join(path, key)
@@ -391,11 +535,25 @@ def _schema_error_to_problems(err: jsonschema.ValidationError, spec: Spec) -> li
         key = missing[0] if missing else "?"
         kpath = _join(path, key)
         desc = _subschema(parts + [key]).get("description", "")
-        return [Problem(kpath, "required key is missing", f"add `{key}:` under `{path or 'the top level'}`" + (f" ({desc.split('. ')[0]})" if desc else ""), line=line)]
+        return [
+            Problem(
+                kpath,
+                "required key is missing",
+                f"add `{key}:` under `{path or 'the top level'}`" + (f" ({desc.split('. ')[0]})" if desc else ""),
+                line=line,
+            )
+        ]
     if v == "type":
         want = err.validator_value
         want = " or ".join(want) if isinstance(want, list) else want
-        return [Problem(path, f"expected {want}, got {_type_name(err.instance)} {json.dumps(err.instance, default=str)[:60]}", _fix_from_description(sub, f"write {'an' if want[:1] in 'aeiou' else 'a'} {want}"), line=line)]
+        return [
+            Problem(
+                path,
+                f"expected {want}, got {_type_name(err.instance)} {json.dumps(err.instance, default=str)[:60]}",
+                _fix_from_description(sub, f"write {'an' if want[:1] in 'aeiou' else 'a'} {want}"),
+                line=line,
+            )
+        ]
     if v == "enum":
         choices = [c for c in err.validator_value]
         shown = ", ".join("null" if c is None else str(c) for c in choices)
@@ -403,25 +561,68 @@ def _schema_error_to_problems(err: jsonschema.ValidationError, spec: Spec) -> li
         fix = (f"did you mean `{hint}`? " if hint else "") + f"one of: {shown}"
         return [Problem(path, f"{json.dumps(err.instance, default=str)[:60]} is not allowed", fix, line=line)]
     if v in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"):
-        words = {"minimum": "at least", "maximum": "at most", "exclusiveMinimum": "more than", "exclusiveMaximum": "less than"}
-        return [Problem(path, f"{err.instance} is out of range", f"use a value {words[v]} {err.validator_value}", line=line)]
+        words = {
+            "minimum": "at least",
+            "maximum": "at most",
+            "exclusiveMinimum": "more than",
+            "exclusiveMaximum": "less than",
+        }
+        return [
+            Problem(path, f"{err.instance} is out of range", f"use a value {words[v]} {err.validator_value}", line=line)
+        ]
     if v == "pattern" and err.validator_value == HOST_PATH_PATTERN:
-        return [Problem(path, f"{json.dumps(err.instance)[:60]} is not a plain absolute path on the hosts",
-                        "write an absolute path of letters, digits and ._@+-/ with no `.` or `..` part (e.g. /opt/models/x)", line=line)]
+        return [
+            Problem(
+                path,
+                f"{json.dumps(err.instance)[:60]} is not a plain absolute path on the hosts",
+                "write an absolute path of letters, digits and ._@+-/ with no `.` or `..` part (e.g. /opt/models/x)",
+                line=line,
+            )
+        ]
     if v == "pattern":
         desc = sub.get("description", "").split(". ")[0].rstrip(".")
         fix = f"write {desc[0].lower() + desc[1:]}" if desc else f"it must match {err.validator_value}"
         return [Problem(path, f"{json.dumps(err.instance)[:60]} has the wrong form", fix, line=line)]
     if v == "format":
         if err.validator_value == "ip-network":
-            return [Problem(path, f"{json.dumps(err.instance)[:60]} is not an IP address or network", "write an address or CIDR such as 10.10.0.11 or 10.10.0.0/24", line=line)]
-        return [Problem(path, f"{json.dumps(err.instance)[:60]} is not a valid {err.validator_value} address" if "ip" in str(err.validator_value) else f"not a valid {err.validator_value}", "write a dotted IPv4 address such as 10.10.0.11", line=line)]
+            return [
+                Problem(
+                    path,
+                    f"{json.dumps(err.instance)[:60]} is not an IP address or network",
+                    "write an address or CIDR such as 10.10.0.11 or 10.10.0.0/24",
+                    line=line,
+                )
+            ]
+        return [
+            Problem(
+                path,
+                f"{json.dumps(err.instance)[:60]} is not a valid {err.validator_value} address"
+                if "ip" in str(err.validator_value)
+                else f"not a valid {err.validator_value}",
+                "write a dotted IPv4 address such as 10.10.0.11",
+                line=line,
+            )
+        ]
     if v == "maxLength":
-        return [Problem(path, f"longer than {err.validator_value} characters", _fix_from_description(sub, "shorten it"), line=line)]
+        return [
+            Problem(
+                path,
+                f"longer than {err.validator_value} characters",
+                _fix_from_description(sub, "shorten it"),
+                line=line,
+            )
+        ]
     if v == "minLength":
         return [Problem(path, "must not be empty", _fix_from_description(sub, "give a value"), line=line)]
     if v == "oneOf" and "secret" in json.dumps(err.schema.get("description", "")):
-        return [Problem(path, "a secret reference needs exactly one of `file` or `env`", "write e.g. `{file: ~/.config/vllm-fleet/api-key}` or `{env: VLLM_API_KEY}`", line=line)]
+        return [
+            Problem(
+                path,
+                "a secret reference needs exactly one of `file` or `env`",
+                "write e.g. `{file: ~/.config/vllm-fleet/api-key}` or `{env: VLLM_API_KEY}`",
+                line=line,
+            )
+        ]
     if v == "not":
         removed = REMOVED_OPTIONS.get(path)
         if removed:
@@ -431,7 +632,11 @@ def _schema_error_to_problems(err: jsonschema.ValidationError, spec: Spec) -> li
 
 def _fix_from_description(sub: dict[str, Any], fallback: str) -> str:
     desc = sub.get("description", "")
-    return desc.split(". ")[0].rstrip(".") + "." if desc and not fallback else (f"{fallback} ({desc.split('. ')[0].rstrip('.')})" if desc else fallback)
+    return (
+        desc.split(". ")[0].rstrip(".") + "."
+        if desc and not fallback
+        else (f"{fallback} ({desc.split('. ')[0].rstrip('.')})" if desc else fallback)
+    )
 
 
 def _whole_pattern(pattern: str) -> re.Pattern[str]:
@@ -471,8 +676,9 @@ def _is_ip_network(instance: Any) -> bool:
 @lru_cache(maxsize=1)
 def _validator() -> Any:
     base = jsonschema.validators.validator_for(schema())
-    cls = jsonschema.validators.extend(base, validators={"pattern": _pattern},
-                                       type_checker=base.TYPE_CHECKER.redefine("integer", _is_integer))
+    cls = jsonschema.validators.extend(
+        base, validators={"pattern": _pattern}, type_checker=base.TYPE_CHECKER.redefine("integer", _is_integer)
+    )
     formats = copy.deepcopy(base.FORMAT_CHECKER)
     formats.checks("ip-network")(_is_ip_network)
     return cls(schema(), format_checker=formats)
@@ -535,7 +741,18 @@ def cuda_min_driver(cuda_version: str) -> str:
 
 
 #: The sections :func:`resolve` fills from the schema's defaults (then from the spec).
-RESOLVED_SECTIONS = ("model", "engine", "parallel", "server", "proxy", "replicas", "rollout", "install", "hardware", "smoke")
+RESOLVED_SECTIONS = (
+    "model",
+    "engine",
+    "parallel",
+    "server",
+    "proxy",
+    "replicas",
+    "rollout",
+    "install",
+    "hardware",
+    "smoke",
+)
 
 
 def _resolve_model(spec: Spec, out: dict[str, Any]) -> None:

@@ -119,5 +119,7 @@ def jit_features(resolved: dict[str, Any], compute_capability: float | None) -> 
         elif a.upper() == "--ATTENTION-BACKEND=FLASHINFER":
             why.append(f"engine.extra_args {a}")
     if compute_capability is not None and compute_capability >= 10 and not why:
-        why.append(f"hardware.gpu (compute capability {compute_capability:g}: vLLM's default attention there is FlashInfer's)")
+        why.append(
+            f"hardware.gpu (compute capability {compute_capability:g}: vLLM's default attention there is FlashInfer's)"
+        )
     return why

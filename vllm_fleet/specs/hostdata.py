@@ -90,8 +90,16 @@ def _short(value: Any) -> str:
 
 
 def _type_name(value: Any) -> str:
-    return {dict: "a mapping", list: "a list", tuple: "a list", str: "a string", bool: "a boolean", int: "an integer",
-            float: "a number", type(None): "null"}.get(type(value), type(value).__name__)
+    return {
+        dict: "a mapping",
+        list: "a list",
+        tuple: "a list",
+        str: "a string",
+        bool: "a boolean",
+        int: "an integer",
+        float: "a number",
+        type(None): "null",
+    }.get(type(value), type(value).__name__)
 
 
 def host_problems(host: str, data: Mapping[str, Any]) -> list[str]:
@@ -114,8 +122,10 @@ def host_problems(host: str, data: Mapping[str, Any]) -> list[str]:
         best = jsonschema.exceptions.best_match(by_key[key])
         where = key + "".join(f"[{p!r}]" for p in list(best.absolute_path)[1:])
         got = _short(best.instance) + (f" ({_type_name(best.instance)})" if best.validator in ("type", "oneOf") else "")
-        out.append(f"host {host}: data {where} = {got}: expected {props[key]['x-fix']}"
-                   + ("" if where == key else f" (the whole value: {_short(value)})"))
+        out.append(
+            f"host {host}: data {where} = {got}: expected {props[key]['x-fix']}"
+            + ("" if where == key else f" (the whole value: {_short(value)})")
+        )
     return out
 
 

@@ -56,8 +56,10 @@ def load_inventory(path: str | Path, data: Sequence[str] = ()) -> dict[str, dict
     precedence). Raises :class:`InventoryError`."""
     p = Path(path)
     if not str(path).strip() or not (p.is_file() or is_inline(str(path))):
-        raise InventoryError(f"inventory {path}: no such file (pass a pyinfra inventory .py file, or the hosts "
-                             "inline as pyinfra takes them: @local, user@host, @ssh/host, host1,host2)")
+        raise InventoryError(
+            f"inventory {path}: no such file (pass a pyinfra inventory .py file, or the hosts "
+            "inline as pyinfra takes them: @local, user@host, @ssh/host, host1,host2)"
+        )
     for d in data:
         if "=" not in d:
             raise InventoryError(f"--data {d}: give KEY=VALUE")
@@ -69,10 +71,14 @@ def load_inventory(path: str | Path, data: Sequence[str] = ()) -> dict[str, dict
         here = str(Path(__file__).resolve().parents[2])
         env["PYTHONPATH"] = here + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         try:
-            r = subprocess.run(argv, capture_output=True, text=True, stdin=subprocess.DEVNULL, env=env, timeout=LOAD_TIMEOUT)
+            r = subprocess.run(
+                argv, capture_output=True, text=True, stdin=subprocess.DEVNULL, env=env, timeout=LOAD_TIMEOUT
+            )
         except subprocess.TimeoutExpired:
-            raise InventoryError(f"inventory {p}: did not finish loading in {LOAD_TIMEOUT} s: an inventory file must "
-                                 "only define groups of hosts (no waiting, no network)") from None
+            raise InventoryError(
+                f"inventory {p}: did not finish loading in {LOAD_TIMEOUT} s: an inventory file must "
+                "only define groups of hosts (no waiting, no network)"
+            ) from None
         doc = None
         if answer.is_file():
             try:
@@ -86,8 +92,10 @@ def load_inventory(path: str | Path, data: Sequence[str] = ()) -> dict[str, dict
         elif r.returncode < 0:
             first = f"inventory {p}: loading it was killed by signal {-r.returncode}"
         else:
-            first = (f"inventory {p}: the file exited (status {r.returncode}) before pyinfra finished reading it: "
-                     "an inventory file must only define groups of hosts (no sys.exit, os._exit or raise)")
+            first = (
+                f"inventory {p}: the file exited (status {r.returncode}) before pyinfra finished reading it: "
+                "an inventory file must only define groups of hosts (no sys.exit, os._exit or raise)"
+            )
         raise InventoryError([first, *("  " + t for t in tail)])
     from vllm_fleet.specs.hostdata import host_address, inline_groups, login_data
 
@@ -96,7 +104,12 @@ def load_inventory(path: str | Path, data: Sequence[str] = ()) -> dict[str, dict
         data = login_data(row["name"], row["data"])
         groups = inline_groups(row["groups"])
         order = {**row["order"], **{g: i for g, i in _inline_order(doc["hosts"], row["name"]).items() if g in groups}}
-        hosts[row["name"]] = {"address": host_address(row["name"], data), "groups": groups, "data": data, "order": order}
+        hosts[row["name"]] = {
+            "address": host_address(row["name"], data),
+            "groups": groups,
+            "data": data,
+            "order": order,
+        }
     if not hosts:
         raise InventoryError(f"inventory {p}: no hosts found (module-level lists of host names)")
     return hosts
@@ -132,8 +145,10 @@ def for_pyinfra(inventory: str) -> str:
     names = [n.strip() for n in inventory.split(",") if n.strip()]
     if not any("@" in n and not n.startswith("@") for n in names):
         return inventory
-    rows = [n if n.startswith("@") or "@" not in n else (n, {"ssh_hostname": host_address(n, {}), **login_data(n, {})})
-            for n in names]
+    rows = [
+        n if n.startswith("@") or "@" not in n else (n, {"ssh_hostname": host_address(n, {}), **login_data(n, {})})
+        for n in names
+    ]
     text = f'"""Written by vllm-fleet for the inline inventory {inventory!r} (pyinfra reads user@host as a name)."""\n\nservers = {rows!r}\n'
     where = Path(os.path.expanduser("~/.cache/vllm-fleet/inline"))
     path = where / f"inline_{hashlib.sha256(inventory.encode()).hexdigest()[:16]}.py"
@@ -215,7 +230,11 @@ def _describe(exc: BaseException, path: str) -> str:
         text = f"{type(exc).__name__}: {exc}".rstrip(": ")
     except Exception:
         text = type(exc).__name__
-    where = [f.lineno for f in traceback.extract_tb(exc.__traceback__) if os.path.abspath(f.filename) == os.path.abspath(path)]
+    where = [
+        f.lineno
+        for f in traceback.extract_tb(exc.__traceback__)
+        if os.path.abspath(f.filename) == os.path.abspath(path)
+    ]
     return text + (f" (line {where[-1]})" if where else "")
 
 
@@ -229,7 +248,9 @@ def spec_for(inventory: str, spec: str | None, data: Sequence[str] = ()) -> str:
     except (InventoryError, SpecSourceError) as exc:
         raise ValueError(str(exc)) from None
     if len(found) != 1:
-        raise ValueError(f"the inventory's hosts name {len(found)} specs ({', '.join(sorted(found))}): give one with --spec")
+        raise ValueError(
+            f"the inventory's hosts name {len(found)} specs ({', '.join(sorted(found))}): give one with --spec"
+        )
     return found.pop()
 
 

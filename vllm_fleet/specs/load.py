@@ -14,9 +14,31 @@ import os
 from typing import Any
 
 from vllm_fleet.specs.document import (  # noqa: F401  (the spec's names)
-    CONTROL_CHARS, HOST_PATH, HOST_PATH_PATTERN, MAX_DEPTH, MAX_NODES, MAX_NUMBER_CHARS, MAX_SPEC_BYTES,
-    MULTILINE_TEXT, REMOVED_OPTIONS, RESOLVED_SECTIONS, ROUTER_POLICY, SCHEMA_PATH, Problem, Spec, SpecError, cuda_min_driver,
-    did_you_mean, is_local_path, load, loads, resolve, routing_policies, schema, schema_problems, vllm_cuda,
+    CONTROL_CHARS,
+    HOST_PATH,
+    HOST_PATH_PATTERN,
+    MAX_DEPTH,
+    MAX_NODES,
+    MAX_NUMBER_CHARS,
+    MAX_SPEC_BYTES,
+    MULTILINE_TEXT,
+    REMOVED_OPTIONS,
+    RESOLVED_SECTIONS,
+    ROUTER_POLICY,
+    SCHEMA_PATH,
+    Problem,
+    Spec,
+    SpecError,
+    cuda_min_driver,
+    did_you_mean,
+    is_local_path,
+    load,
+    loads,
+    resolve,
+    routing_policies,
+    schema,
+    schema_problems,
+    vllm_cuda,
 )
 from vllm_fleet.specs.pipeline import load_checked
 

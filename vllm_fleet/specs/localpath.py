@@ -44,26 +44,44 @@ def expand(value: str, base_dir: Path | None = None) -> Path:
     no path (a NUL, a name over NAME_MAX, a path over PATH_MAX, not encodable) or names a user
     this machine does not have."""
     if "\0" in value:
-        raise LocalPathError("it holds a NUL character, which no file name can", "remove the NUL (\\0) from the path", True)
+        raise LocalPathError(
+            "it holds a NUL character, which no file name can", "remove the NUL (\\0) from the path", True
+        )
     expanded = os.path.expanduser(value)
     if expanded.startswith("~"):
         user = value[1:].split("/", 1)[0]
-        why = f"there is no user {user!r} on this machine to expand ~{user}" if user else "HOME is not set, so ~ cannot be expanded"
-        raise LocalPathError(why, "write the path out in full (e.g. /home/NAME/...), or run on the control machine that has that user", False)
+        why = (
+            f"there is no user {user!r} on this machine to expand ~{user}"
+            if user
+            else "HOME is not set, so ~ cannot be expanded"
+        )
+        raise LocalPathError(
+            why,
+            "write the path out in full (e.g. /home/NAME/...), or run on the control machine that has that user",
+            False,
+        )
     p = Path(expanded)
     if not p.is_absolute() and base_dir is not None:
         p = Path(base_dir) / p
     try:
         raw = os.fsencode(str(p))
     except (UnicodeEncodeError, ValueError):
-        raise LocalPathError("it is not encodable as a file name here", "use a path of plain characters", True) from None
+        raise LocalPathError(
+            "it is not encodable as a file name here", "use a path of plain characters", True
+        ) from None
     long = next((part for part in raw.split(b"/") if len(part) > NAME_MAX), None)
     if long is not None:
-        raise LocalPathError(f"one of its names is {len(long)} bytes, over NAME_MAX ({NAME_MAX}): no file system holds such a name",
-                             "shorten that directory or file name", True)
+        raise LocalPathError(
+            f"one of its names is {len(long)} bytes, over NAME_MAX ({NAME_MAX}): no file system holds such a name",
+            "shorten that directory or file name",
+            True,
+        )
     if len(raw) >= PATH_MAX:
-        raise LocalPathError(f"it is {len(raw)} bytes, over PATH_MAX ({PATH_MAX} with its final NUL): no program can open it",
-                             "use a shorter path (move the files, or a symbolic link with a short name)", True)
+        raise LocalPathError(
+            f"it is {len(raw)} bytes, over PATH_MAX ({PATH_MAX} with its final NUL): no program can open it",
+            "use a shorter path (move the files, or a symbolic link with a short name)",
+            True,
+        )
     return p
 
 
@@ -149,6 +167,7 @@ def _tls_on(r: dict[str, Any]) -> dict[str, Any]:
 def _secret_paths() -> tuple[ControlPath, ...]:
     out = []
     for s in SPEC_SECRETS:
+
         def value(r: dict[str, Any], at: str = s.yaml_path) -> Any:
             ref = _get(r, at)
             if at.startswith("proxy.tls.") and not _tls_on(r):
@@ -158,17 +177,35 @@ def _secret_paths() -> tuple[ControlPath, ...]:
         def generated(r: dict[str, Any], at: str = s.yaml_path) -> bool:
             return bool((_get(r, at) or {}).get("generate"))
 
-        out.append(ControlPath(f"{s.yaml_path}.file", "file", "the deploy reads the secret there", value, may_be_missing=generated))
+        out.append(
+            ControlPath(
+                f"{s.yaml_path}.file", "file", "the deploy reads the secret there", value, may_be_missing=generated
+            )
+        )
     return tuple(out)
 
 
 #: Every spec value naming a path on the control machine (secrets' files added from SPEC_SECRETS).
 CONTROL_PATHS: tuple[ControlPath, ...] = (
-    ControlPath("model.source", "dir", "the deploy uploads the weights from there",
-                lambda r: r["model"]["source"] if r["model"]["transfer"] == "upload" else None),
-    ControlPath("install.wheelhouse", "dir", "the deploy uploads the wheels from there (and validate reads it for the FlashInfer check)",
-                lambda r: r["install"].get("wheelhouse"), relative_to_spec=False),
-    ControlPath("proxy.tls.certificate", "file", "the deploy reads the certificate there", lambda r: _tls_on(r).get("certificate")),
+    ControlPath(
+        "model.source",
+        "dir",
+        "the deploy uploads the weights from there",
+        lambda r: r["model"]["source"] if r["model"]["transfer"] == "upload" else None,
+    ),
+    ControlPath(
+        "install.wheelhouse",
+        "dir",
+        "the deploy uploads the wheels from there (and validate reads it for the FlashInfer check)",
+        lambda r: r["install"].get("wheelhouse"),
+        relative_to_spec=False,
+    ),
+    ControlPath(
+        "proxy.tls.certificate",
+        "file",
+        "the deploy reads the certificate there",
+        lambda r: _tls_on(r).get("certificate"),
+    ),
 )
 
 
@@ -187,13 +224,21 @@ def control_path_problems(r: dict[str, Any], base_dir: Path | None, add: Callabl
         try:
             p = expand(value, base_dir if cp.relative_to_spec else None)
         except LocalPathError as exc:
-            add(cp.yaml_path, f"{shown} cannot be read on {'any' if exc.anywhere else 'this'} machine: {exc.why}; {cp.use}",
-                exc.fix, "error" if exc.anywhere else "warning")
+            add(
+                cp.yaml_path,
+                f"{shown} cannot be read on {'any' if exc.anywhere else 'this'} machine: {exc.why}; {cp.use}",
+                exc.fix,
+                "error" if exc.anywhere else "warning",
+            )
             continue
         why = why_unreadable(p, cp.kind)
         if why is None or (why == "it does not exist" and cp.may_be_missing(r)):
             continue
         what = "directory" if cp.kind == "dir" else "file"
-        add(cp.yaml_path, f"{_short(str(p))} cannot be read on this machine: {why}; {cp.use}",
+        add(
+            cp.yaml_path,
+            f"{_short(str(p))} cannot be read on this machine: {why}; {cp.use}",
             f"point it at a readable {what} on the control machine (a relative path is taken from "
-            f"{'the spec file' + chr(39) + 's directory' if cp.relative_to_spec else 'the working directory'}), or run this where it is", "warning")
+            f"{'the spec file' + chr(39) + 's directory' if cp.relative_to_spec else 'the working directory'}), or run this where it is",
+            "warning",
+        )

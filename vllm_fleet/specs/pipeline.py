@@ -115,8 +115,12 @@ def check(path: str, *, hardware: bool = True, overrides: dict[tuple[str, str], 
     if schema_errors:
         # a later problem about a set-aside key (its default stood in for the bad value: e.g.
         # `accelerator: CPU` -> "install.accelerator is cuda but ...") says nothing true: drop it
-        later = [p for p in later if not _covered(p.path, {q.path for q in schema_errors})
-                 and not any(q.path and q.path in p.message for q in schema_errors)]
+        later = [
+            p
+            for p in later
+            if not _covered(p.path, {q.path for q in schema_errors})
+            and not any(q.path and q.path in p.message for q in schema_errors)
+        ]
         out.problems += later
         return out  # resolved on a pruned spec: not a deployable result
     out.problems += later
@@ -124,7 +128,9 @@ def check(path: str, *, hardware: bool = True, overrides: dict[tuple[str, str], 
     return out
 
 
-def load_checked(path: str, *, hardware: bool = True, overrides: dict[tuple[str, str], Any] | None = None) -> tuple[dict[str, Any], list[Problem], Spec]:
+def load_checked(
+    path: str, *, hardware: bool = True, overrides: dict[tuple[str, str], Any] | None = None
+) -> tuple[dict[str, Any], list[Problem], Spec]:
     """:func:`check`, raising :class:`SpecError` (with every problem) unless the spec is valid.
 
     Returns (resolved spec, warnings, loaded spec).

@@ -120,7 +120,9 @@ def total_params(facts: dict[str, Any]) -> float:
     return facts["layers"] * (p["layer_linear"] + p["layer_other"]) + p["embed"] + p["lm_head"] + p["final_norm"]
 
 
-def weights_bytes(facts: dict[str, Any], quant: dict[str, Any] | None, act_bytes: int, tensor: int = 1, pipeline: int = 1) -> float:
+def weights_bytes(
+    facts: dict[str, Any], quant: dict[str, Any] | None, act_bytes: int, tensor: int = 1, pipeline: int = 1
+) -> float:
     """Weight bytes on the fullest GPU: ceil(layers / PP) layers, split by TP, plus the
     embedding (first stage) and the LM head (last stage; with PP = 1 both are on every GPU).
     Embeddings and LM head stay unquantized (AWQ/GPTQ/FP8 checkpoints keep them in 16 bits)."""
@@ -154,7 +156,9 @@ def default_batched_tokens(g: dict[str, Any]) -> int:
     return DEFAULT_BATCHED_TOKENS_BIG if total >= 70 and not g["name"].startswith("a100") else DEFAULT_BATCHED_TOKENS
 
 
-def overhead(facts: dict[str, Any], resolved: dict[str, Any], g: dict[str, Any], act_bytes: int, tensor: int, pipeline: int) -> dict[str, float]:
+def overhead(
+    facts: dict[str, Any], resolved: dict[str, Any], g: dict[str, Any], act_bytes: int, tensor: int, pipeline: int
+) -> dict[str, float]:
     """The non-KV, non-weight memory allowance per GPU, in GiB, by part."""
     e = resolved["engine"]
     tokens = e.get("max_num_batched_tokens") or default_batched_tokens(g)
@@ -218,8 +222,15 @@ def host_memory(mem_total_bytes: int, tiers: list[tuple[str, float | str | None]
     left = total - reserve - fixed
     auto_each = math.floor(left / len(autos)) if autos else None
     fits = left >= 0 and (auto_each is None or auto_each >= 1)
-    return {"total_gib": round(total, 2), "reserve_gib": reserve, "fixed_gib": round(fixed, 2), "left_gib": round(left, 2),
-            "auto_gib": auto_each, "replicas": len(tiers), "fits": fits}
+    return {
+        "total_gib": round(total, 2),
+        "reserve_gib": reserve,
+        "fixed_gib": round(fixed, 2),
+        "left_gib": round(left, 2),
+        "auto_gib": auto_each,
+        "replicas": len(tiers),
+        "fits": fits,
+    }
 
 
 def _plan_gpu(resolved: dict[str, Any], gpu: str | None) -> dict[str, Any]:
@@ -237,37 +248,68 @@ def _plan_settings(resolved: dict[str, Any], g: dict[str, Any], how: str, gpus_p
     """The plan's first keys: what is planned (GPU, model, parallelism, the engine's limits)."""
     m, e, par, hw = resolved["model"], resolved["engine"], resolved["parallel"], resolved["hardware"]
     return {
-        "gpu": g["name"], "gpu_label": g["label"], "model": m["source"], "model_facts": how,
-        "tensor": par["tensor"], "pipeline": par["pipeline"], "data": par["data"],
-        "gpus_per_node": gpus_per_node or hw["gpus_per_node"], "nodes": par["nodes"],
-        "max_model_len": m["max_model_len"], "max_num_seqs": e["max_num_seqs"],
-        "gpu_memory_utilization": e["gpu_memory_utilization"], "kv_cache_dtype": e["kv_cache_dtype"],
+        "gpu": g["name"],
+        "gpu_label": g["label"],
+        "model": m["source"],
+        "model_facts": how,
+        "tensor": par["tensor"],
+        "pipeline": par["pipeline"],
+        "data": par["data"],
+        "gpus_per_node": gpus_per_node or hw["gpus_per_node"],
+        "nodes": par["nodes"],
+        "max_model_len": m["max_model_len"],
+        "max_num_seqs": e["max_num_seqs"],
+        "gpu_memory_utilization": e["gpu_memory_utilization"],
+        "kv_cache_dtype": e["kv_cache_dtype"],
         "replicas_per_gpu": replicas_per_gpu(resolved),
-        "block_tokens": BLOCK_TOKENS, "notes": [],
+        "block_tokens": BLOCK_TOKENS,
+        "notes": [],
     }
 
 
 def _plan_skipped(out: dict[str, Any], resolved: dict[str, Any], cpu: bool, how: str) -> dict[str, Any]:
     """Without model facts: every figure unknown (the CPU build's KV cache is still its setting)."""
     e = resolved["engine"]
-    out.update(kv_offload_gib=None if cpu or not e["kv_offload"]["size_gib"] else e["kv_offload"]["size_gib"], kv_offload_tokens=None)
-    out.update(weights_gib=None, overhead_gib=None, kv_bytes_per_token=None, kv_bytes_per_token_model=None,
-               kv_tokens=None, kv_blocks=None, max_concurrent_seqs=None, fits=None, decode_floor_ms=None,
-               kv_cache_gib=float(e["cpu_kv_cache_gib"]) if cpu else None)
-    out["notes"].append(f"plan skipped: no model facts ({how}); set model.architecture to a catalogue name "
-                        f"(vllm-fleet plan --list-models) or make config.json readable")
+    out.update(
+        kv_offload_gib=None if cpu or not e["kv_offload"]["size_gib"] else e["kv_offload"]["size_gib"],
+        kv_offload_tokens=None,
+    )
+    out.update(
+        weights_gib=None,
+        overhead_gib=None,
+        kv_bytes_per_token=None,
+        kv_bytes_per_token_model=None,
+        kv_tokens=None,
+        kv_blocks=None,
+        max_concurrent_seqs=None,
+        fits=None,
+        decode_floor_ms=None,
+        kv_cache_gib=float(e["cpu_kv_cache_gib"]) if cpu else None,
+    )
+    out["notes"].append(
+        f"plan skipped: no model facts ({how}); set model.architecture to a catalogue name "
+        f"(vllm-fleet plan --list-models) or make config.json readable"
+    )
     return out
 
 
 def _cpu_kv_bytes(out: dict[str, Any], resolved: dict[str, Any]) -> float:
     """The CPU build's KV cache: its own setting, in host memory."""
     out.update(memory_gib=None, budget_gib=None, overhead_gib=None, overhead_parts=None, decode_floor_ms=None)
-    out["notes"].append("CPU build: the KV cache is engine.cpu_kv_cache_gib GiB of host memory (VLLM_CPU_KVCACHE_SPACE); weights and activations live in host memory beside it")
+    out["notes"].append(
+        "CPU build: the KV cache is engine.cpu_kv_cache_gib GiB of host memory (VLLM_CPU_KVCACHE_SPACE); weights and activations live in host memory beside it"
+    )
     return float(resolved["engine"]["cpu_kv_cache_gib"]) * GIB
 
 
-def _gpu_kv_bytes(out: dict[str, Any], resolved: dict[str, Any], facts: dict[str, Any], g: dict[str, Any],
-                  act_bytes: int, w_gpu: float) -> float:
+def _gpu_kv_bytes(
+    out: dict[str, Any],
+    resolved: dict[str, Any],
+    facts: dict[str, Any],
+    g: dict[str, Any],
+    act_bytes: int,
+    w_gpu: float,
+) -> float:
     """The KV cache on one GPU: its share of the memory (the utilization, split between the
     replicas.per_gpu vLLMs sharing it, as render.command passes --gpu-memory-utilization) less
     the weights and the overhead."""
@@ -279,14 +321,18 @@ def _gpu_kv_bytes(out: dict[str, Any], resolved: dict[str, Any], facts: dict[str
     budget = g["cuda_total_gib"] * share
     kv_gib = budget - w_gpu / GIB - ov
     out.update(
-        memory_gib=g["cuda_total_gib"], budget_gib=round(budget, 2), overhead_gib=round(ov, 2),
+        memory_gib=g["cuda_total_gib"],
+        budget_gib=round(budget, 2),
+        overhead_gib=round(ov, 2),
         overhead_parts={k: (round(v, 2) if k != "batched_tokens" else v) for k, v in parts.items()},
         # each decode step reads every weight once: bytes on one GPU / its bandwidth
         decode_floor_ms=round(w_gpu / (g["bandwidth_gbs"] * 1e9) * 1e3 * pp, 2),
     )
     if kv_gib <= 0:
-        out["notes"].append(f"weights {w_gpu / GIB:.2f} GiB + overhead {ov:.2f} GiB exceed the budget {budget:.2f} GiB "
-                            f"({g['cuda_total_gib']} GiB x {share})")
+        out["notes"].append(
+            f"weights {w_gpu / GIB:.2f} GiB + overhead {ov:.2f} GiB exceed the budget {budget:.2f} GiB "
+            f"({g['cuda_total_gib']} GiB x {share})"
+        )
     return max(0.0, kv_gib) * GIB
 
 
@@ -304,10 +350,14 @@ def _kv_capacity(out: dict[str, Any], resolved: dict[str, Any], kv_bytes: float,
     )
     out["fits"] = tokens >= m["max_model_len"]
     if 0 < tokens < m["max_model_len"]:
-        notes.append(f"the KV cache holds {tokens} tokens, less than one sequence of max_model_len {m['max_model_len']}: vLLM refuses to start")
+        notes.append(
+            f"the KV cache holds {tokens} tokens, less than one sequence of max_model_len {m['max_model_len']}: vLLM refuses to start"
+        )
     if out["fits"] and out["max_concurrent_seqs"] < e["max_num_seqs"]:
-        notes.append(f"only {out['max_concurrent_seqs']} sequences of the full {m['max_model_len']} tokens fit at once "
-                     f"(max_num_seqs {e['max_num_seqs']}): long requests beyond that queue or are preempted")
+        notes.append(
+            f"only {out['max_concurrent_seqs']} sequences of the full {m['max_model_len']} tokens fit at once "
+            f"(max_num_seqs {e['max_num_seqs']}): long requests beyond that queue or are preempted"
+        )
 
 
 def _kv_offload(out: dict[str, Any], resolved: dict[str, Any], per_tok: int, cpu: bool) -> None:
@@ -319,19 +369,27 @@ def _kv_offload(out: dict[str, Any], resolved: dict[str, Any], per_tok: int, cpu
         return
     n = int(resolved["replicas"]["per_host"])
     if size == "auto":
-        out["notes"].append(f"KV offload `auto`: each replica's CPU tier is what the host's RAM has left after the reserve "
-                            f"({HOST_RESERVE_GIB:g} GiB + {REPLICA_HOST_GIB:g} GiB per replica) and the other replicas' tiers, "
-                            "read at deploy")
+        out["notes"].append(
+            f"KV offload `auto`: each replica's CPU tier is what the host's RAM has left after the reserve "
+            f"({HOST_RESERVE_GIB:g} GiB + {REPLICA_HOST_GIB:g} GiB per replica) and the other replicas' tiers, "
+            "read at deploy"
+        )
         return
     out["kv_offload_tokens"] = kv_offload_tokens(float(size), per_tok, out["tensor"], out["pipeline"])
     need = HOST_RESERVE_GIB + n * (REPLICA_HOST_GIB + float(size))
     out["kv_offload_host_gib"] = need
-    out["notes"].append(f"KV offload: {n} replica(s) per host x ({float(size):g} GiB tier + {REPLICA_HOST_GIB:g} GiB) + "
-                        f"{HOST_RESERVE_GIB:g} GiB reserve = {need:g} GiB of host RAM needed (checked against each host's RAM at deploy)")
+    out["notes"].append(
+        f"KV offload: {n} replica(s) per host x ({float(size):g} GiB tier + {REPLICA_HOST_GIB:g} GiB) + "
+        f"{HOST_RESERVE_GIB:g} GiB reserve = {need:g} GiB of host RAM needed (checked against each host's RAM at deploy)"
+    )
 
 
-def plan(resolved: dict[str, Any], gpu: str | None = None, gpus_per_node: int | None = None,
-         facts: tuple[dict[str, Any] | None, str] | None = None) -> dict[str, Any]:
+def plan(
+    resolved: dict[str, Any],
+    gpu: str | None = None,
+    gpus_per_node: int | None = None,
+    facts: tuple[dict[str, Any] | None, str] | None = None,
+) -> dict[str, Any]:
     """The memory plan per GPU for a resolved spec. Raises KeyError for an unknown GPU name.
     ``facts``: the model's ``(facts, how)`` when the caller has read them (catalog.facts_for).
 
@@ -380,12 +438,23 @@ def plan(resolved: dict[str, Any], gpu: str | None = None, gpus_per_node: int | 
 
 def format_plan(p: dict[str, Any]) -> str:
     """A readable table of a plan, for the CLI."""
+
     def gib(v: Any) -> str:
         return "-" if v is None else f"{v:.2f} GiB"
 
     par = f"TP {p['tensor']} x PP {p['pipeline']}" + (f" x DP {p['data']}" if p["data"] > 1 else "")
     rows = [
-        ("model", f"{p['model']}" + (f"  ({p.get('params_b')}B params, {p.get('dtype')}" + (f", {p['quantization']}" if p.get("quantization") else "") + ")" if p.get("params_b") else "")),
+        (
+            "model",
+            f"{p['model']}"
+            + (
+                f"  ({p.get('params_b')}B params, {p.get('dtype')}"
+                + (f", {p['quantization']}" if p.get("quantization") else "")
+                + ")"
+                if p.get("params_b")
+                else ""
+            ),
+        ),
         ("facts from", p.get("model_facts", "-")),
         ("GPU", f"{p['gpu']} ({p['gpu_label']})" + (f": {p['memory_gib']} GiB visible" if p.get("memory_gib") else "")),
         ("parallelism", par),
@@ -393,29 +462,67 @@ def format_plan(p: dict[str, Any]) -> str:
     if p.get("budget_gib") is not None:
         n = p.get("replicas_per_gpu", 1)
         if n > 1:
-            rows.append(("replicas per GPU", f"{n}: each vLLM {p['memory_gib']} GiB x {p['gpu_memory_utilization']} / {n} = "
-                         f"{p['budget_gib']:.2f} GiB (weights + overhead + KV below); together {p['budget_gib'] * n:.2f} GiB "
-                         f"of {p['memory_gib']} GiB"))
+            rows.append(
+                (
+                    "replicas per GPU",
+                    f"{n}: each vLLM {p['memory_gib']} GiB x {p['gpu_memory_utilization']} / {n} = "
+                    f"{p['budget_gib']:.2f} GiB (weights + overhead + KV below); together {p['budget_gib'] * n:.2f} GiB "
+                    f"of {p['memory_gib']} GiB",
+                )
+            )
         else:
-            rows.append(("budget per GPU", f"{p['memory_gib']} GiB x {p['gpu_memory_utilization']} = {p['budget_gib']:.2f} GiB"))
+            rows.append(
+                ("budget per GPU", f"{p['memory_gib']} GiB x {p['gpu_memory_utilization']} = {p['budget_gib']:.2f} GiB")
+            )
     unit = "replica" if p.get("replicas_per_gpu", 1) > 1 else "GPU"
-    rows.append((f"weights per {unit}", gib(p.get("weights_gib")) + (f"  (whole model {p['weights_total_gib']:.2f} GiB)" if p.get("weights_total_gib") is not None and (p["tensor"] * p["pipeline"] > 1) else "")))
+    rows.append(
+        (
+            f"weights per {unit}",
+            gib(p.get("weights_gib"))
+            + (
+                f"  (whole model {p['weights_total_gib']:.2f} GiB)"
+                if p.get("weights_total_gib") is not None and (p["tensor"] * p["pipeline"] > 1)
+                else ""
+            ),
+        )
+    )
     if p.get("overhead_parts"):
         op = p["overhead_parts"]
-        rows.append(("overhead allowance", f"{gib(p['overhead_gib'])}  (runtime {op['runtime']}, CUDA graphs {op['cuda_graphs']}, "
-                     f"multi-GPU {op['multi_gpu']}, activations {op['activations']} @ {op['batched_tokens']} tokens, sampler {op['sampler']})"))
+        rows.append(
+            (
+                "overhead allowance",
+                f"{gib(p['overhead_gib'])}  (runtime {op['runtime']}, CUDA graphs {op['cuda_graphs']}, "
+                f"multi-GPU {op['multi_gpu']}, activations {op['activations']} @ {op['batched_tokens']} tokens, sampler {op['sampler']})",
+            )
+        )
     rows.append((f"KV cache per {unit}", gib(p.get("kv_cache_gib"))))
     if p.get("kv_offload_gib") is not None:
-        tier = "auto (sized per host at deploy)" if p["kv_offload_gib"] == "auto" else f"{float(p['kv_offload_gib']):.2f} GiB"
+        tier = (
+            "auto (sized per host at deploy)"
+            if p["kv_offload_gib"] == "auto"
+            else f"{float(p['kv_offload_gib']):.2f} GiB"
+        )
         if p.get("kv_offload_tokens") is not None:
             tier += f" = {p['kv_offload_tokens']:,} tokens"
         rows.append(("CPU KV tier / replica", tier + " in host RAM (engine.kv_offload)"))
     if p.get("kv_bytes_per_token") is not None:
-        rows.append(("KV bytes / token", f"{p['kv_bytes_per_token']:,} per GPU ({p['kv_bytes_per_token_model']:,} for the whole model, {p['kv_cache_dtype']})"))
+        rows.append(
+            (
+                "KV bytes / token",
+                f"{p['kv_bytes_per_token']:,} per GPU ({p['kv_bytes_per_token_model']:,} for the whole model, {p['kv_cache_dtype']})",
+            )
+        )
         rows.append(("KV capacity", f"{p['kv_tokens']:,} tokens = {p['kv_blocks']:,} blocks of {p['block_tokens']}"))
-        rows.append(("full-length seqs", f"{p['max_concurrent_seqs']} x {p['max_model_len']} tokens at once (max_num_seqs {p['max_num_seqs']})"))
+        rows.append(
+            (
+                "full-length seqs",
+                f"{p['max_concurrent_seqs']} x {p['max_model_len']} tokens at once (max_num_seqs {p['max_num_seqs']})",
+            )
+        )
     if p.get("decode_floor_ms") is not None:
-        rows.append(("decode floor", f"{p['decode_floor_ms']} ms / output token (weights read once per step at full bandwidth)"))
+        rows.append(
+            ("decode floor", f"{p['decode_floor_ms']} ms / output token (weights read once per step at full bandwidth)")
+        )
     fits = p.get("fits")
     rows.append(("fits", "unknown" if fits is None else "yes" if fits else "NO"))
     width = max(len(k) for k, _ in rows)
@@ -428,8 +535,18 @@ def list_models() -> str:
     rows = [("hub id", "name", "layers", "hidden", "heads/kv", "context", "quant", "params")]
     for f in catalog.models():
         q = f["quant"]
-        rows.append((f["id"], f["name"], str(f["layers"]), str(f["hidden"]), f"{f['heads']}/{f['kv_heads']}", str(f["context"]),
-                     f"{q['method']} w{q['bits']} g{q['group_size']}" if q else "-", f"{f['params_b']}B"))
+        rows.append(
+            (
+                f["id"],
+                f["name"],
+                str(f["layers"]),
+                str(f["hidden"]),
+                f"{f['heads']}/{f['kv_heads']}",
+                str(f["context"]),
+                f"{q['method']} w{q['bits']} g{q['group_size']}" if q else "-",
+                f"{f['params_b']}B",
+            )
+        )
     return _table(rows) + "\nUse a hub id as model.source, or a name as model.architecture for a local or renamed copy."
 
 
@@ -439,7 +556,15 @@ def list_gpus() -> str:
         if g["name"] == "cpu":
             rows.append(("cpu", g["label"], "engine.cpu_kv_cache_gib", "-", "-"))
             continue
-        rows.append((g["name"], g["label"], f"{g['cuda_total_gib']}", f"{g['compute_capability']}", f"{g['bandwidth_gbs']} GB/s"))
+        rows.append(
+            (
+                g["name"],
+                g["label"],
+                f"{g['cuda_total_gib']}",
+                f"{g['compute_capability']}",
+                f"{g['bandwidth_gbs']} GB/s",
+            )
+        )
     return _table(rows)
 
 

@@ -10,7 +10,7 @@ RAY_FIXED_PORTS = {
     "runtime_env_agent": 6382,
     "dashboard_agent_grpc": 6383,
     "metrics_export": 6384,
-    "dashboard": 8265,          # head only; bound to 127.0.0.1 as well
+    "dashboard": 8265,  # head only; bound to 127.0.0.1 as well
     "ray_client_server": 10001,  # head only
     "dashboard_agent_listen": 52365,
 }

@@ -109,7 +109,7 @@ def reads(*names: str, param: str = "spec") -> Callable[[F], F]:
             if param in kwargs:
                 kwargs[param] = Sections(kwargs[param], wanted, reader)
             elif len(args) > index:
-                args = (*args[:index], Sections(args[index], wanted, reader), *args[index + 1:])
+                args = (*args[:index], Sections(args[index], wanted, reader), *args[index + 1 :])
             return func(*args, **kwargs)
 
         narrowed.spec_sections = wanted  # type: ignore[attr-defined]

@@ -26,8 +26,10 @@ LAB_SPEC = "deployments/lab-tiny.yaml"
 #: Data keys a user may have meant as vllm_fleet_spec.
 LIKELY_TYPOS = ("spec", "vllm_spec", "fleet_spec", "vllm_fleet_specs", "vllm-fleet-spec", "vllm_fleet_spec_path")
 
-HOW = ("give the spec with `vllm-fleet deploy INVENTORY --spec SPEC`, pyinfra's `--data vllm_fleet_spec=SPEC`, "
-       "host or group data `vllm_fleet_spec: SPEC` in the inventory, or $VLLM_FLEET_SPEC")
+HOW = (
+    "give the spec with `vllm-fleet deploy INVENTORY --spec SPEC`, pyinfra's `--data vllm_fleet_spec=SPEC`, "
+    "host or group data `vllm_fleet_spec: SPEC` in the inventory, or $VLLM_FLEET_SPEC"
+)
 
 
 class SpecSourceError(Exception):
@@ -46,7 +48,9 @@ def _split(value: Any) -> list[str]:
     return [p for p in str(value).split(os.pathsep) if p]
 
 
-def spec_sources(data: Mapping[str, Any], host: str = "", env: Mapping[str, str] | None = None) -> tuple[list[str], str]:
+def spec_sources(
+    data: Mapping[str, Any], host: str = "", env: Mapping[str, str] | None = None
+) -> tuple[list[str], str]:
     """([spec paths], where they came from) for a host with this pyinfra data. Several
     deployments on one host: data ``vllm_fleet_spec`` as a list, or paths separated by ``:``
     (like PATH) in the data or in $VLLM_FLEET_SPEC."""
@@ -57,8 +61,10 @@ def spec_sources(data: Mapping[str, Any], host: str = "", env: Mapping[str, str]
         return _split(value), f"data {DATA_KEY}"
     typos = [k for k in LIKELY_TYPOS if data.get(k)]
     if typos:
-        raise SpecSourceError(f"{who}: data `{typos[0]}` is set ({typos[0]}={data[typos[0]]!r}) but vllm-fleet reads "
-                              f"`{DATA_KEY}`: use `--data {DATA_KEY}={data[typos[0]]}` (or rename the inventory key)")
+        raise SpecSourceError(
+            f"{who}: data `{typos[0]}` is set ({typos[0]}={data[typos[0]]!r}) but vllm-fleet reads "
+            f"`{DATA_KEY}`: use `--data {DATA_KEY}={data[typos[0]]}` (or rename the inventory key)"
+        )
     if env.get(ENV) and _split(env[ENV]):
         return _split(env[ENV]), f"${ENV}"
     if data.get("lab_kind"):

@@ -4,6 +4,7 @@
 # with \\ \" \` \$ escaped). None when the file has no VLLM_API_KEY line.
 def api_key(secrets_env):
     import re as _re
+
     for line in open(secrets_env):
         if line.startswith("VLLM_API_KEY="):
             v = line.split("=", 1)[1].strip()

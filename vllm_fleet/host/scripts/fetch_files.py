@@ -116,7 +116,12 @@ def main(listing, dest):
     t0, fetched, kept, by = time.monotonic(), 0, 0, {}
     for name, (size, sha) in sorted(files.items()):
         path = os.path.join(dest, name)
-        if os.path.isfile(path) and not os.path.islink(path) and os.path.getsize(path) == size and sha256_of(path) == sha:
+        if (
+            os.path.isfile(path)
+            and not os.path.islink(path)
+            and os.path.getsize(path) == size
+            and sha256_of(path) == sha
+        ):
             fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
             try:
                 st = os.fstat(fd)
@@ -152,8 +157,10 @@ def main(listing, dest):
             return 1
     secs = time.monotonic() - t0
     froms = ", ".join(f"{b / 1e6:.1f} MB from {src}" for src, b in sorted(by.items()))
-    print(f"fetch: {len(files)} files in {dest}: {kept} already there, {fetched / 1e6:.1f} MB fetched and verified"
-          f" in {secs:.1f} s" + (f" ({froms})" if froms else ""))
+    print(
+        f"fetch: {len(files)} files in {dest}: {kept} already there, {fetched / 1e6:.1f} MB fetched and verified"
+        f" in {secs:.1f} s" + (f" ({froms})" if froms else "")
+    )
     return 0
 
 

@@ -3,18 +3,26 @@ from the hub into model.path, check free space first and every file after, then 
 
     python hub_download.py REPO REVISION DEST MARKER IGNORE_JSON KEEP_FREE_BYTES TOKEN_FILE
 """
+
 import fnmatch, hashlib, json, os, pathlib, shutil, sys
+
 repo, revision, dest, marker, ignore_json, keep, token_file = sys.argv[1:8]
 token = pathlib.Path(token_file).read_text().strip() if token_file else None
 ignore = json.loads(ignore_json)
 from huggingface_hub import HfApi, snapshot_download
 from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError, RevisionNotFoundError
+
+
 def fail(msg):
     print("model download: " + msg, file=sys.stderr)
     sys.exit(3)
+
+
 def size_of(f):
     lfs = getattr(f, "lfs", None)
     return getattr(lfs, "size", None) or f.size
+
+
 try:
     info = HfApi().model_info(repo, revision=revision, files_metadata=True, token=token)
     # What vLLM never loads (Llama repositories' original/ consolidated.*.pth) is not downloaded.
@@ -28,14 +36,18 @@ try:
     free = shutil.disk_usage(dest).free
     if free - need < int(keep):
         gib = lambda n: f"{n / 2**30:.2f} GiB"
-        fail(f"not enough disk space at {dest}: {repo}@{revision} needs {gib(need)} more, {gib(free)} are free and "
-             f"model_keep_free_bytes asks {gib(int(keep))} to stay free. Fix: free space there, point model.path at a larger "
-             "filesystem, or lower model_keep_free_bytes; nothing was downloaded")
+        fail(
+            f"not enough disk space at {dest}: {repo}@{revision} needs {gib(need)} more, {gib(free)} are free and "
+            f"model_keep_free_bytes asks {gib(int(keep))} to stay free. Fix: free space there, point model.path at a larger "
+            "filesystem, or lower model_keep_free_bytes; nothing was downloaded"
+        )
     # resumes what an interrupted run left (local_dir/.cache/huggingface/download)
     snapshot_download(repo_id=repo, revision=revision, local_dir=dest, token=token, ignore_patterns=ignore or None)
 except RevisionNotFoundError:
-    fail(f"model.revision {revision!r} does not exist in {repo}: pin a branch, tag or commit the repo has "
-         "(its commit history on the hub lists them); nothing was marked as downloaded")
+    fail(
+        f"model.revision {revision!r} does not exist in {repo}: pin a branch, tag or commit the repo has "
+        "(its commit history on the hub lists them); nothing was marked as downloaded"
+    )
 except GatedRepoError:
     fail(f"{repo} is gated: accept its licence on the hub with the account whose token is model.hub_token")
 except RepositoryNotFoundError:
@@ -58,5 +70,7 @@ for f in wanted:
 for rel in bad:
     pathlib.Path(dest, rel).unlink(missing_ok=True)
 if bad:
-    fail(f"{len(bad)} file(s) did not match the hub's size/sha256 and were removed ({', '.join(bad[:5])}): run the deploy again")
+    fail(
+        f"{len(bad)} file(s) did not match the hub's size/sha256 and were removed ({', '.join(bad[:5])}): run the deploy again"
+    )
 pathlib.Path(dest, marker).write_text(f"{repo}@{revision}\n")

@@ -5,7 +5,9 @@ with a transfer type, ``NAME{transfer_type=cpu_to_gpu}``, sums only the series w
 
     python3 replica_counters.py PORT '["vllm:prefix_cache_hits_total", ...]'
 """
+
 import json, re, sys, urllib.request
+
 want = set(json.loads(sys.argv[2]))
 text = urllib.request.urlopen("http://127.0.0.1:%d/metrics" % int(sys.argv[1]), timeout=10).read().decode()
 out = {}

@@ -52,7 +52,7 @@ def make_handler(directory, names, token):
             pass
 
         def _file(self):
-            name = self.path[len(prefix):] if self.path.startswith(prefix) else None
+            name = self.path[len(prefix) :] if self.path.startswith(prefix) else None
             path = os.path.join(directory, name) if name in names else None
             if path is None or not os.path.isfile(path):
                 self.send_error(404)

@@ -89,8 +89,14 @@ def _ray_cluster(resolved: dict[str, Any]) -> bool:
 
 @lru_cache(maxsize=1)
 def _jinja() -> jinja2.Environment:
-    return jinja2.Environment(loader=jinja2.FileSystemLoader(str(HERE)), undefined=jinja2.StrictUndefined,
-                              trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True, autoescape=False)
+    return jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(HERE)),
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+        autoescape=False,
+    )
 
 
 def private_address(node: "_Node", with_inventory: bool) -> str:
@@ -134,7 +140,8 @@ def through_nginx(resolved: dict[str, Any], mon_node: "_Node", target: "_Node", 
     if not _allowed(source, allow):
         raise RenderError(
             f"monitoring: {mon_node.target} ({source}) reads {what} of {target.target} through its nginx, but proxy.metrics_allow "
-            f"({', '.join(allow) or 'empty'}) does not include it: add {source} (or its subnet) to proxy.metrics_allow")
+            f"({', '.join(allow) or 'empty'}) does not include it: add {source} (or its subnet) to proxy.metrics_allow"
+        )
     port, default = prx["listen"], (443 if prx["tls"]["enabled"] else 80)
     address = source if source == "127.0.0.1" else private_address(target, True)
     return address if port == default else f"{address}:{port}"
@@ -146,10 +153,13 @@ def nginx_scheme(prx: dict[str, Any]) -> tuple[str, dict[str, Any] | None]:
     if not tls["enabled"]:
         return "http", None
     return "https", {"insecure_skip_verify": True} if tls["self_signed"] else (
-        {"server_name": prx["server_name"]} if prx["server_name"] != "_" else {})
+        {"server_name": prx["server_name"]} if prx["server_name"] != "_" else {}
+    )
 
 
-def vllm_targets(resolved: dict[str, Any], mon_node: "_Node", all_nodes: list["_Node"], with_inventory: bool) -> list[dict[str, Any]]:
+def vllm_targets(
+    resolved: dict[str, Any], mon_node: "_Node", all_nodes: list["_Node"], with_inventory: bool
+) -> list[dict[str, Any]]:
     """How the monitoring host reads each API server's /metrics and /health.
 
     [{"replica", "scheme", "address", "metrics_path", "health_path", "tls": {...} or None}] for
@@ -163,8 +173,14 @@ def vllm_targets(resolved: dict[str, Any], mon_node: "_Node", all_nodes: list["_
     for s, inst in ((s, i) for s in all_nodes if "server" in s.roles for i in (s.instances or [None])):
         port = inst.port if inst else srv["port"]
         replica = s.target if not inst or len(s.instances) == 1 else inst.id
-        target = {"replica": replica, "scheme": "http", "address": f"127.0.0.1:{port}", "metrics_path": "/metrics",
-                  "health_path": "/health", "tls": None}
+        target = {
+            "replica": replica,
+            "scheme": "http",
+            "address": f"127.0.0.1:{port}",
+            "metrics_path": "/metrics",
+            "health_path": "/health",
+            "tls": None,
+        }
         if with_inventory and s.target != mon_node.target:
             if not loopback:
                 target["address"] = f"{private_address(s, True)}:{port}"
@@ -176,16 +192,25 @@ def vllm_targets(resolved: dict[str, Any], mon_node: "_Node", all_nodes: list["_
             else:
                 raise RenderError(
                     f"monitoring: {mon_node.target} cannot read vLLM's /metrics on {s.target}: vLLM listens on {srv['host']} and no proxy runs there: "
-                    f"set server.host: 0.0.0.0 (firewalled to the private network), or put {s.target} in the monitoring group")
+                    f"set server.host: 0.0.0.0 (firewalled to the private network), or put {s.target} in the monitoring group"
+                )
         out.append(target)
     return out
 
 
-def router_targets(resolved: dict[str, Any], mon_node: "_Node", all_nodes: list["_Node"], with_inventory: bool) -> list[tuple[str, dict[str, str]]]:
+def router_targets(
+    resolved: dict[str, Any], mon_node: "_Node", all_nodes: list["_Node"], with_inventory: bool
+) -> list[tuple[str, dict[str, str]]]:
     """vLLM's router (proxy.routing cache_aware) on each proxy host: its Prometheus port is on
     loopback, read through that host's nginx at /metrics/router (:func:`through_nginx`)."""
-    return [(through_nginx(resolved, mon_node, n, with_inventory, "/metrics/router"), {"deployment": resolved["name"], "replica": f"router@{n.target}"})
-            for n in all_nodes if "router" in n.roles]
+    return [
+        (
+            through_nginx(resolved, mon_node, n, with_inventory, "/metrics/router"),
+            {"deployment": resolved["name"], "replica": f"router@{n.target}"},
+        )
+        for n in all_nodes
+        if "router" in n.roles
+    ]
 
 
 def scrapers(resolved: dict[str, Any], all_nodes: list["_Node"]) -> list[str]:
@@ -201,10 +226,14 @@ def _scrape(job: str, targets: list[tuple[str, dict[str, str]]], **extra: Any) -
     return {"job_name": job, **extra, "static_configs": [{"targets": [t], "labels": labels} for t, labels in targets]}
 
 
-def prometheus_config(resolved: dict[str, Any], mon_node: "_Node", all_nodes: list["_Node"], with_inventory: bool) -> dict[str, Any]:
+def prometheus_config(
+    resolved: dict[str, Any], mon_node: "_Node", all_nodes: list["_Node"], with_inventory: bool
+) -> dict[str, Any]:
     mon, name = resolved["monitoring"], resolved["name"]
     listen = f"{prometheus_address(resolved, mon_node, with_inventory)}:{mon['prometheus_port']}"
-    scrapes: list[dict[str, Any]] = [_scrape("prometheus", [(listen, {"deployment": name, "replica": mon_node.target})])]
+    scrapes: list[dict[str, Any]] = [
+        _scrape("prometheus", [(listen, {"deployment": name, "replica": mon_node.target})])
+    ]
 
     vllm = vllm_targets(resolved, mon_node, all_nodes, with_inventory)
     by_kind: dict[tuple[str, str], list[tuple[str, dict[str, str]]]] = {}
@@ -227,34 +256,73 @@ def prometheus_config(resolved: dict[str, Any], mon_node: "_Node", all_nodes: li
     router = router_targets(resolved, mon_node, all_nodes, with_inventory)
     if router:
         scheme, tls_config = nginx_scheme(resolved["proxy"])
-        scrapes.append(_scrape("vllm-router", router, metrics_path="/metrics/router",
-                               **({"scheme": scheme, "tls_config": tls_config} if tls_config is not None else {})))
+        scrapes.append(
+            _scrape(
+                "vllm-router",
+                router,
+                metrics_path="/metrics/router",
+                **({"scheme": scheme, "tls_config": tls_config} if tls_config is not None else {}),
+            )
+        )
 
     if mon["health_probe"]:
-        urls = [(f"{t['scheme']}://{t['address']}{t['health_path']}", {"deployment": name, "replica": t["replica"]}) for t in vllm]
-        scrapes.append(_scrape("vllm-health", urls, metrics_path="/probe", params={"module": ["vllm_health"]}) | {
-            "relabel_configs": [
-                {"source_labels": ["__address__"], "target_label": "__param_target"},
-                {"source_labels": ["__param_target"], "target_label": "instance"},
-                {"target_label": "__address__", "replacement": BLACKBOX_LISTEN},
-            ]})
+        urls = [
+            (f"{t['scheme']}://{t['address']}{t['health_path']}", {"deployment": name, "replica": t["replica"]})
+            for t in vllm
+        ]
+        scrapes.append(
+            _scrape("vllm-health", urls, metrics_path="/probe", params={"module": ["vllm_health"]})
+            | {
+                "relabel_configs": [
+                    {"source_labels": ["__address__"], "target_label": "__param_target"},
+                    {"source_labels": ["__param_target"], "target_label": "instance"},
+                    {"target_label": "__address__", "replacement": BLACKBOX_LISTEN},
+                ]
+            }
+        )
 
     if mon["node_exporter"]:
         nodes: dict[str, dict[str, str]] = {}  # by address: without an inventory every role is one host
         for n in (n for n in all_nodes if n.roles):
-            nodes.setdefault(f"{private_address(n, with_inventory)}:{mon['node_exporter_port']}", {"deployment": name, "replica": n.target})
+            nodes.setdefault(
+                f"{private_address(n, with_inventory)}:{mon['node_exporter_port']}",
+                {"deployment": name, "replica": n.target},
+            )
         scrapes.append(_scrape("node", list(nodes.items())))
     if mon["ray"] and _ray_cluster(resolved):
         ray = [n for n in all_nodes if n.roles & {"ray-head", "ray-worker"}]
-        scrapes.append(_scrape("ray", [(f"{private_address(n, with_inventory)}:{RAY_FIXED_PORTS['metrics_export']}", {"deployment": name, "replica": n.target})
-                                       for n in ray]))
+        scrapes.append(
+            _scrape(
+                "ray",
+                [
+                    (
+                        f"{private_address(n, with_inventory)}:{RAY_FIXED_PORTS['metrics_export']}",
+                        {"deployment": name, "replica": n.target},
+                    )
+                    for n in ray
+                ],
+            )
+        )
     gpu_nodes = _gpu_nodes(resolved, all_nodes)
     if gpu_nodes:
-        scrapes.append(_scrape("dcgm", [(f"{private_address(n, with_inventory)}:{mon['dcgm_exporter_port']}", {"deployment": name, "replica": n.target})
-                                        for n in gpu_nodes]))
+        scrapes.append(
+            _scrape(
+                "dcgm",
+                [
+                    (
+                        f"{private_address(n, with_inventory)}:{mon['dcgm_exporter_port']}",
+                        {"deployment": name, "replica": n.target},
+                    )
+                    for n in gpu_nodes
+                ],
+            )
+        )
     return {
-        "global": {"scrape_interval": mon["scrape_interval"], "evaluation_interval": mon["evaluation_interval"],
-                   "external_labels": {"monitor": f"vllm-fleet-{name}"}},
+        "global": {
+            "scrape_interval": mon["scrape_interval"],
+            "evaluation_interval": mon["evaluation_interval"],
+            "external_labels": {"monitor": f"vllm-fleet-{name}"},
+        },
         "rule_files": [f"{RULES_DIR}/*.rules.yml"],
         "scrape_configs": scrapes,
     }
@@ -279,20 +347,24 @@ def _num(x: float) -> str:
 def rules(resolved: dict[str, Any], all_nodes: list["_Node"]) -> str:
     mon = resolved["monitoring"]
     a = mon["alerts"]
-    return _jinja().get_template(RULES_TEMPLATE).render(
-        header=HEADER.format(name=resolved["name"]),
-        name=resolved["name"],
-        health_probe=mon["health_probe"],
-        node_exporter=mon["node_exporter"],
-        gpu=bool(_gpu_nodes(resolved, all_nodes)),
-        ray_nodes=ray_node_count(resolved, all_nodes),
-        kv_cache_usage=_num(a["kv_cache_usage"]),
-        kv_cache_pct=_num(a["kv_cache_usage"] * 100),
-        waiting_requests=a["waiting_requests"],
-        ttft_p99_seconds=_num(a["ttft_p99_seconds"]),
-        gpu_memory_usage=_num(a["gpu_memory_usage"]),
-        gpu_memory_pct=_num(a["gpu_memory_usage"] * 100),
-        for_=a["for"],
+    return (
+        _jinja()
+        .get_template(RULES_TEMPLATE)
+        .render(
+            header=HEADER.format(name=resolved["name"]),
+            name=resolved["name"],
+            health_probe=mon["health_probe"],
+            node_exporter=mon["node_exporter"],
+            gpu=bool(_gpu_nodes(resolved, all_nodes)),
+            ray_nodes=ray_node_count(resolved, all_nodes),
+            kv_cache_usage=_num(a["kv_cache_usage"]),
+            kv_cache_pct=_num(a["kv_cache_usage"] * 100),
+            waiting_requests=a["waiting_requests"],
+            ttft_p99_seconds=_num(a["ttft_p99_seconds"]),
+            gpu_memory_usage=_num(a["gpu_memory_usage"]),
+            gpu_memory_pct=_num(a["gpu_memory_usage"] * 100),
+            for_=a["for"],
+        )
     )
 
 
@@ -307,7 +379,9 @@ def _args_file(header: str, what: str, args: list[str]) -> str:
     # Debian's units run `$ARGS` unquoted: plain words only (addresses, paths, durations).
     for a in args:
         if not _PLAIN_ARG.fullmatch(a):
-            raise RenderError(f"monitoring: {a!r} is not a plain word (an address, path or duration): it cannot go into ARGS of {what.split(':')[0]}")
+            raise RenderError(
+                f"monitoring: {a!r} is not a plain word (an address, path or duration): it cannot go into ARGS of {what.split(':')[0]}"
+            )
     return f"# {header}\n# {what}\nARGS=\"{' '.join(args)}\"\n"
 
 
@@ -335,35 +409,48 @@ def vllm_series(exprs: list[str]) -> set[str]:
 
 def _dcgm_unit(header: str, argv: list[str]) -> str:
     """dcgm-exporter's systemd unit."""
-    return "\n".join([
-        f"# {header}",
-        "[Unit]",
-        "Description=NVIDIA DCGM exporter (GPU metrics for Prometheus, private address only)",
-        "After=network-online.target nvidia-dcgm.service",
-        "Wants=network-online.target",
-        "",
-        "[Service]",
-        f"ExecStart={systemd_command(argv)}",
-        "Restart=on-failure",
-        "RestartSec=10",
-        "",
-        "[Install]",
-        "WantedBy=multi-user.target",
-        "",
-    ])
+    return "\n".join(
+        [
+            f"# {header}",
+            "[Unit]",
+            "Description=NVIDIA DCGM exporter (GPU metrics for Prometheus, private address only)",
+            "After=network-online.target nvidia-dcgm.service",
+            "Wants=network-online.target",
+            "",
+            "[Service]",
+            f"ExecStart={systemd_command(argv)}",
+            "Restart=on-failure",
+            "RestartSec=10",
+            "",
+            "[Install]",
+            "WantedBy=multi-user.target",
+            "",
+        ]
+    )
 
 
-def _exporter_files(resolved: dict[str, Any], p: dict[str, str], node: "_Node", all_nodes: list["_Node"], with_inventory: bool,
-                    header: str) -> dict[str, Any]:
+def _exporter_files(
+    resolved: dict[str, Any],
+    p: dict[str, str],
+    node: "_Node",
+    all_nodes: list["_Node"],
+    with_inventory: bool,
+    header: str,
+) -> dict[str, Any]:
     """What every monitored node runs: the node exporter's settings and, on a GPU node, dcgm-exporter's fields and unit
     (``p``: :func:`paths`)."""
     mon = resolved["monitoring"]
     out: dict[str, Any] = {}
     addr = private_address(node, with_inventory)
     if mon["node_exporter"]:
-        out[p["node_exporter_defaults"]] = RenderedFile(_args_file(
-            header, "prometheus-node-exporter: only the host's private address (not every interface).",
-            [f"--web.listen-address={addr}:{mon['node_exporter_port']}"]), 0o644)
+        out[p["node_exporter_defaults"]] = RenderedFile(
+            _args_file(
+                header,
+                "prometheus-node-exporter: only the host's private address (not every interface).",
+                [f"--web.listen-address={addr}:{mon['node_exporter_port']}"],
+            ),
+            0o644,
+        )
     if node in _gpu_nodes(resolved, all_nodes):
         csv = [f"# {header}", "# DCGM fields dcgm-exporter exports (field, Prometheus type, help)."]
         csv += [f"{f}, {t}, {h}" for f, t, h in DCGM_FIELDS]
@@ -376,31 +463,66 @@ def _exporter_files(resolved: dict[str, Any], p: dict[str, str], node: "_Node", 
 def _blackbox_files(resolved: dict[str, Any], p: dict[str, str], header: str) -> dict[str, Any]:
     """The blackbox exporter's module (GET /health, the self-signed certificate accepted) and its settings."""
     tls = resolved["proxy"]["tls"]
-    module: dict[str, Any] = {"prober": "http", "timeout": "5s",
-                              "http": {"valid_status_codes": [200], "method": "GET", "preferred_ip_protocol": "ip4"}}
+    module: dict[str, Any] = {
+        "prober": "http",
+        "timeout": "5s",
+        "http": {"valid_status_codes": [200], "method": "GET", "preferred_ip_protocol": "ip4"},
+    }
     if tls["enabled"] and tls["self_signed"]:
         module["http"]["tls_config"] = {"insecure_skip_verify": True}
-    return {p["blackbox_config"]: RenderedFile(_yaml(header, {"modules": {"vllm_health": module}}), 0o644),
-            p["blackbox_defaults"]: RenderedFile(_args_file(
-                header, "prometheus-blackbox-exporter: probes /health for Prometheus; loopback only.",
-                [f"--config.file={p['blackbox_config']}", f"--web.listen-address={BLACKBOX_LISTEN}"]), 0o644)}
+    return {
+        p["blackbox_config"]: RenderedFile(_yaml(header, {"modules": {"vllm_health": module}}), 0o644),
+        p["blackbox_defaults"]: RenderedFile(
+            _args_file(
+                header,
+                "prometheus-blackbox-exporter: probes /health for Prometheus; loopback only.",
+                [f"--config.file={p['blackbox_config']}", f"--web.listen-address={BLACKBOX_LISTEN}"],
+            ),
+            0o644,
+        ),
+    }
 
 
 def _grafana_files(resolved: dict[str, Any], p: dict[str, str], header: str, listen: str) -> dict[str, Any]:
     """Grafana's provisioning: the Prometheus data source at ``listen``, the dashboards' provider, the dashboard."""
     mon = resolved["monitoring"]
-    ds = {"apiVersion": 1, "datasources": [{
-        "name": "vllm-fleet Prometheus", "uid": GRAFANA_DATASOURCE_UID, "type": "prometheus", "access": "proxy",
-        "url": f"http://{listen}", "isDefault": False, "editable": False}]}
-    dash = {"apiVersion": 1, "providers": [{
-        "name": "vllm-fleet", "folder": "vllm-fleet", "type": "file", "disableDeletion": True, "allowUiUpdates": False,
-        "options": {"path": mon["grafana"]["dashboards_dir"]}}]}
-    return {p["grafana_datasource"]: RenderedFile(_yaml(header, ds), 0o644),
-            p["grafana_dashboards"]: RenderedFile(_yaml(header, dash), 0o644),
-            p["grafana_dashboard"]: RenderedFile(json.dumps(dashboard(), indent=2) + "\n", 0o644)}
+    ds = {
+        "apiVersion": 1,
+        "datasources": [
+            {
+                "name": "vllm-fleet Prometheus",
+                "uid": GRAFANA_DATASOURCE_UID,
+                "type": "prometheus",
+                "access": "proxy",
+                "url": f"http://{listen}",
+                "isDefault": False,
+                "editable": False,
+            }
+        ],
+    }
+    dash = {
+        "apiVersion": 1,
+        "providers": [
+            {
+                "name": "vllm-fleet",
+                "folder": "vllm-fleet",
+                "type": "file",
+                "disableDeletion": True,
+                "allowUiUpdates": False,
+                "options": {"path": mon["grafana"]["dashboards_dir"]},
+            }
+        ],
+    }
+    return {
+        p["grafana_datasource"]: RenderedFile(_yaml(header, ds), 0o644),
+        p["grafana_dashboards"]: RenderedFile(_yaml(header, dash), 0o644),
+        p["grafana_dashboard"]: RenderedFile(json.dumps(dashboard(), indent=2) + "\n", 0o644),
+    }
 
 
-def node_files(resolved: dict[str, Any], node: "_Node", all_nodes: list["_Node"], with_inventory: bool) -> dict[str, Any]:
+def node_files(
+    resolved: dict[str, Any], node: "_Node", all_nodes: list["_Node"], with_inventory: bool
+) -> dict[str, Any]:
     """Monitoring files of one node (empty when monitoring is off): the exporters on every
     monitored node; Prometheus, its rules, the blackbox exporter and Grafana on the monitoring node."""
     mon = resolved["monitoring"]
@@ -412,11 +534,21 @@ def node_files(resolved: dict[str, Any], node: "_Node", all_nodes: list["_Node"]
     if "monitoring" not in node.roles:
         return out
     listen = f"{prometheus_address(resolved, node, with_inventory)}:{mon['prometheus_port']}"
-    out[p["prometheus_defaults"]] = RenderedFile(_args_file(
-        header, "Prometheus: the monitoring host's private address or loopback only (monitoring.prometheus_listen).",
-        [f"--config.file={p['prometheus_config']}", f"--web.listen-address={listen}",
-         f"--storage.tsdb.retention.time={mon['retention']}"]), 0o644)
-    out[p["prometheus_config"]] = RenderedFile(_yaml(header, prometheus_config(resolved, node, all_nodes, with_inventory)), 0o644)
+    out[p["prometheus_defaults"]] = RenderedFile(
+        _args_file(
+            header,
+            "Prometheus: the monitoring host's private address or loopback only (monitoring.prometheus_listen).",
+            [
+                f"--config.file={p['prometheus_config']}",
+                f"--web.listen-address={listen}",
+                f"--storage.tsdb.retention.time={mon['retention']}",
+            ],
+        ),
+        0o644,
+    )
+    out[p["prometheus_config"]] = RenderedFile(
+        _yaml(header, prometheus_config(resolved, node, all_nodes, with_inventory)), 0o644
+    )
     out[p["rules"]] = RenderedFile(rules(resolved, all_nodes), 0o644)
     if mon["health_probe"]:
         out.update(_blackbox_files(resolved, p, header))

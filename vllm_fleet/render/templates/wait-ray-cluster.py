@@ -44,7 +44,10 @@ def main(argv=None):
             addresses, gpus = snapshot(ray)
             missing = [a for a in args.expect if a not in addresses]
             if len(addresses) >= args.nodes and gpus >= args.gpus and not missing:
-                print(f"wait-ray-cluster: ready: {len(addresses)} node(s) {', '.join(addresses)}, {gpus:g} GPU(s)", flush=True)
+                print(
+                    f"wait-ray-cluster: ready: {len(addresses)} node(s) {', '.join(addresses)}, {gpus:g} GPU(s)",
+                    flush=True,
+                )
                 return 0
             last_error = ""
         except Exception as exc:  # the head may not be up yet; keep trying until the deadline
@@ -64,7 +67,9 @@ def main(argv=None):
         f"  nodes: {len(addresses)} of {args.nodes} alive ({', '.join(addresses) or 'none'}); GPUs: {gpus:g} of {args.gpus:g}",
     ]
     if missing:
-        lines.append(f"  missing node(s): {', '.join(missing)} (is ray-worker.service running there, and does its NODE_IP match?)")
+        lines.append(
+            f"  missing node(s): {', '.join(missing)} (is ray-worker.service running there, and does its NODE_IP match?)"
+        )
     if last_error:
         lines.append(f"  last error: {last_error} (is ray-head.service running?)")
     print("\n".join(lines), file=sys.stderr, flush=True)

@@ -8,6 +8,7 @@ check (free GPU memory >= its --gpu-memory-utilization share) sees the memory it
 Exit 0 once http://127.0.0.1:PORT/health answers 200; exit 1 naming the port after TIMEOUT
 (the unit then fails and systemd retries it). Rendered by vllm-fleet; standard library only.
 """
+
 import sys
 import time
 import urllib.request
@@ -19,4 +20,6 @@ while time.time() < deadline:
         sys.exit(0)
     except Exception:
         time.sleep(2)
-sys.exit(f"wait-replica-health: the replica on port {port} (same GPUs, started first) is not healthy after {sys.argv[2]} s")
+sys.exit(
+    f"wait-replica-health: the replica on port {port} (same GPUs, started first) is not healthy after {sys.argv[2]} s"
+)

@@ -31,7 +31,6 @@ from vllm_fleet.specs.pipeline import check
 from vllm_fleet.specs.source import SpecSourceError, spec_sources
 
 
-
 @dataclass
 class DeployContext:
     """What one deploy plans once, before any operation (:func:`load_deploy_spec`): every spec
@@ -204,9 +203,11 @@ def _detect_ifnames(layout: Layout, hosts: dict[str, dict[str, Any]]) -> bool:
             interfaces = inventory.get_host(node.target).get_fact(Ipv4Interfaces)
             ifname = detect_ifname(interfaces or {}, str(node.private))
             if not ifname:
-                raise DeployError(f"{node.target}: no single interface holds the node address {node.private} "
-                                  f"(IPv4 interfaces: {interfaces or 'none read'}); set parallel.socket_ifname or host data socket_ifname; "
-                                  "no host was changed")
+                raise DeployError(
+                    f"{node.target}: no single interface holds the node address {node.private} "
+                    f"(IPv4 interfaces: {interfaces or 'none read'}); set parallel.socket_ifname or host data socket_ifname; "
+                    "no host was changed"
+                )
             data["socket_ifname"] = ifname
             filled = True
     return filled
@@ -238,7 +239,9 @@ def load_deploy_spec() -> DeployContext:
     for path in paths:
         resolved, sec = _checked_spec(path, generated)
         if resolved["name"] in specs:
-            raise DeployError(f"{path}: deployment {resolved['name']} is also in {sources[resolved['name']]}: each spec needs its own name; no host was changed")
+            raise DeployError(
+                f"{path}: deployment {resolved['name']} is also in {sources[resolved['name']]}: each spec needs its own name; no host was changed"
+            )
         specs[resolved["name"]], secrets[resolved["name"]], sources[resolved["name"]] = resolved, sec, path
         names[_norm(path)] = resolved["name"]
     hosts = inventory_hosts()
@@ -270,8 +273,10 @@ def _checked_spec(path: str, generated: dict) -> tuple[dict[str, Any], dict[str,
     except SecretError as exc:
         raise DeployError(f"{path}: {exc}; no host was changed") from None
     if resolved["model"]["transfer"] == "upload" and not Path(resolved["model"]["local_dir"]).is_dir():
-        raise DeployError(f"{path}: model.source: {resolved['model']['local_dir']} is not a directory on this machine "
-                          "(for the lab: `vllm-fleet tiny-model`); no host was changed")
+        raise DeployError(
+            f"{path}: model.source: {resolved['model']['local_dir']} is not a directory on this machine "
+            "(for the lab: `vllm-fleet tiny-model`); no host was changed"
+        )
     return resolved, sec
 
 
@@ -285,7 +290,9 @@ def _hosts_own_deployments(hosts: dict[str, Any], per_host: dict[str, Any], name
                 data["deployments"] = [names[_norm(p)] for p in own or []]
 
 
-def _fleet_layout(specs: dict[str, dict[str, Any]], hosts: dict[str, Any], sources: dict[str, str], paths: list[str]) -> Layout:
+def _fleet_layout(
+    specs: dict[str, dict[str, Any]], hosts: dict[str, Any], sources: dict[str, str], paths: list[str]
+) -> Layout:
     """The one layout of the deploy (built again when the hosts' interfaces were read: facts
     first, then the layout); a layout error stops the deploy, printed."""
     try:
@@ -336,7 +343,9 @@ def _tls_certificate(resolved: dict[str, Any], base_dir: Path) -> str | None:
         return None
     p, why, fix = localpath.readable(tls["certificate"], "file", base_dir)
     if p is None:
-        raise SecretError(f"proxy.tls.certificate: cannot read {tls['certificate'][:200]!r}: {why}" + (f"; {fix}" if fix else ""))
+        raise SecretError(
+            f"proxy.tls.certificate: cannot read {tls['certificate'][:200]!r}: {why}" + (f"; {fix}" if fix else "")
+        )
     try:
         text = p.read_text()
     except (OSError, UnicodeDecodeError) as exc:
@@ -357,8 +366,11 @@ def write_generated_secrets(ctx: DeployContext) -> None:
     from pyinfra.operations import python
 
     if ctx.generated:
-        python.call(name="Write generated secret files on the control machine (0600)",
-                    function=_write_generated, generated=ctx.generated)
+        python.call(
+            name="Write generated secret files on the control machine (0600)",
+            function=_write_generated,
+            generated=ctx.generated,
+        )
 
 
 def as_root() -> dict[str, Any]:
@@ -379,8 +391,11 @@ def as_root() -> dict[str, Any]:
     from pyinfra.api.arguments import pop_global_arguments
 
     args, _ = pop_global_arguments(state, host, {})
-    return {k: v for k, v in args.items()
-            if k.startswith(("_sudo", "_use_sudo", "_preserve_sudo", "_su_", "_use_su", "_preserve_su", "_doas", "_dzdo"))}
+    return {
+        k: v
+        for k, v in args.items()
+        if k.startswith(("_sudo", "_use_sudo", "_preserve_sudo", "_su_", "_use_su", "_preserve_su", "_doas", "_dzdo"))
+    }
 
 
 def preflight() -> None:
@@ -397,13 +412,16 @@ def preflight() -> None:
     if not host.data.get("_sudo") or host.data.get("_sudo_password"):
         return
     user = host.data.get("ssh_user") or "the SSH user"
-    out = host.get_fact(Command, "sudo -n true 2>/dev/null && echo vllm-fleet-sudo-ok || echo vllm-fleet-sudo-no", _sudo=False)
+    out = host.get_fact(
+        Command, "sudo -n true 2>/dev/null && echo vllm-fleet-sudo-ok || echo vllm-fleet-sudo-no", _sudo=False
+    )
     if (out or "").strip() != "vllm-fleet-sudo-ok":
         raise DeployError(
             f"host {host.name}: user {user} cannot run sudo without a password (`sudo -n true` failed), "
             "and every deploy step needs root. Fix: give the user passwordless sudo (a sudoers line "
             f"`{user} ALL=(ALL) NOPASSWD: ALL`), connect as root (ssh_user: root, _sudo: False), or set "
-            "_sudo_password in the host's data; no host was changed")
+            "_sudo_password in the host's data; no host was changed"
+        )
 
 
 def role_data(key: str, defaults: dict[str, Any]) -> Any:
@@ -452,7 +470,9 @@ def secret_file(path: str, content: str, user: str = "root", group: str = "root"
         yield argv("chmod", mode, tmp)
         yield argv("mv", "-f", tmp, path)  # atomic: never a half-written secret
     # pyinfra's File fact gives the mode as the octal digits read as an int (0600 -> 600).
-    elif remote and (remote.get("user") != user or remote.get("group") != group or int(remote.get("mode") or 0) != int(mode)):
+    elif remote and (
+        remote.get("user") != user or remote.get("group") != group or int(remote.get("mode") or 0) != int(mode)
+    ):
         yield argv("chown", f"{user}:{group}", path)
         yield argv("chmod", mode, path)
 
@@ -538,8 +558,9 @@ def put_rendered(rendered: dict[str, Any], paths: list[str] | None = None) -> di
         if snap.file_ok(path, _sha256(f.content), f.owner, f.group, f"{f.mode:o}"):
             out[path] = Converged(path)
             continue
-        out[path] = atomic_put(name=f"Put {path}", dest=path, content=f.content, user=f.owner, group=f.group,
-                               mode=f"{f.mode:o}")
+        out[path] = atomic_put(
+            name=f"Put {path}", dest=path, content=f.content, user=f.owner, group=f.group, mode=f"{f.mode:o}"
+        )
     return out
 
 

@@ -28,7 +28,13 @@ from typing import Any
 
 from vllm_fleet.render.layout import SYSTEMD_DIR, HostLayout
 from vllm_fleet.render.parts import kv_offload_on
-from vllm_fleet.specs.planner import HOST_RESERVE_GIB, REPLICA_HOST_GIB, host_memory, replica_gpu_utilization, shares_fit_one_gpu
+from vllm_fleet.specs.planner import (
+    HOST_RESERVE_GIB,
+    REPLICA_HOST_GIB,
+    host_memory,
+    replica_gpu_utilization,
+    shares_fit_one_gpu,
+)
 
 from .state import Query, Snapshot
 
@@ -88,7 +94,9 @@ def _sites(text: str, where: str) -> list[tuple[int, str, bool, str]]:
     for block in re.split(r"^server\s*\{", text, flags=re.M)[1:]:
         names = re.search(r"^\s*server_name\s+([^;]+);", block, re.M)
         for m in re.finditer(r"^\s*listen\s+(?:[\[\]0-9a-fA-F.:]*:)?(\d+)([^;]*);", block, re.M):
-            out.append((int(m.group(1)), (names.group(1).strip() if names else ""), "default_server" in m.group(2), where))
+            out.append(
+                (int(m.group(1)), (names.group(1).strip() if names else ""), "default_server" in m.group(2), where)
+            )
     return out
 
 
@@ -101,7 +109,9 @@ def holds(state: tuple[str, str] | None) -> bool:
     return active not in ("inactive", "failed", "") or enabled.startswith(("enabled", "linked", "alias"))
 
 
-def held_on_host(globbed: dict[str, dict[str, str | None]], unit_states: dict[str, tuple[str, str]] | None = None) -> dict[str, Held]:
+def held_on_host(
+    globbed: dict[str, dict[str, str | None]], unit_states: dict[str, tuple[str, str]] | None = None
+) -> dict[str, Held]:
     """{deployment: Held} from the files the ``globs`` read found (``unit_states``: a unit
     file's (is-active, is-enabled); a stopped, disabled unit holds nothing)."""
     out: dict[str, Held] = {}
@@ -117,7 +127,14 @@ def held_on_host(globbed: dict[str, dict[str, str | None]], unit_states: dict[st
         if port:
             held.ports[int(port.group(1))] = unit
         share = re.search(r"^ExecStart=.*\s--gpu-memory-utilization[ =]([0-9.]+)", text, re.M)
-        env = next((t for p, t in envs.items() if (e := _ENV.match(p)) and e.group("name") == name and e.group("index") == index), None)
+        env = next(
+            (
+                t
+                for p, t in envs.items()
+                if (e := _ENV.match(p)) and e.group("name") == name and e.group("index") == index
+            ),
+            None,
+        )
         for g in _gpus(env):
             held.use_gpu(g, unit, float(share.group(1)) if share else None)
     for path, text in (globbed.get(SITES) or {}).items():
@@ -145,8 +162,9 @@ def wanted(specs: dict[str, dict[str, Any]], h: HostLayout) -> dict[str, Held]:
     return out
 
 
-def _gpu_clash(gpu: int, name: str, ours: dict[str, Held], theirs: dict[str, Held], other: str,
-               managed: set[str]) -> str | None:
+def _gpu_clash(
+    gpu: int, name: str, ours: dict[str, Held], theirs: dict[str, Held], other: str, managed: set[str]
+) -> str | None:
     """GPU ``gpu`` of deployment ``name`` is also used by deployment ``other``. Each vLLM takes its
     --gpu-memory-utilization share of the whole GPU at start, so sharing is fine while all the
     shares on it sum to at most 1 (the other deployment already runs: ours, started after it,
@@ -159,13 +177,17 @@ def _gpu_clash(gpu: int, name: str, ours: dict[str, Held], theirs: dict[str, Hel
     total = sum(shares)
     unit, their = ours[name].gpus[gpu], theirs[other].gpus[gpu]
     if not theirs[other].shares:
-        return (f"GPU {gpu} ({unit}) is used by deployment {other!r} ({their}): "
-                f"give {name} other GPUs (hardware, replicas), or this host to one of them")
+        return (
+            f"GPU {gpu} ({unit}) is used by deployment {other!r} ({their}): "
+            f"give {name} other GPUs (hardware, replicas), or this host to one of them"
+        )
     parts = " + ".join([*(f"{u} {s:g}" for u, s in mine), *(f"{u} {s:g} (deployment {o!r})" for o, u, s in others)])
-    return (f"GPU {gpu} ({unit}) is shared with deployment {other!r} ({their}): {parts} = {total:.3g} of its memory "
-            "(each vLLM takes its --gpu-memory-utilization share of the whole GPU at start): lower "
-            f"engine.gpu_memory_utilization of {name} so the shares sum to at most 1, give {name} other GPUs "
-            "(hardware.gpu_ids), or this host to one of them")
+    return (
+        f"GPU {gpu} ({unit}) is shared with deployment {other!r} ({their}): {parts} = {total:.3g} of its memory "
+        "(each vLLM takes its --gpu-memory-utilization share of the whole GPU at start): lower "
+        f"engine.gpu_memory_utilization of {name} so the shares sum to at most 1, give {name} other GPUs "
+        "(hardware.gpu_ids), or this host to one of them"
+    )
 
 
 def clashes(ours: dict[str, Held], theirs: dict[str, Held], managed: set[str]) -> list[str]:
@@ -177,8 +199,10 @@ def clashes(ours: dict[str, Held], theirs: dict[str, Held], managed: set[str]) -
         for name, want in ours.items():
             for port, unit in sorted(want.ports.items()):
                 if port in have.ports:
-                    out.append(f"port {port} ({unit}) is taken by deployment {other!r} ({have.ports[port]}): "
-                               f"give {name} another server.port")
+                    out.append(
+                        f"port {port} ({unit}) is taken by deployment {other!r} ({have.ports[port]}): "
+                        f"give {name} another server.port"
+                    )
             for gpu in sorted(want.gpus):
                 if gpu in have.gpus and (line := _gpu_clash(gpu, name, ours, theirs, other, managed)):
                     out.append(line)
@@ -186,8 +210,10 @@ def clashes(ours: dict[str, Held], theirs: dict[str, Held], managed: set[str]) -
                 for olisten, osn, odefault, where in have.sites:
                     if listen == olisten and (default and odefault or sn == osn):
                         why = "both are the default server" if default and odefault else f"both are server_name {sn}"
-                        out.append(f"nginx port {listen}: {why} ({where} of deployment {other!r}): give {name} "
-                                   "its own proxy.server_name or proxy.listen")
+                        out.append(
+                            f"nginx port {listen}: {why} ({where} of deployment {other!r}): give {name} "
+                            "its own proxy.server_name or proxy.listen"
+                        )
     return out
 
 
@@ -202,9 +228,11 @@ def refuse(specs: dict[str, dict[str, Any]], h: HostLayout, host_name: str, snap
     if lines:
         from pyinfra.api.exceptions import DeployError
 
-        raise DeployError(f"host {host_name}: another vllm-fleet deployment already on this host is in the way:\n  "
-                          + "\n  ".join(lines)
-                          + "\n  (or remove it first: `vllm-fleet down` with its own inventory); nothing was uploaded or changed")
+        raise DeployError(
+            f"host {host_name}: another vllm-fleet deployment already on this host is in the way:\n  "
+            + "\n  ".join(lines)
+            + "\n  (or remove it first: `vllm-fleet down` with its own inventory); nothing was uploaded or changed"
+        )
 
 
 # ---- the host's memory: every replica's CPU tier of the KV cache + the reserve -------------------
@@ -225,7 +253,9 @@ def mem_total(text: str | None) -> int | None:
     return int(m.group(1)) * 1024 if m else None
 
 
-def _their_tiers(globbed: dict[str, str | None], states: dict[str, tuple[str, str]], managed: set[str]) -> list[tuple[str, float | None, str]]:
+def _their_tiers(
+    globbed: dict[str, str | None], states: dict[str, tuple[str, str]], managed: set[str]
+) -> list[tuple[str, float | None, str]]:
     """(unit, GiB of its tier or None, deployment) of every vLLM unit of another deployment that
     holds its memory (running or enabled), from its ExecStart's --kv-offloading-size."""
     out = []
@@ -238,12 +268,18 @@ def _their_tiers(globbed: dict[str, str | None], states: dict[str, tuple[str, st
     return out
 
 
-def memory_plan(specs: dict[str, dict[str, Any]], h: HostLayout, snap: Snapshot) -> tuple[dict[str, Any] | None, list[str], dict[str, int]]:
+def memory_plan(
+    specs: dict[str, dict[str, Any]], h: HostLayout, snap: Snapshot
+) -> tuple[dict[str, Any] | None, list[str], dict[str, int]]:
     """The host's memory against every replica's CPU tier on it (this deploy's and the other
     deployments' already there) plus the reserve (spec.planner.host_memory): ``(figures, problems,
     {deployment: GiB per replica}`` for the ``auto`` ones). Nothing known (no read, or no tier
     here): ``(None, [], {})``."""
-    ours = [(inst.unit, kv_offload_on(specs[name], node.data), name) for name, node in h.parts.items() for inst in node.instances]
+    ours = [
+        (inst.unit, kv_offload_on(specs[name], node.data), name)
+        for name, node in h.parts.items()
+        for inst in node.instances
+    ]
     if not any(t is not None for _, t, _ in ours):
         return None, [], {}
     known, text = snap.content(MEMINFO)
@@ -259,17 +295,28 @@ def memory_plan(specs: dict[str, dict[str, Any]], h: HostLayout, snap: Snapshot)
     if fig["fits"]:
         return fig, [], auto
     n = fig["replicas"]
-    parts = " + ".join(f"{u} {t if t == 'auto' else f'{t:g} GiB'}" + ("" if name in specs else f" (deployment {name!r})")
-                       for u, t, name in every if t is not None)
-    lines = [f"the CPU tiers of the KV cache do not fit in its memory: {fig['total_gib']:g} GiB of RAM (MemTotal) - reserve "
-             f"{fig['reserve_gib']:g} GiB ({HOST_RESERVE_GIB:g} + {REPLICA_HOST_GIB:g} x {n} vLLM replicas) - tiers {parts} "
-             f"= {fig['left_gib']:g} GiB" + (" (each `auto` replica needs at least 1 GiB)" if fig["left_gib"] >= 0 else "")]
+    parts = " + ".join(
+        f"{u} {t if t == 'auto' else f'{t:g} GiB'}" + ("" if name in specs else f" (deployment {name!r})")
+        for u, t, name in every
+        if t is not None
+    )
+    lines = [
+        f"the CPU tiers of the KV cache do not fit in its memory: {fig['total_gib']:g} GiB of RAM (MemTotal) - reserve "
+        f"{fig['reserve_gib']:g} GiB ({HOST_RESERVE_GIB:g} + {REPLICA_HOST_GIB:g} x {n} vLLM replicas) - tiers {parts} "
+        f"= {fig['left_gib']:g} GiB" + (" (each `auto` replica needs at least 1 GiB)" if fig["left_gib"] >= 0 else "")
+    ]
     for name in [d for d in specs if any(dn == d and t is not None for _, t, dn in ours)]:
         mine = sum(1 for _, t, dn in ours if dn == name and t is not None)
         others = sum(float(t) for _, t, dn in every if dn != name and t not in (None, "auto"))
         largest = math.floor((fig["total_gib"] - fig["reserve_gib"] - others) / mine)
-        lines.append(f"the largest engine.kv_offload.size_gib of {name} that fits here ({mine} replica(s)): "
-                     + (f"{largest} GiB (or `auto`)" if largest >= 1 else "none: lower the other replicas' tiers or put fewer replicas here"))
+        lines.append(
+            f"the largest engine.kv_offload.size_gib of {name} that fits here ({mine} replica(s)): "
+            + (
+                f"{largest} GiB (or `auto`)"
+                if largest >= 1
+                else "none: lower the other replicas' tiers or put fewer replicas here"
+            )
+        )
     return fig, lines, {}
 
 

@@ -74,10 +74,10 @@ def plan_rounds(needs: list[str], holders: list[str], seeds: int = 1) -> list[li
     if sources or not todo:
         rounds.append([])
     else:
-        rounds.append([(h, []) for h in todo[:max(1, seeds)]])
-        sources, todo = [h for h, _ in rounds[0]], todo[max(1, seeds):]
+        rounds.append([(h, []) for h in todo[: max(1, seeds)]])
+        sources, todo = [h for h, _ in rounds[0]], todo[max(1, seeds) :]
     while todo:
-        batch, todo = todo[:len(sources)], todo[len(sources):]
+        batch, todo = todo[: len(sources)], todo[len(sources) :]
         rounds.append([(h, sources[i:] + sources[:i]) for i, h in enumerate(batch)])
         sources = sources + batch
     return rounds
@@ -102,6 +102,7 @@ class Member:
 class Artifact:
     """One artifact of one deploy: ``files`` ({relative path: [size, sha256]}) of the control
     machine's ``local`` directory, at ``root`` on each host, owned by ``owner`` with ``mode``."""
+
     key: str
     what: str
     local: Path
@@ -165,17 +166,38 @@ def peer_hosts(deployment: str | None) -> int:
     from vllm_fleet.roles import common
 
     inventory = {h.name: h for h in state.inventory}
-    for ctx in [] if deployment is None else reversed(list(common._CACHE.values())):  # the latest deploy of this process
+    for ctx in (
+        [] if deployment is None else reversed(list(common._CACHE.values()))
+    ):  # the latest deploy of this process
         if deployment in ctx.layout.deployments:
-            return sum(1 for name, hl in ctx.layout.hosts.items()
-                       if deployment in hl.parts and hl.parts[deployment].roles & SERVICE_PARTS
-                       and name in inventory and inventory[name].data.get("private_address"))
+            return sum(
+                1
+                for name, hl in ctx.layout.hosts.items()
+                if deployment in hl.parts
+                and hl.parts[deployment].roles & SERVICE_PARTS
+                and name in inventory
+                and inventory[name].data.get("private_address")
+            )
     return sum(1 for h in inventory.values() if h.data.get("private_address"))
 
 
-def join(key: str, what: str, local: Path, root: str, files: dict[str, list], lacks: list[str], *,
-         owner: str, mode: str, dir_mode: str, port: int, seconds: int, deployment: str | None,
-         control_urls: list[str] | None = None, prune: bool = False) -> list | None:
+def join(
+    key: str,
+    what: str,
+    local: Path,
+    root: str,
+    files: dict[str, list],
+    lacks: list[str],
+    *,
+    owner: str,
+    mode: str,
+    dir_mode: str,
+    port: int,
+    seconds: int,
+    deployment: str | None,
+    control_urls: list[str] | None = None,
+    prune: bool = False,
+) -> list | None:
     """Register this host for the artifact ``key`` (``lacks``: what it still needs; empty: it
     holds a verified copy). None when the host takes no part (no private address, or it is the
     only host of ``deployment`` that could: nothing to share): the caller sends the files as
@@ -187,11 +209,25 @@ def join(key: str, what: str, local: Path, root: str, files: dict[str, list], la
         return None
     if not addr:
         if lacks:
-            logger.info(f"{host.name}: {what}: no private_address (or peer_fetch false): "
-                        "from the control machine to this host, as before")
+            logger.info(
+                f"{host.name}: {what}: no private_address (or peer_fetch false): "
+                "from the control machine to this host, as before"
+            )
         return None
-    art = _artifact(key, what=what, local=local, root=root, files=files, owner=owner, mode=mode,
-                    dir_mode=dir_mode, port=port, seconds=seconds, control_urls=list(control_urls or []), prune=prune)
+    art = _artifact(
+        key,
+        what=what,
+        local=local,
+        root=root,
+        files=files,
+        owner=owner,
+        mode=mode,
+        dir_mode=dir_mode,
+        port=port,
+        seconds=seconds,
+        control_urls=list(control_urls or []),
+        prune=prune,
+    )
     art.members[host.name] = Member(host.name, addr, list(lacks))
     if not lacks:
         return []
@@ -205,12 +241,16 @@ def join(key: str, what: str, local: Path, root: str, files: dict[str, list], la
 # ------------------------------------------------------------------------------------------------
 # What runs while the plan executes (each host's operations call these with their own host)
 
+
 def _root_args(state, h) -> dict[str, Any]:
     from pyinfra.api.arguments import pop_global_arguments
 
     args, _ = pop_global_arguments(state, h, {})
-    return {k: v for k, v in args.items()
-            if k.startswith(("_sudo", "_use_sudo", "_preserve_sudo", "_su_", "_use_su", "_preserve_su", "_doas", "_dzdo"))}
+    return {
+        k: v
+        for k, v in args.items()
+        if k.startswith(("_sudo", "_use_sudo", "_preserve_sudo", "_su_", "_use_su", "_preserve_su", "_doas", "_dzdo"))
+    }
 
 
 def _run(state, h, command, timeout: int = 120) -> tuple[bool, list[str]]:
@@ -231,15 +271,38 @@ def _put_private(state, h, content: str, path: str) -> bool:
 def server_argv(art: Artifact, address: str) -> list:
     """The transient unit that serves ``art`` from a host at ``address`` (systemd-run)."""
     props = [
-        "DynamicUser=yes", "ProtectSystem=strict", "ProtectHome=yes", "PrivateTmp=yes", "PrivateDevices=yes",
-        "NoNewPrivileges=yes", "CapabilityBoundingSet=", "RestrictAddressFamilies=AF_INET AF_INET6",
-        "RestrictNamespaces=yes", "LockPersonality=yes", "MemoryDenyWriteExecute=yes", "UMask=0077",
-        "TemporaryFileSystem=/srv:ro", f"BindReadOnlyPaths={art.root}:/srv/artifact",
-        f"LoadCredential=list:{RUN_DIR}/{art.unit}.serve.json", f"RuntimeMaxSec={int(art.seconds)}",
+        "DynamicUser=yes",
+        "ProtectSystem=strict",
+        "ProtectHome=yes",
+        "PrivateTmp=yes",
+        "PrivateDevices=yes",
+        "NoNewPrivileges=yes",
+        "CapabilityBoundingSet=",
+        "RestrictAddressFamilies=AF_INET AF_INET6",
+        "RestrictNamespaces=yes",
+        "LockPersonality=yes",
+        "MemoryDenyWriteExecute=yes",
+        "UMask=0077",
+        "TemporaryFileSystem=/srv:ro",
+        f"BindReadOnlyPaths={art.root}:/srv/artifact",
+        f"LoadCredential=list:{RUN_DIR}/{art.unit}.serve.json",
+        f"RuntimeMaxSec={int(art.seconds)}",
     ]
-    return ["systemd-run", f"--unit={art.unit}", "--collect", "--quiet",
-            *(f"--property={p}" for p in props), SYSTEM_PYTHON, "-I", "-c", script("serve_files.py"),
-            "/srv/artifact", address, str(int(art.port)), f"/run/credentials/{art.unit}.service/list"]
+    return [
+        "systemd-run",
+        f"--unit={art.unit}",
+        "--collect",
+        "--quiet",
+        *(f"--property={p}" for p in props),
+        SYSTEM_PYTHON,
+        "-I",
+        "-c",
+        script("serve_files.py"),
+        "/srv/artifact",
+        address,
+        str(int(art.port)),
+        f"/run/credentials/{art.unit}.service/list",
+    ]
 
 
 def _start_server(state, h, art: Artifact) -> bool:
@@ -248,8 +311,17 @@ def _start_server(state, h, art: Artifact) -> bool:
     listing = json.dumps({"token": art.token, "files": art.files}, sort_keys=True)
     if not _put_private(state, h, listing, f"{RUN_DIR}/{art.unit}.serve.json"):
         return False
-    _run(state, h, cmd("sh", "-c", 'systemctl stop "$1" 2>/dev/null; systemctl reset-failed "$1" 2>/dev/null; true',
-                       "sh", f"{art.unit}.service"))
+    _run(
+        state,
+        h,
+        cmd(
+            "sh",
+            "-c",
+            'systemctl stop "$1" 2>/dev/null; systemctl reset-failed "$1" 2>/dev/null; true',
+            "sh",
+            f"{art.unit}.service",
+        ),
+    )
     ok, lines = _run(state, h, cmd(*server_argv(art, m.address)))
     if not ok:
         logger.warning(f"{h.name}: {art.what}: the peer server did not start: {' '.join(lines)[-300:]}")
@@ -264,8 +336,18 @@ def _start_server(state, h, art: Artifact) -> bool:
 
 
 def _stop_server(state, h, art: Artifact) -> None:
-    _run(state, h, cmd("sh", "-c", 'systemctl stop "$1" 2>/dev/null; rm -f "$2"; true', "sh",
-                       f"{art.unit}.service", f"{RUN_DIR}/{art.unit}.serve.json"))
+    _run(
+        state,
+        h,
+        cmd(
+            "sh",
+            "-c",
+            'systemctl stop "$1" 2>/dev/null; rm -f "$2"; true',
+            "sh",
+            f"{art.unit}.service",
+            f"{RUN_DIR}/{art.unit}.serve.json",
+        ),
+    )
 
 
 def _plan(state, art: Artifact) -> list:
@@ -316,8 +398,17 @@ def _fetch(state, h, art: Artifact, sources: list[str], urls: list[str] | None =
     differs fetched from ``sources``' servers, or ``urls``), owned and moded as the artifact says."""
     urls = list(urls or []) + [f"http://{art.members[s].address}:{int(art.port)}/{art.token}/" for s in sources]
     listing = f"{RUN_DIR}/{art.unit}.fetch.json"
-    content = json.dumps({"sources": urls, "files": art.files, "prune": art.prune, "owner": art.owner,
-                          "mode": art.mode, "dir_mode": art.dir_mode}, sort_keys=True)
+    content = json.dumps(
+        {
+            "sources": urls,
+            "files": art.files,
+            "prune": art.prune,
+            "owner": art.owner,
+            "mode": art.mode,
+            "dir_mode": art.dir_mode,
+        },
+        sort_keys=True,
+    )
     if not _put_private(state, h, content, listing):
         return False
     ok, lines = _run(state, h, python(SYSTEM_PYTHON, "fetch_files.py", listing, art.root), timeout=24 * 3600)
@@ -338,21 +429,23 @@ def run_round(state, host, key: str, k: int) -> bool:  # noqa: F811 (pyinfra pas
         for name, m in art.members.items():
             if not m.lacks and len(rounds) > 1 and not _start_server(state, _inventory_host(state, name), art):
                 logger.warning(f"{name}: {art.what}: not a source this time (its peer server did not start)")
-    mine = [srcs for r in rounds[k:k + 1] for name, srcs in r if name == h.name]
+    mine = [srcs for r in rounds[k : k + 1] for name, srcs in r if name == h.name]
     if not mine:
         return True
     sources = mine[0]
     if sources:
         ok = _fetch(state, h, art, [s for s in sources if s in art.members])
         if not ok:
-            logger.warning(f"{h.name}: {art.what}: no verified copy from its peers ({', '.join(sources)}): "
-                           "what it lacks comes from the control machine")
+            logger.warning(
+                f"{h.name}: {art.what}: no verified copy from its peers ({', '.join(sources)}): "
+                "what it lacks comes from the control machine"
+            )
             ok = _from_control(state, h, art, art.members[h.name].lacks)
     else:
         ok = _from_control(state, h, art, art.members[h.name].lacks)
     if not ok:
         raise RuntimeError(f"{h.name}: {art.what}: no verified copy (see the fetch lines above)")
-    if k + 1 < len(rounds) and any(h.name in srcs for r in rounds[k + 1:] for _, srcs in r):
+    if k + 1 < len(rounds) and any(h.name in srcs for r in rounds[k + 1 :] for _, srcs in r):
         _start_server(state, h, art)
     return True
 

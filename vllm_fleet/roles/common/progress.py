@@ -23,13 +23,13 @@ from pathlib import Path
 from typing import Any
 
 
-
 def size(n: int) -> str:
     """Bytes in decimal units, as a person reads them: 893.4 MB."""
     for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
         if n >= scale:
             return f"{n / scale:.1f} {unit}"
     return f"{n} bytes"
+
 
 LONG = {  # words of an operation's name -> what it waits for
     "upload": "",  # bytes instead
@@ -173,7 +173,6 @@ class _Callback:
 
     def operation_host_error(self, state, host, op_hash, *a, **k):
         self._stop(host, op_hash)
-
 
 
 def install() -> None:

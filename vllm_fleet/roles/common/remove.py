@@ -39,8 +39,11 @@ UNIT_DIR = f"{SYSTEMD_DIR}/"
 
 #: The firewall units the roles place ({unit path: nftables table}): stopping one deletes its
 #: table, unless it was not running (then the table is deleted on its own).
-FIREWALL_TABLES = {f"{UNIT_DIR}{render.API_FIREWALL_UNIT}": render.API_FIREWALL_TABLE,
-                   f"{UNIT_DIR}{render.RAY_FIREWALL_UNIT}": render.RAY_FIREWALL_TABLE}
+FIREWALL_TABLES = {
+    f"{UNIT_DIR}{render.API_FIREWALL_UNIT}": render.API_FIREWALL_TABLE,
+    f"{UNIT_DIR}{render.RAY_FIREWALL_UNIT}": render.RAY_FIREWALL_TABLE,
+}
+
 
 def marker(name: str) -> str:
     """The text every file of deployment ``name`` carries (the renderer's header, the roles' own);
@@ -93,10 +96,12 @@ def removal_query(spec: dict[str, Any], paths: list[str], units: tuple[str, ...]
     the TLS key's content), else its text (to find the :func:`marker`); a replica unit or env file
     through the glob that covers it (the clash check reads those already); plus ``units``."""
     single = [x for x in paths if _glob_of(spec, x) is None]
-    return Query(stat=tuple(x for x in single if owned_by_path(spec, x)),
-                 read=tuple(x for x in single if not owned_by_path(spec, x)),
-                 globs=tuple(dict.fromkeys(g for x in paths if (g := _glob_of(spec, x)) is not None)),
-                 units=units)
+    return Query(
+        stat=tuple(x for x in single if owned_by_path(spec, x)),
+        read=tuple(x for x in single if not owned_by_path(spec, x)),
+        globs=tuple(dict.fromkeys(g for x in paths if (g := _glob_of(spec, x)) is not None)),
+        units=units,
+    )
 
 
 def _globs(spec: dict[str, Any]) -> tuple[str, str]:
@@ -113,7 +118,11 @@ def _replica_envs(spec: dict[str, Any]) -> str:
     """The glob of the replicas' env files: clash's own (already read for every deploy) when
     install.config_dir is the default place, else one under config_dir."""
     cfg = spec["install"]["config_dir"]
-    return clash.REPLICA_ENVS if PurePosixPath(f"{cfg}/replica-0.env").match(clash.REPLICA_ENVS) else f"{cfg}/replica-*.env"
+    return (
+        clash.REPLICA_ENVS
+        if PurePosixPath(f"{cfg}/replica-0.env").match(clash.REPLICA_ENVS)
+        else f"{cfg}/replica-*.env"
+    )
 
 
 def owned_by_path(spec: dict[str, Any], path: str) -> bool:
@@ -174,8 +183,11 @@ def leftovers(spec: dict[str, Any], node: Node | None, rendered: dict[str, Any],
     found = [x for x in _leftover_candidates(spec, node, rendered) if mine(spec, x, snap)]
     if node is None or not node.instances:
         prefix = spec["install"]["config_dir"] + "/replica-"
-        found += [x for x in (snap.matching(clash.UNITS) or {})
-                  if clash.unit_of(x) == spec["name"] and x not in rendered and mine(spec, x, snap)]
+        found += [
+            x
+            for x in (snap.matching(clash.UNITS) or {})
+            if clash.unit_of(x) == spec["name"] and x not in rendered and mine(spec, x, snap)
+        ]
         found += [x for x in (snap.matching(_replica_envs(spec)) or {}) if x.startswith(prefix) and x not in rendered]
     return sorted(set(found))
 
@@ -187,8 +199,11 @@ def owned(spec: dict[str, Any], paths: list[str], what: str, units: tuple[str, .
     removed on a guess."""
     snap = role_state(removal_query(spec, paths, units))
     if not snap.known:
-        raise unknown(f"which {what} of deployment {spec['name']} are there", changed="nothing was removed from this host",
-                      run="the command")
+        raise unknown(
+            f"which {what} of deployment {spec['name']} are there",
+            changed="nothing was removed from this host",
+            run="the command",
+        )
     return [x for x in paths if mine(spec, x, snap)], snap
 
 
@@ -202,7 +217,7 @@ def stop_units(units: list[str], why: str = "") -> None:
     (op_per: one operation per unit on every host, so hosts with different files do not show
     merged or repeated names in pyinfra's output)."""
     for unit in units:
-        name = unit[len(UNIT_DIR):] if unit.startswith(UNIT_DIR) else unit
+        name = unit[len(UNIT_DIR) :] if unit.startswith(UNIT_DIR) else unit
         with op_per(unit):
             systemd.service(name=f"Stop and disable {name}{why}", service=name, running=False, enabled=False)
 
@@ -221,16 +236,25 @@ def remove_files(paths: list[str], what: str) -> dict[str, Any]:
     if units:
         gone = any_changed(*(removed[u] for u in units))
         systemd.daemon_reload(name=f"systemd daemon-reload ({what}: units removed)", _if=gone)
-        names = [u[len(UNIT_DIR):] for u in units]
+        names = [u[len(UNIT_DIR) :] for u in units]
         with op_per(f"systemctl reset-failed {what}"):
-            server.shell(name=f"systemctl reset-failed ({what}: the removed units)",
-                         commands=[chain(quiet(cmd("systemctl", "reset-failed", *names), out=False), cmd("true"), op="||")], _if=gone)
+            server.shell(
+                name=f"systemctl reset-failed ({what}: the removed units)",
+                commands=[chain(quiet(cmd("systemctl", "reset-failed", *names), out=False), cmd("true"), op="||")],
+                _if=gone,
+            )
     for unit_path, table in FIREWALL_TABLES.items():
         if unit_path in paths:  # its stop deleted the table, unless it was not running
             with op_per(table):
-                server.shell(name=f"Delete nftables table inet {table}",
-                             commands=[if_then(quiet(cmd("nft", "list", "table", "inet", table)),
-                                               cmd("nft", "delete", "table", "inet", table))])
+                server.shell(
+                    name=f"Delete nftables table inet {table}",
+                    commands=[
+                        if_then(
+                            quiet(cmd("nft", "list", "table", "inet", table)),
+                            cmd("nft", "delete", "table", "inet", table),
+                        )
+                    ],
+                )
     return removed
 
 

@@ -46,8 +46,10 @@ class StateUnknown(DeployError):
 
 def unknown(what: str, changed: str = "nothing was changed on this host", run: str = "the deploy") -> StateUnknown:
     """The :class:`StateUnknown` of this host for ``what`` (e.g. "whether /x is there") not known."""
-    return StateUnknown(f"host {host.name}: the read of this host's state did not complete, so {what} is not known "
-                        f"({changed}). Check that the host is reachable and that its sudo works, then run {run} again.")
+    return StateUnknown(
+        f"host {host.name}: the read of this host's state did not complete, so {what} is not known "
+        f"({changed}). Check that the host is reachable and that its sudo works, then run {run} again."
+    )
 
 
 class Converged:

@@ -74,10 +74,22 @@ def reach_fleet_wheelhouse(directory: Path, dest: str, upload_name: str) -> tupl
             urls = [f"http://{address}:{port}/{token}/"]
         files_ = treehash.wheel_manifest(directory)
         key = hashlib.sha256(json.dumps(files_, sort_keys=True).encode()).hexdigest()
-        ops = peers.join(f"wheels:{dest}:{key}", f"the wheelhouse {dest}", Path(directory), dest, files_, sorted(files_),
-                         owner="root", mode="644", dir_mode="755", port=int(_peer_data("peer_port")),
-                         seconds=int(_peer_data("peer_max_seconds")), deployment=None,
-                         control_urls=urls, prune=True)
+        ops = peers.join(
+            f"wheels:{dest}:{key}",
+            f"the wheelhouse {dest}",
+            Path(directory),
+            dest,
+            files_,
+            sorted(files_),
+            owner="root",
+            mode="644",
+            dir_mode="755",
+            port=int(_peer_data("peer_port")),
+            seconds=int(_peer_data("peer_max_seconds")),
+            deployment=None,
+            control_urls=urls,
+            prune=True,
+        )
         if ops is not None:
             return dest, []
     if not address:
@@ -88,8 +100,11 @@ def reach_fleet_wheelhouse(directory: Path, dest: str, upload_name: str) -> tupl
         raise DeployError(str(exc)) from None
     listing = f"{dest}.fetch.json"
     files_ = treehash.wheel_manifest(directory)
-    fetch_list(name=f"What to fetch into {dest} ({len(files_)} wheels, their sha256)", path=listing,
-               content=json.dumps({"sources": [f"http://{address}:{port}/{token}/"], "files": files_}, sort_keys=True))
+    fetch_list(
+        name=f"What to fetch into {dest} ({len(files_)} wheels, their sha256)",
+        path=listing,
+        content=json.dumps({"sources": [f"http://{address}:{port}/{token}/"], "files": files_}, sort_keys=True),
+    )
     return dest, [python(SYSTEM_PYTHON, "fetch_files.py", listing, dest), cmd("rm", "-f", listing)]
 
 
@@ -116,8 +131,9 @@ def fetch_list(path: str, content: str):
     yield cmd("mv", "-f", tmp, path)
 
 
-def wheel_source(spec: dict[str, Any], dest: str, upload_name: str,
-                 fleet_directory: Callable[[], Path]) -> tuple[str | None, list]:
+def wheel_source(
+    spec: dict[str, Any], dest: str, upload_name: str, fleet_directory: Callable[[], Path]
+) -> tuple[str | None, list]:
     """Where a role's pip takes its wheels from, ``(wheelhouse, commands to run first)``:
     ``install.wheelhouse`` (a directory on the control machine) uploaded to ``dest``; else with
     ``install.wheels: fleet`` the fleet wheelhouse ``fleet_directory()`` (``wh.ensure``'s result
@@ -164,5 +180,14 @@ def source_args(spec: dict[str, Any], *, wheelhouse: str | None, find_links: str
     return argv + (["--find-links", find_links] if find_links else [])
 
 
-__all__ = ["local_dir", "upload", "reach_fleet_wheelhouse", "wheel_source", "source_args", "fleet_wheels",
-           "target_query", "host_target", "SYSTEM_PYTHON"]
+__all__ = [
+    "local_dir",
+    "upload",
+    "reach_fleet_wheelhouse",
+    "wheel_source",
+    "source_args",
+    "fleet_wheels",
+    "target_query",
+    "host_target",
+    "SYSTEM_PYTHON",
+]

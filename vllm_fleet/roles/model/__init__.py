@@ -132,7 +132,8 @@ def _check_space(spec: dict, local: Path, entries: list[tuple[str, str]], snap: 
             f"host {host.name}: not enough disk space for model.path {root}: {len(todo)} file(s) to upload, "
             f"{_gib(max(need, 0))} more than is there now, {_gib(free)} free, and model_keep_free_bytes asks "
             f"{_gib(keep)} to stay free. Fix: free space on that filesystem, point model.path at a larger one, "
-            "or lower model_keep_free_bytes; no host was changed")
+            "or lower model_keep_free_bytes; no host was changed"
+        )
     temp_dir = _temp_dir()
     largest = max(size for _, size in todo)
     _, tmp_free = snap.free(temp_dir)
@@ -140,7 +141,8 @@ def _check_space(spec: dict, local: Path, entries: list[tuple[str, str]], snap: 
         raise NoSpace(
             f"host {host.name}: pyinfra uploads each file through {temp_dir} first, and the largest model file "
             f"({_gib(largest)}) does not fit there ({_gib(tmp_free)} free). Fix: free space in {temp_dir} or set "
-            "the host's _temp_dir data to a directory on a larger filesystem; no host was changed")
+            "the host's _temp_dir data to a directory on a larger filesystem; no host was changed"
+        )
 
 
 def local_manifest(local_dir: str | Path) -> list[tuple[str, str]]:
@@ -155,8 +157,9 @@ def local_manifest(local_dir: str | Path) -> list[tuple[str, str]]:
 
     root = Path(local_dir).expanduser()
     if not root.is_dir():
-        raise DeployError(f"model.source: {root} is not a directory on this machine "
-                          "(for the lab: `vllm-fleet tiny-model`)")
+        raise DeployError(
+            f"model.source: {root} is not a directory on this machine (for the lab: `vllm-fleet tiny-model`)"
+        )
     shas = hash_tree(root, log=logger.info)
     return sorted((rel, sha) for rel, sha in shas.items() if rel not in (d.MANIFEST, d.HUB_MARKER))
 
@@ -179,8 +182,13 @@ def _tree_query(root: str, entries: list[tuple[str, str]], stamp: str | None = N
     with ``full`` the sha256 of every file (the host reads them all)."""
     files_ = [f"{root}/{rel}" for rel, _ in entries] + [f"{root}/{d.MANIFEST}"]
     dirs = [root] + [f"{root}/{sub}" for sub in sorted({str(Path(rel).parent) for rel, _ in entries} - {"."})]
-    return Query(stat=tuple(dirs + files_), sha=tuple(files_) if full else (), tree=(root,),
-                 read=(stamp,) if stamp else (), free=(root, _temp_dir()))
+    return Query(
+        stat=tuple(dirs + files_),
+        sha=tuple(files_) if full else (),
+        tree=(root,),
+        read=(stamp,) if stamp else (),
+        free=(root, _temp_dir()),
+    )
 
 
 @reads(*SECTIONS)
@@ -226,8 +234,9 @@ def read_stamp(text: str | None, root: str) -> tuple[str, dict[str, tuple[int, s
     return (shas[0], tree) if snap.known and tree is not None and len(shas) == 1 else None
 
 
-def _stamp_says_converged(snap: Snapshot, root: str, stamp: str, manifest_sha: str, entries: list[tuple[str, str]],
-                          user: str, fmode: Any) -> bool:
+def _stamp_says_converged(
+    snap: Snapshot, root: str, stamp: str, manifest_sha: str, entries: list[tuple[str, str]], user: str, fmode: Any
+) -> bool:
     """Whether the host's copy is the verified one the stamp records, from the state read
     alone (no file hashed): the stamp names this manifest, the files under model.path are
     exactly the manifest's and the manifest itself, each with the size, mtime and ctime it
@@ -248,8 +257,9 @@ def _stamp_commands(root: str, stamp: str, manifest_sha: str) -> tuple[Any, Any,
     tmp = f"{stamp}.tmp-vllm-fleet"
     parent = str(Path(stamp).parent)
     made = cmd("mkdir", "-p", parent)  # there after the deploy's pyenv role; an own deploy may lack it
-    listing = to_file(group(cmd("printf", "manifest\\t%s\\t%s\\n", root, manifest_sha),
-                            state_command(Query(tree=(root,)))), tmp)
+    listing = to_file(
+        group(cmd("printf", "manifest\\t%s\\t%s\\n", root, manifest_sha), state_command(Query(tree=(root,)))), tmp
+    )
     keep = chain(cmd("chmod", "644", tmp), cmd("mv", "-f", tmp, stamp))
     return chain(made, listing), tmp, keep
 
@@ -262,7 +272,9 @@ def _upload(spec: dict, snap: Snapshot) -> list:
     return _put_tree(spec, local, local_manifest(local), snap)
 
 
-def _put_tree(spec: dict, local: Path, entries: list[tuple[str, str]], snap: Snapshot, marker: str | None = None) -> list:
+def _put_tree(
+    spec: dict, local: Path, entries: list[tuple[str, str]], snap: Snapshot, marker: str | None = None
+) -> list:
     """Put the files ``entries`` (``[(relative path, sha256)]``) of the control machine's
     directory ``local`` at model.path as ``upload`` does, compared against ``snap`` (a read of
     ``_tree_query``). ``marker`` (the fleet hub cache's ``<source>@<revision>``): the hub marker
@@ -291,8 +303,9 @@ def _put_tree(spec: dict, local: Path, entries: list[tuple[str, str]], snap: Sna
     ops = [directory(name=f"Model directory {root}", path=root, user=user, group=user, mode=dmode)]
     subdirs = sorted({str(Path(rel).parent) for rel, _ in entries} - {"."})
     for sub in subdirs:
-        ops.append(directory(name=f"Model directory {root}/{sub}", path=f"{root}/{sub}",
-                             user=user, group=user, mode=dmode))
+        ops.append(
+            directory(name=f"Model directory {root}/{sub}", path=f"{root}/{sub}", user=user, group=user, mode=dmode)
+        )
     wanted = {f"{root}/{rel}" for rel, _ in entries} | {f"{root}/{d.MANIFEST}"}
     there = {f"{root}/{rel}" for rel in snap.files_under(root) or {}}  # unknown: none (nothing removed on a guess)
     for stale in sorted(there - wanted):
@@ -301,45 +314,84 @@ def _put_tree(spec: dict, local: Path, entries: list[tuple[str, str]], snap: Sna
     # host to host where the fleet's private network allows (vllm_fleet.roles.common.peers): the
     # control machine sends each file once; None: this host takes no part, the files go as before
     by_peers = peers.join(
-        f"model:{root}:{manifest_sha}", f"the model of {spec['name']}", local, root,
-        {rel: [(local / rel).stat().st_size, sha] for rel, sha in entries}, lacks, owner=user, mode=str(fmode or "644"),
-        dir_mode=str(dmode or "755"), port=int(role_data("peer_port", DEFAULTS)),
-        seconds=int(role_data("peer_max_seconds", DEFAULTS)), deployment=spec["name"])
+        f"model:{root}:{manifest_sha}",
+        f"the model of {spec['name']}",
+        local,
+        root,
+        {rel: [(local / rel).stat().st_size, sha] for rel, sha in entries},
+        lacks,
+        owner=user,
+        mode=str(fmode or "644"),
+        dir_mode=str(dmode or "755"),
+        port=int(role_data("peer_port", DEFAULTS)),
+        seconds=int(role_data("peer_max_seconds", DEFAULTS)),
+        deployment=spec["name"],
+    )
     for rel, sha in entries:
         if rel not in lacks:
             ops.append(Converged(rel))
         elif by_peers is None:
-            ops.append(progress.expect(files.put(name=f"Model file {rel}", src=str(local / rel), dest=f"{root}/{rel}",
-                                                 user=user, group=user, mode=fmode, add_deploy_dir=False),
-                                       (local / rel).stat().st_size))
+            ops.append(
+                progress.expect(
+                    files.put(
+                        name=f"Model file {rel}",
+                        src=str(local / rel),
+                        dest=f"{root}/{rel}",
+                        user=user,
+                        group=user,
+                        mode=fmode,
+                        add_deploy_dir=False,
+                    ),
+                    (local / rel).stat().st_size,
+                )
+            )
     ops.extend(by_peers or [])
     if trusted or snap.file_ok(f"{root}/{d.MANIFEST}", manifest_sha, user, user, fmode):
         ops.append(Converged(d.MANIFEST))
     else:
-        ops.append(files.put(name=f"Model manifest {d.MANIFEST}", src=StringIO(text),
-                             dest=f"{root}/{d.MANIFEST}", user=user, group=user, mode=fmode))
+        ops.append(
+            files.put(
+                name=f"Model manifest {d.MANIFEST}",
+                src=StringIO(text),
+                dest=f"{root}/{d.MANIFEST}",
+                user=user,
+                group=user,
+                mode=fmode,
+            )
+        )
     # the fleet hub path decides from its marker and always checks: it keeps no stamp
     before, tmp, keep = _stamp_commands(root, stamp, manifest_sha) if not marker else (None, None, None)
-    check = chain(chain(cmd("cd", root), cmd("runuser", "-u", user, "--", "sha256sum", "--quiet", "--strict", "-c", d.MANIFEST)),
-                  group(cmd("rm", "-f", d.MANIFEST, *([tmp, stamp] if tmp else [])),
-                        to_stderr(cmd("echo", "model upload: checksum mismatch on the host")), cmd("exit", "1")), op="||")
+    check = chain(
+        chain(cmd("cd", root), cmd("runuser", "-u", user, "--", "sha256sum", "--quiet", "--strict", "-c", d.MANIFEST)),
+        group(
+            cmd("rm", "-f", d.MANIFEST, *([tmp, stamp] if tmp else [])),
+            to_stderr(cmd("echo", "model upload: checksum mismatch on the host")),
+            cmd("exit", "1"),
+        ),
+        op="||",
+    )
     commands = [before, check, keep] if before else [check]
     if marker:
         mark = f"{root}/{d.HUB_MARKER}"
-        commands += [to_file(cmd("printf", "%s\\n", marker), mark),
-                     cmd("chown", f"{user}:{user}", mark)]
+        commands += [to_file(cmd("printf", "%s\\n", marker), mark), cmd("chown", f"{user}:{user}", mark)]
     # Decided while the plan is built (will_change runs each operation's checks now), not with
     # _if: a converged host then has no operation at all, and a `--dry --json` plan shows none
     # (an _if-guarded operation is always listed as a conditional change there).
     if marker or any(op.will_change for op in ops):
-        server.shell(name=f"Verify the model against {d.MANIFEST} (as {user})"
-                     + (f" and mark it {marker}" if marker else ""), commands=commands)
+        server.shell(
+            name=f"Verify the model against {d.MANIFEST} (as {user})" + (f" and mark it {marker}" if marker else ""),
+            commands=commands,
+        )
     elif not marker and not stamp_ok and snap.known and snap.tree(root) is not None:
         # every file checked by its sha256 and in place, the stamp missing or stale (a copy
         # verified before stamps, a file touched but not changed, --verify): record what was read
         directory(name=f"Directory of {stamp}", path=str(Path(stamp).parent))
-        atomic_put(name=f"Stamp the verified model ({d.STAMP})", dest=stamp,
-                   content=stamp_text(root, manifest_sha, snap.tree(root) or {}), mode="644")
+        atomic_put(
+            name=f"Stamp the verified model ({d.STAMP})",
+            dest=stamp,
+            content=stamp_text(root, manifest_sha, snap.tree(root) or {}),
+            mode="644",
+        )
     return ops
 
 
@@ -352,10 +404,14 @@ def _hub_fleet(spec: dict, hub_token: str | None, revision: str, want: str) -> l
 
     m = spec["model"]
     try:
-        directory = hubcache.ensure(m["source"], revision, token=hub_token,
-                                    ignore=list(host.data.get("model_hub_ignore") or []),
-                                    endpoint_url=(host.data.get("model_hub_env") or {}).get("HF_ENDPOINT"),
-                                    log=logger.info)
+        directory = hubcache.ensure(
+            m["source"],
+            revision,
+            token=hub_token,
+            ignore=list(host.data.get("model_hub_ignore") or []),
+            endpoint_url=(host.data.get("model_hub_env") or {}).get("HF_ENDPOINT"),
+            log=logger.info,
+        )
     except hubcache.HubError as exc:
         raise DeployError(str(exc)) from None
     entries = hubcache.manifest(directory)
@@ -381,18 +437,36 @@ def _hub(spec: dict, hub_token: str | None, snap: Snapshot) -> list:
         return []
     if m["hub_fetch"] == "fleet":
         return _hub_fleet(spec, hub_token, revision, want)
-    env = {"HF_HUB_OFFLINE": "0", "HF_HUB_DISABLE_PROGRESS_BARS": "1",
-           "HF_HUB_DISABLE_TELEMETRY": "1", **(host.data.get("model_hub_env") or {})}
-    download = cmd("env", *(f"{k}={v}" for k, v in sorted(env.items())), python(
-        _env_python(spec), "hub_download.py", m["source"], revision, root, d.HUB_MARKER,
-        json.dumps(list(host.data.get("model_hub_ignore") or [])), str(int(host.data.get("model_keep_free_bytes") or 0)),
-        token_path))
-    op = server.shell(name=f"Download {want} from the hub into {root}", commands=[
-        cmd("mkdir", "-p", root),
-        download,
-        cmd("chown", "-R", f"{user}:{user}", root),
-        cmd("chmod", "-R", "u+rwX,go+rX", root),
-    ])
+    env = {
+        "HF_HUB_OFFLINE": "0",
+        "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+        "HF_HUB_DISABLE_TELEMETRY": "1",
+        **(host.data.get("model_hub_env") or {}),
+    }
+    download = cmd(
+        "env",
+        *(f"{k}={v}" for k, v in sorted(env.items())),
+        python(
+            _env_python(spec),
+            "hub_download.py",
+            m["source"],
+            revision,
+            root,
+            d.HUB_MARKER,
+            json.dumps(list(host.data.get("model_hub_ignore") or [])),
+            str(int(host.data.get("model_keep_free_bytes") or 0)),
+            token_path,
+        ),
+    )
+    op = server.shell(
+        name=f"Download {want} from the hub into {root}",
+        commands=[
+            cmd("mkdir", "-p", root),
+            download,
+            cmd("chown", "-R", f"{user}:{user}", root),
+            cmd("chmod", "-R", "u+rwX,go+rX", root),
+        ],
+    )
     return [op]
 
 
@@ -405,7 +479,8 @@ def _none(spec: dict, snap: Snapshot) -> list:
         raise ModelMissing(
             f"host {host.name}: model.transfer is none but {root}/config.json does not exist. "
             f"Put the weights at {root} on this host, or set model.transfer: upload (with "
-            "model.source a local directory) or hub (with model.source a hub id and model.revision).")
+            "model.source a local directory) or hub (with model.source a hub id and model.revision)."
+        )
     host.noop(f"model present at {root} (transfer: none)")
     return []
 

@@ -43,8 +43,13 @@ DCGM_EXPORTER = "dcgm-exporter"
 GRAFANA = "grafana-server"
 #: The packaged service each monitoring file configures (vllm_fleet.render.monitoring.paths keys): what
 #: the role's ``present=False`` stops when it removes a deployment's file (units like DCGM's are rendered).
-SERVICE_OF = {"node_exporter_defaults": NODE_EXPORTER, "prometheus_defaults": PROMETHEUS, "prometheus_config": PROMETHEUS,
-              "blackbox_defaults": BLACKBOX, "blackbox_config": BLACKBOX}
+SERVICE_OF = {
+    "node_exporter_defaults": NODE_EXPORTER,
+    "prometheus_defaults": PROMETHEUS,
+    "prometheus_config": PROMETHEUS,
+    "blackbox_defaults": BLACKBOX,
+    "blackbox_config": BLACKBOX,
+}
 
 
 def _data(key: str) -> Any:
@@ -55,10 +60,15 @@ def _parts(spec: dict[str, Any], rendered: dict[str, Any]) -> list[tuple[str, li
     """``(path that calls for the part, its packages, its services)`` of each monitoring part this
     host's rendered files call for: node exporter, DCGM, Prometheus (+ the blackbox exporter)."""
     p, probe = monitoring.paths(spec), spec["monitoring"]["health_probe"]
-    parts = [(p["node_exporter_defaults"], [_data("monitoring_node_exporter_package")], [NODE_EXPORTER]),
-             (p["dcgm_unit"], list(_data("monitoring_dcgm_packages")), [DCGM_EXPORTER]),
-             (p["prometheus_config"], [_data("monitoring_prometheus_package"), *([_data("monitoring_blackbox_package")] if probe else [])],
-              [PROMETHEUS, *([BLACKBOX] if probe else [])])]
+    parts = [
+        (p["node_exporter_defaults"], [_data("monitoring_node_exporter_package")], [NODE_EXPORTER]),
+        (p["dcgm_unit"], list(_data("monitoring_dcgm_packages")), [DCGM_EXPORTER]),
+        (
+            p["prometheus_config"],
+            [_data("monitoring_prometheus_package"), *([_data("monitoring_blackbox_package")] if probe else [])],
+            [PROMETHEUS, *([BLACKBOX] if probe else [])],
+        ),
+    ]
     return [part for part in parts if part[0] in rendered]
 
 
@@ -72,9 +82,11 @@ def state_query(spec: dict[str, Any], rendered: dict[str, Any]) -> Query:
     mine = [x for x in p.values() if x in rendered]
     parts = _parts(spec, rendered)
     q = rendered_query(rendered, mine) | Query(
-        stat=tuple(sorted({os.path.dirname(x) for x in mine})) + ((monitoring.DCGM_BINARY,) if p["dcgm_unit"] in rendered else ()),
+        stat=tuple(sorted({os.path.dirname(x) for x in mine}))
+        + ((monitoring.DCGM_BINARY,) if p["dcgm_unit"] in rendered else ()),
         debs=tuple(n for _, pkgs, _ in parts for n in pkgs),
-        units=tuple(f"{u}.service" for _, _, units in parts for u in units))
+        units=tuple(f"{u}.service" for _, _, units in parts for u in units),
+    )
     return q | (Query(units=(f"{GRAFANA}.service",)) if p["grafana_datasource"] in rendered else Query())
 
 
@@ -94,13 +106,20 @@ def _put(rendered: dict[str, Any], paths: list[str]) -> dict[str, Any]:
 
 def _apt(name: str, packages: list[str]):
     # installed packages: no operation, so no apt lists refresh hours later (roles.common.packages)
-    return common_packages(name=name, packages=packages, update=True, no_recommends=True,
-                           cache_time=int(_data("monitoring_apt_cache_time")))
+    return common_packages(
+        name=name,
+        packages=packages,
+        update=True,
+        no_recommends=True,
+        cache_time=int(_data("monitoring_apt_cache_time")),
+    )
 
 
 @deploy("monitoring", data_defaults=DEFAULTS)
 @reads(*SECTIONS)
-def install_monitoring(spec: dict[str, Any], rendered: dict[str, Any], present: bool = True, paths: list[str] | None = None):
+def install_monitoring(
+    spec: dict[str, Any], rendered: dict[str, Any], present: bool = True, paths: list[str] | None = None
+):
     """
     Install and configure what this host's rendered monitoring files call for, or
     (``present=False``) remove them.
@@ -161,17 +180,26 @@ def _dcgm(p: dict[str, str], rendered: dict[str, Any], snap: Snapshot) -> None:
     changed = []
     if binary:
         if not os.path.isfile(os.path.expanduser(binary)):
-            raise DeployError(f"{host.name}: monitoring_dcgm_exporter_binary {binary} is not a file on this machine; no host was changed")
-        changed.append(files.put(name="dcgm-exporter binary", src=os.path.expanduser(binary), dest=monitoring.DCGM_BINARY, mode="755"))
+            raise DeployError(
+                f"{host.name}: monitoring_dcgm_exporter_binary {binary} is not a file on this machine; no host was changed"
+            )
+        changed.append(
+            files.put(
+                name="dcgm-exporter binary", src=os.path.expanduser(binary), dest=monitoring.DCGM_BINARY, mode="755"
+            )
+        )
     elif not _is_file(snap, monitoring.DCGM_BINARY):
         raise DeployError(
             f"{host.name}: monitoring.dcgm_exporter is on for this GPU host but {monitoring.DCGM_BINARY} is missing: set host data "
             "`monitoring_dcgm_exporter_binary` to a dcgm-exporter binary on the control machine (NVIDIA/dcgm-exporter, `make binary`), "
-            "or set monitoring.dcgm_exporter: false")
+            "or set monitoring.dcgm_exporter: false"
+        )
     put = _put(rendered, [p["dcgm_counters"], p["dcgm_unit"]])
     changed += put.values()
     if pending(put[p["dcgm_unit"]]):
-        systemd.daemon_reload(name="systemd daemon-reload (dcgm-exporter unit changed)", _if=put[p["dcgm_unit"]].did_change)
+        systemd.daemon_reload(
+            name="systemd daemon-reload (dcgm-exporter unit changed)", _if=put[p["dcgm_unit"]].did_change
+        )
     service_running(name="dcgm-exporter running and enabled", service=DCGM_EXPORTER)
     _restart_on("Restart dcgm-exporter (changed)", DCGM_EXPORTER, changed)
 
@@ -194,7 +222,9 @@ def _is_file(snap: Snapshot, path: str) -> bool:
 
 def _prometheus(spec: dict[str, Any], p: dict[str, str], rendered: dict[str, Any], snap: Snapshot) -> None:
     mon = spec["monitoring"]
-    defaults = [p["prometheus_defaults"]] + ([p["blackbox_defaults"], p["blackbox_config"]] if p["blackbox_defaults"] in rendered else [])
+    defaults = [p["prometheus_defaults"]] + (
+        [p["blackbox_defaults"], p["blackbox_config"]] if p["blackbox_defaults"] in rendered else []
+    )
     # Listen addresses (and the prober's config its arguments name) before the packages: their
     # postinst starts the services, and dpkg's --force-confold keeps these files.
     args = _put(rendered, defaults)
@@ -204,22 +234,33 @@ def _prometheus(spec: dict[str, Any], p: dict[str, str], rendered: dict[str, Any
     _apt("Prometheus packages", packages)
     config = _put(rendered, [p["prometheus_config"], p["rules"]])
     if pending(*config.values()):
-        server.shell(name="promtool check config (validate before reload)",
-                     commands=[cmd("promtool", "check", "config", p["prometheus_config"])], _if=any_changed(*config.values()))
+        server.shell(
+            name="promtool check config (validate before reload)",
+            commands=[cmd("promtool", "check", "config", p["prometheus_config"])],
+            _if=any_changed(*config.values()),
+        )
     service_running(name="Prometheus running and enabled", service=PROMETHEUS)
     _restart_on("Restart Prometheus (arguments changed)", PROMETHEUS, [args[p["prometheus_defaults"]]])
     if pending(*config.values()):
         config_changed = any_changed(*config.values())
-        systemd.service(name="Reload Prometheus (config or rules changed)", service=PROMETHEUS, reloaded=True,
-                        _if=lambda: config_changed() and not args[p["prometheus_defaults"]].did_change())  # a restart reads them anyway
+        systemd.service(
+            name="Reload Prometheus (config or rules changed)",
+            service=PROMETHEUS,
+            reloaded=True,
+            _if=lambda: config_changed() and not args[p["prometheus_defaults"]].did_change(),
+        )  # a restart reads them anyway
     if mon["health_probe"]:
         service_running(name="blackbox exporter running and enabled", service=BLACKBOX)
-        _restart_on("Restart blackbox exporter (changed)", BLACKBOX, [args[p["blackbox_defaults"]], args[p["blackbox_config"]]])
+        _restart_on(
+            "Restart blackbox exporter (changed)", BLACKBOX, [args[p["blackbox_defaults"]], args[p["blackbox_config"]]]
+        )
     if p["grafana_datasource"] in rendered:
         graf = _put(rendered, [p["grafana_datasource"], p["grafana_dashboards"], p["grafana_dashboard"]])
         _must_know(snap, "whether Grafana is installed")
         if (snap.unit(f"{GRAFANA}.service") or {}).get("LoadState") == "loaded":  # its package's unit
             _restart_on("Restart Grafana (provisioning changed)", GRAFANA, graf.values())
         else:
-            logger.warning(f"{host.name}: monitoring.grafana.enabled but Grafana is not installed: the datasource and dashboard "
-                           "are provisioned and load when grafana-server is installed (Grafana's apt repository)")
+            logger.warning(
+                f"{host.name}: monitoring.grafana.enabled but Grafana is not installed: the datasource and dashboard "
+                "are provisioned and load when grafana-server is installed (Grafana's apt repository)"
+            )

@@ -14,8 +14,16 @@ from pyinfra.operations.util import any_changed
 from vllm_fleet.host import programs
 from vllm_fleet.host.programs import argv as cmd
 from vllm_fleet.host.programs import chain, group
-from vllm_fleet.roles.common import (DeployError, atomic_put, packages, put_rendered, put_secret, remove, rendered_query,
-                                     service_running)
+from vllm_fleet.roles.common import (
+    DeployError,
+    atomic_put,
+    packages,
+    put_rendered,
+    put_secret,
+    remove,
+    rendered_query,
+    service_running,
+)
 from vllm_fleet.host.state import Query
 from vllm_fleet.render.parts import files_of
 from vllm_fleet.roles.common.state import host_state, pending, role_state
@@ -40,8 +48,15 @@ def remove_default_site(name: str, setting: bool | None) -> bool:
 
 @deploy("nginx proxy", data_defaults=DEFAULTS)
 @reads(*SECTIONS)
-def install_nginx(spec: dict[str, Any], rendered: dict[str, Any], api_key: str | None = None, tls_key: str | None = None,
-                  tls_certificate: str | None = None, present: bool = True, paths: list[str] | None = None):
+def install_nginx(
+    spec: dict[str, Any],
+    rendered: dict[str, Any],
+    api_key: str | None = None,
+    tls_key: str | None = None,
+    tls_certificate: str | None = None,
+    present: bool = True,
+    paths: list[str] | None = None,
+):
     """
     Install nginx and the vllm-fleet site for this deployment, or (``present=False``) remove it.
 
@@ -75,7 +90,9 @@ def install_nginx(spec: dict[str, Any], rendered: dict[str, Any], api_key: str |
     snap = host_state()
     changed = []
     # The package installs the default site: the snapshot's "absent" holds only when nginx was installed already.
-    if remove_default_site(host.name, host.data.get("nginx_remove_default_site")) and (pending(package) or not snap.absent(DEFAULT_SITE)):
+    if remove_default_site(host.name, host.data.get("nginx_remove_default_site")) and (
+        pending(package) or not snap.absent(DEFAULT_SITE)
+    ):
         changed.append(files.link(name="Remove the default site", path=DEFAULT_SITE, present=False))
     paths = render.paths(spec)
     # This deployment's nginx files (files_of its part), but the auth include: put with the key below.
@@ -85,15 +102,25 @@ def install_nginx(spec: dict[str, Any], rendered: dict[str, Any], api_key: str |
     # A site that breaks `nginx -t` (e.g. a second default server on its port) must not stay:
     # keep this deployment's current files first, put them back when the check fails.
     keep = _keep_for_rollback(spec, rendered, site_paths, paths["nginx_auth"], secret_text[paths["nginx_auth"]], snap)
-    changed.append(put_secret(name="nginx auth include (0600, never shown)", path=paths["nginx_auth"],
-                              content=secret_text[paths["nginx_auth"]]))
+    changed.append(
+        put_secret(
+            name="nginx auth include (0600, never shown)",
+            path=paths["nginx_auth"],
+            content=secret_text[paths["nginx_auth"]],
+        )
+    )
     changed += _tls_files(spec, secret_text, tls_key=tls_key, tls_certificate=tls_certificate)
     put = put_rendered(rendered, site_paths)
     changed += put.values()
     # (operations only where something differs: a converged proxy gets none, vllm_fleet.roles.common.state)
     if pending(*changed):
-        server.shell(name="nginx -t (validate before reload; a failure puts the previous site back)" if keep else "nginx -t (validate before reload)",
-                     commands=[_validate_or_restore(spec["name"], keep)], _if=any_changed(*changed))
+        server.shell(
+            name="nginx -t (validate before reload; a failure puts the previous site back)"
+            if keep
+            else "nginx -t (validate before reload)",
+            commands=[_validate_or_restore(spec["name"], keep)],
+            _if=any_changed(*changed),
+        )
     service_running(name="nginx running and enabled", service="nginx", running=True, enabled=True)
     if pending(*changed):
         systemd.service(name="Reload nginx (config changed)", service="nginx", reloaded=True, _if=any_changed(*changed))
@@ -116,7 +143,9 @@ def _absent(spec: dict[str, Any], rendered: dict[str, Any], paths: list[str] | N
     return removed
 
 
-def _tls_files(spec: dict[str, Any], secret_text: dict[str, str], *, tls_key: str | None, tls_certificate: str | None) -> list:
+def _tls_files(
+    spec: dict[str, Any], secret_text: dict[str, str], *, tls_key: str | None, tls_certificate: str | None
+) -> list:
     """``proxy.tls.enabled``: a self-signed certificate made on the host once (none there yet), or
     the given certificate and key put (the key 0600, never shown). Returns the operations that
     change nginx's input."""
@@ -133,27 +162,62 @@ def _tls_files(spec: dict[str, Any], secret_text: dict[str, str], *, tls_key: st
         if there:
             return []
         # guarded: a read that did not complete never replaces a certificate clients may pin
-        return [server.shell(
-            name="Self-signed TLS certificate",
-            commands=[chain(cmd("test", "-f", crt), group(chain(
-                cmd("openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", int(host.data.get("nginx_self_signed_days")),
-                    "-subj", f"/CN={prx['server_name'] if prx['server_name'] != '_' else host.name}", "-keyout", key, "-out", crt),
-                cmd("chmod", "600", key))), op="||")],
-        )]
+        return [
+            server.shell(
+                name="Self-signed TLS certificate",
+                commands=[
+                    chain(
+                        cmd("test", "-f", crt),
+                        group(
+                            chain(
+                                cmd(
+                                    "openssl",
+                                    "req",
+                                    "-x509",
+                                    "-newkey",
+                                    "rsa:2048",
+                                    "-nodes",
+                                    "-days",
+                                    int(host.data.get("nginx_self_signed_days")),
+                                    "-subj",
+                                    f"/CN={prx['server_name'] if prx['server_name'] != '_' else host.name}",
+                                    "-keyout",
+                                    key,
+                                    "-out",
+                                    crt,
+                                ),
+                                cmd("chmod", "600", key),
+                            )
+                        ),
+                        op="||",
+                    )
+                ],
+            )
+        ]
     if not tls_certificate or not tls_key:
-        raise DeployError(f"{host.name}: proxy.tls: the certificate and its key were not read on the control machine "
-                          "(pass tls_certificate= and tls_key= from load_deploy_spec's ctx); no host was changed")
-    files.directory(name=f"Directory {render.NGINX_SECRET_DIR} (0700)", path=render.NGINX_SECRET_DIR,
-                    user="root", group="root", mode="700")
-    return [atomic_put(name="TLS certificate", dest=crt, content=tls_certificate, mode="644"),
-            put_secret(name="TLS private key (0600, never shown)", path=key, content=secret_text[key])]
+        raise DeployError(
+            f"{host.name}: proxy.tls: the certificate and its key were not read on the control machine "
+            "(pass tls_certificate= and tls_key= from load_deploy_spec's ctx); no host was changed"
+        )
+    files.directory(
+        name=f"Directory {render.NGINX_SECRET_DIR} (0700)",
+        path=render.NGINX_SECRET_DIR,
+        user="root",
+        group="root",
+        mode="700",
+    )
+    return [
+        atomic_put(name="TLS certificate", dest=crt, content=tls_certificate, mode="644"),
+        put_secret(name="TLS private key (0600, never shown)", path=key, content=secret_text[key]),
+    ]
 
 
 ROLLBACK_DIR = "/var/lib/vllm-fleet/nginx-previous"
 
 
-def _keep_for_rollback(spec: dict[str, Any], rendered: dict[str, Any], site_paths: list[str], auth: str, auth_text: str,
-                       snap: Any) -> list[str]:
+def _keep_for_rollback(
+    spec: dict[str, Any], rendered: dict[str, Any], site_paths: list[str], auth: str, auth_text: str, snap: Any
+) -> list[str]:
     """When the snapshot shows this deployment's site or auth include about to change: an operation
     (before their puts) that copies the current ones aside; the paths kept. Without a snapshot
     (the role on its own) nothing is kept: a plain `nginx -t`, as before."""
@@ -161,13 +225,20 @@ def _keep_for_rollback(spec: dict[str, Any], rendered: dict[str, Any], site_path
 
     if not snap.known:
         return []
-    stale = [p for p in site_paths if not snap.file_ok(p, _sha256(rendered[p].content), rendered[p].owner,
-                                                       rendered[p].group, f"{rendered[p].mode:o}")]
+    stale = [
+        p
+        for p in site_paths
+        if not snap.file_ok(
+            p, _sha256(rendered[p].content), rendered[p].owner, rendered[p].group, f"{rendered[p].mode:o}"
+        )
+    ]
     if not stale and snap.file_ok(auth, _sha256(auth_text), "root", "root", "600"):
         return []
     keep = [*site_paths, auth]
-    server.shell(name=f"Keep the current nginx files of {spec['name']} (put back if nginx -t fails)",
-                 commands=_keep_commands(spec["name"], keep))
+    server.shell(
+        name=f"Keep the current nginx files of {spec['name']} (put back if nginx -t fails)",
+        commands=_keep_commands(spec["name"], keep),
+    )
     return keep
 
 

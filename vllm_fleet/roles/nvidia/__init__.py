@@ -76,8 +76,17 @@ from pyinfra.operations.util import any_changed
 from . import defaults as d
 from .defaults import DEFAULTS
 from .gpucheck import describe, gpu_mismatch
-from .parse import (NVIDIA_SMI_COMMAND, NVIDIA_SMI_QUERY, apt_source_lines, driver_branch, parse_apt_components,
-                    parse_nvidia_smi, parse_os_release, parse_pci_classes, secure_boot_on)
+from .parse import (
+    NVIDIA_SMI_COMMAND,
+    NVIDIA_SMI_QUERY,
+    apt_source_lines,
+    driver_branch,
+    parse_apt_components,
+    parse_nvidia_smi,
+    parse_os_release,
+    parse_pci_classes,
+    secure_boot_on,
+)
 from vllm_fleet.host.programs import argv as cmd
 from vllm_fleet.roles.common import role_data
 from vllm_fleet.host.state import Query, Snapshot
@@ -88,7 +97,16 @@ from vllm_fleet.specs.sections import reads
 SECTIONS = ("hardware", "install")
 
 
-__all__ = ["nvidia", "state_query", "GpuMismatch", "UnsupportedHost", "RebootNeeded", "cuda_repo_dir", "kernel_flavour", "DEFAULTS"]
+__all__ = [
+    "nvidia",
+    "state_query",
+    "GpuMismatch",
+    "UnsupportedHost",
+    "RebootNeeded",
+    "cuda_repo_dir",
+    "kernel_flavour",
+    "DEFAULTS",
+]
 
 NOUVEAU_BLACKLIST_TEXT = (
     "# Written by vllm-fleet (vllm_fleet/roles/nvidia): the NVIDIA driver needs nouveau unloaded.\n"
@@ -131,7 +149,8 @@ def _fabricmanager_package(source: str, distro_name: str, branch: str, host_name
         return d.UBUNTU_DISTRO_FABRICMANAGER.format(branch=branch)
     raise UnsupportedHost(
         f"host {host_name}: this board has NVSwitches (CUDA needs nvidia-fabricmanager there), and Debian's own "
-        "packages have no fabric manager. Fix: install.nvidia.source: nvidia (NVIDIA's repository has it for every branch).")
+        "packages have no fabric manager. Fix: install.nvidia.source: nvidia (NVIDIA's repository has it for every branch)."
+    )
 
 
 def cuda_repo_dir(distro: dict, host_name: str) -> str:
@@ -155,13 +174,28 @@ def _ensure_debian_components(h: "_Host", codename: str, wanted: list[str]) -> N
     commands = []
     for comp in missing:
         add = f"/ {comp}( |$)/!s/$/ {comp}/"
-        commands.append(cmd(
-            "sh", "-c", 'for f in $(grep -lE "^Suites:.*\\b$1\\b" /etc/apt/sources.list.d/*.sources 2>/dev/null); '
-            'do sed -i -E "/^Components:/{$2}" "$f"; done', "apt-components", codename, add))
-        commands.append(cmd(
-            "sh", "-c", 'if [ -f /etc/apt/sources.list ]; then sed -i -E '
-            '"/^deb\\s+(\\[[^]]*\\]\\s+)?\\S+\\s+$1(-[a-z]+)?\\s/{$2}" /etc/apt/sources.list; fi',
-            "apt-components", codename, add))
+        commands.append(
+            cmd(
+                "sh",
+                "-c",
+                'for f in $(grep -lE "^Suites:.*\\b$1\\b" /etc/apt/sources.list.d/*.sources 2>/dev/null); '
+                'do sed -i -E "/^Components:/{$2}" "$f"; done',
+                "apt-components",
+                codename,
+                add,
+            )
+        )
+        commands.append(
+            cmd(
+                "sh",
+                "-c",
+                'if [ -f /etc/apt/sources.list ]; then sed -i -E '
+                '"/^deb\\s+(\\[[^]]*\\]\\s+)?\\S+\\s+$1(-[a-z]+)?\\s/{$2}" /etc/apt/sources.list; fi',
+                "apt-components",
+                codename,
+                add,
+            )
+        )
     server.shell(name=f"Enable apt components {' '.join(missing)} for {codename}", commands=commands)
 
 
@@ -171,9 +205,11 @@ def _check_gpus_now(state, host, branch: str, hardware: dict) -> None:  # noqa: 
     snap = read_now(GPUS_QUERY, on=host)  # the GPUs now, after the reboot (not the plan's read)
     known, lines = snap.nvidia_smi(NVIDIA_SMI_QUERY)
     if not known:
-        raise StateUnknown(f"host {host.name}: after installing driver branch {branch} and rebooting, the read of "
-                           "nvidia-smi's GPUs did not complete, so the driver and GPUs were not checked. Check that the "
-                           "host is reachable and that its sudo works, then run the deploy again.")
+        raise StateUnknown(
+            f"host {host.name}: after installing driver branch {branch} and rebooting, the read of "
+            "nvidia-smi's GPUs did not complete, so the driver and GPUs were not checked. Check that the "
+            "host is reachable and that its sudo works, then run the deploy again."
+        )
     gpus = parse_nvidia_smi(lines or [])
     loaded = driver_branch(gpus)
     if loaded is None or int(loaded) < int(branch):
@@ -191,7 +227,8 @@ def _reboot_needed(state, host, branch: str) -> None:  # noqa: ARG001
     """Runs on the host when a reboot is needed and ``nvidia_reboot`` is off: stop this host."""
     raise RebootNeeded(
         f"host {host.name}: NVIDIA driver branch {branch} is installed but not loaded, and host data nvidia_reboot "
-        f"is false. Fix: reboot {host.name}, then deploy again (or set nvidia_reboot: true to let the deploy reboot it).")
+        f"is false. Fix: reboot {host.name}, then deploy again (or set nvidia_reboot: true to let the deploy reboot it)."
+    )
 
 
 GPUS_QUERY = Query(gpus=(NVIDIA_SMI_QUERY,))
@@ -219,7 +256,9 @@ def state_query(spec: dict) -> Query:
         globs=(d.OS_RELEASE_GLOB, *d.APT_SOURCE_GLOBS),
         read=(d.KERNEL_RELEASE, d.KERNEL_MODULES, d.SECURE_BOOT_EFIVAR, d.APT_SOURCES_LIST),
         pci=(d.PCI_DEVICES,) if fabric else (),
-        debs=((_toolkit(spec),) if _wanted("nvidia_install_toolkit") else ()) + ((d.FABRICMANAGER_PATTERN,) if fabric else ()))
+        debs=((_toolkit(spec),) if _wanted("nvidia_install_toolkit") else ())
+        + ((d.FABRICMANAGER_PATTERN,) if fabric else ()),
+    )
 
 
 def _wanted(key: str) -> bool:
@@ -278,8 +317,10 @@ def nvidia(spec: dict) -> None:
         return
     h = _read_host(spec)
     if h.driver_ok and h.toolkit_ok and h.fabricmanager_ok:
-        host.noop(f"NVIDIA driver branch {h.loaded} loaded ({describe(h.gpus)}; {h.branch} or newer wanted); toolkit present"
-                  + (f"; {h.fabricmanager} present" if h.fabricmanager else ""))
+        host.noop(
+            f"NVIDIA driver branch {h.loaded} loaded ({describe(h.gpus)}; {h.branch} or newer wanted); toolkit present"
+            + (f"; {h.fabricmanager} present" if h.fabricmanager else "")
+        )
         return
     _refuse_unsigned_module(h)
     _package_sources(h)
@@ -300,8 +341,10 @@ def _read_host(spec: dict) -> _Host:
     compute_only = bool(host.data.get("nvidia_compute_only"))
     snap = role_state(state_query(spec))
     if not snap.known:
-        raise unknown("what the host runs (its distribution, GPUs, NVIDIA driver)",
-                      changed="nothing was changed on this host: a driver installed on a guess would reboot it")
+        raise unknown(
+            "what the host runs (its distribution, GPUs, NVIDIA driver)",
+            changed="nothing was changed on this host: a driver installed on a guess would reboot it",
+        )
     distro = parse_os_release(snap.matching(d.OS_RELEASE_GLOB) or {})
     repo_dir = cuda_repo_dir(distro, host.name)
     gpus = parse_nvidia_smi(snap.nvidia_smi(NVIDIA_SMI_QUERY)[1] or [])
@@ -318,14 +361,32 @@ def _read_host(spec: dict) -> _Host:
     want_toolkit = bool(host.data.get("nvidia_install_toolkit"))
     # NVSwitch boards need the fabric manager of the branch that runs (the loaded one when it is
     # kept, else the one installed now).
-    nvswitches = parse_pci_classes(snap.pci_devices(d.PCI_DEVICES) or []) if host.data.get("nvidia_fabricmanager") else 0
-    fabricmanager = _fabricmanager_package(source, distro["name"], loaded if driver_ok else branch, host.name) if nvswitches else None
-    return _Host(branch=branch, source=source, open_modules=bool(nv["open_kernel_modules"]), compute_only=compute_only,
-                 distro=distro, repo_dir=repo_dir, gpus=gpus, loaded=loaded, driver_ok=driver_ok,
-                 toolkit=toolkit, want_toolkit=want_toolkit, toolkit_ok=not want_toolkit or snap.debs_installed([toolkit]),
-                 nvswitches=nvswitches, fabricmanager=fabricmanager,
-                 fabricmanager_ok=fabricmanager is None or snap.debs_installed([fabricmanager]),
-                 **_kernel_and_sources(snap))
+    nvswitches = (
+        parse_pci_classes(snap.pci_devices(d.PCI_DEVICES) or []) if host.data.get("nvidia_fabricmanager") else 0
+    )
+    fabricmanager = (
+        _fabricmanager_package(source, distro["name"], loaded if driver_ok else branch, host.name)
+        if nvswitches
+        else None
+    )
+    return _Host(
+        branch=branch,
+        source=source,
+        open_modules=bool(nv["open_kernel_modules"]),
+        compute_only=compute_only,
+        distro=distro,
+        repo_dir=repo_dir,
+        gpus=gpus,
+        loaded=loaded,
+        driver_ok=driver_ok,
+        toolkit=toolkit,
+        want_toolkit=want_toolkit,
+        toolkit_ok=not want_toolkit or snap.debs_installed([toolkit]),
+        nvswitches=nvswitches,
+        fabricmanager=fabricmanager,
+        fabricmanager_ok=fabricmanager is None or snap.debs_installed([fabricmanager]),
+        **_kernel_and_sources(snap),
+    )
 
 
 def _kernel_and_sources(snap: Snapshot) -> dict:
@@ -334,10 +395,12 @@ def _kernel_and_sources(snap: Snapshot) -> dict:
     sources = [snap.content(d.APT_SOURCES_LIST)[1]]
     for pattern in d.APT_SOURCE_GLOBS:
         sources += list((snap.matching(pattern) or {}).values())
-    return {"kernel": (snap.content(d.KERNEL_RELEASE)[1] or "").strip(),
-            "modules": {line.split(" ", 1)[0] for line in modules.splitlines() if line.strip()},
-            "secure_boot": secure_boot_on(snap.content(d.SECURE_BOOT_EFIVAR)[1]),
-            "apt_sources": apt_source_lines(sources)}
+    return {
+        "kernel": (snap.content(d.KERNEL_RELEASE)[1] or "").strip(),
+        "modules": {line.split(" ", 1)[0] for line in modules.splitlines() if line.strip()},
+        "secure_boot": secure_boot_on(snap.content(d.SECURE_BOOT_EFIVAR)[1]),
+        "apt_sources": apt_source_lines(sources),
+    }
 
 
 def _check_debian_ships(spec: dict, distro: dict, branch: str) -> None:
@@ -361,7 +424,8 @@ def _refuse_unsigned_module(h: _Host) -> None:
             f"host {host.name}: UEFI Secure Boot is on, and the NVIDIA kernel module DKMS builds is not signed with a key "
             "the firmware trusts, so it would never load. Nothing was installed. Fix: turn Secure Boot off in the "
             "firmware, or enroll DKMS's signing key (mokutil --import /var/lib/dkms/mok.pub, confirm at the next boot) "
-            "and set host data nvidia_secure_boot_mok: true.")
+            "and set host data nvidia_secure_boot_mok: true."
+        )
 
 
 def _package_sources(h: _Host) -> None:
@@ -391,31 +455,48 @@ def _install_driver(h: _Host) -> list:
     mode. Returns the operations whose change needs a reboot."""
     kernel = h.kernel
     if not kernel:
-        raise StateUnknown(f"host {host.name}: {d.KERNEL_RELEASE} gave no kernel release, so the headers DKMS needs are not "
-                           "known (nothing was changed on this host). Check the host's /proc, then run the deploy again.")
+        raise StateUnknown(
+            f"host {host.name}: {d.KERNEL_RELEASE} gave no kernel release, so the headers DKMS needs are not "
+            "known (nothing was changed on this host). Check the host's /proc, then run the deploy again."
+        )
     apt.packages(
         name="DKMS and kernel headers (running kernel + meta-package)",
         packages=[p.format(kernel=kernel, flavour=kernel_flavour(kernel)) for p in d.DKMS_PACKAGES],
         no_recommends=True,
     )
-    blacklist = files.put(name="Blacklist nouveau", src=StringIO(NOUVEAU_BLACKLIST_TEXT), dest=d.NOUVEAU_BLACKLIST, mode="0644")
+    blacklist = files.put(
+        name="Blacklist nouveau", src=StringIO(NOUVEAU_BLACKLIST_TEXT), dest=d.NOUVEAU_BLACKLIST, mode="0644"
+    )
     changes = [blacklist]
-    server.shell(name="Rebuild the initramfs without nouveau", commands=["update-initramfs -u"], _if=blacklist.did_change)
+    server.shell(
+        name="Rebuild the initramfs without nouveau", commands=["update-initramfs -u"], _if=blacklist.did_change
+    )
     if h.source == "nvidia":
         # The pinning package first (NVIDIA: "install the pinning package prior to the
         # driver"), then the driver with latest=True: an installed older branch is upgraded
         # to the pinned one, not left in place (apt.packages would see it present).
-        changes.append(apt.packages(name=f"Pin apt to NVIDIA driver branch {h.branch}",
-                                    packages=[d.CUDA_REPO_PINNING.format(branch=h.branch)]))
-    changes.append(apt.packages(
-        name=f"NVIDIA driver {h.branch} ({'open' if h.open_modules else 'proprietary'} kernel modules, "
-             f"{'compute only' if h.compute_only else 'full'})",
-        packages=_driver_packages(h), latest=True))
+        changes.append(
+            apt.packages(
+                name=f"Pin apt to NVIDIA driver branch {h.branch}",
+                packages=[d.CUDA_REPO_PINNING.format(branch=h.branch)],
+            )
+        )
+    changes.append(
+        apt.packages(
+            name=f"NVIDIA driver {h.branch} ({'open' if h.open_modules else 'proprietary'} kernel modules, "
+            f"{'compute only' if h.compute_only else 'full'})",
+            packages=_driver_packages(h),
+            latest=True,
+        )
+    )
     # Persistence mode (NVIDIA's Ansible role does the same): the GPUs stay initialised.
-    files.put(name="nvidia-persistenced with persistence mode", src=StringIO(d.PERSISTENCED_OVERRIDE_TEXT),
-              dest=d.PERSISTENCED_OVERRIDE, mode="0644")
-    systemd.service(name="nvidia-persistenced enabled", service="nvidia-persistenced", enabled=True,
-                    daemon_reload=True)
+    files.put(
+        name="nvidia-persistenced with persistence mode",
+        src=StringIO(d.PERSISTENCED_OVERRIDE_TEXT),
+        dest=d.PERSISTENCED_OVERRIDE,
+        mode="0644",
+    )
+    systemd.service(name="nvidia-persistenced enabled", service="nvidia-persistenced", enabled=True, daemon_reload=True)
     return changes
 
 
@@ -441,10 +522,17 @@ def _toolkit_and_fabricmanager(h: _Host) -> list:
         apt.packages(name=f"CUDA toolkit ({h.toolkit})", packages=[h.toolkit], no_recommends=True)
     if not h.fabricmanager:
         return []
-    fm = apt.packages(name=f"NVSwitch fabric manager ({h.fabricmanager}, {h.nvswitches} NVSwitches)",
-                      packages=[h.fabricmanager], latest=not h.driver_ok)
-    systemd.service(name="nvidia-fabricmanager running and enabled", service="nvidia-fabricmanager",
-                    running=h.driver_ok, enabled=True)
+    fm = apt.packages(
+        name=f"NVSwitch fabric manager ({h.fabricmanager}, {h.nvswitches} NVSwitches)",
+        packages=[h.fabricmanager],
+        latest=not h.driver_ok,
+    )
+    systemd.service(
+        name="nvidia-fabricmanager running and enabled",
+        service="nvidia-fabricmanager",
+        running=h.driver_ok,
+        enabled=True,
+    )
     return [fm]
 
 
@@ -457,8 +545,12 @@ def _reboot_and_verify(h: _Host, driver_changes: list, hw: dict) -> None:
         return
     condition = None if (h.loaded is None or nouveau_loaded) else any_changed(*driver_changes)
     if not host.data.get("nvidia_reboot"):
-        python.call(name="Stop: the new driver loads only after a restart, which this host data forbids", function=_reboot_needed,
-                    branch=h.branch, _if=condition)
+        python.call(
+            name="Stop: the new driver loads only after a restart, which this host data forbids",
+            function=_reboot_needed,
+            branch=h.branch,
+            _if=condition,
+        )
         return
     server.reboot(
         name="Reboot into the NVIDIA driver",

@@ -57,10 +57,26 @@ CUDA_REPO_DRIVER = {True: ["nvidia-open"], False: ["cuda-drivers"]}
 # branch in their names up to 580 and drop it from 590 on (NVIDIA's "Ubuntu 590 and later
 # packages" rename); the pinning package picks the branch either way.
 CUDA_REPO_COMPUTE = {
-    "Debian": {True: ["nvidia-driver-cuda", "nvidia-kernel-open-dkms", "nvidia-persistenced", "nvidia-modprobe"],
-               False: ["nvidia-driver-cuda", "nvidia-kernel-dkms", "nvidia-persistenced", "nvidia-modprobe"]},
-    "Ubuntu": {True: ["libnvidia-compute{sfx}", "nvidia-dkms{sfx}-open", "nvidia-utils{sfx}", "nvidia-compute-utils{sfx}", "nvidia-modprobe"],
-               False: ["libnvidia-compute{sfx}", "nvidia-dkms{sfx}", "nvidia-utils{sfx}", "nvidia-compute-utils{sfx}", "nvidia-modprobe"]},
+    "Debian": {
+        True: ["nvidia-driver-cuda", "nvidia-kernel-open-dkms", "nvidia-persistenced", "nvidia-modprobe"],
+        False: ["nvidia-driver-cuda", "nvidia-kernel-dkms", "nvidia-persistenced", "nvidia-modprobe"],
+    },
+    "Ubuntu": {
+        True: [
+            "libnvidia-compute{sfx}",
+            "nvidia-dkms{sfx}-open",
+            "nvidia-utils{sfx}",
+            "nvidia-compute-utils{sfx}",
+            "nvidia-modprobe",
+        ],
+        False: [
+            "libnvidia-compute{sfx}",
+            "nvidia-dkms{sfx}",
+            "nvidia-utils{sfx}",
+            "nvidia-compute-utils{sfx}",
+            "nvidia-modprobe",
+        ],
+    },
 }
 UBUNTU_UNSUFFIXED_FROM = 590  # branch from which NVIDIA's Ubuntu packages have no -<branch> suffix
 CUDA_REPO_TOOLKIT = "cuda-toolkit-{major}-{minor}"
@@ -84,11 +100,29 @@ DEBIAN_COMPONENTS = ["contrib", "non-free", "non-free-firmware"]
 DEBIAN_CUDA_REPO_COMPONENTS = ["contrib"]
 # The driver branch each Debian release ships (bookworm: 535). Another branch needs source: nvidia.
 DEBIAN_DISTRO_BRANCH = {12: "535"}
-DEBIAN_DISTRO_DRIVER = {True: ["nvidia-open-kernel-dkms", "nvidia-driver", "firmware-misc-nonfree"],
-                        False: ["nvidia-kernel-dkms", "nvidia-driver", "firmware-misc-nonfree"]}
+DEBIAN_DISTRO_DRIVER = {
+    True: ["nvidia-open-kernel-dkms", "nvidia-driver", "firmware-misc-nonfree"],
+    False: ["nvidia-kernel-dkms", "nvidia-driver", "firmware-misc-nonfree"],
+}
 # Debian's compute-only set: the CUDA library, nvidia-smi, the persistence daemon, no X driver.
-DEBIAN_DISTRO_COMPUTE = {True: ["nvidia-open-kernel-dkms", "libcuda1", "nvidia-smi", "nvidia-persistenced", "nvidia-modprobe", "firmware-misc-nonfree"],
-                         False: ["nvidia-kernel-dkms", "libcuda1", "nvidia-smi", "nvidia-persistenced", "nvidia-modprobe", "firmware-misc-nonfree"]}
+DEBIAN_DISTRO_COMPUTE = {
+    True: [
+        "nvidia-open-kernel-dkms",
+        "libcuda1",
+        "nvidia-smi",
+        "nvidia-persistenced",
+        "nvidia-modprobe",
+        "firmware-misc-nonfree",
+    ],
+    False: [
+        "nvidia-kernel-dkms",
+        "libcuda1",
+        "nvidia-smi",
+        "nvidia-persistenced",
+        "nvidia-modprobe",
+        "firmware-misc-nonfree",
+    ],
+}
 UBUNTU_DISTRO_DRIVER = "nvidia-driver-{branch}{server}{open}"  # e.g. nvidia-driver-570-server-open
 # Ubuntu's headless set (NVIDIA's Ansible role for Canonical's packages): no X driver.
 UBUNTU_DISTRO_COMPUTE = ["nvidia-headless-{branch}{server}{open}", "nvidia-utils-{branch}{server}", "nvidia-modprobe"]

@@ -53,7 +53,9 @@ class GpuMemory:
     used: int
     free: int
     ours: dict[str, int] = field(default_factory=dict)  # unit of this deploy -> MiB its processes hold
-    others: dict[str, int | None] = field(default_factory=dict)  # name -> MiB (None: not listed by nvidia-smi, e.g. Xorg)
+    others: dict[str, int | None] = field(
+        default_factory=dict
+    )  # name -> MiB (None: not listed by nvidia-smi, e.g. Xorg)
     unattributed: int = 0  # MiB of compute processes whose cgroup this read could not see
 
     @property
@@ -167,7 +169,9 @@ def describe(g: GpuMemory) -> str:
     names = sorted(g.others, key=lambda n: -(g.others[n] or 0))
     parts.append(f"{_gib(g.held_by_others)} held by other processes" + (f" ({', '.join(names)})" if names else ""))
     if g.ours:
-        parts.append(f"{_gib(sum(g.ours.values()))} by this deployment ({', '.join(sorted(g.ours))}: given back when it restarts)")
+        parts.append(
+            f"{_gib(sum(g.ours.values()))} by this deployment ({', '.join(sorted(g.ours))}: given back when it restarts)"
+        )
     if g.unattributed:
         parts.append(f"{_gib(g.unattributed)} by processes this read could not attribute (another PID namespace)")
     return ", ".join(parts) + f", planning with {_gib(g.plannable)}"
@@ -191,15 +195,19 @@ def problems(gpus: list[GpuMemory], shares: dict[int, dict[str, float]]) -> tupl
         if need <= g.plannable:
             continue
         most = math.floor(100 * g.plannable / g.cuda_total) / 100 if g.cuda_total else 0.0
-        what = (f"GPU {index}: {asks} = {total_share:g} x {g.cuda_total / MIB:.2f} GiB = {need / MIB:.2f} GiB asked at start "
-                f"(engine.gpu_memory_utilization), but only {g.plannable / MIB:.2f} GiB is free for this deployment "
-                f"({describe(g)})")
+        what = (
+            f"GPU {index}: {asks} = {total_share:g} x {g.cuda_total / MIB:.2f} GiB = {need / MIB:.2f} GiB asked at start "
+            f"(engine.gpu_memory_utilization), but only {g.plannable / MIB:.2f} GiB is free for this deployment "
+            f"({describe(g)})"
+        )
         if need <= g.plannable + g.unattributed:
             warnings.append(f"{what}; it fits only if the processes not attributed are this deployment's own")
             continue
-        errors.append(f"{what}: vLLM refuses to start with less free memory than that ('Free memory on device ... is less "
-                      f"than desired GPU memory utilization'). Fix: engine.gpu_memory_utilization {most:.2f} or lower "
-                      "(a GPU shared with a desktop: 0.95 -> 0.90), or close what holds the GPU")
+        errors.append(
+            f"{what}: vLLM refuses to start with less free memory than that ('Free memory on device ... is less "
+            f"than desired GPU memory utilization'). Fix: engine.gpu_memory_utilization {most:.2f} or lower "
+            "(a GPU shared with a desktop: 0.95 -> 0.90), or close what holds the GPU"
+        )
     return errors, warnings
 
 
@@ -212,7 +220,8 @@ def our_units(files: dict[str, Any], managed: set[str], snap: Snapshot | None = 
 
     found = (snap.matching(UNITS) or {}) if snap is not None else {}
     return {os.path.basename(p) for p in files if p.startswith(f"{SYSTEMD_DIR}/") and p.endswith(".service")} | {
-        os.path.basename(p) for p in found if unit_of(p) in managed}
+        os.path.basename(p) for p in found if unit_of(p) in managed
+    }
 
 
 def wanted_shares(specs: dict[str, dict[str, Any]], h: Any) -> dict[int, dict[str, float]]:
@@ -251,8 +260,11 @@ def refuse(specs: dict[str, dict[str, Any]], h: Any, host_name: str, snap: Snaps
     if errors:
         from pyinfra.api.exceptions import DeployError
 
-        raise DeployError(f"host {host_name}: not enough free GPU memory:\n  " + "\n  ".join(errors)
-                          + "\n  nothing was uploaded or changed")
+        raise DeployError(
+            f"host {host_name}: not enough free GPU memory:\n  "
+            + "\n  ".join(errors)
+            + "\n  nothing was uploaded or changed"
+        )
 
 
 # -- this machine, for `vllm-fleet plan` and `validate` with an inventory holding @local ---------
@@ -273,7 +285,9 @@ def read_here(q: Query) -> Snapshot:
     return snap
 
 
-def report_here(resolved: list[dict[str, Any]], inventory: dict[str, Any] | None) -> tuple[list[str], list[str], list[str]] | None:
+def report_here(
+    resolved: list[dict[str, Any]], inventory: dict[str, Any] | None
+) -> tuple[list[str], list[str], list[str]] | None:
     """(lines, errors, warnings) of this machine's GPUs for the specs' vLLMs on the inventory's
     ``@local`` host (:func:`check` on a read made here); None when the inventory has no @local
     host or puts no vLLM on a GPU there. Without nvidia-smi here: one line that says so."""
@@ -290,4 +304,8 @@ def report_here(resolved: list[dict[str, Any]], inventory: dict[str, Any] | None
     if not snap.known or snap.nvidia_smi(MEMORY_FIELDS)[1] is None:
         return [f"{LOCAL}: no nvidia-smi answered on this machine: its GPUs' free memory was not read"], [], []
     lines, errors, warnings = check(specs, h, snap)
-    return [f"{LOCAL}: {line}" for line in lines], [f"{LOCAL}: {e}" for e in errors], [f"{LOCAL}: {w}" for w in warnings]
+    return (
+        [f"{LOCAL}: {line}" for line in lines],
+        [f"{LOCAL}: {e}" for e in errors],
+        [f"{LOCAL}: {w}" for w in warnings],
+    )

@@ -43,8 +43,9 @@ def parse_nvidia_smi(lines: list[str]) -> list[Gpu]:
         name, memory, driver, cap = parts
         if not memory.isdigit() or not re.fullmatch(r"[0-9]+(\.[0-9]+)+", driver):
             continue
-        gpus.append({"index": len(gpus), "name": name, "memory_mib": int(memory),
-                     "driver_version": driver, "compute_cap": cap})
+        gpus.append(
+            {"index": len(gpus), "name": name, "memory_mib": int(memory), "driver_version": driver, "compute_cap": cap}
+        )
     return gpus
 
 

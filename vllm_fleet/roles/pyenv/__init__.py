@@ -102,15 +102,21 @@ def state_query(spec: dict) -> Query:
     the directories, the env's python (probed with the vllm role's); for a venv its packages,
     for conda the Miniforge (``bin/conda`` stat'ed, the recorded version read) and the C compiler."""
     ins = spec["install"]
-    q = Query(stat=(ins["prefix"], ins["config_dir"], ins["state_dir"]), users=(spec["server"]["user"],),
-              envs=((env_python(spec), ()),))
+    q = Query(
+        stat=(ins["prefix"], ins["config_dir"], ins["state_dir"]),
+        users=(spec["server"]["user"],),
+        envs=((env_python(spec), ()),),
+    )
     cuda = ins["accelerator"] == "cuda"
     if ins["env_manager"] == "venv":
         packages = list(_data("pyenv_venv_packages")) + (list(_data("pyenv_cuda_venv_packages")) if cuda else [])
         return q | Query(debs=tuple(packages))
     root = _miniforge_root()
-    return q | Query(stat=(f"{root}/bin/conda",), read=(f"{root}/{d.MINIFORGE_MARKER}",),
-                     debs=tuple(_data("pyenv_cuda_conda_packages")) if cuda else ())
+    return q | Query(
+        stat=(f"{root}/bin/conda",),
+        read=(f"{root}/{d.MINIFORGE_MARKER}",),
+        debs=tuple(_data("pyenv_cuda_conda_packages")) if cuda else (),
+    )
 
 
 def _user(user: str, home: str) -> None:
@@ -132,12 +138,17 @@ def _venv(env: str, py: str, cuda: bool, snap: Snapshot) -> None:
     packages = list(host.data.get("pyenv_venv_packages"))
     if cuda:
         packages += [p for p in host.data.get("pyenv_cuda_venv_packages") if p not in packages]
-    common_packages(name="python3-venv" + (" and the headers + C compiler Triton builds with" if cuda else ""),
-                    packages=packages, update=False)
+    common_packages(
+        name="python3-venv" + (" and the headers + C compiler Triton builds with" if cuda else ""),
+        packages=packages,
+        update=False,
+    )
     probed = snap.env(py)
     if probed is None or probed["python"] is None:
         # guarded: a read that did not complete never re-makes an env that is there
-        server.shell(name=f"venv at {env}", commands=[chain(cmd("test", "-x", py), cmd("python3", "-m", "venv", env), op="||")])
+        server.shell(
+            name=f"venv at {env}", commands=[chain(cmd("test", "-x", py), cmd("python3", "-m", "venv", env), op="||")]
+        )
 
 
 def _miniforge(snap: Snapshot) -> str:
@@ -180,7 +191,17 @@ def _conda_env(env: str, py: str, python: str, snap: Snapshot) -> None:
         server.shell(
             name=f"conda env {env} (python {python})",
             commands=[
-                cmd(root + "/bin/conda", "create", "-y", "-p", env, "--override-channels", "-c", channel, f"python={python}")
+                cmd(
+                    root + "/bin/conda",
+                    "create",
+                    "-y",
+                    "-p",
+                    env,
+                    "--override-channels",
+                    "-c",
+                    channel,
+                    f"python={python}",
+                )
             ],
         )
     elif current != python:
@@ -203,6 +224,9 @@ def pyenv(spec: dict) -> None:
         _venv(env, paths["python"], cuda, snap)
     else:
         if cuda and host.data.get("pyenv_cuda_conda_packages"):
-            common_packages(name="C compiler Triton builds with", packages=list(host.data.get("pyenv_cuda_conda_packages")),
-                            update=False)
+            common_packages(
+                name="C compiler Triton builds with",
+                packages=list(host.data.get("pyenv_cuda_conda_packages")),
+                update=False,
+            )
         _conda_env(env, paths["python"], str(ins["python"]), snap)

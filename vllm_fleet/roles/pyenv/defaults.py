@@ -36,7 +36,7 @@ DEFAULTS = {
 }
 
 # Modes of the directories created by ``service_dirs``.
-PREFIX_MODE = "0755"      # {install.prefix}: root-owned, the env lives here
+PREFIX_MODE = "0755"  # {install.prefix}: root-owned, the env lives here
 CONFIG_DIR_MODE = "0750"  # {install.config_dir}: root:<server.user>; secrets.env inside is 0600
-STATE_DIR_MODE = "0750"   # {install.state_dir}: owned by <server.user> (caches, model, logs)
+STATE_DIR_MODE = "0750"  # {install.state_dir}: owned by <server.user> (caches, model, logs)
 SERVICE_SHELL = "/usr/sbin/nologin"

@@ -85,7 +85,9 @@ def _cluster(layout: Layout, name: str) -> dict[str, Any]:
     deploy file runs once per host), read at execute time, so that one node's conditions see
     the operations of the others. It lives in the layout (``Layout.shared``), which the deploy
     builds once: a new deploy (or test) starts with an empty one."""
-    return layout.shared.setdefault(f"ray:{name}", {"inputs": [], "starts": [], "head_restart": [], "not_active": {}, "versions": {}})
+    return layout.shared.setdefault(
+        f"ray:{name}", {"inputs": [], "starts": [], "head_restart": [], "not_active": {}, "versions": {}}
+    )
 
 
 class _Changed:
@@ -122,7 +124,7 @@ def compare_versions(versions: dict[str, dict[str, str | None]]) -> str | None:
             diffs.append(f"{k}: " + ", ".join(f"{node} {ver or 'missing'}" for node, ver in seen.items()))
     if not diffs:
         return None
-    return ("Ray nodes differ in versions (all nodes need the same Python, Ray and vLLM): " + "; ".join(diffs))
+    return "Ray nodes differ in versions (all nodes need the same Python, Ray and vLLM): " + "; ".join(diffs)
 
 
 def _collect_versions(py: str, names: list[str], cluster: dict[str, Any]) -> None:
@@ -139,17 +141,31 @@ def _check_versions(cluster: dict[str, Any]) -> None:
     problem = compare_versions(cluster["versions"])
     if problem:
         raise RuntimeError(problem)
-    host.noop("same Python, Ray and vLLM on every Ray node: " + ", ".join(
-        f"{k} {v}" for k, v in sorted(next(iter(cluster["versions"].values())).items())))
+    host.noop(
+        "same Python, Ray and vLLM on every Ray node: "
+        + ", ".join(f"{k} {v}" for k, v in sorted(next(iter(cluster["versions"].values())).items()))
+    )
 
 
 def _wait_cluster(py: str, script: str, user: str, env: dict[str, str], args: list[str], timeout: int) -> None:
     """Execute time, on the head: the rendered wait-ray-cluster as the service user."""
-    argv = ["runuser", "-u", user, "--", "env", *[f"{k}={v}" for k, v in env.items()], py, script, *args,
-            "--timeout", str(timeout), "--interval", "3"]
+    argv = [
+        "runuser",
+        "-u",
+        user,
+        "--",
+        "env",
+        *[f"{k}={v}" for k, v in env.items()],
+        py,
+        script,
+        *args,
+        "--timeout",
+        str(timeout),
+        "--interval",
+        "3",
+    ]
     t0 = time.monotonic()
-    ok, out = host.run_shell_command(with_stderr(cmd(*argv)), **as_root(),
-                                     _timeout=timeout + 120)
+    ok, out = host.run_shell_command(with_stderr(cmd(*argv)), **as_root(), _timeout=timeout + 120)
     text = "\n".join(getattr(out, "stdout_lines", []) or [])
     if not ok:
         raise RuntimeError(f"{host.name}: the Ray cluster is not complete after {time.monotonic() - t0:.0f} s:\n{text}")
@@ -171,8 +187,15 @@ def _ray_role(node: Node) -> str | None:
 
 @deploy("Ray node", data_defaults=DEFAULTS)
 @reads(*SECTIONS)
-def install_ray(spec: dict[str, Any], node: Node | None = None, layout: Layout | None = None, rendered: dict[str, Any] | None = None,
-                restart_on: list | None = None, present: bool = True, paths: list[str] | None = None) -> RayResult | dict[str, Any]:
+def install_ray(
+    spec: dict[str, Any],
+    node: Node | None = None,
+    layout: Layout | None = None,
+    rendered: dict[str, Any] | None = None,
+    restart_on: list | None = None,
+    present: bool = True,
+    paths: list[str] | None = None,
+) -> RayResult | dict[str, Any]:
     """
     Configure and (re)start this host's Ray node (head or worker) of a ``ray`` multi-node server,
     or (``present=False``) stop and remove it.
@@ -199,7 +222,9 @@ def install_ray(spec: dict[str, Any], node: Node | None = None, layout: Layout |
         install_ray(spec=spec, rendered=h.files, present=False)
     """
     if not present:
-        return remove.remove_units_and_files(spec, remove.placed(spec, rendered or {}, "ray") if paths is None else paths, "ray")
+        return remove.remove_units_and_files(
+            spec, remove.placed(spec, rendered or {}, "ray") if paths is None else paths, "ray"
+        )
     role = _ray_role(node)
     if role is None:
         return RayResult(None)
@@ -245,8 +270,9 @@ def state_query(spec: dict[str, Any], node: Node, rendered: dict[str, Any]) -> Q
         return Query()
     unit_path, owned, dirs = _node_files(spec, role, rendered)
     fw = _firewall_files(spec, rendered)
-    return (rendered_query(rendered, [path for path in owned + fw if path in rendered])
-            | Query(stat=tuple(dirs), units=(Path(unit_path).name, *((d.FIREWALL_UNIT,) if fw else ()))))
+    return rendered_query(rendered, [path for path in owned + fw if path in rendered]) | Query(
+        stat=tuple(dirs), units=(Path(unit_path).name, *((d.FIREWALL_UNIT,) if fw else ()))
+    )
 
 
 def _put_node_files(spec: dict[str, Any], role: str, rendered: dict[str, Any]) -> tuple[str, list[str], list, Any]:
@@ -272,9 +298,17 @@ def _ray_firewall(spec: dict[str, Any], rendered: dict[str, Any], unit_op: Any) 
         systemd.daemon_reload(name="systemd daemon-reload (Ray units)", _if=any_changed(unit_op, *fw_ops[1:]))
     if fw_ops:
         if pending(*fw_ops):
-            systemd.service(name=f"{d.FIREWALL_UNIT}: load the rules (they changed)", service=d.FIREWALL_UNIT,
-                            running=True, restarted=True, enabled=True, _if=any_changed(*fw_ops))
-        service_running(name=f"{d.FIREWALL_UNIT} active and enabled", service=d.FIREWALL_UNIT, running=True, enabled=True)
+            systemd.service(
+                name=f"{d.FIREWALL_UNIT}: load the rules (they changed)",
+                service=d.FIREWALL_UNIT,
+                running=True,
+                restarted=True,
+                enabled=True,
+                _if=any_changed(*fw_ops),
+            )
+        service_running(
+            name=f"{d.FIREWALL_UNIT} active and enabled", service=d.FIREWALL_UNIT, running=True, enabled=True
+        )
 
 
 def _version_check(spec: dict[str, Any], unit: str, cluster: dict[str, Any]) -> None:
@@ -288,9 +322,17 @@ def _version_check(spec: dict[str, Any], unit: str, cluster: dict[str, Any]) -> 
     anything_starts = lambda: any(cluster["not_active"].values()) or _Changed(cluster, "inputs").did_change()  # noqa: E731
     if host.data.get("ray_version_check"):
         names = ["ray", spec["install"]["vllm_package"]]
-        python.call(name="Record Python, Ray and vLLM versions", function=_collect_versions,
-                    py=command.env_python(spec), names=names, cluster=cluster, _if=anything_starts)
-        python.call(name="Same versions on every Ray node", function=_check_versions, cluster=cluster, _if=anything_starts)
+        python.call(
+            name="Record Python, Ray and vLLM versions",
+            function=_collect_versions,
+            py=command.env_python(spec),
+            names=names,
+            cluster=cluster,
+            _if=anything_starts,
+        )
+        python.call(
+            name="Same versions on every Ray node", function=_check_versions, cluster=cluster, _if=anything_starts
+        )
 
 
 def _start_node(role: str, unit: str, inputs: list, cluster: dict[str, Any]) -> None:
@@ -299,17 +341,28 @@ def _start_node(role: str, unit: str, inputs: list, cluster: dict[str, Any]) -> 
     change; a worker's always (conditional): whether the head restarts is another host's plan,
     which may not be built yet when this one is."""
     if role == "head":
-        restart = (systemd.service(name=f"Restart {unit} (its inputs changed)", service=unit, running=True,
-                                   restarted=True, enabled=True, _if=any_changed(*inputs))
-                   if pending(*inputs) else Converged(f"restart {unit}"))
+        restart = (
+            systemd.service(
+                name=f"Restart {unit} (its inputs changed)",
+                service=unit,
+                running=True,
+                restarted=True,
+                enabled=True,
+                _if=any_changed(*inputs),
+            )
+            if pending(*inputs)
+            else Converged(f"restart {unit}")
+        )
         cluster["head_restart"].append(restart)
     else:
         # a command, not systemd.service: pyinfra's operation would read the unit's facts while
         # planning, on every converged worker, for a restart that happens only at execute time;
         # `systemctl restart` starts a stopped unit too, and "running and enabled" follows
-        restart = server.shell(name=f"Restart {unit} (its inputs changed, or the head restarted)",
-                               commands=[cmd("systemctl", "restart", unit)],
-                               _if=any_changed(*inputs, _Changed(cluster, "head_restart")))
+        restart = server.shell(
+            name=f"Restart {unit} (its inputs changed, or the head restarted)",
+            commands=[cmd("systemctl", "restart", unit)],
+            _if=any_changed(*inputs, _Changed(cluster, "head_restart")),
+        )
     running = service_running(name=f"{unit} running and enabled", service=unit, running=True, enabled=True)
     cluster["starts"].extend([restart, running])
 
@@ -326,8 +379,20 @@ def _wait_for_cluster(spec: dict[str, Any], layout: Layout, cluster: dict[str, A
         expect += ["--expect", str(n.private)]
     python.call(
         name=f"Wait for the Ray cluster: {nodes} nodes, {gpus:g} GPUs (deadline {host.data.get('ray_cluster_wait_timeout')} s)",
-        function=_wait_cluster, py=command.env_python(spec), script=p["wait_ray"], user=srv["user"], env=wait_env,
-        args=["--address", f"{par['head_address']}:{par['ray_port']}", "--nodes", str(nodes), "--gpus", str(gpus), *expect],
+        function=_wait_cluster,
+        py=command.env_python(spec),
+        script=p["wait_ray"],
+        user=srv["user"],
+        env=wait_env,
+        args=[
+            "--address",
+            f"{par['head_address']}:{par['ray_port']}",
+            "--nodes",
+            str(nodes),
+            "--gpus",
+            str(gpus),
+            *expect,
+        ],
         timeout=int(host.data.get("ray_cluster_wait_timeout")),
         _if=_Changed(cluster, "starts").did_change,
     )

@@ -20,7 +20,11 @@ DEFAULTS = {
 }
 
 #: The firewall's nftables table, its rules file and the unit that loads it at boot.
-from vllm_fleet.render.files import RAY_FIREWALL_FILE as FIREWALL_FILE, RAY_FIREWALL_TABLE as FIREWALL_TABLE, RAY_FIREWALL_UNIT as FIREWALL_UNIT  # noqa: E402,F401
+from vllm_fleet.render.files import (
+    RAY_FIREWALL_FILE as FIREWALL_FILE,
+    RAY_FIREWALL_TABLE as FIREWALL_TABLE,
+    RAY_FIREWALL_UNIT as FIREWALL_UNIT,
+)  # noqa: E402,F401
 
 #: What the version check compares on every node (distribution names; "python" is the
 #: interpreter's own version).

@@ -62,7 +62,9 @@ __all__ = ["upstream", "router_workers", "drain", "smoke_replica", "parse_metric
 # Pure helpers (tested without hosts)
 
 
-def parse_metrics(text: str, names: tuple[str, ...] = ("vllm:num_requests_running", "vllm:num_requests_waiting")) -> dict[str, float]:
+def parse_metrics(
+    text: str, names: tuple[str, ...] = ("vllm:num_requests_running", "vllm:num_requests_waiting")
+) -> dict[str, float]:
     """Sum each named series over its labels in a Prometheus text exposition."""
     out = {n: 0.0 for n in names}
     seen = set()
@@ -92,9 +94,14 @@ def _say(text: str) -> None:
 
 def _reload_and_wait(timeout: float, interval: float) -> None:
     t0 = time.monotonic()
-    ok, out = host.run_shell_command(programs.shell("nginx_reload_wait.sh", float(timeout), float(interval), interpreter="bash"), **as_root(),
-                                     _timeout=int(timeout) + 60)
-    lines = [line.strip() for line in (getattr(out, "stdout_lines", []) or []) + (getattr(out, "stderr_lines", []) or [])]
+    ok, out = host.run_shell_command(
+        programs.shell("nginx_reload_wait.sh", float(timeout), float(interval), interpreter="bash"),
+        **as_root(),
+        _timeout=int(timeout) + 60,
+    )
+    lines = [
+        line.strip() for line in (getattr(out, "stdout_lines", []) or []) + (getattr(out, "stderr_lines", []) or [])
+    ]
     if not ok:
         raise RuntimeError(f"{host.name}: nginx -t / reload failed:\n" + "\n".join(lines[-20:]))
     last = next((line for line in reversed(lines) if line.startswith(("drained", "timeout"))), "")
@@ -108,7 +115,9 @@ def _wait_idle(port: int, timeout: float, interval: float) -> None:
     t0 = time.monotonic()
     last = "no answer"
     while True:
-        ok, out = host.run_shell_command(programs.argv("curl", "-s", "--max-time", "5", f"http://127.0.0.1:{int(port)}/metrics"), **as_root())
+        ok, out = host.run_shell_command(
+            programs.argv("curl", "-s", "--max-time", "5", f"http://127.0.0.1:{int(port)}/metrics"), **as_root()
+        )
         text = "\n".join(getattr(out, "stdout_lines", []) or [])
         try:
             m = parse_metrics(text) if ok else None
@@ -129,18 +138,30 @@ def _wait_idle(port: int, timeout: float, interval: float) -> None:
         time.sleep(interval)
 
 
-def _smoke(py: str, port: int, model: str, secrets: str, max_tokens: int, timeout: float, journal_lines: int,
-           unit: str = "vllm.service") -> None:
+def _smoke(
+    py: str,
+    port: int,
+    model: str,
+    secrets: str,
+    max_tokens: int,
+    timeout: float,
+    journal_lines: int,
+    unit: str = "vllm.service",
+) -> None:
     smoke = programs.python(py, "replica_smoke.py", port, model, secrets, max_tokens, timeout)
     ok, out = host.run_shell_command(smoke, **as_root(), _timeout=int(timeout * 3) + 30)
     lines = [line for line in (getattr(out, "stdout_lines", []) or []) + (getattr(out, "stderr_lines", []) or [])]
     if ok:
         _say(lines[-1] if lines else "replica smoke test passed")
         return
-    _, j = host.run_shell_command(programs.argv("journalctl", "-u", unit, "-n", int(journal_lines), "--no-pager", "-o", "cat"), **as_root())
+    _, j = host.run_shell_command(
+        programs.argv("journalctl", "-u", unit, "-n", int(journal_lines), "--no-pager", "-o", "cat"), **as_root()
+    )
     tail = "\n".join(getattr(j, "stdout_lines", []) or [])
-    raise RuntimeError(f"{host.name}: the replica's own smoke test failed: {' | '.join(lines[-5:])}\n"
-                       f"Last {journal_lines} journal lines of {unit}:\n{tail}")
+    raise RuntimeError(
+        f"{host.name}: the replica's own smoke test failed: {' | '.join(lines[-5:])}\n"
+        f"Last {journal_lines} journal lines of {unit}:\n{tail}"
+    )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -176,9 +197,14 @@ def router_workers(spec: dict[str, Any], workers: list[tuple[str, bool]]):
         router_workers(spec=spec, workers=[("http://10.10.0.12:8000", True), ("http://127.0.0.1:8000", False)])
     """
     py = f"{render.paths(spec)['router_env']}/bin/python"
-    python.call(name="Router worker list: the batch out, the others in", function=_sync_router, py=py,
-                port=int(spec["proxy"]["routing"]["router"]["port"]),
-                keep=[u for u, down in workers if not down], remove=[u for u, down in workers if down])
+    python.call(
+        name="Router worker list: the batch out, the others in",
+        function=_sync_router,
+        py=py,
+        port=int(spec["proxy"]["routing"]["router"]["port"]),
+        keep=[u for u, down in workers if not down],
+        remove=[u for u, down in workers if down],
+    )
 
 
 @deploy("Rollout: nginx upstream", data_defaults=DEFAULTS)
@@ -203,9 +229,13 @@ def upstream(spec: dict[str, Any], rendered: dict[str, Any], drain_timeout: floa
         host.noop("no nginx site of this deployment on this host")
         return None
     put = put_rendered(rendered, [site])[site]
-    python.call(name=f"nginx -t, reload, wait for the old workers (at most {drain_timeout:.0f} s)",
-                function=_reload_and_wait, timeout=float(drain_timeout),
-                interval=float(host.data.get("rollout_poll_interval")), _if=put.did_change)
+    python.call(
+        name=f"nginx -t, reload, wait for the old workers (at most {drain_timeout:.0f} s)",
+        function=_reload_and_wait,
+        timeout=float(drain_timeout),
+        interval=float(host.data.get("rollout_poll_interval")),
+        _if=put.did_change,
+    )
     return put
 
 
@@ -226,9 +256,13 @@ def drain(spec: dict[str, Any], drain_timeout: float, port: int | None = None):
         drain(spec=ctx.spec, drain_timeout=120)
     """
     port = int(port or spec["server"]["port"])
-    python.call(name=f"Wait for vLLM's running/waiting requests on port {port} to reach 0 (at most {drain_timeout:.0f} s)",
-                function=_wait_idle, port=port, timeout=float(drain_timeout),
-                interval=float(host.data.get("rollout_poll_interval")))
+    python.call(
+        name=f"Wait for vLLM's running/waiting requests on port {port} to reach 0 (at most {drain_timeout:.0f} s)",
+        function=_wait_idle,
+        port=port,
+        timeout=float(drain_timeout),
+        interval=float(host.data.get("rollout_poll_interval")),
+    )
 
 
 @deploy("Rollout: the replica's own smoke test", data_defaults=DEFAULTS)
@@ -249,8 +283,15 @@ def smoke_replica(spec: dict[str, Any], port: int | None = None, unit: str = "vl
         smoke_replica(spec=ctx.spec)
     """
     port = int(port or spec["server"]["port"])
-    python.call(name=f"Smoke test of the replica itself (127.0.0.1:{port} on the host)", function=_smoke,
-                py=command.env_python(spec), port=port, model=spec["model"]["served_name"], unit=unit,
-                secrets=render.paths(spec)["secrets_env"], max_tokens=int(host.data.get("rollout_smoke_max_tokens")),
-                timeout=float(host.data.get("rollout_smoke_timeout")),
-                journal_lines=int(host.data.get("rollout_journal_lines")))
+    python.call(
+        name=f"Smoke test of the replica itself (127.0.0.1:{port} on the host)",
+        function=_smoke,
+        py=command.env_python(spec),
+        port=port,
+        model=spec["model"]["served_name"],
+        unit=unit,
+        secrets=render.paths(spec)["secrets_env"],
+        max_tokens=int(host.data.get("rollout_smoke_max_tokens")),
+        timeout=float(host.data.get("rollout_smoke_timeout")),
+        journal_lines=int(host.data.get("rollout_journal_lines")),
+    )

@@ -56,10 +56,15 @@ def state_query(spec: dict[str, Any], rendered: dict[str, Any]) -> Query:
     from vllm_fleet.render import files as render
 
     p = render.paths(spec)
-    return (rendered_query(rendered, [p["router_unit"]])
-            | Query(units=(p["router_unit"].rsplit("/", 1)[1],), debs=tuple(host.data.get("router_venv_packages") or DEFAULTS["router_venv_packages"]),
-                    envs=((f"{env_dir(spec)}/bin/python", (f"dist:{PACKAGE}",)),))
-            | target_query(spec))
+    return (
+        rendered_query(rendered, [p["router_unit"]])
+        | Query(
+            units=(p["router_unit"].rsplit("/", 1)[1],),
+            debs=tuple(host.data.get("router_venv_packages") or DEFAULTS["router_venv_packages"]),
+            envs=((f"{env_dir(spec)}/bin/python", (f"dist:{PACKAGE}",)),),
+        )
+        | target_query(spec)
+    )
 
 
 def wheels_dir(spec: dict[str, Any]) -> str:
@@ -73,7 +78,9 @@ def _wheel_source(spec: dict[str, Any]) -> tuple[list[str], str | None, list]:
     were put in (None: none), and the commands to run first (the fetch of the fleet wheelhouse
     over HTTP, checked against its sha256: roles.common.wheels.reach_fleet_wheelhouse)."""
     dest = wheels_dir(spec)
-    wheelhouse, first = wheel_source(spec, dest, f"Upload the router's wheels to {dest}", lambda: _fleet_directory(spec))
+    wheelhouse, first = wheel_source(
+        spec, dest, f"Upload the router's wheels to {dest}", lambda: _fleet_directory(spec)
+    )
     uploaded = dest if wheelhouse == dest else None
     return source_args(spec, wheelhouse=wheelhouse), uploaded, first
 
@@ -84,8 +91,10 @@ def _fleet_directory(spec: dict[str, Any]) -> Path:
     target = host_target()
     lacking = [k for k in ("python", "glibc", "machine") if not target.get(k)]
     if lacking:
-        raise PyDeployError(f"host {host.name}: the router's wheels (install.wheels: fleet) need the host's {', '.join(lacking)}; "
-                            "set install.wheels: host to let the host download for itself")
+        raise PyDeployError(
+            f"host {host.name}: the router's wheels (install.wheels: fleet) need the host's {', '.join(lacking)}; "
+            "set install.wheels: host to let the host download for itself"
+        )
     try:
         return wh.ensure([requirement(spec)], target, index_url=spec["install"].get("index_url"))
     except wh.WheelhouseError as exc:
@@ -97,11 +106,26 @@ def _pip_install(spec: dict[str, Any], env: str, source: list[str], uploaded: st
     ``source``, its console script run once (``--help``), then the ``uploaded`` wheels removed
     (install-time only, as the vllm role's, unless host data ``vllm_keep_wheelhouse``)."""
     py = f"{env}/bin/python"
-    pip = cmd(py, "-m", "pip", "install", "--no-input", "--disable-pip-version-check", "--progress-bar", "off",
-              "--no-cache-dir", "--timeout", str(int(host.data.get("router_pip_timeout"))), *source, requirement(spec))
-    commands = [chain(cmd("test", "-x", py), cmd("python3", "-m", "venv", env), op="||"),
-                pip,
-                quiet(cmd(f"{env}/bin/vllm-router", "--help"), err=False)]
+    pip = cmd(
+        py,
+        "-m",
+        "pip",
+        "install",
+        "--no-input",
+        "--disable-pip-version-check",
+        "--progress-bar",
+        "off",
+        "--no-cache-dir",
+        "--timeout",
+        str(int(host.data.get("router_pip_timeout"))),
+        *source,
+        requirement(spec),
+    )
+    commands = [
+        chain(cmd("test", "-x", py), cmd("python3", "-m", "venv", env), op="||"),
+        pip,
+        quiet(cmd(f"{env}/bin/vllm-router", "--help"), err=False),
+    ]
     if uploaded and not host.data.get("vllm_keep_wheelhouse"):
         commands.append(cmd("rm", "-rf", uploaded))
     return commands
@@ -111,13 +135,18 @@ def _wait_command(unit: str, port: int, timeout: float) -> StringCommand:
     """Wait until the router lists its workers on loopback (scripts/router_wait.py: it serves once
     its startup wait is over) and print what it lists; after ``timeout`` seconds print the unit's
     journal and fail."""
-    return chain(programs.python("python3", "router_wait.py", int(port), float(timeout)),
-                 group(cmd("journalctl", "-u", unit, "-n", "30", "--no-pager"), cmd("exit", "1")), op="||")
+    return chain(
+        programs.python("python3", "router_wait.py", int(port), float(timeout)),
+        group(cmd("journalctl", "-u", unit, "-n", "30", "--no-pager"), cmd("exit", "1")),
+        op="||",
+    )
 
 
 @deploy("vLLM router", data_defaults=DEFAULTS)
 @reads(*SECTIONS)
-def install_router(spec: dict[str, Any], rendered: dict[str, Any], present: bool = True, paths: list[str] | None = None):
+def install_router(
+    spec: dict[str, Any], rendered: dict[str, Any], present: bool = True, paths: list[str] | None = None
+):
     """
     Install and start vLLM's router for this deployment (proxy hosts with part ``router``), or
     (``present=False``) stop and remove it.
@@ -142,7 +171,9 @@ def install_router(spec: dict[str, Any], rendered: dict[str, Any], present: bool
     p = render.paths(spec)
     mine = files_of(rendered, spec["name"], "router")  # what this role places: the router's unit
     if p["router_unit"] not in mine:
-        raise DeployError(f"{host.name}: no router unit rendered for {spec['name']} (the layout gives this host no `router` part)")
+        raise DeployError(
+            f"{host.name}: no router unit rendered for {spec['name']} (the layout gives this host no `router` part)"
+        )
     unit = p["router_unit"].rsplit("/", 1)[1]
     env = env_dir(spec)
     py = f"{env}/bin/python"
@@ -155,8 +186,12 @@ def install_router(spec: dict[str, Any], rendered: dict[str, Any], present: bool
     have = (probed or {}).get("dist", {}).get(PACKAGE) if probed is not None else None
     if have != version:
         source, uploaded, first = _wheel_source(spec)
-        changed.append(server.shell(name=f"pip install {requirement(spec)} into {env}",
-                                    commands=[*first, *_pip_install(spec, env, source, uploaded)]))
+        changed.append(
+            server.shell(
+                name=f"pip install {requirement(spec)} into {env}",
+                commands=[*first, *_pip_install(spec, env, source, uploaded)],
+            )
+        )
     else:
         host.noop(f"{requirement(spec)} already installed in {env}")
     put = put_rendered(mine)
@@ -165,16 +200,23 @@ def install_router(spec: dict[str, Any], rendered: dict[str, Any], present: bool
         systemd.daemon_reload(name="systemd daemon-reload (router unit)", _if=unit_op.did_change)
     if pending(unit_op, *changed) or not host_state().unit_ok(unit, running=True, enabled=True):
         # restarted: a new unit or version takes effect (pyinfra starts it instead when it is not running)
-        systemd.service(name=f"Start {unit}", service=unit, running=True, enabled=True,
-                        restarted=bool(pending(unit_op, *changed)))
-        server.shell(name=f"Wait for {unit} on 127.0.0.1:{spec['proxy']['routing']['router']['port']}",
-                     commands=[_wait_command(unit, spec["proxy"]["routing"]["router"]["port"], host.data.get("router_start_timeout"))])
+        systemd.service(
+            name=f"Start {unit}", service=unit, running=True, enabled=True, restarted=bool(pending(unit_op, *changed))
+        )
+        server.shell(
+            name=f"Wait for {unit} on 127.0.0.1:{spec['proxy']['routing']['router']['port']}",
+            commands=[
+                _wait_command(unit, spec["proxy"]["routing"]["router"]["port"], host.data.get("router_start_timeout"))
+            ],
+        )
 
 
 def _absent(spec: dict[str, Any], rendered: dict[str, Any], paths: list[str] | None) -> dict[str, Any]:
     """present=False: the router's unit stopped, disabled and removed (when the host's copy is this
     deployment's); its venv stays, as the vLLM environment does. {path: its remove operation}."""
-    return remove.remove_units_and_files(spec, remove.placed(spec, rendered, "router") if paths is None else paths, "router")
+    return remove.remove_units_and_files(
+        spec, remove.placed(spec, rendered, "router") if paths is None else paths, "router"
+    )
 
 
 __all__ = ["install_router", "state_query", "requirement", "wheels_dir"]

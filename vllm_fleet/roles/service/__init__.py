@@ -21,7 +21,16 @@ from pyinfra.operations.util import any_changed
 from vllm_fleet.host import programs
 from vllm_fleet.host.programs import argv as cmd
 from vllm_fleet.host.programs import if_then
-from vllm_fleet.roles.common import as_root, directory, op_per, put_rendered, put_secret, remove, rendered_query, service_running
+from vllm_fleet.roles.common import (
+    as_root,
+    directory,
+    op_per,
+    put_rendered,
+    put_secret,
+    remove,
+    rendered_query,
+    service_running,
+)
 from vllm_fleet.host.state import Query, Snapshot
 from vllm_fleet.roles.common.state import Converged, pending, role_state, unknown
 from vllm_fleet.render import command
@@ -55,8 +64,9 @@ UNIT = LEGACY_UNIT  # the default name of _wait_healthy's unit (callers pass an 
 def _probe(url: str, unit: str, port: int | None = None) -> tuple[str, str, int, str]:
     """``(HTTP code of url, the unit's ActiveState, NRestarts, who listens on port)``; the last
     only when the code is 200 and a port is given (else "")."""
-    ok, out = host.run_shell_command(programs.shell("health_probe.sh", url, unit, "" if port is None else int(port)),
-                                     **as_root())
+    ok, out = host.run_shell_command(
+        programs.shell("health_probe.sh", url, unit, "" if port is None else int(port)), **as_root()
+    )
     lines = [line.strip() for line in getattr(out, "stdout_lines", [])] + ["", "", "", ""]
     restarts = int(lines[2]) if lines[2].isdigit() else 0
     return lines[0], lines[1], restarts, lines[3]
@@ -82,8 +92,15 @@ def _start_to_healthy(unit: str) -> tuple[str, int | None]:
     return f"start to healthy {secs:.1f} s", nofile
 
 
-def _wait_healthy(port: int, deadline: int, interval: float, journal_lines: int, unit: str = UNIT,
-                  spec: dict[str, Any] | None = None, stamp: str | None = None) -> None:  # noqa: D401
+def _wait_healthy(
+    port: int,
+    deadline: int,
+    interval: float,
+    journal_lines: int,
+    unit: str = UNIT,
+    spec: dict[str, Any] | None = None,
+    stamp: str | None = None,
+) -> None:  # noqa: D401
     """Runs on the host at execute time: poll /health there until 200 from the unit's own process.
 
     A 200 counts only when the process listening on the port belongs to the unit (its cgroup):
@@ -106,12 +123,16 @@ def _wait_healthy(port: int, deadline: int, interval: float, journal_lines: int,
             took, nofile = _start_to_healthy(unit)
             host.log(f"{unit} healthy after {time.monotonic() - t0:.0f} s of waiting; {took}")
             if nofile is not None and nofile < VLLM_NOFILE:
-                host.log(f"{unit} runs with an open-files limit of {nofile} (the unit asks LimitNOFILE=1048576; vLLM wants "
-                         f">= {VLLM_NOFILE}): the host's init could not raise it (a container's limit); see docs/gpu-proof.md")
+                host.log(
+                    f"{unit} runs with an open-files limit of {nofile} (the unit asks LimitNOFILE=1048576; vLLM wants "
+                    f">= {VLLM_NOFILE}): the host's init could not raise it (a container's limit); see docs/gpu-proof.md"
+                )
             if spec is not None:
                 why = judge_replica_chat(*chat_on_host(spec, port), spec["model"]["served_name"])
                 if why:
-                    raise RuntimeError(f"{host.name}: {unit} answers /health but not a chat on port {port}: {why}; look: journalctl -u {unit}")
+                    raise RuntimeError(
+                        f"{host.name}: {unit} answers /health but not a chat on port {port}: {why}; look: journalctl -u {unit}"
+                    )
             if stamp:
                 host.run_shell_command(cmd("touch", "-c", stamp), **as_root())
             return
@@ -125,9 +146,18 @@ def _wait_healthy(port: int, deadline: int, interval: float, journal_lines: int,
         time.sleep(interval)
     # Enough of the journal to hold the engine's own error above the API server's traceback
     # (rootcause.JOURNAL_READ); the message shows that line first, then the last journal_lines.
-    _, out = host.run_shell_command(cmd("journalctl", "-u", unit, "-n", JOURNAL_READ, "--no-pager", "-o", "cat"), **as_root())
-    raise RuntimeError(failure_text(host.name, unit, f"not healthy after {time.monotonic() - t0:.0f} s (deadline {deadline} s; {last}).",
-                                    list(getattr(out, "stdout_lines", []) or []), int(journal_lines)))
+    _, out = host.run_shell_command(
+        cmd("journalctl", "-u", unit, "-n", JOURNAL_READ, "--no-pager", "-o", "cat"), **as_root()
+    )
+    raise RuntimeError(
+        failure_text(
+            host.name,
+            unit,
+            f"not healthy after {time.monotonic() - t0:.0f} s (deadline {deadline} s; {last}).",
+            list(getattr(out, "stdout_lines", []) or []),
+            int(journal_lines),
+        )
+    )
 
 
 @deploy("vLLM API port firewall", data_defaults=DEFAULTS)
@@ -157,16 +187,30 @@ def api_firewall(rendered: dict[str, Any]):
     if rules_path not in rendered:
         return []
     # Before the install (deploys/serve.py calls this first on a host): its directory may not exist yet.
-    directory(name=f"Directory {Path(rules_path).parent}", path=str(Path(rules_path).parent), user="root", group="root", mode="755")
+    directory(
+        name=f"Directory {Path(rules_path).parent}",
+        path=str(Path(rules_path).parent),
+        user="root",
+        group="root",
+        mode="755",
+    )
     put = put_rendered(rendered, [rules_path, unit_path])
     rules, unit = put[rules_path], put[unit_path]
     # (operations only where something differs: a converged host gets none, vllm_fleet.roles.common.state)
     if pending(unit):
         systemd.daemon_reload(name="systemd daemon-reload (API firewall unit)", _if=unit.did_change)
     if pending(rules, unit):
-        systemd.service(name=f"{d.API_FIREWALL_UNIT}: load the rules (they changed)", service=d.API_FIREWALL_UNIT,
-                        running=True, restarted=True, enabled=True, _if=any_changed(rules, unit))
-    service_running(name=f"{d.API_FIREWALL_UNIT} active and enabled", service=d.API_FIREWALL_UNIT, running=True, enabled=True)
+        systemd.service(
+            name=f"{d.API_FIREWALL_UNIT}: load the rules (they changed)",
+            service=d.API_FIREWALL_UNIT,
+            running=True,
+            restarted=True,
+            enabled=True,
+            _if=any_changed(rules, unit),
+        )
+    service_running(
+        name=f"{d.API_FIREWALL_UNIT} active and enabled", service=d.API_FIREWALL_UNIT, running=True, enabled=True
+    )
     return [rules, unit]
 
 
@@ -176,13 +220,15 @@ def api_firewall_query(rendered: dict[str, Any]) -> Query:
     rendered = files_of(rendered, "", "service")
     if rules_path not in rendered:
         return Query()
-    return (rendered_query(rendered, [rules_path, unit_path])
-            | Query(stat=(str(Path(rules_path).parent),), units=(d.API_FIREWALL_UNIT,)))
+    return rendered_query(rendered, [rules_path, unit_path]) | Query(
+        stat=(str(Path(rules_path).parent),), units=(d.API_FIREWALL_UNIT,)
+    )
 
 
 @reads(*STACK_SECTIONS)
-def install_server_stack(spec: dict[str, Any], hub_token: str | None = None, present: bool = True,
-                         purge: bool | None = None) -> tuple[list, list] | dict[str, Any]:
+def install_server_stack(
+    spec: dict[str, Any], hub_token: str | None = None, present: bool = True, purge: bool | None = None
+) -> tuple[list, list] | dict[str, Any]:
     """
     Everything the vLLM units stand on, in order: the NVIDIA driver (GPU hosts), the service user
     and directories, the Python env, vLLM's system libraries, the pinned vLLM, the model weights.
@@ -231,12 +277,19 @@ def purging(purge: bool | None = None) -> bool:
 def _stack_absent(spec: dict[str, Any], purge: bool | None) -> dict[str, Any]:
     ins = spec["install"]
     if purging(purge):
-        return remove.directories(sorted({ins["prefix"], ins["state_dir"], spec["model"]["path"], ins["config_dir"]}), "purge")
+        return remove.directories(
+            sorted({ins["prefix"], ins["state_dir"], spec["model"]["path"], ins["config_dir"]}), "purge"
+        )
     # what only an install needs (uploaded wheels, uv's cache): never kept after down (the vllm
     # and router roles remove them after a verified install already, unless vllm_keep_wheelhouse)
     prefix = ins["prefix"]
-    return remove.directories([*(f"{prefix}/{sub}" for sub in (vd.WHEELHOUSE_SUBDIR, vd.FIND_LINKS_SUBDIR, vd.UV_CACHE_SUBDIR)),
-                               router_wheels_dir(spec)], "install-time only")
+    return remove.directories(
+        [
+            *(f"{prefix}/{sub}" for sub in (vd.WHEELHOUSE_SUBDIR, vd.FIND_LINKS_SUBDIR, vd.UV_CACHE_SUBDIR)),
+            router_wheels_dir(spec),
+        ],
+        "install-time only",
+    )
 
 
 @reads(*STACK_SECTIONS)
@@ -254,11 +307,19 @@ def applied_token(spec: dict[str, Any], rendered: dict[str, Any], inst: Any, api
     restarted even when this run changed none of its files (another instance's update on the
     same host, e.g. an earlier rollout batch, already wrote them)."""
     cfg = spec["install"]["config_dir"] + "/"
-    mine = {p: f.content for p, f in rendered.items()
-            if p == f"{render.SYSTEMD_DIR}/{inst.unit}" or (p.startswith(cfg) and not p.endswith(".applied"))
-            or p.startswith(spec["install"]["prefix"] + "/bin/")}
-    doc = {"files": mine, "key": hashlib.sha256((api_key or "").encode()).hexdigest(),
-           "install": spec["install"], "model": spec["model"]}
+    mine = {
+        p: f.content
+        for p, f in rendered.items()
+        if p == f"{render.SYSTEMD_DIR}/{inst.unit}"
+        or (p.startswith(cfg) and not p.endswith(".applied"))
+        or p.startswith(spec["install"]["prefix"] + "/bin/")
+    }
+    doc = {
+        "files": mine,
+        "key": hashlib.sha256((api_key or "").encode()).hexdigest(),
+        "install": spec["install"],
+        "model": spec["model"],
+    }
     return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()
 
 
@@ -280,9 +341,14 @@ def state_query(spec: dict[str, Any], node: Node, rendered: dict[str, Any]) -> Q
     dirs = _instance_dirs(spec, node) + [p["ray_tmpdir"], f"{ins['prefix']}/bin"]
     mine = list(files_of(rendered, spec["name"], "service"))
     stamps = [f"{ins['config_dir']}/replica-{i.index}.applied" for i in node.instances]
-    return (rendered_query(rendered, mine + [p["secrets_env"], *stamps])
-            | Query(stat=tuple(dirs), read=(f"{render.SYSTEMD_DIR}/{LEGACY_UNIT}", *stamps), ls=(render.SYSTEMD_DIR,),
-                    units=tuple(i.unit for i in node.instances), ages=tuple(stamps), chats=_chats(spec, node)))
+    return rendered_query(rendered, mine + [p["secrets_env"], *stamps]) | Query(
+        stat=tuple(dirs),
+        read=(f"{render.SYSTEMD_DIR}/{LEGACY_UNIT}", *stamps),
+        ls=(render.SYSTEMD_DIR,),
+        units=tuple(i.unit for i in node.instances),
+        ages=tuple(stamps),
+        chats=_chats(spec, node),
+    )
 
 
 def _chats(spec: dict[str, Any], node: Node) -> tuple[str, ...]:
@@ -292,8 +358,9 @@ def _chats(spec: dict[str, Any], node: Node) -> tuple[str, ...]:
     return tuple(replica_chat_query(spec, i.port) for i in node.instances if i.role == "server")
 
 
-def _still_starting(snap: Snapshot, unit: str, stamp: str, health_timeout: int, port: int | None = None,
-                    served_name: str | None = None) -> str | None:
+def _still_starting(
+    snap: Snapshot, unit: str, stamp: str, health_timeout: int, port: int | None = None, served_name: str | None = None
+) -> str | None:
     """Why an instance that this deploy does not restart must still be waited for, or None.
 
     From the host's snapshot: systemd is starting it or waiting to restart it (``activating``,
@@ -312,7 +379,13 @@ def _still_starting(snap: Snapshot, unit: str, stamp: str, health_timeout: int, 
         return f"the unit is {active} ({sub}), NRestarts {u.get('NRestarts', '?')}"
     ago = snap.started_ago(unit)
     known, recorded = snap.age(stamp)
-    if active == "active" and ago is not None and ago < health_timeout and known and (recorded is None or ago < recorded):
+    if (
+        active == "active"
+        and ago is not None
+        and ago < health_timeout
+        and known
+        and (recorded is None or ago < recorded)
+    ):
         seen = snap.chat(port) if port is not None and served_name else None
         if seen is not None:
             if judge_replica_chat(*seen, served_name) is None:
@@ -323,9 +396,17 @@ def _still_starting(snap: Snapshot, unit: str, stamp: str, health_timeout: int, 
 
 @deploy("vLLM service", data_defaults=DEFAULTS)
 @reads(*SECTIONS)
-def install_service(spec: dict[str, Any], node: Node | None = None, rendered: dict[str, Any] | None = None,
-                    api_key: str | None = None, restart_on: list | None = None, only: list[int] | None = None,
-                    prove_replicas: bool = True, present: bool = True, paths: list[str] | None = None):
+def install_service(
+    spec: dict[str, Any],
+    node: Node | None = None,
+    rendered: dict[str, Any] | None = None,
+    api_key: str | None = None,
+    restart_on: list | None = None,
+    only: list[int] | None = None,
+    prove_replicas: bool = True,
+    present: bool = True,
+    paths: list[str] | None = None,
+):
     """
     Install and (re)start this host's vLLM instances of one deployment from the layout, or
     (``present=False``) stop and remove them.
@@ -364,18 +445,25 @@ def install_service(spec: dict[str, Any], node: Node | None = None, rendered: di
     snap = role_state(state_query(spec, node, rendered))
     if not snap.known:
         # every instance's record unknown: each would restart on a guess and stop serving for nothing
-        raise unknown(f"what each vLLM instance of {spec['name']} runs",
-                      changed="restarting them on a guess would interrupt serving; nothing was changed on this host")
+        raise unknown(
+            f"what each vLLM instance of {spec['name']} runs",
+            changed="restarting them on a guess would interrupt serving; nothing was changed on this host",
+        )
     _service_directories(spec, node, rendered)
     files_ = _put_service_files(spec, node, rendered, api_key)
     removed = _remove_stale_units(spec["name"], node, snap)
     unit_ops = [files_.put[u] for u in files_.units.values()]
     if pending(*unit_ops, *removed):
         systemd.daemon_reload(name="systemd daemon-reload", _if=any_changed(*unit_ops, *removed))
-    shared = [_restart_trigger(snap, files_.secrets_env, files_.secrets_op, files_.secret_text),
-              *(_restart_trigger(snap, path, files_.put[path], rendered[path].content) for path in files_.others
-                if not path.endswith(".env") or path in (files_.vllm_env, files_.node_env)),
-              *(restart_on or [])]
+    shared = [
+        _restart_trigger(snap, files_.secrets_env, files_.secrets_op, files_.secret_text),
+        *(
+            _restart_trigger(snap, path, files_.put[path], rendered[path].content)
+            for path in files_.others
+            if not path.endswith(".env") or path in (files_.vllm_env, files_.node_env)
+        ),
+        *(restart_on or []),
+    ]
     restarts = []
     for inst in node.instances:
         if only is not None and inst.index not in only:
@@ -407,7 +495,13 @@ def _service_directories(spec: dict[str, Any], node: Node, rendered: dict[str, A
     for dirpath in _instance_dirs(spec, node):
         directory(name=f"Directory {dirpath}", path=dirpath, user=srv["user"], group=srv["user"], mode="750")
     if spec["parallel"]["backend"] == "ray" and spec["parallel"]["nodes"] > 1:
-        directory(name="Ray temp directory", path=render.paths(spec)["ray_tmpdir"], user=srv["user"], group=srv["user"], mode="750")
+        directory(
+            name="Ray temp directory",
+            path=render.paths(spec)["ray_tmpdir"],
+            user=srv["user"],
+            group=srv["user"],
+            mode="750",
+        )
     if any(path.startswith(ins["prefix"] + "/bin/") for path in rendered):
         directory(name="Helper scripts directory", path=f"{ins['prefix']}/bin", user="root", group="root", mode="755")
 
@@ -427,7 +521,9 @@ class _ServiceFiles:
     node_env: str
 
 
-def _put_service_files(spec: dict[str, Any], node: Node, rendered: dict[str, Any], api_key: str | None) -> _ServiceFiles:
+def _put_service_files(
+    spec: dict[str, Any], node: Node, rendered: dict[str, Any], api_key: str | None
+) -> _ServiceFiles:
     """Everything the units name first, the key's env file (0600), the units last (a kill in
     between leaves no unit that points at a missing file)."""
     p = render.paths(spec)
@@ -438,8 +534,16 @@ def _put_service_files(spec: dict[str, Any], node: Node, rendered: dict[str, Any
     secret_text = host_secret_files(spec, {"api_key": api_key})[p["secrets_env"]]
     secrets_op = put_secret(name="API key (0600, never shown)", path=p["secrets_env"], content=secret_text)
     put.update(put_rendered(rendered, list(units.values())))
-    return _ServiceFiles(put=put, units=units, others=other, secrets_env=p["secrets_env"], secrets_op=secrets_op,
-                         secret_text=secret_text, vllm_env=p["vllm_env"], node_env=p["node_env"])
+    return _ServiceFiles(
+        put=put,
+        units=units,
+        others=other,
+        secrets_env=p["secrets_env"],
+        secrets_op=secrets_op,
+        secret_text=secret_text,
+        vllm_env=p["vllm_env"],
+        node_env=p["node_env"],
+    )
 
 
 def _stale_units(name: str, node: Node, snap: Snapshot) -> list[str]:
@@ -460,8 +564,12 @@ def _remove_stale_units(name: str, node: Node, snap: Snapshot) -> list:
     ports are then free); returns the removals (a daemon-reload follows them)."""
     removed = []
     for unit in _stale_units(name, node, snap):
-        systemd.service(name=f"Stop and disable {unit} (not in the layout any more)", service=unit, running=False, enabled=False)
-        removed.append(files.file(name=f"Remove {render.SYSTEMD_DIR}/{unit}", path=f"{render.SYSTEMD_DIR}/{unit}", present=False))
+        systemd.service(
+            name=f"Stop and disable {unit} (not in the layout any more)", service=unit, running=False, enabled=False
+        )
+        removed.append(
+            files.file(name=f"Remove {render.SYSTEMD_DIR}/{unit}", path=f"{render.SYSTEMD_DIR}/{unit}", present=False)
+        )
     return removed
 
 
@@ -486,15 +594,26 @@ def _failed_now(snap: Snapshot, unit: str) -> bool:
     return (snap.unit(unit) or {}).get("ActiveState") == "failed"
 
 
-def _converge_instance(spec: dict[str, Any], rendered: dict[str, Any], inst: Any, api_key: str | None, snap: Snapshot,
-                       files_: _ServiceFiles, shared: list, prove_replicas: bool) -> Any:
+def _converge_instance(
+    spec: dict[str, Any],
+    rendered: dict[str, Any],
+    inst: Any,
+    api_key: str | None,
+    snap: Snapshot,
+    files_: _ServiceFiles,
+    shared: list,
+    prove_replicas: bool,
+) -> Any:
     """One instance: restarted when its inputs changed or it runs another configuration than
     recorded, running and enabled, waited for (and proven with a chat) when it (re)starts, its
     configuration recorded. Operations only where something may change
     (vllm_fleet.roles.common.state): a converged instance gets none. Returns its restart."""
     unit = inst.unit
-    own = [_restart_trigger(snap, path, files_.put[path], rendered[path].content)
-           for path in (files_.units[inst.index], inst.env_file) if path in files_.put]
+    own = [
+        _restart_trigger(snap, path, files_.put[path], rendered[path].content)
+        for path in (files_.units[inst.index], inst.env_file)
+        if path in files_.put
+    ]
     token = applied_token(spec, rendered, inst, api_key)
     stamp = f"{spec['install']['config_dir']}/replica-{inst.index}.applied"
     have = _recorded_token(snap, stamp)
@@ -507,8 +626,13 @@ def _converge_instance(spec: dict[str, Any], rendered: dict[str, Any], inst: Any
     # Every replica proven on its host (issue 25): one short chat, from the state read when
     # nothing here restarts it, else by the wait above after its start.
     if proves:
-        replica_chat(name=f"{unit} answers a chat on port {inst.port}", spec=spec, unit=unit, port=inst.port,
-                     _if=(lambda w=wait: not w.did_change()) if wait is not None else None)
+        replica_chat(
+            name=f"{unit} answers a chat on port {inst.port}",
+            spec=spec,
+            unit=unit,
+            port=inst.port,
+            _if=(lambda w=wait: not w.did_change()) if wait is not None else None,
+        )
     # Healthy with this configuration: remember it (0600: a hash of the key is in it).
     put_secret(name=f"{unit}: record the configuration it runs", path=stamp, content=token + "\n")
     return restart
@@ -522,29 +646,48 @@ def _restart_instance(unit: str, snap: Snapshot, relevant: list, stale_now: bool
     # start until reset: reset it when it is failed now or when it is about to restart.
     failed_now = _failed_now(snap, unit)
     if failed_now or stale_now or pending(*relevant):
-        server.shell(name=f"Clear {unit}'s failed state before (re)starting", commands=[if_then(cmd("systemctl", "is-failed", "--quiet", unit), cmd("systemctl", "reset-failed", unit))],
-                     _if=(lambda: True) if failed_now else when)
-    why = ("its inputs changed" if not stale_now else "it runs an older configuration" if have
-           else "first start of this configuration")  # no stamp: never started by a deploy
-    return (systemd.service(name=f"Restart {unit} ({why})", service=unit, running=True, restarted=True, enabled=True, _if=when)
-            if stale_now or pending(*relevant) else Converged(f"restart {unit}"))
+        server.shell(
+            name=f"Clear {unit}'s failed state before (re)starting",
+            commands=[if_then(cmd("systemctl", "is-failed", "--quiet", unit), cmd("systemctl", "reset-failed", unit))],
+            _if=(lambda: True) if failed_now else when,
+        )
+    why = (
+        "its inputs changed"
+        if not stale_now
+        else "it runs an older configuration"
+        if have
+        else "first start of this configuration"
+    )  # no stamp: never started by a deploy
+    return (
+        systemd.service(
+            name=f"Restart {unit} ({why})", service=unit, running=True, restarted=True, enabled=True, _if=when
+        )
+        if stale_now or pending(*relevant)
+        else Converged(f"restart {unit}")
+    )
 
 
-def _wait_instance(spec: dict[str, Any], inst: Any, snap: Snapshot, stamp: str, triggers: list, stale_now: bool,
-                   proves: bool) -> Any:
+def _wait_instance(
+    spec: dict[str, Any], inst: Any, snap: Snapshot, stamp: str, triggers: list, stale_now: bool, proves: bool
+) -> Any:
     """The health wait (``_wait_healthy`` at execute time) when the instance (re)starts
     (``triggers``: its restart, running and inputs) or systemd may still be starting it
     (_still_starting: after a crash, a kill, or a deploy that was cut, the smoke tests that follow
     would meet a 502); None when neither."""
     srv, unit = spec["server"], inst.unit
     restart = triggers[0]
-    starting = (_still_starting(snap, unit, stamp, srv["health_timeout"], inst.port if proves else None,
-                                spec["model"]["served_name"]) if not (stale_now or pending(restart)) else None)
+    starting = (
+        _still_starting(
+            snap, unit, stamp, srv["health_timeout"], inst.port if proves else None, spec["model"]["served_name"]
+        )
+        if not (stale_now or pending(restart))
+        else None
+    )
     if not (stale_now or starting or pending(*triggers)):
         return None
     return python.call(
         name=f"Wait for {unit} /health on port {inst.port} (deadline {srv['health_timeout']} s"
-             + (f"; {starting})" if starting else ")"),
+        + (f"; {starting})" if starting else ")"),
         function=_wait_healthy,
         port=inst.port,
         deadline=srv["health_timeout"],

@@ -15,7 +15,9 @@ import re
 
 #: vLLM's log prefix: ``(EngineCore_DP0 pid=123) ERROR 12-04 10:00:00 [core.py:708] `` (the
 #: process tag is absent in a single-process log), and systemd's ``-o short`` prefix before it.
-_PREFIX = re.compile(r"^(?:\S+ \d+ [\d:]+ \S+ \S+: )?(?P<proc>\([^)]*pid=\d+\)\s+)?(?:(?P<level>[A-Z]+) [\d-]+ [\d:.]+ \[[^\]]*\]\s?)?")
+_PREFIX = re.compile(
+    r"^(?:\S+ \d+ [\d:]+ \S+ \S+: )?(?P<proc>\([^)]*pid=\d+\)\s+)?(?:(?P<level>[A-Z]+) [\d-]+ [\d:.]+ \[[^\]]*\]\s?)?"
+)
 #: An exception line as Python prints it last in a traceback: ``Name: message`` or a bare ``NameError``.
 _EXC = re.compile(r"^(?:[A-Za-z_][\w]*\.)*[A-Z]\w*(?:Error|Exception|Exit|Interrupt|Warning|Failure|Fault)\b(?::.*)?$")
 #: Journal lines a deploy reads after a failed start to find the root cause in (it shows fewer).
@@ -30,7 +32,7 @@ def _strip(line: str) -> tuple[str, str, str]:
     m = _PREFIX.match(line)
     proc = (m.group("proc") or "").strip() if m else ""
     level = (m.group("level") or "") if m else ""
-    return proc, level, line[m.end():].strip() if m else line.strip()
+    return proc, level, line[m.end() :].strip() if m else line.strip()
 
 
 def _is_cause(msg: str) -> bool:
@@ -45,7 +47,7 @@ def root_cause(lines: list[str]) -> str | None:
     start = max((i for i, (_, _, msg) in enumerate(parsed) if _START_FAILED[0] in msg), default=None)
     if start is not None:
         proc = parsed[start][0]
-        block = [msg for p, _, msg in parsed[start + 1:] if p == proc]
+        block = [msg for p, _, msg in parsed[start + 1 :] if p == proc]
         found = [msg for msg in block if _is_cause(msg)]
         if found:
             return found[-1]
@@ -61,5 +63,7 @@ def failure_text(host: str, unit: str, what: str, lines: list[str], shown: int) 
     if cause:
         head += f"\n  root cause: {cause}"
     tail = "\n".join(lines[-shown:])
-    return (f"{head}\n  full journal: journalctl -u {unit} --no-pager (on {host})\n"
-            f"Last {min(shown, len(lines))} journal lines:\n{tail}")
+    return (
+        f"{head}\n  full journal: journalctl -u {unit} --no-pager (on {host})\n"
+        f"Last {min(shown, len(lines))} journal lines:\n{tail}"
+    )

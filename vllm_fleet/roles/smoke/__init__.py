@@ -58,8 +58,15 @@ def _direct_stream(python: str, spec: dict[str, Any], timeout: float, port: int)
     from vllm_fleet.serving.smoke import SmokeError
 
     def stream(max_tokens: int) -> list[float]:
-        run = programs.python(python, "direct_stream.py", int(port), spec["model"]["served_name"],
-                              render.paths(spec)["secrets_env"], int(max_tokens), float(timeout))
+        run = programs.python(
+            python,
+            "direct_stream.py",
+            int(port),
+            spec["model"]["served_name"],
+            render.paths(spec)["secrets_env"],
+            int(max_tokens),
+            float(timeout),
+        )
         _, out = host.run_shell_command(run, **as_root(), _timeout=int(timeout) + 30)
         lines = getattr(out, "stdout_lines", []) or []
         try:
@@ -74,8 +81,16 @@ def _direct_stream(python: str, spec: dict[str, Any], timeout: float, port: int)
     return stream
 
 
-def _run(spec: dict[str, Any], base_url: str, api_key: str | None, timeout: float, settings_path: str,
-         stream_tokens: int = 64, direct_python: str | None = None, direct_port: int | None = None) -> None:
+def _run(
+    spec: dict[str, Any],
+    base_url: str,
+    api_key: str | None,
+    timeout: float,
+    settings_path: str,
+    stream_tokens: int = 64,
+    direct_python: str | None = None,
+    direct_port: int | None = None,
+) -> None:
     from vllm_fleet.serving.smoke import smoke_checks, wait_healthy, wait_serving
 
     sm = spec["smoke"]
@@ -90,11 +105,22 @@ def _run(spec: dict[str, Any], base_url: str, api_key: str | None, timeout: floa
     # /health answers on old and new nginx workers alike: wait until the key is accepted (the new
     # site is live) before judging; a real auth problem still fails the checks below.
     wait_serving(base_url, api_key, deadline_s=30, verify=verify, host_header=host_header)
-    res = smoke_checks(base_url, spec["model"]["served_name"], api_key, prompt=sm["prompt"], max_tokens=sm["max_tokens"],
-                      concurrency=sm["concurrency"], expect_auth=bool(api_key) and spec["proxy"]["auth"] != "none",
-                      verify=verify, timeout=timeout, stream_tokens=stream_tokens,
-                      direct_stream=_direct_stream(direct_python, spec, timeout, direct_port or spec["server"]["port"]) if direct_python else None,
-                      host_header=host_header).raise_for_failures()
+    res = smoke_checks(
+        base_url,
+        spec["model"]["served_name"],
+        api_key,
+        prompt=sm["prompt"],
+        max_tokens=sm["max_tokens"],
+        concurrency=sm["concurrency"],
+        expect_auth=bool(api_key) and spec["proxy"]["auth"] != "none",
+        verify=verify,
+        timeout=timeout,
+        stream_tokens=stream_tokens,
+        direct_stream=_direct_stream(direct_python, spec, timeout, direct_port or spec["server"]["port"])
+        if direct_python
+        else None,
+        host_header=host_header,
+    ).raise_for_failures()
     logger.info(res.summary())
     write_client_settings(settings_path, client_document(spec), res)
 
@@ -113,8 +139,13 @@ def write_client_settings(settings_path: str, document: dict[str, Any], res: Any
     tests' timings under ``smoke``, written by render's one ``openai.json`` writer."""
     from vllm_fleet.render.files import client_json
 
-    doc = {**document, "smoke": {"ttft_ms": round(res.ttft_s * 1000, 1) if res.ttft_s else None,
-                                 "chat_total_ms": round(res.chat_total_s * 1000, 1) if res.chat_total_s else None}}
+    doc = {
+        **document,
+        "smoke": {
+            "ttft_ms": round(res.ttft_s * 1000, 1) if res.ttft_s else None,
+            "chat_total_ms": round(res.chat_total_s * 1000, 1) if res.chat_total_s else None,
+        },
+    }
     p = Path(os.path.expanduser(settings_path))
     p.parent.mkdir(parents=True, exist_ok=True)
     p.write_text(client_json(doc))
@@ -125,8 +156,16 @@ def _fail(message: str) -> None:
 
 
 @operation()
-def smoke_tests(spec: dict[str, Any], base_url: str, api_key: str | None, timeout: float, settings_path: str,
-                stream_tokens: int = 64, direct_python: str | None = None, direct_port: int | None = None):
+def smoke_tests(
+    spec: dict[str, Any],
+    base_url: str,
+    api_key: str | None,
+    timeout: float,
+    settings_path: str,
+    stream_tokens: int = 64,
+    direct_python: str | None = None,
+    direct_port: int | None = None,
+):
     """
     Run the smoke tests against ``base_url`` from the control machine.
 
@@ -208,13 +247,22 @@ def replica_chat(spec: dict[str, Any], unit: str, port: int):
 
     seen = host_state().chat(port)
     if not state.is_executing:
-        host.noop(f"{unit}: one short chat on port {port} " + ("(read with the host's state)" if seen else "when the deploy executes"))
+        host.noop(
+            f"{unit}: one short chat on port {port} "
+            + ("(read with the host's state)" if seen else "when the deploy executes")
+        )
         return
     code, body = seen if seen is not None else chat_on_host(spec, port)
     why = judge_replica_chat(code, body, spec["model"]["served_name"])
     if why:
-        yield FunctionCommand(_replica_fail, (f"{host.name}: replica {unit} (port {port}) does not serve: its short chat on the host "
-                                              f"-> {why}; look: journalctl -u {unit}",), {})
+        yield FunctionCommand(
+            _replica_fail,
+            (
+                f"{host.name}: replica {unit} (port {port}) does not serve: its short chat on the host "
+                f"-> {why}; look: journalctl -u {unit}",
+            ),
+            {},
+        )
 
 
 @deploy("Smoke tests", data_defaults=DEFAULTS)
@@ -239,11 +287,16 @@ def run_smoke(spec: dict[str, Any], api_key: str | None, address: str | None = N
         host.noop("smoke tests disabled in the spec (smoke.enabled: false)")
         return
     addr = address or host.data.get("ssh_hostname") or host.name
-    smoke_tests(name=f"Smoke tests through {endpoint(spec, addr)}", spec=spec, base_url=endpoint(spec, addr), api_key=api_key,
-                timeout=host.data.get("smoke_timeout"),
-                settings_path=str(host.data.get("smoke_client_settings")).format(name=spec["name"]),
-                # within the model's context (half of max_model_len at most)
-                stream_tokens=max(16, min(int(host.data.get("smoke_stream_tokens")), int(spec["model"]["max_model_len"]) // 2)),
-                # this host runs vLLM too: a stream that arrives at once is compared with one straight from it
-                direct_python=command.env_python(spec) if local_port and spec["proxy"]["enabled"] else None,
-                direct_port=local_port)
+    smoke_tests(
+        name=f"Smoke tests through {endpoint(spec, addr)}",
+        spec=spec,
+        base_url=endpoint(spec, addr),
+        api_key=api_key,
+        timeout=host.data.get("smoke_timeout"),
+        settings_path=str(host.data.get("smoke_client_settings")).format(name=spec["name"]),
+        # within the model's context (half of max_model_len at most)
+        stream_tokens=max(16, min(int(host.data.get("smoke_stream_tokens")), int(spec["model"]["max_model_len"]) // 2)),
+        # this host runs vLLM too: a stream that arrives at once is compared with one straight from it
+        direct_python=command.env_python(spec) if local_port and spec["proxy"]["enabled"] else None,
+        direct_port=local_port,
+    )

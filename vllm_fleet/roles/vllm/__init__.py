@@ -65,9 +65,19 @@ from .defaults import DEFAULTS
 #: The spec sections this role reads (vllm_fleet.specs.sections); its README lists them.
 SECTIONS = ("install", "parallel")
 
-__all__ = ["install_vllm", "requirements", "missing", "pip_install_command", "uv_install_command",
-           "install_commands", "flashinfer_cubin_command", "wheelhouse_requirements", "cpu_ray_adaptation_files",
-           "install_cpu_ray_adaptation", "DEFAULTS"]
+__all__ = [
+    "install_vllm",
+    "requirements",
+    "missing",
+    "pip_install_command",
+    "uv_install_command",
+    "install_commands",
+    "flashinfer_cubin_command",
+    "wheelhouse_requirements",
+    "cpu_ray_adaptation_files",
+    "install_cpu_ray_adaptation",
+    "DEFAULTS",
+]
 
 _REQ = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*(\[[^\]]*\])?\s*(?:==\s*([^,;\s]+))?")
 
@@ -118,16 +128,32 @@ def cpu_fixes_needed(spec: dict, installed: dict[str, str | None]) -> bool:
     return not alias_ok or any(installed.get(p) for p in d.CPU_REMOVE)
 
 
-def pip_install_command(spec: dict, reqs: list[str], *, cache_dir: str | None,
-                        find_links: str | None = None, wheelhouse: str | None = None,
-                        timeout: int = 120) -> StringCommand:
+def pip_install_command(
+    spec: dict,
+    reqs: list[str],
+    *,
+    cache_dir: str | None,
+    find_links: str | None = None,
+    wheelhouse: str | None = None,
+    timeout: int = 120,
+) -> StringCommand:
     """The pip command line (every value quoted). ``wheelhouse``: a directory on the host holding
     every wheel (``--no-index``; pip's cache is not used, the wheels are at hand)."""
     argv = []
     if cache_dir and not wheelhouse:
         argv += ["env", f"PIP_CACHE_DIR={cache_dir}"]
-    argv += [env_python(spec), "-m", "pip", "install", "--no-input", "--disable-pip-version-check",
-             "--progress-bar", "off", "--timeout", str(timeout)]
+    argv += [
+        env_python(spec),
+        "-m",
+        "pip",
+        "install",
+        "--no-input",
+        "--disable-pip-version-check",
+        "--progress-bar",
+        "off",
+        "--timeout",
+        str(timeout),
+    ]
     argv += source_args(spec, find_links=find_links, wheelhouse=wheelhouse)
     if wheelhouse:
         argv += ["--no-cache-dir"]
@@ -135,44 +161,68 @@ def pip_install_command(spec: dict, reqs: list[str], *, cache_dir: str | None,
     return cmd(*argv)
 
 
-def uv_install_command(spec: dict, reqs: list[str], *, find_links: str | None = None,
-                       wheelhouse: str | None = None, timeout: int = 120) -> StringCommand:
+def uv_install_command(
+    spec: dict, reqs: list[str], *, find_links: str | None = None, wheelhouse: str | None = None, timeout: int = 120
+) -> StringCommand:
     """The ``uv pip install`` command line into the env (uv itself installed there before, see
     :func:`install_commands`): ``--compile-bytecode`` like pip (the env is root's, vLLM runs as
     the service user and could not write ``__pycache__``), uv's cache under the prefix (same
     filesystem: files are hard-linked, not copied) and removed afterwards."""
     ins = spec["install"]
     prefix = ins["prefix"]
-    argv = ["env", f"UV_CACHE_DIR={prefix}/{d.UV_CACHE_SUBDIR}", f"UV_HTTP_TIMEOUT={timeout}",
-            command.env_paths(spec)["uv"], "pip", "install", "--no-progress", "--python", env_python(spec),
-            "--compile-bytecode"]
+    argv = [
+        "env",
+        f"UV_CACHE_DIR={prefix}/{d.UV_CACHE_SUBDIR}",
+        f"UV_HTTP_TIMEOUT={timeout}",
+        command.env_paths(spec)["uv"],
+        "pip",
+        "install",
+        "--no-progress",
+        "--python",
+        env_python(spec),
+        "--compile-bytecode",
+    ]
     argv += source_args(spec, find_links=find_links, wheelhouse=wheelhouse)
     argv += reqs
     return cmd(*argv)
 
 
-def install_commands(spec: dict, reqs: list[str], *, installer: str, cache_dir: str | None,
-                     find_links: str | None = None, wheelhouse: str | None = None,
-                     timeout: int = 120) -> list[StringCommand]:
+def install_commands(
+    spec: dict,
+    reqs: list[str],
+    *,
+    installer: str,
+    cache_dir: str | None,
+    find_links: str | None = None,
+    wheelhouse: str | None = None,
+    timeout: int = 120,
+) -> list[StringCommand]:
     """The shell commands that install ``reqs`` into the env with ``installer`` (``pip`` or
     ``uv``). uv: pip installs the pinned uv (``defaults.UV_REQUIREMENT``) from the same source
     first; when that or uv fails, pip runs the same install (the fallback, said on stderr);
     uv's cache is removed either way."""
-    pip = pip_install_command(spec, reqs, cache_dir=cache_dir, find_links=find_links,
-                              wheelhouse=wheelhouse, timeout=timeout)
+    pip = pip_install_command(
+        spec, reqs, cache_dir=cache_dir, find_links=find_links, wheelhouse=wheelhouse, timeout=timeout
+    )
     if installer == "pip":
         return [pip]
-    bootstrap = pip_install_command(spec, [d.UV_REQUIREMENT], cache_dir=cache_dir, find_links=find_links,
-                                    wheelhouse=wheelhouse, timeout=timeout)
+    bootstrap = pip_install_command(
+        spec, [d.UV_REQUIREMENT], cache_dir=cache_dir, find_links=find_links, wheelhouse=wheelhouse, timeout=timeout
+    )
     uv = uv_install_command(spec, reqs, find_links=find_links, wheelhouse=wheelhouse, timeout=timeout)
     remove_cache = cmd("rm", "-rf", f"{spec['install']['prefix']}/{d.UV_CACHE_SUBDIR}")
     fallback = cmd("echo", "vllm role: uv pip install failed; installing with pip instead")
-    return [chain(group(chain(bootstrap, uv)), group(to_stderr(fallback), remove_cache, pip), op="||"),
-            remove_cache]
+    return [chain(group(chain(bootstrap, uv)), group(to_stderr(fallback), remove_cache, pip), op="||"), remove_cache]
 
 
-def flashinfer_cubin_command(spec: dict, *, cache_dir: str | None, find_links: str | None = None,
-                             wheelhouse: str | None = None, timeout: int = 120) -> StringCommand:
+def flashinfer_cubin_command(
+    spec: dict,
+    *,
+    cache_dir: str | None,
+    find_links: str | None = None,
+    wheelhouse: str | None = None,
+    timeout: int = 120,
+) -> StringCommand:
     """After vLLM's install (CUDA): ``flashinfer-cubin`` at the env's ``flashinfer-python`` version
     exactly, from the same source as vLLM (vLLM >= 0.26 no longer requires it: without it
     FlashInfer downloads its kernels at first use, which a host without internet cannot;
@@ -181,9 +231,14 @@ def flashinfer_cubin_command(spec: dict, *, cache_dir: str | None, find_links: s
     lacking that version: a warning on stderr, not a failure (scripts/flashinfer_cubin.sh)."""
     from vllm_fleet.specs import flashinfer
 
-    pip = pip_install_command(spec, ["--no-deps"], cache_dir=cache_dir, find_links=find_links, wheelhouse=wheelhouse,
-                              timeout=timeout)
-    source = "install.wheelhouse / the fleet wheelhouse" if wheelhouse else (spec["install"].get("index_url") or "the package index")
+    pip = pip_install_command(
+        spec, ["--no-deps"], cache_dir=cache_dir, find_links=find_links, wheelhouse=wheelhouse, timeout=timeout
+    )
+    source = (
+        "install.wheelhouse / the fleet wheelhouse"
+        if wheelhouse
+        else (spec["install"].get("index_url") or "the package index")
+    )
     return shell("flashinfer_cubin.sh", env_python(spec), flashinfer.PYTHON, flashinfer.CUBIN, source, pip)
 
 
@@ -209,15 +264,20 @@ def _fleet_directory(spec: dict) -> Path:
         target = {**target, "python": str(ins["python"])}
     lacking = [k for k in ("python", "glibc", "machine") if not target.get(k)]
     if lacking:
-        raise DeployError(f"host {host.name}: install.wheels: fleet needs the host's {', '.join(lacking)} "
-                          f"(read {target}); set install.wheels: host to let the host download for itself")
+        raise DeployError(
+            f"host {host.name}: install.wheels: fleet needs the host's {', '.join(lacking)} "
+            f"(read {target}); set install.wheels: host to let the host download for itself"
+        )
     links = host.data.get("vllm_find_links")
     try:
         found = local_dir(links, "host data vllm_find_links") if links else None
-        directory = wh.ensure(wheelhouse_requirements(spec), target, index_url=ins.get("index_url"),
-                              find_links=found, log=logger.info)
+        directory = wh.ensure(
+            wheelhouse_requirements(spec), target, index_url=ins.get("index_url"), find_links=found, log=logger.info
+        )
         if ins["accelerator"] == "cuda":  # FlashInfer's pre-built kernels (vllm_fleet.specs.flashinfer)
-            wh.add_flashinfer_cubin(directory, target, index_url=ins.get("index_url"), find_links=found, log=logger.warning)
+            wh.add_flashinfer_cubin(
+                directory, target, index_url=ins.get("index_url"), find_links=found, log=logger.warning
+            )
     except wh.WheelhouseError as exc:
         raise DeployError(str(exc)) from None
     return directory
@@ -318,18 +378,27 @@ def _wheel_source(spec: dict[str, Any], reqs: list[str]) -> tuple[str | None, st
         return None, None, []
     prefix = spec["install"]["prefix"]
     dest = f"{prefix}/{d.WHEELHOUSE_SUBDIR}"
-    wheelhouse, first = wheel_source(spec, dest, f"Upload the fleet wheelhouse to {dest}", lambda: _fleet_directory(spec))
+    wheelhouse, first = wheel_source(
+        spec, dest, f"Upload the fleet wheelhouse to {dest}", lambda: _fleet_directory(spec)
+    )
     if wheelhouse:
         return wheelhouse, None, first
     if host.data.get("vllm_find_links"):
-        return None, upload(f"Upload extra wheels to {prefix}/{d.FIND_LINKS_SUBDIR}",
-                            local_dir(host.data.get("vllm_find_links"), "host data vllm_find_links"),
-                            f"{prefix}/{d.FIND_LINKS_SUBDIR}"), []
+        return (
+            None,
+            upload(
+                f"Upload extra wheels to {prefix}/{d.FIND_LINKS_SUBDIR}",
+                local_dir(host.data.get("vllm_find_links"), "host data vllm_find_links"),
+                f"{prefix}/{d.FIND_LINKS_SUBDIR}",
+            ),
+            [],
+        )
     return None, None, []
 
 
-def _install_vllm_commands(spec: dict[str, Any], reqs: list[str], *, wheelhouse: str | None,
-                           find_links: str | None) -> list[StringCommand]:
+def _install_vllm_commands(
+    spec: dict[str, Any], reqs: list[str], *, wheelhouse: str | None, find_links: str | None
+) -> list[StringCommand]:
     """install_vllm's one operation: install ``reqs`` (and FlashInfer's kernels for a new CUDA
     vLLM), the CPU build's fixes, the check that vLLM imports at its version, and the uploaded
     wheels removed (install-time only, unless host data ``vllm_keep_wheelhouse``)."""
@@ -338,15 +407,29 @@ def _install_vllm_commands(spec: dict[str, Any], reqs: list[str], *, wheelhouse:
     commands = []
     if reqs:
         commands += install_commands(
-            spec, reqs, installer=ins["installer"], cache_dir=host.data.get("pip_cache_dir"),
-            find_links=find_links, wheelhouse=wheelhouse, timeout=int(host.data.get("vllm_pip_timeout")))
+            spec,
+            reqs,
+            installer=ins["installer"],
+            cache_dir=host.data.get("pip_cache_dir"),
+            find_links=find_links,
+            wheelhouse=wheelhouse,
+            timeout=int(host.data.get("vllm_pip_timeout")),
+        )
         if ins["accelerator"] == "cuda" and any(r.startswith(f"{ins['vllm_package']}==") for r in reqs):
-            commands.append(flashinfer_cubin_command(
-                spec, cache_dir=host.data.get("pip_cache_dir"), find_links=find_links, wheelhouse=wheelhouse,
-                timeout=int(host.data.get("vllm_pip_timeout"))))
+            commands.append(
+                flashinfer_cubin_command(
+                    spec,
+                    cache_dir=host.data.get("pip_cache_dir"),
+                    find_links=find_links,
+                    wheelhouse=wheelhouse,
+                    timeout=int(host.data.get("vllm_pip_timeout")),
+                )
+            )
     if ins["accelerator"] == "cpu":
         commands.append(cmd(py, "-m", "pip", "uninstall", "-y", "--disable-pip-version-check", *d.CPU_REMOVE))
-        commands.append(python(py, "write_site_files.py", json.dumps(dist_info_files(ins["vllm_version"]), sort_keys=True)))
+        commands.append(
+            python(py, "write_site_files.py", json.dumps(dist_info_files(ins["vllm_version"]), sort_keys=True))
+        )
     commands.append(python(py, "verify_vllm.py", ins["vllm_package"], ins["vllm_version"]))
     # the uploaded or fetched wheels are install-time only: not kept in the prefix unless asked (an
     # install that needs them again puts them there again)
@@ -355,7 +438,6 @@ def _install_vllm_commands(spec: dict[str, Any], reqs: list[str], *, wheelhouse:
     if uploaded and not host.data.get("vllm_keep_wheelhouse"):
         commands.append(cmd("rm", "-rf", *uploaded))
     return commands
-
 
 
 def dist_info_files(version: str) -> dict[str, str]:
@@ -376,6 +458,7 @@ def dist_info_files(version: str) -> dict[str, str]:
         f"{name}/INSTALLER": "vllm-fleet\n",
         f"{name}/RECORD": f"{name}/METADATA,,\n{name}/INSTALLER,,\n{name}/RECORD,,\n",
     }
+
 
 # ------------------------------------------------------------------------------------------------
 # The CPU lab's Ray adaptation: the ONE place it is applied (see files/vllm_fleet_lab_cpu_ray.py)
@@ -406,8 +489,12 @@ def _cpu_ray_adaptation(spec: dict) -> list:
     want = cpu_ray_adaptation_files()
     if all(have.get(n) == hashlib.sha256(t.encode()).hexdigest() for n, t in want.items()):
         return []
-    return [server.shell(name="Lab-only CPU + Ray adaptation (vllm_fleet_lab_cpu_ray) in the env",
-                         commands=[python(py, "write_site_files.py", json.dumps(want, sort_keys=True))])]
+    return [
+        server.shell(
+            name="Lab-only CPU + Ray adaptation (vllm_fleet_lab_cpu_ray) in the env",
+            commands=[python(py, "write_site_files.py", json.dumps(want, sort_keys=True))],
+        )
+    ]
 
 
 install_cpu_ray_adaptation = _cpu_ray_adaptation

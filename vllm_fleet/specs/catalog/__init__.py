@@ -77,8 +77,16 @@ def model(name: str) -> dict[str, Any] | None:
 # ---------------------------------------------------------------------------------------------
 # config.json -> normalised facts
 
-_DTYPE_NAMES = {"bfloat16": "bfloat16", "bf16": "bfloat16", "float16": "float16", "fp16": "float16", "half": "float16",
-                "float32": "float32", "fp32": "float32", "float": "float32"}
+_DTYPE_NAMES = {
+    "bfloat16": "bfloat16",
+    "bf16": "bfloat16",
+    "float16": "float16",
+    "fp16": "float16",
+    "half": "float16",
+    "float32": "float32",
+    "fp32": "float32",
+    "float": "float32",
+}
 
 
 def _quant(cfg: dict[str, Any]) -> dict[str, Any] | None:
@@ -114,7 +122,9 @@ def from_config(cfg: dict[str, Any], source: str, catalogue_entry: dict[str, Any
     """
     text = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else None
     c = {**cfg, **text} if text else cfg
-    missing = [k for k in ("num_hidden_layers", "hidden_size", "num_attention_heads", "vocab_size") if c.get(k) in (None, 0)]
+    missing = [
+        k for k in ("num_hidden_layers", "hidden_size", "num_attention_heads", "vocab_size") if c.get(k) in (None, 0)
+    ]
     if missing:
         raise ValueError(f"config lacks {', '.join(missing)}")
     heads = int(c["num_attention_heads"])
@@ -171,7 +181,9 @@ def facts_for(resolved: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:
     """
     m = resolved["model"]
     tried = []
-    local = m.get("local_dir") or (m["source"] if m.get("transfer") == "none" and m["source"].startswith(("/", "~")) else None)
+    local = m.get("local_dir") or (
+        m["source"] if m.get("transfer") == "none" and m["source"].startswith(("/", "~")) else None
+    )
     if local:
         facts = read_config_dir(local)
         if facts:

@@ -72,7 +72,8 @@ def _patch_pp_buffer(module) -> None:
     def sync_and_gather_intermediate_tensors(self, *args, **kwargs):
         if self.intermediate_tensors is None:
             self.intermediate_tensors = self.model.make_empty_intermediate_tensors(
-                batch_size=self.max_num_tokens, dtype=self.model_config.dtype, device=self.device)
+                batch_size=self.max_num_tokens, dtype=self.model_config.dtype, device=self.device
+            )
         return original(self, *args, **kwargs)
 
     sync_and_gather_intermediate_tensors._vllm_fleet_alloc = True
