@@ -182,11 +182,30 @@ def test_the_one_read_asks_nvidia_smi_and_the_deploy_stops_before_anything(tmp_p
     said.clear()
     gpumem.refuse({"qwen7b-awq-rt": h.spec}, h, "desk", snap, log=said.append)
     assert said == ["GPU 0: 24.0 GiB total, 1.2 GiB held by other processes, planning with 22.5 GiB"]
-    # a host without nvidia-smi (the lab, a CPU host): nothing said, nothing refused
+    # a host without nvidia-smi (the driver not installed yet): said in one line, nothing refused
     bare = _read({**os.environ, "PATH": "/usr/bin:/bin"}) if not Path("/usr/bin/nvidia-smi").exists() else None
     if bare is not None:
         assert bare.nvidia_smi(gpumem.MEMORY_FIELDS) == (True, None)
+        said.clear()
         gpumem.refuse({"qwen7b-awq-rt": h.spec}, h, "desk", bare, log=said.append)
+        assert said == [
+            "GPU 0: free memory not read (no nvidia-smi on the host's PATH): planning with each GPU's total; "
+            "what another process holds there is not known before vLLM starts"
+        ]
+
+
+def test_a_driver_that_does_not_answer_is_said_not_passed_over(tmp_path):
+    """The H200 deploy of the last proof printed no GPU line at all: a read that gives no GPU's
+    memory (nvidia-smi's own message that it cannot reach the driver) must be said, not silent."""
+    msg = "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver."
+    snap = _read(_stub(tmp_path, [msg], []))
+    h = _Host(0.90)
+    lines, errors, warnings = gpumem.check({"qwen7b-awq-rt": h.spec}, h, snap)
+    assert errors == [] and warnings == []
+    assert lines == [
+        f"GPU 0: free memory not read (nvidia-smi said {msg!r}): planning with each GPU's total; "
+        "what another process holds there is not known before vLLM starts"
+    ]
 
 
 def test_the_redeploy_read_counts_our_units_processes_as_ours(tmp_path):

@@ -242,12 +242,30 @@ def check(specs: dict[str, dict[str, Any]], h: Any, snap: Snapshot) -> tuple[lis
     shares = wanted_shares(specs, h)
     known, smi = snap.nvidia_smi(MEMORY_FIELDS)
     known_apps, apps, holders = snap.gpu_apps(APPS_FIELDS)
-    if not shares or not known or not known_apps or smi is None:
+    if not shares or not known or not known_apps:
         return [], [], []
-    gpus = gpu_memory(smi, apps or [], holders, our_units(h.files, set(specs), snap))
+    gpus = gpu_memory(smi or [], apps or [], holders, our_units(h.files, set(specs), snap))
+    if not any(g.index in shares for g in gpus):
+        return [not_read(sorted(shares), smi)], [], []
     lines = [describe(g) for g in gpus if g.index in shares]
     errors, warnings = problems(gpus, shares)
     return lines, errors, warnings
+
+
+def not_read(indexes: list[int], smi: list[str] | None) -> str:
+    """The line for GPUs the read could not size: no nvidia-smi on the host's PATH (the driver not
+    installed yet: this deploy's nvidia part installs it), or its answer not a GPU's memory (its
+    own message, e.g. that it cannot talk to the driver). vLLM then meets the GPU as it is."""
+    gpus = ", ".join(str(i) for i in indexes)
+    why = (
+        "no nvidia-smi on the host's PATH"
+        if smi is None
+        else f"nvidia-smi said {(next((x for x in smi if x.strip()), '') or 'nothing').strip()[:160]!r}"
+    )
+    return (
+        f"GPU {gpus}: free memory not read ({why}): planning with each GPU's total; "
+        "what another process holds there is not known before vLLM starts"
+    )
 
 
 def refuse(specs: dict[str, dict[str, Any]], h: Any, host_name: str, snap: Snapshot, log: Any = None) -> None:
