@@ -12,7 +12,9 @@ holding 1.2 GiB.
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -258,8 +260,11 @@ def test_plan_and_validate_on_at_local_say_the_free_memory_and_refuse_what_vllm_
     assert main(["plan", str(root / "rtx3090-qwen7b-awq-realtime.yaml"), "--inventory", "@local"]) == 0
     out = capsys.readouterr()
     assert out.out.splitlines()[-1] == line and "error:" not in out.err, out
+    assert re.search(r"(?m)^fits +yes$", out.out), out.out
     assert main(["plan", str(root / "rtx3090-qwen7b-awq-batch.yaml"), "--inventory", "@local"]) == 1
     out = capsys.readouterr()
+    # the table's verdict is this machine's: not "yes" above an error that exits 1 (last stop's note)
+    assert re.search(r"(?m)^fits +NO$", out.out) and "note: it does not fit in what this machine's GPU" in out.out
     assert (
         line in out.out
         and "error: engine.gpu_memory_utilization: @local: GPU 0: vllm-qwen7b-awq-batch-0.service 0.95" in out.err
@@ -269,6 +274,9 @@ def test_plan_and_validate_on_at_local_say_the_free_memory_and_refuse_what_vllm_
     assert line in out.out and "@local: error: @local: GPU 0: " in out.err and "0.94 or lower" in out.err, out
     assert main(["validate", str(root / "rtx3090-qwen7b-awq-realtime.yaml"), "--inventory", "@local"]) == 0
     assert line in capsys.readouterr().out
+    assert main(["plan", str(root / "rtx3090-qwen7b-awq-batch.yaml"), "--inventory", "@local", "--json"]) == 1
+    out = capsys.readouterr()
+    assert json.loads(out.out)["fits"] is False and line in out.err, out
     # without an inventory, or one without @local: the spec alone, nothing read here
     assert main(["plan", str(root / "rtx3090-qwen7b-awq-batch.yaml")]) == 0
     assert "@local" not in capsys.readouterr().out

@@ -48,23 +48,29 @@ def _fleet_problems(resolved: list[dict[str, Any]], sources: list[str], inventor
 
 
 def _gpus_here(
-    resolved: list[dict[str, Any]], inventory_arg: str, cmd: str, json_out: bool
+    resolved: list[dict[str, Any]], inventory_arg: str, cmd: str, json_out: bool, echo: bool = True
 ) -> tuple[list[str], list[str], list[str]]:
     """(lines, errors, warnings) of this machine's GPUs when the inventory holds @local: what a
     display server or another program holds is not planned with (vllm_fleet.roles.nvidia.gpumem).
-    The lines and warnings are printed here (lines on stdout, for the JSON forms on stderr)."""
+    With ``echo`` the lines and warnings are printed here (lines on stdout, for the JSON forms on
+    stderr); :func:`_echo_gpus_here` prints them later."""
     from vllm_fleet.roles.nvidia.gpumem import report_here
 
     got = report_here(resolved, _load_inventory(inventory_arg, cmd)) if resolved else None
     if got is None:
         return [], [], []
-    lines, errors, warnings = got
+    if echo:
+        _echo_gpus_here(got, json_out)
+    return got
+
+
+def _echo_gpus_here(got: tuple[list[str], list[str], list[str]], json_out: bool) -> None:
+    lines, _, warnings = got
     out = sys.stderr if json_out else sys.stdout
     for line in lines:
         print(line, file=out)
     for w in warnings:
         print(f"warning: {w}", file=sys.stderr)
-    return lines, errors, warnings
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
@@ -176,9 +182,16 @@ def cmd_plan(args: argparse.Namespace) -> int:
         print(f"{args.spec}: cannot plan: {exc}", file=sys.stderr)
         return 1
     here: tuple[list[str], list[str], list[str]] = ([], [], [])
+    if args.inventory:  # what this machine's GPUs leave for it now (an @local host in the inventory)
+        here = _gpus_here([resolved], args.inventory, "plan", args.json, echo=False)
+        if here[1]:  # the plan's "fits" is this machine's answer: not with the memory free now
+            result["fits"] = False
+            result.setdefault("notes", []).append(
+                "it does not fit in what this machine's GPU has free now (the error below)"
+            )
     if args.json:
         if args.inventory:
-            here = _gpus_here([resolved], args.inventory, "plan", True)
+            _echo_gpus_here(here, True)
             result["gpus_here"] = {"lines": here[0], "errors": here[1], "warnings": here[2]}
         try:
             text = json.dumps(result, indent=2, sort_keys=True, allow_nan=False)
@@ -191,8 +204,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         print(text)
     else:
         print(planner.format_plan(result))
-        if args.inventory:  # after the table: what this machine's GPUs leave for it
-            here = _gpus_here([resolved], args.inventory, "plan", False)
+        _echo_gpus_here(here, False)  # after the table: what this machine's GPUs leave for it
         for line in here[1]:
             print(f"{args.spec}: error: engine.gpu_memory_utilization: {line}", file=sys.stderr)
     _print_problems(problems, args.spec)
