@@ -7,6 +7,7 @@
 #
 #   bash bench/gpu/tune_proof.sh carry CARRY NN           copy CARRY/part-NN to /tmp/gpu-parts (one device call per part)
 #   bash bench/gpu/tune_proof.sh setup CARRY              wheelhouse, pyinfra + jsonschema, systemd, model dirs, env links
+#   bash bench/gpu/tune_proof.sh clean                    stop vllm-* units in every systemd namespace (a stray)
 #   bash bench/gpu/tune_proof.sh deploy SPEC              stop the other tune spec's unit, then `vllm-fleet deploy` of SPEC
 #   bash bench/gpu/tune_proof.sh tune SPEC NAME MINUTES   `vllm-fleet tune ... --budget MINUTES` (--resume when NAME's
 #                                                         tune.jsonl exists); NAME.tar.gz (the --out folder) to $OUT
@@ -134,6 +135,7 @@ routing)
   [ -z "$LOCAL" ] && { SD=$(systemd_pid) || exit 1; }
   ARGS=${ROUTING_PROOF_ARGS:---policies least_conn,session,cache_aware --conversations 96 --prefix-len 3000 --turns 8 --user-len 60 --reply-len 48 --think-time 3 --system-prompt-len 0,2000}
   [ -n "$LOCAL" ] && { in_root "$PY -m vllm_fleet bench $INV --spec $spec --multi-turn --help" | tail -3; exit 0; }
+  log "vllm serve processes now: $(ps -eo pid,args | grep -c '[v]llm serve') (one deployment's replicas, no stray)"
   in_root "PYTHONUNBUFFERED=1 timeout ${ROUTING_PROOF_TIMEOUT:-560} $PY -m vllm_fleet bench $INV --spec $spec --multi-turn $ARGS --out $W/$out" 2>&1 | tee $W/$out.log
   rc=${PIPESTATUS[0]}
   log "routing $out: rc $rc in $(( $(date +%s) - T0 )) s"
@@ -143,5 +145,20 @@ routing)
     ns journalctl -u "$u" --no-pager -o cat 2>/dev/null | grep -E "KV cache|Available|prefix cache|ERROR|Traceback" | tail -5 | sed "s/^/$u: /"
   done > $OUT/$out.units.txt
   exit $rc ;;
-*) echo "usage: $0 carry CARRY NN | setup CARRY | deploy SPEC | tune SPEC NAME MINUTES | routing SPEC NAME" >&2; exit 2 ;;
+clean)
+  # Before a deploy that changes a running vLLM: stop the vllm-* units in EVERY systemd namespace on
+  # the machine. A call may start a second systemd (the last one's PID not seen again), and the
+  # first one's vLLM then keeps serving beside the new one: both bind the port with SO_REUSEPORT,
+  # and the deploy's health wait and the bench read the old process (issue 37's first "without" runs).
+  for u in $(pgrep -x unshare); do
+    for sd in $(pgrep -P "$u"); do
+      [ "$(cat /proc/$sd/comm 2>/dev/null)" = systemd ] || continue
+      n=$(nsenter -t "$sd" -a systemctl list-units --no-legend --plain 'vllm-*' 2>/dev/null | wc -l)
+      nsenter -t "$sd" -a sh -c "systemctl stop 'vllm-*.service'; systemctl reset-failed 'vllm-*'" 2>/dev/null
+      log "systemd $sd: stopped its $n vllm-* unit(s)"
+    done
+  done
+  for _ in $(seq 30); do ps -eo args | grep -q "^[^ ]*python[^ ]* [^ ]*vllm serve" || break; sleep 1; done
+  log "vllm serve processes left: $(ps -eo pid,args | grep -c '[v]llm serve'); GPU used: $(nvidia-smi --query-gpu=memory.used --format=csv,noheader)" ;;
+*) echo "usage: $0 carry CARRY NN | setup CARRY | clean | deploy SPEC | tune SPEC NAME MINUTES | routing SPEC NAME" >&2; exit 2 ;;
 esac
