@@ -49,9 +49,14 @@ def test_many_servers_without_a_proxy_group_warn_with_the_fix_naming_the_spec(re
     assert not build([resolved], _inventory(4 * MANY_PROXIES, proxies=1)).warnings
 
 
-def test_vllm_fleet_deploy_prints_the_warning_before_pyinfra(tmp_path, capsys, monkeypatch):
+@pytest.mark.parametrize("command", ["deploy", "stage", "down"])
+def test_vllm_fleet_deploy_and_stage_print_the_warning_before_pyinfra_and_down_does_not(
+    tmp_path, capsys, monkeypatch, command
+):
     from test_fleet_commands import _spec
     from vllm_fleet.commands import deploy as deploycmd
+    from vllm_fleet.commands import down as downcmd
+    from vllm_fleet.commands import stage as stagecmd
     from vllm_fleet.commands.cli import build_parser
 
     spec = _spec(tmp_path, server={"host": "0.0.0.0"})
@@ -60,10 +65,12 @@ def test_vllm_fleet_deploy_prints_the_warning_before_pyinfra(tmp_path, capsys, m
         "servers = " + repr([(f"gpu{i}", {"ssh_hostname": f"10.20.0.{i + 1}"}) for i in range(MANY_PROXIES)]) + "\n"
     )
     monkeypatch.setenv("HOME", str(tmp_path))
-    args = build_parser().parse_args(["deploy", str(inv), "--spec", str(spec), "--dry"])
-    assert deploycmd.cmd_deploy(args, runner=lambda argv: 0) == 0, capsys.readouterr().err
+    args = build_parser().parse_args([command, str(inv), "--spec", str(spec), "--dry"])
+    run = {"deploy": deploycmd.cmd_deploy, "stage": stagecmd.cmd_stage, "down": downcmd.cmd_down}[command]
+    assert run(args, runner=lambda argv: 0) == 0, capsys.readouterr().err
     err = capsys.readouterr().err
-    assert f"vllm-fleet deploy: {spec}: proxy: no host of the inventory is in the `proxy` group" in err
+    said = f"vllm-fleet {command}: {spec}: proxy: no host of the inventory is in the `proxy` group" in err
+    assert said == (command != "down"), err
 
 
 def test_with_a_proxy_group_what_is_rendered_grows_linearly(resolved):

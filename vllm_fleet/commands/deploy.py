@@ -395,14 +395,24 @@ def checked_before_any_host(
     return planned
 
 
+def checked_and_warned(
+    args: argparse.Namespace, command: str, nothing: str, runner: Callable[[list[str]], int] | None
+) -> tuple[list[Any], list[str]] | int:
+    """:func:`checked_before_any_host`, then each spec's warnings (allowed but costly, with the fix)
+    on stderr: what `deploy` and `stage` open with (`down` removes, and prints none)."""
+    planned = checked_before_any_host(args, command, nothing, runner)
+    if not isinstance(planned, int):
+        for d in planned[0]:
+            for w in d.warnings:
+                print(f"vllm-fleet {command}: {w}", file=sys.stderr)
+    return planned
+
+
 def cmd_deploy(args: argparse.Namespace, runner: Callable[[list[str]], int] | None = None) -> int:
-    planned = checked_before_any_host(args, "deploy", "nothing was deployed", runner)
+    planned = checked_and_warned(args, "deploy", "nothing was deployed", runner)
     if isinstance(planned, int):
         return planned
     deployments, data = planned
-    for d in deployments:
-        for w in d.warnings:
-            print(f"vllm-fleet deploy: {w}", file=sys.stderr)
     print(f"vllm-fleet deploy: valid: {summary(deployments)}", file=sys.stderr)
     hash_models(deployments, lambda m: print(f"vllm-fleet deploy: {m}", file=sys.stderr))
     if getattr(args, "verify", False):

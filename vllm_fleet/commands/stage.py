@@ -22,7 +22,7 @@ import sys
 from typing import Any, Callable
 
 from vllm_fleet.commands import outcome
-from vllm_fleet.commands.deploy import again_command, checked_before_any_host, hash_models, pyinfra_argv, summary
+from vllm_fleet.commands.deploy import again_command, checked_and_warned, hash_models, pyinfra_argv, summary
 
 STAGE = "vllm_fleet.deploys.stage.stage"
 #: host data the stage run passes: never reboot a host (the nvidia role stops it with the fix)
@@ -58,13 +58,10 @@ def _options(args: argparse.Namespace) -> list[tuple[str, str | None]]:
 
 
 def cmd_stage(args: argparse.Namespace, runner: Callable[[list[str]], int] | None = None) -> int:
-    planned = checked_before_any_host(args, "stage", "nothing was staged", runner)
+    planned = checked_and_warned(args, "stage", "nothing was staged", runner)
     if isinstance(planned, int):
         return planned
     deployments, data = planned
-    for d in deployments:
-        for w in d.warnings:
-            print(f"vllm-fleet stage: {w}", file=sys.stderr)
     hosts = staged_hosts(deployments)
     print(
         f"vllm-fleet stage: env, vLLM and weights of {summary(deployments)} on {len(hosts)} host(s) "
