@@ -181,3 +181,42 @@ def test_the_cli_summary_and_retry_line(tmp_path, monkeypatch, capsys):
         "--limit",
         "lab3",
     ]
+
+
+class NginxFails(Child):
+    """pyinfra's child whose upstream step fails when it marks ``down`` (nginx -t refused on the proxy)."""
+
+    def __init__(self, down: str):
+        super().__init__()
+        self.down = down
+
+    def __call__(self, argv, env):
+        if env["VLLM_FLEET_ROLLOUT_STEP"] == "upstream" and env["VLLM_FLEET_UPSTREAM_DOWN"] == self.down:
+            limit = [argv[i + 1] for i, a in enumerate(argv) if a == "--limit"]
+            self.calls.append(("upstream", ",".join(limit), self.down))
+            hostresults.write(env[hostresults.RESULTS_ENV], [HostResult(h, FAILED) for h in limit])
+            return 1, "    [lab1] nginx: [emerg] unexpected end of file\n"
+        return super().__call__(argv, env)
+
+
+@pytest.mark.parametrize(
+    "down, failed, reason, at",
+    [  # batch 2 out of the upstream; batch 1 back into it
+        ("lab2:0", "lab2:0", "taking it out of the upstream on lab1 failed: ", "out of the upstream"),
+        ("", "lab1:0", "updated, but putting it back into the upstream failed: ", "back into the upstream"),
+    ],
+)
+def test_an_nginx_change_on_the_proxy_that_fails_stops_the_rollout_with_the_batch_out(
+    tmp_path, down, failed, reason, at
+):
+    said: list[str] = []
+    ro = _ro(tmp_path, ["lab1", "lab2", "lab3"], NginxFails(down), max_fail=MaxFail(count=5))
+    ro.say = said.append
+    res = ro.run()
+    by = {r.host: r for r in res.replicas}
+    assert by[failed].status == FAILED and by[failed].reason.startswith(reason), by[failed]
+    assert "unexpected end of file" in by[failed].reason
+    assert not res.ok and res.left_out == [failed]  # it stays out, and the rollout stops despite --max-fail
+    assert by["lab3:0"].status == NOT_ATTEMPTED
+    assert by["lab3:0"].reason == "the rollout stopped (the nginx change on lab1 failed)"
+    assert any(f"FAILED at `{at}`" in m for m in said), said

@@ -334,6 +334,18 @@ class Rollout:
         def finished(r: str, s: Step) -> HostResult:
             return HostResult(r, CONVERGED if s.results.get(_host_of(r)) == CONVERGED else CHANGED)
 
+        def nginx_failed(
+            i: int, batch: list[str], what: str, failed: list[str], s: Step, why: str, out: list[str]
+        ) -> tuple[list[str], str]:
+            """The nginx change on the proxies failed (taking ``batch`` out of the upstream, or putting
+            it back): the replicas ``failed`` are FAILED (``why``: the step's detail), the whole batch
+            stays out, the failure is explained; the rollout stops. (the replicas out, why it stopped)"""
+            for r in failed:
+                done[r] = HostResult(r, FAILED, f"{why}: {_one_line(s.detail)}")
+            result.left_out = out + batch
+            self._explain_failure(result, i, what, batch, s, log)
+            return result.left_out, f"the nginx change on {', '.join(self.proxies)} failed"
+
         for i, batch in enumerate(self.batches, start=1):
             label = f"batch {i}/{n} ({', '.join(batch)})"
             if out and len(set(out) | set(batch)) >= len(self.all_servers):
@@ -343,15 +355,8 @@ class Rollout:
             batch_hosts = list(dict.fromkeys(_host_of(b) for b in batch))
             s = step(i, label, "out of the upstream", "upstream", self.proxies, out + batch)
             if not s.ok:  # nginx on the proxy: every replica's problem, never one to go past
-                for r in batch:
-                    done[r] = HostResult(
-                        r,
-                        FAILED,
-                        f"taking it out of the upstream on {', '.join(self.proxies)} failed: {_one_line(s.detail)}",
-                    )
-                out, stopped = out + batch, f"the nginx change on {', '.join(self.proxies)} failed"
-                result.left_out = out
-                self._explain_failure(result, i, "out of the upstream", batch, s, log)
+                why = f"taking it out of the upstream on {', '.join(self.proxies)} failed"
+                out, stopped = nginx_failed(i, batch, "out of the upstream", batch, s, why, out)
                 break
             s = step(i, label, "drain, update, check", "update", batch_hosts, out + batch, update=batch)
             bad: list[str] = []
@@ -372,15 +377,8 @@ class Rollout:
             if good:
                 back = step(i, label, "back into the upstream", "upstream", self.proxies, out + bad)
                 if not back.ok:
-                    for r in good:
-                        done[r] = HostResult(
-                            r,
-                            FAILED,
-                            f"updated, but putting it back into the upstream failed: {_one_line(back.detail)}",
-                        )
-                    out, stopped = out + batch, f"the nginx change on {', '.join(self.proxies)} failed"
-                    result.left_out = out
-                    self._explain_failure(result, i, "back into the upstream", batch, back, log)
+                    why = "updated, but putting it back into the upstream failed"
+                    out, stopped = nginx_failed(i, batch, "back into the upstream", good, back, why, out)
                     break
             if bad:
                 out = out + bad
