@@ -19,14 +19,21 @@ data ``nvidia_reboot=False`` (the nvidia role then stops that host with the fix)
 
 from pyinfra import host
 
-from vllm_fleet.roles.common import host_layout, load_deploy_spec, preflight
+from vllm_fleet.roles.common import DeployContext, host_layout, load_deploy_spec, preflight, this_host_only
 from vllm_fleet.roles.common.state import load_host_state
 from vllm_fleet.roles.parts import host_query, host_steps, staged
 
 
 def stage() -> None:
-    """Stage the current host (pyinfra runs this once per inventory host)."""
+    """Stage the current host (pyinfra runs this once per inventory host). As in serve, a problem
+    of the fleet (the specs, the layout) stops every host; a problem of this host (sudo, a full
+    disk, a state read that did not complete, a download) fails this host only (this_host_only)."""
     ctx = load_deploy_spec()
+    with this_host_only():
+        stage_host(ctx)
+
+
+def stage_host(ctx: DeployContext) -> None:
     h = host_layout(ctx)
     names = staged()
     steps = host_steps(ctx, h, names) if h is not None else []
