@@ -320,7 +320,10 @@ def add_cli(sub: Any) -> None:
     add_inventory_arguments(p)
     p.add_argument(
         "--spec",
-        help="the deployed spec (default: the inventory's data vllm_fleet_spec, $VLLM_FLEET_SPEC; the lab: deployments/lab-tiny.yaml)",
+        help=(
+            "the deployed spec (default: the inventory's data vllm_fleet_spec, $VLLM_FLEET_SPEC; the lab: "
+            "deployments/lab-tiny.yaml)"
+        ),
     )
     g = p.add_mutually_exclusive_group()
     from vllm_fleet.commands.argtypes import count, counts, number, numbers
@@ -333,7 +336,10 @@ def add_cli(sub: Any) -> None:
     )
     p.add_argument(
         "--host",
-        help="the replica (HOST:N, or HOST for its first instance) whose host runs the benchmark and whose port is the direct path (default: one not on a proxy host)",
+        help=(
+            "the replica (HOST:N, or HOST for its first instance) whose host runs the benchmark and whose port is "
+            "the direct path (default: one not on a proxy host)"
+        ),
     )
     p.add_argument(
         "--dataset", help="a dataset file ON that host (vLLM's `custom` JSONL format); default random prompts"

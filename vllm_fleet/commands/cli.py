@@ -151,8 +151,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
         if args.gpu.strip().lower() not in catalog.gpu_names():
             print(
-                f"vllm-fleet plan: --gpu {args.gpu!r} is not in the GPU catalogue; known GPUs: {', '.join(catalog.gpu_names())} "
-                "(vllm-fleet plan --list-gpus)",
+                f"vllm-fleet plan: --gpu {args.gpu!r} is not in the GPU catalogue; known GPUs: "
+                f"{', '.join(catalog.gpu_names())} (vllm-fleet plan --list-gpus)",
                 file=sys.stderr,
             )
             return 2
@@ -250,7 +250,8 @@ def cmd_render(args: argparse.Namespace) -> int:
                 dest = out / target / rel
                 if ".." in Path(target, rel).parts or not dest.resolve().is_relative_to(top):
                     print(
-                        f"vllm-fleet render: {target}: {path} would be written outside {out}/; nothing more was written",
+                        f"vllm-fleet render: {target}: {path} would be written outside {out}/; "
+                        "nothing more was written",
                         file=sys.stderr,
                     )
                     return 1
@@ -284,7 +285,10 @@ def cmd_status(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="vllm-fleet",
-        description="Declarative vLLM serving fleets on pyinfra: validate, plan and render a deployment spec; run the local lab.",
+        description=(
+            "Declarative vLLM serving fleets on pyinfra: validate, plan and render a deployment spec; run the "
+            "local lab."
+        ),
     )
     parser.add_argument("--version", action="version", version=f"vllm-fleet {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -292,7 +296,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser(
         "validate",
-        help="check spec(s): schema, options, parallelism, memory plan; with several specs and/or an inventory, the fleet (GPUs, ports, hosts)",
+        help=(
+            "check spec(s): schema, options, parallelism, memory plan; with several specs and/or an inventory, the "
+            "fleet (GPUs, ports, hosts)"
+        ),
     )
     p.add_argument("spec", metavar="SPEC", nargs="+")
     p.add_argument(

@@ -1,7 +1,8 @@
 """`vllm-fleet deploy INVENTORY [--spec SPEC] [--limit HOSTS] [--dry] [--diff] [--verify] [-y]`.
 
 1. The inventory as pyinfra reads it, without connecting (:mod:`vllm_fleet.specs.inventory`:
-   pyinfra's own loader in a child process; its data precedence: ``--data`` > host > group incl. ``group_data/*.py`` > all).
+   pyinfra's own loader in a child process; its data precedence: ``--data`` > host > group incl. ``group_data/*.py`` >
+   all).
 2. Each host's spec (:mod:`vllm_fleet.specs.source`; ``--spec`` is passed as ``--data
    vllm_fleet_spec=``): validated (schema, semantic, hardware checks), its secrets readable, its
    model directory present, its files rendered for the hosts that deploy it. Any problem: printed

@@ -392,7 +392,8 @@ def run(
     for d in deployments:
         for path in d.generated:
             out(
-                f"note: {d.resolved['name']}: the secret file {path} does not exist yet: the deploy generates it (a new key)"
+                f"note: {d.resolved['name']}: the secret file {path} does not exist yet: the deploy generates it (a "
+                "new key)"
             )
     diffs = diff_files(deployments)
     error = ""

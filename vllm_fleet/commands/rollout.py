@@ -19,10 +19,10 @@ P percent of them, failed; replicas of a failed host stay out of the upstream an
 batches go on): the failed replicas stay out of the upstream, the replicas not yet updated keep
 serving the old configuration. The run ends with a per-replica summary, a line that retries the
 failed ones (``--limit`` their hosts) and the exit codes of :mod:`vllm_fleet.commands.outcome`: 0
-all updated, 1 bad spec/inventory (no host changed), 3 some replicas failed, 4 none updated. A later rollout of the same deployment (from this machine) starts with the replicas a
-failed one left out. pyinfra's own ``--serial`` order is arbitrary: the order here is the
-inventory's. Never more than one batch is out of the upstream (plus those a failed rollout
-left out, which serve nothing).
+all updated, 1 bad spec/inventory (no host changed), 3 some replicas failed, 4 none updated. A later
+rollout of the same deployment (from this machine) starts with the replicas a failed one left out.
+pyinfra's own ``--serial`` order is arbitrary: the order here is the inventory's. Never more than
+one batch is out of the upstream (plus those a failed rollout left out, which serve nothing).
 
 Core module: no pyinfra import; pyinfra runs as a subprocess, the way a user runs it.
 """
@@ -185,11 +185,13 @@ class Rollout:
         ro = self.spec["rollout"]
         if self.spec["parallel"]["nodes"] > 1:
             raise RolloutError(
-                f"{spec_path}: parallel.nodes is {self.spec['parallel']['nodes']}: a rollout replaces single-node replicas"
+                f"{spec_path}: parallel.nodes is {self.spec['parallel']['nodes']}: a rollout replaces single-node "
+                "replicas"
             )
         if not self.spec["proxy"]["enabled"]:
             raise RolloutError(
-                f"{spec_path}: proxy.enabled is false: a rollout takes replicas out of the nginx upstream, there is none"
+                f"{spec_path}: proxy.enabled is false: a rollout takes replicas out of the nginx upstream, there is "
+                "none"
             )
         try:
             self.servers, self.proxies, self.hosts = server_order(inventory, self.spec, self.data)
@@ -287,7 +289,8 @@ class Rollout:
         results = {r.host: r.status for r in read_results(path) or []}
         with log.open("a") as f:
             f.write(
-                f"\n===== batch {index} step {step} on {','.join(limit)} (down: {','.join(down) or '-'}): rc {rc}, {seconds:.1f} s\n{out}"
+                f"\n===== batch {index} step {step} on {','.join(limit)} (down: {','.join(down) or '-'}): rc {rc}, "
+                f"{seconds:.1f} s\n{out}"
             )
         s = Step(
             index,
@@ -315,7 +318,8 @@ class Rollout:
         self.say(
             f"rollout {name}: {len(self.servers)} replica(s) {', '.join(self.servers)}; "
             f"{n} batch(es): {' | '.join(','.join(b) for b in self.batches)}; proxy {', '.join(self.proxies)}; "
-            f"drain at most {self.drain_timeout:.0f} s; stop once more than {self.max_fail} replica(s) failed; log {log}"
+            f"drain at most {self.drain_timeout:.0f} s; stop once more than {self.max_fail} replica(s) failed; log "
+            f"{log}"
         )
         out: list[str] = []  # replicas of this run that failed: they stay out of the upstream
         done: dict[str, HostResult] = {}
@@ -427,8 +431,8 @@ class Rollout:
         ]
         if what == "out of the upstream":
             lines.append(
-                f"  the nginx change on {', '.join(self.proxies)} failed (nginx -t or reload): the upstream is as it was, "
-                f"or has {', '.join(batch)} out; {', '.join(batch)} were not updated."
+                f"  the nginx change on {', '.join(self.proxies)} failed (nginx -t or reload): the upstream is as it "
+                f"was, or has {', '.join(batch)} out; {', '.join(batch)} were not updated."
             )
         else:
             lines.append(
@@ -439,10 +443,12 @@ class Rollout:
             f"not yet updated, old configuration: {', '.join(untouched) or 'none'})",
             "  look:",
             *(
-                f"    ssh {self.hosts.get(_host_of(h), {}).get('address', _host_of(h))} sudo journalctl -u vllm-{result.name}-{h.rsplit(':', 1)[-1]}.service -n 100 --no-pager"
+                f"    ssh {self.hosts.get(_host_of(h), {}).get('address', _host_of(h))} sudo journalctl -u "
+                f"vllm-{result.name}-{h.rsplit(':', 1)[-1]}.service -n 100 --no-pager"
                 for h in batch
             ),
-            f"    ssh {self.hosts.get(_host_of(batch[0]), {}).get('address', _host_of(batch[0]))} curl -s 127.0.0.1:{port + int(batch[0].rsplit(':', 1)[-1])}/health; full log: {log}",
+            f"    ssh {self.hosts.get(_host_of(batch[0]), {}).get('address', _host_of(batch[0]))} curl -s "
+            f"127.0.0.1:{port + int(batch[0].rsplit(':', 1)[-1])}/health; full log: {log}",
             "  then either:",
             f"    fix the spec and run again:  vllm-fleet rollout {inv} --spec {spec}",
             f"    (it updates {', '.join(batch)} first; they stay out of the upstream until they pass)",
@@ -559,7 +565,10 @@ def add_cli(sub: Any) -> None:
     )
     p.add_argument(
         "--spec",
-        help="the new deployment spec (default: the inventory's data vllm_fleet_spec, $VLLM_FLEET_SPEC; the lab: deployments/lab-tiny.yaml)",
+        help=(
+            "the new deployment spec (default: the inventory's data vllm_fleet_spec, $VLLM_FLEET_SPEC; the lab: "
+            "deployments/lab-tiny.yaml)"
+        ),
     )
     from vllm_fleet.commands.argtypes import count, number
 

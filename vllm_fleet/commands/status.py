@@ -146,7 +146,8 @@ def status_main(args: argparse.Namespace) -> int:
                 print(f"{label:<14} {r['address']:<15} UNREACHABLE: {r['error']}")
                 continue
             print(
-                f"{label:<14} {r['address']:<15} {r.get('unit', '?'):<24} {r.get('enabled', '?'):<9} {r.get('version', '?'):<12} {r['health']:<32} {','.join(r['models']) or '-'}"
+                f"{label:<14} {r['address']:<15} {r.get('unit', '?'):<24} {r.get('enabled', '?'):<9} "
+                f"{r.get('version', '?'):<12} {r['health']:<32} {','.join(r['models']) or '-'}"
             )
     bad = [r for r in rows if "error" in r or r.get("health") != "ok"]
     return 1 if bad else 0

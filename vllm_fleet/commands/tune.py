@@ -85,14 +85,20 @@ def cmd_tune(args: argparse.Namespace) -> int:
 def add_cli(sub: Any) -> None:
     p = sub.add_parser(
         "tune",
-        help="sweep engine settings on one replica against a latency target; write the winner as an overlay (docs/tuning.md)",
+        help=(
+            "sweep engine settings on one replica against a latency target; write the winner as an overlay "
+            "(docs/tuning.md)"
+        ),
     )
     from vllm_fleet.commands.argtypes import add_inventory_arguments
 
     add_inventory_arguments(p)
     p.add_argument(
         "--spec",
-        help="the deployed spec (default: the inventory's data vllm_fleet_spec, $VLLM_FLEET_SPEC; the lab: deployments/lab-tiny.yaml)",
+        help=(
+            "the deployed spec (default: the inventory's data vllm_fleet_spec, $VLLM_FLEET_SPEC; the lab: "
+            "deployments/lab-tiny.yaml)"
+        ),
     )
     p.add_argument(
         "--target",
@@ -114,7 +120,10 @@ def add_cli(sub: Any) -> None:
     )
     p.add_argument(
         "--host",
-        help="the replica to tune: HOST:N, or HOST for its first instance (default: the last replica not on a proxy host)",
+        help=(
+            "the replica to tune: HOST:N, or HOST for its first instance (default: the last replica not on a proxy "
+            "host)"
+        ),
     )
     p.add_argument(
         "--in-place", action="store_true", help="do not take the replica out of the upstream (e.g. the only replica)"

@@ -5,8 +5,8 @@
 The spec comes from where the serve deploy takes it (vllm_fleet/specs/source.py) and is validated
 the same way. `down` is the roles serve runs, with ``present=False``, in the reverse of serve's
 order (vllm_fleet.roles.parts.PARTS): monitoring, nginx (site gone, `nginx -t`, reload), the
-router, the vLLM units and their files (and the API firewall), the Ray node, then what only an install needs (or, purged, the
-environment, weights, caches and config directory). Each role removes only the files the host's
+router, the vLLM units and their files (and the API firewall), the Ray node, then what only an install needs (or,
+purged, the environment, weights, caches and config directory). Each role removes only the files the host's
 copy shows as the deployment's (vllm_fleet.roles.common.remove). Hosts with nothing of the
 deployment are left alone.
 """

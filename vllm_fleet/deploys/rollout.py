@@ -70,8 +70,8 @@ def rollout_step() -> None:
 
     if spec["parallel"]["nodes"] > 1:
         raise DeployError(
-            f"{ctx.path}: a rolling update replaces single-node replicas (parallel.nodes is {spec['parallel']['nodes']}); "
-            "redeploy a multi-node server with deploys/serve.py; no host was changed"
+            f"{ctx.path}: a rolling update replaces single-node replicas (parallel.nodes is "
+            f"{spec['parallel']['nodes']}); redeploy a multi-node server with deploys/serve.py; no host was changed"
         )
     if step not in ("upstream", "update"):
         raise DeployError(

@@ -15,8 +15,8 @@ machine, then installed by every host with ``--no-index`` over the private netwo
    port, for the life of the deploy process. It serves the wheels of one directory and nothing
    else (no listing), under a random path only this deploy knows. Hosts fetch each wheel with
    ``host/scripts/fetch_files.py`` and keep it only when its sha256 is the one
-   ``treehash.wheel_manifest`` gives (sent over SSH), then install from that local copy with ``--no-index``. Without that
-   address the role uploads the directory over SSH instead.
+   ``treehash.wheel_manifest`` gives (sent over SSH), then install from that local copy with ``--no-index``. Without
+   that address the role uploads the directory over SSH instead.
 
 Nothing here imports pyinfra (part of the core). The server is ``host/scripts/serve_files.py DIR
 ADDR 0`` (its path token in $VLLM_FLEET_SERVE_TOKEN; prints its port, exits when its parent
@@ -307,12 +307,13 @@ def add_flashinfer_cubin(
         if proc.returncode == 0 and not flashinfer.wheelhouse_lacks_cubin(directory):
             if log:
                 log(
-                    f"fleet wheelhouse: added {flashinfer.CUBIN}=={version} (FlashInfer's pre-built kernels, for hosts without internet)"
+                    f"fleet wheelhouse: added {flashinfer.CUBIN}=={version} (FlashInfer's pre-built kernels, for "
+                    "hosts without internet)"
                 )
             return None
         why = (
-            f"{flashinfer.CUBIN}=={version} (the version of {flashinfer.PYTHON} in the wheelhouse) is not on the index: "
-            "FlashInfer will download its pre-built kernels at first use, which a host without internet cannot; "
+            f"{flashinfer.CUBIN}=={version} (the version of {flashinfer.PYTHON} in the wheelhouse) is not on the "
+            "index: FlashInfer will download its pre-built kernels at first use, which a host without internet cannot; "
             f"put the wheel into the fleet's find-links (host data vllm_find_links) or install.wheelhouse"
         )
         marker.write_text(why + "\n")

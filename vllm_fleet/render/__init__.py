@@ -1,1 +1,2 @@
-"""Rendering: the per-host layout, the one vLLM command line, every file a host gets (templates, monitoring, secrets by name)."""
+"""Rendering: the per-host layout, the one vLLM command line, every file a host gets (templates, monitoring, secrets by
+name)."""

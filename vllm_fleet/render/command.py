@@ -84,27 +84,31 @@ def _check_role(resolved: dict[str, Any], role: str, node_rank: int) -> None:
     """Refuse a role or node rank that has no vLLM command line (see :data:`ARGV_ROLES`)."""
     if role not in ARGV_ROLES:
         raise ValueError(
-            f"vllm_argv: role must be one of {', '.join(ARGV_ROLES)} (Ray worker nodes run `ray start`, not vLLM), got {role!r}"
+            f"vllm_argv: role must be one of {', '.join(ARGV_ROLES)} (Ray worker nodes run `ray start`, not vLLM), "
+            f"got {role!r}"
         )
     par = resolved["parallel"]
     nodes = int(par["nodes"])
     if role == "worker":
         if not (par["backend"] == "native" and nodes > 1):
             raise ValueError(
-                "vllm_argv: role 'worker' exists only for parallel.backend 'native' with nodes > 1 (Ray workers run `ray start`)"
+                "vllm_argv: role 'worker' exists only for parallel.backend 'native' with nodes > 1 (Ray workers run "
+                "`ray start`)"
             )
         if not 1 <= node_rank < nodes:
             raise ValueError(f"vllm_argv: a worker's node_rank must be 1..{nodes - 1}, got {node_rank}")
         if _is_module_entry(resolved):
             raise ValueError(
-                "vllm_argv: headless worker nodes need `vllm serve --headless`, which the CPU build's module entry point does not offer"
+                "vllm_argv: headless worker nodes need `vllm serve --headless`, which the CPU build's module entry "
+                "point does not offer"
             )
     elif node_rank != 0:
         raise ValueError("vllm_argv: the server is node rank 0")
 
 
 def _model_args(resolved: dict[str, Any]) -> list[str]:
-    """The model: its path (positional, or ``--model`` for the CPU build's module), name, dtype, quantization, length."""
+    """The model: its path (positional, or ``--model`` for the CPU build's module), name, dtype, quantization,
+    length."""
     m = resolved["model"]
     argv = ["--model", m["path"]] if _is_module_entry(resolved) else [m["path"]]
     argv += ["--served-model-name", m["served_name"]]

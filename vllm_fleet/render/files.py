@@ -265,7 +265,8 @@ def _check_key(api_key: str) -> str:
     key = api_key.strip()
     if not _TOKEN68.fullmatch(key):
         raise RenderError(
-            "server.api_key: the key must be a bearer token (letters, digits and -._~+/, optional trailing =); regenerate it"
+            "server.api_key: the key must be a bearer token (letters, digits and -._~+/, optional trailing =); "
+            "regenerate it"
         )
     return key
 
@@ -367,7 +368,8 @@ def _node_env_file(resolved: dict[str, Any], node: Node) -> RenderedFile:
             values["VLLM_HOST_IP"] = node.private
         else:
             comments += [
-                "NODE_IP=<this node's private address: written by the deploy from inventory host data `private_address`>",
+                "NODE_IP=<this node's private address: written by the deploy from inventory host data "
+                "`private_address`>",
                 "VLLM_HOST_IP=<the same address: unique per node, equal to what Ray registers>",
             ]
         ifname = data.get("socket_ifname") or par.get("socket_ifname")
@@ -376,7 +378,8 @@ def _node_env_file(resolved: dict[str, Any], node: Node) -> RenderedFile:
             values["NCCL_SOCKET_IFNAME"] = str(ifname)
         else:
             comments += [
-                "GLOO_SOCKET_IFNAME=<detected by the deploy: the one interface holding NODE_IP (or set parallel.socket_ifname)>",
+                "GLOO_SOCKET_IFNAME=<detected by the deploy: the one interface holding NODE_IP (or set "
+                "parallel.socket_ifname)>",
                 "NCCL_SOCKET_IFNAME=<the same interface>",
             ]
         # Multi-node: one instance per node, and every node's processes (Ray workers too) need
@@ -414,7 +417,8 @@ def _instance_env_file(resolved: dict[str, Any], inst: Instance) -> RenderedFile
     values.update(user)
     comments = [
         HEADER.format(name=resolved["name"]),
-        f"Replica {inst.index} ({inst.unit}, port {inst.port}): its own devices or cores and state directories; read after vllm.env and node.env.",
+        f"Replica {inst.index} ({inst.unit}, port {inst.port}): its own devices or cores and state directories; read "
+        "after vllm.env and node.env.",
     ]
     return RenderedFile(env_file(values, comments), 0o640, "root", resolved["server"]["user"])
 
@@ -615,14 +619,16 @@ def _upstreams(resolved: dict[str, Any], node: Node, all_nodes: list[Node], with
                 continue
             if loopback:
                 raise RenderError(
-                    f"the proxy on {node.target} must reach vLLM on {s.target}, but server.host is {resolved['server']['host']} "
-                    f"(vLLM listens only locally): set server.host: 0.0.0.0 (the deploy's own nftables rules then let only the proxy hosts "
-                    f"reach port {inst.port}: host data vllm_api_firewall), or put the proxy on the server host"
+                    f"the proxy on {node.target} must reach vLLM on {s.target}, but server.host is "
+                    f"{resolved['server']['host']} (vLLM listens only locally): set server.host: 0.0.0.0 (the "
+                    f"deploy's own nftables rules then let only the proxy hosts reach port {inst.port}: host data "
+                    "vllm_api_firewall), or put the proxy on the server host"
                 )
             out.append(f"{inst.address}:{inst.port}{params}")
     if out and all(u.endswith(" down") for u in out):
         raise RenderError(
-            f"the proxy on {node.target} would have every replica marked down (upstream_down; deployment {resolved['name']}): keep at least one in"
+            f"the proxy on {node.target} would have every replica marked down (upstream_down; deployment "
+            f"{resolved['name']}): keep at least one in"
         )
     return out
 

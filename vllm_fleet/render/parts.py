@@ -319,7 +319,8 @@ def _instances(
     if int(srv["port"]) + n - 1 > 65535:
         problems.append(
             f"{host}: {source}: {n} replica(s) listen on server.port {srv['port']} to {int(srv['port']) + n - 1}, "
-            f"past the last TCP port 65535: set server.port to at most {65536 - n} (each replica takes server.port + its index)"
+            f"past the last TCP port 65535: set server.port to at most {65536 - n} (each replica takes server.port + "
+            "its index)"
         )
         return []
     worker = rank > 0
@@ -330,8 +331,8 @@ def _instances(
     hw = resolved["hardware"]
     if cuda and hw.get("gpu_ids") and len(hw["gpu_ids"]) != int(hw["gpus_per_node"]):
         problems.append(
-            f"{source}: hardware.gpu_ids lists {len(hw['gpu_ids'])} GPU(s) but hardware.gpus_per_node is {hw.get('gpus_per_node', 1)}: "
-            f"make them agree (gpus_per_node: {len(hw['gpu_ids'])})"
+            f"{source}: hardware.gpu_ids lists {len(hw['gpu_ids'])} GPU(s) but hardware.gpus_per_node is "
+            f"{hw.get('gpus_per_node', 1)}: make them agree (gpus_per_node: {len(hw['gpu_ids'])})"
         )
     share = replicas_per_gpu(resolved) if cuda else 1
     groups = -(-n // share)
@@ -340,8 +341,9 @@ def _instances(
             f"{host}: {source}: {n} replica(s) x {per} GPU(s) (tensor x pipeline per node)"
             + (f", {share} per GPU group (replicas.per_gpu)," if share > 1 else "")
             + f" need {groups * per} GPUs, "
-            f"the deployment has {len(pool)} on this host (hardware.{'gpu_ids' if resolved['hardware'].get('gpu_ids') else 'gpus_per_node'}): "
-            f"lower replicas.per_host to {max(1, len(pool) // per) * share} or give it more GPUs"
+            f"the deployment has {len(pool)} on this host "
+            f"(hardware.{'gpu_ids' if resolved['hardware'].get('gpu_ids') else 'gpus_per_node'}): lower "
+            f"replicas.per_host to {max(1, len(pool) // per) * share} or give it more GPUs"
         )
     cpus = _cpu_sets(int(data["cpu_count"]) if data.get("cpu_count") else None, n, per) if not cuda else [None] * n
     for i in range(n):
@@ -392,22 +394,26 @@ def _inventory_nodes(resolved: dict[str, Any], inventory: dict[str, dict[str, An
 def _multi_node_roles(
     resolved: dict[str, Any], servers: list[Node], workers: list[Node], problems: list[str], source: str
 ) -> None:
-    """A multi-node server: one head, as many workers as parallel.nodes asks, node ranks, and (Ray) head / worker roles."""
+    """A multi-node server: one head, as many workers as parallel.nodes asks, node ranks, and (Ray) head / worker
+    roles."""
     par = resolved["parallel"]
     ray_multi = par["backend"] == "ray"
     if len(servers) != 1:
         problems.append(
-            f"{source}: a {par['nodes']}-node server has exactly one head host in the `servers` group, found {len(servers)}: {', '.join(n.target for n in servers)}"
+            f"{source}: a {par['nodes']}-node server has exactly one head host in the `servers` group, found "
+            f"{len(servers)}: {', '.join(n.target for n in servers)}"
         )
     head = servers[0]
     if head.private != par.get("head_address"):
         problems.append(
-            f"{source}: parallel.head_address is {par.get('head_address')} but the head host {head.target} has private address {head.private}: "
-            "make them the same (host data private_address, else ssh_hostname; VLLM_HOST_IP must be the address Ray registered)"
+            f"{source}: parallel.head_address is {par.get('head_address')} but the head host {head.target} has "
+            f"private address {head.private}: make them the same (host data private_address, else ssh_hostname; "
+            "VLLM_HOST_IP must be the address Ray registered)"
         )
     if 1 + len(workers) != int(par["nodes"]):
         problems.append(
-            f"{source}: parallel.nodes is {par['nodes']} but the inventory has 1 server and {len(workers)} worker host(s): list {int(par['nodes']) - 1} host(s) in the `workers` group"
+            f"{source}: parallel.nodes is {par['nodes']} but the inventory has 1 server and {len(workers)} worker "
+            f"host(s): list {int(par['nodes']) - 1} host(s) in the `workers` group"
         )
     if ray_multi:
         head.roles.add("ray-head")
@@ -423,7 +429,8 @@ def _multi_node_roles(
 def _add_instances(
     resolved: dict[str, Any], nodes: list[Node], down: set[str], problems: list[str], source: str
 ) -> None:
-    """The vLLM instances of each server and worker node, marked down as the rollout (or host data upstream_down) asks."""
+    """The vLLM instances of each server and worker node, marked down as the rollout (or host data upstream_down)
+    asks."""
     for n in nodes:
         if "server" in n.roles or "worker" in n.roles:
             n.instances = _instances(resolved, n.target, n.data or {}, n.private, n.node_rank, problems, source)
@@ -483,7 +490,8 @@ def _host_parts(
             n.roles.discard("monitoring")
     elif not any("monitoring" in n.roles for n in out):
         problems.append(
-            f"{source}: monitoring.enabled is true but no inventory host is in the `monitoring` group: add one (it runs Prometheus)"
+            f"{source}: monitoring.enabled is true but no inventory host is in the `monitoring` group: add one (it "
+            "runs Prometheus)"
         )
     if _multi(resolved):
         _multi_node_roles(resolved, servers, workers, problems, source)
@@ -658,9 +666,10 @@ def _role_port_problems(resolved: dict[str, Any], nodes: list[Node], source: str
             other = next((o for o in seen if not (lo > o[1] or o[0] > hi)), None)
             if other is not None:
                 out.append(
-                    f"{n.target}: port {max(lo, other[0])} is used by {other[2]} and by {what} ({source}): give one of them "
-                    "another port (monitoring.*_port; the blackbox exporter keeps "
-                    f"{BLACKBOX_LISTEN.rpartition(':')[2]}; Ray keeps {', '.join(map(str, _ray_fixed()))} and its worker range)"
+                    f"{n.target}: port {max(lo, other[0])} is used by {other[2]} and by {what} ({source}): give one "
+                    "of them another port (monitoring.*_port; the blackbox exporter keeps "
+                    f"{BLACKBOX_LISTEN.rpartition(':')[2]}; Ray keeps {', '.join(map(str, _ray_fixed()))} and its "
+                    "worker range)"
                 )
             seen.append((lo, hi, what))
     return out
@@ -683,8 +692,8 @@ def _port_problems(
                     continue  # one deployment's own; two Ray deployments on a host: the Ray check says so
                 port = max(lo, olo)
                 out.append(
-                    f"{host}: port {port} is used by {other} and by {what} ({sources[dep]}): give one of them another port "
-                    "(server.port: each replica takes server.port + its index; proxy.listen; monitoring.*_port; "
+                    f"{host}: port {port} is used by {other} and by {what} ({sources[dep]}): give one of them another "
+                    "port (server.port: each replica takes server.port + its index; proxy.listen; monitoring.*_port; "
                     f"parallel.ray_port; Ray keeps {', '.join(map(str, _ray_fixed()))} and its worker range)"
                 )
                 break
@@ -707,8 +716,9 @@ def _same_machine(layout_hosts: dict[str, HostLayout], inventory: dict[str, dict
             served = [n for n in names if n in layout_hosts and layout_hosts[n].instances]
             if served:
                 out.append(
-                    f"inventory: hosts {', '.join(names)} are one machine (ssh_hostname {address}): their units and ports would "
-                    "collide; list it once and set replicas.per_host (or host data replicas_per_host) for more replicas"
+                    f"inventory: hosts {', '.join(names)} are one machine (ssh_hostname {address}): their units and "
+                    "ports would collide; list it once and set replicas.per_host (or host data replicas_per_host) for "
+                    "more replicas"
                 )
     return out
 
@@ -732,10 +742,11 @@ def _gpu_shares(host: str, h: HostLayout, deployments: dict[str, dict[str, Any]]
             parts = " + ".join(f"{i.unit} {s:g}" for i, s in shares)
             deps = sorted({i.deployment for i in insts})
             out.append(
-                f"{host}: GPU{'s' if len(gs) > 1 else ''} {', '.join(map(str, gs))} {'are' if len(gs) > 1 else 'is'} over-subscribed: {parts} = {total:.3g} of its memory (each vLLM takes its "
-                f"--gpu-memory-utilization share of the whole GPU at start): lower engine.gpu_memory_utilization of "
-                f"{', '.join(f'{d} ({sources[d]})' for d in deps)} so the shares sum to at most 1 (e.g. 0.9 split between them), "
-                "or pin the deployments to different GPUs with hardware.gpu_ids"
+                f"{host}: GPU{'s' if len(gs) > 1 else ''} {', '.join(map(str, gs))} {'are' if len(gs) > 1 else 'is'} "
+                f"over-subscribed: {parts} = {total:.3g} of its memory (each vLLM takes its --gpu-memory-utilization "
+                "share of the whole GPU at start): lower engine.gpu_memory_utilization of "
+                f"{', '.join(f'{d} ({sources[d]})' for d in deps)} so the shares sum to at most 1 (e.g. 0.9 split "
+                "between them), or pin the deployments to different GPUs with hardware.gpu_ids"
             )
     return out
 
@@ -791,14 +802,15 @@ def _one_per_host(
             key = (int(resolved["proxy"]["listen"]), str(resolved["proxy"]["server_name"]))
             if key in seen_proxy:
                 out.append(
-                    f"{host}: deployments {seen_proxy[key]} and {dep} ({sources[dep]}) both serve nginx port {key[0]} with "
-                    f"server_name {key[1]}: give each its own proxy.listen or proxy.server_name"
+                    f"{host}: deployments {seen_proxy[key]} and {dep} ({sources[dep]}) both serve nginx port {key[0]} "
+                    f"with server_name {key[1]}: give each its own proxy.listen or proxy.server_name"
                 )
             seen_proxy.setdefault(key, dep)
     ray = [dep for dep, n in h.parts.items() if n.roles & {"ray-head", "ray-worker"}]
     if len(ray) > 1:
         out.append(
-            f"{host}: is a Ray node of {', '.join(ray)}: one Ray cluster per host; put the deployments on different hosts"
+            f"{host}: is a Ray node of {', '.join(ray)}: one Ray cluster per host; put the deployments on different "
+            "hosts"
         )
     return out
 
@@ -884,7 +896,8 @@ def build_parts(
     for r in specs:
         if r["name"] in deployments:
             problems.append(
-                f"{src.get(r['name'], r['name'])}: two specs are named {r['name']}: each deployment needs its own `name` (units, paths and the nginx site are named after it)"
+                f"{src.get(r['name'], r['name'])}: two specs are named {r['name']}: each deployment needs its own "
+                "`name` (units, paths and the nginx site are named after it)"
             )
             continue
         deployments[r["name"]] = r

@@ -6,8 +6,8 @@ time, which is what a lab wants; a deploy makes the value in memory while it pla
 file only when it executes (:func:`read_spec_secrets`, :func:`write_generated`), so `--dry` writes
 nothing on the control machine.
 
-:data:`SPEC_SECRETS` (a spec fact: :mod:`vllm_fleet.specs.localpath`) is the one list of the secrets a spec can name: the deploy reads them all
-from it, `vllm-fleet diff` masks them, and every new secret field goes there.
+:data:`SPEC_SECRETS` (a spec fact: :mod:`vllm_fleet.specs.localpath`) is the one list of the secrets a spec can name:
+the deploy reads them all from it, `vllm-fleet diff` masks them, and every new secret field goes there.
 """
 
 from __future__ import annotations
@@ -113,7 +113,8 @@ def read_secret(
         value = os.environ.get(ref["env"])
         if not value:
             raise SecretError(
-                f"{yaml_path}: environment variable {ref['env']} is not set on the control machine; export it before deploying"
+                f"{yaml_path}: environment variable {ref['env']} is not set on the control machine; export it before "
+                "deploying"
             )
         return value.strip() if kind == "token" else value
     p = secret_path(ref, base_dir, yaml_path)

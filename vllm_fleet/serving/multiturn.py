@@ -367,8 +367,8 @@ def counter_delta(before: dict[str, dict[str, float]], after: dict[str, dict[str
 
 def format_table(runs: list[dict[str, Any]]) -> str:
     head = (
-        f"{'policy':<12} {'hit rate':>8} {'CPU tier':>8} {'CPU->GPU':>9} {'TTFT p50':>9} {'p90':>8} {'p99':>8} {'e2e p50':>8} "
-        f"{'tok/s':>7} {'ok':>5} {'failed':>6}  requests per replica"
+        f"{'policy':<12} {'hit rate':>8} {'CPU tier':>8} {'CPU->GPU':>9} {'TTFT p50':>9} {'p90':>8} {'p99':>8} "
+        f"{'e2e p50':>8} {'tok/s':>7} {'ok':>5} {'failed':>6}  requests per replica"
     )
     lines = [head, "-" * len(head)]
     nan = float("nan")

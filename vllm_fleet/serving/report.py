@@ -73,7 +73,8 @@ def svg_chart(
         out.append(f'<text x="{X(xv):.1f}" y="{top + ph + 14}" text-anchor="middle">{_fmt(xv)}</text>')
     out.append(f'<text x="{left + pw / 2}" y="{top + ph + 30}" text-anchor="middle">{html.escape(xlabel)}</text>')
     out.append(
-        f'<text x="12" y="{top + ph / 2}" text-anchor="middle" transform="rotate(-90 12 {top + ph / 2})">{html.escape(ylabel)}</text>'
+        f'<text x="12" y="{top + ph / 2}" text-anchor="middle" transform="rotate(-90 12 '
+        f'{top + ph / 2})">{html.escape(ylabel)}</text>'
     )
     for i, s in enumerate(series):
         color = s.get("color") or COLORS[i % len(COLORS)]
@@ -233,9 +234,10 @@ def bench_report(result: dict[str, Any], out: Path) -> list[Path]:
     rows = [[round(c, 2) if isinstance(c, float) else c for c in row] for row in rows]
     body = [
         f"<h1>vllm-fleet bench: {html.escape(result['deployment'])}</h1>",
-        f"<p>{html.escape(result['time_utc'])}; on host {html.escape(result['host'])}; vLLM {html.escape(str(info.get('vllm_version')))}; "
-        f"GPU: {html.escape(gpu)}; spec {html.escape(result['spec_file'])} (sha256 {result['spec_sha256'][:16]}...); "
-        f"dataset {html.escape(json.dumps(result['dataset']))}; paths {html.escape(json.dumps(result['targets']))}</p>",
+        f"<p>{html.escape(result['time_utc'])}; on host {html.escape(result['host'])}; vLLM "
+        f"{html.escape(str(info.get('vllm_version')))}; GPU: {html.escape(gpu)}; spec "
+        f"{html.escape(result['spec_file'])} (sha256 {result['spec_sha256'][:16]}...); dataset "
+        f"{html.escape(json.dumps(result['dataset']))}; paths {html.escape(json.dumps(result['targets']))}</p>",
         f"<p>{html.escape(png_note)}</p>",
         '<div class="charts">',
         *charts,
@@ -405,8 +407,9 @@ def _tune_verdict(state: dict[str, Any]) -> str:
     winner = state.get("winner")
     return (
         f"<p><b>winner: {html.escape(winner['id'])}</b> ({html.escape(json.dumps(winner['settings']))}): "
-        f"{html.escape(str(winner['best_load']))} {html.escape(state.get('load_kind', 'concurrency'))} meets the target at "
-        f"{_r(winner['best'].get('output_throughput'))} output tokens/s. Overlay: {html.escape(state.get('overlay_file') or '-')}</p>"
+        f"{html.escape(str(winner['best_load']))} {html.escape(state.get('load_kind', 'concurrency'))} meets the "
+        f"target at {_r(winner['best'].get('output_throughput'))} output tokens/s. Overlay: "
+        f"{html.escape(state.get('overlay_file') or '-')}</p>"
         if winner
         else f"<p><b>no winner</b>: {html.escape(state.get('closest') or 'no point was measured')}</p>"
     )
@@ -427,8 +430,9 @@ def tune_report(state: dict[str, Any], out: Path) -> list[Path]:
     rows, classes = _tune_rows(state)
     body = [
         f"<h1>vllm-fleet tune: {html.escape(state['deployment'])}</h1>",
-        f"<p>target {html.escape(json.dumps(target))}; on {html.escape(state['host'])}; {html.escape(state.get('vllm_version') or '')}; "
-        f"GPU: {html.escape(state.get('gpu') or '-')}; started {html.escape(state.get('started') or '')}; {len(points)} point(s)</p>",
+        f"<p>target {html.escape(json.dumps(target))}; on {html.escape(state['host'])}; "
+        f"{html.escape(state.get('vllm_version') or '')}; GPU: {html.escape(state.get('gpu') or '-')}; started "
+        f"{html.escape(state.get('started') or '')}; {len(points)} point(s)</p>",
         _tune_verdict(state),
         f"<p>{html.escape(png_note)}</p>",
         '<div class="charts">',

@@ -126,7 +126,8 @@ def spec_digest(path: str) -> str:
 def load_fleet(
     inventory: str, spec_path: str, need_key: bool = True, data: Sequence[str] = ()
 ) -> tuple[dict[str, Any], Any, FleetView, str | None]:
-    """(resolved spec, Spec, view, API key or None when not ``need_key``): every problem as BenchError, nothing touched."""
+    """(resolved spec, Spec, view, API key or None when not ``need_key``): every problem as BenchError, nothing
+    touched."""
     try:
         resolved, _, spec = load_checked(spec_path)  # the spec read once
     except SpecError as exc:

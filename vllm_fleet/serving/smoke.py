@@ -59,8 +59,8 @@ class SmokeResult:
             lines.append(f"  {status}  {c['name']}: {c['detail']}")
         if self.ttft_s is not None:
             lines.append(
-                f"  TTFT {self.ttft_s * 1000:.0f} ms, streamed {self.stream_events} events in {self.stream_total_s * 1000:.0f} ms; "
-                f"plain chat {self.chat_total_s * 1000:.0f} ms"
+                f"  TTFT {self.ttft_s * 1000:.0f} ms, streamed {self.stream_events} events in "
+                f"{self.stream_total_s * 1000:.0f} ms; plain chat {self.chat_total_s * 1000:.0f} ms"
             )
         return "\n".join(lines)
 

@@ -4,8 +4,8 @@ settings on one replica of a live fleet, judged by vLLM's own serving benchmark.
 1. The grid (:func:`default_grid`, or ``--grid``) over the settings that matter: max_num_seqs,
    max_num_batched_tokens, gpu_memory_utilization (CUDA) / cpu_kv_cache_gib (CPU), prefix caching,
    chunked prefill; the KV cache's CPU tier where the spec has one (``kv_offload_gib``: off and its
-   size, or ``--grid kv_offload_gib=0,20,40``); kv_cache_dtype fp8 where the GPU has FP8 (compute capability 8.9+); TP vs DP
-   with more than one GPU per node. The spec's own settings are point p00, the baseline.
+   size, or ``--grid kv_offload_gib=0,20,40``); kv_cache_dtype fp8 where the GPU has FP8 (compute capability 8.9+); TP
+   vs DP with more than one GPU per node. The spec's own settings are point p00, the baseline.
 2. Pruning (:func:`prune`), each skipped point with its reason: the schema and the checks (the
    merged spec must validate: e.g. FP8 KV cache on Ampere, a token budget below max_model_len
    with chunked prefill off), the planner (weights + overhead do not fit; the KV cache cannot
@@ -92,7 +92,8 @@ def parse_target(text: str) -> dict[str, float]:
         key, _, value = part.partition("=")
         if key not in TARGET_KEYS:
             raise TuneError(
-                f"--target {part!r}: unknown metric {key!r}; use {', '.join(k for k in TARGET_KEYS if 'p99' in k)} (or p50/p90)"
+                f"--target {part!r}: unknown metric {key!r}; use {', '.join(k for k in TARGET_KEYS if 'p99' in k)} "
+                "(or p50/p90)"
             )
         if key in out:
             raise TuneError(f"--target {part!r}: {key} is given twice; give each metric once")
@@ -389,8 +390,8 @@ def closest(points_: list[dict[str, Any]], target: dict[str, float]) -> str:
         f"{k} {m.get(TARGET_KEYS[k]):.1f} (limit {v:g})" for k, v in target.items() if m.get(TARGET_KEYS[k]) is not None
     )
     return (
-        f"the closest was {p['id']} ({', '.join(f'{k}={v}' for k, v in p['settings'].items())}) at load {pr['load']:g}: "
-        f"{got}: {best:.2f}x the target" + (f", {m.get('failed')} failed" if m.get("failed") else "")
+        f"the closest was {p['id']} ({', '.join(f'{k}={v}' for k, v in p['settings'].items())}) at load "
+        f"{pr['load']:g}: {got}: {best:.2f}x the target" + (f", {m.get('failed')} failed" if m.get("failed") else "")
     )
 
 
@@ -440,15 +441,17 @@ def overlay_text(state: dict[str, Any], win: dict[str, Any], base: dict[str, Any
         f"{state['started']}; {state.get('vllm_version') or 'vLLM ?'}; GPU: {state.get('gpu') or '-'}",
         f"# workload: {json.dumps(state['workload'])}; spec {state['spec_file']} (sha256 {state['spec_sha256'][:16]})",
         f"# evidence: {kind} {win['best_load']:g} meets it: TTFT p99 {b.get('p99_ttft_ms', 0):.1f} ms, TPOT p99 "
-        f"{b.get('p99_tpot_ms', 0):.2f} ms, ITL p99 {b.get('p99_itl_ms') or 0:.2f} ms, {b.get('output_throughput', 0):.0f} "
-        f"output tok/s, {b.get('completed')} requests, {b.get('failed') or 0} failed",
+        f"{b.get('p99_tpot_ms', 0):.2f} ms, ITL p99 {b.get('p99_itl_ms') or 0:.2f} ms, "
+        f"{b.get('output_throughput', 0):.0f} output tok/s, {b.get('completed')} requests, {b.get('failed') or 0} "
+        "failed",
     ]
     if base and base.get("best"):
         bb = base["best"]
         gain = (b["output_throughput"] / bb["output_throughput"] - 1) * 100 if bb.get("output_throughput") else 0
         lines.append(
-            f"# the spec's own settings ({base['id']}): {kind} {base['best_load']:g}, {bb.get('output_throughput', 0):.0f} "
-            f"output tok/s within the target: {gain:+.0f} % output tokens/s for this overlay"
+            f"# the spec's own settings ({base['id']}): {kind} {base['best_load']:g}, "
+            f"{bb.get('output_throughput', 0):.0f} output tok/s within the target: {gain:+.0f} % output tokens/s for "
+            "this overlay"
         )
     elif base:
         lines.append(f"# the spec's own settings ({base['id']}): met the target at no load tried ({base['status']})")
@@ -532,8 +535,8 @@ class Tuner:
         self.upstream = bool(v.proxies) and not in_place
         if self.upstream and len(v.replicas) < 2:
             raise TuneError(
-                f"{rep.id} ({rep.unit}) is the only replica: taking it out of the upstream stops the service. Add a replica, "
-                "or pass --in-place (the tune restarts it while clients use it)"
+                f"{rep.id} ({rep.unit}) is the only replica: taking it out of the upstream stops the service. Add a "
+                "replica, or pass --in-place (the tune restarts it while clients use it)"
             )
         self.out = Path(out)
         self.results = self.out / "tune.jsonl"
@@ -547,8 +550,8 @@ class Tuner:
         if self.multi_turn:
             if not v.proxies or self.upstream or len(v.replicas) != 1 or load_kind != "concurrency":
                 raise TuneError(
-                    "--multi-turn sends the conversations through the proxy: it needs a deployment with a proxy and one "
-                    f"replica (here {len(v.replicas)}), --in-place, and --search concurrency"
+                    "--multi-turn sends the conversations through the proxy: it needs a deployment with a proxy and "
+                    f"one replica (here {len(v.replicas)}), --in-place, and --search concurrency"
                 )
             from vllm_fleet.serving import multiturn
 
@@ -690,9 +693,10 @@ class Tuner:
                 self.say(f"  {p['id']} skipped: {point_label(p['settings'])}: {p['reason']}")
                 append(self.results, _row(p))
         self.say(
-            f"tune {self.resolved['name']}: {len(self.points)} point(s), {sum(p['status'] == 'skipped' for p in self.points)} skipped, "
-            f"{len(done)} done before, {len(pending)} to run on {self.rep.id} ({self.rep.unit}, port {self.rep.port}); "
-            f"target {', '.join(f'{k} <= {v:g}' for k, v in self.target.items())}; results {self.results}"
+            f"tune {self.resolved['name']}: {len(self.points)} point(s), "
+            f"{sum(p['status'] == 'skipped' for p in self.points)} skipped, {len(done)} done before, {len(pending)} "
+            f"to run on {self.rep.id} ({self.rep.unit}, port {self.rep.port}); target "
+            f"{', '.join(f'{k} <= {v:g}' for k, v in self.target.items())}; results {self.results}"
         )
         info: dict[str, Any] = {}
         if pending:
@@ -725,8 +729,9 @@ class Tuner:
                 elapsed = time.monotonic() - t_start
                 if self.budget_s and times and elapsed + sum(times) / len(times) > self.budget_s:
                     self.say(
-                        f"  budget: {elapsed / 60:.1f} of {self.budget_s / 60:g} min used, a point takes ~{sum(times) / len(times) / 60:.1f} min: "
-                        f"stopping ({sum(1 for q in pending if q['status'] == 'pending')} point(s) not run; --resume goes on)"
+                        f"  budget: {elapsed / 60:.1f} of {self.budget_s / 60:g} min used, a point takes "
+                        f"~{sum(times) / len(times) / 60:.1f} min: stopping "
+                        f"({sum(1 for q in pending if q['status'] == 'pending')} point(s) not run; --resume goes on)"
                     )
                     break
                 t0 = time.monotonic()
@@ -747,9 +752,10 @@ class Tuner:
                     )
                     if not back.get("ok"):
                         raise TuneError(
-                            f"{self.rep.id} ({self.rep.unit}): its own configuration did not come back healthy: {back.get('error')}\n"
-                            f"{back.get('journal', '')[-1500:]}\n  it stays OUT of the upstream; "
-                            f"look: journalctl -u {self.rep.unit}; then redeploy it (deploys/serve.py or vllm-fleet rollout)"
+                            f"{self.rep.id} ({self.rep.unit}): its own configuration did not come back healthy: "
+                            f"{back.get('error')}\n{back.get('journal', '')[-1500:]}\n  it stays OUT of the upstream; "
+                            f"look: journalctl -u {self.rep.unit}; then redeploy it (deploys/serve.py or vllm-fleet "
+                            "rollout)"
                         )
                     self.say(f"  {self.rep.id}: healthy again ({back.get('restart_s', 0):.0f} s)")
                     orig_file.unlink()
@@ -871,7 +877,8 @@ class Tuner:
         self.say(
             f"  {p['id']} "
             + (f"best load {best:g}: {p['best']['output_throughput']:.0f} tok/s" if best is not None else p["reason"])
-            + f" (restart {p['times']['restart_s']} s, warm-up {p['times']['warmup_s']} s, search {p['times']['search_s']} s)"
+            + f" (restart {p['times']['restart_s']} s, warm-up {p['times']['warmup_s']} s, search "
+            f"{p['times']['search_s']} s)"
         )
 
     def _search_multi_turn(self, p: dict[str, Any]) -> tuple[float | None, list[dict[str, Any]]]:
@@ -904,8 +911,8 @@ class Tuner:
         def measure(load: float) -> dict[str, Any] | None:
             m = multiturn.as_bench_metrics(run(int(load)))
             self.say(
-                f"    {int(load)} conversations: TTFT p99 {m['p99_ttft_ms'] or 0:.1f} ms, TPOT p99 {m['p99_tpot_ms'] or 0:.2f} ms, "
-                f"{m['output_throughput'] or 0:.0f} tok/s, {m['failed']} failed"
+                f"    {int(load)} conversations: TTFT p99 {m['p99_ttft_ms'] or 0:.1f} ms, TPOT p99 "
+                f"{m['p99_tpot_ms'] or 0:.2f} ms, {m['output_throughput'] or 0:.0f} tok/s, {m['failed']} failed"
             )
             return m
 

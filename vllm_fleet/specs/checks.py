@@ -56,7 +56,9 @@ OWNED_FLAGS = {
     "--revision": "model.revision",
 }
 REMOVED_FLAGS = {
-    "--swap-space": "removed from vLLM (gone in 0.32/0.33); lower max_model_len or max_num_seqs, quantize, or add GPUs instead",
+    "--swap-space": (
+        "removed from vLLM (gone in 0.32/0.33); lower max_model_len or max_num_seqs, quantize, or add GPUs instead"
+    ),
 }
 #: Headers that frame the request or belong to one connection: never a session key.
 HOP_HEADERS = {
@@ -113,7 +115,8 @@ def _multi_node_wiring(r: dict[str, Any], spec: Spec | None, add: Add) -> None:
             add(
                 "parallel.backend",
                 f"`mp` runs on one node, but parallel.nodes is {par['nodes']}",
-                "set `backend: ray` (a Ray cluster; TP = GPUs per node, PP = nodes) or `backend: native` (vLLM's Ray-free multi-node mode)",
+                "set `backend: ray` (a Ray cluster; TP = GPUs per node, PP = nodes) or `backend: native` (vLLM's "
+                "Ray-free multi-node mode)",
             )
         if par["backend"] == "native" and ins["accelerator"] == "cpu":
             add(
@@ -131,7 +134,8 @@ def _multi_node_wiring(r: dict[str, Any], spec: Spec | None, add: Add) -> None:
         if par["tensor"] > hw["gpus_per_node"]:
             add(
                 "parallel.tensor",
-                f"tensor parallel {par['tensor']} spans nodes ({hw['gpus_per_node']} GPUs per node): TP across nodes is slow",
+                f"tensor parallel {par['tensor']} spans nodes ({hw['gpus_per_node']} GPUs per node): TP across nodes "
+                "is slow",
                 f"use TP = GPUs per node ({hw['gpus_per_node']}) and PP = nodes ({par['nodes']})",
                 "warning",
             )
@@ -163,7 +167,8 @@ def _ray_ports(r: dict[str, Any], spec: Spec | None, add: Add) -> None:
         if port in ray_own:
             add(
                 key,
-                f"{port} is also Ray's {ray_own[port]} port (pinned for the firewall) on every Ray node: one of the two cannot bind it",
+                f"{port} is also Ray's {ray_own[port]} port (pinned for the firewall) on every Ray node: one of the "
+                "two cannot bind it",
                 f"pick a port outside Ray's ports ({', '.join(str(p) for p in sorted(ray_own))}) and {lo}-{hi}",
             )
         elif port is not None and lo <= port <= hi:
@@ -176,7 +181,8 @@ def _ray_ports(r: dict[str, Any], spec: Spec | None, add: Add) -> None:
         add(
             "parallel.ray_port",
             f"{rp} is also {taken[rp]}: the head's GCS could not bind it",
-            f"pick a free port outside {', '.join(str(p) for p in sorted(taken))} and {lo}-{hi} (e.g. the default 6379)",
+            f"pick a free port outside {', '.join(str(p) for p in sorted(taken))} and {lo}-{hi} "
+            "(e.g. the default 6379)",
         )
     elif lo <= rp <= hi:
         add(
@@ -204,7 +210,8 @@ def _engine_batching(r: dict[str, Any], spec: Spec | None, add: Add) -> None:
     if mbt is not None and not e["enable_chunked_prefill"] and mbt < m["max_model_len"]:
         add(
             "engine.max_num_batched_tokens",
-            f"{mbt} is below max_model_len {m['max_model_len']} with chunked prefill off: vLLM refuses a prompt it cannot prefill in one step",
+            f"{mbt} is below max_model_len {m['max_model_len']} with chunked prefill off: vLLM refuses a prompt it "
+            "cannot prefill in one step",
             f"raise it to at least {m['max_model_len']}, or set `enable_chunked_prefill: true`",
         )
     if e["profile"] == "realtime" and e["max_num_seqs"] > 32:
@@ -239,14 +246,16 @@ def _kv_offload(r: dict[str, Any], spec: Spec | None, add: Add) -> None:
 
 
 def _extra_args(r: dict[str, Any], spec: Spec | None, add: Add) -> None:
-    """engine.extra_args may not set again what the spec owns, read flags from a file, carry the key, or use removed flags."""
+    """engine.extra_args may not set again what the spec owns, read flags from a file, carry the key, or use removed
+    flags."""
     for i, arg in enumerate(r["engine"]["extra_args"]):
         flag = _flag(arg)
         path = f"engine.extra_args[{i}]"
         if flag in CONFIG_FLAGS:
             add(
                 path,
-                f"`{arg.split('=', 1)[0]}` reads vLLM's arguments from a file, where any flag vllm-fleet owns (and the API key) could be set again",
+                f"`{arg.split('=', 1)[0]}` reads vLLM's arguments from a file, where any flag vllm-fleet owns (and "
+                "the API key) could be set again",
                 "delete it; set each option in its own spec key, or list the other flags here one by one",
             )
         elif flag in REMOVED_FLAGS:
@@ -255,7 +264,8 @@ def _extra_args(r: dict[str, Any], spec: Spec | None, add: Add) -> None:
             add(
                 path,
                 "an API key in the command line is visible to every user of the host (ps, /proc, the journal)",
-                "delete it (and its value) here; set `server.api_key: {file: PATH}`: the key goes to a 0600 EnvironmentFile as VLLM_API_KEY",
+                "delete it (and its value) here; set `server.api_key: {file: PATH}`: the key goes to a 0600 "
+                "EnvironmentFile as VLLM_API_KEY",
             )
         elif flag in OWNED_FLAGS:
             spelled = arg.split("=", 1)[0]
@@ -268,7 +278,8 @@ def _extra_args(r: dict[str, Any], spec: Spec | None, add: Add) -> None:
 
 
 def _model_transfer(r: dict[str, Any], spec: Spec | None, add: Add) -> None:
-    """The hub's keys (revision, hub_fetch, hub_token) only where the weights come from the hub; a path is not a hub id."""
+    """The hub's keys (revision, hub_fetch, hub_token) only where the weights come from the hub; a path is not a hub
+    id."""
     m = r["model"]
     if m["transfer"] == "none" and "revision" in raw_model_keys(spec):
         add(
@@ -313,8 +324,10 @@ def _model_names(r: dict[str, Any], spec: Spec | None, add: Add) -> None:
     if m["transfer"] == "none" and "path" not in raw_model and not HOST_PATH.search(str(m.get("path", ""))):
         add(
             "model.source",
-            f"with `transfer: none` the weights are read at `source` on every host, but {m['source']!r} is not a plain absolute path there",
-            "set `source:` (or `path:`) to the absolute directory of the weights on the hosts (e.g. /srv/models/x), or use `transfer: hub` for a hub id",
+            f"with `transfer: none` the weights are read at `source` on every host, but {m['source']!r} is not a "
+            "plain absolute path there",
+            "set `source:` (or `path:`) to the absolute directory of the weights on the hosts (e.g. /srv/models/x), "
+            "or use `transfer: hub` for a hub id",
         )
     if "served_name" not in raw_model and spec is not None and not SERVED_NAME.search(str(m.get("served_name", ""))):
         add(
@@ -359,7 +372,8 @@ def _server_binding(r: dict[str, Any], spec: Spec | None, add: Add) -> None:
     if int(srv["port"]) < 1024:
         add(
             "server.port",
-            f"{srv['port']} is a privileged port, but vLLM runs as `{srv['user']}` without capabilities (CapabilityBoundingSet= is empty): it cannot bind it",
+            f"{srv['port']} is a privileged port, but vLLM runs as `{srv['user']}` without capabilities "
+            "(CapabilityBoundingSet= is empty): it cannot bind it",
             "use a port of 1024 or above (default 8000); put nginx (proxy.listen) on 80 or 443",
         )
     if prx["enabled"] and srv["host"] not in ("127.0.0.1", "0.0.0.0") and par["nodes"] == 1:
@@ -411,7 +425,8 @@ def _routing(r: dict[str, Any], spec: Spec | None, add: Add) -> None:
     if rt["session_header"].lower() in HOP_HEADERS:
         add(
             "proxy.routing.session_header",
-            f"{rt['session_header']} is an HTTP framing/hop-by-hop header, not one a client can use to name a conversation",
+            f"{rt['session_header']} is an HTTP framing/hop-by-hop header, not one a client can use to name a "
+            "conversation",
             "use a header of your own, e.g. X-Session-Id (the default)",
         )
 
@@ -437,7 +452,8 @@ def _router_ports(r: dict[str, Any], spec: Spec | None, add: Add) -> None:
         if lo < int(router[key]) <= hi:
             add(
                 f"proxy.routing.router.{key}",
-                f"port {router[key]} is in server.port's replica range ({lo}-{hi}: replica N listens on server.port + N)",
+                f"port {router[key]} is in server.port's replica range ({lo}-{hi}: replica N listens on server.port + "
+                "N)",
                 f"pick a port outside {lo}-{hi} (defaults 8190 and 8191)",
             )
 
@@ -493,14 +509,18 @@ def _driver_branch(r: dict[str, Any], spec: Spec | None, add: Add) -> None:
     why = f"vLLM {ins['vllm_version']}'s wheels are built for CUDA {nv['vllm_cuda']}"
     if nv["cuda_version"] != nv["vllm_cuda"]:
         why += f" and install.nvidia.cuda_version is {nv['cuda_version']}"
-    fix = f"set `driver_branch: \"{nv['min_driver_branch']}\"` or newer (or leave it out: the default follows install.vllm_version)"
+    fix = (
+        f"set `driver_branch: \"{nv['min_driver_branch']}\"` or newer (or leave it out: the default follows "
+        "install.vllm_version)"
+    )
     if nv["vllm_cuda"].startswith("13"):
         fix += ", or pin `install.vllm_version` below 0.20 (CUDA 12.8 wheels, driver branch 570)"
     if nv.get("source") == "distro":
         fix += "; Debian 12's own driver is branch 535: use `source: nvidia` (NVIDIA's repository) for a newer one"
     add(
         "install.nvidia.driver_branch",
-        f"driver branch {nv['driver_branch']} cannot run this vLLM: {why}, which needs driver branch {nv['min_driver_branch']} or newer",
+        f"driver branch {nv['driver_branch']} cannot run this vLLM: {why}, which needs driver branch "
+        f"{nv['min_driver_branch']} or newer",
         fix,
     )
 
@@ -549,7 +569,8 @@ def _monitoring(r: dict[str, Any], spec: Spec | None, add: Add) -> None:
     if ins["accelerator"] == "cuda" and util and mon["alerts"]["gpu_memory_usage"] <= util:
         add(
             "monitoring.alerts.gpu_memory_usage",
-            f"{mon['alerts']['gpu_memory_usage']} is not above engine.gpu_memory_utilization {util}: vLLM reserves that much up front, so the alert would always fire",
+            f"{mon['alerts']['gpu_memory_usage']} is not above engine.gpu_memory_utilization {util}: vLLM reserves "
+            "that much up front, so the alert would always fire",
             f"set it above {util} (e.g. 0.98)",
             "warning",
         )

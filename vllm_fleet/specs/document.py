@@ -175,7 +175,8 @@ def _scalar(node: yaml.Node, loader: yaml.SafeLoader, path: str) -> Any:
             raise _Refused(
                 Problem(
                     path,
-                    f"the value holds a control character ({bad.group()!r}): it would break the line of the file it is written to",
+                    f"the value holds a control character ({bad.group()!r}): it would break the line of the file it "
+                    "is written to",
                     "write the value on one line, without control characters",
                     line=line,
                 )
@@ -770,7 +771,8 @@ def _resolve_model(spec: Spec, out: dict[str, Any]) -> None:
 
 
 def _resolve_engine(spec: Spec, out: dict[str, Any]) -> None:
-    """engine: the profile first, explicit keys win (max_model_len is the model's, marked when it came from the profile)."""
+    """engine: the profile first, explicit keys win (max_model_len is the model's, marked when it came from the
+    profile)."""
     m, e = out["model"], out["engine"]
     profile = defaults.PROFILES[e["profile"]]
     for key, value in profile.items():

@@ -117,7 +117,8 @@ def _gpu_count(c: _Facts) -> None:
     if share > 1 and reps % share:
         c.add(
             "replicas.per_gpu",
-            f"replicas.per_host {reps} is not a multiple of replicas.per_gpu {share}: a GPU group would be shared by fewer",
+            f"replicas.per_host {reps} is not a multiple of replicas.per_gpu {share}: a GPU group would be shared by "
+            "fewer",
             f"set per_host to a multiple of {share} (e.g. {share * max(1, reps // share)})",
         )
     elif share > 1 and par["nodes"] > 1:
@@ -132,7 +133,8 @@ def _gpu_count(c: _Facts) -> None:
         )
         c.add(
             "parallel.tensor",
-            f"tensor {tp} x pipeline {pp} x data {dp}{times} = {tp * pp * dp * (reps // share)} GPUs, but hardware.gpus_per_node {hw.get('gpus_per_node', 1)} x parallel.nodes {par.get('nodes', 1)} = {want}",
+            f"tensor {tp} x pipeline {pp} x data {dp}{times} = {tp * pp * dp * (reps // share)} GPUs, but "
+            f"hardware.gpus_per_node {hw.get('gpus_per_node', 1)} x parallel.nodes {par.get('nodes', 1)} = {want}",
             "make them equal: usually tensor = GPUs per node and pipeline = nodes (the 004 article); "
             "replicas.per_host for more replicas on one host (each its own GPUs), data for replicas inside one server",
         )
@@ -153,30 +155,34 @@ def _precision(c: _Facts) -> None:
         if kv_dtype.startswith("fp8") and cc < FP8_MIN_CC:
             c.add(
                 "engine.kv_cache_dtype",
-                f"FP8 KV cache needs compute capability {FP8_MIN_CC}+ (Ada Lovelace, Hopper); {g['label']} is {g['arch']} sm_{int(cc * 10)} "
-                "(the 000 article: 'FP8 KV cache is not supported on this device' on an RTX 3090)",
+                f"FP8 KV cache needs compute capability {FP8_MIN_CC}+ (Ada Lovelace, Hopper); {g['label']} is "
+                f"{g['arch']} sm_{int(cc * 10)} (the 000 article: 'FP8 KV cache is not supported on this device' on "
+                "an RTX 3090)",
                 "use `kv_cache_dtype: auto`; to free memory quantize the weights (AWQ INT4) or lower max_model_len",
             )
         if quant == "fp8" and cc < FP8_MIN_CC:
             c.add(
                 "model.quantization",
-                f"FP8 weights need compute capability {FP8_MIN_CC}+ (Ada Lovelace, Hopper); {g['label']} is {g['arch']} sm_{int(cc * 10)} "
-                "with no FP8 compute (vLLM would fall back to weight-only FP8 Marlin: memory savings, no FP8 speed-up, a path the "
-                "articles do not vouch for)",
-                "on Ampere serve an AWQ INT4 checkpoint with `quantization: awq_marlin`; use fp8 on compute capability 8.9+",
+                f"FP8 weights need compute capability {FP8_MIN_CC}+ (Ada Lovelace, Hopper); {g['label']} is "
+                f"{g['arch']} sm_{int(cc * 10)} with no FP8 compute (vLLM would fall back to weight-only FP8 Marlin: "
+                "memory savings, no FP8 speed-up, a path the articles do not vouch for)",
+                "on Ampere serve an AWQ INT4 checkpoint with `quantization: awq_marlin`; use fp8 on compute "
+                "capability 8.9+",
             )
         if quant in ("awq_marlin", "gptq_marlin") and cc < MARLIN_MIN_CC:
             c.add(
                 "model.quantization",
-                f"{quant} needs compute capability {MARLIN_MIN_CC}+ (Ampere or newer); {g['label']} is sm_{int(cc * 10)}",
+                f"{quant} needs compute capability {MARLIN_MIN_CC}+ (Ampere or newer); {g['label']} is "
+                f"sm_{int(cc * 10)}",
                 f"use `quantization: {quant.replace('_marlin', '')}`",
             )
         if quant in ("awq", "gptq") and cc >= MARLIN_MIN_CC:
             c.add(
                 "model.quantization",
-                f"plain `{quant}` forces the slow {quant.upper()} kernel on a GPU that supports Marlin (measured ~8x slower decode than awq_marlin "
-                "on an H200: 30.6 vs 3.8 ms per step)",
-                f"use `quantization: {quant}_marlin` (or leave quantization unset: vLLM picks Marlin for {quant.upper()} checkpoints)",
+                f"plain `{quant}` forces the slow {quant.upper()} kernel on a GPU that supports Marlin (measured ~8x "
+                "slower decode than awq_marlin on an H200: 30.6 vs 3.8 ms per step)",
+                f"use `quantization: {quant}_marlin` (or leave quantization unset: vLLM picks Marlin for "
+                f"{quant.upper()} checkpoints)",
                 "warning",
             )
     if kv_dtype == "int8":
@@ -201,7 +207,8 @@ def _activation_dtype(c: _Facts) -> None:
     elif quant in ("awq_marlin", "gptq_marlin") and m.get("dtype") in ("bfloat16", "float32", "float"):
         c.add(
             "model.dtype",
-            f"{quant} with dtype {m['dtype']}: INT4 checkpoints are calibrated in float16 and the articles serve them in float16",
+            f"{quant} with dtype {m['dtype']}: INT4 checkpoints are calibrated in float16 and the articles serve them "
+            "in float16",
             "set `dtype: float16`",
             "error" if m["dtype"] in ("float32", "float") else "warning",
         )
@@ -213,8 +220,8 @@ def _without_model_facts(c: _Facts) -> None:
     c.add(
         "model.architecture" if m.get("architecture") else "model.source",
         f"plan skipped: no model facts ({c.how}), so memory, head-divisibility and context checks did not run",
-        "set `architecture:` under `model:` to a catalogue name (vllm-fleet plan --list-models) or make the model's config.json readable "
-        "(for `transfer: upload`, build/download the directory first)",
+        "set `architecture:` under `model:` to a catalogue name (vllm-fleet plan --list-models) or make the model's "
+        "config.json readable (for `transfer: upload`, build/download the directory first)",
         "warning",
     )
     if m.get("architecture") and not catalog.model(m["architecture"]):
@@ -260,7 +267,8 @@ def _checkpoint_quantization(c: _Facts) -> None:
         c.add(
             "model.quantization",
             f"`{quant}` needs a checkpoint quantized that way, but {c.how} has no quantization_config",
-            "serve an AWQ/GPTQ checkpoint (e.g. Qwen/Qwen2.5-7B-Instruct-AWQ), or use `quantization: fp8` to quantize a 16-bit checkpoint on load",
+            "serve an AWQ/GPTQ checkpoint (e.g. Qwen/Qwen2.5-7B-Instruct-AWQ), or use `quantization: fp8` to quantize "
+            "a 16-bit checkpoint on load",
         )
     elif quant and ck and ck.get("method") in _COMPATIBLE and quant not in _COMPATIBLE[ck["method"]]:
         c.add(
@@ -289,14 +297,16 @@ def _speculative(c: _Facts) -> None:
         assert c.facts is not None
         c.add(
             "engine.speculative",
-            f"speculative decoding on one GPU with a ~{planner.total_params(c.facts) / 1e9:.0f}B model: the 000 article measured no gain (TTFT p99 x25 at concurrency 16)",
+            f"speculative decoding on one GPU with a ~{planner.total_params(c.facts) / 1e9:.0f}B model: the 000 "
+            "article measured no gain (TTFT p99 x25 at concurrency 16)",
             "remove `speculative:` unless a benchmark on this GPU shows a gain",
             "warning",
         )
 
 
 def _memory_plan(c: _Facts) -> None:
-    """The memory plan: weights, overhead and one full sequence of KV cache fit the GPU (or the replica's share of it)."""
+    """The memory plan: weights, overhead and one full sequence of KV cache fit the GPU (or the replica's share of
+    it)."""
     if c.g is None or c.cpu or any(p.path == "parallel.tensor" and p.severity == "error" for p in c.out):
         return
     m, e, g = c.r["model"], c.r["engine"], c.g
@@ -315,12 +325,13 @@ def _memory_plan(c: _Facts) -> None:
         "replicas.per_gpu"
         if split and p["weights_gib"] + p["overhead_gib"] < p["budget_gib"] * p["replicas_per_gpu"]
         else path,
-        f"does not fit on {g['name']}: {p['memory_gib']} GiB x {e['gpu_memory_utilization']}{split} = {p['budget_gib']} GiB per {'replica' if split else 'GPU'}; "
-        f"weights {p['weights_gib']} GiB + overhead {p['overhead_gib']} GiB leave {max(0.0, p['kv_cache_gib'])} GiB of KV cache = "
-        f"{p['kv_tokens']} tokens, below one sequence of max_model_len {m['max_model_len']} "
-        f"({p['kv_bytes_per_token']} bytes per token per GPU)",
+        f"does not fit on {g['name']}: {p['memory_gib']} GiB x {e['gpu_memory_utilization']}{split} = "
+        f"{p['budget_gib']} GiB per {'replica' if split else 'GPU'}; weights {p['weights_gib']} GiB + overhead "
+        f"{p['overhead_gib']} GiB leave {max(0.0, p['kv_cache_gib'])} GiB of KV cache = {p['kv_tokens']} tokens, "
+        f"below one sequence of max_model_len {m['max_model_len']} ({p['kv_bytes_per_token']} bytes per token per GPU)",
         (
-            f"lower replicas.per_gpu to at most {fit_n} (each needs about {need:.1f} GiB for one full sequence) or shrink each replica: "
+            f"lower replicas.per_gpu to at most {fit_n} (each needs about {need:.1f} GiB for one full sequence) or "
+            "shrink each replica: "
             if split
             else "free memory "
         )
@@ -371,9 +382,10 @@ def flashinfer_problems(resolved: dict[str, Any], cc: float | None, spec: Spec |
                 Problem(
                     "install.wheelhouse",
                     f"{wh} has {flashinfer.PYTHON} {lacking} but not {flashinfer.CUBIN} {lacking}: vLLM >= 0.26 no "
-                    f"longer requires it, and without it FlashInfer downloads its pre-built kernels at first use, which a host without internet cannot",
-                    f"add it to the wheelhouse: pip download --no-deps --only-binary=:all: -d {wh} {flashinfer.CUBIN}=={lacking} "
-                    "(the same version as flashinfer-python, exactly)",
+                    "longer requires it, and without it FlashInfer downloads its pre-built kernels at first use, "
+                    "which a host without internet cannot",
+                    f"add it to the wheelhouse: pip download --no-deps --only-binary=:all: -d {wh} "
+                    f"{flashinfer.CUBIN}=={lacking} (the same version as flashinfer-python, exactly)",
                     "warning",
                     line("install.wheelhouse"),
                 )
@@ -385,8 +397,9 @@ def flashinfer_problems(resolved: dict[str, Any], cc: float | None, spec: Spec |
                 "install.wheelhouse",
                 f"{'; '.join(why)}: vLLM then JIT-compiles FlashInfer kernels at first use, with nvcc, and this "
                 "host installs from a wheelhouse (offline: the nvidia role cannot fetch a CUDA toolkit either)",
-                "have a CUDA toolkit on the host (nvcc; the nvidia role installs cuda-toolkit-X-Y unless nvidia_install_toolkit: false) "
-                f"or put {flashinfer.JIT_CACHE} of the same version and CUDA (from FlashInfer's own wheel index) into the wheelhouse",
+                "have a CUDA toolkit on the host (nvcc; the nvidia role installs cuda-toolkit-X-Y unless "
+                f"nvidia_install_toolkit: false) or put {flashinfer.JIT_CACHE} of the same version and CUDA (from "
+                "FlashInfer's own wheel index) into the wheelhouse",
                 "warning",
                 line("install.wheelhouse"),
             )

@@ -19,8 +19,8 @@ Hosts given inline belong to no group of the file, so they are put in the ``serv
 (:func:`vllm_fleet.specs.hostdata.inline_groups`, which the deploy's own read of pyinfra's hosts
 uses too); ``user@host[:port]`` gives the host data ``ssh_user`` (and ``ssh_port``) unless set.
 
-``address``: the host's ``ssh_hostname`` data, else its name (``user@host``: the host). ``order``: the host's place in each
-group (a rollout's batches follow the ``servers`` group's order). The host data itself is checked
+``address``: the host's ``ssh_hostname`` data, else its name (``user@host``: the host). ``order``: the host's place in
+each group (a rollout's batches follow the ``servers`` group's order). The host data itself is checked
 by :mod:`vllm_fleet.specs.hostdata` (the layout does that for every command).
 
 No host is contacted.
@@ -149,7 +149,10 @@ def for_pyinfra(inventory: str) -> str:
         n if n.startswith("@") or "@" not in n else (n, {"ssh_hostname": host_address(n, {}), **login_data(n, {})})
         for n in names
     ]
-    text = f'"""Written by vllm-fleet for the inline inventory {inventory!r} (pyinfra reads user@host as a name)."""\n\nservers = {rows!r}\n'
+    text = (
+        f'"""Written by vllm-fleet for the inline inventory {inventory!r} (pyinfra reads user@host as a name)."""\n'
+        f'\nservers = {rows!r}\n'
+    )
     where = Path(os.path.expanduser("~/.cache/vllm-fleet/inline"))
     path = where / f"inline_{hashlib.sha256(inventory.encode()).hexdigest()[:16]}.py"
     if not path.is_file() or path.read_text() != text:

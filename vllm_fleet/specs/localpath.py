@@ -239,6 +239,7 @@ def control_path_problems(r: dict[str, Any], base_dir: Path | None, add: Callabl
             cp.yaml_path,
             f"{_short(str(p))} cannot be read on this machine: {why}; {cp.use}",
             f"point it at a readable {what} on the control machine (a relative path is taken from "
-            f"{'the spec file' + chr(39) + 's directory' if cp.relative_to_spec else 'the working directory'}), or run this where it is",
+            f"{'the spec file' + chr(39) + 's directory' if cp.relative_to_spec else 'the working directory'}), or "
+            "run this where it is",
             "warning",
         )

@@ -297,7 +297,8 @@ def _cpu_kv_bytes(out: dict[str, Any], resolved: dict[str, Any]) -> float:
     """The CPU build's KV cache: its own setting, in host memory."""
     out.update(memory_gib=None, budget_gib=None, overhead_gib=None, overhead_parts=None, decode_floor_ms=None)
     out["notes"].append(
-        "CPU build: the KV cache is engine.cpu_kv_cache_gib GiB of host memory (VLLM_CPU_KVCACHE_SPACE); weights and activations live in host memory beside it"
+        "CPU build: the KV cache is engine.cpu_kv_cache_gib GiB of host memory (VLLM_CPU_KVCACHE_SPACE); weights and "
+        "activations live in host memory beside it"
     )
     return float(resolved["engine"]["cpu_kv_cache_gib"]) * GIB
 
@@ -351,7 +352,8 @@ def _kv_capacity(out: dict[str, Any], resolved: dict[str, Any], kv_bytes: float,
     out["fits"] = tokens >= m["max_model_len"]
     if 0 < tokens < m["max_model_len"]:
         notes.append(
-            f"the KV cache holds {tokens} tokens, less than one sequence of max_model_len {m['max_model_len']}: vLLM refuses to start"
+            f"the KV cache holds {tokens} tokens, less than one sequence of max_model_len {m['max_model_len']}: vLLM "
+            "refuses to start"
         )
     if out["fits"] and out["max_concurrent_seqs"] < e["max_num_seqs"]:
         notes.append(
@@ -380,7 +382,8 @@ def _kv_offload(out: dict[str, Any], resolved: dict[str, Any], per_tok: int, cpu
     out["kv_offload_host_gib"] = need
     out["notes"].append(
         f"KV offload: {n} replica(s) per host x ({float(size):g} GiB tier + {REPLICA_HOST_GIB:g} GiB) + "
-        f"{HOST_RESERVE_GIB:g} GiB reserve = {need:g} GiB of host RAM needed (checked against each host's RAM at deploy)"
+        f"{HOST_RESERVE_GIB:g} GiB reserve = {need:g} GiB of host RAM needed (checked against each host's RAM at "
+        "deploy)"
     )
 
 
@@ -466,8 +469,8 @@ def format_plan(p: dict[str, Any]) -> str:
                 (
                     "replicas per GPU",
                     f"{n}: each vLLM {p['memory_gib']} GiB x {p['gpu_memory_utilization']} / {n} = "
-                    f"{p['budget_gib']:.2f} GiB (weights + overhead + KV below); together {p['budget_gib'] * n:.2f} GiB "
-                    f"of {p['memory_gib']} GiB",
+                    f"{p['budget_gib']:.2f} GiB (weights + overhead + KV below); together {p['budget_gib'] * n:.2f} "
+                    f"GiB of {p['memory_gib']} GiB",
                 )
             )
         else:
@@ -492,7 +495,8 @@ def format_plan(p: dict[str, Any]) -> str:
             (
                 "overhead allowance",
                 f"{gib(p['overhead_gib'])}  (runtime {op['runtime']}, CUDA graphs {op['cuda_graphs']}, "
-                f"multi-GPU {op['multi_gpu']}, activations {op['activations']} @ {op['batched_tokens']} tokens, sampler {op['sampler']})",
+                f"multi-GPU {op['multi_gpu']}, activations {op['activations']} @ {op['batched_tokens']} tokens, "
+                f"sampler {op['sampler']})",
             )
         )
     rows.append((f"KV cache per {unit}", gib(p.get("kv_cache_gib"))))
@@ -509,7 +513,8 @@ def format_plan(p: dict[str, Any]) -> str:
         rows.append(
             (
                 "KV bytes / token",
-                f"{p['kv_bytes_per_token']:,} per GPU ({p['kv_bytes_per_token_model']:,} for the whole model, {p['kv_cache_dtype']})",
+                f"{p['kv_bytes_per_token']:,} per GPU ({p['kv_bytes_per_token_model']:,} for the whole model, "
+                f"{p['kv_cache_dtype']})",
             )
         )
         rows.append(("KV capacity", f"{p['kv_tokens']:,} tokens = {p['kv_blocks']:,} blocks of {p['block_tokens']}"))

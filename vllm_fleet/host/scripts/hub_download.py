@@ -38,8 +38,8 @@ try:
         gib = lambda n: f"{n / 2**30:.2f} GiB"
         fail(
             f"not enough disk space at {dest}: {repo}@{revision} needs {gib(need)} more, {gib(free)} are free and "
-            f"model_keep_free_bytes asks {gib(int(keep))} to stay free. Fix: free space there, point model.path at a larger "
-            "filesystem, or lower model_keep_free_bytes; nothing was downloaded"
+            f"model_keep_free_bytes asks {gib(int(keep))} to stay free. Fix: free space there, point model.path at a "
+            "larger filesystem, or lower model_keep_free_bytes; nothing was downloaded"
         )
     # resumes what an interrupted run left (local_dir/.cache/huggingface/download)
     snapshot_download(repo_id=repo, revision=revision, local_dir=dest, token=token, ignore_patterns=ignore or None)
@@ -71,6 +71,7 @@ for rel in bad:
     pathlib.Path(dest, rel).unlink(missing_ok=True)
 if bad:
     fail(
-        f"{len(bad)} file(s) did not match the hub's size/sha256 and were removed ({', '.join(bad[:5])}): run the deploy again"
+        f"{len(bad)} file(s) did not match the hub's size/sha256 and were removed ({', '.join(bad[:5])}): run the "
+        "deploy again"
     )
 pathlib.Path(dest, marker).write_text(f"{repo}@{revision}\n")

@@ -139,8 +139,9 @@ def through_nginx(resolved: dict[str, Any], mon_node: "_Node", target: "_Node", 
     allow = prx.get("metrics_allow") or []
     if not _allowed(source, allow):
         raise RenderError(
-            f"monitoring: {mon_node.target} ({source}) reads {what} of {target.target} through its nginx, but proxy.metrics_allow "
-            f"({', '.join(allow) or 'empty'}) does not include it: add {source} (or its subnet) to proxy.metrics_allow"
+            f"monitoring: {mon_node.target} ({source}) reads {what} of {target.target} through its nginx, but "
+            f"proxy.metrics_allow ({', '.join(allow) or 'empty'}) does not include it: add {source} (or its subnet) "
+            "to proxy.metrics_allow"
         )
     port, default = prx["listen"], (443 if prx["tls"]["enabled"] else 80)
     address = source if source == "127.0.0.1" else private_address(target, True)
@@ -191,8 +192,9 @@ def vllm_targets(
                 target["metrics_path"], target["health_path"] = f"/metrics/{n}", f"/health/{n}"
             else:
                 raise RenderError(
-                    f"monitoring: {mon_node.target} cannot read vLLM's /metrics on {s.target}: vLLM listens on {srv['host']} and no proxy runs there: "
-                    f"set server.host: 0.0.0.0 (firewalled to the private network), or put {s.target} in the monitoring group"
+                    f"monitoring: {mon_node.target} cannot read vLLM's /metrics on {s.target}: vLLM listens on "
+                    f"{srv['host']} and no proxy runs there: set server.host: 0.0.0.0 (firewalled to the private "
+                    f"network), or put {s.target} in the monitoring group"
                 )
         out.append(target)
     return out
@@ -380,7 +382,8 @@ def _args_file(header: str, what: str, args: list[str]) -> str:
     for a in args:
         if not _PLAIN_ARG.fullmatch(a):
             raise RenderError(
-                f"monitoring: {a!r} is not a plain word (an address, path or duration): it cannot go into ARGS of {what.split(':')[0]}"
+                f"monitoring: {a!r} is not a plain word (an address, path or duration): it cannot go into ARGS of "
+                f"{what.split(':')[0]}"
             )
     return f"# {header}\n# {what}\nARGS=\"{' '.join(args)}\"\n"
 

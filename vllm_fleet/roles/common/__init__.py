@@ -205,8 +205,8 @@ def _detect_ifnames(layout: Layout, hosts: dict[str, dict[str, Any]]) -> bool:
             if not ifname:
                 raise DeployError(
                     f"{node.target}: no single interface holds the node address {node.private} "
-                    f"(IPv4 interfaces: {interfaces or 'none read'}); set parallel.socket_ifname or host data socket_ifname; "
-                    "no host was changed"
+                    f"(IPv4 interfaces: {interfaces or 'none read'}); set parallel.socket_ifname or host data "
+                    "socket_ifname; no host was changed"
                 )
             data["socket_ifname"] = ifname
             filled = True
@@ -240,7 +240,8 @@ def load_deploy_spec() -> DeployContext:
         resolved, sec = _checked_spec(path, generated)
         if resolved["name"] in specs:
             raise DeployError(
-                f"{path}: deployment {resolved['name']} is also in {sources[resolved['name']]}: each spec needs its own name; no host was changed"
+                f"{path}: deployment {resolved['name']} is also in {sources[resolved['name']]}: each spec needs its "
+                "own name; no host was changed"
             )
         specs[resolved["name"]], secrets[resolved["name"]], sources[resolved["name"]] = resolved, sec, path
         names[_norm(path)] = resolved["name"]

@@ -4,8 +4,8 @@ pyinfra's operations each read their own facts (a directory: one ``sudo sh -c`` 
 file: two; a unit: two; a user: three), and each operation's generator runs twice, once while
 the plan is built and once when it executes: a no-op deploy of one lab host was 86 round trips.
 Here the deploy (vllm_fleet/deploys/serve.py; the rollout's update step too) first asks each
-role what it will compare (``state_query`` of nvidia, pyenv, vllm, model, service, ray, nginx, router), reads all of it with one
-:class:`~vllm_fleet.host.state.HostState` fact (the script ``vllm_fleet/host/scripts/host_state.sh``;
+role what it will compare (``state_query`` of nvidia, pyenv, vllm, model, service, ray, nginx, router), reads all of it
+with one :class:`~vllm_fleet.host.state.HostState` fact (the script ``vllm_fleet/host/scripts/host_state.sh``;
 what a read asks and answers, :class:`~vllm_fleet.host.state.Query` and
 :class:`~vllm_fleet.host.state.Snapshot`, live in vllm_fleet.host.state), and the roles then
 create an operation only where the state differs. A converged host gets no operation (so also

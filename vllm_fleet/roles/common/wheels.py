@@ -1,8 +1,8 @@
 """How a host reaches the wheels the control machine holds for it: a directory given in the spec
 or host data (``install.wheelhouse``, ``vllm_find_links``), or the fleet wheelhouse
 (:mod:`vllm_fleet.fetch.wheelhouse`) fetched over HTTP from host data ``vllm_wheel_serve_address``
-and checked against its sha256 before use, else uploaded with ``files.sync``; and what the fleet wheelhouse must fit on the host (its
-python3, C library and machine: :func:`target_query`, :func:`host_target`, from the one state
+and checked against its sha256 before use, else uploaded with ``files.sync``; and what the fleet wheelhouse must fit on
+the host (its python3, C library and machine: :func:`target_query`, :func:`host_target`, from the one state
 read). One place for the vllm and router roles.
 """
 

@@ -41,8 +41,8 @@ Deploy function
       (``original/*``, ``*.pth``: Llama repositories' consolidated checkpoints, which vLLM never
       loads, about as large again as the safetensors). Before it downloads anything it compares
       the repository's file sizes (what is already there counts) with the free space at
-      ``model.path`` less ``model_keep_free_bytes``, and stops naming both when they do not fit. The token, when given, is written to
-      ``{config_dir}/hub-token`` (root:root 0600, never shown) and only its path is on the
+      ``model.path`` less ``model_keep_free_bytes``, and stops naming both when they do not fit. The token, when given,
+      is written to ``{config_dir}/hub-token`` (root:root 0600, never shown) and only its path is on the
       command line. Skipped when ``model.path/.vllm-fleet-hub`` already says
       ``<source>@<revision>``. Then the tree is chowned to the service user.
     - ``none``: the weights must already be at ``model.path``: a plan-time check that

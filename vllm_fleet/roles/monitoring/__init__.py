@@ -181,7 +181,8 @@ def _dcgm(p: dict[str, str], rendered: dict[str, Any], snap: Snapshot) -> None:
     if binary:
         if not os.path.isfile(os.path.expanduser(binary)):
             raise DeployError(
-                f"{host.name}: monitoring_dcgm_exporter_binary {binary} is not a file on this machine; no host was changed"
+                f"{host.name}: monitoring_dcgm_exporter_binary {binary} is not a file on this machine; no host was "
+                "changed"
             )
         changed.append(
             files.put(
@@ -190,9 +191,9 @@ def _dcgm(p: dict[str, str], rendered: dict[str, Any], snap: Snapshot) -> None:
         )
     elif not _is_file(snap, monitoring.DCGM_BINARY):
         raise DeployError(
-            f"{host.name}: monitoring.dcgm_exporter is on for this GPU host but {monitoring.DCGM_BINARY} is missing: set host data "
-            "`monitoring_dcgm_exporter_binary` to a dcgm-exporter binary on the control machine (NVIDIA/dcgm-exporter, `make binary`), "
-            "or set monitoring.dcgm_exporter: false"
+            f"{host.name}: monitoring.dcgm_exporter is on for this GPU host but {monitoring.DCGM_BINARY} is missing: "
+            "set host data `monitoring_dcgm_exporter_binary` to a dcgm-exporter binary on the control machine "
+            "(NVIDIA/dcgm-exporter, `make binary`), or set monitoring.dcgm_exporter: false"
         )
     put = _put(rendered, [p["dcgm_counters"], p["dcgm_unit"]])
     changed += put.values()

@@ -149,7 +149,8 @@ def _fabricmanager_package(source: str, distro_name: str, branch: str, host_name
         return d.UBUNTU_DISTRO_FABRICMANAGER.format(branch=branch)
     raise UnsupportedHost(
         f"host {host_name}: this board has NVSwitches (CUDA needs nvidia-fabricmanager there), and Debian's own "
-        "packages have no fabric manager. Fix: install.nvidia.source: nvidia (NVIDIA's repository has it for every branch)."
+        "packages have no fabric manager. Fix: install.nvidia.source: nvidia (NVIDIA's repository has it for every "
+        "branch)."
     )
 
 
@@ -227,7 +228,8 @@ def _reboot_needed(state, host, branch: str) -> None:  # noqa: ARG001
     """Runs on the host when a reboot is needed and ``nvidia_reboot`` is off: stop this host."""
     raise RebootNeeded(
         f"host {host.name}: NVIDIA driver branch {branch} is installed but not loaded, and host data nvidia_reboot "
-        f"is false. Fix: reboot {host.name}, then deploy again (or set nvidia_reboot: true to let the deploy reboot it)."
+        f"is false. Fix: reboot {host.name}, then deploy again (or set nvidia_reboot: true to let the deploy reboot "
+        "it)."
     )
 
 
@@ -421,8 +423,8 @@ def _refuse_unsigned_module(h: _Host) -> None:
     """Secure Boot with an unsigned DKMS module: the driver would install and never load."""
     if not h.driver_ok and h.secure_boot and not host.data.get("nvidia_secure_boot_mok"):
         raise UnsupportedHost(
-            f"host {host.name}: UEFI Secure Boot is on, and the NVIDIA kernel module DKMS builds is not signed with a key "
-            "the firmware trusts, so it would never load. Nothing was installed. Fix: turn Secure Boot off in the "
+            f"host {host.name}: UEFI Secure Boot is on, and the NVIDIA kernel module DKMS builds is not signed with a "
+            "key the firmware trusts, so it would never load. Nothing was installed. Fix: turn Secure Boot off in the "
             "firmware, or enroll DKMS's signing key (mokutil --import /var/lib/dkms/mok.pub, confirm at the next boot) "
             "and set host data nvidia_secure_boot_mok: true."
         )

@@ -170,7 +170,8 @@ def describe(g: GpuMemory) -> str:
     parts.append(f"{_gib(g.held_by_others)} held by other processes" + (f" ({', '.join(names)})" if names else ""))
     if g.ours:
         parts.append(
-            f"{_gib(sum(g.ours.values()))} by this deployment ({', '.join(sorted(g.ours))}: given back when it restarts)"
+            f"{_gib(sum(g.ours.values()))} by this deployment ({', '.join(sorted(g.ours))}: given back when it "
+            "restarts)"
         )
     if g.unattributed:
         parts.append(f"{_gib(g.unattributed)} by processes this read could not attribute (another PID namespace)")
@@ -196,8 +197,8 @@ def problems(gpus: list[GpuMemory], shares: dict[int, dict[str, float]]) -> tupl
             continue
         most = math.floor(100 * g.plannable / g.cuda_total) / 100 if g.cuda_total else 0.0
         what = (
-            f"GPU {index}: {asks} = {total_share:g} x {g.cuda_total / MIB:.2f} GiB = {need / MIB:.2f} GiB asked at start "
-            f"(engine.gpu_memory_utilization), but only {g.plannable / MIB:.2f} GiB is free for this deployment "
+            f"GPU {index}: {asks} = {total_share:g} x {g.cuda_total / MIB:.2f} GiB = {need / MIB:.2f} GiB asked at "
+            f"start (engine.gpu_memory_utilization), but only {g.plannable / MIB:.2f} GiB is free for this deployment "
             f"({describe(g)})"
         )
         if need <= g.plannable + g.unattributed:

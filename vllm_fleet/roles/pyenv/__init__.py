@@ -13,9 +13,9 @@ Deploy functions (``spec`` is the resolved spec dict from ``vllm_fleet.specs.loa
         ``gcc``: Triton compiles its launcher against Python.h when vLLM starts), then
         ``python3 -m venv {prefix}/env`` unless that env's python already runs (the system
         python3's version; install.python is not used).
-      - ``conda``: (cuda: apt ``gcc`` first, the env has its own headers) Miniforge ``pyenv_miniforge_version`` at ``pyenv_miniforge_root`` (default
-        /opt/miniforge3), installed only when absent or recorded at another version: download to a
-        ``.part`` file, ``sha256sum --check`` against the pinned sha256, and only then run the
+      - ``conda``: (cuda: apt ``gcc`` first, the env has its own headers) Miniforge ``pyenv_miniforge_version`` at
+        ``pyenv_miniforge_root`` (default /opt/miniforge3), installed only when absent or recorded at another
+        version: download to a ``.part`` file, ``sha256sum --check`` against the pinned sha256, and only then run the
         installer (``bash … -b -p ROOT``, ``-u`` to update an existing root). Then
         ``conda create -y -p {prefix}/env --override-channels -c conda-forge python=X.Y`` unless
         the env exists with that Python. An env with another Python stops the deploy

@@ -7,8 +7,8 @@ Deploy function
     Host data in ``defaults.DEFAULTS`` (``ray_cluster_wait_timeout``, ``ray_version_check``);
     ``socket_ifname``, ``ray_firewall``, ``ray_firewall_allow`` are read by the layout.
     Returns a :class:`RayResult`: ``owned`` (the rendered paths this role placed: the files of
-    its part, ``HostLayout.files_of(deployment, "ray")``, but the firewall's), ``env_ops`` (operations whose change must restart vLLM on
-    this host) and ``cluster_restarted`` (an object with ``did_change()``, true at execute time
+    its part, ``HostLayout.files_of(deployment, "ray")``, but the firewall's), ``env_ops`` (operations whose change must
+    restart vLLM on this host) and ``cluster_restarted`` (an object with ``did_change()``, true at execute time
     when any Ray node of the cluster was (re)started: restart vLLM on the head after it).
     ``state_query(spec, node, rendered)``: what it compares against (its files, directories and
     units), part of the deploy's one state read (deploys/serve.py; vllm_fleet.roles.common.state).
@@ -201,7 +201,8 @@ def install_ray(
     or (``present=False``) stop and remove it.
 
     + spec: the resolved deployment spec
-    + node: this deployment's part of the host's layout (``vllm_fleet.render.layout.Node``; its roles say head or worker)
+    + node: this deployment's part of the host's layout (``vllm_fleet.render.layout.Node``; its roles say head or
+      worker)
     + layout: the fleet's layout (``vllm_fleet.render.layout.Layout``: the other Ray nodes' private addresses)
     + rendered: this host's rendered files ({path: RenderedFile}: node.env with the interface, the
       Ray unit, the firewall)
@@ -378,7 +379,10 @@ def _wait_for_cluster(spec: dict[str, Any], layout: Layout, cluster: dict[str, A
     for n in ray_nodes:
         expect += ["--expect", str(n.private)]
     python.call(
-        name=f"Wait for the Ray cluster: {nodes} nodes, {gpus:g} GPUs (deadline {host.data.get('ray_cluster_wait_timeout')} s)",
+        name=(
+            f"Wait for the Ray cluster: {nodes} nodes, {gpus:g} GPUs (deadline "
+            f"{host.data.get('ray_cluster_wait_timeout')} s)"
+        ),
         function=_wait_cluster,
         py=command.env_python(spec),
         script=p["wait_ray"],

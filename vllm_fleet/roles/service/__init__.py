@@ -125,13 +125,15 @@ def _wait_healthy(
             if nofile is not None and nofile < VLLM_NOFILE:
                 host.log(
                     f"{unit} runs with an open-files limit of {nofile} (the unit asks LimitNOFILE=1048576; vLLM wants "
-                    f">= {VLLM_NOFILE}): the host's init could not raise it (a container's limit); see docs/gpu-proof.md"
+                    f">= {VLLM_NOFILE}): the host's init could not raise it (a container's limit); see "
+                    "docs/gpu-proof.md"
                 )
             if spec is not None:
                 why = judge_replica_chat(*chat_on_host(spec, port), spec["model"]["served_name"])
                 if why:
                     raise RuntimeError(
-                        f"{host.name}: {unit} answers /health but not a chat on port {port}: {why}; look: journalctl -u {unit}"
+                        f"{host.name}: {unit} answers /health but not a chat on port {port}: {why}; look: journalctl "
+                        f"-u {unit}"
                     )
             if stamp:
                 host.run_shell_command(cmd("touch", "-c", stamp), **as_root())
@@ -139,7 +141,10 @@ def _wait_healthy(
         last = f"/health -> {code or 'no answer'}, unit {state}, NRestarts {restarts}"
         if code == "200":
             _, pid, comm = (owner.split(" ", 2) + ["", "", ""])[:3]
-            last += f"; port {port} is answered by PID {pid} ({comm}), not by {unit}: another deployment or process holds the port"
+            last += (
+                f"; port {port} is answered by PID {pid} ({comm}), not by {unit}: another deployment or process "
+                "holds the port"
+            )
         if state == "failed" or restarts > restarts0:
             last += f", the unit crashed while starting (restarts {restarts0} -> {restarts})"
             break
