@@ -23,7 +23,8 @@ REQUIRED = (
     (
         "VLLM_FLEET_REQUIRE_TOOLS",
         re.compile(
-            r"\b(nginx|systemd-analyze|prometheus|promtool|curl)\b.*\b(not installed|could not be installed|not found|are needed)",
+            r"\b(nginx|systemd-analyze|prometheus|promtool|curl)\b.*\b(not installed|could not be installed|not "
+            r"found|are needed)",
             re.I,
         ),
     ),

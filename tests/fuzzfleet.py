@@ -13,7 +13,8 @@ on the inventory the reader gives) under an alarm and classifies:
 * ``accepted``: every rendered file passes its independent reader (``nginx -t`` on each site,
   ``nft -c`` on each firewall, ``systemd-analyze verify`` on each unit, ``promtool check config``
   on Prometheus' config), every Prometheus target and blackbox probe reaches its host through the
-  firewalls and nginx allow lists the same render wrote there (tests/scrapecheck.py), no token of any file holds a marker of the host data without the
+  firewalls and nginx allow lists the same render wrote there (tests/scrapecheck.py), no token of any file holds a
+  marker of the host data without the
   special character before it, and every nginx upstream server is an inventory address;
 * anything else is a finding: ``traceback``, ``hang`` (past the alarm), ``bad-refusal``,
   ``broken-render``, ``injected``, ``altered``, ``unwired`` (a scrape those files refuse).

@@ -520,7 +520,8 @@ class Readers:
 
 @dataclass
 class Outcome:
-    kind: str  # refused | accepted | traceback | bad-refusal | render-refused | broken-render | injected | outside | unwired
+    # refused | accepted | traceback | bad-refusal | render-refused | broken-render | injected | outside | unwired
+    kind: str
     detail: str = ""
     files: int = 0
     extra: dict[str, Any] = field(default_factory=dict)

@@ -232,7 +232,8 @@ def test_a_big_flow_map_is_refused_fast_and_small(tmp_path):
     probe = (
         "import json, resource, subprocess, sys, time\n"
         "t0 = time.monotonic()\n"
-        "r = subprocess.run([sys.executable, '-m', 'vllm_fleet', 'validate', sys.argv[1]], capture_output=True, text=True,\n"
+        "r = subprocess.run([sys.executable, '-m', 'vllm_fleet', 'validate', sys.argv[1]], capture_output=True, "
+        "text=True,\n"
         "                   timeout=15, stdin=subprocess.DEVNULL)\n"
         "print(json.dumps({'rc': r.returncode, 'stderr': r.stderr, 'took': time.monotonic() - t0,\n"
         "                  'peak_mib': resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024}))\n"

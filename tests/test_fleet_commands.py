@@ -160,7 +160,11 @@ def test_each_group_its_own_spec_including_group_data_files(tmp_path):
         f'''
 chat = (["gpu1", "gpu2"], {{"vllm_fleet_spec": "{a}"}})
 code = ["gpu3"]
-servers = [("gpu1", {{"ssh_hostname": "192.0.2.11"}}), ("gpu2", {{"ssh_hostname": "192.0.2.12"}}), ("gpu3", {{"ssh_hostname": "192.0.2.13"}})]
+servers = [
+    ("gpu1", {{"ssh_hostname": "192.0.2.11"}}),
+    ("gpu2", {{"ssh_hostname": "192.0.2.12"}}),
+    ("gpu3", {{"ssh_hostname": "192.0.2.13"}}),
+]
 proxy = ["gpu1", "gpu3"]
 ''',
     )

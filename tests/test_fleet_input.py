@@ -226,8 +226,10 @@ def test_a_multi_node_deployment_without_gpu_ids_owns_every_gpu(tmp_path):
     r = _fleet(
         tmp_path,
         [REPO / "deployments" / "2node-ray-pp2.yaml", other],
-        "servers = [('gpu-a', {'ssh_hostname': '192.0.2.11', 'private_address': '10.10.0.11', 'deployments': ['llama70b-2node']}),\n"
-        "           ('gpu-b', {'ssh_hostname': '192.0.2.12', 'private_address': '10.10.0.12', 'deployments': ['llama70b-2node', 'one']})]\n"
+        "servers = [('gpu-a', {'ssh_hostname': '192.0.2.11', 'private_address': '10.10.0.11', 'deployments': "
+        "['llama70b-2node']}),\n"
+        "           ('gpu-b', {'ssh_hostname': '192.0.2.12', 'private_address': '10.10.0.12', 'deployments': "
+        "['llama70b-2node', 'one']})]\n"
         "workers = [('gpu-b', {'ssh_hostname': '192.0.2.12', 'private_address': '10.10.0.12'})]\n",
     )
     assert r.returncode == 1 and "gpu-b: deployment llama70b-2node" in r.stderr and "owns every GPU" in r.stderr, (

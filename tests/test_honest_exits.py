@@ -24,7 +24,9 @@ REPO = Path(__file__).resolve().parents[1]
 RUNNER = """
 import sys
 from vllm_fleet.host.pyinfra_run import run
-sys.exit(run(["pyinfra", "@local", "exec", "-y", "--", "sleep", "30"], "vllm-fleet deploy", "vllm-fleet deploy inv.py -y"))
+sys.exit(
+    run(["pyinfra", "@local", "exec", "-y", "--", "sleep", "30"], "vllm-fleet deploy", "vllm-fleet deploy inv.py -y")
+)
 """
 
 

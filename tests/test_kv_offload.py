@@ -238,8 +238,8 @@ def test_a_tier_too_big_for_this_machine_is_refused_with_the_numbers_and_the_lar
         "- reserve 12 GiB (8 + 4 x 1 vLLM replicas) - tiers vllm-h200-kv-offload-0.service 60000 GiB"
     )
     assert (
-        f"the largest engine.kv_offload.size_gib of h200-kv-offload that fits here (1 replica(s)): {largest} GiB (or `auto`)"
-        in text
+        f"the largest engine.kv_offload.size_gib of h200-kv-offload that fits here (1 replica(s)): {largest} GiB (or "
+        "`auto`)" in text
     )
     assert text.endswith("nothing was uploaded or changed")
     # the largest that fits does fit; one GiB more does not (unless the rounding gave slack)
@@ -308,12 +308,14 @@ def test_root_cause_above_a_long_api_server_traceback():
         f"{eng} EngineCore failed to start.",
         f"{eng} Traceback (most recent call last):",
         f'{eng}   File "/x/vllm/v1/engine/core.py", line 699, in run_engine_core',
-        f"{eng} ValueError: Connector OffloadingConnector does not support HMA but HMA is enabled. Please set `--disable-hybrid-kv-cache-manager`.",
+        f"{eng} ValueError: Connector OffloadingConnector does not support HMA but HMA is enabled. Please set "
+        "`--disable-hybrid-kv-cache-manager`.",
         "(APIServer pid=700) Traceback (most recent call last):",
     ]
     lines += [f'(APIServer pid=700)   File "/x/y{i}.py", line {i}, in f' for i in range(80)]
     lines += [
-        "(APIServer pid=700) RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}"
+        "(APIServer pid=700) RuntimeError: Engine core initialization failed. See root cause above. Failed core "
+        "proc(s): {}"
     ]
     assert root_cause(lines) == (
         "ValueError: Connector OffloadingConnector does not support HMA but HMA is enabled. "
@@ -331,8 +333,10 @@ def test_without_the_engine_block_the_api_servers_pointer_is_never_the_cause():
     """A journal whose `EngineCore failed to start` line was cut off: the last exception line
     that is not the API server's "see root cause above"."""
     lines = [
-        "(EngineCore_DP0 pid=9) ERROR 12-04 01:02:03 [core.py:708] torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB",
-        "(APIServer pid=7) ERROR 12-04 01:02:04 [api_server.py:1] RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}",
+        "(EngineCore_DP0 pid=9) ERROR 12-04 01:02:03 [core.py:708] torch.OutOfMemoryError: CUDA out of memory. Tried "
+        "to allocate 2.00 GiB",
+        "(APIServer pid=7) ERROR 12-04 01:02:04 [api_server.py:1] RuntimeError: Engine core initialization failed. "
+        "See root cause above. Failed core proc(s): {}",
     ]
     assert root_cause(lines) == "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"
 

@@ -564,7 +564,8 @@ def test_prometheus_scrapes_each_replica_through_the_hosts_nginx(tmp_path):
 
 import scrapecheck  # noqa: E402
 
-SPLIT = {  # the layout: the proxy on one host, vLLM on another, Prometheus on a third; ssh and private networks differ
+# the layout: the proxy on one host, vLLM on another, Prometheus on a third; ssh and private networks differ
+SPLIT = {
     "lab1": {"address": "192.0.2.11", "groups": ["proxy"], "data": {"private_address": "10.10.0.11"}},
     "lab2": {"address": "192.0.2.12", "groups": ["servers"], "data": {"private_address": "10.10.0.12"}},
     "lab3": {"address": "192.0.2.13", "groups": ["monitoring"], "data": {"private_address": "10.10.0.13"}},

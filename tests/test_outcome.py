@@ -184,7 +184,12 @@ else:
 """
 
 INVENTORY = """
-servers = [("@fake/a", {{}}), ("@fake/b", {{}}), ("@fake/c", {{"fake_responses": {{"echo change": {{"success": False, "stderr": "disk full"}}}}}}), ("@fake/d", {{}})]
+servers = [
+    ("@fake/a", {{}}),
+    ("@fake/b", {{}}),
+    ("@fake/c", {{"fake_responses": {{"echo change": {{"success": False, "stderr": "disk full"}}}}}}),
+    ("@fake/d", {{}}),
+]
 """
 
 
@@ -246,7 +251,8 @@ def test_every_host_failed_is_nothing_done(tmp_path):
 
 THREE = (
     'servers = [("gpu1", {"ssh_hostname": "192.0.2.10", "ssh_user": "root"}), '
-    '("gpu2", {"ssh_hostname": "192.0.2.11", "ssh_user": "root"}), ("gpu3", {"ssh_hostname": "192.0.2.12", "ssh_user": "root"})]\n'
+    '("gpu2", {"ssh_hostname": "192.0.2.11", "ssh_user": "root"}), ("gpu3", {"ssh_hostname": "192.0.2.12", '
+    '"ssh_user": "root"})]\n'
     'proxy = ["gpu1"]\n'
 )
 

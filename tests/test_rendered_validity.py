@@ -219,7 +219,8 @@ def _nginx_prefix(tmp: Path, site: str, auth: str | None, port: int | None = Non
     (tmp / "logs").mkdir(exist_ok=True)
     (tmp / "nginx.conf").write_text(
         f"pid {tmp}/nginx.pid;\nerror_log {tmp}/logs/error.log;\ndaemon off;\nevents {{}}\n"
-        f"http {{\n  access_log {tmp}/logs/access.log;\n  client_body_temp_path {tmp}/body;\n  proxy_temp_path {tmp}/proxy;\n"
+        f"http {{\n  access_log {tmp}/logs/access.log;\n  client_body_temp_path {tmp}/body;\n"
+        f"  proxy_temp_path {tmp}/proxy;\n"
         f"  include {tmp}/site.conf;\n}}\n"
     )
     return tmp

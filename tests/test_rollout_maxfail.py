@@ -162,8 +162,8 @@ def test_the_cli_summary_and_retry_line(tmp_path, monkeypatch, capsys):
     assert rc == 3, out
     assert "vllm-fleet rollout: 3 replica(s): 1 failed, 1 not attempted, 1 changed, 0 converged" in out
     assert (
-        "  failed:        lab2:0: drain, update, check failed: lab2: vllm-x-0.service not healthy after 9 s (unit failed)"
-        in out
+        "  failed:        lab2:0: drain, update, check failed: lab2: vllm-x-0.service not healthy after 9 s (unit "
+        "failed)" in out
     )
     retry = out.split("retry only those: ", 1)[1].splitlines()[0]
     assert shlex.split(retry) == [

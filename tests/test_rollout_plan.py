@@ -103,7 +103,8 @@ class Recorder:
         if self.fail_on and (call["step"], ",".join(limit)) == self.fail_on:
             return (
                 1,
-                "--> Starting operation: x\n    [lab2] RuntimeError: lab2: vllm.service not healthy after 31 s (unit failed)\n",
+                "--> Starting operation: x\n    [lab2] RuntimeError: lab2: vllm.service not healthy after 31 s (unit "
+                "failed)\n",
             )
         return 0, "    [lab2] nginx reloaded; old workers gone after 0.4 s\n"
 

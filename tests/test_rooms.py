@@ -47,5 +47,8 @@ def test_a_room_imports_nothing_of_the_rooms_above_it(room):
 
 
 def test_the_check_sees_an_import_inside_a_function():
-    src = "def f():\n    from vllm_fleet.fetch import flashinfer\n    from vllm_fleet import render\n    from vllm_fleet.specs import load\n"
+    src = (
+        "def f():\n    from vllm_fleet.fetch import flashinfer\n    from vllm_fleet import render\n"
+        "    from vllm_fleet.specs import load\n"
+    )
     assert imports_out_of("specs", src) == ["vllm_fleet.fetch (line 2)", "vllm_fleet.render (line 3)"]

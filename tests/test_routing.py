@@ -150,7 +150,8 @@ def test_counters_and_hit_rate():
     page = (
         'vllm:prefix_cache_hits_total{engine="0",model_name="tiny"} 300.0\n'
         'vllm:prefix_cache_queries_total{engine="0",model_name="tiny"} 400.0\n'
-        'vllm:request_success_total{finished_reason="length"} 7.0\nvllm:request_success_total{finished_reason="stop"} 1.0\n'
+        'vllm:request_success_total{finished_reason="length"} 7.0\nvllm:request_success_total{finished_reason="stop"} '
+        '1.0\n'
     )
     assert multiturn.parse_counters(page) == {"hits": 300.0, "queries": 400.0, "requests": 8.0}
     d = multiturn.counter_delta(
@@ -168,7 +169,8 @@ def test_the_kv_caches_cpu_tier_is_counted_per_replica(tmp_path):
     external counters at 0."""
     page = (
         'vllm:prefix_cache_hits_total{engine="0"} 100.0\nvllm:prefix_cache_queries_total{engine="0"} 1000.0\n'
-        'vllm:external_prefix_cache_hits_total{engine="0"} 600.0\nvllm:external_prefix_cache_queries_total{engine="0"} 900.0\n'
+        'vllm:external_prefix_cache_hits_total{engine="0"} 600.0\n'
+        'vllm:external_prefix_cache_queries_total{engine="0"} 900.0\n'
         'vllm:kv_offload_total_bytes_total{engine="0",transfer_type="CPU_to_GPU"} 2147483648.0\n'
         'vllm:kv_offload_total_bytes_total{engine="0",transfer_type="GPU_to_CPU"} 4294967296.0\n'
         'vllm:kv_offload_total_time_total{engine="0",transfer_type="CPU_to_GPU"} 3.0\n'

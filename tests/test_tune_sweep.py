@@ -329,7 +329,10 @@ def test_bench_report_files(tmp_path):
 
 
 INV = """
-servers = [("lab1", {"ssh_hostname": "10.10.0.11", "ssh_user": "lab"}), ("lab2", {"ssh_hostname": "10.10.0.12", "ssh_user": "lab"})]
+servers = [
+    ("lab1", {"ssh_hostname": "10.10.0.11", "ssh_user": "lab"}),
+    ("lab2", {"ssh_hostname": "10.10.0.12", "ssh_user": "lab"}),
+]
 proxy = [("lab1", {"ssh_hostname": "10.10.0.11", "ssh_user": "lab"})]
 """
 

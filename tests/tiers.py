@@ -92,7 +92,8 @@ def main(args: list[str]) -> int:
     failed = [name.split()[0] for name, rc, _, _ in results if rc != 0]
     if failed:
         print(
-            f"make test: FAILED ({', '.join(failed)} tier{'s' if len(failed) > 1 else ''}; exit 5 is pytest's 'no tests collected')"
+            f"make test: FAILED ({', '.join(failed)} tier{'s' if len(failed) > 1 else ''}; exit 5 is pytest's 'no "
+            "tests collected')"
         )
         return 1
     return 0

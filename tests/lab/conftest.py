@@ -7,7 +7,8 @@ Fixtures for any test under tests/lab (deploy tests included):
              VLLM_FLEET_KEEP_LAB=1.
   lab_hosts  session: [LabHost(name, address, user, key, known_hosts)], with .ssh(cmd) and
              .ssh_argv() helpers that use plain OpenSSH (an independent reader, not pyinfra).
-Helpers (LabHost, lab_cli) live in tests/lab/labkit.py. Tests marked `lab_last` run after every other test (e.g. the one that takes the lab down).
+Helpers (LabHost, lab_cli) live in tests/lab/labkit.py. Tests marked `lab_last` run after every other test (e.g. the one
+that takes the lab down).
 """
 
 from __future__ import annotations

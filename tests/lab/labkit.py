@@ -155,7 +155,8 @@ echo '## files'
 find $dirs -maxdepth 4 -path '/opt/vllm-fleet/*/env/*' -prune -o -printf '%p %y %m %u:%g\n' 2>/dev/null | sort
 find $(echo $dirs | sed 's#/opt/vllm-fleet##') -type f -exec sha256sum {} + 2>/dev/null | sort -k2
 echo '## units'
-systemctl list-units --all --plain --no-legend 'vllm*' 'nginx*' 'ray*' 'prometheus*' | awk '{print $1, $2, $3, $4}' | sort
+systemctl list-units --all --plain --no-legend 'vllm*' 'nginx*' 'ray*' 'prometheus*' |
+  awk '{print $1, $2, $3, $4}' | sort
 systemctl list-unit-files --no-legend 'vllm*' 'nginx*' 'ray*' 'prometheus*' | awk '{print $1, $2}' | sort
 echo '## nft'
 nft list tables 2>/dev/null | sort

@@ -244,7 +244,8 @@ done
 systemctl reset-failed UNIT
 systemctl restart UNIT & restart=$!
 for i in $(seq 1500); do [ "$(systemctl show -p ActiveState --value UNIT)" = deactivating ] && break; sleep 0.02; done
-echo "engine ($engine) ran $steps steps of 20 ms, frozen until systemd was $(systemctl show -p ActiveState --value UNIT)"
+state=$(systemctl show -p ActiveState --value UNIT)
+echo "engine ($engine) ran $steps steps of 20 ms, frozen until systemd was $state"
 kill -CONT $engine
 wait $restart"""
 #: vLLM's engine, as it handles SIGTERM with requests it has not finished (vllm/v1/engine/core.py):
@@ -347,8 +348,8 @@ def test_restart_drains_an_in_flight_stream(server):
             drained = _DRAINING.search(journal)
             tried.append(drained.group(0) if drained else "no request left at SIGTERM")
             print(
-                f"drain attempt: {tried[-1]}; {got['events']} events, the last {got['last_at'] - got['first_at']:.2f} s after the "
-                f"first; {got['watcher']}"
+                f"drain attempt: {tried[-1]}; {got['events']} events, the last {got['last_at'] - got['first_at']:.2f} "
+                f"s after the first; {got['watcher']}"
             )
             if drained and int(drained.group(1)) > 0:
                 break
@@ -519,7 +520,8 @@ def test_a_kv_tier_too_big_for_the_hosts_ram_is_refused_before_any_change(server
     # every vLLM unit already on lab1 that runs or is enabled (lab-tiny's, ...) is a replica of the host too
     others = server.ssh(
         "for u in /etc/systemd/system/vllm-*.service; do [ -f \"$u\" ] || continue; n=${u##*/}; "
-        "case $(systemctl is-active $n)$(systemctl is-enabled $n) in inactivedisabled|faileddisabled) ;; *) echo $n;; esac; done",
+        "case $(systemctl is-active $n)$(systemctl is-enabled $n) in inactivedisabled|faileddisabled) ;; *) echo $n;; "
+        "esac; done",
         user="root",
     ).stdout.split()
     assert "vllm-lab-tiny-0.service" in others
@@ -527,12 +529,12 @@ def test_a_kv_tier_too_big_for_the_hosts_ram_is_refused_before_any_change(server
     reserve = 8 + 4 * n
     largest = int(total - reserve)
     assert (
-        f"host lab1: the CPU tiers of the KV cache do not fit in its memory: {total:g} GiB of RAM (MemTotal) - reserve {reserve} GiB "
-        f"(8 + 4 x {n} vLLM replicas) - tiers vllm-h200-kv-offload-0.service 60000 GiB"
+        f"host lab1: the CPU tiers of the KV cache do not fit in its memory: {total:g} GiB of RAM (MemTotal) - "
+        f"reserve {reserve} GiB (8 + 4 x {n} vLLM replicas) - tiers vllm-h200-kv-offload-0.service 60000 GiB"
     ) in r.out, why(r)
     assert (
-        f"the largest engine.kv_offload.size_gib of h200-kv-offload that fits here (1 replica(s)): {largest} GiB (or `auto`)"
-        in r.out
+        f"the largest engine.kv_offload.size_gib of h200-kv-offload that fits here (1 replica(s)): {largest} GiB (or "
+        "`auto`)" in r.out
     )
     assert "nothing was uploaded or changed" in r.out and "Starting operation" not in r.out
     assert server.ssh("ls /etc/systemd/system /opt; ls /etc/vllm-fleet", user="root").stdout == before

@@ -26,8 +26,9 @@ pytestmark = pytest.mark.lab
 TIMINGS: dict[str, float] = {}
 HEALTH_BOUND_S = 240  # restart-to-healthy on a busy 2-core machine (RestartSec=10 + the tiny model's start)
 FILES = (
-    "/etc/systemd/system/vllm-lab-tiny-0.service /etc/vllm-fleet/lab-tiny/vllm.env /etc/vllm-fleet/lab-tiny/secrets.env "
-    "/etc/nginx/conf.d/vllm-fleet-lab-tiny.conf /etc/nginx/vllm-fleet/lab-tiny-auth.conf"
+    "/etc/systemd/system/vllm-lab-tiny-0.service /etc/vllm-fleet/lab-tiny/vllm.env "
+    "/etc/vllm-fleet/lab-tiny/secrets.env /etc/nginx/conf.d/vllm-fleet-lab-tiny.conf "
+    "/etc/nginx/vllm-fleet/lab-tiny-auth.conf"
 )
 
 
@@ -255,8 +256,8 @@ def test_a_crash_looping_unit_fails_the_redeploy_naming_it(server):
     unit = "vllm-lab-tiny-0.service"
     drop = f"/etc/systemd/system/{unit}.d"
     server.ssh(
-        f"mkdir -p {drop} && printf '[Service]\\nExecStart=\\nExecStart=/bin/sh -c \"echo crash-loop-by-test >&2; exit 1\"\\n' "
-        f"> {drop}/zz-test-crash.conf && systemctl daemon-reload && systemctl restart {unit}",
+        f"mkdir -p {drop} && printf '[Service]\\nExecStart=\\nExecStart=/bin/sh -c \"echo crash-loop-by-test >&2; "
+        f"exit 1\"\\n' > {drop}/zz-test-crash.conf && systemctl daemon-reload && systemctl restart {unit}",
         user="root",
     )
     try:
@@ -265,7 +266,8 @@ def test_a_crash_looping_unit_fails_the_redeploy_naming_it(server):
         took = time.monotonic() - t0
         assert r.returncode != 0, r.out[-3000:]
         m = re.search(
-            rf"{re.escape(unit)} not healthy after \d+ s \(deadline \d+ s; [^)]*NRestarts (\d+)[^\n]*crashed while starting",
+            rf"{re.escape(unit)} not healthy after \d+ s \(deadline \d+ s; [^)]*NRestarts (\d+)[^\n"
+            r"]*crashed while starting",
             r.out,
         )
         assert m, r.out[-4000:]

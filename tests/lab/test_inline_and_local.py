@@ -101,8 +101,8 @@ def test_an_inline_user_at_host_from_the_control_machine(lab_hosts, tmp_path):
         assert r.returncode == 1 and "down (no unit)" in r.stdout, r.out
     finally:
         lab2.ssh(
-            f"systemctl disable --now {UNIT}; rm -f /etc/systemd/system/{UNIT} /etc/nginx/conf.d/vllm-fleet-lab-tiny.conf; "
-            "systemctl daemon-reload; systemctl reload nginx",
+            f"systemctl disable --now {UNIT}; rm -f /etc/systemd/system/{UNIT} "
+            "/etc/nginx/conf.d/vllm-fleet-lab-tiny.conf; systemctl daemon-reload; systemctl reload nginx",
             user="root",
             check=False,
         )

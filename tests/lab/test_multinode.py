@@ -121,8 +121,8 @@ def cluster(three_hosts, tmp_path_factory):
             "systemctl disable --now vllm-lab-tiny-pp2-0.service ray-head.service vllm-fleet-ray-firewall.service; "
             # a unit that failed on its way down stays listed (`loaded failed`) until reset:
             # test_rollout's dropped-host test lists vllm-lab-tiny* units on lab2 and expects none
-            "for u in vllm-lab-tiny-pp2-0 ray-head vllm-fleet-ray-firewall; do systemctl reset-failed $u.service; done; "
-            "rm -f /etc/nginx/conf.d/vllm-fleet-lab-tiny-pp2.conf; systemctl reload nginx || true",
+            "for u in vllm-lab-tiny-pp2-0 ray-head vllm-fleet-ray-firewall; do systemctl reset-failed $u.service; "
+            "done; rm -f /etc/nginx/conf.d/vllm-fleet-lab-tiny-pp2.conf; systemctl reload nginx || true",
             user="root",
             check=False,
         )

@@ -10,7 +10,8 @@ the checkout, against lab1 as a user's own host (their inventory, no lab default
     ...on its own ports, Ctrl-C (SIGINT to the process group) during its wheelhouse upload, after
        the upload's progress lines (bytes of total, rate) -> exit 130, one line, no traceback;
        `down --purge` of it
-    a site nginx rejects (a hand-made default server on the new port) -> exit 4 (its only host failed: nothing done), the previous site
+    a site nginx rejects (a hand-made default server on the new port) -> exit 4 (its only host failed: nothing done),
+    the previous site
                                         back, nginx -t passes, still serving
     vllm-fleet diff    -> exit 0        (nothing would change)
     a spec change      -> diff exit 1, the changed line shown, the key never
@@ -170,10 +171,10 @@ def test_the_whole_flow_from_a_wheel(tool, lab_hosts):
     # lab1 is shared by the lab tests: another deployment one left running on lab-tiny's ports would
     # (rightly) be refused as a clash below; stop it as the other tests' teardowns do
     lab1.ssh(
-        "for u in $(cd /etc/systemd/system && ls vllm-*.service 2>/dev/null | grep -v '^vllm-lab-tiny-[0-9]*\\.service$'); do "
-        "systemctl disable --now $u; done; "
-        "for f in /etc/nginx/conf.d/vllm-fleet-*.conf; do [ -e \"$f\" ] && [ \"$f\" != /etc/nginx/conf.d/vllm-fleet-lab-tiny.conf ] "
-        "&& rm -f \"$f\"; done; systemctl reload nginx 2>/dev/null; true",
+        "for u in $(cd /etc/systemd/system && ls vllm-*.service 2>/dev/null | grep -v "
+        "'^vllm-lab-tiny-[0-9]*\\.service$'); do systemctl disable --now $u; done; "
+        "for f in /etc/nginx/conf.d/vllm-fleet-*.conf; do [ -e \"$f\" ] && [ \"$f\" != "
+        "/etc/nginx/conf.d/vllm-fleet-lab-tiny.conf ] && rm -f \"$f\"; done; systemctl reload nginx 2>/dev/null; true",
         user="root",
         check=False,
     )
@@ -318,8 +319,8 @@ def other_deployment_steps(tool, lab1, spec, key):
     assert "host lab1: another vllm-fleet deployment already on this host is in the way" in r.out, r.out[-3000:]
     assert "port 8000 (vllm-own-b-0.service) is taken by deployment 'lab-tiny' (vllm-lab-tiny-0.service)" in r.out
     assert (
-        "nginx port 80: both are the default server (/etc/nginx/conf.d/vllm-fleet-lab-tiny.conf of deployment 'lab-tiny')"
-        in r.out
+        "nginx port 80: both are the default server (/etc/nginx/conf.d/vllm-fleet-lab-tiny.conf of deployment "
+        "'lab-tiny')" in r.out
     )
     assert "Upload" not in r.out and "Traceback" not in r.out
     assert (
@@ -385,7 +386,8 @@ def nginx_rollback_step(tool, lab1, spec, write_spec, key):
     site = "/etc/nginx/conf.d/vllm-fleet-lab-tiny.conf"
     before = lab1.ssh(f"sha256sum {site}", user="root").stdout
     lab1.ssh(
-        "printf 'server {\\n    listen 8082 default_server;\\n    return 204;\\n}\\n' > /etc/nginx/conf.d/zz-hand-made.conf && nginx -t",
+        "printf 'server {\\n    listen 8082 default_server;\\n    return 204;\\n}\\n' > "
+        "/etc/nginx/conf.d/zz-hand-made.conf && nginx -t",
         user="root",
     )
     try:

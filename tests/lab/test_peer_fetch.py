@@ -151,8 +151,8 @@ def test_a_corrupted_copy_on_a_peer_is_refused(fleet):
     try:
         for h in (h1, h3):
             h.ssh(
-                f"sudo install -d -m 700 {RUN_DIR} && echo {listing} | sudo tee {RUN_DIR}/{art.unit}.serve.json >/dev/null"
-                f" && sudo chmod 600 {RUN_DIR}/{art.unit}.serve.json"
+                f"sudo install -d -m 700 {RUN_DIR} && echo {listing} | sudo tee {RUN_DIR}/{art.unit}.serve.json "
+                f">/dev/null && sudo chmod 600 {RUN_DIR}/{art.unit}.serve.json"
             )
             h.ssh("sudo " + shlex.join([str(a) for a in server_argv(art, h.address)]))
             # the unit runs as a dynamic user, not root

@@ -116,8 +116,9 @@ def fleet(three_hosts, tmp_path_factory):
             check=False,
         )
         lab1.ssh(
-            "systemctl disable --now vllm-fleet-api-firewall.service; rm -f /etc/systemd/system/vllm-fleet-api-firewall.service "
-            "/etc/vllm-fleet/api-firewall.nft; systemctl daemon-reload",
+            "systemctl disable --now vllm-fleet-api-firewall.service; rm -f "
+            "/etc/systemd/system/vllm-fleet-api-firewall.service /etc/vllm-fleet/api-firewall.nft; systemctl "
+            "daemon-reload",
             user="root",
             check=False,
         )

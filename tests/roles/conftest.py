@@ -35,7 +35,8 @@ raises instead. Commands are strings: ``StringCommand`` rendered raw, ``python.c
 guarded with ``_if=`` is listed with ``conditional=True`` and its commands as if the condition held.
 
 Helpers (also on the fixture): ``harness.distro(name)`` parses tests/roles/fixtures/os-release/<name>
-with pyinfra's own LinuxDistribution parser; ``harness.per_arg``; ``harness.fixture_lines(rel)`` reads a fixture as lines.
+with pyinfra's own LinuxDistribution parser; ``harness.per_arg``; ``harness.fixture_lines(rel)`` reads a fixture as
+lines.
 """
 
 from __future__ import annotations

@@ -73,9 +73,12 @@ def test_clashes_name_the_other_deployment_and_the_fix(tmp_path):
     }
     lines = clash.clashes({"new": _want([8000], [1], (80, "_", True, "proxy.listen 80"))}, theirs, {"new"})
     assert lines == [
-        "port 8000 (vllm-new-0.service) is taken by deployment 'old' (vllm-old-0.service): give new another server.port",
-        "GPU 1 (vllm-new-0.service) is used by deployment 'old' (vllm-old-0.service): give new other GPUs (hardware, replicas), or this host to one of them",
-        "nginx port 80: both are the default server (/etc/nginx/conf.d/vllm-fleet-old.conf of deployment 'old'): give new its own proxy.server_name or proxy.listen",
+        "port 8000 (vllm-new-0.service) is taken by deployment 'old' (vllm-old-0.service): give new another "
+        "server.port",
+        "GPU 1 (vllm-new-0.service) is used by deployment 'old' (vllm-old-0.service): give new other GPUs (hardware, "
+        "replicas), or this host to one of them",
+        "nginx port 80: both are the default server (/etc/nginx/conf.d/vllm-fleet-old.conf of deployment 'old'): give "
+        "new its own proxy.server_name or proxy.listen",
     ]
     # no clash: other ports, other GPUs, a named server on the same nginx port
     assert (
@@ -112,7 +115,10 @@ def test_refuse_raises_before_anything_and_knows_nothing_without_a_read():
     s.query = clash.query()
     with pytest.raises(
         DeployError,
-        match=r"(?s)host lab1: another vllm-fleet deployment .*\n  port 8000 .* deployment 'old'.*nothing was uploaded or changed",
+        match=(
+            r"(?s)host lab1: another vllm-fleet deployment .*\n  port 8000 .* deployment 'old'.*nothing was "
+            r"uploaded or changed"
+        ),
     ):
         clash.refuse(specs, h, "lab1", s)
 
@@ -168,8 +174,8 @@ def test_a_gpu_is_shared_with_another_deployment_while_the_shares_fit():
     assert len(clash.clashes({"new": two}, theirs, {"new"})) == 1  # 0.3 + 0.3 + 0.45
     # a unit without the flag (vLLM's default 0.9, or not ours to know): it takes the GPU
     assert clash.clashes({"new": half}, clash.held_on_host(_gpu_host(None)), {"new"}) == [
-        "GPU 0 (vllm-new-0.service) is used by deployment 'old' (vllm-old-0.service): give new other GPUs (hardware, replicas), "
-        "or this host to one of them"
+        "GPU 0 (vllm-new-0.service) is used by deployment 'old' (vllm-old-0.service): give new other GPUs (hardware, "
+        "replicas), or this host to one of them"
     ]
 
 

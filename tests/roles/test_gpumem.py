@@ -114,7 +114,8 @@ def test_two_replicas_on_one_gpu_need_their_shares_together():
 
 def test_lines_that_are_not_gpus_are_skipped():
     msg = [
-        "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. Make sure that the latest NVIDIA driver is installed and running.",
+        "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. Make sure that the latest "
+        "NVIDIA driver is installed and running.",
         "",
     ]
     assert gpumem.parse_memory(msg) == [] and gpumem.parse_apps(msg) == []
@@ -135,7 +136,8 @@ def _stub(tmp_path: Path, smi: list[str], apps: list[str]) -> dict:
     (tmp_path / "apps.txt").write_text("".join(f"{x}\n" for x in apps))
     exe = tmp_path / "bin" / "nvidia-smi"
     exe.write_text(
-        f'#!/bin/sh\ncase "$1" in --query-gpu=*) cat {tmp_path}/smi.txt ;; --query-compute-apps=*) cat {tmp_path}/apps.txt ;; esac\n'
+        f'#!/bin/sh\ncase "$1" in --query-gpu=*) cat {tmp_path}/smi.txt ;; --query-compute-apps=*) cat '
+        f'{tmp_path}/apps.txt ;; esac\n'
     )
     exe.chmod(0o755)
     return {**os.environ, "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}"}

@@ -70,7 +70,8 @@ def test_a_site_that_fails_nginx_t_is_put_back_and_a_new_one_removed(tmp_path, m
     bin_ = tmp_path / "bin"
     bin_.mkdir()
     (bin_ / "nginx").write_text(
-        f"#!/bin/sh\nif grep -q BROKEN {conf}/*.conf 2>/dev/null; then echo 'nginx: [emerg] a duplicate default server' >&2; exit 1; fi\necho ok\n"
+        f"#!/bin/sh\nif grep -q BROKEN {conf}/*.conf 2>/dev/null; then echo 'nginx: [emerg] a duplicate default "
+        "server' >&2; exit 1; fi\necho ok\n"
     )
     (bin_ / "nginx").chmod(0o755)
     path = f"{bin_}:{os.environ['PATH']}"

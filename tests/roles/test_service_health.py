@@ -210,7 +210,10 @@ def test_a_unit_systemd_is_restarting_is_waited_for_not_restarted(harness):
     assert any(c == "python:_wait_healthy" for c in run.commands)
 
 
-_SERVES = '{"model": "%s", "choices": [{"message": {"content": "OK"}, "finish_reason": "stop"}], "usage": {"completion_tokens": 1}}'
+_SERVES = (
+    '{"model": "%s", "choices": [{"message": {"content": "OK"}, "finish_reason": "stop"}], "usage": '
+    '{"completion_tokens": 1}}'
+)
 
 
 @pytest.mark.parametrize(
@@ -277,7 +280,8 @@ def test_the_state_script_reads_a_units_start_and_a_files_age(tmp_path, monkeypa
     (bin_ / "systemctl").write_text("""#!/bin/sh
 case "$*" in
   *ExecMainStartTimestamp*) date -d '-50 seconds' '+%a %Y-%m-%d %H:%M:%S %Z' ;;
-  *) printf 'Id=vllm-x-0.service\\nLoadState=loaded\\nActiveState=activating\\nSubState=auto-restart\\nNRestarts=3\\nUnitFileState=enabled\\n' ;;
+  *) printf '%s\\n' Id=vllm-x-0.service LoadState=loaded ActiveState=activating SubState=auto-restart NRestarts=3 \\
+       UnitFileState=enabled ;;
 esac
 """)
     (bin_ / "systemctl").chmod(0o755)
@@ -378,7 +382,8 @@ def test_the_state_read_chats_with_each_replica_with_the_key_off_the_command_lin
     [
         (
             "200",
-            '{"model": "tiny", "choices": [{"message": {"content": "OK"}, "finish_reason": "stop"}], "usage": {"completion_tokens": 1}}',
+            '{"model": "tiny", "choices": [{"message": {"content": "OK"}, "finish_reason": "stop"}], "usage": '
+            '{"completion_tokens": 1}}',
             None,
         ),
         ("502", "Bad Gateway", "HTTP 502"),
@@ -386,7 +391,8 @@ def test_the_state_read_chats_with_each_replica_with_the_key_off_the_command_lin
         ("200", '{"model": "tiny", "choices": [], "usage": {"completion_tokens": 1}}', "no message"),
         (
             "200",
-            '{"model": "tiny", "choices": [{"message": {"content": ""}, "finish_reason": "length"}], "usage": {"completion_tokens": 0}}',
+            '{"model": "tiny", "choices": [{"message": {"content": ""}, "finish_reason": "length"}], "usage": '
+            '{"completion_tokens": 0}}',
             "no completion tokens",
         ),
     ],
