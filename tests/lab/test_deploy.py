@@ -348,8 +348,8 @@ def test_restart_drains_an_in_flight_stream(server):
             drained = _DRAINING.search(journal)
             tried.append(drained.group(0) if drained else "no request left at SIGTERM")
             print(
-                f"drain attempt: {tried[-1]}; {got['events']} events, the last {got['last_at'] - got['first_at']:.2f} "
-                f"s after the first; {got['watcher']}"
+                f"drain attempt: {tried[-1]}; {got['events']} events, the last "
+                f"{got['last_at'] - got['first_at']:.2f} s after the first; {got['watcher']}"
             )
             if drained and int(drained.group(1)) > 0:
                 break
