@@ -187,7 +187,10 @@ def main() -> int:
             lab_down()
             m = lb.machine()
             if m["mem_available_mib"] < n * PER_SERVER_MIB + RESERVE_MIB:
-                why = f"{n} vLLM servers need ~{n * PER_SERVER_MIB} MiB + {RESERVE_MIB} reserve, {m['mem_available_mib']} MiB available"
+                why = (
+                    f"{n} vLLM servers need ~{n * PER_SERVER_MIB} MiB + {RESERVE_MIB} reserve, "
+                    f"{m['mem_available_mib']} MiB available"
+                )
                 print(f"[{n}] not measured: {why}", flush=True)
                 result.setdefault("not_measured", {})[str(n)] = why
                 save()
@@ -261,8 +264,9 @@ def print_table(result: dict) -> None:
         mib = lambda k: f"{round(b.get(k, 0) / 2**20)} MiB"  # noqa: E731
         print(
             f"{n:>5} {dep.get('wall_s', ''):>9} s {ratio:>8} {e.get('install', {}).get('installer', ''):>9} "
-            f"{(e.get('wheelhouse_fill') or {}).get('seconds') or '':>5}s {mib('outside_to_control_machine_wheelhouse'):>16} "
-            f"{mib('outside_to_lab_hosts'):>14} {mib('control_machine_to_lab_hosts'):>14}  {dep.get('loadavg1_before', '')}"
+            f"{(e.get('wheelhouse_fill') or {}).get('seconds') or '':>5}s "
+            f"{mib('outside_to_control_machine_wheelhouse'):>16} {mib('outside_to_lab_hosts'):>14} "
+            f"{mib('control_machine_to_lab_hosts'):>14}  {dep.get('loadavg1_before', '')}"
         )
     for n, why in (result.get("not_measured") or {}).items():
         print(f"{n:>5} not measured: {why}")
@@ -271,7 +275,8 @@ def print_table(result: dict) -> None:
         print(f"\n{'installer':>9} {'round':>5} {'seconds':>8} {'rc':>3}  env MiB, .pyc files  load1")
         for r in runs:
             print(
-                f"{r['installer']:>9} {r['round']:>5} {r['seconds']:>8} {r['rc']:>3}  {r.get('env_mib_and_pyc_files')}  {r['loadavg1_before']}"
+                f"{r['installer']:>9} {r['round']:>5} {r['seconds']:>8} {r['rc']:>3}  "
+                f"{r.get('env_mib_and_pyc_files')}  {r['loadavg1_before']}"
             )
     print(
         "(seconds; cold = bare lab hosts, empty fleet wheelhouse; fill = the control machine's one pip download, "

@@ -1,6 +1,7 @@
 """Deploy times on the lab: a cold deploy, a no-op re-deploy, and no-op re-deploys on 1, 3, 6 hosts.
 
-    .venv/bin/python bench/deploy_scaling.py [--sizes 1,3,6] [--repeat 5] [--spec SPEC] [--label LABEL] [--out bench/results/lab-deploy-scaling.json]
+    .venv/bin/python bench/deploy_scaling.py [--sizes 1,3,6] [--repeat 5] [--spec SPEC] [--label LABEL]
+        [--out bench/results/lab-deploy-scaling.json]
 
 For each fleet size N (ascending) it grows the lab of this environment's instance to N hosts
 (`vllm-fleet lab up --hosts N`; VLLM_FLEET_LAB_DIR/_BRIDGE/_SUBNET pick the instance), runs
@@ -245,8 +246,9 @@ def print_table(result: dict) -> None:
     for n, why in (result.get("not_measured") or {}).items():
         print(f"{n:>5} not measured: {why}")
     print(
-        "(seconds; no-op = a re-deploy that changes nothing, median of the repeats; smoke = the smoke tests' part of it; "
-        "cmds/host = commands pyinfra sent each host in a no-op (-vv); the machine is shared: see machine_* in the JSON)"
+        "(seconds; no-op = a re-deploy that changes nothing, median of the repeats; smoke = the smoke tests' part of "
+        "it; cmds/host = commands pyinfra sent each host in a no-op (-vv); the machine is shared: see machine_* in "
+        "the JSON)"
     )
 
 
@@ -263,9 +265,10 @@ def _table(result: dict, top: dict) -> None:
         cmds = no.get("remote_commands") or {}
         cmds = f"{max(cmds.values())}" if cmds else ""
         print(
-            f"{n:>5} {f.get('wall_s', ''):>11} s {f.get('kind', ''):<34} {no.get('wall_median_s', ''):>10} s {rng:>13} {smoke:>14} "
-            f"{no.get('per_host_s', ''):>6} s {no.get('changed_ops_max', ''):>7} {no.get('ops', ''):>4} {cmds:>9}  "
-            f"{e.get('host_rss_mib', {}).get('lab1', '')!s:>4} MiB  {e['machine_before']['loadavg_1_5_15'][0]}"
+            f"{n:>5} {f.get('wall_s', ''):>11} s {f.get('kind', ''):<34} {no.get('wall_median_s', ''):>10} s "
+            f"{rng:>13} {smoke:>14} {no.get('per_host_s', ''):>6} s {no.get('changed_ops_max', ''):>7} "
+            f"{no.get('ops', ''):>4} {cmds:>9}  {e.get('host_rss_mib', {}).get('lab1', '')!s:>4} MiB  "
+            f"{e['machine_before']['loadavg_1_5_15'][0]}"
         )
 
 

@@ -226,7 +226,8 @@ def measure(n: int, args, st: dict, spec: Path, model: Path, resolved: dict) -> 
         stage = [str(lb.BIN / "vllm-fleet"), "stage", "inventory/lab.py", "--spec", str(spec), *peers, "-y"]
         fw0, br0 = forward_bytes(bridge), bridge_bytes(bridge)
         print(
-            f"[{n}{'@' + args.rate if args.rate else ''}{' no peers' if args.no_peers else ''}] stage of {len(names)} hosts ...",
+            f"[{n}{'@' + args.rate if args.rate else ''}{' no peers' if args.no_peers else ''}] stage of {len(names)} "
+            "hosts ...",
             flush=True,
         )
         r = timed(stage, env)
@@ -395,22 +396,26 @@ def print_rows(result: dict) -> None:
             + ("" if e.get("peers", True) else ", peers off")
         )
         print(
-            f"| {where} | {e['model_bytes'] / 1e6:.1f} MB | {bridge_tx(e) / 1e6:.1f} MB | {bridge_tx(e) / e['model_bytes']:.3f}x | "
-            f"{st.get('wall_s', '')} s{'' if st.get('rc') == 0 else ' (rc ' + str(st.get('rc')) + ')'} | {no.get('median_wall_s', '')} s | "
+            f"| {where} | {e['model_bytes'] / 1e6:.1f} MB | {bridge_tx(e) / 1e6:.1f} MB | "
+            f"{bridge_tx(e) / e['model_bytes']:.3f}x | "
+            f"{st.get('wall_s', '')} s{'' if st.get('rc') == 0 else ' (rc ' + str(st.get('rc')) + ')'} | "
+            f"{no.get('median_wall_s', '')} s | "
             f"{no.get('commands_per_host_max', '')} | {e.get('commit')} |"
         )
 
 
 def print_table(result: dict) -> None:
     print(
-        f"\n{'size':>10} {'model':>9} {'control->hosts':>15} {'x model':>8} {'stage':>8} {'no-op':>7} {'cmds/host':>9} commit"
+        f"\n{'size':>10} {'model':>9} {'control->hosts':>15} {'x model':>8} {'stage':>8} {'no-op':>7} "
+        f"{'cmds/host':>9} commit"
     )
     for key, e in sorted(result.get("sizes", {}).items(), key=lambda kv: (kv[1].get("rate") or "", kv[1]["hosts"])):
         b = e.get("bytes", {})
         print(
             f"{key:>10} {e['model_bytes'] / 2**20:>5.0f} MiB {b.get('control_to_hosts', 0) / 2**20:>11.0f} MiB "
             f"{b.get('per_model_bytes', ''):>8} {e.get('stage', {}).get('wall_s', ''):>6} s "
-            f"{e.get('noop', {}).get('median_wall_s', ''):>5} s {e.get('noop', {}).get('commands_per_host_max', ''):>9} {e.get('commit')}"
+            f"{e.get('noop', {}).get('median_wall_s', ''):>5} s "
+            f"{e.get('noop', {}).get('commands_per_host_max', ''):>9} {e.get('commit')}"
         )
 
 

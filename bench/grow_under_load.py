@@ -154,8 +154,8 @@ def main() -> int:
                 f"UserKnownHostsFile={h['ssh_known_hosts_file']}",
                 f"root@{h['ssh_hostname']}",
                 "systemctl disable --now vllm-lab-tiny-0.service vllm-fleet-api-firewall.service; "
-                "rm -f /etc/systemd/system/vllm-lab-tiny-0.service /etc/systemd/system/vllm-fleet-api-firewall.service; "
-                "systemctl daemon-reload",
+                "rm -f /etc/systemd/system/vllm-lab-tiny-0.service "
+                "/etc/systemd/system/vllm-fleet-api-firewall.service; systemctl daemon-reload",
             ],
             capture_output=True,
             text=True,

@@ -153,7 +153,8 @@ def cmd_kill(args: argparse.Namespace) -> int:
     print(stats.summary())
     print(
         f"router marked {victim_url} unhealthy after {unhealthy_after} s; processed by it: "
-        f"{out['router_processed_by_worker_before_kill'].get(victim_url)} before the kill, {out['router_processed_by_worker_after'].get(victim_url)} at the end"
+        f"{out['router_processed_by_worker_before_kill'].get(victim_url)} before the kill, "
+        f"{out['router_processed_by_worker_after'].get(victim_url)} at the end"
     )
     return 0
 

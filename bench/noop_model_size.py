@@ -149,14 +149,16 @@ def main() -> None:
     out.write_text(json.dumps(merged, indent=1) + "\n")
     print(json.dumps(result, indent=1))
     print(
-        f"\n{'model':<8} {'model.path on lab1':>20} {'no-op median (min-max)':>26} {'prepare':>8} {'commands per host':>24}"
+        f"\n{'model':<8} {'model.path on lab1':>20} {'no-op median (min-max)':>26} {'prepare':>8} "
+        f"{'commands per host':>24}"
     )
     for name in ("tiny", "big"):
         if name in result:
             r = result[name]
             print(
-                f"{name:<8} {r['model_path_bytes_on_lab1'] or 0:>20,} {r['noop_median_s']:>10.2f} s ({r['noop_min_s']:.2f}-{r['noop_max_s']:.2f})"
-                f" {r['noop_prepare_median_s']:>8.2f} {json.dumps(r['remote_commands']):>24}"
+                f"{name:<8} {r['model_path_bytes_on_lab1'] or 0:>20,} {r['noop_median_s']:>10.2f} s "
+                f"({r['noop_min_s']:.2f}-{r['noop_max_s']:.2f}) {r['noop_prepare_median_s']:>8.2f} "
+                f"{json.dumps(r['remote_commands']):>24}"
             )
     if "big_over_tiny" in result:
         print(f"big / tiny: {result['big_over_tiny']}x")

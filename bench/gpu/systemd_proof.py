@@ -35,7 +35,8 @@ from vllm_fleet.serving.smoke import smoke_checks  # noqa: E402
 from vllm_fleet.specs.load import load_and_check  # noqa: E402
 
 STATE = Path("/var/tmp/vllm-fleet-proof/state.json")
-UNIT = "vllm-h200-systemd-0.service"  # the layout's unit for deployments/h200-systemd.yaml (the recorded run: vllm.service)
+# the layout's unit for deployments/h200-systemd.yaml (the recorded run: vllm.service)
+UNIT = "vllm-h200-systemd-0.service"
 BENCH = [(1, 8), (16, 64)]  # (concurrency, prompts)
 IN_LEN, OUT_LEN = 512, 256
 DROPIN = Path(f"/etc/systemd/system/{UNIT}.d/zz-proof.conf")
@@ -141,12 +142,14 @@ def cmd_deployed(spec_path: str, log_path: str) -> None:
         },
         smoke={"through_nginx": smoke(c, c["nginx"]), "direct": smoke(c, c["direct"])},
         unit_state=sh(
-            f"systemctl show -p ActiveState -p SubState -p NRestarts -p MainPID -p ExecMainStartTimestamp {UNIT} nginx.service"
+            f"systemctl show -p ActiveState -p SubState -p NRestarts -p MainPID -p ExecMainStartTimestamp {UNIT} "
+            "nginx.service"
         ),
         systemd=sh("systemctl --version | head -1"),
         system_state=sh("systemctl is-system-running"),
         journal_start=sh(
-            f"journalctl -u {UNIT} -o cat --no-pager | grep -E 'GPU KV cache size|Available KV cache memory|Model loading took|init engine|torch.compile took|Graph capturing finished|Maximum concurrency' | tail -20"
+            f"journalctl -u {UNIT} -o cat --no-pager | grep -E 'GPU KV cache size|Available KV cache memory|Model "
+            "loading took|init engine|torch.compile took|Graph capturing finished|Maximum concurrency' | tail -20"
         ),
     )
 
@@ -252,7 +255,8 @@ def cmd_bench(spec_path: str) -> None:
             }
             print(
                 f"bench {path} c={conc}: ttft p50 {keep['median_ttft_ms']:.1f} ms p99 {keep['p99_ttft_ms']:.1f}, "
-                f"tpot p50 {keep['median_tpot_ms']:.2f} p99 {keep['p99_tpot_ms']:.2f} ms, {keep['output_throughput']:.0f} tok/s",
+                f"tpot p50 {keep['median_tpot_ms']:.2f} p99 {keep['p99_tpot_ms']:.2f} ms, "
+                f"{keep['output_throughput']:.0f} tok/s",
                 flush=True,
             )
     for conc, _ in BENCH:
