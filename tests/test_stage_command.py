@@ -77,7 +77,9 @@ def test_the_run_ends_with_the_per_host_summary_the_retry_line_and_its_exit_code
     assert "vllm-fleet stage: 3 host(s): 1 failed, 1 changed, 1 converged" in out
     assert "failed:        gpu2: `vLLM | pip install` failed: No space left" in out
     retry = next(ln for ln in out.splitlines() if "retry only those:" in ln)
-    assert retry.endswith(f"vllm-fleet stage {inv} --spec {spec} --limit gpu2")
+    # pasteable as printed: the -y the user gave comes with it (without, a shell with no terminal
+    # gets exit 2, "no terminal to confirm": bench/fleet_faults.py ran into it)
+    assert retry.endswith(f"vllm-fleet stage {inv} --spec {spec} --limit gpu2 -y")
     assert seen["argv"][2] == "vllm_fleet.deploys.stage.stage"
 
 

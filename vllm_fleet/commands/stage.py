@@ -87,7 +87,8 @@ def cmd_stage(args: argparse.Namespace, runner: Callable[[list[str]], int] | Non
     if results is not None:
         # the hosts the layout stages; the others of the inventory had nothing to do
         mine = [r for r in results if r.host in hosts] or results
-        retry = outcome.retry_line("stage", [args.inventory], _options(args), outcome.retry_hosts(mine))
+        options = _options(args) + ([("-y", None)] if args.yes else [])
+        retry = outcome.retry_line("stage", [args.inventory], options, outcome.retry_hosts(mine))
         for line in outcome.summary_lines("stage", mine, retry):
             print(line)
         return outcome.exit_code(mine, rc)
