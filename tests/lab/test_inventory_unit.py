@@ -78,3 +78,21 @@ def test_rootfs_key_is_a_hash_of_the_recipe():
     # packaged (a wheel builds the lab too); the checkout's lab/rootfs.sh is a link to it
     assert RECIPE == REPO / "vllm_fleet" / "lab" / "rootfs.sh" and (REPO / "lab" / "rootfs.sh").resolve() == RECIPE
     assert len(rootfs_key()) == 16
+
+
+def test_lab_up_raises_the_inotify_limit_a_large_lab_needs_and_never_lowers_it(tmp_path):
+    """32 hosts failed to boot on the default fs.inotify.max_user_instances (128: "Too many open
+    files" in the 29th host's systemd); `lab up` raises it for N hosts and says so (a file stands
+    in for /proc/sys/fs/inotify/max_user_instances)."""
+    from vllm_fleet.lab.nspawn import ensure_inotify, inotify_instances_needed
+
+    sysctl = tmp_path / "max_user_instances"
+    sysctl.write_text("128\n")
+    said = ensure_inotify(32, sysctl)
+    assert int(sysctl.read_text()) == inotify_instances_needed(32) > 128 + 4 * 32
+    assert said == f"raised fs.inotify.max_user_instances from 128 to {inotify_instances_needed(32)} for 32 hosts" + (
+        " (each host's systemd takes ~4)"
+    )
+    assert ensure_inotify(3, sysctl) is None and int(sysctl.read_text()) == inotify_instances_needed(32)
+    sysctl.write_text("2048\n")
+    assert ensure_inotify(50, sysctl) is None and sysctl.read_text() == "2048\n"

@@ -285,6 +285,39 @@ def preflight(cfg: LabConfig) -> None:
         raise LabError("missing kernel features: " + "; ".join(problems))
 
 
+#: inotify instances the control machine's user root may hold (``fs.inotify.max_user_instances``):
+#: each booted host's systemd and its services take ~4 of them, all counted against root; the
+#: common default of 128 runs out near 28 hosts ("Failed to allocate manager object: Too many
+#: open files" in the container's systemd, which then never boots)
+INOTIFY_SYSCTL = Path("/proc/sys/fs/inotify/max_user_instances")
+
+
+def inotify_instances_needed(n: int) -> int:
+    """``fs.inotify.max_user_instances`` for a lab of ``n`` hosts: 8 per host (twice what a host's
+    systemd takes) and 128 for the rest of the machine."""
+    return 128 + 8 * n
+
+
+def ensure_inotify(n: int, sysctl: Path = INOTIFY_SYSCTL) -> str | None:
+    """Raise ``fs.inotify.max_user_instances`` to what ``n`` hosts need when it is lower (never
+    lowers it); what was done, for the output, or None."""
+    try:
+        now = int(sysctl.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    need = inotify_instances_needed(n)
+    if now >= need:
+        return None
+    try:
+        sysctl.write_text(f"{need}\n")
+    except OSError as exc:
+        raise LabError(
+            f"{n} hosts need fs.inotify.max_user_instances >= {need} (each host's systemd takes some; it is {now}) "
+            f"and it could not be raised ({exc}): `sysctl -w fs.inotify.max_user_instances={need}`"
+        ) from None
+    return f"raised fs.inotify.max_user_instances from {now} to {need} for {n} hosts (each host's systemd takes ~4)"
+
+
 def check_disk(path: Path, need: int, what: str) -> None:
     p = path
     while not p.exists():
@@ -905,6 +938,9 @@ def up(n: int = 3, timeout: float = 180, cfg: LabConfig | None = None) -> dict:
             log(f"already up with {n} host(s)")
             return st
         ensure_host_packages()
+        raised = ensure_inotify(n)
+        if raised:
+            log(raised)
         st = st or new_state(cfg)
         if not st["hosts"] and not st["made"]:
             check_network_free(cfg, st)
