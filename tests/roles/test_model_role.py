@@ -723,3 +723,33 @@ def assert_stamp_matches(stamp: Path, dest: Path) -> None:
 def _ns(text: str) -> int:
     sec, _, frac = text.partition(".")
     return int(sec) * 10**9 + int((frac + "0" * 9)[:9])
+
+
+def test_files_that_came_host_to_host_are_not_hashed_twice(harness, local_model, monkeypatch):
+    """(issue 36, item 3) A host filled by the peer rounds (roles.common.peers: fetch_files.py
+    checked every file against the manifest's sha256 as it wrote it) is not read again with
+    ``sha256sum -c``: the check proves only that the service user can read every file (find
+    fails on one it cannot), with the same stamp around it; a host the files reach by SFTP keeps
+    ``sha256sum -c`` (test_upload_fresh)."""
+    from pyinfra.operations import server
+
+    from vllm_fleet.roles.common import peers
+
+    joined = []
+
+    def by_peers(key, what, local, root, files, lacks, **kw):  # the peer rounds' operations
+        joined.append(sorted(lacks))
+        return [server.shell(name="peer round (stand-in)", commands=["true"])]
+
+    monkeypatch.setattr(peers, "join", by_peers)
+    spec = lab_spec(local_dir=str(local_model))
+    root, user = spec["model"]["path"], spec["server"]["user"]
+    run = harness.run(install_model, spec, facts=BARE)
+    assert joined == [["config.json", "model.safetensors", "sub/extra.txt", "tokenizer.json"]]
+    assert not {f"{root}/{rel}" for rel in joined[0]} & run.uploads.keys()  # none by SFTP
+    listing, check, keep = run.op("Verify the model").commands
+    assert "sha256sum" not in check
+    assert check.startswith(f"cd {root} && runuser -u {user} -- find . -type f '!' -readable -exec false '{{}}' +")
+    stamp = stamp_path(spec)
+    assert f"rm -f MANIFEST.sha256 {stamp}.tmp-vllm-fleet {stamp}" in check  # a failed check leaves no stamp
+    assert keep == f"chmod 644 {stamp}.tmp-vllm-fleet && mv -f {stamp}.tmp-vllm-fleet {stamp}"
