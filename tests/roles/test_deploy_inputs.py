@@ -57,6 +57,7 @@ def _plan_nginx():
     ctx = load_deploy_spec()
     install_nginx(
         spec=ctx.spec,
+        where=ctx.layout.paths[ctx.first],
         rendered=rendered_for_host(ctx),
         api_key=ctx.secrets["api_key"],
         tls_key=ctx.secrets["tls_key"],

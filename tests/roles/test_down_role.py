@@ -19,6 +19,7 @@ from vllm_fleet.roles.common.state import StateUnknown
 from vllm_fleet.deploys.down import remove_deployment
 from vllm_fleet.roles.common.remove import mine, removal_query
 from vllm_fleet.specs.load import load_and_check
+from vllm_fleet.render.files import deployment_paths
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from fleetutil import host_state  # noqa: E402
@@ -62,7 +63,13 @@ def test_removes_units_files_site_and_firewall_of_this_deployment(harness, repli
     owned = sorted(files)
     assert {"/etc/vllm-fleet/api-firewall.nft", "/etc/systemd/system/vllm-fleet-api-firewall.service"} <= set(owned)
     stamp = "/etc/vllm-fleet/lab-tiny-replicas/replica-0.applied"  # written by the service role, not rendered
-    run = harness.run(remove_deployment, spec=spec, rendered=files, facts=_facts({**_texts(files), stamp: "x"}))
+    run = harness.run(
+        remove_deployment,
+        spec=spec,
+        where=deployment_paths(spec),
+        rendered=files,
+        facts=_facts({**_texts(files), stamp: "x"}),
+    )
     units = [p for p in owned if p.startswith("/etc/systemd/system/")]
     assert {Path(u).name for u in units} == {
         "vllm-lab-tiny-replicas-0.service",
@@ -97,6 +104,7 @@ def test_install_time_wheels_go_the_environment_stays(harness, replicas):
     run = harness.run(
         remove_deployment,
         spec=spec,
+        where=deployment_paths(spec),
         rendered=rendered["lab1"],
         facts=_facts(_texts(rendered["lab1"]), dirs=[*install_time, f"{prefix}/env", f"{prefix}/router"]),
     )
@@ -112,6 +120,7 @@ def test_nginx_not_running_is_validated_not_reloaded(harness, replicas):
     run = harness.run(
         remove_deployment,
         spec=spec,
+        where=deployment_paths(spec),
         rendered=rendered["lab1"],
         facts=_facts(_texts(rendered["lab1"]), nginx_active=False),
     )
@@ -120,7 +129,9 @@ def test_nginx_not_running_is_validated_not_reloaded(harness, replicas):
 
 def test_nothing_of_it_left_is_a_no_op(harness, replicas):
     spec, rendered = replicas
-    run = harness.run(remove_deployment, spec=spec, rendered=rendered["lab1"], facts=_facts({}))
+    run = harness.run(
+        remove_deployment, spec=spec, where=deployment_paths(spec), rendered=rendered["lab1"], facts=_facts({})
+    )
     assert not run.changed, run
 
 
@@ -134,6 +145,7 @@ def test_a_read_that_did_not_complete_removes_nothing(harness, replicas):
         harness.run(
             remove_deployment,
             spec=spec,
+            where=deployment_paths(spec),
             rendered=rendered["lab1"],
             facts=_facts(_texts(rendered["lab1"]), complete=False),
             host="lab1",
@@ -150,7 +162,9 @@ def test_another_deployments_files_are_left_alone(harness, replicas):
     files["/etc/vllm-fleet/api-firewall.nft"] = other
     files["/etc/systemd/system/vllm-fleet-api-firewall.service"] = other
     files["/etc/systemd/system/vllm-lab-tiny-replicas-x-0.service"] = other
-    run = harness.run(remove_deployment, spec=spec, rendered=rendered["lab2"], facts=_facts(files))
+    run = harness.run(
+        remove_deployment, spec=spec, where=deployment_paths(spec), rendered=rendered["lab2"], facts=_facts(files)
+    )
     assert "rm -f /etc/systemd/system/vllm-lab-tiny-replicas-0.service" in run.commands
     assert "rm -f /etc/vllm-fleet/lab-tiny-replicas/vllm.env" in run.commands
     assert not [c for c in run.commands if "firewall" in c or "lab-tiny-replicas-x" in c], run.commands
@@ -174,14 +188,14 @@ def test_which_files_are_its_own_on_a_real_directory(tmp_path, replicas):
     paths = [str(ours), str(theirs), str(prefix_clash), str(tmp_path / "gone")]
 
     def owned(spec_):
-        q = removal_query(spec_, paths)
+        q = removal_query(spec_, render.deployment_paths(spec_), paths)
         assert set(q.read) == set(paths) and not q.stat  # none in its own directories: their text decides
         out = subprocess.run(
             ["sh", "-c", HostState().command(q).get_raw_value()], capture_output=True, text=True, timeout=60
         )
         snap = Snapshot.parse(out.stdout.splitlines())
         snap.query = q
-        return [x for x in paths if mine(spec_, x, snap)]
+        return [x for x in paths if mine(spec_, render.deployment_paths(spec_), x, snap)]
 
     assert owned(spec) == [str(ours)]
     assert owned({**spec, "name": "lab-tiny"}) == [str(prefix_clash)]
@@ -194,6 +208,7 @@ def test_purge_removes_environment_weights_and_config(harness, replicas):
     run = harness.run(
         remove_deployment,
         spec=spec,
+        where=deployment_paths(spec),
         rendered=rendered["lab2"],
         facts=_facts({}, dirs=dirs),
         data={"vllm_fleet_purge": True},
@@ -216,7 +231,7 @@ def test_exporters_whose_configuration_was_this_deployments_are_stopped(harness)
         "prometheus-blackbox-exporter.service": True,
     }
     facts[SystemdEnabled] = dict(facts[SystemdStatus])
-    run = harness.run(remove_deployment, spec=resolved, rendered=files, facts=facts)
+    run = harness.run(remove_deployment, spec=resolved, where=deployment_paths(resolved), rendered=files, facts=facts)
     for service in ("prometheus", "prometheus-node-exporter", "prometheus-blackbox-exporter"):
         assert (
             f"systemctl stop {service}.service" in run.commands
@@ -250,7 +265,8 @@ def test_leftovers_are_what_the_layout_no_longer_gives_the_host(replicas):
     )
     envs = clash.REPLICA_ENVS  # the default config_dir: the glob the clash check reads anyway
     # lab2, no part of the layout any more: everything of the deployment that is there
-    q = leftover_query(resolved, None, {})
+    where = render.deployment_paths(resolved)
+    q = leftover_query(resolved, where, None, {})
     assert set(q.globs) == {clash.UNITS, envs}
     units = [p for p in lab2_had if p.startswith("/etc/systemd/system/vllm-lab-tiny-replicas-")]
     on_lab2 = {p: rendered["lab2"][p].content for p in lab2_had}
@@ -266,7 +282,7 @@ def test_leftovers_are_what_the_layout_no_longer_gives_the_host(replicas):
         "/etc/systemd/system/vllm-fleet-api-firewall.service",
         "/etc/systemd/system/vllm-lab-tiny-replicas-x-0.service",
     }
-    assert leftovers(resolved, None, {}, snap) == sorted(
+    assert leftovers(resolved, where, None, {}, snap) == sorted(
         lab2_had
     )  # not the package's file, not the other deployment's unit
     assert (
@@ -278,15 +294,15 @@ def test_leftovers_are_what_the_layout_no_longer_gives_the_host(replicas):
     class Node:
         roles, instances = {"server", "proxy"}, [object()]
 
-    q1 = leftover_query(resolved, Node(), lab1)
+    q1 = leftover_query(resolved, where, Node(), lab1)
     assert not set(q1.stat) & set(lab1)
     assert render.paths(resolved)["tls_certificate"] not in q1.stat
     snap1 = _snap(_texts(lab1), q1)
-    assert leftovers(resolved, Node(), lab1, snap1) == []
+    assert leftovers(resolved, where, Node(), lab1, snap1) == []
     # not read (no snapshot): nothing is known, nothing listed
     from vllm_fleet.host.state import Snapshot
 
-    assert leftovers(resolved, None, {}, Snapshot()) == []
+    assert leftovers(resolved, where, None, {}, Snapshot()) == []
 
 
 def test_pruning_on_serve_takes_what_it_removes_from_the_deploys_one_read(harness, replicas):
@@ -300,8 +316,9 @@ def test_pruning_on_serve_takes_what_it_removes_from_the_deploys_one_read(harnes
 
     @deploy("serve's pruning")
     def prune():
-        snap = load_host_state(leftover_query(spec, None, {}))  # the deploy's one read (deploys/serve.py)
-        remove_deployment(spec=spec, rendered={}, paths=leftovers(spec, None, {}, snap))
+        where = render.deployment_paths(spec)
+        snap = load_host_state(leftover_query(spec, where, None, {}))  # the deploy's one read (deploys/serve.py)
+        remove_deployment(spec=spec, where=where, rendered={}, paths=leftovers(spec, where, None, {}, snap))
 
     run = harness.run(prune, facts=_facts(_texts(rendered["lab2"])))
     assert "rm -f /etc/systemd/system/vllm-lab-tiny-replicas-0.service" in run.commands
@@ -315,7 +332,9 @@ def test_each_role_removes_its_own_part_and_down_goes_in_reverse_order(harness, 
     host without Ray files."""
     spec, rendered = replicas
     files = rendered["lab1"]
-    run = harness.run(remove_deployment, spec=spec, rendered=files, facts=_facts(_texts(files)))
+    run = harness.run(
+        remove_deployment, spec=spec, where=deployment_paths(spec), rendered=files, facts=_facts(_texts(files))
+    )
     site = render.paths(spec)["nginx_site"]
     reload_at = run.commands.index("systemctl reload nginx.service")
     assert (
@@ -344,16 +363,40 @@ def test_the_router_role_removes_its_unit_when_routing_is_no_longer_cache_aware(
     unit = render.paths(resolved)["router_unit"]
     assert unit not in files
     ours = f"# Rendered by vllm-fleet for deployment {resolved['name']}: edit the spec\n[Unit]\n"
-    run = harness.run(install_router, spec=resolved, rendered=files, present=False, facts=_facts({unit: ours}))
+    run = harness.run(
+        install_router,
+        spec=resolved,
+        where=deployment_paths(resolved),
+        rendered=files,
+        present=False,
+        facts=_facts({unit: ours}),
+    )
     name = Path(unit).name
     assert f"systemctl stop {name}" in run.commands and f"systemctl disable {name}" in run.commands
     assert f"rm -f {unit}" in run.commands and "systemctl daemon-reload" in run.commands
     theirs = "# Rendered by vllm-fleet for deployment other: edit the spec\n"
     assert (
-        harness.run(install_router, spec=resolved, rendered=files, present=False, facts=_facts({unit: theirs})).commands
+        harness.run(
+            install_router,
+            spec=resolved,
+            where=deployment_paths(resolved),
+            rendered=files,
+            present=False,
+            facts=_facts({unit: theirs}),
+        ).commands
         == []
     )
-    assert harness.run(install_router, spec=resolved, rendered=files, present=False, facts=_facts({})).commands == []
+    assert (
+        harness.run(
+            install_router,
+            spec=resolved,
+            where=deployment_paths(resolved),
+            rendered=files,
+            present=False,
+            facts=_facts({}),
+        ).commands
+        == []
+    )
 
 
 def test_the_model_stamp_goes_the_weights_stay_and_the_config_dir_is_left_empty(harness, replicas):
@@ -366,6 +409,7 @@ def test_the_model_stamp_goes_the_weights_stay_and_the_config_dir_is_left_empty(
     run = harness.run(
         remove_deployment,
         spec=spec,
+        where=deployment_paths(spec),
         rendered=rendered["lab1"],
         facts=_facts({**_texts(rendered["lab1"]), stamp: "x"}, dirs=[spec["model"]["path"]]),
     )

@@ -27,6 +27,7 @@ from pyinfra.facts.deb import DebPackages
 from vllm_fleet.host.state import HostState, Query, Snapshot
 
 from vllm_fleet.roles.common.state import load_host_state
+from vllm_fleet.render.files import deployment_paths
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -315,9 +316,12 @@ def converged_lines(spec, h, node, api_key: str, *, drift: str | None = None) ->
 def _service_and_nginx(spec, h, node, api_key):
     from vllm_fleet.roles import nginx, service
 
-    load_host_state(service.state_query(spec, node, h.files) | nginx.state_query(spec, h.files))
-    service.install_service(spec=spec, node=node, rendered=h.files, api_key=api_key)
-    nginx.install_nginx(spec=spec, rendered=h.files, api_key=api_key)
+    from vllm_fleet.render.files import deployment_paths
+
+    where = deployment_paths(spec)
+    load_host_state(service.state_query(spec, where, node, h.files) | nginx.state_query(spec, where, h.files))
+    service.install_service(spec=spec, where=where, node=node, rendered=h.files, api_key=api_key)
+    nginx.install_nginx(spec=spec, where=where, rendered=h.files, api_key=api_key)
 
 
 def test_a_converged_host_gets_no_operation(harness):
@@ -351,6 +355,7 @@ def test_the_service_role_on_its_own_reads_its_state_once(harness, state):
     run = harness.run(
         service.install_service,
         spec=spec,
+        where=deployment_paths(spec),
         node=node,
         rendered=h.files,
         api_key="k3y",
@@ -406,7 +411,14 @@ def test_without_a_snapshot_every_operation_is_created(harness):
     from vllm_fleet.roles import nginx
 
     spec, h, node = _lab()
-    run = harness.run(nginx.install_nginx, spec=spec, rendered=h.files, api_key="k3y", facts={DebPackages: {}})
+    run = harness.run(
+        nginx.install_nginx,
+        spec=spec,
+        where=deployment_paths(spec),
+        rendered=h.files,
+        api_key="k3y",
+        facts={DebPackages: {}},
+    )
     names = [op.name.rsplit(" | ", 1)[-1] for op in run.ops]
     assert {
         "nginx package",
@@ -558,12 +570,20 @@ def test_a_self_signed_certificate_in_place_is_known_from_the_state_read_only(ha
     run = harness.run(
         nginx.install_nginx,
         spec=spec,
+        where=deployment_paths(spec),
         rendered=h.files,
         api_key="k3y",
         facts={HostState: lambda query: Snapshot.parse(there), DebPackages: {}},
     )
     assert not run.has_op("Self-signed TLS certificate"), run
     assert ("File", {"path": crt}) not in run.asked, run.asked
-    unknown = harness.run(nginx.install_nginx, spec=spec, rendered=h.files, api_key="k3y", facts={DebPackages: {}})
+    unknown = harness.run(
+        nginx.install_nginx,
+        spec=spec,
+        where=deployment_paths(spec),
+        rendered=h.files,
+        api_key="k3y",
+        facts={DebPackages: {}},
+    )
     (line,) = unknown.op("Self-signed TLS certificate").commands
     assert line.startswith(f"test -f {crt} || {{ openssl req -x509 ") and line.endswith("; }"), line

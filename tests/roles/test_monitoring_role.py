@@ -19,6 +19,7 @@ from vllm_fleet.roles.monitoring import install_monitoring, state_query
 from vllm_fleet.render import monitoring
 from vllm_fleet.render import files as render
 from vllm_fleet.specs.load import load, resolve
+from vllm_fleet.render.files import deployment_paths
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from fleetutil import host_state  # noqa: E402
@@ -50,7 +51,9 @@ def run(harness, spec, inventory, facts=None, data=None, host="testhost"):
     rendered = render.render(spec, copy.deepcopy(inventory))[host]
     f = host_state()  # a host with nothing of it (the read completed)
     f.update(facts or {})
-    return harness.run(install_monitoring, spec=spec, rendered=rendered, facts=f, data=data or {}), rendered
+    return harness.run(
+        install_monitoring, spec=spec, where=deployment_paths(spec), rendered=rendered, facts=f, data=data or {}
+    ), rendered
 
 
 def uploaded(r, path: str) -> str:
@@ -111,7 +114,11 @@ def test_second_run_changes_nothing(harness):
     dirs = {str(Path(p).parent): ("root", "root", 0o755) for p in rendered}
     units = {f"{u}.service": {"ActiveState": "active", "UnitFileState": "enabled"} for u in SERVICES}
     r = harness.run(
-        install_monitoring, spec=spec, rendered=rendered, facts=host_state(files, dirs, units, debs=SERVICES)
+        install_monitoring,
+        spec=spec,
+        where=deployment_paths(spec),
+        rendered=rendered,
+        facts=host_state(files, dirs, units, debs=SERVICES),
     )
     assert r.ops == [], r
     assert [n for n, _ in r.asked] == ["HostState"], r.asked
@@ -137,7 +144,7 @@ def test_the_serve_deploys_one_read_holds_what_the_role_compares(harness):
     @deploy("serve's query")
     def queries():
         ctx = DeployContext(layout, {spec["name"]: spec}, {}, {}, "")
-        got["serve"], got["role"] = serve_query(ctx, h), state_query(spec, dict(h.files))
+        got["serve"], got["role"] = serve_query(ctx, h), state_query(spec, layout.paths[spec['name']], dict(h.files))
 
     harness.run(queries)
     q = got["role"]

@@ -96,9 +96,10 @@ def test_the_router_unit_of_a_proxy_no_longer_cache_aware_is_a_leftover_serve_pr
     unit = render.paths(spec)["router_unit"]
     assert unit not in h.files and "proxy" in h.parts[spec["name"]].roles
     ours = {unit: f"# Rendered by vllm-fleet for deployment {spec['name']}: edit the spec\n"}
-    query = remove.leftover_query(plain, h.parts[spec["name"]], h.files)
+    where = layout.paths[plain["name"]]
+    query = remove.leftover_query(plain, where, h.parts[spec["name"]], h.files)
     assert unit in query.read or any(Path(unit).match(g) for g in query.globs)
     snap = host_state(ours)[HostState](query)
-    found = remove.leftovers(plain, h.parts[spec["name"]], h.files, snap)
+    found = remove.leftovers(plain, where, h.parts[spec["name"]], h.files, snap)
     assert found == [unit]
-    assert remove.by_part(plain, h.files, found) == {"router": [unit]}
+    assert remove.by_part(plain, where, h.files, found) == {"router": [unit]}

@@ -22,6 +22,7 @@ from vllm_fleet.roles.ray.facts import Ipv4Interfaces, parse_ipv4_interfaces
 from vllm_fleet.roles.vllm import CPU_RAY_FILES, cpu_ray_adaptation_files, install_vllm
 from vllm_fleet.render import files as render
 from vllm_fleet.specs.load import load, resolve
+from vllm_fleet.render.files import deployment_paths
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from fleetutil import env_state  # noqa: E402
@@ -67,7 +68,15 @@ def run_node(harness, host: str, inventory=INVENTORY, facts=None, data=None, spe
     f.update(facts or {})
     h = layout.hosts["testhost"]
     run = harness.run(
-        install_ray, spec, h.parts[spec["name"]], layout, h.files, facts=f, data=data or {}, strict=strict
+        install_ray,
+        spec,
+        deployment_paths(spec),
+        h.parts[spec["name"]],
+        layout,
+        h.files,
+        facts=f,
+        data=data or {},
+        strict=strict,
     )
     run.cluster = layout.shared[f"ray:{spec['name']}"]
     return run
@@ -323,7 +332,7 @@ def test_the_serve_deploy_reads_the_ray_nodes_state_in_its_one_read(harness):
     for host in ("testhost", "lab2"):
         spec, layout = layout_of(host)
         h = layout.hosts["testhost"]
-        q = ray_query(spec, h.parts[spec["name"]], h.files)
+        q = ray_query(spec, layout.paths[spec["name"]], h.parts[spec["name"]], h.files)
         unit = "ray-head.service" if host == "testhost" else "ray-worker.service"
         assert f"/etc/systemd/system/{unit}" in q.sha and unit in q.units and "/var/lib/vllm-fleet/ray" in q.stat
         assert "/etc/vllm-fleet/ray-firewall.nft" in q.sha and "vllm-fleet-ray-firewall.service" in q.units
@@ -333,7 +342,7 @@ def test_the_serve_deploy_reads_the_ray_nodes_state_in_its_one_read(harness):
         if node.instances:  # the head's vLLM: install_service places the service part's files, and asks no more
             from vllm_fleet.roles import service
 
-            rest = service.state_query(spec, node, h.files)
+            rest = service.state_query(spec, layout.paths[spec['name']], node, h.files)
             assert not rest - got["serve"], rest - got["serve"]
 
 
@@ -341,7 +350,9 @@ def test_single_node_spec_is_left_alone(harness):
     spec = spec_of("lab-tiny.yaml")
     layout = build([spec], copy.deepcopy(INVENTORY))
     h = layout.hosts["testhost"]
-    run = harness.run(install_ray, spec, h.parts[spec["name"]], layout, h.files, facts={}, strict=True)
+    run = harness.run(
+        install_ray, spec, deployment_paths(spec), h.parts[spec["name"]], layout, h.files, facts={}, strict=True
+    )
     assert run.ops == [] and run.asked == []
 
 
@@ -454,7 +465,7 @@ def test_on_a_ray_head_the_service_role_places_only_the_service_part(harness):
         File: lambda path: None,
         Sha256File: lambda path: None,
     }
-    run = harness.run(install_service, spec, h.parts[spec["name"]], h.files, "k3y", facts=facts)
+    run = harness.run(install_service, spec, deployment_paths(spec), h.parts[spec["name"]], h.files, "k3y", facts=facts)
     assert f"{cfg}/replica-0.env" in run.uploads and "/etc/systemd/system/vllm-lab-tiny-pp2-0.service" in run.uploads, (
         run.uploads
     )

@@ -11,6 +11,7 @@ from vllm_fleet.roles.rollout import drain, smoke_replica, upstream
 from vllm_fleet.roles.service import api_firewall
 from vllm_fleet.render import files as render
 from vllm_fleet.specs.load import load, resolve
+from vllm_fleet.render.files import deployment_paths
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -53,15 +54,15 @@ def test_upstream_puts_the_site_and_reloads_only_on_change(harness):
         "lab2": {"address": "10.10.0.12", "groups": ["servers"], "data": {"upstream_down": True}},
     }
     rendered = render.render(spec, inv)["testhost"]
-    run = harness.run(upstream, spec, rendered, 30, facts={File: None})
+    run = harness.run(upstream, spec, deployment_paths(spec), rendered, 30, facts={File: None})
     site = run.uploads["/etc/nginx/conf.d/vllm-fleet-lab-tiny-replicas.conf"]
     assert "server 10.10.0.12:8000 max_fails=2 fail_timeout=10s down;" in site
     op = run.op("reload, wait for the old workers")
     assert op.conditional and op.commands == ["python:_reload_and_wait"]
     # a host without this deployment's site (a replica that is no proxy) gets nothing
-    assert not harness.run(upstream, spec, render.render(spec, inv)["lab2"], 30, facts={}).ops
+    assert not harness.run(upstream, spec, deployment_paths(spec), render.render(spec, inv)["lab2"], 30, facts={}).ops
 
 
 def test_drain_and_smoke_are_checks_on_the_host(harness):
     assert harness.run(drain, _spec(), 30, facts={}).commands == ["python:_wait_idle"]
-    assert harness.run(smoke_replica, _spec(), facts={}).commands == ["python:_smoke"]
+    assert harness.run(smoke_replica, _spec(), deployment_paths(_spec()), facts={}).commands == ["python:_smoke"]

@@ -14,6 +14,7 @@ import vllm_fleet.fetch.wheelhouse as wh
 from vllm_fleet.render import files as render
 from vllm_fleet.roles.router import install_router
 from vllm_fleet.specs import load as spec_load
+from vllm_fleet.render.files import deployment_paths
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from fleetutil import env_state  # noqa: E402
@@ -33,6 +34,7 @@ def _run(harness, monkeypatch, tmp_path, data=None, **install):
     run = harness.run(
         install_router,
         spec,
+        deployment_paths(spec),
         render.render(spec, INV)["lab1"],
         data=data or {},
         facts=env_state(target={"python": "3.11", "glibc": "2.36", "machine": "x86_64"}),
@@ -119,6 +121,7 @@ def test_the_target_comes_from_the_state_read(harness, monkeypatch, tmp_path):
         harness.run(
             install_router,
             spec,
+            deployment_paths(spec),
             render.render(spec, INV)["lab1"],
             facts={HostState: lambda query: Snapshot.parse(["target\tpython3\tmachine=x86_64"])},
         )
@@ -144,7 +147,10 @@ def test_the_serve_deploys_one_read_asks_the_target_once_for_vllm_and_the_router
     @deploy("serve's query")
     def serve_query():
         got["serve"] = state_query(DeployContext(layout, {spec["name"]: spec}, {}, {}, ""), h)
-        got["vllm"], got["router"] = vllm.state_query(spec), router.state_query(spec, h.files)
+        got["vllm"], got["router"] = (
+            vllm.state_query(spec),
+            router.state_query(spec, layout.paths[spec["name"]], h.files),
+        )
 
     harness.run(serve_query)
     assert got["vllm"].targets == got["router"].targets == got["serve"].targets == ("python3",)

@@ -14,6 +14,7 @@ from vllm_fleet.render.layout import build
 from vllm_fleet.host.state import HostState, Snapshot
 from vllm_fleet.roles.service import applied_token, install_service
 from vllm_fleet.specs.load import load, resolve
+from vllm_fleet.render.files import deployment_paths
 
 REPO = Path(__file__).resolve().parents[2]
 INV = {"testhost": {"address": "10.10.0.11", "groups": ["servers", "proxy"], "data": {"replicas_per_host": 2}}}
@@ -49,7 +50,7 @@ def _run(harness, legacy=None, listed="", stamps=None, only=None, key="k3y", fai
     node = h.parts[spec["name"]]
     lines = state_lines(legacy, listed, stamps, failed)
     facts = {HostState: lambda query: Snapshot.parse(lines), File: lambda path: None, Sha256File: lambda path: None}
-    run = harness.run(install_service, spec, node, h.files, key, facts=facts, only=only)
+    run = harness.run(install_service, spec, deployment_paths(spec), node, h.files, key, facts=facts, only=only)
     # the role's own state read is all it asks of the host beyond pyinfra's operations' facts
     assert [name for name, _ in run.asked].count("HostState") == 1 and "Command" not in {
         name for name, _ in run.asked
@@ -157,4 +158,4 @@ def test_a_state_read_that_did_not_complete_restarts_nothing(harness):
         match=r"host testhost: the read of this host's state did not complete, so what each "
         r"vLLM instance of lab-tiny-replicas runs is not known.*run the deploy again",
     ):
-        harness.run(install_service, spec, h.parts[spec["name"]], h.files, "k3y", facts=facts)
+        harness.run(install_service, spec, deployment_paths(spec), h.parts[spec["name"]], h.files, "k3y", facts=facts)

@@ -21,7 +21,7 @@ from pyinfra.operations import server
 from pyinfra.operations.util import any_changed
 
 from vllm_fleet.host.programs import argv as cmd
-from vllm_fleet.render import files as render
+from vllm_fleet.render.layout import Paths
 from vllm_fleet.roles import model
 from vllm_fleet.roles.common import load_deploy_spec, preflight, remove, rendered_for_host, this_host_only
 from vllm_fleet.roles.common.state import role_state, unknown
@@ -38,17 +38,22 @@ def down() -> None:
         return
     with this_host_only():  # a problem of this host (sudo, its state read) fails it alone
         preflight()
-        remove_deployment(spec=ctx.spec, rendered=rendered)
+        remove_deployment(spec=ctx.spec, where=ctx.layout.paths[ctx.first], rendered=rendered)
 
 
 @deploy("Remove the deployment", data_defaults=DEFAULTS)
 def remove_deployment(
-    spec: dict[str, Any], rendered: dict[str, Any], purge: bool | None = None, paths: list[str] | None = None
+    spec: dict[str, Any],
+    where: Paths,
+    rendered: dict[str, Any],
+    purge: bool | None = None,
+    paths: list[str] | None = None,
 ):
     """
     Remove this deployment from the host: each role that placed a part of it, with ``present=False``.
 
     + spec: the resolved deployment spec
+    + where: where its files live (the layout's: ``ctx.layout.paths[name]``, vllm_fleet.render.parts.Paths)
     + rendered: this host's rendered files ({path: RenderedFile}); a file is removed only when
       the host's copy names this deployment (another deployment's file is left alone)
     + purge: also remove the environment, weights, caches and config directory (default: host
@@ -67,28 +72,28 @@ def remove_deployment(
     .. code:: python
 
         ctx = load_deploy_spec()
-        remove_deployment(spec=ctx.spec, rendered=rendered_for_host(ctx))
+        remove_deployment(spec=ctx.spec, where=ctx.layout.paths[ctx.first], rendered=rendered_for_host(ctx))
     """
     pruning = paths is not None
     purge = purging(purge) and not pruning
-    paths = remove.candidates(spec, rendered) if paths is None else paths
-    site = render.paths(spec)["nginx_site"]
-    snap = role_state(remove.removal_query(spec, paths, units=("nginx.service",) if site in paths else ()))
+    paths = remove.candidates(spec, where, rendered) if paths is None else paths
+    units = ("nginx.service",) if where["nginx_site"] in paths else ()
+    snap = role_state(remove.removal_query(spec, where, paths, units=units))
     if not snap.known:
         raise unknown(
             f"which files of deployment {spec['name']} are there",
             changed="nothing was removed from this host",
             run="the command",
         )
-    parts = remove.by_part(spec, rendered, paths)
+    parts = remove.by_part(spec, where, rendered, paths)
     removed: dict[str, Any] = {}
     for part, role in removals():  # the parts that place files, in the reverse of serve's order
         if part in parts:
-            removed |= role(spec=spec, rendered=rendered, present=False, paths=parts[part])
+            removed |= role(spec=spec, where=where, rendered=rendered, present=False, paths=parts[part])
     if not pruning:  # then what only an install needs (vllm_fleet.roles.parts: Part.uninstall)
         for p in reversed(PARTS):
             if p.uninstall is not None:
-                p.uninstall(spec, purge)
+                p.uninstall(spec, where, purge)
     cfg = spec["install"]["config_dir"]
     in_cfg = [op for x, op in removed.items() if x.startswith(cfg + "/")]
     if not purge and in_cfg:  # it held only this deployment's files, and the stamp of its weights

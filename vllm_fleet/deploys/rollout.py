@@ -95,6 +95,7 @@ def _step_host(
         host.noop(f"no part of {spec['name']} on this host")
         return
 
+    where = ctx.layout.paths[spec["name"]]  # where its files live (the layout's)
     if node.roles & {"proxy"} or node.instances:
         write_generated_secrets(ctx)  # a new API key file on this machine, before it reaches a host
     # Who plays which part comes from the layout: a proxy of this deployment puts its site; a
@@ -102,14 +103,14 @@ def _step_host(
     if step == "upstream" and "proxy" in node.roles:
         from vllm_fleet.roles.rollout import upstream
 
-        upstream(spec=spec, rendered=rendered, drain_timeout=drain_timeout)
+        upstream(spec=spec, where=where, rendered=rendered, drain_timeout=drain_timeout)
         if "router" in node.roles:  # cache_aware: nginx points at the router, which picks the replica
             from vllm_fleet.render.files import worker_urls
             from vllm_fleet.roles.rollout import router_workers
 
             layout = ctx.layout
             urls = worker_urls(spec, node, layout.nodes(spec["name"]), layout.with_inventory)
-            router_workers(spec=spec, workers=[(u, inst.down) for u, inst in urls])
+            router_workers(spec=spec, where=where, workers=[(u, inst.down) for u, inst in urls])
 
     mine = [i for i in node.instances if i.id in batch or host.name in batch]
     if step == "update" and mine:
@@ -133,6 +134,7 @@ def _step_host(
         api_firewall(rendered=rendered)
         install_service(
             spec=spec,
+            where=where,
             node=node,
             rendered=rendered,
             api_key=ctx.secrets["api_key"],
@@ -141,4 +143,4 @@ def _step_host(
             prove_replicas=False,
         )  # smoke_replica below proves each (more than one chat)
         for inst in mine:
-            smoke_replica(spec=spec, port=inst.port, unit=inst.unit)
+            smoke_replica(spec=spec, where=where, port=inst.port, unit=inst.unit)

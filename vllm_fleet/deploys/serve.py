@@ -57,7 +57,7 @@ def state_query(ctx: DeployContext, h: HostLayout | None) -> Query:
     rendered = dict(h.files) if h else {}
     q = Query()
     for name, spec in ctx.specs.items():  # what earlier deploys left that the layout no longer gives
-        q = q | remove.leftover_query(spec, h.parts.get(name) if h else None, rendered)
+        q = q | remove.leftover_query(spec, ctx.layout.paths[name], h.parts.get(name) if h else None, rendered)
     if not h:  # no clash check (nothing is put here), so not the other deployments' sites
         return q
     q = q | clash.query() | clash.memory_query(ctx.specs, h) | host_query(ctx, h)
@@ -117,8 +117,9 @@ def prune_leftovers(ctx: DeployContext, h: HostLayout | None, snap: Snapshot) ->
     rendered = dict(h.files) if h else {}
     found = False
     for name, spec in ctx.specs.items():
-        paths = remove.leftovers(spec, h.parts.get(name) if h else None, rendered, snap)
+        where = ctx.layout.paths[name]
+        paths = remove.leftovers(spec, where, h.parts.get(name) if h else None, rendered, snap)
         if paths:
-            remove_deployment(spec=spec, rendered=rendered, paths=paths)
+            remove_deployment(spec=spec, where=where, rendered=rendered, paths=paths)
             found = True
     return found

@@ -50,6 +50,7 @@ from vllm_fleet.render.parts import (
     Layout,
     LayoutError,  # noqa: F401
     Node,
+    Paths,
     Secret,
     build_parts,
     _cpu_sets,
@@ -216,6 +217,12 @@ def part_paths(resolved: dict[str, Any]) -> dict[str, list[str]]:
         "nginx": [p["nginx_site"], p["nginx_auth"], p["tls_certificate"], p["tls_certificate_key"]],
         "monitoring": list(monitoring.paths(resolved).values()),
     }
+
+
+def deployment_paths(resolved: dict[str, Any]) -> Paths:
+    """Where the deployment's files live (:class:`vllm_fleet.render.parts.Paths`): what the layout
+    holds for it (Layout.paths), worked out once per deployment when the layout is built."""
+    return Paths(paths(resolved), part_paths(resolved), monitoring.paths(resolved))
 
 
 def _owned(files: dict[str, RenderedFile], deployment: str, part: str) -> dict[str, RenderedFile]:
@@ -859,7 +866,7 @@ def _add(files: dict[str, RenderedFile], path: str, f: RenderedFile, target: str
 
 
 def _node_files(
-    resolved: dict[str, Any], p: dict[str, str], node: Node, all_nodes: list[Node], with_inventory: bool
+    resolved: dict[str, Any], p: Paths, node: Node, all_nodes: list[Node], with_inventory: bool
 ) -> dict[str, RenderedFile]:
     """The files of one deployment's node (``p``: its :func:`paths`), each naming its deployment and part."""
     files: dict[str, RenderedFile] = {}
@@ -1037,11 +1044,11 @@ def ray_firewall_files(layout: Layout, h: HostLayout) -> dict[str, RenderedFile]
 
 def fill_files(layout: Layout) -> None:
     """Every host's files and secrets, and the control machine's (called by layout.build)."""
-    paths_of = {dep: paths(r) for dep, r in layout.deployments.items()}  # once per deployment
+    layout.paths = {dep: deployment_paths(r) for dep, r in layout.deployments.items()}  # once per deployment
     for h in layout.hosts.values():
         files: dict[str, RenderedFile] = {}
         for dep, node in h.parts.items():
-            r, p = layout.deployments[dep], paths_of[dep]
+            r, p = layout.deployments[dep], layout.paths[dep]
             nodes = layout.nodes(dep)
             for path, f in _node_files(r, p, node, nodes, layout.with_inventory).items():
                 _add(files, path, f, h.name)

@@ -25,6 +25,7 @@ from vllm_fleet.render.parts import (  # noqa: F401  (the layout's names)
     Layout,
     LayoutError,
     Node,
+    Paths,
     Secret,
     _listen_ports,
     build_parts,

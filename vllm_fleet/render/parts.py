@@ -48,7 +48,7 @@ from __future__ import annotations
 
 import ipaddress
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 from vllm_fleet.render.command import world_size_per_node
 from vllm_fleet.specs.document import ROUTER_POLICY
@@ -157,6 +157,39 @@ class Node:
     policy: str | None = None
 
 
+@dataclass(frozen=True, eq=False)
+class Paths(Mapping[str, str]):
+    """Where one deployment's files live on its hosts, decided once when the layout is built
+    (:attr:`Layout.paths`; vllm_fleet.render.files.deployment_paths): a mapping of every path by a
+    short name (``paths["nginx_site"]``: vllm_fleet.render.files.paths), with ``parts``, the fixed
+    paths each part may place ({part: [path]}: vllm_fleet.render.files.part_paths), and
+    ``monitoring``, the monitoring files by name (vllm_fleet.render.monitoring.paths). The roles
+    read these; none of them works a path out again."""
+
+    named: Mapping[str, str]
+    parts: Mapping[str, list[str]]
+    monitoring: Mapping[str, str]
+
+    def __getitem__(self, key: str) -> str:
+        return self.named[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.named)
+
+    def __len__(self) -> int:
+        return len(self.named)
+
+    def declared(self) -> set[str]:
+        """Every fixed path of every part (what a host may hold of the deployment beside the
+        replicas' units and env files)."""
+        return {x for xs in self.parts.values() for x in xs}
+
+    def part_of(self, path: str) -> str | None:
+        """The first part that declares ``path`` (the service before the Ray node: both name
+        vllm.env and node.env), or None."""
+        return next((part for part, xs in self.parts.items() if path in xs), None)
+
+
 @dataclass(frozen=True)
 class Secret:
     """A secret a host's files need: which deployment, which spec key, which files hold it."""
@@ -210,6 +243,9 @@ class Layout:
     shared: dict[str, Any] = field(default_factory=dict)
     #: what is allowed but costly, with the fix (e.g. :data:`MANY_PROXIES` servers without a `proxy` group)
     warnings: list[str] = field(default_factory=list)
+    #: {deployment: where its files live} (:class:`Paths`), filled with the files
+    #: (vllm_fleet.render.files.fill_files): what the roles, `down` and the rollout read
+    paths: dict[str, Paths] = field(default_factory=dict)
 
     def files(self) -> dict[str, dict[str, Any]]:
         """{target: {path: RenderedFile}}, the ``client`` target last (what ``render`` returns)."""

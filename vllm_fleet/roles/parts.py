@@ -12,6 +12,9 @@ Each :class:`Part` names
 - ``remove``: its role with ``present=False`` over paths (its files: `down`, and serve's pruning of
   what the layout no longer renders), or None when it places no file of its own;
 - ``uninstall``: what only `down` removes (the install stack's directories; purge);
+
+Every role is given where the deployment's files live (``where``: the layout's
+vllm_fleet.render.parts.Paths, :attr:`Step.paths`); none works a path out again.
 - ``ports``: the ports it listens on (vllm_fleet.render.parts.PART_PORTS: the layout's port
   checks read them there, from the spec alone where parts always share a host);
 - ``stages``: whether `vllm-fleet stage` runs it (vllm_fleet.deploys.stage): a part that puts
@@ -20,7 +23,8 @@ Each :class:`Part` names
   in place.
 
 Adding a part: its role (vllm_fleet/roles/NAME), its files rendered with ``part=NAME`` and its
-fixed paths in vllm_fleet.render.files.part_paths, its ports in PART_PORTS, and one entry here.
+fixed paths in vllm_fleet.render.files.part_paths (the layout's Paths.parts), its ports in
+PART_PORTS, and one entry here.
 
 The entries take a :class:`Step`: the deploy's context, the host's layout, the deployment and
 what earlier parts of that deployment returned on this host (the install stack's and the Ray
@@ -33,8 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from vllm_fleet.host.state import Query
-from vllm_fleet.render import monitoring as _monitoring
-from vllm_fleet.render.layout import SERVICE_PARTS, HostLayout, Node
+from vllm_fleet.render.layout import SERVICE_PARTS, HostLayout, Node, Paths
 from vllm_fleet.render.parts import PART_PORTS
 from vllm_fleet.roles import monitoring, nginx, ray, router, service
 from vllm_fleet.roles.common import DeployContext
@@ -59,6 +62,11 @@ class Step:
         return self.h.parts[self.name]
 
     @property
+    def paths(self) -> Paths:
+        """Where the deployment's files live (the layout's, decided once: Layout.paths)."""
+        return self.ctx.layout.paths[self.name]
+
+    @property
     def secrets(self) -> dict[str, Any]:
         return self.ctx.all_secrets[self.name]
 
@@ -73,16 +81,16 @@ class Part:
     applies: Callable[[Step], bool]
     query: Callable[[Step], Query]
     install: Callable[[Step], Any]
-    remove: Callable[..., dict[str, Any]] | None = None  # (spec=, rendered=, present=False, paths=)
-    uninstall: Callable[[dict[str, Any], bool], Any] | None = None  # (spec, purge): `down` only
+    remove: Callable[..., dict[str, Any]] | None = None  # (spec=, where=, rendered=, present=False, paths=)
+    uninstall: Callable[[dict[str, Any], Paths, bool], Any] | None = None  # (spec, where, purge): `down` only
     ports: Callable[..., list] | None = None  # (resolved, node) -> [(first, last, what)]
     stages: bool = False  # `vllm-fleet stage` runs it (no unit, no service config, no restart)
 
 
-def monitors(spec: dict[str, Any], rendered: dict[str, Any]) -> bool:
+def monitors(spec: dict[str, Any], where: Paths, rendered: dict[str, Any]) -> bool:
     """Whether the monitoring part runs for this deployment here (monitoring.enabled, and the layout
     gives the host monitoring files)."""
-    return bool(spec["monitoring"]["enabled"] and set(rendered) & set(_monitoring.paths(spec).values()))
+    return bool(spec["monitoring"]["enabled"] and set(rendered) & set(where.monitoring.values()))
 
 
 def _stack(s: Step) -> None:
@@ -93,7 +101,12 @@ def _stack(s: Step) -> None:
 
 def _ray(s: Step) -> None:
     node = ray.install_ray(
-        spec=s.spec, node=s.node, layout=s.ctx.layout, rendered=s.rendered, restart_on=s.results.get("vllm_changed", [])
+        spec=s.spec,
+        where=s.paths,
+        node=s.node,
+        layout=s.ctx.layout,
+        rendered=s.rendered,
+        restart_on=s.results.get("vllm_changed", []),
     )
     s.results["restart_on"] = [*s.results.get("restart_on", []), *node.env_ops, node.cluster_restarted]
 
@@ -101,6 +114,7 @@ def _ray(s: Step) -> None:
 def _service(s: Step) -> None:
     service.install_service(
         spec=s.spec,
+        where=s.paths,
         node=s.node,
         rendered=s.rendered,
         api_key=s.secrets["api_key"],
@@ -112,6 +126,7 @@ def _nginx(s: Step) -> None:
     sec = s.secrets
     nginx.install_nginx(
         spec=s.spec,
+        where=s.paths,
         rendered=s.rendered,
         api_key=sec["api_key"],
         tls_key=sec["tls_key"],
@@ -124,8 +139,8 @@ def _smoke(s: Step) -> None:
     run_smoke(spec=s.spec, api_key=s.secrets["api_key"], local_port=local[0] if local else None)
 
 
-def _uninstall_stack(spec: dict[str, Any], purge: bool) -> None:
-    service.install_server_stack(spec=spec, present=False, purge=purge)
+def _uninstall_stack(spec: dict[str, Any], where: Paths, purge: bool) -> None:
+    service.install_server_stack(spec=spec, present=False, purge=purge, where=where)
 
 
 #: Every part, in the order serve installs them on a host (for each part, every deployment of the
@@ -145,7 +160,7 @@ PARTS: tuple[Part, ...] = (
     Part(
         "ray",
         applies=lambda s: bool(s.node.roles & {"ray-head", "ray-worker"}),
-        query=lambda s: ray.state_query(s.spec, s.node, s.rendered),
+        query=lambda s: ray.state_query(s.spec, s.paths, s.node, s.rendered),
         install=_ray,
         remove=ray.install_ray,
         ports=PART_PORTS["ray"],
@@ -153,7 +168,7 @@ PARTS: tuple[Part, ...] = (
     Part(
         "service",
         applies=lambda s: bool(s.node.instances),
-        query=lambda s: service.state_query(s.spec, s.node, s.rendered),
+        query=lambda s: service.state_query(s.spec, s.paths, s.node, s.rendered),
         install=_service,
         remove=service.install_service,
         ports=PART_PORTS["service"],
@@ -161,15 +176,15 @@ PARTS: tuple[Part, ...] = (
     Part(
         "router",
         applies=lambda s: "router" in s.node.roles,
-        query=lambda s: router.state_query(s.spec, s.rendered),
-        install=lambda s: router.install_router(spec=s.spec, rendered=s.rendered),
+        query=lambda s: router.state_query(s.spec, s.paths, s.rendered),
+        install=lambda s: router.install_router(spec=s.spec, where=s.paths, rendered=s.rendered),
         remove=router.install_router,
         ports=PART_PORTS["router"],
     ),
     Part(
         "nginx",
         applies=lambda s: "proxy" in s.node.roles,
-        query=lambda s: nginx.state_query(s.spec, s.rendered),
+        query=lambda s: nginx.state_query(s.spec, s.paths, s.rendered),
         install=_nginx,
         remove=nginx.install_nginx,
         ports=PART_PORTS["nginx"],
@@ -177,9 +192,9 @@ PARTS: tuple[Part, ...] = (
     Part("smoke", applies=lambda s: "proxy" in s.node.roles, query=lambda s: Query(), install=_smoke),
     Part(
         "monitoring",
-        applies=lambda s: monitors(s.spec, s.rendered),
-        query=lambda s: monitoring.state_query(s.spec, s.rendered),
-        install=lambda s: monitoring.install_monitoring(spec=s.spec, rendered=s.rendered),
+        applies=lambda s: monitors(s.spec, s.paths, s.rendered),
+        query=lambda s: monitoring.state_query(s.spec, s.paths, s.rendered),
+        install=lambda s: monitoring.install_monitoring(spec=s.spec, where=s.paths, rendered=s.rendered),
         remove=monitoring.install_monitoring,
         ports=PART_PORTS["monitoring"],
     ),

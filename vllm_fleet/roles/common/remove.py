@@ -3,8 +3,9 @@ be on a host, which of them the host's copy shows as the deployment's own, and t
 stop, disable and remove them.
 
 The roles own their parts: a rendered file names its deployment and part (RenderedFile.part), and
-a path the layout does not render is looked up in the parts' declared paths
-(vllm_fleet.render.files.part_paths). This module owns the rules the roles share:
+a path the layout does not render is looked up in the parts' declared paths, which the layout
+holds per deployment (``where``: vllm_fleet.render.parts.Paths, Layout.paths; the roles are given
+it and work out no path themselves). This module owns the rules the roles share:
 
 - :func:`candidates`: every path a deployment may have on a host (its rendered files, plus every
   path its parts declare: the TLS files, the router's unit, the firewalls, ...);
@@ -30,7 +31,7 @@ from pyinfra.operations.util import any_changed
 from vllm_fleet.host.programs import argv as cmd
 from vllm_fleet.host.programs import chain, if_then, quiet
 from vllm_fleet.render import files as render
-from vllm_fleet.render.layout import SYSTEMD_DIR, UNIT_SUFFIXES, Node, files_of
+from vllm_fleet.render.layout import SYSTEMD_DIR, UNIT_SUFFIXES, Node, Paths, files_of
 from vllm_fleet.roles.common import clash, op_per
 from vllm_fleet.host.state import Query, Snapshot
 from vllm_fleet.roles.common.state import role_state, unknown
@@ -51,54 +52,54 @@ def marker(name: str) -> str:
     return f"for deployment {name}:"
 
 
-def candidates(spec: dict[str, Any], rendered: dict[str, Any]) -> list[str]:
+def candidates(spec: dict[str, Any], where: Paths, rendered: dict[str, Any]) -> list[str]:
     """Every path this deployment may have placed on the host: its rendered files
     (RenderedFile.deployment), the host-wide ones (the API firewall), and every path its parts
-    declare (vllm_fleet.render.files.part_paths: the TLS files of its nginx site, the router's
+    declare (``where.parts``: the TLS files of its nginx site, the router's
     unit, the Ray firewall, the monitoring files of another layout, ...)."""
-    declared = {x for xs in render.part_paths(spec).values() for x in xs}
+    declared = where.declared()
     return sorted(set(files_of(rendered, spec["name"])) | set(files_of(rendered, "")) | declared)
 
 
-def part_of(spec: dict[str, Any], rendered: dict[str, Any], path: str) -> str | None:
+def part_of(spec: dict[str, Any], where: Paths, rendered: dict[str, Any], path: str) -> str | None:
     """The part whose role places ``path`` for this deployment: the part the rendered file names,
-    else the first part that declares the path (vllm_fleet.render.files.part_paths), else a
+    else the first part that declares the path (``where.part_of``), else a
     replica's unit or env file the service's (its globs); None: no part of this deployment."""
     f = rendered.get(path)
     if f is not None and f.deployment in (spec["name"], ""):
         return f.part
-    part = next((part for part, xs in render.part_paths(spec).items() if path in xs), None)
+    part = where.part_of(path)
     if part is None and _glob_of(spec, path) is not None:
         return "service"
     return part
 
 
-def by_part(spec: dict[str, Any], rendered: dict[str, Any], paths: list[str]) -> dict[str, list[str]]:
+def by_part(spec: dict[str, Any], where: Paths, rendered: dict[str, Any], paths: list[str]) -> dict[str, list[str]]:
     """``paths`` by the part whose role places each (:func:`part_of`), in a stable order; a path
     of no part of this deployment is in none."""
     out: dict[str, list[str]] = {}
     for x in sorted(paths):
-        part = part_of(spec, rendered, x)
+        part = part_of(spec, where, rendered, x)
         if part is not None:
             out.setdefault(part, []).append(x)
     return out
 
 
-def placed(spec: dict[str, Any], rendered: dict[str, Any], part: str) -> list[str]:
+def placed(spec: dict[str, Any], where: Paths, rendered: dict[str, Any], part: str) -> list[str]:
     """Every path the role ``part`` may have placed for this deployment on a host with these
     rendered files (:func:`candidates` of that part): a role's ``present=False`` default."""
-    return by_part(spec, rendered, candidates(spec, rendered)).get(part, [])
+    return by_part(spec, where, rendered, candidates(spec, where, rendered)).get(part, [])
 
 
-def removal_query(spec: dict[str, Any], paths: list[str], units: tuple[str, ...] = ()) -> Query:
+def removal_query(spec: dict[str, Any], where: Paths, paths: list[str], units: tuple[str, ...] = ()) -> Query:
     """What :func:`mine` and :func:`owned` compare against (vllm_fleet.roles.common.state): of each
     path, a stat when the path alone says it is this deployment's (:func:`owned_by_path`: never
     the TLS key's content), else its text (to find the :func:`marker`); a replica unit or env file
     through the glob that covers it (the clash check reads those already); plus ``units``."""
     single = [x for x in paths if _glob_of(spec, x) is None]
     return Query(
-        stat=tuple(x for x in single if owned_by_path(spec, x)),
-        read=tuple(x for x in single if not owned_by_path(spec, x)),
+        stat=tuple(x for x in single if owned_by_path(spec, where, x)),
+        read=tuple(x for x in single if not owned_by_path(spec, where, x)),
         globs=tuple(dict.fromkeys(g for x in paths if (g := _glob_of(spec, x)) is not None)),
         units=units,
     )
@@ -125,16 +126,16 @@ def _replica_envs(spec: dict[str, Any]) -> str:
     )
 
 
-def owned_by_path(spec: dict[str, Any], path: str) -> bool:
+def owned_by_path(spec: dict[str, Any], where: Paths, path: str) -> bool:
     """Whether the path alone says the file is this deployment's: it lies in its own directories
     (install.prefix, install.config_dir) or is its site's TLS certificate or key. Any other file
     is its own only when it names it (:func:`marker`)."""
-    ins, p = spec["install"], render.paths(spec)
+    ins = spec["install"]
     own_dirs = (ins["prefix"] + "/", ins["config_dir"] + "/")
-    return path.startswith(own_dirs) or path in (p["tls_certificate"], p["tls_certificate_key"])
+    return path.startswith(own_dirs) or path in (where["tls_certificate"], where["tls_certificate_key"])
 
 
-def mine(spec: dict[str, Any], path: str, snap: Snapshot) -> bool | None:
+def mine(spec: dict[str, Any], where: Paths, path: str, snap: Snapshot) -> bool | None:
     """Whether the state read (:func:`removal_query`) shows ``path`` as this deployment's file on
     the host: a regular file there that lies in its own directories (:func:`owned_by_path`) or
     whose text names it (:func:`marker`; a package's own /etc/default/prometheus or another
@@ -144,67 +145,70 @@ def mine(spec: dict[str, Any], path: str, snap: Snapshot) -> bool | None:
         found = snap.matching(glob)
         if found is None:
             return None
-        return path in found and (owned_by_path(spec, path) or marker(spec["name"]) in (found[path] or ""))
-    if owned_by_path(spec, path):
+        return path in found and (owned_by_path(spec, where, path) or marker(spec["name"]) in (found[path] or ""))
+    if owned_by_path(spec, where, path):
         known, st = snap.path(path)
         return bool(st and st["type"] == "file") if known else None
     known, text = snap.content(path)
     return marker(spec["name"]) in (text or "") if known else None
 
 
-def _leftover_candidates(spec: dict[str, Any], node: Node | None, rendered: dict[str, Any]) -> list[str]:
-    """The paths this deployment's parts declare (vllm_fleet.render.files.part_paths) that this
+def _leftover_candidates(spec: dict[str, Any], where: Paths, node: Node | None, rendered: dict[str, Any]) -> list[str]:
+    """The paths this deployment's parts declare (``where.parts``) that this
     host's layout does not render; while its site is still here, not what the nginx role puts
     beside it (the TLS files)."""
-    out = {x for xs in render.part_paths(spec).values() for x in xs}
+    out = where.declared()
     if node is not None and "proxy" in node.roles:  # the role's own files beside a site still here
-        p = render.paths(spec)
-        out -= {p["tls_certificate"], p["tls_certificate_key"]}
+        out -= {where["tls_certificate"], where["tls_certificate_key"]}
     return sorted(out - set(rendered))
 
 
-def leftover_query(spec: dict[str, Any], node: Node | None, rendered: dict[str, Any]) -> Query:
+def leftover_query(spec: dict[str, Any], where: Paths, node: Node | None, rendered: dict[str, Any]) -> Query:
     """What the deploy's one state read must see to find this deployment's leftovers on the host
     (:func:`leftovers`) and to remove them (the roles' ``present=False`` then adds no command):
     its fixed paths that this host's layout does not render, its replicas' units and env files
     (the globs), nginx's unit (reloaded when a site goes and nginx runs)."""
-    found = _leftover_candidates(spec, node, rendered)
-    site = render.paths(spec)["nginx_site"]
-    return removal_query(spec, found, units=("nginx.service",) if site in found else ()) | Query(globs=_globs(spec))
+    found = _leftover_candidates(spec, where, node, rendered)
+    units = ("nginx.service",) if where["nginx_site"] in found else ()
+    return removal_query(spec, where, found, units=units) | Query(globs=_globs(spec))
 
 
-def leftovers(spec: dict[str, Any], node: Node | None, rendered: dict[str, Any], snap: Snapshot) -> list[str]:
+def leftovers(
+    spec: dict[str, Any], where: Paths, node: Node | None, rendered: dict[str, Any], snap: Snapshot
+) -> list[str]:
     """Paths on this host (as the state read of :func:`leftover_query` saw them) that an earlier
     deploy of this deployment put there and this host's layout no longer gives it: its fixed
     paths, and (when no instance of it is left here: the service role removes the units of fewer
     replicas itself) its ``vllm-NAME-N.service`` units and ``replica-N.env`` files. Only files
     that are this deployment's (:func:`mine`), so a converged host has none (and no operation);
     a read that did not complete finds none."""
-    found = [x for x in _leftover_candidates(spec, node, rendered) if mine(spec, x, snap)]
+    found = [x for x in _leftover_candidates(spec, where, node, rendered) if mine(spec, where, x, snap)]
     if node is None or not node.instances:
         prefix = spec["install"]["config_dir"] + "/replica-"
         found += [
             x
             for x in (snap.matching(clash.UNITS) or {})
-            if clash.unit_of(x) == spec["name"] and x not in rendered and mine(spec, x, snap)
+            if clash.unit_of(x) == spec["name"] and x not in rendered and mine(spec, where, x, snap)
         ]
         found += [x for x in (snap.matching(_replica_envs(spec)) or {}) if x.startswith(prefix) and x not in rendered]
     return sorted(set(found))
 
 
-def owned(spec: dict[str, Any], paths: list[str], what: str, units: tuple[str, ...] = ()) -> tuple[list[str], Snapshot]:
+def owned(
+    spec: dict[str, Any], where: Paths, paths: list[str], what: str, units: tuple[str, ...] = ()
+) -> tuple[list[str], Snapshot]:
     """Of ``paths``, those the host holds as this deployment's (:func:`mine`), and the snapshot
     (``role_state``: the deploy's one read when it asked :func:`removal_query` already, else one
     read). A read that did not complete raises ``StateUnknown`` naming ``what``: nothing is
     removed on a guess."""
-    snap = role_state(removal_query(spec, paths, units))
+    snap = role_state(removal_query(spec, where, paths, units))
     if not snap.known:
         raise unknown(
             f"which {what} of deployment {spec['name']} are there",
             changed="nothing was removed from this host",
             run="the command",
         )
-    return [x for x in paths if mine(spec, x, snap)], snap
+    return [x for x in paths if mine(spec, where, x, snap)], snap
 
 
 def units_of(paths: list[str]) -> list[str]:
@@ -258,11 +262,11 @@ def remove_files(paths: list[str], what: str) -> dict[str, Any]:
     return removed
 
 
-def remove_units_and_files(spec: dict[str, Any], paths: list[str], what: str) -> dict[str, Any]:
+def remove_units_and_files(spec: dict[str, Any], where: Paths, paths: list[str], what: str) -> dict[str, Any]:
     """A role's ``present=False`` when it placed only files and units: of ``paths``, those that
     are this deployment's (:func:`owned`), their units stopped and disabled, then removed
     (:func:`remove_files`). {path: its remove operation}; nothing there: {} and no operation."""
-    mine_, _ = owned(spec, paths, what)
+    mine_, _ = owned(spec, where, paths, what)
     stop_units(units_of(mine_))
     return remove_files(mine_, what) if mine_ else {}
 

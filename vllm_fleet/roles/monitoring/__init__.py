@@ -24,7 +24,7 @@ from pyinfra.operations.util import any_changed
 
 from vllm_fleet.host.programs import argv as cmd
 from vllm_fleet.render import monitoring
-from vllm_fleet.render.parts import files_of
+from vllm_fleet.render.parts import Paths, files_of
 from vllm_fleet.roles.common import DeployError, directory, packages as common_packages, put_rendered, rendered_query
 from vllm_fleet.roles.common import remove, role_data, service_running
 from vllm_fleet.host.state import Query, Snapshot
@@ -56,10 +56,10 @@ def _data(key: str) -> Any:
     return role_data(key, DEFAULTS)
 
 
-def _parts(spec: dict[str, Any], rendered: dict[str, Any]) -> list[tuple[str, list[str], list[str]]]:
+def _parts(spec: dict[str, Any], where: Paths, rendered: dict[str, Any]) -> list[tuple[str, list[str], list[str]]]:
     """``(path that calls for the part, its packages, its services)`` of each monitoring part this
     host's rendered files call for: node exporter, DCGM, Prometheus (+ the blackbox exporter)."""
-    p, probe = monitoring.paths(spec), spec["monitoring"]["health_probe"]
+    p, probe = where.monitoring, spec["monitoring"]["health_probe"]
     parts = [
         (p["node_exporter_defaults"], [_data("monitoring_node_exporter_package")], [NODE_EXPORTER]),
         (p["dcgm_unit"], list(_data("monitoring_dcgm_packages")), [DCGM_EXPORTER]),
@@ -73,14 +73,14 @@ def _parts(spec: dict[str, Any], rendered: dict[str, Any]) -> list[tuple[str, li
 
 
 @reads(*SECTIONS)
-def state_query(spec: dict[str, Any], rendered: dict[str, Any]) -> Query:
+def state_query(spec: dict[str, Any], where: Paths, rendered: dict[str, Any]) -> Query:
     """What install_monitoring compares against (vllm_fleet.roles.common.state): this host's
     rendered monitoring files and their directories, the packages and services of its parts, the
     dcgm-exporter binary (GPU hosts) and Grafana's unit (Grafana provisioning)."""
-    p = monitoring.paths(spec)
+    p = where.monitoring
     rendered = files_of(rendered, spec["name"], "monitoring")
     mine = [x for x in p.values() if x in rendered]
-    parts = _parts(spec, rendered)
+    parts = _parts(spec, where, rendered)
     q = rendered_query(rendered, mine) | Query(
         stat=tuple(sorted({os.path.dirname(x) for x in mine}))
         + ((monitoring.DCGM_BINARY,) if p["dcgm_unit"] in rendered else ()),
@@ -118,13 +118,18 @@ def _apt(name: str, packages: list[str]):
 @deploy("monitoring", data_defaults=DEFAULTS)
 @reads(*SECTIONS)
 def install_monitoring(
-    spec: dict[str, Any], rendered: dict[str, Any], present: bool = True, paths: list[str] | None = None
+    spec: dict[str, Any],
+    where: Paths,
+    rendered: dict[str, Any],
+    present: bool = True,
+    paths: list[str] | None = None,
 ):
     """
     Install and configure what this host's rendered monitoring files call for, or
     (``present=False``) remove them.
 
     + spec: the resolved deployment spec (``monitoring.enabled`` true)
+    + where: where its files live (the layout's: ``ctx.layout.paths[name]``, vllm_fleet.render.parts.Paths)
     + rendered: this host's rendered files ({path: RenderedFile}); the monitoring ones are used:
       node exporter defaults (every host), the DCGM exporter unit (GPU hosts), Prometheus'
       defaults, config and rules, the blackbox exporter's, Grafana's provisioning (monitoring hosts)
@@ -140,14 +145,15 @@ def install_monitoring(
 
     .. code:: python
 
-        install_monitoring(spec=ctx.spec, rendered=rendered_for_host(ctx))
-        install_monitoring(spec=ctx.spec, rendered=rendered_for_host(ctx), present=False)
+        where = ctx.layout.paths[ctx.first]
+        install_monitoring(spec=ctx.spec, where=where, rendered=rendered_for_host(ctx))
+        install_monitoring(spec=ctx.spec, where=where, rendered=rendered_for_host(ctx), present=False)
     """
     if not present:
-        return _absent(spec, rendered, paths)
+        return _absent(spec, where, rendered, paths)
     rendered = files_of(rendered, spec["name"], "monitoring")  # what this role places, and nothing else
-    p = monitoring.paths(spec)
-    snap = role_state(state_query(spec, rendered))  # the deploy's read: no command
+    p = where.monitoring
+    snap = role_state(state_query(spec, where, rendered))  # the deploy's read: no command
     if p["node_exporter_defaults"] in rendered:
         # The listen address first: the package starts the exporter at install time, and dpkg
         # (--force-confold) keeps this file, so it never listens on 0.0.0.0.
@@ -161,14 +167,14 @@ def install_monitoring(
         _prometheus(spec, p, rendered, snap)
 
 
-def _absent(spec: dict[str, Any], rendered: dict[str, Any], paths: list[str] | None) -> dict[str, Any]:
+def _absent(spec: dict[str, Any], where: Paths, rendered: dict[str, Any], paths: list[str] | None) -> dict[str, Any]:
     """present=False: 1. the deployment's monitoring units stopped and disabled, and the packaged
     services whose configuration file is this deployment's (:data:`SERVICE_OF`), once each; 2. the
     files removed. {path: its remove operation}."""
-    paths = remove.placed(spec, rendered, "monitoring") if paths is None else paths
-    owned, _ = remove.owned(spec, paths, "monitoring files")
+    paths = remove.placed(spec, where, rendered, "monitoring") if paths is None else paths
+    owned, _ = remove.owned(spec, where, paths, "monitoring files")
     remove.stop_units(remove.units_of(owned))
-    mon = monitoring.paths(spec)
+    mon = where.monitoring
     services = dict.fromkeys(svc for key, svc in SERVICE_OF.items() if mon.get(key) in owned)
     remove.stop_units(list(services), why=f" (its configuration was {spec['name']}'s)")
     return remove.remove_files(owned, "monitoring")

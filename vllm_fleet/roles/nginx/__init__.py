@@ -25,7 +25,7 @@ from vllm_fleet.roles.common import (
     service_running,
 )
 from vllm_fleet.host.state import Query
-from vllm_fleet.render.parts import files_of
+from vllm_fleet.render.parts import Paths, files_of
 from vllm_fleet.roles.common.state import host_state, pending, role_state
 from vllm_fleet.specs.sections import reads
 
@@ -50,6 +50,7 @@ def remove_default_site(name: str, setting: bool | None) -> bool:
 @reads(*SECTIONS)
 def install_nginx(
     spec: dict[str, Any],
+    where: Paths,
     rendered: dict[str, Any],
     api_key: str | None = None,
     tls_key: str | None = None,
@@ -61,6 +62,7 @@ def install_nginx(
     Install nginx and the vllm-fleet site for this deployment, or (``present=False``) remove it.
 
     + spec: the resolved deployment spec
+    + where: where its files live (the layout's: ``ctx.layout.paths[name]``, vllm_fleet.render.parts.Paths)
     + rendered: this host's rendered files ({path: RenderedFile}); the /etc/nginx ones are used
     + api_key: the API key (for the auth include, 0600 root; nginx reads it as root at start)
     + tls_key: the TLS private key's value when proxy.tls.certificate_key is set (0600 root, never shown)
@@ -76,13 +78,13 @@ def install_nginx(
 
     .. code:: python
 
-        install_nginx(spec=ctx.spec, rendered=rendered_for_host(ctx), api_key=ctx.secrets["api_key"],
+        where = ctx.layout.paths[ctx.first]
+        install_nginx(spec=ctx.spec, where=where, rendered=rendered_for_host(ctx), api_key=ctx.secrets["api_key"],
                       tls_key=ctx.secrets["tls_key"], tls_certificate=ctx.secrets["tls_certificate"])
-        install_nginx(spec=ctx.spec, rendered=rendered_for_host(ctx), present=False)  # the site gone
+        install_nginx(spec=ctx.spec, where=where, rendered=rendered_for_host(ctx), present=False)  # the site gone
     """
     if not present:
-        return _absent(spec, rendered, paths)
-    from vllm_fleet.render import files as render
+        return _absent(spec, where, rendered, paths)
     from vllm_fleet.render.secrets import host_secret_files
 
     # no apt lists refresh (network) when nginx is installed: roles.common.packages
@@ -94,22 +96,21 @@ def install_nginx(
         pending(package) or not snap.absent(DEFAULT_SITE)
     ):
         changed.append(files.link(name="Remove the default site", path=DEFAULT_SITE, present=False))
-    paths = render.paths(spec)
     # This deployment's nginx files (files_of its part), but the auth include: put with the key below.
-    site_paths = [p for p in files_of(rendered, spec["name"], "nginx") if p != paths["nginx_auth"]]
+    site_paths = [p for p in files_of(rendered, spec["name"], "nginx") if p != where["nginx_auth"]]
     # The auth include (and the TLS files below) before the site that names them.
     secret_text = host_secret_files(spec, {"api_key": api_key, "tls_key": tls_key})
     # A site that breaks `nginx -t` (e.g. a second default server on its port) must not stay:
     # keep this deployment's current files first, put them back when the check fails.
-    keep = _keep_for_rollback(spec, rendered, site_paths, paths["nginx_auth"], secret_text[paths["nginx_auth"]], snap)
+    keep = _keep_for_rollback(spec, rendered, site_paths, where["nginx_auth"], secret_text[where["nginx_auth"]], snap)
     changed.append(
         put_secret(
             name="nginx auth include (0600, never shown)",
-            path=paths["nginx_auth"],
-            content=secret_text[paths["nginx_auth"]],
+            path=where["nginx_auth"],
+            content=secret_text[where["nginx_auth"]],
         )
     )
-    changed += _tls_files(spec, secret_text, tls_key=tls_key, tls_certificate=tls_certificate)
+    changed += _tls_files(spec, where, secret_text, tls_key=tls_key, tls_certificate=tls_certificate)
     put = put_rendered(rendered, site_paths)
     changed += put.values()
     # (operations only where something differs: a converged proxy gets none, vllm_fleet.roles.common.state)
@@ -126,16 +127,14 @@ def install_nginx(
         systemd.service(name="Reload nginx (config changed)", service="nginx", reloaded=True, _if=any_changed(*changed))
 
 
-def _absent(spec: dict[str, Any], rendered: dict[str, Any], paths: list[str] | None) -> dict[str, Any]:
+def _absent(spec: dict[str, Any], where: Paths, rendered: dict[str, Any], paths: list[str] | None) -> dict[str, Any]:
     """present=False: the deployment's nginx files removed; the site's removal validated with
     ``nginx -t`` and reloaded (never restarted) when nginx runs (its unit as the state read saw
     it). {path: its remove operation}."""
-    from vllm_fleet.render import files as render
-
-    paths = remove.placed(spec, rendered, "nginx") if paths is None else paths
-    owned, snap = remove.owned(spec, paths, "nginx files", units=("nginx.service",))
+    paths = remove.placed(spec, where, rendered, "nginx") if paths is None else paths
+    owned, snap = remove.owned(spec, where, paths, "nginx files", units=("nginx.service",))
     removed = remove.remove_files(owned, "nginx")
-    site = removed.get(render.paths(spec)["nginx_site"])
+    site = removed.get(where["nginx_site"])
     if site is not None:
         server.shell(name="nginx -t (validate before reload)", commands=[cmd("nginx", "-t")], _if=site.did_change)
         if (snap.unit("nginx.service") or {}).get("ActiveState") == "active":
@@ -144,18 +143,18 @@ def _absent(spec: dict[str, Any], rendered: dict[str, Any], paths: list[str] | N
 
 
 def _tls_files(
-    spec: dict[str, Any], secret_text: dict[str, str], *, tls_key: str | None, tls_certificate: str | None
+    spec: dict[str, Any], where: Paths, secret_text: dict[str, str], *, tls_key: str | None, tls_certificate: str | None
 ) -> list:
     """``proxy.tls.enabled``: a self-signed certificate made on the host once (none there yet), or
     the given certificate and key put (the key 0600, never shown). Returns the operations that
     change nginx's input."""
     from vllm_fleet.render import files as render
 
-    prx, paths = spec["proxy"], render.paths(spec)
+    prx = spec["proxy"]
     tls = prx["tls"]
     if not tls["enabled"]:
         return []
-    crt, key = paths["tls_certificate"], paths["tls_certificate_key"]
+    crt, key = where["tls_certificate"], where["tls_certificate_key"]
     if tls["self_signed"]:
         # state_query stats it (the deploy's one read; a role called on its own reads it once)
         _, there = role_state(Query(stat=(crt,))).path(crt)
@@ -257,14 +256,12 @@ def _validate_or_restore(name: str, keep: list[str]):
 
 
 @reads(*SECTIONS)
-def state_query(spec: dict[str, Any], rendered: dict[str, Any]) -> Query:
+def state_query(spec: dict[str, Any], where: Paths, rendered: dict[str, Any]) -> Query:
     """What install_nginx compares against (vllm_fleet.roles.common.state): the package, the
     default site, this deployment's site, auth include and TLS files, nginx's unit."""
-    from vllm_fleet.render import files as render
-
-    paths = render.paths(spec)
-    files_ = [p for p in files_of(rendered, spec["name"], "nginx") if p != paths["nginx_auth"]] + [paths["nginx_auth"]]
+    auth = where["nginx_auth"]
+    files_ = [p for p in files_of(rendered, spec["name"], "nginx") if p != auth] + [auth]
     if spec["proxy"]["tls"]["enabled"]:
-        files_ += [paths["tls_certificate"], paths["tls_certificate_key"]]
+        files_ += [where["tls_certificate"], where["tls_certificate_key"]]
     pkg = host.data.get("nginx_package") or DEFAULTS["nginx_package"]
     return rendered_query(rendered, files_) | Query(stat=(DEFAULT_SITE,), debs=(pkg,), units=("nginx.service",))

@@ -1,8 +1,9 @@
 """The ray role: one Ray cluster across the hosts of a multi-node vLLM server (parallel.backend ray).
 
 Deploy function
-    ``install_ray(spec, node, layout, rendered, restart_on)``: ``spec`` is the resolved spec,
-    ``node`` this deployment's part of the host's layout (``vllm_fleet.render.layout``), ``layout``
+    ``install_ray(spec, where, node, layout, rendered, restart_on)``: ``spec`` is the resolved spec,
+    ``where`` where its files live (the layout's, vllm_fleet.render.parts.Paths), ``node`` this
+    deployment's part of the host's layout (``vllm_fleet.render.layout``), ``layout``
     the fleet's, ``rendered`` this host's rendered files (``roles.common.rendered_for_host``).
     Host data in ``defaults.DEFAULTS`` (``ray_cluster_wait_timeout``, ``ray_version_check``);
     ``socket_ifname``, ``ray_firewall``, ``ray_firewall_allow`` are read by the layout.
@@ -10,7 +11,7 @@ Deploy function
     its part, ``HostLayout.files_of(deployment, "ray")``, but the firewall's), ``env_ops`` (operations whose change must
     restart vLLM on this host) and ``cluster_restarted`` (an object with ``did_change()``, true at execute time
     when any Ray node of the cluster was (re)started: restart vLLM on the head after it).
-    ``state_query(spec, node, rendered)``: what it compares against (its files, directories and
+    ``state_query(spec, where, node, rendered)``: what it compares against (its files, directories and
     units), part of the deploy's one state read (deploys/serve.py; vllm_fleet.roles.common.state).
 
 Which node a host is comes from the layout (its part's roles ``ray-head`` / ``ray-worker``);
@@ -40,8 +41,9 @@ Example (deploys/serve.py)::
 
     from vllm_fleet.roles.ray import install_ray
 
-    ray = install_ray(spec=spec, node=node, layout=ctx.layout, rendered=rendered, restart_on=vllm_changed)
-    install_service(spec=spec, node=node, rendered=rendered, ...,
+    where = ctx.layout.paths[spec["name"]]
+    ray = install_ray(spec=spec, where=where, node=node, layout=ctx.layout, rendered=rendered, restart_on=vllm_changed)
+    install_service(spec=spec, where=where, node=node, rendered=rendered, ...,
                     restart_on=[*ray.env_ops, ray.cluster_restarted])
 """
 
@@ -66,8 +68,7 @@ from vllm_fleet.host.state import Query
 from vllm_fleet.roles.common.state import Converged, host_state, pending, role_state
 from vllm_fleet.roles.vllm.facts import parse_probe
 from vllm_fleet.render import command
-from vllm_fleet.render.layout import Layout, Node, files_of
-from vllm_fleet.render import files as render
+from vllm_fleet.render.layout import Layout, Node, Paths, files_of
 from vllm_fleet.specs.sections import reads
 
 from . import defaults as d
@@ -189,6 +190,7 @@ def _ray_role(node: Node) -> str | None:
 @reads(*SECTIONS)
 def install_ray(
     spec: dict[str, Any],
+    where: Paths,
     node: Node | None = None,
     layout: Layout | None = None,
     rendered: dict[str, Any] | None = None,
@@ -201,6 +203,7 @@ def install_ray(
     or (``present=False``) stop and remove it.
 
     + spec: the resolved deployment spec
+    + where: where its files live (the layout's: ``ctx.layout.paths[name]``, vllm_fleet.render.parts.Paths)
     + node: this deployment's part of the host's layout (``vllm_fleet.render.layout.Node``; its roles say head or
       worker)
     + layout: the fleet's layout (``vllm_fleet.render.layout.Layout``: the other Ray nodes' private addresses)
@@ -218,69 +221,73 @@ def install_ray(
     .. code:: python
 
         h = host_layout(ctx)
-        ray = install_ray(spec=spec, node=h.parts[spec["name"]], layout=ctx.layout, rendered=h.files,
+        where = ctx.layout.paths[spec["name"]]
+        ray = install_ray(spec=spec, where=where, node=h.parts[spec["name"]], layout=ctx.layout, rendered=h.files,
                           restart_on=vllm_changed)
-        install_ray(spec=spec, rendered=h.files, present=False)
+        install_ray(spec=spec, where=where, rendered=h.files, present=False)
     """
     if not present:
-        return remove.remove_units_and_files(
-            spec, remove.placed(spec, rendered or {}, "ray") if paths is None else paths, "ray"
-        )
+        paths = remove.placed(spec, where, rendered or {}, "ray") if paths is None else paths
+        return remove.remove_units_and_files(spec, where, paths, "ray")
     role = _ray_role(node)
     if role is None:
         return RayResult(None)
-    role_state(state_query(spec, node, rendered))  # deploys/serve.py read it already: no command
-    unit_path, owned, env_ops, unit_op = _put_node_files(spec, role, rendered)
-    _ray_firewall(spec, rendered, unit_op)
+    role_state(state_query(spec, where, node, rendered))  # deploys/serve.py read it already: no command
+    unit_path, owned, env_ops, unit_op = _put_node_files(spec, where, role, rendered)
+    _ray_firewall(spec, where, rendered, unit_op)
     # versions equal on every node before anything (re)starts
     unit = Path(unit_path).name
     inputs = [unit_op, *env_ops, *(restart_on or [])]
     cluster = _cluster(layout, spec["name"])
     cluster["inputs"].extend(inputs)
-    _version_check(spec, unit, cluster)
+    _version_check(spec, where, unit, cluster)
     _start_node(role, unit, inputs, cluster)
     if role == "head":
-        _wait_for_cluster(spec, layout, cluster)
+        _wait_for_cluster(spec, where, layout, cluster)
     return RayResult(role, owned, env_ops, _Changed(cluster, "starts"))
 
 
-def _node_files(spec: dict[str, Any], role: str, rendered: dict[str, Any]) -> tuple[str, list[str], list[str]]:
+def _node_files(
+    spec: dict[str, Any], where: Paths, role: str, rendered: dict[str, Any]
+) -> tuple[str, list[str], list[str]]:
     """``(the node's unit path, the files this role puts, the directories it makes)``: the env
     files, the unit (head: and the cluster wait script), Ray's temp directory."""
-    p = render.paths(spec)
+    p = where
     unit_path = p["ray_head_unit"] if role == "head" else p["ray_worker_unit"]
     # the Ray files of this node (files_of its part) but the firewall's (step 2)
-    owned = [x for x in files_of(rendered, spec["name"], "ray") if x not in _firewall_files(spec, rendered)]
+    owned = [x for x in files_of(rendered, spec["name"], "ray") if x not in _firewall_files(spec, where, rendered)]
     dirs = [p["ray_tmpdir"], *([f"{spec['install']['prefix']}/bin"] if p["wait_ray"] in owned else [])]
     return unit_path, owned, dirs
 
 
-def _firewall_files(spec: dict[str, Any], rendered: dict[str, Any]) -> list[str]:
+def _firewall_files(spec: dict[str, Any], where: Paths, rendered: dict[str, Any]) -> list[str]:
     """The firewall's rules and unit, when the layout rendered them (host data ray_firewall)."""
-    p = render.paths(spec)
+    p = where
     mine = files_of(rendered, spec["name"], "ray")
     return [p["ray_firewall_rules"], p["ray_firewall_unit"]] if p["ray_firewall_rules"] in mine else []
 
 
 @reads(*SECTIONS)
-def state_query(spec: dict[str, Any], node: Node, rendered: dict[str, Any]) -> Query:
+def state_query(spec: dict[str, Any], where: Paths, node: Node, rendered: dict[str, Any]) -> Query:
     """What install_ray compares against (vllm_fleet.roles.common.state): its files (env files,
     unit, cluster wait script, firewall), its directories, the node's unit and the firewall's."""
     role = _ray_role(node)
     if role is None:
         return Query()
-    unit_path, owned, dirs = _node_files(spec, role, rendered)
-    fw = _firewall_files(spec, rendered)
+    unit_path, owned, dirs = _node_files(spec, where, role, rendered)
+    fw = _firewall_files(spec, where, rendered)
     return rendered_query(rendered, [path for path in owned + fw if path in rendered]) | Query(
         stat=tuple(dirs), units=(Path(unit_path).name, *((d.FIREWALL_UNIT,) if fw else ()))
     )
 
 
-def _put_node_files(spec: dict[str, Any], role: str, rendered: dict[str, Any]) -> tuple[str, list[str], list, Any]:
+def _put_node_files(
+    spec: dict[str, Any], where: Paths, role: str, rendered: dict[str, Any]
+) -> tuple[str, list[str], list, Any]:
     """1. Ray's temp directory, the env files, the node's unit (head: and the cluster wait
     script). Returns ``(unit path, the paths put, the env files' operations, the unit's)``."""
-    p, srv = render.paths(spec), spec["server"]
-    unit_path, owned, dirs = _node_files(spec, role, rendered)
+    p, srv = where, spec["server"]
+    unit_path, owned, dirs = _node_files(spec, where, role, rendered)
     directory(name="Ray temp directory", path=dirs[0], user=srv["user"], group=srv["user"], mode="750")
     if len(dirs) > 1:
         directory(name="Helper scripts directory", path=dirs[1], user="root", group="root", mode="755")
@@ -288,10 +295,10 @@ def _put_node_files(spec: dict[str, Any], role: str, rendered: dict[str, Any]) -
     return unit_path, owned, [put[p["vllm_env"]], put[p["node_env"]]], put[unit_path]
 
 
-def _ray_firewall(spec: dict[str, Any], rendered: dict[str, Any], unit_op: Any) -> None:
+def _ray_firewall(spec: dict[str, Any], where: Paths, rendered: dict[str, Any], unit_op: Any) -> None:
     """2. The firewall of Ray's ports (rendered by the layout unless host data ray_firewall is
     false), and systemd's daemon-reload when the node's or the firewall's unit changed."""
-    fw = _firewall_files(spec, rendered)
+    fw = _firewall_files(spec, where, rendered)
     put = put_rendered(rendered, fw) if fw else {}
     fw_ops = [put[path] for path in fw]
     # (operations only where something differs: a converged node gets none, vllm_fleet.roles.common.state)
@@ -312,7 +319,7 @@ def _ray_firewall(spec: dict[str, Any], rendered: dict[str, Any], unit_op: Any) 
         )
 
 
-def _version_check(spec: dict[str, Any], unit: str, cluster: dict[str, Any]) -> None:
+def _version_check(spec: dict[str, Any], where: Paths, unit: str, cluster: dict[str, Any]) -> None:
     """3. Whether this node's unit is active (a node that is not starts), and, when anything of
     the cluster starts (host data ``ray_version_check``), every node's Python, Ray and vLLM
     versions recorded and compared before anything (re)starts. Active or not comes from the
@@ -326,7 +333,7 @@ def _version_check(spec: dict[str, Any], unit: str, cluster: dict[str, Any]) -> 
         python.call(
             name="Record Python, Ray and vLLM versions",
             function=_collect_versions,
-            py=command.env_python(spec),
+            py=where["python"],
             names=names,
             cluster=cluster,
             _if=anything_starts,
@@ -368,9 +375,9 @@ def _start_node(role: str, unit: str, inputs: list, cluster: dict[str, Any]) -> 
     cluster["starts"].extend([restart, running])
 
 
-def _wait_for_cluster(spec: dict[str, Any], layout: Layout, cluster: dict[str, Any]) -> None:
+def _wait_for_cluster(spec: dict[str, Any], where: Paths, layout: Layout, cluster: dict[str, Any]) -> None:
     """5. On the head: wait for the whole cluster (every node, every GPU) when any node (re)started."""
-    p, par, srv = render.paths(spec), spec["parallel"], spec["server"]
+    p, par, srv = where, spec["parallel"], spec["server"]
     ray_nodes = [n for n in layout.nodes(spec["name"]) if n.roles & {"ray-head", "ray-worker"}]
     wait_env = {k: v for k, v in command.vllm_env(spec).items() if k.startswith("RAY_")}
     nodes = int(par["nodes"])
@@ -384,7 +391,7 @@ def _wait_for_cluster(spec: dict[str, Any], layout: Layout, cluster: dict[str, A
             f"{host.data.get('ray_cluster_wait_timeout')} s)"
         ),
         function=_wait_cluster,
-        py=command.env_python(spec),
+        py=p["python"],
         script=p["wait_ray"],
         user=srv["user"],
         env=wait_env,

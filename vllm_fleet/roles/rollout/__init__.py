@@ -47,7 +47,7 @@ from pyinfra.operations import python
 from vllm_fleet.host import programs
 from vllm_fleet.roles.common import as_root, put_rendered
 from vllm_fleet.render import command
-from vllm_fleet.render import files as render
+from vllm_fleet.render.layout import Paths
 from vllm_fleet.specs.sections import reads
 
 from .defaults import DEFAULTS
@@ -179,7 +179,7 @@ def _sync_router(py: str, port: int, keep: list[str], remove: list[str]) -> None
 
 @deploy("Rollout: router workers", data_defaults=DEFAULTS)
 @reads(*SECTIONS)
-def router_workers(spec: dict[str, Any], workers: list[tuple[str, bool]]):
+def router_workers(spec: dict[str, Any], where: Paths, workers: list[tuple[str, bool]]):
     """
     ``cache_aware``: the router's worker list (its /remove_worker, /add_worker API on loopback)
     without the instances being updated (``down``) and with every other one. A replica leaves
@@ -188,15 +188,17 @@ def router_workers(spec: dict[str, Any], workers: list[tuple[str, bool]]):
     dies on its own, not the rollout's means: they notice only after requests failed.
 
     + spec: the resolved deployment spec
+    + where: where its files live (the layout's: vllm_fleet.render.parts.Paths; the router's venv)
     + workers: ``[(url as the router names it, down)]`` of every replica of the deployment
 
     **Example:**
 
     .. code:: python
 
-        router_workers(spec=spec, workers=[("http://10.10.0.12:8000", True), ("http://127.0.0.1:8000", False)])
+        router_workers(spec=spec, where=ctx.layout.paths[spec["name"]],
+                       workers=[("http://10.10.0.12:8000", True), ("http://127.0.0.1:8000", False)])
     """
-    py = f"{render.paths(spec)['router_env']}/bin/python"
+    py = f"{where['router_env']}/bin/python"
     python.call(
         name="Router worker list: the batch out, the others in",
         function=_sync_router,
@@ -209,12 +211,13 @@ def router_workers(spec: dict[str, Any], workers: list[tuple[str, bool]]):
 
 @deploy("Rollout: nginx upstream", data_defaults=DEFAULTS)
 @reads(*SECTIONS)
-def upstream(spec: dict[str, Any], rendered: dict[str, Any], drain_timeout: float):
+def upstream(spec: dict[str, Any], where: Paths, rendered: dict[str, Any], drain_timeout: float):
     """
     Put this proxy host's nginx site (replicas being updated marked ``down``); on a change:
     ``nginx -t``, reload, wait for the old workers to exit (bounded).
 
     + spec: the resolved deployment spec
+    + where: where its files live (the layout's: vllm_fleet.render.parts.Paths; the nginx site)
     + rendered: this host's rendered files (rendered with the batch marked down)
     + drain_timeout: seconds to wait for the old nginx workers
 
@@ -222,9 +225,9 @@ def upstream(spec: dict[str, Any], rendered: dict[str, Any], drain_timeout: floa
 
     .. code:: python
 
-        upstream(spec=ctx.spec, rendered=rendered_for_host(ctx), drain_timeout=120)
+        upstream(spec=ctx.spec, where=ctx.layout.paths[ctx.first], rendered=rendered_for_host(ctx), drain_timeout=120)
     """
-    site = render.paths(spec)["nginx_site"]
+    site = where["nginx_site"]
     if site not in rendered:
         host.noop("no nginx site of this deployment on this host")
         return None
@@ -267,12 +270,13 @@ def drain(spec: dict[str, Any], drain_timeout: float, port: int | None = None):
 
 @deploy("Rollout: the replica's own smoke test", data_defaults=DEFAULTS)
 @reads(*SECTIONS)
-def smoke_replica(spec: dict[str, Any], port: int | None = None, unit: str = "vllm.service"):
+def smoke_replica(spec: dict[str, Any], where: Paths, port: int | None = None, unit: str = "vllm.service"):
     """
     Smoke-test a vLLM instance on this host directly (not through the proxy): health, models, a
     chat, a streamed chat.
 
     + spec: the resolved deployment spec
+    + where: where its files live (the layout's: vllm_fleet.render.parts.Paths; the env's Python, the key's env file)
     + port: the instance's port (from the layout; default server.port)
     + unit: its unit (for the journal tail on failure)
 
@@ -280,17 +284,17 @@ def smoke_replica(spec: dict[str, Any], port: int | None = None, unit: str = "vl
 
     .. code:: python
 
-        smoke_replica(spec=ctx.spec)
+        smoke_replica(spec=ctx.spec, where=ctx.layout.paths[ctx.first])
     """
     port = int(port or spec["server"]["port"])
     python.call(
         name=f"Smoke test of the replica itself (127.0.0.1:{port} on the host)",
         function=_smoke,
-        py=command.env_python(spec),
+        py=where["python"],
         port=port,
         model=spec["model"]["served_name"],
         unit=unit,
-        secrets=render.paths(spec)["secrets_env"],
+        secrets=where["secrets_env"],
         max_tokens=int(host.data.get("rollout_smoke_max_tokens")),
         timeout=float(host.data.get("rollout_smoke_timeout")),
         journal_lines=int(host.data.get("rollout_journal_lines")),

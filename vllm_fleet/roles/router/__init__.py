@@ -27,7 +27,7 @@ from vllm_fleet.host.programs import chain, group, quiet
 from vllm_fleet.roles.common import DeployError, packages, put_rendered, remove, rendered_query
 from vllm_fleet.roles.common.wheels import host_target, source_args, target_query, wheel_source
 from vllm_fleet.host.state import Query
-from vllm_fleet.render.parts import files_of
+from vllm_fleet.render.parts import Paths, files_of
 from vllm_fleet.roles.common.state import host_state, pending
 from vllm_fleet.specs.sections import reads
 
@@ -39,45 +39,36 @@ SECTIONS = ("install", "monitoring", "name", "proxy")
 PACKAGE = "vllm-router"
 
 
-def env_dir(spec: dict[str, Any]) -> str:
-    from vllm_fleet.render import files as render
-
-    return render.paths(spec)["router_env"]
-
-
 def requirement(spec: dict[str, Any]) -> str:
     return f"{PACKAGE}=={spec['proxy']['routing']['router']['version']}"
 
 
 @reads(*SECTIONS)
-def state_query(spec: dict[str, Any], rendered: dict[str, Any]) -> Query:
+def state_query(spec: dict[str, Any], where: Paths, rendered: dict[str, Any]) -> Query:
     """What install_router compares against: its unit, its venv's vllm-router, the unit's state
     and (fleet wheels) what the wheelhouse must fit on the host (the vllm role asks the same)."""
-    from vllm_fleet.render import files as render
-
-    p = render.paths(spec)
     return (
-        rendered_query(rendered, [p["router_unit"]])
+        rendered_query(rendered, [where["router_unit"]])
         | Query(
-            units=(p["router_unit"].rsplit("/", 1)[1],),
+            units=(where["router_unit"].rsplit("/", 1)[1],),
             debs=tuple(host.data.get("router_venv_packages") or DEFAULTS["router_venv_packages"]),
-            envs=((f"{env_dir(spec)}/bin/python", (f"dist:{PACKAGE}",)),),
+            envs=((f"{where['router_env']}/bin/python", (f"dist:{PACKAGE}",)),),
         )
         | target_query(spec)
     )
 
 
-def wheels_dir(spec: dict[str, Any]) -> str:
+def wheels_dir(where: Paths) -> str:
     """Where the router's wheels are uploaded on the host (install-time only: removed after a
-    verified install, and by `down`)."""
-    return f"{env_dir(spec)}-wheels"
+    verified install, and by `down`): beside its venv."""
+    return f"{where['router_env']}-wheels"
 
 
-def _wheel_source(spec: dict[str, Any]) -> tuple[list[str], str | None, list]:
+def _wheel_source(spec: dict[str, Any], where: Paths) -> tuple[list[str], str | None, list]:
     """pip's source arguments for this host (roles.common.wheels' order), the directory the wheels
     were put in (None: none), and the commands to run first (the fetch of the fleet wheelhouse
     over HTTP, checked against its sha256: roles.common.wheels.reach_fleet_wheelhouse)."""
-    dest = wheels_dir(spec)
+    dest = wheels_dir(where)
     wheelhouse, first = wheel_source(
         spec, dest, f"Upload the router's wheels to {dest}", lambda: _fleet_directory(spec)
     )
@@ -145,13 +136,18 @@ def _wait_command(unit: str, port: int, timeout: float) -> StringCommand:
 @deploy("vLLM router", data_defaults=DEFAULTS)
 @reads(*SECTIONS)
 def install_router(
-    spec: dict[str, Any], rendered: dict[str, Any], present: bool = True, paths: list[str] | None = None
+    spec: dict[str, Any],
+    where: Paths,
+    rendered: dict[str, Any],
+    present: bool = True,
+    paths: list[str] | None = None,
 ):
     """
     Install and start vLLM's router for this deployment (proxy hosts with part ``router``), or
     (``present=False``) stop and remove it.
 
     + spec: the resolved deployment spec
+    + where: where its files live (the layout's: vllm_fleet.render.parts.Paths)
     + rendered: this host's rendered files (the router's unit is used)
     + present: False stops, disables and removes the router's unit (the policy is no longer
       cache_aware here, the proxy moved, `down`); its venv stays
@@ -161,21 +157,18 @@ def install_router(
 
     .. code:: python
 
-        install_router(spec=spec, rendered=rendered)
-        install_router(spec=spec, rendered=rendered, present=False)  # routing no longer cache_aware
+        install_router(spec=spec, where=ctx.layout.paths[spec["name"]], rendered=rendered)
+        install_router(spec=spec, where=ctx.layout.paths[spec["name"]], rendered=rendered, present=False)
     """
     if not present:
-        return _absent(spec, rendered, paths)
-    from vllm_fleet.render import files as render
-
-    p = render.paths(spec)
+        return _absent(spec, where, rendered, paths)
     mine = files_of(rendered, spec["name"], "router")  # what this role places: the router's unit
-    if p["router_unit"] not in mine:
+    if where["router_unit"] not in mine:
         raise DeployError(
             f"{host.name}: no router unit rendered for {spec['name']} (the layout gives this host no `router` part)"
         )
-    unit = p["router_unit"].rsplit("/", 1)[1]
-    env = env_dir(spec)
+    unit = where["router_unit"].rsplit("/", 1)[1]
+    env = where["router_env"]
     py = f"{env}/bin/python"
     version = spec["proxy"]["routing"]["router"]["version"]
     changed = []
@@ -185,7 +178,7 @@ def install_router(
     probed = host_state().env(py)
     have = (probed or {}).get("dist", {}).get(PACKAGE) if probed is not None else None
     if have != version:
-        source, uploaded, first = _wheel_source(spec)
+        source, uploaded, first = _wheel_source(spec, where)
         changed.append(
             server.shell(
                 name=f"pip install {requirement(spec)} into {env}",
@@ -195,7 +188,7 @@ def install_router(
     else:
         host.noop(f"{requirement(spec)} already installed in {env}")
     put = put_rendered(mine)
-    unit_op = put[p["router_unit"]]
+    unit_op = put[where["router_unit"]]
     if pending(unit_op):
         systemd.daemon_reload(name="systemd daemon-reload (router unit)", _if=unit_op.did_change)
     if pending(unit_op, *changed) or not host_state().unit_ok(unit, running=True, enabled=True):
@@ -211,12 +204,11 @@ def install_router(
         )
 
 
-def _absent(spec: dict[str, Any], rendered: dict[str, Any], paths: list[str] | None) -> dict[str, Any]:
+def _absent(spec: dict[str, Any], where: Paths, rendered: dict[str, Any], paths: list[str] | None) -> dict[str, Any]:
     """present=False: the router's unit stopped, disabled and removed (when the host's copy is this
     deployment's); its venv stays, as the vLLM environment does. {path: its remove operation}."""
-    return remove.remove_units_and_files(
-        spec, remove.placed(spec, rendered, "router") if paths is None else paths, "router"
-    )
+    paths = remove.placed(spec, where, rendered, "router") if paths is None else paths
+    return remove.remove_units_and_files(spec, where, paths, "router")
 
 
 __all__ = ["install_router", "state_query", "requirement", "wheels_dir"]

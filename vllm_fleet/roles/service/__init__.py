@@ -35,7 +35,7 @@ from vllm_fleet.host.state import Query, Snapshot
 from vllm_fleet.roles.common.state import Converged, pending, role_state, unknown
 from vllm_fleet.render import command
 from vllm_fleet.render import files as render
-from vllm_fleet.render.layout import LEGACY_UNIT, Node, files_of
+from vllm_fleet.render.layout import LEGACY_UNIT, Node, Paths, files_of
 from vllm_fleet.render.secrets import host_secret_files
 from vllm_fleet.roles import model, nvidia, pyenv, vllm
 from vllm_fleet.roles.router import wheels_dir as router_wheels_dir
@@ -232,7 +232,11 @@ def api_firewall_query(rendered: dict[str, Any]) -> Query:
 
 @reads(*STACK_SECTIONS)
 def install_server_stack(
-    spec: dict[str, Any], hub_token: str | None = None, present: bool = True, purge: bool | None = None
+    spec: dict[str, Any],
+    hub_token: str | None = None,
+    present: bool = True,
+    purge: bool | None = None,
+    where: Paths | None = None,
 ) -> tuple[list, list] | dict[str, Any]:
     """
     Everything the vLLM units stand on, in order: the NVIDIA driver (GPU hosts), the service user
@@ -249,6 +253,8 @@ def install_server_stack(
     + purge: with ``present=False``, also the deployment's own directories: the environment
       (install.prefix), install.state_dir, model.path and install.config_dir (default: host data
       ``vllm_fleet_purge``; `vllm-fleet down --purge` sets it)
+    + where: with ``present=False``, where the deployment's files live (the layout's:
+      vllm_fleet.render.parts.Paths; the router's uploaded wheels lie beside its venv)
 
     Returns ``(vllm_changed, model_changed)``: the operations that change vLLM and the model, for
     ``install_service(restart_on=...)`` (and roles.ray's, which restarts Ray on vLLM changes only);
@@ -260,10 +266,12 @@ def install_server_stack(
 
         vllm_changed, model_changed = install_server_stack(spec=spec, hub_token=ctx.secrets["hub_token"])
         install_service(spec=spec, rendered=rendered, api_key=key, restart_on=[*vllm_changed, *model_changed])
-        install_server_stack(spec=spec, present=False, purge=True)  # `down --purge`
+        install_server_stack(spec=spec, present=False, purge=True, where=where)  # `down --purge`
     """
     if not present:
-        return _stack_absent(spec, purge)
+        if where is None:
+            raise TypeError("install_server_stack(present=False) takes the layout's paths (where=)")
+        return _stack_absent(spec, where, purge)
     nvidia.nvidia(spec=spec)
     pyenv.service_dirs(spec=spec)
     pyenv.pyenv(spec=spec)
@@ -279,7 +287,7 @@ def purging(purge: bool | None = None) -> bool:
     return value in (True, "true", "True", "1", 1, "yes")
 
 
-def _stack_absent(spec: dict[str, Any], purge: bool | None) -> dict[str, Any]:
+def _stack_absent(spec: dict[str, Any], where: Paths, purge: bool | None) -> dict[str, Any]:
     ins = spec["install"]
     if purging(purge):
         return remove.directories(
@@ -291,7 +299,7 @@ def _stack_absent(spec: dict[str, Any], purge: bool | None) -> dict[str, Any]:
     return remove.directories(
         [
             *(f"{prefix}/{sub}" for sub in (vd.WHEELHOUSE_SUBDIR, vd.FIND_LINKS_SUBDIR, vd.UV_CACHE_SUBDIR)),
-            router_wheels_dir(spec),
+            router_wheels_dir(where),
         ],
         "install-time only",
     )
@@ -338,11 +346,11 @@ def _instance_dirs(spec: dict[str, Any], node: Node) -> list[str]:
 
 
 @reads(*SECTIONS)
-def state_query(spec: dict[str, Any], node: Node, rendered: dict[str, Any]) -> Query:
+def state_query(spec: dict[str, Any], where: Paths, node: Node, rendered: dict[str, Any]) -> Query:
     """What install_service compares against (vllm_fleet.roles.common.state): its directories,
     files (rendered, the key's env file), units and their state, the recorded configurations,
     the older release's unit and the unit directory's listing (replicas no longer in the layout)."""
-    ins, p = spec["install"], render.paths(spec)
+    ins, p = spec["install"], where
     dirs = _instance_dirs(spec, node) + [p["ray_tmpdir"], f"{ins['prefix']}/bin"]
     mine = list(files_of(rendered, spec["name"], "service"))
     stamps = [f"{ins['config_dir']}/replica-{i.index}.applied" for i in node.instances]
@@ -403,6 +411,7 @@ def _still_starting(
 @reads(*SECTIONS)
 def install_service(
     spec: dict[str, Any],
+    where: Paths,
     node: Node | None = None,
     rendered: dict[str, Any] | None = None,
     api_key: str | None = None,
@@ -417,6 +426,7 @@ def install_service(
     (``present=False``) stop and remove them.
 
     + spec: the resolved deployment spec
+    + where: where its files live (the layout's: ``ctx.layout.paths[name]``, vllm_fleet.render.parts.Paths)
     + node: this deployment's part of the host's layout (``vllm_fleet.render.layout.Node``: its instances)
     + rendered: this host's rendered files ({path: RenderedFile})
     + api_key: the API key's value (written only to ``{config_dir}/secrets.env``, 0600 root)
@@ -439,23 +449,24 @@ def install_service(
 
     .. code:: python
 
-        install_service(spec=spec, node=host_layout(ctx).parts[spec["name"]], rendered=rendered_for_host(ctx),
-                        api_key=ctx.secrets["api_key"], restart_on=[vllm_op, model_op])
-        install_service(spec=spec, rendered=rendered_for_host(ctx), present=False)
+        where = ctx.layout.paths[spec["name"]]
+        install_service(spec=spec, where=where, node=host_layout(ctx).parts[spec["name"]],
+                        rendered=rendered_for_host(ctx), api_key=ctx.secrets["api_key"], restart_on=[vllm_op, model_op])
+        install_service(spec=spec, where=where, rendered=rendered_for_host(ctx), present=False)
     """
     if not present:
-        return _absent(spec, rendered or {}, paths)
+        return _absent(spec, where, rendered or {}, paths)
     rendered = files_of(rendered or {}, spec["name"], "service")  # what this role places, and nothing else
     # what the deploy's one state read holds (deploys/serve.py, rollout.py); called on its own: read now
-    snap = role_state(state_query(spec, node, rendered))
+    snap = role_state(state_query(spec, where, node, rendered))
     if not snap.known:
         # every instance's record unknown: each would restart on a guess and stop serving for nothing
         raise unknown(
             f"what each vLLM instance of {spec['name']} runs",
             changed="restarting them on a guess would interrupt serving; nothing was changed on this host",
         )
-    _service_directories(spec, node, rendered)
-    files_ = _put_service_files(spec, node, rendered, api_key)
+    _service_directories(spec, where, node, rendered)
+    files_ = _put_service_files(spec, where, node, rendered, api_key)
     removed = _remove_stale_units(spec["name"], node, snap)
     unit_ops = [files_.put[u] for u in files_.units.values()]
     if pending(*unit_ops, *removed):
@@ -477,11 +488,11 @@ def install_service(
     return restarts
 
 
-def _absent(spec: dict[str, Any], rendered: dict[str, Any], paths: list[str] | None) -> dict[str, Any]:
+def _absent(spec: dict[str, Any], where: Paths, rendered: dict[str, Any], paths: list[str] | None) -> dict[str, Any]:
     """present=False: the units stopped and disabled, the files removed (the firewall's table
     deleted), then each removed replica's ``replica-N.applied`` record. {path: its operation}."""
-    paths = remove.placed(spec, rendered, "service") if paths is None else paths
-    removed = remove.remove_units_and_files(spec, paths, "service")
+    paths = remove.placed(spec, where, rendered, "service") if paths is None else paths
+    removed = remove.remove_units_and_files(spec, where, paths, "service")
     cfg = spec["install"]["config_dir"] + "/replica-"
     stamps = [x[: -len(".env")] + ".applied" for x in sorted(removed) if x.startswith(cfg) and x.endswith(".env")]
     for stamp in stamps:  # the service role's record of what each instance runs, beside its replica-N.env
@@ -490,7 +501,7 @@ def _absent(spec: dict[str, Any], rendered: dict[str, Any], paths: list[str] | N
     return removed
 
 
-def _service_directories(spec: dict[str, Any], node: Node, rendered: dict[str, Any]) -> None:
+def _service_directories(spec: dict[str, Any], where: Paths, node: Node, rendered: dict[str, Any]) -> None:
     """Each instance's own state dir and the cache and temp directories its environment names
     (ReadWritePaths must exist), Ray's temp directory (multi-node Ray), the helper scripts'
     directory. The system user and the install's directories come from
@@ -502,7 +513,7 @@ def _service_directories(spec: dict[str, Any], node: Node, rendered: dict[str, A
     if spec["parallel"]["backend"] == "ray" and spec["parallel"]["nodes"] > 1:
         directory(
             name="Ray temp directory",
-            path=render.paths(spec)["ray_tmpdir"],
+            path=where["ray_tmpdir"],
             user=srv["user"],
             group=srv["user"],
             mode="750",
@@ -527,11 +538,11 @@ class _ServiceFiles:
 
 
 def _put_service_files(
-    spec: dict[str, Any], node: Node, rendered: dict[str, Any], api_key: str | None
+    spec: dict[str, Any], where: Paths, node: Node, rendered: dict[str, Any], api_key: str | None
 ) -> _ServiceFiles:
     """Everything the units name first, the key's env file (0600), the units last (a kill in
     between leaves no unit that points at a missing file)."""
-    p = render.paths(spec)
+    p = where
     units = {inst.index: f"{render.SYSTEMD_DIR}/{inst.unit}" for inst in node.instances}
     # ``rendered``: this role's files (files_of its part); the key's env file is put with the key
     other = [path for path in rendered if path != p["secrets_env"] and path not in units.values()]
