@@ -427,7 +427,14 @@ def test_replica_chat_fails_the_host_when_the_replica_does_not_serve(harness):
         orig_host = smoke.host
         smoke.host = host_obj
         try:
-            cmds = list(smoke.replica_chat._inner(spec=spec, unit="vllm-x-1.service", port=8001))
+            cmds = list(
+                smoke.replica_chat._inner(
+                    spec=spec,
+                    where={"secrets_env": "/etc/vllm-fleet/x/secrets.env"},
+                    unit="vllm-x-1.service",
+                    port=8001,
+                )
+            )
         finally:
             smoke.host = orig_host
     finally:

@@ -136,7 +136,7 @@ def _nginx(s: Step) -> None:
 
 def _smoke(s: Step) -> None:
     local = [i.port for i in s.node.instances if i.role == "server"]
-    run_smoke(spec=s.spec, api_key=s.secrets["api_key"], local_port=local[0] if local else None)
+    run_smoke(spec=s.spec, where=s.paths, api_key=s.secrets["api_key"], local_port=local[0] if local else None)
 
 
 def _uninstall_stack(spec: dict[str, Any], where: Paths, purge: bool) -> None:

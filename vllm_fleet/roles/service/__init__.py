@@ -99,6 +99,7 @@ def _wait_healthy(
     journal_lines: int,
     unit: str = UNIT,
     spec: dict[str, Any] | None = None,
+    where: Paths | None = None,
     stamp: str | None = None,
 ) -> None:  # noqa: D401
     """Runs on the host at execute time: poll /health there until 200 from the unit's own process.
@@ -108,7 +109,8 @@ def _wait_healthy(
     0 s" while the new unit crash-looped on "Address already in use"). Fails early, with the
     journal tail, when the unit fails or systemd restarts it (a crash while starting repeats on
     every restart: waiting out the deadline would only hide it). With ``spec`` (its smoke tests
-    on), healthy then also means one short chat on the host answers (roles.smoke.replica_chat).
+    on; ``where``: its paths, the layout's), healthy then also means one short chat on the host
+    answers (roles.smoke.replica_chat).
     ``stamp`` (the instance's ``replica-N.applied``) is touched once healthy: this start was seen
     healthy, so the next deploy does not wait for it again (_still_starting).
     """
@@ -129,7 +131,7 @@ def _wait_healthy(
                     "docs/gpu-proof.md"
                 )
             if spec is not None:
-                why = judge_replica_chat(*chat_on_host(spec, port), spec["model"]["served_name"])
+                why = judge_replica_chat(*chat_on_host(spec, where, port), spec["model"]["served_name"])
                 if why:
                     raise RuntimeError(
                         f"{host.name}: {unit} answers /health but not a chat on port {port}: {why}; look: journalctl "
@@ -360,15 +362,15 @@ def state_query(spec: dict[str, Any], where: Paths, node: Node, rendered: dict[s
         ls=(render.SYSTEMD_DIR,),
         units=tuple(i.unit for i in node.instances),
         ages=tuple(stamps),
-        chats=_chats(spec, node),
+        chats=_chats(spec, where, node),
     )
 
 
-def _chats(spec: dict[str, Any], node: Node) -> tuple[str, ...]:
+def _chats(spec: dict[str, Any], where: Paths, node: Node) -> tuple[str, ...]:
     """One short chat per replica of this host, read with the host's state (roles.smoke.replica_chat)."""
     if not spec["smoke"]["enabled"]:
         return ()
-    return tuple(replica_chat_query(spec, i.port) for i in node.instances if i.role == "server")
+    return tuple(replica_chat_query(spec, where, i.port) for i in node.instances if i.role == "server")
 
 
 def _still_starting(
@@ -484,7 +486,7 @@ def install_service(
     for inst in node.instances:
         if only is not None and inst.index not in only:
             continue
-        restarts.append(_converge_instance(spec, rendered, inst, api_key, snap, files_, shared, prove_replicas))
+        restarts.append(_converge_instance(spec, where, rendered, inst, api_key, snap, files_, shared, prove_replicas))
     return restarts
 
 
@@ -612,6 +614,7 @@ def _failed_now(snap: Snapshot, unit: str) -> bool:
 
 def _converge_instance(
     spec: dict[str, Any],
+    where: Paths,
     rendered: dict[str, Any],
     inst: Any,
     api_key: str | None,
@@ -638,13 +641,14 @@ def _converge_instance(
     restart = _restart_instance(unit, snap, relevant, stale_now, have)
     running = service_running(name=f"{unit} running and enabled", service=unit, running=True, enabled=True)
     proves = prove_replicas and spec["smoke"]["enabled"] and inst.role == "server"
-    wait = _wait_instance(spec, inst, snap, stamp, [restart, running, *relevant], stale_now, proves)
+    wait = _wait_instance(spec, where, inst, snap, stamp, [restart, running, *relevant], stale_now, proves)
     # Every replica proven on its host (issue 25): one short chat, from the state read when
     # nothing here restarts it, else by the wait above after its start.
     if proves:
         replica_chat(
             name=f"{unit} answers a chat on port {inst.port}",
             spec=spec,
+            where=where,
             unit=unit,
             port=inst.port,
             _if=(lambda w=wait: not w.did_change()) if wait is not None else None,
@@ -684,7 +688,14 @@ def _restart_instance(unit: str, snap: Snapshot, relevant: list, stale_now: bool
 
 
 def _wait_instance(
-    spec: dict[str, Any], inst: Any, snap: Snapshot, stamp: str, triggers: list, stale_now: bool, proves: bool
+    spec: dict[str, Any],
+    where: Paths,
+    inst: Any,
+    snap: Snapshot,
+    stamp: str,
+    triggers: list,
+    stale_now: bool,
+    proves: bool,
 ) -> Any:
     """The health wait (``_wait_healthy`` at execute time) when the instance (re)starts
     (``triggers``: its restart, running and inputs) or systemd may still be starting it
@@ -711,6 +722,7 @@ def _wait_instance(
         journal_lines=host.data.get("vllm_fleet_journal_lines"),
         unit=unit,
         spec=spec if proves else None,
+        where=where,
         stamp=stamp,
         _if=any_changed(*triggers) if not (stale_now or starting) else (lambda: True),
     )

@@ -24,7 +24,7 @@ from pyinfra import host, logger, state
 from pyinfra.api import FunctionCommand, deploy, operation
 
 from vllm_fleet.host import programs
-from vllm_fleet.render import command
+from vllm_fleet.render.parts import Paths
 from vllm_fleet.roles.common import as_root
 from vllm_fleet.specs.sections import reads
 
@@ -52,9 +52,9 @@ def host_header_for(spec: dict[str, Any]) -> str | None:
     return name if prx["enabled"] and name != "_" else None
 
 
-def _direct_stream(python: str, spec: dict[str, Any], timeout: float, port: int):
-    """A ``direct_stream`` for vllm_fleet.serving.smoke: the streamed chat straight from vLLM on this host."""
-    from vllm_fleet.render import files as render
+def _direct_stream(python: str, secrets_env: str, spec: dict[str, Any], timeout: float, port: int):
+    """A ``direct_stream`` for vllm_fleet.serving.smoke: the streamed chat straight from vLLM on this host
+    (the key read there from ``secrets_env``)."""
     from vllm_fleet.serving.smoke import SmokeError
 
     def stream(max_tokens: int) -> list[float]:
@@ -63,7 +63,7 @@ def _direct_stream(python: str, spec: dict[str, Any], timeout: float, port: int)
             "direct_stream.py",
             int(port),
             spec["model"]["served_name"],
-            render.paths(spec)["secrets_env"],
+            secrets_env,
             int(max_tokens),
             float(timeout),
         )
@@ -90,6 +90,7 @@ def _run(
     stream_tokens: int = 64,
     direct_python: str | None = None,
     direct_port: int | None = None,
+    direct_secrets: str = "",
 ) -> None:
     from vllm_fleet.serving.smoke import smoke_checks, wait_healthy, wait_serving
 
@@ -116,7 +117,9 @@ def _run(
         verify=verify,
         timeout=timeout,
         stream_tokens=stream_tokens,
-        direct_stream=_direct_stream(direct_python, spec, timeout, direct_port or spec["server"]["port"])
+        direct_stream=_direct_stream(
+            direct_python, direct_secrets, spec, timeout, direct_port or spec["server"]["port"]
+        )
         if direct_python
         else None,
         host_header=host_header,
@@ -128,10 +131,10 @@ def _run(
 def client_document(spec: dict[str, Any]) -> dict[str, Any]:
     """This deployment's ``openai.json`` as the deploy's layout renders it (base URL, model, where
     the key is, the routing policy in effect: vllm_fleet.render.files.client_settings)."""
-    from vllm_fleet.render.files import paths
     from vllm_fleet.roles.common import load_deploy_spec
 
-    return json.loads(load_deploy_spec().layout.client[paths(spec)["client_json"]].content)
+    layout = load_deploy_spec().layout
+    return json.loads(layout.client[layout.paths[spec["name"]]["client_json"]].content)
 
 
 def write_client_settings(settings_path: str, document: dict[str, Any], res: Any) -> None:
@@ -165,6 +168,7 @@ def smoke_tests(
     stream_tokens: int = 64,
     direct_python: str | None = None,
     direct_port: int | None = None,
+    direct_secrets: str = "",
 ):
     """
     Run the smoke tests against ``base_url`` from the control machine.
@@ -182,6 +186,7 @@ def smoke_tests(
     + direct_python: vLLM's Python on this host; given, a stream through the proxy that arrives at
       once is compared with one straight from vLLM here (buffering proxy: fail; vLLM burst: WARN)
     + direct_port: the port of that local vLLM instance (default server.port)
+    + direct_secrets: the env file on this host that holds the key of that stream (secrets.env)
 
     **Example:**
 
@@ -194,25 +199,25 @@ def smoke_tests(
         host.noop(f"smoke tests against {base_url} run when the deploy executes")
         return
     try:
-        _run(spec, base_url, api_key, timeout, settings_path, stream_tokens, direct_python, direct_port)
+        _run(spec, base_url, api_key, timeout, settings_path, stream_tokens, direct_python, direct_port, direct_secrets)
     except Exception as exc:  # SmokeError names the check and URL; anything else, say so
         yield FunctionCommand(_fail, (f"{host.name}: {exc}",), {})
 
 
-def replica_chat_query(spec: dict[str, Any], port: int) -> str:
-    """The host-state ``chat`` argument of one replica's short chat (vllm_fleet.roles.common.state)."""
-    from vllm_fleet.render import files as render
+def replica_chat_query(spec: dict[str, Any], where: Paths, port: int) -> str:
+    """The host-state ``chat`` argument of one replica's short chat (vllm_fleet.roles.common.state;
+    the key is read on the host from the deployment's secrets.env, ``where``: the layout's paths)."""
     from vllm_fleet.serving.smoke import REPLICA_CHAT_TOKENS
 
-    return f"{int(port)} {render.paths(spec)['secrets_env']} {spec['model']['served_name']} {REPLICA_CHAT_TOKENS}"
+    return f"{int(port)} {where['secrets_env']} {spec['model']['served_name']} {REPLICA_CHAT_TOKENS}"
 
 
-def chat_on_host(spec: dict[str, Any], port: int) -> tuple[str, str]:
+def chat_on_host(spec: dict[str, Any], where: Paths, port: int) -> tuple[str, str]:
     """One short chat with the replica on ``port`` of this host, run there now (host_state.sh's
     ``chat``: the key from secrets.env, never in a command line): ``(HTTP code, body)``."""
     from vllm_fleet.host.state import HostState, Query, Snapshot
 
-    q = Query(chats=(replica_chat_query(spec, port),))
+    q = Query(chats=(replica_chat_query(spec, where, port),))
     _, out = host.run_shell_command(HostState().command(q), **as_root(), _timeout=90)
     snap = Snapshot.parse(getattr(out, "stdout_lines", []) or [])
     snap.query = q
@@ -224,7 +229,7 @@ def _replica_fail(message: str) -> None:
 
 
 @operation()
-def replica_chat(spec: dict[str, Any], unit: str, port: int):
+def replica_chat(spec: dict[str, Any], where: Paths, unit: str, port: int):
     """
     Prove one replica serves on its host: its short chat (HTTP 200, the served model, a message,
     completion tokens), straight at vLLM on 127.0.0.1. The answer comes from the host's state
@@ -233,6 +238,7 @@ def replica_chat(spec: dict[str, Any], unit: str, port: int):
     fails the host naming the replica, its port and what was wrong.
 
     + spec: the resolved deployment spec
+    + where: where its files live (the layout's: vllm_fleet.render.parts.Paths; the key's env file)
     + unit: the replica's systemd unit (named in a failure)
     + port: the replica's port on this host
 
@@ -240,7 +246,7 @@ def replica_chat(spec: dict[str, Any], unit: str, port: int):
 
     .. code:: python
 
-        replica_chat(name="vllm-x-0.service answers a chat", spec=spec, unit="vllm-x-0.service", port=8000)
+        replica_chat(name="vllm-x-0.service answers a chat", spec=spec, where=where, unit="vllm-x-0.service", port=8000)
     """
     from vllm_fleet.roles.common.state import host_state
     from vllm_fleet.serving.smoke import judge_replica_chat
@@ -252,7 +258,7 @@ def replica_chat(spec: dict[str, Any], unit: str, port: int):
             + ("(read with the host's state)" if seen else "when the deploy executes")
         )
         return
-    code, body = seen if seen is not None else chat_on_host(spec, port)
+    code, body = seen if seen is not None else chat_on_host(spec, where, port)
     why = judge_replica_chat(code, body, spec["model"]["served_name"])
     if why:
         yield FunctionCommand(
@@ -267,11 +273,18 @@ def replica_chat(spec: dict[str, Any], unit: str, port: int):
 
 @deploy("Smoke tests", data_defaults=DEFAULTS)
 @reads(*SECTIONS)
-def run_smoke(spec: dict[str, Any], api_key: str | None, address: str | None = None, local_port: int | None = None):
+def run_smoke(
+    spec: dict[str, Any],
+    where: Paths,
+    api_key: str | None,
+    address: str | None = None,
+    local_port: int | None = None,
+):
     """
     Smoke-test the deployment through this host's proxy (or vLLM itself when the proxy is off).
 
     + spec: the resolved deployment spec
+    + where: where its files live (the layout's: vllm_fleet.render.parts.Paths; vLLM's Python, the key's env file)
     + api_key: the API key's value
     + address: the address to reach this host at (default: its ssh_hostname or name)
     + local_port: the port of a vLLM instance of this deployment on this host (from the layout),
@@ -281,7 +294,7 @@ def run_smoke(spec: dict[str, Any], api_key: str | None, address: str | None = N
 
     .. code:: python
 
-        run_smoke(spec=ctx.spec, api_key=ctx.secrets["api_key"])
+        run_smoke(spec=ctx.spec, where=ctx.layout.paths[ctx.first], api_key=ctx.secrets["api_key"])
     """
     if not spec["smoke"]["enabled"]:
         host.noop("smoke tests disabled in the spec (smoke.enabled: false)")
@@ -297,6 +310,7 @@ def run_smoke(spec: dict[str, Any], api_key: str | None, address: str | None = N
         # within the model's context (half of max_model_len at most)
         stream_tokens=max(16, min(int(host.data.get("smoke_stream_tokens")), int(spec["model"]["max_model_len"]) // 2)),
         # this host runs vLLM too: a stream that arrives at once is compared with one straight from it
-        direct_python=command.env_python(spec) if local_port and spec["proxy"]["enabled"] else None,
+        direct_python=where["python"] if local_port and spec["proxy"]["enabled"] else None,
         direct_port=local_port,
+        direct_secrets=where["secrets_env"],
     )
