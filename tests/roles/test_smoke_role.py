@@ -11,6 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 from pyinfra.api import FunctionCommand
+from vllm_fleet.render.files import deployment_paths
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -48,7 +49,15 @@ def test_a_failing_smoke_test_fails_the_host_and_names_it(harness, role, monkeyp
         )
 
     monkeypatch.setattr(role, "_run", failing)
-    run = harness.run(role.run_smoke, _spec(), "k3y", host="gpu1", groups=["proxy"], data={"ssh_hostname": "10.0.0.5"})
+    run = harness.run(
+        role.run_smoke,
+        _spec(),
+        deployment_paths(_spec()),
+        "k3y",
+        host="gpu1",
+        groups=["proxy"],
+        data={"ssh_hostname": "10.0.0.5"},
+    )
     assert run.op("Smoke tests through http://10.0.0.5").commands == ["python:_fail"]
     (message,) = {args[0] for args in role.seen}
     assert message.startswith("gpu1: smoke tests failed against http://10.0.0.5") and "chat: POST" in message
@@ -59,7 +68,15 @@ def test_a_failing_smoke_test_fails_the_host_and_names_it(harness, role, monkeyp
 def test_passing_smoke_tests_are_no_change(harness, role, monkeypatch):
     calls = []
     monkeypatch.setattr(role, "_run", lambda *args, **kwargs: calls.append(args[1]))
-    run = harness.run(role.run_smoke, _spec(), "k3y", host="gpu1", groups=["proxy"], data={"ssh_hostname": "10.0.0.5"})
+    run = harness.run(
+        role.run_smoke,
+        _spec(),
+        deployment_paths(_spec()),
+        "k3y",
+        host="gpu1",
+        groups=["proxy"],
+        data={"ssh_hostname": "10.0.0.5"},
+    )
     assert run.op("Smoke tests through http://10.0.0.5").commands == [] and not run.changed
     assert calls and set(calls) == {"http://10.0.0.5"} and role.seen == []
 
