@@ -220,3 +220,29 @@ def test_an_nginx_change_on_the_proxy_that_fails_stops_the_rollout_with_the_batc
     assert by["lab3:0"].status == NOT_ATTEMPTED
     assert by["lab3:0"].reason == "the rollout stopped (the nginx change on lab1 failed)"
     assert any(f"FAILED at `{at}`" in m for m in said), said
+
+
+def test_each_failed_replica_of_a_batch_says_its_own_hosts_reason(tmp_path):
+    """Two hosts of one batch fail for different reasons (pyinfra's child records each host's:
+    vllm_fleet.host.results): each replica's line says its host's, not the batch output's first
+    error line (bench/fleet_faults.py on the lab: lab7's vLLM that never got healthy was reported
+    with lab6's full disk, and a powered-off host with a line of pyinfra's results table)."""
+    why = {"lab2": "could not connect (pyinfra's output above says why)", "lab3": "host lab3: not enough disk space"}
+
+    def child(argv, env):
+        limit = [argv[i + 1] for i, a in enumerate(argv) if a == "--limit"]
+        bad = [h for h in limit if env["VLLM_FLEET_ROLLOUT_STEP"] == "update" and h in why]
+        hostresults.write(
+            env[hostresults.RESULTS_ENV],
+            [HostResult(h, FAILED, why[h]) if h in bad else HostResult(h, CHANGED) for h in limit],
+        )
+        out = (
+            "    Operation   Hosts   Success   Error   No Change\n    [lab3] Error: host lab3: not enough disk space\n"
+        )
+        return (1, out) if bad else (0, "")
+
+    res = _ro(tmp_path, ["lab1", "lab2", "lab3", "lab4"], child, max_fail=MaxFail(count=2), size=2).run()
+    got = {r.host: (r.status, r.reason) for r in res.replicas}
+    assert got["lab2:0"] == (FAILED, f"drain, update, check failed: {why['lab2']}")
+    assert got["lab3:0"] == (FAILED, f"drain, update, check failed: {why['lab3']}")
+    assert got["lab1:0"][0] == CHANGED and got["lab4:0"][0] == CHANGED

@@ -121,6 +121,9 @@ class Step:
     detail: str = ""
     #: host -> status from the pyinfra child's results (vllm_fleet.host.results); empty: none written
     results: dict[str, str] = field(default_factory=dict)
+    #: host -> why it failed, from the same results (one line: "could not connect ...", the
+    #: NoSpace or health-wait message of that host), for its replicas' line in the summary
+    reasons: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -286,7 +289,9 @@ class Rollout:
         t0 = time.monotonic()
         rc, out = self.runner(argv, with_results(env, path))
         seconds = time.monotonic() - t0
-        results = {r.host: r.status for r in read_results(path) or []}
+        got = read_results(path) or []
+        results = {r.host: r.status for r in got}
+        reasons = {r.host: r.reason for r in got if r.status == FAILED and r.reason}
         with log.open("a") as f:
             f.write(
                 f"\n===== batch {index} step {step} on {','.join(limit)} (down: {','.join(down) or '-'}): rc {rc}, "
@@ -300,6 +305,7 @@ class Rollout:
             round(seconds, 1),
             "; ".join(_noted(out)) if rc == 0 else failure_tail(out),
             results,
+            reasons,
         )
         result.steps.append(s)
         return s
@@ -371,12 +377,9 @@ class Rollout:
                     else set(batch_hosts)
                 )
                 bad = [r for r in batch if _host_of(r) in failed_hosts] or list(batch)
-            for r in batch:
-                done[r] = (
-                    HostResult(r, FAILED, f"drain, update, check failed: {_one_line(s.detail)}")
-                    if r in bad
-                    else finished(r, s)
-                )
+            for r in batch:  # each failed replica with its own host's reason (a batch holds several hosts)
+                why = s.reasons.get(_host_of(r)) or _one_line(s.detail)
+                done[r] = HostResult(r, FAILED, f"drain, update, check failed: {why}") if r in bad else finished(r, s)
             good = [r for r in batch if r not in bad]
             if good:
                 back = step(i, label, "back into the upstream", "upstream", self.proxies, out + bad)
