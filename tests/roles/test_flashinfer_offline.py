@@ -49,7 +49,8 @@ def stub_wheel(folder: Path, name: str, version: str) -> Path:
         for rel, text in files.items():
             z.writestr(rel, text)
             rec.append(
-                f"{rel},sha256={base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b'=').decode()},{len(text)}"
+                f"{rel},sha256="
+                f"{base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b'=').decode()},{len(text)}"
             )
         z.writestr(f"{di}/RECORD", "\n".join(rec + [f"{di}/RECORD,,"]) + "\n")
     return path

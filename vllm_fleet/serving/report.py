@@ -101,7 +101,8 @@ def svg_chart(
 def _page(title: str, body: list[str]) -> str:
     return (
         "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>" + html.escape(title) + "</title>"
-        "<style>body{font-family:sans-serif;margin:1.5em;max-width:1400px}table{border-collapse:collapse;font-size:12px}"
+        "<style>body{font-family:sans-serif;margin:1.5em;max-width:1400px}"
+        "table{border-collapse:collapse;font-size:12px}"
         "td,th{border:1px solid #ccc;padding:2px 6px;text-align:right}th{background:#f4f4f4}"
         ".charts svg{margin:4px;border:1px solid #eee}.win{background:#e6ffe6}.skip{color:#888}"
         "pre{background:#f8f8f8;padding:8px;overflow:auto}</style></head><body>\n"

@@ -3,4 +3,5 @@ unit is active comes from the one state read (vllm_fleet.roles.common.state), no
 
 from __future__ import annotations
 
-from vllm_fleet.host.network import Ipv4Interfaces, detect_ifname, parse_ipv4_interfaces  # noqa: F401  (the ray role's names)
+# the ray role's names
+from vllm_fleet.host.network import Ipv4Interfaces, detect_ifname, parse_ipv4_interfaces  # noqa: F401

@@ -17,5 +17,5 @@ DEFAULTS = {
 # vllm_api_firewall / vllm_api_firewall_allow (host data): read by the layout, which renders the
 # firewall (vllm_fleet.render.layout.HOST_DATA_DEFAULTS has their defaults and meaning).
 
-#: The API port firewall's nftables table, rules file and the unit that loads it at boot.
-from vllm_fleet.render.files import API_FIREWALL_FILE, API_FIREWALL_TABLE, API_FIREWALL_UNIT  # noqa: E402,F401  (rendered by the layout)
+#: The API port firewall's nftables table, rules file and the unit that loads it at boot (rendered by the layout).
+from vllm_fleet.render.files import API_FIREWALL_FILE, API_FIREWALL_TABLE, API_FIREWALL_UNIT  # noqa: E402,F401
