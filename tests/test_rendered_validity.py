@@ -19,6 +19,7 @@ import secrets
 import shutil
 import socket
 import subprocess
+import sys
 import threading
 import time
 import urllib.error
@@ -440,6 +441,92 @@ def test_each_streamed_event_arrives_when_it_is_sent(tmp_path):
         proc.terminate()
         proc.wait(timeout=10)
         upstream.shutdown()
+
+
+class _PacedVllm(_FakeVllm):
+    """vLLM as it streams when it can: 64 events of its size (~200 bytes) 3 ms apart, then [DONE],
+    in a body delimited by the connection's close (nginx with proxy_buffering on holds such a body
+    a full 4 KiB buffer at a time; chunked bodies it happens to pass on per chunk); the response
+    headers first and alone, as vLLM sends them. A plain chat is answered whole."""
+
+    EVENT = (
+        b'data: {"id":"chatcmpl-0123456789abcdef0123456789abcdef","object":"chat.completion.chunk",'
+        b'"created":1,"model":"tiny","choices":[{"index":0,"delta":{"content":" x"},"logprobs":null,'
+        b'"finish_reason":null}]}\n\n'
+    )
+
+    def do_POST(self):
+        req = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
+        if not req.get("stream"):
+            usage = {"prompt_tokens": 3, "completion_tokens": 1}
+            return self._send(200, json.dumps({"choices": [{"message": {"content": "hi"}}], "usage": usage}).encode())
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Connection", "close")
+        self.end_headers()
+        self.wfile.flush()
+        time.sleep(0.03)
+        for _ in range(64):
+            self.wfile.write(self.EVENT)
+            self.wfile.flush()
+            time.sleep(0.003)
+        self.wfile.write(b"data: [DONE]\n\n")
+        self.wfile.flush()
+        self.close_connection = True
+
+
+@needs_nginx
+@pytest.mark.parametrize("buffering", ["off", "on"])
+def test_the_smoke_stream_check_fails_behind_a_buffering_nginx(tmp_path, buffering):
+    """The smoke's stream-incremental check through a real nginx with the rendered site, its
+    comparison on the proxy host made by the host script itself (here: through nginx and straight
+    at the stand-in vLLM, in turns). As rendered (proxy_buffering off): PASS at the first attempt.
+    With proxy_buffering on: every stream through nginx arrives a full buffer at a time, while
+    those straight from vLLM arrive event by event: FAIL, naming the proxy."""
+    from vllm_fleet.host import programs
+    from vllm_fleet.serving.smoke import smoke_checks
+
+    r = resolved_of("lab-tiny")
+    upstream_port, listen = _free_port(), _free_port()
+    r["server"]["port"] = upstream_port
+    key = "sk-" + secrets.token_urlsafe(32)
+    site = render.render(r)["proxy"]["/etc/nginx/conf.d/vllm-fleet-lab-tiny.conf"].content
+    assert site.count("proxy_buffering off;") == 1
+    site = site.replace("proxy_buffering off;", f"proxy_buffering {buffering};")
+    prefix = _nginx_prefix(tmp_path, site, render.nginx_auth_content(r, key), port=listen)
+    (tmp_path / "secrets.env").write_text(f"VLLM_API_KEY={key}\n")
+    upstream = http.server.ThreadingHTTPServer(("127.0.0.1", upstream_port), _PacedVllm)
+    threading.Thread(target=upstream.serve_forever, daemon=True).start()
+    proc = subprocess.Popen(
+        [NGINX, "-p", str(prefix), "-c", str(prefix / "nginx.conf"), "-e", str(prefix / "logs/error.log")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    base = f"http://127.0.0.1:{listen}"
+    compared = []
+
+    def on_host(tokens: int) -> dict:
+        argv = [sys.executable, "-c", programs.script("direct_stream.py")]
+        argv += [str(upstream_port), "tiny", str(tmp_path / "secrets.env"), str(tokens), "30", base, "-", "2"]
+        out = json.loads(subprocess.run(argv, capture_output=True, text=True, timeout=60, check=True).stdout)
+        compared.append(out)
+        return out
+
+    try:
+        wait_listening(proc, listen)
+        res = smoke_checks(base, "tiny", key, concurrency=1, stream_attempts=2, compare_on_host=on_host)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+        upstream.shutdown()
+    check = next(c for c in res.checks if c["name"] == "stream-incremental")
+    if buffering == "off":
+        assert check["ok"] and not check["warn"] and not compared, check
+        assert "attempt" not in check["detail"], check  # the first stream came event by event
+    else:
+        assert not check["ok"] and len(compared) == 1, check
+        assert "the proxy holds responses" in check["detail"], check
+        assert "through the proxy 0 of 2" in check["detail"] and "straight from vLLM 2 of 2" in check["detail"], check
 
 
 @needs_nginx

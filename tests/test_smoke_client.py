@@ -52,11 +52,17 @@ def test_gives_up_at_the_deadline_with_a_wrong_key():
         srv.shutdown()
 
 
+#: One streamed event of vLLM's size (~190 bytes: 21 of them fill a 4 KiB proxy buffer).
+EVENT = b'data: {"id":"chatcmpl-%s","object":"chat.completion.chunk","created":1,"model":"tiny",' % (b"0" * 32) + (
+    b'"choices":[{"index":0,"delta":{"content":"x"},"logprobs":null,"finish_reason":null}]}\n\n'
+)
+
+
 def _sse_server(buffered_attempts: int, group: int = 0, log: list | None = None):
     """A stand-in OpenAI endpoint whose streamed chats arrive all at once (as through a buffering
     proxy) for the first `buffered_attempts` streams, then one event every 5 ms; with `group`,
-    every stream arrives `group` events at a time (as a proxy flushing full buffers). `log`: gets
-    ``(what, max_tokens, start, end)`` of every request (monotonic seconds)."""
+    every stream arrives `group` events at a time (as a proxy flushing full buffers: 22 events
+    are 4 KiB). `log`: gets ``(what, max_tokens, start, end)`` of every request (monotonic seconds)."""
     import json
     import time
 
@@ -107,7 +113,7 @@ def _sse_server(buffered_attempts: int, group: int = 0, log: list | None = None)
                 )
             streams["n"] += 1
             buffered = streams["n"] <= buffered_attempts
-            events = [b'data: {"choices":[{"delta":{"content":"x"}}]}\n\n'] * 64 + [b"data: [DONE]\n\n"]
+            events = [EVENT] * 64 + [b"data: [DONE]\n\n"]
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream")
             self.send_header("Transfer-Encoding", "chunked")  # as uvicorn and nginx send SSE
@@ -137,21 +143,28 @@ def _sse_server(buffered_attempts: int, group: int = 0, log: list | None = None)
     return srv, streams
 
 
-def _stream_check(buffered_attempts: int, group: int = 0, direct_stream=None):
+def _stream_check(buffered_attempts: int, group: int = 0, compare_on_host=None):
     from vllm_fleet.serving.smoke import smoke_checks
 
     srv, streams = _sse_server(buffered_attempts, group)
     try:
         res = smoke_checks(
-            f"http://127.0.0.1:{srv.server_port}", "tiny", "k", concurrency=1, direct_stream=direct_stream
+            f"http://127.0.0.1:{srv.server_port}", "tiny", "k", concurrency=1, compare_on_host=compare_on_host
         )
     finally:
         srv.shutdown()
     return next(c for c in res.checks if c["name"] == "stream-incremental"), streams["n"]
 
 
-SPREAD = [0.01 + 0.003 * i for i in range(66)]  # one event every 3 ms, as vLLM streams when it can
-BURST = [0.18] * 66  # the whole generation in one instant, as vLLM's CPU build sometimes sends it
+# Streams as the proxy host's script returns them (vllm_fleet/host/scripts/direct_stream.py).
+SPREAD = {"times": [0.01 + 0.003 * i for i in range(66)], "sizes": [190] * 66}  # one event every 3 ms
+BURST = {"times": [0.18] * 66, "sizes": [190] * 66}  # the whole generation at once, as vLLM's CPU build often sends it
+
+
+def _host(proxy: int, direct: int, n: int = 16) -> dict:
+    """The proxy host's comparison: ``proxy`` of ``n`` streams through the proxy and ``direct`` of
+    ``n`` straight from vLLM arrived spread out, the others at once."""
+    return {"proxy": [SPREAD] * proxy + [BURST] * (n - proxy), "direct": [SPREAD] * direct + [BURST] * (n - direct)}
 
 
 def test_the_stream_runs_first_and_alone_then_the_rest_at_once_in_a_fixed_report_order():
@@ -217,20 +230,51 @@ def test_a_buffering_proxy_fails_every_attempt():
 
 def test_a_buffering_proxy_in_front_of_a_streaming_vllm_fails_and_says_so():
     calls = []
-    check, n = _stream_check(buffered_attempts=99, direct_stream=lambda tokens: calls.append(tokens) or SPREAD)
-    assert not check["ok"] and n == 5 and len(calls) == 5, check
+    check, n = _stream_check(buffered_attempts=99, compare_on_host=lambda tokens: calls.append(tokens) or _host(0, 9))
+    assert not check["ok"] and n == 5 and calls == [64], check  # one comparison, after the 5 attempts
     assert "the proxy holds responses" in check["detail"] and "proxy_buffering off" in check["detail"], check
+    assert "9 of 16 straight from vLLM" in check["detail"], check
 
 
 def test_a_vllm_that_sends_bursts_makes_the_check_inconclusive_not_failed():
-    check, n = _stream_check(buffered_attempts=99, direct_stream=lambda tokens: BURST)
+    check, n = _stream_check(buffered_attempts=99, compare_on_host=lambda tokens: _host(0, 7))
     assert check["ok"] and check["warn"] and n == 5, check
-    assert check["detail"].startswith("inconclusive: 5 of 5 streams straight from vLLM"), check
+    assert check["detail"].startswith("inconclusive: 9 of 16 streams straight from vLLM"), check
 
 
-def test_a_stream_that_arrives_spread_out_never_asks_vllm_directly():
+def test_one_stream_through_the_proxy_on_its_host_that_arrives_spread_out_passes():
+    """Like with like: the proxy host's own stream through the proxy came spread out, so the proxy
+    passes events on; the attempts from here met vLLM's bursts."""
+    check, n = _stream_check(buffered_attempts=99, compare_on_host=lambda tokens: _host(1, 16))
+    assert check["ok"] and not check["warn"] and n == 5, check
+    assert "1 of 16 through the proxy from its own host arrived incrementally" in check["detail"], check
+
+
+def test_a_proxy_flushing_full_buffers_is_not_incremental():
+    """22 events (4 KiB) at a time, spread out: every arrival before the last is a full buffer."""
+    check, n = _stream_check(buffered_attempts=0, group=22, compare_on_host=lambda tokens: _host(0, 16))
+    assert not check["ok"] and n == 5, check
+    check, n = _stream_check(buffered_attempts=0, group=4, compare_on_host=lambda tokens: _host(0, 16))
+    assert check["ok"] and n == 1, check  # 760 bytes at a time: passed on without filling a buffer
+
+
+def test_the_verdict_reads_arrivals_not_the_clock():
+    """A late first event (a loaded host's slow first token) with the rest spread out after it is
+    incremental; a whole stream in one arrival is not, however late or early it comes; a proxy's
+    full buffers are not. Speed does not enter."""
+    from vllm_fleet.serving.smoke import arrivals, is_incremental
+
+    late_first = [0.9] + [0.95 + 0.001 * i for i in range(1, 66)]
+    assert is_incremental(late_first, [190] * 66)  # the old rule (first before 0.7 of last) said no
+    assert not is_incremental([5.0] * 66, [190] * 66) and not is_incremental([0.001] * 66, [190] * 66)
+    flushed = [0.1] * 22 + [0.2] * 22 + [0.3] * 22  # three 4 KiB buffers
+    assert arrivals(flushed, [190] * 66) == [(22, 4180)] * 3 and not is_incremental(flushed, [190] * 66)
+    assert is_incremental([0.1] + [0.3] * 65, [190] * 66)  # the first event on its own, then the rest
+
+
+def test_a_stream_that_arrives_spread_out_never_asks_the_host():
     calls = []
-    check, n = _stream_check(buffered_attempts=0, direct_stream=lambda tokens: calls.append(tokens) or BURST)
+    check, n = _stream_check(buffered_attempts=0, compare_on_host=lambda tokens: calls.append(tokens) or _host(0, 0))
     assert check["ok"] and not check["warn"] and n == 1 and calls == [], check
 
 
@@ -242,9 +286,11 @@ def test_warn_is_shown_as_warn_in_the_summary():
     assert res.ok and "  WARN  stream-incremental: inconclusive" in res.summary()
 
 
-def test_direct_stream_script_reads_the_key_from_the_file_and_times_each_event(tmp_path):
-    """The script vllm_fleet/roles/smoke runs on a vLLM host, here against the stand-in: the key comes from
-    the secrets file (the stand-in refuses a stream without it), events arrive 5 ms apart."""
+def test_direct_stream_script_streams_both_ways_in_turns_with_the_key_from_the_file(tmp_path):
+    """The script vllm_fleet/roles/smoke runs on the proxy host, here against two stand-ins: a
+    "proxy" that passes 22 events (4 KiB) at a time and a "vLLM" that sends one event every 5 ms.
+    The key comes from the secrets file (the stand-ins refuse a stream without it); each way is
+    streamed PAIRS times, in turns; each event's time and size come back."""
     import json
     import subprocess
     import sys
@@ -254,27 +300,38 @@ def test_direct_stream_script_reads_the_key_from_the_file_and_times_each_event(t
 
     secrets = tmp_path / "secrets.env"
     secrets.write_text("# comment\nVLLM_API_KEY=k\n")
-    srv, streams = _sse_server(buffered_attempts=0)
+    log: list = []
+    vllm, direct_n = _sse_server(buffered_attempts=0, log=log)
+    proxy, proxy_n = _sse_server(buffered_attempts=0, group=22, log=log)
     try:
         argv = [
             sys.executable,
             "-c",
             programs.script("direct_stream.py"),
-            str(srv.server_port),
+            str(vllm.server_port),
             "tiny",
             str(secrets),
             "64",
             "30",
+            f"http://127.0.0.1:{proxy.server_port}",
+            "-",
+            "2",
         ]
         out = json.loads(subprocess.run(argv, capture_output=True, text=True, timeout=60, check=True).stdout)
         secrets.write_text("VLLM_API_KEY=wrong\n")
         refused = json.loads(subprocess.run(argv, capture_output=True, text=True, timeout=60, check=True).stdout)
     finally:
-        srv.shutdown()
-    assert len(out["times"]) == 65 and is_incremental(out["times"]), out
-    assert out["times"][-1] - out["times"][0] > 0.2, out  # 64 gaps of 5 ms
-    assert refused == {"error": f"POST http://127.0.0.1:{srv.server_port}/v1/chat/completions -> HTTP 401"}, refused
-    assert streams["n"] == 1
+        vllm.shutdown()
+        proxy.shutdown()
+    assert len(out["proxy"]) == 2 and len(out["direct"]) == 2, out
+    for s in out["proxy"] + out["direct"]:
+        assert len(s["times"]) == 65 and s["sizes"] == [len(EVENT)] * 64 + [len(b"data: [DONE]\n\n")], s
+    assert not any(is_incremental(s["times"], s["sizes"]) for s in out["proxy"]), out["proxy"]
+    assert all(is_incremental(s["times"], s["sizes"]) for s in out["direct"]), out["direct"]
+    assert out["direct"][0]["times"][-1] - out["direct"][0]["times"][0] > 0.2, out  # 64 gaps of 5 ms
+    assert direct_n["n"] == 2 and proxy_n["n"] == 2 and len(log) == 5  # and the refused one
+    url = f"http://127.0.0.1:{proxy.server_port}"
+    assert refused == {"error": f"{url}: OSError: POST {url}/v1/chat/completions -> HTTP 401"}, refused
 
 
 def test_the_host_scripts_read_the_key_as_systemd_writes_it(tmp_path):

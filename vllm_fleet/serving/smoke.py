@@ -1,7 +1,7 @@
 """Smoke tests against a deployed endpoint, from the control machine (the 000/004 articles'
 verification order): health, models, one chat completion, a streamed chat that must arrive
-incrementally (a buffering proxy fails it; compared with a stream straight from vLLM where the
-caller can run one on its host), auth refusals, and a few concurrent requests.
+incrementally (a buffering proxy fails it; compared, on the proxy host where the caller can run
+there, with streams straight from vLLM), auth refusals, and a few concurrent requests.
 
 Used by the smoke role at the end of a deploy, by `vllm-fleet smoke`, and by the tests.
 Only `requests` and the standard library: no pyinfra.
@@ -81,7 +81,7 @@ def stream_chat(
     timeout: float = 120,
     host_header: str | None = None,
 ) -> dict[str, Any]:
-    """POST a streamed chat completion; return the arrival time of every SSE event.
+    """POST a streamed chat completion; return the arrival time and size (bytes) of every SSE event.
 
     The response is read as it arrives (chunk by chunk), so a proxy that buffers the whole
     stream shows up as all events arriving at once. ``host_header``: the ``Host`` sent (a proxy
@@ -101,6 +101,7 @@ def stream_chat(
     }
     t0 = time.monotonic()
     times: list[float] = []
+    sizes: list[int] = []
     text: list[str] = []
     done = False
     with requests.post(
@@ -120,6 +121,7 @@ def stream_chat(
                         continue
                     data = line[5:].strip()
                     times.append(now)
+                    sizes.append(len(event) + 2)
                     if data == "[DONE]":
                         done = True
                         continue
@@ -128,24 +130,60 @@ def stream_chat(
                     except (ValueError, KeyError, IndexError):
                         delta = ""
                     text.append(delta)
-    return {"times": times, "done": done, "text": "".join(text), "content_type": ctype, "total": time.monotonic() - t0}
+    return {
+        "times": times,
+        "sizes": sizes,
+        "done": done,
+        "text": "".join(text),
+        "content_type": ctype,
+        "total": time.monotonic() - t0,
+    }
 
 
-def is_incremental(times: list[float]) -> bool:
-    """Whether SSE arrival times show a stream delivered as it was generated: the first event
-    well before the last (a proxy that holds the whole response delivers them all at once).
+#: A proxy that buffers passes nothing on before a response ends but full buffers: nginx's
+#: proxy_buffer_size and each of its proxy_buffers are one memory page, 4 KiB, at the least. An
+#: arrival of whole events under half of that (a buffer's complete events are more than half of it:
+#: an event is ~200 bytes), with more of the stream after it, was passed on without filling a buffer.
+SMALL_ARRIVAL_BYTES = 2048
 
-    Not stricter on purpose: counting separate arrivals (a proxy flushing 4 KB buffers) failed
-    healthy streams on an idle CPU lab, where vLLM emits tokens less than 1 ms apart in bursts.
+#: Streams of the same chat the proxy host sends through its proxy and straight to vLLM, in turns,
+#: when every stream from here arrived at once (see :func:`judge_stream`).
+HOST_PAIRS = 16
+
+#: Events closer than this came in one arrival (one read of what the proxy wrote at once).
+ARRIVAL_GAP_S = 0.001
+
+
+def arrivals(times: list[float], sizes: list[int] | None = None, gap: float = ARRIVAL_GAP_S) -> list[tuple[int, int]]:
+    """The stream's arrivals, in order: ``(events, bytes)`` of each run of events that came
+    together (less than ``gap`` apart: one read of what was written at once). Sizes unknown: 0."""
+    out: list[tuple[int, int]] = []
+    for i, t in enumerate(times):
+        size = sizes[i] if sizes and i < len(sizes) else 0
+        if out and t - times[i - 1] <= gap:
+            out[-1] = (out[-1][0] + 1, out[-1][1] + size)
+        else:
+            out.append((1, size))
+    return out
+
+
+def is_incremental(times: list[float], sizes: list[int] | None = None) -> bool:
+    """Whether the stream was passed on as it came, judged by what arrived, not by how fast: some
+    arrival before the last was smaller than a proxy's buffer (SMALL_ARRIVAL_BYTES; without sizes,
+    any arrival before the last). A proxy that holds the response until it ends delivers it in one
+    arrival; one that holds each buffer until it is full delivers only full buffers before the end.
+
+    The machine's speed does not enter: how soon the first event came, or how long the stream took,
+    says nothing here (a loaded host's late first token failed healthy streams when it did).
     """
     if len(times) < 3:
         return False
-    first, last = times[0], times[-1]
-    return (last - first) > 0.02 and first < 0.7 * last
+    parts = arrivals(times, sizes)
+    return len(parts) >= 2 and any((b < SMALL_ARRIVAL_BYTES) if sizes else True for _, b in parts[:-1])
 
 
-def _arrivals(times: list[float], gap: float = 0.001) -> int:
-    return 1 + sum(1 for a, b in zip(times, times[1:]) if b - a > gap) if times else 0
+def _arrivals(times: list[float], gap: float = ARRIVAL_GAP_S) -> int:
+    return len(arrivals(times, gap=gap))
 
 
 def describe_stream(times: list[float]) -> str:
@@ -158,47 +196,63 @@ def describe_stream(times: list[float]) -> str:
     )
 
 
+def _tally(streams: list[dict[str, list]]) -> str:
+    """e.g. "3 of 16 (66 events in 12 arrivals, ...; 66 events in 2 arrivals, ...)": the incremental ones."""
+    inc = [s for s in streams if is_incremental(s["times"], s.get("sizes"))]
+    shown = "; ".join(describe_stream(s["times"]) for s in (inc or streams)[:3])
+    return f"{len(inc)} of {len(streams)} ({'e.g. ' if inc else 'none, e.g. '}{shown})"
+
+
 def judge_stream(
-    seen: list[str], passed: bool, direct: list[list[float]], direct_errors: list[str], attempts: int
+    seen: list[str], passed: bool, host: dict[str, list] | None, host_errors: list[str], attempts: int
 ) -> tuple[bool, bool, str]:
     """The stream-incremental verdict: ``(ok, warn, detail)``.
 
-    - The last stream through the proxy arrived incrementally: pass.
-    - Every stream through the proxy arrived at once, while most of those straight from vLLM on
-      its host (one after each) arrived incrementally: fail, the proxy holds responses.
-    - Every stream arrived at once both ways: inconclusive, a warning (vLLM sent them in one
-      burst, so the proxy cannot be judged), not a failure.
-    - No stream straight from vLLM to compare with (no access to the host, or it failed): fail,
-      as a proxy that buffers would.
+    - A stream from here through the proxy arrived incrementally (is_incremental): pass.
+    - Every one arrived at once. vLLM's CPU build sends a whole generation in one burst now and
+      then, so that alone says nothing about the proxy. ``host`` compares like with like: the proxy
+      host streamed the same chat through its proxy and straight from vLLM, in turns (HOST_PAIRS
+      each), from one client, so the two ways differ by the proxy alone:
+      - one through the proxy arrived incrementally: pass, the proxy passes events on;
+      - none did, while at least half of those straight from vLLM did: fail, the proxy holds them;
+      - both ways mostly at once: inconclusive, a warning (vLLM sent them in bursts).
+    - No comparison (no vLLM on the proxy host, or its streams failed): fail, as a proxy that
+      buffers would.
     """
     detail = seen[-1] if seen else "no stream"
     if len(seen) > 1:
         detail += f"; attempt {len(seen)} of {attempts} (earlier: {'; '.join(seen[:-1])})"
     if passed:
         return True, False, detail
-    if not direct:
-        why = f"; could not stream straight from vLLM to compare: {direct_errors[-1]}" if direct_errors else ""
+    if not host or not host.get("direct"):
+        why = f"; could not stream on the proxy host to compare: {host_errors[-1]}" if host_errors else ""
         return False, False, detail + why
-    spread = sum(1 for t in direct if is_incremental(t))
-    straight = "; straight from vLLM on its host: " + "; ".join(describe_stream(t) for t in direct)
-    if 2 * spread > len(direct):
+    proxied, direct = host["proxy"], host["direct"]
+    through = sum(1 for s in proxied if is_incremental(s["times"], s.get("sizes")))
+    straight = sum(1 for s in direct if is_incremental(s["times"], s.get("sizes")))
+    on_host = f"; on the proxy host, in turns: through the proxy {_tally(proxied)}, straight from vLLM {_tally(direct)}"
+    if through:
+        return (
+            True,
+            False,
+            f"no stream from here arrived incrementally, but {through} of {len(proxied)} through the proxy from its "
+            f"own host arrived incrementally (the proxy passes events on; vLLM sent the others in bursts): "
+            f"{detail}{on_host}",
+        )
+    if 2 * straight >= len(direct):
         return (
             False,
             False,
-            (
-                f"every stream through the proxy arrived at once, while {spread} of {len(direct)} "
-                f"straight from vLLM arrived incrementally: the proxy holds responses "
-                f"(nginx: proxy_buffering off in the API location): {detail}{straight}"
-            ),
+            f"no stream through the proxy arrived incrementally (each at once or a full buffer at a time), while "
+            f"{straight} of {len(direct)} straight from vLLM, streamed in turns with them, did: the proxy holds "
+            f"responses "
+            f"(nginx: proxy_buffering off in the API location): {detail}{on_host}",
         )
     return (
         True,
         True,
-        (
-            f"inconclusive: {len(direct) - spread} of {len(direct)} streams straight from vLLM on its "
-            f"host arrived at once too (vLLM sent them in one burst), so the proxy cannot be judged: "
-            f"{detail}{straight}"
-        ),
+        f"inconclusive: {len(direct) - straight} of {len(direct)} streams straight from vLLM on its host arrived "
+        f"at once too (vLLM sent them in bursts), so the proxy cannot be judged: {detail}{on_host}",
     )
 
 
@@ -255,13 +309,14 @@ class _Smoke:
         timeout: float,
         stream_attempts: int,
         stream_tokens: int,
-        direct_stream: Callable[[int], list[float]] | None,
+        compare_on_host: Callable[[int], dict[str, list]] | None,
         host_header: str | None,
     ) -> None:
         self.base_url, self.model, self.api_key = base_url, model, api_key
         self.prompt, self.max_tokens, self.concurrency = prompt, max_tokens, concurrency
         self.verify, self.timeout, self.host_header = verify, timeout, host_header
-        self.stream_attempts, self.stream_tokens, self.direct_stream = stream_attempts, stream_tokens, direct_stream
+        self.stream_attempts, self.stream_tokens = stream_attempts, stream_tokens
+        self.compare_on_host = compare_on_host
         self.auth = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         s = requests.Session()
         s.verify = verify
@@ -304,15 +359,16 @@ class _Smoke:
         _check(out, "chat", ok, f"{len(content)} chars, usage {usage}")
 
     def stream(self, out: SmokeResult) -> None:
-        """A proxy that holds whole responses hands every event over in the same instant, on every
-        attempt (is_incremental). vLLM's CPU build also sends a whole generation in one burst at
-        its end when its API server shares a core with the engine's busy loop (measured in the lab
-        straight from 127.0.0.1:8000: 10 of 10 streams pinned there, ~30% unpinned on 2 cores).
-        So a stream that arrived at once is tried again, and, where the caller can reach vLLM on
-        its host, compared with one straight from vLLM (judge_stream)."""
+        """A proxy that holds whole responses hands every event over at once, on every attempt
+        (is_incremental). vLLM's CPU build also sends a whole generation in one burst now and then
+        (its API server starved by the engine's busy loop on shared cores: measured in the lab
+        straight from 127.0.0.1:8000, 10 of 10 streams pinned there, ~30-50% unpinned on 2 cores).
+        So a stream that arrived at once is tried again, and when every attempt did, the proxy host
+        (where the caller can run one there) streams through the proxy and straight from vLLM in
+        turns, the like-for-like comparison judge_stream decides with."""
         seen: list[str] = []
-        direct: list[list[float]] = []
-        direct_errors: list[str] = []
+        host: dict[str, list] | None = None
+        host_errors: list[str] = []
         tokens = max(self.max_tokens, self.stream_tokens)
         for attempt in range(1, self.stream_attempts + 1):
             st = stream_chat(
@@ -332,14 +388,15 @@ class _Smoke:
             if len(times) < 3:
                 raise SmokeError(f"only {len(times)} SSE events")
             seen.append(describe_stream(times))
-            if is_incremental(times):
+            if is_incremental(times, st["sizes"]):
                 break
-            if self.direct_stream is not None:
-                try:
-                    direct.append(self.direct_stream(tokens))
-                except SmokeError as exc:
-                    direct_errors.append(str(exc))
-        ok, warn, detail = judge_stream(seen, is_incremental(times), direct, direct_errors, self.stream_attempts)
+        passed = is_incremental(times, st["sizes"])
+        if not passed and self.compare_on_host is not None:
+            try:
+                host = self.compare_on_host(tokens)
+            except SmokeError as exc:
+                host_errors.append(str(exc))
+        ok, warn, detail = judge_stream(seen, passed, host, host_errors, self.stream_attempts)
         _check(out, "stream-incremental", ok, f"{detail} ({st['content_type']})", warn=warn)
         _check(out, "stream-done", st["done"], "ended with data: [DONE]" if st["done"] else "no [DONE] event")
 
@@ -390,15 +447,16 @@ def smoke_checks(
     timeout: float = 120,
     stream_attempts: int = 5,
     stream_tokens: int = 64,
-    direct_stream: Callable[[int], list[float]] | None = None,
+    compare_on_host: Callable[[int], dict[str, list]] | None = None,
     host_header: str | None = None,
 ) -> SmokeResult:
     """Run every check against one endpoint: the one smoke entry point (the smoke role's deploy,
     ``run_smoke``, calls it). Never raises for a failed check: :meth:`SmokeResult.raise_for_failures`.
 
-    ``direct_stream(max_tokens)``, when given, streams the same chat straight from vLLM (on its
-    host, bypassing the proxy) and returns the SSE arrival times: it tells a proxy that holds
-    responses from a vLLM that sent its stream in one burst (see :func:`judge_stream`).
+    ``compare_on_host(max_tokens)``, when given, streams the same chat on the proxy host, through
+    the proxy and straight from vLLM in turns, and returns ``{"proxy": [...], "direct": [...]}``
+    (each stream's ``times`` and ``sizes``): it tells a proxy that holds responses from a vLLM
+    that sent its streams in bursts (see :func:`judge_stream`).
     ``host_header``: the ``Host`` every request sends (``proxy.server_name``: several sites on
     one nginx port are told apart by it, and the URL names the host's address, not the name).
 
@@ -424,7 +482,7 @@ def smoke_checks(
         timeout=timeout,
         stream_attempts=stream_attempts,
         stream_tokens=stream_tokens,
-        direct_stream=direct_stream,
+        compare_on_host=compare_on_host,
         host_header=host_header,
     )
     streamed = _guarded(SmokeResult(base_url), "stream", smoke.stream)

@@ -52,12 +52,20 @@ def host_header_for(spec: dict[str, Any]) -> str | None:
     return name if prx["enabled"] and name != "_" else None
 
 
-def _direct_stream(python: str, secrets_env: str, spec: dict[str, Any], timeout: float, port: int):
-    """A ``direct_stream`` for vllm_fleet.serving.smoke: the streamed chat straight from vLLM on this host
-    (the key read there from ``secrets_env``)."""
-    from vllm_fleet.serving.smoke import SmokeError
+def _compare_on_host(
+    python: str,
+    secrets_env: str,
+    spec: dict[str, Any],
+    timeout: float,
+    port: int,
+    base_url: str,
+    host_header: str | None,
+):
+    """A ``compare_on_host`` for vllm_fleet.serving.smoke: the same chat streamed on this host through
+    its proxy (``base_url``) and straight from vLLM on ``port``, in turns (smoke.HOST_PAIRS each)."""
+    from vllm_fleet.serving.smoke import HOST_PAIRS, SmokeError
 
-    def stream(max_tokens: int) -> list[float]:
+    def compare(max_tokens: int) -> dict[str, list]:
         run = programs.python(
             python,
             "direct_stream.py",
@@ -66,6 +74,9 @@ def _direct_stream(python: str, secrets_env: str, spec: dict[str, Any], timeout:
             secrets_env,
             int(max_tokens),
             float(timeout),
+            base_url,
+            host_header or "-",
+            HOST_PAIRS,
         )
         _, out = host.run_shell_command(run, **as_root(), _timeout=int(timeout) + 30)
         lines = getattr(out, "stdout_lines", []) or []
@@ -73,12 +84,12 @@ def _direct_stream(python: str, secrets_env: str, spec: dict[str, Any], timeout:
             result = json.loads(lines[-1])
         except (IndexError, ValueError):
             err = " ".join((getattr(out, "stderr_lines", []) or [])[-3:])
-            raise SmokeError(f"the direct stream on {host.name} printed no result ({err or 'no output'})") from None
+            raise SmokeError(f"the streams on {host.name} printed no result ({err or 'no output'})") from None
         if "error" in result:
-            raise SmokeError(f"the direct stream on {host.name}: {result['error']}")
-        return [float(t) for t in result["times"]]
+            raise SmokeError(f"the streams on {host.name}: {result['error']}")
+        return result
 
-    return stream
+    return compare
 
 
 def _run(
@@ -117,8 +128,8 @@ def _run(
         verify=verify,
         timeout=timeout,
         stream_tokens=stream_tokens,
-        direct_stream=_direct_stream(
-            direct_python, direct_secrets, spec, timeout, direct_port or spec["server"]["port"]
+        compare_on_host=_compare_on_host(
+            direct_python, direct_secrets, spec, timeout, direct_port or spec["server"]["port"], base_url, host_header
         )
         if direct_python
         else None,
@@ -183,8 +194,9 @@ def smoke_tests(
     + timeout: seconds per request
     + settings_path: where to write the client settings JSON on the control machine
     + stream_tokens: tokens of the streamed check (ignore_eos)
-    + direct_python: vLLM's Python on this host; given, a stream through the proxy that arrives at
-      once is compared with one straight from vLLM here (buffering proxy: fail; vLLM burst: WARN)
+    + direct_python: vLLM's Python on this host; given, when every stream through the proxy arrives
+      at once, streams through the proxy and straight from vLLM are compared here, in turns
+      (buffering proxy: fail; vLLM bursts: WARN)
     + direct_port: the port of that local vLLM instance (default server.port)
     + direct_secrets: the env file on this host that holds the key of that stream (secrets.env)
 
