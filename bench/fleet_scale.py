@@ -164,6 +164,28 @@ def shape(bridge: str, rate: str | None) -> None:
             raise SystemExit(f"tc: {r.stderr}")
 
 
+OUTSIDE_TAG = "vllm-fleet-bench:outside-in"
+
+
+def outside_rule(bridge: str, add: bool) -> None:
+    """A counting rule (no target: it counts and the chain goes on) at the head of FORWARD for
+    what enters the lab from outside (``-o BRIDGE ! -i BRIDGE``: the hosts' apt through the NAT),
+    so the bridge's tx can be split into the control machine's own bytes and the outside's.
+    Frames from one lab host to another come in on the bridge (``-i BRIDGE``): not counted."""
+    rule = ["FORWARD", "-o", bridge, "!", "-i", bridge, "-m", "comment", "--comment", OUTSIDE_TAG]
+    while sh(["iptables", "-D", *rule]).returncode == 0:  # none left from an earlier run
+        pass
+    if add:
+        r = sh(["iptables", "-I", rule[0], "1", *rule[1:]])
+        if r.returncode != 0:
+            raise SystemExit(f"iptables: {r.stderr}")
+
+
+def outside_bytes() -> int:
+    out = sh(["iptables", "-L", "FORWARD", "-v", "-x", "-n"]).stdout
+    return sum(int(ln.split()[1]) for ln in out.splitlines() if OUTSIDE_TAG in ln and ln.split()[1].isdigit())
+
+
 def fleet_env(servers: list[str]) -> dict[str, str]:
     return {
         **os.environ,
@@ -224,20 +246,24 @@ def measure(n: int, args, st: dict, spec: Path, model: Path, resolved: dict) -> 
     try:
         peers = ["--data", "peer_fetch=False"] if args.no_peers else []
         stage = [str(lb.BIN / "vllm-fleet"), "stage", "inventory/lab.py", "--spec", str(spec), *peers, "-y"]
-        fw0, br0 = forward_bytes(bridge), bridge_bytes(bridge)
+        outside_rule(bridge, True)
+        fw0, br0, out0 = forward_bytes(bridge), bridge_bytes(bridge), outside_bytes()
         print(
             f"[{n}{'@' + args.rate if args.rate else ''}{' no peers' if args.no_peers else ''}] stage of {len(names)} "
             "hosts ...",
             flush=True,
         )
         r = timed(stage, env)
-        fw1, br1 = forward_bytes(bridge), bridge_bytes(bridge)
+        fw1, br1, out1 = forward_bytes(bridge), bridge_bytes(bridge), outside_bytes()
+        outside_rule(bridge, False)
         # the bridge's own tx: what left the control machine's stack for the hosts (SSH, the
         # seed's copy, and what the hosts fetched from outside through the NAT: apt). Frames from
-        # one host to another are bridged between ports and are not in it. The FORWARD rule's
-        # count is recorded beside it, not subtracted: with bridge netfilter on it also counts
-        # the host-to-host frames.
+        # one host to another are bridged between ports and are not in it. Less what the counting
+        # rule saw enter from outside: the control machine's own bytes to the hosts. (The lab's
+        # own FORWARD rule is recorded beside them: with bridge netfilter on it also counts the
+        # host-to-host frames.)
         sent = br1["tx"] - br0["tx"]
+        outside = out1 - out0
         entry["stage"] = {
             "rc": r["rc"],
             "wall_s": r["wall_s"],
@@ -245,13 +271,16 @@ def measure(n: int, args, st: dict, spec: Path, model: Path, resolved: dict) -> 
             "tail": r["out"][-3000:] if r["rc"] else None,
         }
         entry["bytes"] = {
-            "control_to_hosts": sent,
+            "control_to_hosts": sent - outside,
             "bridge_tx": sent,
+            "outside_in": outside,
             "forward_rule_in": fw1["in"] - fw0["in"],
-            "per_model_bytes": round(sent / entry["model_bytes"], 3),
+            "per_model_bytes": round((sent - outside) / entry["model_bytes"], 3),
+            "bridge_tx_per_model_bytes": round(sent / entry["model_bytes"], 3),
         }
         print(
-            f"[{n}] stage rc={r['rc']} {r['wall_s']} s, control -> hosts {sent / 2**20:.0f} MiB "
+            f"[{n}] stage rc={r['rc']} {r['wall_s']} s, bridge tx {sent / 2**20:.0f} MiB, of it from outside "
+            f"{outside / 2**20:.0f} MiB: control -> hosts {(sent - outside) / 2**20:.0f} MiB "
             f"({entry['bytes']['per_model_bytes']}x the model)",
             flush=True,
         )
@@ -298,6 +327,7 @@ def measure(n: int, args, st: dict, spec: Path, model: Path, resolved: dict) -> 
         )
     finally:
         shape(bridge, None)
+        outside_rule(bridge, False)
     entry["machine_after"] = lb.machine()
     return entry
 
@@ -364,6 +394,7 @@ def main() -> int:
         st = lb.lab_state()
         if st:
             shape(st["bridge"], None)
+            outside_rule(st["bridge"], False)
             for h in st["hosts"][
                 :FIRST
             ]:  # what an earlier version of this bench staged on them: the bench's paths only
@@ -388,6 +419,11 @@ def _order(result: dict):
 
 
 def print_rows(result: dict) -> None:
+    print(
+        "| size | model | bridge tx | of it from outside (apt via NAT) | control -> hosts | x model | stage "
+        "| no-op (stage again) | commands per host (no-op) | commit |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for key, e in _order(result):
         b, st, no = e.get("bytes", {}), e.get("stage", {}), e.get("noop", {})
         where = (
@@ -395,11 +431,17 @@ def print_rows(result: dict) -> None:
             + (f" at {e['rate']}" if e.get("rate") else "")
             + ("" if e.get("peers", True) else ", peers off")
         )
+        tx = bridge_tx(e)
+        outside = b.get("outside_in")
+        control = f"{(tx - outside) / 1e6:.1f} MB" if outside is not None else "not counted apart"
+        ratio = (
+            f"{(tx - outside) / e['model_bytes']:.3f}x" if outside is not None else f"<= {tx / e['model_bytes']:.3f}x"
+        )
+        rc = "" if st.get("rc") == 0 else f" (rc {st.get('rc')})"
         print(
-            f"| {where} | {e['model_bytes'] / 1e6:.1f} MB | {bridge_tx(e) / 1e6:.1f} MB | "
-            f"{bridge_tx(e) / e['model_bytes']:.3f}x | "
-            f"{st.get('wall_s', '')} s{'' if st.get('rc') == 0 else ' (rc ' + str(st.get('rc')) + ')'} | "
-            f"{no.get('median_wall_s', '')} s | "
+            f"| {where} | {e['model_bytes'] / 1e6:.1f} MB | {tx / 1e6:.1f} MB | "
+            f"{'' if outside is None else f'{outside / 1e6:.1f} MB'} | {control} | {ratio} | "
+            f"{st.get('wall_s', '')} s{rc} | {no.get('median_wall_s', '')} s | "
             f"{no.get('commands_per_host_max', '')} | {e.get('commit')} |"
         )
 
