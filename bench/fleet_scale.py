@@ -31,8 +31,11 @@ back to --final-hosts, 3):
 - **No-op**: stage again (the model's stamp and the env found in place): wall time of
   `vllm-fleet stage` (median of --noops), then one `pyinfra -vv` run of the same deploy for the
   commands sent per host.
-- `--rate R` (tc's syntax, e.g. 400mbit): the bridge's egress (control machine -> hosts) shaped
-  by a tbf qdisc for the whole size, so the link is what is measured; removed after.
+- `--rate R` (tc's syntax, e.g. 50mbit): what the control machine itself sends on the bridge
+  (source address the bridge's) shaped by an htb class for the whole size, so the control
+  machine's link is what is measured; the hosts' apt through the NAT and host-to-host frames are
+  not shaped (the series before 2026-12-05 05:00 UTC shaped all the bridge's egress with tbf,
+  apt included); removed after.
 
 Results merge into --out by "<N>" or "<N>@<rate>". Not a test: the machine has 2 cores shared
 with other helpers' work (load average in the JSON).
@@ -156,12 +159,30 @@ def clear_model(st: dict, names: list[str], model_path: str, config_dir: str) ->
         lb.ssh(st, name, f"rm -rf {model_path} {config_dir}/model.stamp", check=False)
 
 
-def shape(bridge: str, rate: str | None) -> None:
+def shape(bridge: str, rate: str | None, source: str | None = None) -> None:
+    """The bridge's egress shaped to ``rate`` (tc's syntax): with ``source`` (the control machine's
+    address on the bridge) only what the control machine itself sends (htb: a shaped class for
+    ``src SOURCE/32``, everything else, e.g. the hosts' apt through the NAT, in an unshaped one),
+    so the shaped link is the control machine's; without, all of it (tbf: the series before
+    2026-12-05 05:00 UTC). ``rate`` None: the qdisc removed."""
     sh(["tc", "qdisc", "del", "dev", bridge, "root"])
-    if rate:
-        r = sh(["tc", "qdisc", "add", "dev", bridge, "root", "tbf", "rate", rate, "burst", "1mb", "latency", "400ms"])
+    if not rate:
+        return
+    if source is None:
+        cmds = [["tc", "qdisc", "add", "dev", bridge, "root", "tbf", "rate", rate, "burst", "1mb", "latency", "400ms"]]
+    else:
+        cmds = [
+            ["tc", "qdisc", "add", "dev", bridge, "root", "handle", "1:", "htb", "default", "20"],
+            ["tc", "class", "add", "dev", bridge, "parent", "1:", "classid", "1:10", "htb", "rate", rate, "ceil", rate],
+            ["tc", "class", "add", "dev", bridge, "parent", "1:", "classid", "1:20", "htb", "rate", "20gbit"],
+            ["tc", "filter", "add", "dev", bridge, "parent", "1:", "protocol", "ip", "prio", "1", "u32"]
+            + ["match", "ip", "src", f"{source}/32", "flowid", "1:10"],
+        ]
+    for c in cmds:
+        r = sh(c)
         if r.returncode != 0:
-            raise SystemExit(f"tc: {r.stderr}")
+            sh(["tc", "qdisc", "del", "dev", bridge, "root"])
+            raise SystemExit(f"tc: {' '.join(c)}: {r.stderr}")
 
 
 OUTSIDE_TAG = "vllm-fleet-bench:outside-in"
@@ -242,7 +263,8 @@ def measure(n: int, args, st: dict, spec: Path, model: Path, resolved: dict) -> 
     }
     entry["seed_env"] = seed_env(st, names)
     clear_model(st, names, resolved["model"]["path"], resolved["install"]["config_dir"])
-    shape(bridge, args.rate)
+    shape(bridge, args.rate, st.get("gateway"))
+    entry["shaped"] = "the control machine's own traffic (src gateway), apt through the NAT not" if args.rate else None
     try:
         peers = ["--data", "peer_fetch=False"] if args.no_peers else []
         stage = [str(lb.BIN / "vllm-fleet"), "stage", "inventory/lab.py", "--spec", str(spec), *peers, "-y"]
