@@ -22,7 +22,10 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-BRIDGE_TX = Path("/sys/class/net/vfleet0/statistics/tx_bytes")
+sys.path.insert(0, str(REPO / "tests" / "lab"))
+
+from labkit import bridge_tx  # noqa: E402  (the lab bridge's tx counter, one reader)
+
 ROOT = "/var/tmp/vf-peer-bytes/model"
 NAME = "peer-bytes"
 
@@ -82,7 +85,7 @@ hardware: {{gpu: cpu}}
         ):
             for a in addrs:
                 ssh(a, f"sudo rm -rf /var/tmp/vf-peer-bytes /etc/vllm-fleet/{NAME}")
-            before, t0 = int(BRIDGE_TX.read_text()), time.monotonic()
+            before, t0 = bridge_tx(), time.monotonic()
             r = subprocess.run(
                 [pyinfra, "-y", *extra, "inventory/lab.py", "tests/lab/fixtures/model_only.py"],
                 cwd=REPO,
@@ -91,7 +94,7 @@ hardware: {{gpu: cpu}}
                 text=True,
                 timeout=1800,
             )
-            secs, sent = time.monotonic() - t0, int(BRIDGE_TX.read_text()) - before
+            secs, sent = time.monotonic() - t0, bridge_tx() - before
             if r.returncode != 0:
                 print(r.stdout[-3000:], r.stderr[-3000:])
                 return 1

@@ -82,6 +82,19 @@ def run(argv: list[str], env: dict | None = None, timeout: float = 1800) -> subp
     return r
 
 
+def bridge_tx(bridge: str | None = None) -> int:
+    """The lab bridge's own count of the bytes it has sent (/sys/class/net/BRIDGE/statistics/tx_bytes):
+    what went from the control machine (and, through NAT, from outside) to the lab hosts, read
+    independently of what a deploy says it sent; traffic between two hosts is bridged port to port
+    and is not in it. Read it before and after. ``bridge``: default the lab's (its LabConfig)."""
+    if bridge is None:
+        sys.path.insert(0, str(REPO))
+        from vllm_fleet.lab import nspawn
+
+        bridge = nspawn.LabConfig().bridge
+    return int((Path("/sys/class/net") / bridge / "statistics" / "tx_bytes").read_text())
+
+
 def copy_tree(src: "LabHost", dst: "LabHost", path: str) -> float:
     """``path`` (a directory, e.g. an installed env) copied from one lab host to another as root;
     the seconds it took. How: :func:`link_tree` where it can (an nspawn lab on this machine), else

@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from labkit import REPO, run
+from labkit import REPO, bridge_tx, run
 
 from vllm_fleet.host.programs import script
 from vllm_fleet.roles.common.peers import RUN_DIR, Artifact, server_argv
@@ -26,7 +26,6 @@ from vllm_fleet.roles.common.peers import RUN_DIR, Artifact, server_argv
 pytestmark = pytest.mark.lab
 
 PYINFRA = str(Path(sys.executable).parent / "pyinfra")
-BRIDGE_TX = Path("/sys/class/net/vfleet0/statistics/tx_bytes")
 NAME = "peers-test"
 ROOT = "/var/tmp/vf-peers-test/model"
 CONFIG = f"/etc/vllm-fleet/{NAME}"
@@ -68,9 +67,9 @@ hardware: {{gpu: cpu}}
 
 def _deploy(fleet):
     env = {"VF_MODEL_ONLY_SPEC": str(fleet["spec"]), "VLLM_FLEET_LAB_SERVERS": ",".join(h.name for h in fleet["hosts"])}
-    before = int(BRIDGE_TX.read_text())
+    before = bridge_tx()
     r = run([PYINFRA, "-y", "inventory/lab.py", str(REPO / "tests/lab/fixtures/model_only.py")], env=env, timeout=600)
-    r.control_bytes = int(BRIDGE_TX.read_text()) - before  # type: ignore[attr-defined]
+    r.control_bytes = bridge_tx() - before  # type: ignore[attr-defined]
     return r
 
 
