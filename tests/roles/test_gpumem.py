@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import subprocess
 from pathlib import Path
 
@@ -27,14 +28,14 @@ UUID = "GPU-5d0c3a2e-8f1b-4c6d-9e7a-0b1c2d3e4f50"
 OURS = "vllm-qwen7b-awq-rt-0.service"
 
 # The desk: Xorg and gnome-shell hold /dev/nvidia0; nvidia-smi lists no compute process.
-DESK_SMI = [f"0, {UUID}, 0, 24576, 1243, 23026"]
+DESK_SMI = [f"0, {UUID}, 24576, 1243, 23026"]
 DESK_HOLDERS = {
     1523: {"minors": [0], "cgroup": "/system.slice/display-manager.service", "comm": "Xorg"},
     2231: {"minors": [0], "cgroup": "/user.slice/user-1000.slice/session-2.scope", "comm": "gnome-shell"},
 }
 
 # The same desk on a re-deploy: our vLLM (its API server and its engine core, both in our unit) holds 20.9 GiB.
-REDEPLOY_SMI = [f"0, {UUID}, 0, 24576, 22620, 1649"]
+REDEPLOY_SMI = [f"0, {UUID}, 24576, 22620, 1649"]
 REDEPLOY_APPS = [
     f"{UUID}, 4242, 21377, /opt/vllm-fleet/qwen7b-awq-rt/env/bin/python3",
     f"{UUID}, 4301, 0, VLLM::EngineCore",
@@ -289,12 +290,12 @@ def test_our_unit_holding_the_gpu_unlisted_by_nvidia_smi_is_not_foreign():
     compute process at all, while our unit's processes hold /dev/nvidia0. The memory nobody is
     listed for may then be ours: a warning, never a stop of a re-deploy."""
     holders = {4242: {"minors": [0], "cgroup": f"/system.slice/{OURS}", "comm": "python3"}}
-    [g] = _g(["0, GPU-1, 0, 143771, 129057, 14098"], [], holders)
+    [g] = _g(["0, GPU-1, 143771, 129057, 14098"], [], holders)
     assert g.unattributed == 129057 and g.held_by_others == 0 and g.others == {}
     errors, warnings = gpumem.problems([g], {0: {OURS: 0.90}})
     assert errors == [] and len(warnings) == 1
     # the same read without our process holding the device: 126 GiB held by someone else, a stop
-    [g] = _g(["0, GPU-1, 0, 143771, 129057, 14098"], [], {})
+    [g] = _g(["0, GPU-1, 143771, 129057, 14098"], [], {})
     assert g.held_by_others == 129057 and gpumem.problems([g], {0: {OURS: 0.90}})[0]
 
 
@@ -332,3 +333,86 @@ def test_a_deploy_on_at_local_says_the_line_and_stops_before_any_operation(tmp_p
     assert "[@local] GPU 0: 24.0 GiB total, 1.2 GiB held by other processes, planning with 22.5 GiB" in out, out[-3000:]
     assert "host @local: not enough free GPU memory" in out and "0.94 or lower" in out, out[-3000:]
     assert not (tmp_path / "key").exists()  # --dry: nothing written, not even here
+
+
+# -- the read as the H200 answered it (tests/roles/fixtures/nvidia-smi/README.md) -----------------
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "nvidia-smi"
+H200_UUID = "GPU-c51a8fc2-a1f6-4f60-2964-713316a11e72"
+H200_UNITS = {f"vllm-h200-kv-offload-{i}.service" for i in range(4)}
+
+
+def _h200_read() -> Snapshot:
+    """The captured answer, its `gpus` lines in the read's five fields (pci.bus_id dropped), and
+    the minor the driver's file gives (h200-information.txt: Device Minor 0)."""
+    lines = []
+    for line in (FIXTURES / "h200-read-3-replicas.txt").read_text().splitlines():
+        kind, key, value = line.split("\t", 2) if line.count("\t") >= 2 else (line, "", "")
+        if kind == "gpus":
+            fields = value.split(", ")
+            value = value if value == "." else ", ".join(fields[:2] + fields[3:])
+            key = gpumem.MEMORY_FIELDS
+        lines.append("\t".join((kind, key, value)) if kind != "end" else line)
+    lines.insert(-1, f"gpuminor\t{H200_UUID}\t0")
+    snap = Snapshot.parse(lines)
+    snap.query = gpumem.query()
+    return snap
+
+
+def test_the_h200s_read_with_three_replicas_running_is_planned_as_ours():
+    """Three replicas of the x4 spec held 42.2 GiB of the H200 when it was read; their processes'
+    cgroups are under the harness's /process_api/... prefix. Every MiB nvidia-smi lists is this
+    deployment's (a re-deploy restarts them): planned with, not held by others."""
+    snap = _h200_read()
+    known, smi = snap.nvidia_smi(gpumem.MEMORY_FIELDS)
+    _, apps, holders = snap.gpu_apps(gpumem.APPS_FIELDS)
+    [g] = gpumem.gpu_memory(smi, apps, holders, H200_UNITS, snap.gpu_minors)
+    # the API servers (pids 7365, 7806, 8519) hold /dev/nvidia0 unlisted: the 20 MiB no listed
+    # process explains may be theirs, so it is "not attributed", not someone else's
+    assert known and g.minor == 0 and g.others == {} and g.unattributed == 20
+    assert g.ours == {
+        "vllm-h200-kv-offload-0.service": 14652,
+        "vllm-h200-kv-offload-1.service": 14302,
+        "vllm-h200-kv-offload-2.service": 14302,
+    }
+    assert (g.held_by_others, g.plannable) == (0, 99880 + 43256)
+    assert gpumem.describe(g).startswith("GPU 0: 140.4 GiB total, 0.0 GiB held by other processes, 42.2 GiB by")
+    # the four replicas' 0.4 of the GPU (0.1 each) fit in what is plannable: no problem
+    assert gpumem.problems([g], {0: {u: 0.1 for u in H200_UNITS}}) == ([], [])
+    # the same read seen by another deploy (none of those units its own): 42.3 GiB held by others
+    [other] = gpumem.gpu_memory(smi, apps, holders, set(), snap.gpu_minors)
+    assert other.ours == {} and other.held_by_others == 43276 and other.plannable == 99880
+
+
+def test_several_gpus_match_their_device_files_by_the_drivers_minor_not_their_index():
+    """Two GPUs whose minors are swapped against nvidia-smi's index (the driver's numbering): Xorg
+    holding /dev/nvidia1 is named on index 0 (minor 1). Without the driver's files, several GPUs
+    name no unlisted holder rather than guess."""
+    smi = ["0, GPU-a, 24576, 900, 23600", "1, GPU-b, 24576, 10, 24490"]
+    holders = {1523: {"minors": [1], "cgroup": "/system.slice/display-manager.service", "comm": "Xorg"}}
+    g0, g1 = gpumem.gpu_memory(smi, [], holders, set(), {"GPU-a": 1, "GPU-b": 0})
+    assert (g0.minor, g1.minor) == (1, 0)
+    assert g0.others == {"Xorg (pid 1523)": None} and g1.others == {}
+    g0, g1 = gpumem.gpu_memory(smi, [], holders, set(), {})
+    assert g0.others == {} and g1.others == {} and g0.minor is None
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not Path("/proc/driver").is_dir(), reason="a mount namespace needs root")
+def test_the_state_read_takes_each_gpus_minor_from_the_drivers_file(tmp_path):
+    """host_state.sh for real, with the H200's /proc/driver/nvidia/gpus/*/information bound over
+    /proc/driver in a mount namespace of its own (unshare -m) and a stand-in nvidia-smi."""
+    env = _stub(tmp_path, [f"0, {H200_UUID}, 143771, 0, 143000"], [])
+    gpus = tmp_path / "driver" / "nvidia" / "gpus" / "0000:00:06.0"
+    gpus.mkdir(parents=True)
+    (gpus / "information").write_text(
+        (FIXTURES / "h200-information.txt").read_text().replace("Minor: \t 0", "Minor: \t 3")
+    )
+    query = gpumem.query()
+    script = f"mount --bind {tmp_path / 'driver'} /proc/driver && exec sh -c {shlex.quote(HostState().command(query).get_raw_value())}"
+    r = subprocess.run(["unshare", "-m", "sh", "-c", script], capture_output=True, text=True, timeout=60, env=env)
+    assert r.returncode == 0, r.stderr
+    snap = Snapshot.parse(r.stdout.splitlines())
+    snap.query = query
+    assert snap.gpu_minors == {H200_UUID: 3}, r.stdout
+    [g] = gpumem.gpu_memory(snap.nvidia_smi(gpumem.MEMORY_FIELDS)[1], [], {}, set(), snap.gpu_minors)
+    assert g.minor == 3 and g.total == 143771

@@ -192,6 +192,7 @@ class Snapshot:
         self.holders: dict[
             int, dict
         ] = {}  # pid -> {"minors": [N of /dev/nvidiaN], "cgroup": path or None, "comm": name}
+        self.gpu_minors: dict[str, int] = {}  # GPU UUID -> its /dev/nvidiaN minor (with ``gpuapps``)
         self.pcis: dict[str, list[str]] = {}  # sysfs directory asked with ``pci`` -> "VENDOR CLASS" per device
         self.query = Query()
 
@@ -517,6 +518,11 @@ def _gpupid_line(s: Snapshot, key: str, value: str) -> None:
         h["minors"].append(int(minor))
 
 
+def _gpuminor_line(s: Snapshot, key: str, value: str) -> None:
+    if key and value.isdigit():
+        s.gpu_minors[key] = int(value)
+
+
 def _pci_line(s: Snapshot, key: str, value: str) -> None:
     found = s.pcis.setdefault(key, [])
     if value != ".":
@@ -567,6 +573,7 @@ _LINES = {
     "gpus": _gpus_line,
     "gpuapps": _gpuapps_line,
     "gpupid": _gpupid_line,
+    "gpuminor": _gpuminor_line,
     "pci": _pci_line,
 }
 

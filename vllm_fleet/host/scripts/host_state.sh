@@ -33,7 +33,8 @@
 #                                          compute process; `gpuapps FIELDS -` alone without nvidia-smi);
 #                                          then gpupid PID MINOR CGROUP COMM for every process holding
 #                                          /dev/nvidiaMINOR open (the display server too), CGROUP its
-#                                          systemd cgroup path (`-` when unreadable)
+#                                          systemd cgroup path (`-` when unreadable), and gpuminor UUID
+#                                          MINOR per GPU (/proc/driver/nvidia/gpus/*/information)
 #   pci DIR .  then  pci DIR VENDOR CLASS (every device under a sysfs directory, e.g. /sys/bus/pci/devices,
 #                                          read with the shell's own `read`: no process per device)
 # Reads only; changes nothing.
@@ -143,6 +144,17 @@ CHAT_ARGS
             cg=$(sed -n 's/^0:://p; s/^[0-9]*:name=systemd://p' "/proc/$p/cgroup" 2>/dev/null | head -n 1)
             printf 'gpupid\t%s\t%s\t%s\t%s\n' "$p" "${l#/dev/nvidia}" "${cg:--}" "$(cat "/proc/$p/comm" 2>/dev/null)"
           done
+        # each GPU's /dev/nvidiaN minor, from the driver's own file (nvidia-smi has no such field:
+        # "Field "minor_number" is not a valid field to query" on the H200's 580 driver)
+        for f in /proc/driver/nvidia/gpus/*/information; do
+          [ -r "$f" ] || continue
+          u="" m=""
+          while IFS= read -r l; do
+            case $l in "GPU UUID:"*) u=${l#*:} ;; "Device Minor:"*) m=${l#*:} ;; esac
+          done <"$f"
+          u=$(echo $u) m=$(echo $m)
+          [ -n "$u" ] && [ -n "$m" ] && printf 'gpuminor\t%s\t%s\n' "$u" "$m"
+        done
         set -f
       else
         printf 'gpuapps\t%s\t-\n' "$v"

@@ -8,10 +8,12 @@ vllm/v1/worker/utils.py ``request_memory``). So what a deploy can plan with on a
 memory plus what this deploy's own vLLMs hold there now (a restart gives that back): never the
 memory of a process outside this deploy's units.
 
-Read in the deploy's one state read (:func:`query`): nvidia-smi's ``index,uuid,minor_number,
-memory.total,memory.used,memory.free`` per GPU, its compute processes (``--query-compute-apps``:
-the GPU, pid, memory, name) and every process holding a ``/dev/nvidiaN`` open with its cgroup and
-name (the display server is no compute process: nvidia-smi's CSV does not list it). A process is
+Read in the deploy's one state read (:func:`query`): nvidia-smi's ``index,uuid,memory.total,
+memory.used,memory.free`` per GPU, its compute processes (``--query-compute-apps``: the GPU, pid,
+memory, name), every process holding a ``/dev/nvidiaN`` open with its cgroup and name (the
+display server is no compute process: nvidia-smi's CSV does not list it) and each GPU's minor N
+from the driver's ``/proc/driver/nvidia/gpus/*/information`` (nvidia-smi has no field for it:
+the H200's 580 driver refuses ``minor_number``, and the whole query with it). A process is
 this deploy's when its cgroup is one of the deploy's units on the host (by unit, not by name: a
 desktop user's own ``vllm serve`` in a terminal is someone else's). A process whose cgroup this
 read cannot see (another PID namespace) is neither: its memory is "not attributed", as is the
@@ -32,9 +34,10 @@ from typing import Any
 
 from vllm_fleet.host.state import Query, Snapshot
 
-MEMORY_FIELDS = "index,uuid,minor_number,memory.total,memory.used,memory.free"
+MEMORY_FIELDS = "index,uuid,memory.total,memory.used,memory.free"
 APPS_FIELDS = "gpu_uuid,pid,used_memory,process_name"
 MIB = 1024
+ANY_MINOR = -1  # the minor of a machine's only GPU when the driver's files were not read
 
 
 def query() -> Query:
@@ -82,20 +85,25 @@ def _int(text: str) -> int | None:
     return int(text) if text.isdigit() else None
 
 
-def parse_memory(lines: list[str]) -> list[GpuMemory]:
-    """``nvidia-smi --query-gpu=index,uuid,minor_number,memory.total,memory.used,memory.free
-    --format=csv,noheader,nounits`` lines (``0, GPU-5d..., 0, 24576, 1243, 23017``); a line that
-    is not six fields with numeric memory (nvidia-smi's driver message) is skipped."""
+def parse_memory(lines: list[str], minors: dict[str, int] | None = None) -> list[GpuMemory]:
+    """``nvidia-smi --query-gpu=index,uuid,memory.total,memory.used,memory.free
+    --format=csv,noheader,nounits`` lines (``0, GPU-5d..., 24576, 1243, 23017``), each GPU's
+    ``/dev/nvidiaN`` minor from ``minors`` ({uuid: N}, the driver's /proc files); a line that is
+    not five fields with numeric memory (nvidia-smi's driver message) is skipped. The only GPU of
+    a machine whose minor was not read takes every minor (:data:`ANY_MINOR`)."""
     out = []
     for line in lines:
         parts = [p.strip() for p in line.split(",")]
-        if len(parts) != 6:
+        if len(parts) != 5:
             continue
-        index, uuid, minor, total, used, free = parts
+        index, uuid, total, used, free = parts
         nums = [_int(x) for x in (index, total, used, free)]
         if any(n is None for n in nums):
             continue
-        out.append(GpuMemory(index=nums[0], uuid=uuid, minor=_int(minor), total=nums[1], used=nums[2], free=nums[3]))  # type: ignore[arg-type]
+        minor = (minors or {}).get(uuid)
+        out.append(GpuMemory(index=nums[0], uuid=uuid, minor=minor, total=nums[1], used=nums[2], free=nums[3]))  # type: ignore[arg-type]
+    if len(out) == 1 and out[0].minor is None:
+        out[0].minor = ANY_MINOR  # one GPU: every /dev/nvidiaN a process holds is that one
     return out
 
 
@@ -120,11 +128,18 @@ def unit_of_cgroup(cgroup: str | None) -> str | None:
     return None
 
 
-def gpu_memory(smi: list[str], apps: list[str], holders: dict[int, dict], our_units: set[str]) -> list[GpuMemory]:
+def gpu_memory(
+    smi: list[str],
+    apps: list[str],
+    holders: dict[int, dict],
+    our_units: set[str],
+    minors: dict[str, int] | None = None,
+) -> list[GpuMemory]:
     """Each GPU's memory and who holds it, from the read's lines (:func:`parse_memory`,
-    :func:`parse_apps`) and ``holders`` ({pid: {"minors", "cgroup", "comm"}}): a process is ours
-    when its cgroup's unit is in ``our_units``."""
-    gpus = parse_memory(smi)
+    :func:`parse_apps`), ``holders`` ({pid: {"minors", "cgroup", "comm"}}) and ``minors`` ({uuid:
+    N of /dev/nvidiaN}): a process is ours when its cgroup's unit is in ``our_units``. A GPU
+    whose minor is not known (several GPUs, no /proc/driver/nvidia) names no unlisted holder."""
+    gpus = parse_memory(smi, minors)
     by_uuid = {g.uuid: g for g in gpus}
     listed: set[tuple[int, str]] = set()
     for app in parse_apps(apps):
@@ -147,7 +162,8 @@ def gpu_memory(smi: list[str], apps: list[str], holders: dict[int, dict], our_un
     for g in gpus:
         unlisted = max(0, g.used - sum(g.ours.values()) - sum(v or 0 for v in g.others.values()) - g.unattributed)
         for pid, h in sorted(holders.items()):
-            if g.minor not in h.get("minors", []) or (pid, g.uuid) in listed:
+            holds = g.minor == ANY_MINOR or (g.minor is not None and g.minor in h.get("minors", []))
+            if not holds or (pid, g.uuid) in listed:
                 continue
             if unit_of_cgroup(h.get("cgroup")) in our_units:
                 # our own process holds the GPU but nvidia-smi does not list it (it runs in another
@@ -245,7 +261,7 @@ def check(specs: dict[str, dict[str, Any]], h: Any, snap: Snapshot) -> tuple[lis
     known_apps, apps, holders = snap.gpu_apps(APPS_FIELDS)
     if not shares or not known or not known_apps:
         return [], [], []
-    gpus = gpu_memory(smi or [], apps or [], holders, our_units(h.files, set(specs), snap))
+    gpus = gpu_memory(smi or [], apps or [], holders, our_units(h.files, set(specs), snap), snap.gpu_minors)
     if not any(g.index in shares for g in gpus):
         return [not_read(sorted(shares), smi)], [], []
     lines = [describe(g) for g in gpus if g.index in shares]
