@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from labkit import REPO, run
+from labkit import REPO, bridge_tx, run
 
 sys.path.insert(0, str(REPO / "tests"))
 from hubstandin import StandInHub  # noqa: E402
@@ -40,10 +40,6 @@ import json
 from vllm_fleet.roles.model import install_model
 install_model(spec=json.load(open({spec!r})))
 """
-
-
-def _bridge_tx(bridge: str) -> int:
-    return int((Path("/sys/class/net") / bridge / "statistics" / "tx_bytes").read_text())
 
 
 def test_weights_from_the_hub_once_per_fleet(lab, lab_hosts, tmp_path):
@@ -79,9 +75,9 @@ def test_weights_from_the_hub_once_per_fleet(lab, lab_hosts, tmp_path):
             assert h.ssh(f"test -e {Path(PATH).parent}", user="root", check=False).returncode == 1, h.name
         assert hub.served_bytes == 0
 
-        tx0 = _bridge_tx(bridge)
+        tx0 = bridge_tx(bridge)
         first = run(argv, env=env, timeout=600)
-        tx = _bridge_tx(bridge) - tx0
+        tx = bridge_tx(bridge) - tx0
         assert first.returncode == 0, first.out[-4000:]
         # the hub served each file once, whatever the number of hosts
         assert hub.served_bytes == want_bytes, (hub.served_bytes, want_bytes)
