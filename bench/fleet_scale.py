@@ -490,17 +490,24 @@ LINKS_GBE = (1, 10, 25, 100)
 FLEETS = (8, 32, 128, 512)
 
 
+def control_bytes(e: dict) -> int:
+    """What the control machine itself sent during the stage: the bridge's tx less what the
+    counting rule saw enter from outside (entries before that rule: the whole tx, an upper bound)."""
+    return bridge_tx(e) - (e.get("bytes", {}).get("outside_in") or 0)
+
+
 def stage_overhead(result: dict) -> float:
-    """Seconds of a stage not spent sending: the shaped series' wall time less its bytes at the
-    shaped rate, the smallest such size (one host: no peer rounds)."""
+    """Seconds of a stage not spent sending: a shaped one-host stage's wall time less its bytes at
+    the shaped rate; the series that shapes only the control machine's traffic when there is one,
+    else the oldest."""
     shaped = sorted(
         (e for e in result.get("sizes", {}).values() if e.get("rate") and e.get("stage", {}).get("rc") == 0),
-        key=lambda e: e["hosts"],
+        key=lambda e: (e["hosts"], not e.get("shaped")),
     )
     if not shaped:
         return 0.0
     e = shaped[0]
-    return e["stage"]["wall_s"] - bridge_tx(e) * 8 / _rate_bps(e["rate"])
+    return e["stage"]["wall_s"] - control_bytes(e) * 8 / _rate_bps(e["rate"])
 
 
 def model_minutes(n: int, gbe: float, weights: float, overhead: float, peers: bool) -> float:
