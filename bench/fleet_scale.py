@@ -291,6 +291,9 @@ def measure(n: int, args, st: dict, spec: Path, model: Path, resolved: dict) -> 
             "wall_s": r["wall_s"],
             "per_host": per_host_lines(r["stdout"], names),
             "tail": r["out"][-3000:] if r["rc"] else None,
+            # the peer rounds' plan ("round k: HOST <- SOURCES") and each host's fetch line ("HOST:
+            # fetch: ... verified in T s"): how long each copy took, round by round
+            "peer_lines": [ln.strip() for ln in r["out"].splitlines() if re.search(r"round \d+: |: fetch: ", ln)][:400],
         }
         entry["bytes"] = {
             "control_to_hosts": sent - outside,
