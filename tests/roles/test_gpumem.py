@@ -408,7 +408,8 @@ def test_the_state_read_takes_each_gpus_minor_from_the_drivers_file(tmp_path):
         (FIXTURES / "h200-information.txt").read_text().replace("Minor: \t 0", "Minor: \t 3")
     )
     query = gpumem.query()
-    script = f"mount --bind {tmp_path / 'driver'} /proc/driver && exec sh -c {shlex.quote(HostState().command(query).get_raw_value())}"
+    read = shlex.quote(HostState().command(query).get_raw_value())
+    script = f"mount --bind {tmp_path / 'driver'} /proc/driver && exec sh -c {read}"
     r = subprocess.run(["unshare", "-m", "sh", "-c", script], capture_output=True, text=True, timeout=60, env=env)
     assert r.returncode == 0, r.stderr
     snap = Snapshot.parse(r.stdout.splitlines())
