@@ -121,35 +121,43 @@ def test_stage_puts_env_and_weights_changes_no_unit_and_the_deploy_after_sends_n
 
 
 def test_a_host_that_cannot_stage_fails_alone_and_the_retry_line_names_it(lab_hosts, tmp_path):
-    """Issue 36 item 4 for `stage`: a problem found while planning one host (lab2's disk: host data
-    model_keep_free_bytes asks 1 PiB to stay free, read against its real `df`) fails that host
-    only; lab1 (staged by the test above) still converges, the run exits 3 ("some hosts failed"),
-    the summary names lab2 and why, and the retry line limits to it. Nothing changes on lab2
-    (its vllm-fleet directories listed before and after over ssh)."""
+    """Issue 36 item 4 for `stage`: a problem found while planning one host fails that host only.
+    lab2 is reached as a user without sudo (the deploy's preflight refuses it, whatever lab2 holds
+    from earlier tests); lab1 (staged by the test above) still converges, the run exits 3 ("some
+    hosts failed"), the summary names lab2 and why, and the retry line limits to it. Nothing
+    changes on lab2 (its vllm-fleet directories listed before and after over ssh)."""
+    import yaml
+
     lab2 = lab_hosts[1]
     listing = "find /opt/vllm-fleet /var/lib/vllm-fleet /etc/vllm-fleet -printf '%p %s %T@\\n' 2>/dev/null | sort"
+    lab2.ssh(
+        "id nosudo >/dev/null 2>&1 || useradd -m -s /bin/bash nosudo; install -d -o nosudo -m 700 ~nosudo/.ssh; "
+        "cp /home/lab/.ssh/authorized_keys ~nosudo/.ssh/; chown nosudo ~nosudo/.ssh/authorized_keys",
+        user="root",
+    )
     before = lab2.ssh(listing, user="root", check=False).stdout
     inv = tmp_path / "inventory.py"
     inv.write_text(
         f"import sys\nsys.path.insert(0, {str(REPO)!r})\n"
         "from vllm_fleet.lab.inventory import lab_hosts\n"
         "_by = dict(lab_hosts()[0])\n"
-        "servers = [('lab1', _by['lab1']), ('lab2', {**_by['lab2'], 'model_keep_free_bytes': 1 << 50})]\n"
+        "servers = [('lab1', _by['lab1']), ('lab2', {**_by['lab2'], 'ssh_user': 'nosudo'})]\n"
         "proxy = [('lab1', _by['lab1'])]\n"
     )
-    import yaml
-
     spec = yaml.safe_load(SPEC.read_text())
     spec["server"]["host"] = "0.0.0.0"  # lab1's proxy reaches lab2's vLLM (stage itself writes no config)
     spec_file = tmp_path / "lab-tiny.yaml"
     spec_file.write_text(yaml.safe_dump(spec, sort_keys=False))
-    r = fleet("stage", str(inv), "--spec", str(spec_file), "-y", timeout=1200)
+    try:
+        r = fleet("stage", str(inv), "--spec", str(spec_file), "-y", timeout=1200)
+    finally:
+        lab2.ssh("userdel -r nosudo 2>/dev/null; true", user="root")
     assert r.returncode == 3, r.out[-4000:]
     assert re.search(r"^vllm-fleet stage: 2 host\(s\): 1 failed", r.stdout, re.M), r.stdout[-3000:]
-    assert re.search(r"^\s+failed:\s+lab2: host lab2: not enough disk space for model\.path", r.stdout, re.M), r.stdout[
-        -3000:
-    ]
+    assert re.search(
+        r"^\s+failed:\s+lab2: host lab2: user nosudo cannot run sudo without a password", r.stdout, re.M
+    ), r.stdout[-3000:]
     assert re.search(r"^\s+(converged|changed):\s+lab1$", r.stdout, re.M), r.stdout[-3000:]
-    assert f"retry only those: vllm-fleet stage {inv} --spec {spec_file} --limit lab2" in r.stdout, r.stdout[-3000:]
+    assert f"retry only those: vllm-fleet stage {inv} --spec {spec_file} --limit lab2 -y" in r.stdout, r.stdout[-3000:]
     assert "Traceback" not in r.out
     assert lab2.ssh(listing, user="root", check=False).stdout == before
