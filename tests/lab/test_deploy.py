@@ -500,6 +500,65 @@ def test_spec_change_restarts_only_vllm(server, tmp_path):
     assert "--max-num-seqs 16" in server.ssh("ps -eo args", user="root").stdout
 
 
+LIVENESS = "vllm-fleet-liveness-lab-tiny"
+
+
+def test_liveness_restarts_a_replica_that_hangs_and_goes_when_turned_off(server, tmp_path):
+    """server.liveness (roles/liveness): turned on, the deploy places the probe and starts its
+    timer without restarting vLLM; vLLM's API process frozen (SIGSTOP: it holds its port and
+    answers nothing, as a hung server does) is restarted by the probe through systemd; turned off,
+    the timer and its files go, vLLM untouched. Readers: systemctl, the journal, curl on lab1."""
+    spec = yaml.safe_load(SPEC.read_text())
+    spec["server"]["liveness"] = {"enabled": True, "period": 2, "timeout": 2, "failures": 2}
+    live = tmp_path / "lab-tiny.yaml"
+    live.write_text(yaml.safe_dump(spec))
+    unit = "vllm-lab-tiny-0.service"
+    files = [
+        f"/etc/systemd/system/{LIVENESS}.service",
+        f"/etc/systemd/system/{LIVENESS}.timer",
+        "/opt/vllm-fleet/lab-tiny/bin/vllm-liveness",
+    ]
+    frozen = None
+    try:
+        before = main_pid(server, unit)
+        r = deploy(live)
+        assert r.returncode == 0, why(r)
+        assert main_pid(server, unit) == before, changed_ops(r.out)  # its files are its own: no restart
+        others = [o for o in changed_ops(r.out) if "liveness" not in o and not o.startswith(("Smoke tests", "Grand"))]
+        assert not others, changed_ops(r.out)
+        for ask, want in (("is-active", "active"), ("is-enabled", "enabled")):
+            assert server.ssh(f"systemctl {ask} {LIVENESS}.timer", user="root").stdout.strip() == want
+        seen = f"/run/vllm-fleet-liveness/lab-tiny/{unit}.json"
+        for _ in range(30):  # the probe has seen the replica healthy since its start
+            if '"healthy": true' in server.ssh(f"cat {seen}", user="root", check=False).stdout:
+                break
+            time.sleep(1)
+        else:
+            raise AssertionError(server.ssh(f"journalctl -u {LIVENESS}.service -n 20 --no-pager", user="root").stdout)
+        server.ssh(f"kill -STOP {before}", user="root")
+        frozen = before
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < 90 and main_pid(server, unit) in (before, "0", ""):
+            time.sleep(1)
+        journal = server.ssh(f"journalctl -u {LIVENESS}.service --no-pager -n 50", user="root").stdout
+        assert main_pid(server, unit) not in (before, "0", ""), journal
+        frozen = None
+        assert f"{unit}: restarting it: 2 failed liveness probes in a row" in journal, journal
+        TIMINGS["liveness_frozen_to_restarted_s"] = round(time.monotonic() - t0, 1)
+        wait_healthy(server, unit)
+    finally:
+        if frozen:
+            server.ssh(f"kill -CONT {frozen}", user="root", check=False)
+        wait_healthy(server, unit)
+        running = main_pid(server, unit)
+        back = deploy()
+        assert back.returncode == 0, why(back)
+    assert main_pid(server, unit) == running
+    assert server.ssh(f"ls {' '.join(files)}", user="root", check=False).stdout.strip() == ""
+    state = server.ssh(f"systemctl show -p LoadState,ActiveState {LIVENESS}.timer", user="root").stdout.split()
+    assert state == ["LoadState=not-found", "ActiveState=inactive"], state
+
+
 def test_a_kv_tier_too_big_for_the_hosts_ram_is_refused_before_any_change(server, tmp_path):
     """engine.kv_offload against lab1's real memory (issue 37, item 2): the CPU build has no tier,
     so a CUDA spec of the H200 proof's shape on another port is refused by the deploy's one state

@@ -44,7 +44,7 @@ def test_the_parts_of_a_host_come_from_the_layout_in_the_registrys_order():
     ]
     assert [p.name for p, _ in parts.host_steps(ctx, ctx.layout.hosts["lab2"])] == ["stack", "service"]
     # down: the parts that place files, in the reverse order (nginx stops pointing at vLLM before vLLM stops)
-    assert [name for name, _ in parts.removals()] == ["monitoring", "nginx", "router", "service", "ray"]
+    assert [name for name, _ in parts.removals()] == ["monitoring", "nginx", "router", "liveness", "service", "ray"]
     # each part places the files the layout renders under its name, and listens where it declares
     h = ctx.layout.hosts["lab1"]
     for p, step in parts.host_steps(ctx, h):

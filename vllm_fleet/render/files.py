@@ -62,7 +62,7 @@ from vllm_fleet.render.parts import (
 )
 from vllm_fleet.render.text import (
     HEADER,
-    EnvRef,  # noqa: F401  (the renderer's names too)
+    EnvRef,
     RenderedFile,
     RenderError,
     comment_text,
@@ -84,6 +84,7 @@ TEMPLATES = Path(__file__).resolve().parent / "templates"
 
 NGINX_SITE = "/etc/nginx/conf.d/vllm-fleet-{name}.conf"
 ROUTER_UNIT = "vllm-router-{name}.service"
+LIVENESS_UNIT = "vllm-fleet-liveness-{name}"  # .service and .timer (server.liveness)
 #: The router waits this long at start for every replica to answer /health, then serves with
 #: those that do (its own default, 600 s, would keep the API down behind one dead replica).
 ROUTER_STARTUP_TIMEOUT = 30
@@ -164,6 +165,9 @@ def paths(resolved: dict[str, Any]) -> dict[str, str]:
         "node_env": f"{cfg}/node.env",
         "wait_ray": f"{ins['prefix']}/bin/wait-ray-cluster",
         "wait_health": f"{ins['prefix']}/bin/wait-replica-health",
+        "liveness_probe": f"{ins['prefix']}/bin/vllm-liveness",
+        "liveness_unit": f"{SYSTEMD_DIR}/{LIVENESS_UNIT.format(name=name)}.service",
+        "liveness_timer": f"{SYSTEMD_DIR}/{LIVENESS_UNIT.format(name=name)}.timer",
         "nginx_site": NGINX_SITE.format(name=name),
         "router_unit": f"{SYSTEMD_DIR}/{ROUTER_UNIT.format(name=name)}",
         "router_env": f"{ins['prefix']}/router",
@@ -182,7 +186,7 @@ def paths(resolved: dict[str, Any]) -> dict[str, str]:
 
 #: The parts whose roles place a deployment's files on a host, in the order serve installs them
 #: (every rendered file names one: RenderedFile.part), and ``client``, the control machine's files.
-PARTS = ("service", "ray", "router", "nginx", "monitoring")
+PARTS = ("service", "liveness", "ray", "router", "nginx", "monitoring")
 
 
 def part_paths(resolved: dict[str, Any]) -> dict[str, list[str]]:
@@ -213,6 +217,7 @@ def part_paths(resolved: dict[str, Any]) -> dict[str, list[str]]:
             p["ray_firewall_rules"],
             p["ray_firewall_unit"],
         ],
+        "liveness": [p["liveness_timer"], p["liveness_unit"], p["liveness_probe"]],
         "router": [p["router_unit"]],
         "nginx": [p["nginx_site"], p["nginx_auth"], p["tls_certificate"], p["tls_certificate_key"]],
         "monitoring": list(monitoring.paths(resolved).values()),
@@ -342,6 +347,44 @@ def _common(resolved: dict[str, Any]) -> dict[str, Any]:
         "start_limit_interval": START_LIMIT_INTERVAL,
         "start_limit_burst": START_LIMIT_BURST,
         "limit_nofile": LIMIT_NOFILE,
+    }
+
+
+def _liveness_files(resolved: dict[str, Any], p: Paths, node: Node) -> dict[str, RenderedFile]:
+    """server.liveness: the probe (vllm-liveness.py), its oneshot unit over this host's API
+    replicas of the deployment and the timer that starts it every ``period`` seconds; none when
+    it is off or the host serves no API of it (a headless node, a proxy alone)."""
+    live = resolved["server"]["liveness"]
+    replicas = [i for i in node.instances if i.role == "server"]
+    if not live["enabled"] or not replicas:
+        return {}
+    name = resolved["name"]
+    unit = p["liveness_unit"].rsplit("/", 1)[1]
+    values = dict(
+        header=HEADER.format(name=name),
+        name=name,
+        unit=unit,
+        period=live["period"],
+        timeout=live["timeout"],
+        failures=live["failures"],
+    )
+    argv = [env_python(resolved), p["liveness_probe"], EnvRef("RUNTIME_DIRECTORY")]  # its RuntimeDirectory=
+    argv += [str(live["timeout"]), str(live["failures"]), *(f"{i.unit}={i.port}" for i in replicas)]
+    service = _template(
+        "vllm-liveness.service.j2",
+        **values,
+        replicas=[i.unit for i in replicas],
+        probe=p["liveness_probe"],
+        # each replica's probe is bounded by its timeout (and systemctl): the run by their sum
+        exec_start=systemd_command(argv),
+        timeout_start=len(replicas) * (live["timeout"] + 10),
+        syslog_identifier=unit.removesuffix(".service"),
+        runtime_directory=f"vllm-fleet-liveness/{name}",
+    )
+    return {
+        p["liveness_probe"]: RenderedFile((TEMPLATES / "vllm-liveness.py").read_text(), 0o755),
+        p["liveness_unit"]: RenderedFile(service, 0o644),
+        p["liveness_timer"]: RenderedFile(_template("vllm-liveness.timer.j2", **values), 0o644),
     }
 
 
@@ -889,6 +932,8 @@ def _node_files(
             add("service", p["wait_health"], RenderedFile((TEMPLATES / "wait-replica-health.py").read_text(), 0o755))
     if "server" in node.roles:
         add("service", p["secrets_env"], RenderedFile(secrets_env_content(resolved, None), 0o600))
+    for path, f in _liveness_files(resolved, p, node).items():
+        add("liveness", path, f)
     if "ray-head" in node.roles:
         add("ray", p["ray_head_unit"], _ray_unit(resolved, node))
     if "ray-worker" in node.roles:

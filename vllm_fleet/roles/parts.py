@@ -39,7 +39,7 @@ from typing import Any, Callable
 from vllm_fleet.host.state import Query
 from vllm_fleet.render.layout import SERVICE_PARTS, HostLayout, Node, Paths
 from vllm_fleet.render.parts import PART_PORTS
-from vllm_fleet.roles import monitoring, nginx, ray, router, service
+from vllm_fleet.roles import liveness, monitoring, nginx, ray, router, service
 from vllm_fleet.roles.common import DeployContext
 from vllm_fleet.roles.smoke import run_smoke
 
@@ -172,6 +172,14 @@ PARTS: tuple[Part, ...] = (
         install=_service,
         remove=service.install_service,
         ports=PART_PORTS["service"],
+    ),
+    # after the replicas it probes; `down` stops it before them
+    Part(
+        "liveness",
+        applies=lambda s: bool(s.h.files_of(s.name, "liveness")),
+        query=lambda s: liveness.state_query(s.spec, s.paths, s.rendered),
+        install=lambda s: liveness.install_liveness(spec=s.spec, where=s.paths, rendered=s.rendered),
+        remove=liveness.install_liveness,
     ),
     Part(
         "router",

@@ -721,6 +721,19 @@ def _schema_defaults(node: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _with_defaults(node: dict[str, Any], raw: dict[str, Any]) -> dict[str, Any]:
+    """``raw`` (one section as the user wrote it) with the schema's defaults of ``node`` filled in,
+    also in the nested objects whose every key has a default and that have none of their own
+    (server.liveness): a new nested section needs no line of code here."""
+    out = {**_schema_defaults(node), **raw}
+    for key, sub in node.get("properties", {}).items():
+        props = sub.get("properties") or {}
+        nested = sub.get("type") == "object" and "default" not in sub and props
+        if nested and all("default" in p for p in props.values()) and isinstance(out.get(key, {}), dict):
+            out[key] = {**_schema_defaults(sub), **(out.get(key) or {})}
+    return out
+
+
 def _version_tuple(version: str) -> tuple[int, ...]:
     return tuple(int(p) for p in re.findall(r"[0-9]+", version)[:3])
 
@@ -844,9 +857,7 @@ def resolve(spec: Spec) -> dict[str, Any]:
     out: dict[str, Any] = {"name": raw["name"], "description": raw.get("description", "")}
     for section in RESOLVED_SECTIONS:
         sec_schema = root["properties"][section]
-        merged = _schema_defaults(sec_schema)
-        merged.update(raw.get(section) or {})
-        out[section] = merged
+        out[section] = _with_defaults(sec_schema, raw.get(section) or {})
     out["env"] = {k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in (raw.get("env") or {}).items()}
     _resolve_model(spec, out)
     _resolve_engine(spec, out)
