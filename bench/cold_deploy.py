@@ -78,6 +78,7 @@ def lab_down() -> None:
 def installer_runs(st: dict, installers: list[str], repeat: int, spec_path: Path) -> list[dict]:
     """The role's install command lines on lab1, each in a fresh venv, timed over SSH."""
     from vllm_fleet.fetch import wheelhouse as wh
+    from vllm_fleet.render.files import deployment_paths
     from vllm_fleet.roles.vllm import install_commands, missing, wheelhouse_requirements
     from vllm_fleet.specs.load import load, resolve
 
@@ -105,7 +106,13 @@ def installer_runs(st: dict, installers: list[str], repeat: int, spec_path: Path
             prefix = f"/opt/vfbench-{inst}"
             s = {**spec, "install": {**spec["install"], "prefix": prefix, "installer": inst}}
             cmds = install_commands(
-                s, missing(s, {}), installer=inst, cache_dir=None, wheelhouse=url, trusted_host=st["gateway"]
+                s,
+                deployment_paths(s),
+                missing(s, {}),
+                installer=inst,
+                cache_dir=None,
+                wheelhouse=url,
+                trusted_host=st["gateway"],
             )
             lb.ssh(st, "lab1", f"rm -rf {prefix} && mkdir -p {prefix} && python3 -m venv {prefix}/env")
             load1 = os.getloadavg()[0]

@@ -35,8 +35,10 @@ def require_vllm_venv():
 _MODEL_DEPLOY = """
 import json, sys
 sys.path.insert(0, {repo!r})
+from vllm_fleet.render.files import deployment_paths
 from vllm_fleet.roles.model import install_model
-install_model(spec=json.load(open({spec!r})))
+spec = json.load(open({spec!r}))
+install_model(spec=spec, where=deployment_paths(spec))
 """
 
 

@@ -32,9 +32,11 @@ spec = ctx.spec
 rendered = rendered_for_host(ctx)
 assert "servers" in host.groups and rendered, "bench/gpu/inventory_local.py puts @local in servers"
 
+where = ctx.layout.paths[spec["name"]]  # where its files live (the layout's)
+
 service_dirs(spec=spec)
-install_vllm(spec=spec)
-install_model(spec=spec, hub_token=ctx.secrets["hub_token"])
+install_vllm(spec=spec, where=where)
+install_model(spec=spec, where=where, hub_token=ctx.secrets["hub_token"])
 
 ins, srv = spec["install"], spec["server"]
 for d in sorted({v for v in command.vllm_env(spec).values() if v.startswith(ins["state_dir"] + "/")}):

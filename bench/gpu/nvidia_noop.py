@@ -19,13 +19,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from pyinfra.operations import python  # noqa: E402
 
+from vllm_fleet.render.files import deployment_paths  # noqa: E402
 from vllm_fleet.roles.common.state import load_host_state  # noqa: E402
 from vllm_fleet.roles.nvidia import _check_gpus_now, nvidia  # noqa: E402
 from vllm_fleet.roles.service import server_stack_query  # noqa: E402
 from vllm_fleet.specs.load import load_and_check  # noqa: E402
 
 spec, _ = load_and_check(os.environ["VLLM_FLEET_SPEC"], hardware=False)
-load_host_state(server_stack_query(spec))  # what deploys/serve.py reads for the stack, in one round trip
+# what deploys/serve.py reads for the stack, in one round trip
+load_host_state(server_stack_query(spec, deployment_paths(spec)))
 nvidia(spec=spec)
 python.call(
     name="After-reboot check: nvidia-smi read now (read_now)",

@@ -37,8 +37,10 @@ PATH = "/var/lib/vllm-fleet/hub-fleet-test/model"
 
 DEPLOY = """
 import json
+from vllm_fleet.render.files import deployment_paths
 from vllm_fleet.roles.model import install_model
-install_model(spec=json.load(open({spec!r})))
+spec = json.load(open({spec!r}))
+install_model(spec=spec, where=deployment_paths(spec))
 """
 
 

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import pytest
 
+from vllm_fleet.render.files import deployment_paths
 from vllm_fleet.specs import flashinfer
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -87,7 +88,7 @@ def test_a_cuda_install_adds_the_cubin_from_the_same_index(harness):
     from vllm_fleet.roles.vllm import install_vllm
 
     spec = _spec(index_url="https://mirror.example/simple")
-    run = harness.run(install_vllm, spec, facts={**env_state({})})
+    run = harness.run(install_vllm, spec, deployment_paths(spec), facts={**env_state({})})
     install, cubin = run.commands[0], run.commands[1]
     assert (
         "--index-url https://mirror.example/simple" in install and "--index-url https://mirror.example/simple" in cubin
@@ -96,13 +97,16 @@ def test_a_cuda_install_adds_the_cubin_from_the_same_index(harness):
     assert "--no-deps" in cubin
     assert run.index("flashinfer-cubin") > run.index("vllm==0.33.0")  # after vLLM, at its flashinfer's version
     # installed already: nothing at all (no op, so no restart)
-    assert not harness.run(install_vllm, spec, facts={**env_state({"vllm": "0.33.0"})}).changed
+    assert not harness.run(install_vllm, spec, deployment_paths(spec), facts={**env_state({"vllm": "0.33.0"})}).changed
     # the CPU build: no cubin
     from vllm_fleet.specs.load import load, resolve
 
     cpu = resolve(load(REPO / "deployments" / "lab-tiny.yaml"))
     cpu["install"].update({"wheels": "host", "installer": "pip"})
-    assert not any("flashinfer" in c for c in harness.run(install_vllm, cpu, facts={**env_state({})}).commands)
+    assert not any(
+        "flashinfer" in c
+        for c in harness.run(install_vllm, cpu, deployment_paths(cpu), facts={**env_state({})}).commands
+    )
 
 
 def _fake_env(tmp_path: Path, fi_version: str | None, pip_rc: int = 0) -> Path:
@@ -132,7 +136,7 @@ def test_the_cubin_command_run_by_sh(tmp_path, fi_version, pip_rc, installs, war
     _fake_env(tmp_path, fi_version, pip_rc)
     spec = _spec(prefix=str(tmp_path))
     cmd = flashinfer_cubin_command(
-        spec, cache_dir=None, wheelhouse=f"{tmp_path}/wheelhouse"
+        spec, deployment_paths(spec), cache_dir=None, wheelhouse=f"{tmp_path}/wheelhouse"
     ).get_raw_value()  # a StringCommand
     r = subprocess.run(["sh", "-c", cmd], capture_output=True, text=True, timeout=30)
     assert r.returncode == 0, r.stderr

@@ -480,7 +480,7 @@ def _model(spec):
     from vllm_fleet.roles import model
 
     load_host_state(model.state_query(spec))
-    model.install_model(spec=spec)
+    model.install_model(spec=spec, where=deployment_paths(spec))
 
 
 def _model_lines(spec, local: Path, drift: str | None = None, stamped: bool = True) -> list[str]:

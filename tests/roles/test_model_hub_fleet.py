@@ -27,6 +27,7 @@ from pyinfra.facts.files import Directory, File, FileContents, FindFiles
 from vllm_fleet.fetch import hubcache
 from vllm_fleet.host.state import HostState, Snapshot
 from vllm_fleet.roles.model import NoSpace, install_model
+from vllm_fleet.render.files import deployment_paths
 from vllm_fleet.specs.load import load, resolve
 from vllm_fleet.lab.tinymodel import DEFAULT_OUT
 
@@ -119,7 +120,10 @@ def test_three_hosts_one_download_and_every_host_gets_the_files_as_upload_does(h
     h = hub()
     spec = fleet_spec()
     root, user = spec["model"]["path"], spec["server"]["user"]
-    runs = [harness.run(install_model, spec, hub_token=TOKEN, facts=bare_host(), host=f"lab{i}") for i in (1, 2, 3)]
+    runs = [
+        harness.run(install_model, spec, deployment_paths(spec), hub_token=TOKEN, facts=bare_host(), host=f"lab{i}")
+        for i in (1, 2, 3)
+    ]
     # the hub sent each wanted file once, for three hosts, and nothing it was told to leave out
     assert sorted(h.file_requests()) == sorted(WANTED)
     assert h.served_bytes == sum(len(v) for v in WANTED.values())
@@ -154,8 +158,14 @@ def test_a_host_without_room_stops_before_any_operation(harness, hub):
     spec = fleet_spec()
     root = spec["model"]["path"]
     with pytest.raises(NoSpace, match=rf"not enough disk space for model.path {root}: {len(WANTED)} file"):
-        harness.run(install_model, spec, facts={**bare_host(free=lambda p: 0 if p == root else 100 << 30)}, strict=True)
-    run = harness.run(install_model, spec, facts=bare_host())
+        harness.run(
+            install_model,
+            spec,
+            deployment_paths(spec),
+            facts={**bare_host(free=lambda p: 0 if p == root else 100 << 30)},
+            strict=True,
+        )
+    run = harness.run(install_model, spec, deployment_paths(spec), facts=bare_host())
     assert run.changed and "FreeBytes" not in {name for name, _ in run.asked}, run.asked
     assert [kw["query"].free for name, kw in run.asked if name == "HostState"] == [(), (root, "/tmp")]
 
@@ -186,7 +196,9 @@ def test_converged_host_gets_nothing_and_the_hub_is_not_asked(harness, hub):
     spec = fleet_spec()
     marker = base64.b64encode(f"{SOURCE}@{COMMIT}\n".encode()).decode()
     lines = [f"read\t{spec['model']['path']}/.vllm-fleet-hub\t{marker}", "end"]
-    run = harness.run(install_model, spec, facts={HostState: lambda query: Snapshot.parse(lines)}, strict=True)
+    run = harness.run(
+        install_model, spec, deployment_paths(spec), facts={HostState: lambda query: Snapshot.parse(lines)}, strict=True
+    )
     assert not run.changed and not run.uploads
     assert h.requests == []
     assert [name for name, _ in run.asked] == ["HostState"], run.asked  # the marker from the one state read
@@ -215,7 +227,7 @@ def test_a_new_revision_removes_the_files_the_old_one_had_from_the_state_read(ha
             "path", {f"{root}/.vllm-fleet-hub": there, f"{root}/model-00002-of-00002.safetensors": there}
         ),
     }
-    run = harness.run(install_model, spec, facts=facts)
+    run = harness.run(install_model, spec, deployment_paths(spec), facts=facts)
     removed = sorted(op.commands[0] for op in run.ops if "Remove" in op.name)
     assert removed == [f"rm -f {root}/.vllm-fleet-hub", f"rm -f {root}/model-00002-of-00002.safetensors"], run
     assert not {"FindFiles", "FileSizes", "FileContents"} & {name for name, _ in run.asked}, run.asked
@@ -296,8 +308,9 @@ def test_bytes_that_do_not_match_the_hub_are_removed_and_nothing_is_cached(hub, 
 
 def test_a_mismatch_fails_the_plan_before_any_operation(harness, hub):
     hub(corrupt={"model.safetensors": 1})
+    spec = fleet_spec()
     with pytest.raises(DeployError, match="did not match the hub's metadata"):
-        harness.run(install_model, fleet_spec(), facts=bare_host())
+        harness.run(install_model, spec, deployment_paths(spec), facts=bare_host())
 
 
 # ------------------------------------------------------------------------------ the errors
@@ -305,12 +318,13 @@ def test_a_mismatch_fails_the_plan_before_any_operation(harness, hub):
 
 def test_revision_that_does_not_exist(harness, hub):
     hub()
+    spec = fleet_spec(revision="v9")
     with pytest.raises(
         DeployError,
         match=r"model.revision 'v9' does not exist in lab/tiny-llama .*pin a branch, tag "
         r"or commit.*no host was changed",
     ):
-        harness.run(install_model, fleet_spec(revision="v9"), facts=bare_host())
+        harness.run(install_model, spec, deployment_paths(spec), facts=bare_host())
 
 
 def test_revision_not_set_is_the_hubs_main(harness, hub):
@@ -319,26 +333,28 @@ def test_revision_not_set_is_the_hubs_main(harness, hub):
     h = hub(revision="main")
     spec = fleet_spec()
     del spec["model"]["revision"]
-    run = harness.run(install_model, spec, facts=bare_host())
+    run = harness.run(install_model, spec, deployment_paths(spec), facts=bare_host())
     assert run.has_op("Verify the model")
     assert any("/revision/main" in path for _, path, _ in h.requests), h.requests
 
 
 def test_repo_that_does_not_exist(harness, hub):
     hub()
+    spec = fleet_spec(source="lab/nope")
     with pytest.raises(
         DeployError,
         match=r"model.source 'lab/nope' does not exist on the hub at http://127.0.0.1:\d+ "
         r"or is private.*model.hub_token",
     ):
-        harness.run(install_model, fleet_spec(source="lab/nope"), facts=bare_host())
+        harness.run(install_model, spec, deployment_paths(spec), facts=bare_host())
 
 
 def test_gated_repo_without_token_and_with_it(harness, hub):
     h = hub(gated=True)
+    spec = fleet_spec()
     with pytest.raises(DeployError, match=r"model.source 'lab/tiny-llama' is gated and model.hub_token is not set"):
-        harness.run(install_model, fleet_spec(), facts=bare_host())
-    run = harness.run(install_model, fleet_spec(), hub_token=TOKEN, facts=bare_host())
+        harness.run(install_model, spec, deployment_paths(spec), facts=bare_host())
+    run = harness.run(install_model, spec, deployment_paths(spec), hub_token=TOKEN, facts=bare_host())
     assert run.has_op("Verify the model")
     assert {auth for _, _, auth in h.requests if auth} == {f"Bearer {TOKEN}"}
 
@@ -346,18 +362,22 @@ def test_gated_repo_without_token_and_with_it(harness, hub):
 def test_control_machine_without_hub_access_says_set_hub_fetch_host(harness, hub, monkeypatch):
     hub()
     monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")
+    spec = fleet_spec()
     with pytest.raises(
         DeployError,
         match=r"the control machine cannot reach the hub at http://127.0.0.1:9 .*"
         r"set model.hub_fetch: host",
     ):
-        harness.run(install_model, fleet_spec(), facts=bare_host())
+        harness.run(install_model, spec, deployment_paths(spec), facts=bare_host())
 
 
 def test_model_hub_env_endpoint_wins(harness, hub, monkeypatch):
     h = hub()
     monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")
-    run = harness.run(install_model, fleet_spec(), facts=bare_host(), data={"model_hub_env": {"HF_ENDPOINT": h.url}})
+    spec = fleet_spec()
+    run = harness.run(
+        install_model, spec, deployment_paths(spec), facts=bare_host(), data={"model_hub_env": {"HF_ENDPOINT": h.url}}
+    )
     assert run.has_op("Verify the model") and h.served_bytes
 
 

@@ -19,6 +19,7 @@ from pyinfra.facts.files import Directory, File, FileContents, Md5File, Sha1File
 
 from vllm_fleet.host.state import HostState, Query, Snapshot, state_command
 from vllm_fleet.roles.model import ModelMissing, NoSpace, StateUnknown, install_model
+from vllm_fleet.render.files import deployment_paths
 from vllm_fleet.specs.load import load, resolve
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -150,9 +151,9 @@ def test_no_space_for_the_model_stops_before_any_operation(harness, local_model)
         match=r"host testhost: not enough disk space for model.path /var/lib/vllm-fleet/lab-tiny/model: "
         r"4 file\(s\) to upload.*model_keep_free_bytes.*no host was changed",
     ):
-        harness.run(install_model, spec, facts=facts, strict=True)
+        harness.run(install_model, spec, deployment_paths(spec), facts=facts, strict=True)
     facts.update(state([], free=on_model_path(GIB + size)))
-    run = harness.run(install_model, spec, facts=facts)
+    run = harness.run(install_model, spec, deployment_paths(spec), facts=facts)
     assert run.changed  # fits with exactly the margin left
     assert "FreeBytes" not in read_fact_names(run), run.asked
 
@@ -165,7 +166,11 @@ def test_the_free_bytes_are_read_with_the_tree_in_one_read(harness, local_model)
     spec = lab_spec(local_dir=str(local_model))
     root = spec["model"]["path"]
     run = harness.run(
-        install_model, spec, facts=state([], free=on_model_path(100 * GIB)), data={"_temp_dir": "/scratch"}
+        install_model,
+        spec,
+        deployment_paths(spec),
+        facts=state([], free=on_model_path(100 * GIB)),
+        data={"_temp_dir": "/scratch"},
     )
     query, full = [kw["query"] for name, kw in run.asked if name == "HostState"]
     assert query.free == (root, "/scratch") and query.tree == (root,) and query.read == (stamp_path(spec),)
@@ -173,7 +178,11 @@ def test_the_free_bytes_are_read_with_the_tree_in_one_read(harness, local_model)
     assert full == Query(sha=full.sha) and f"{root}/model.safetensors" in full.sha
     with pytest.raises(NoSpace, match="uploads each file through /scratch first"):
         harness.run(
-            install_model, spec, facts=state([], free=on_model_path(100 * GIB, 10)), data={"_temp_dir": "/scratch"}
+            install_model,
+            spec,
+            deployment_paths(spec),
+            facts=state([], free=on_model_path(100 * GIB, 10)),
+            data={"_temp_dir": "/scratch"},
         )
     assert lab_spec(transfer="none")["model"]["transfer"] == "none"
     assert not state_query(lab_spec(transfer="none")).free  # no upload: no free bytes asked
@@ -183,17 +192,19 @@ def test_files_already_there_need_no_space_and_tmp_must_hold_the_largest(harness
     spec = lab_spec(local_dir=str(local_model))
     full = converged(spec, local_model, free=0)  # a full disk: nothing to upload, so no check and no change
     small_tmp = remote_state(spec, local_model, free=on_model_path(10 * GIB, 10))
-    assert not harness.run(install_model, spec, facts=full).changed
+    assert not harness.run(install_model, spec, deployment_paths(spec), facts=full).changed
     (local_model / "model.safetensors").write_text("weights " * 200)  # larger: must go through /tmp
     with pytest.raises(NoSpace, match=r"uploads each file through /tmp first.*_temp_dir"):
-        harness.run(install_model, spec, facts=small_tmp)
+        harness.run(install_model, spec, deployment_paths(spec), facts=small_tmp)
 
 
 def test_df_with_no_figure_is_not_a_stop(harness, local_model):
     """host_state.sh prints ``free PATH -`` when df gave no figure: nothing to compare, the upload
     goes on (as before, when the free-space fact read nothing)."""
     spec = lab_spec(local_dir=str(local_model))
-    assert harness.run(install_model, spec, facts={**BARE, **state([], free=lambda path: None)}).changed
+    assert harness.run(
+        install_model, spec, deployment_paths(spec), facts={**BARE, **state([], free=lambda path: None)}
+    ).changed
 
 
 def test_a_read_that_did_not_complete_counts_no_file_as_there_and_removes_none(harness, local_model):
@@ -209,7 +220,7 @@ def test_a_read_that_did_not_complete_counts_no_file_as_there_and_removes_none(h
     facts["FileSizes"] = {
         p.relative_to(local_model).as_posix(): p.stat().st_size for p in local_model.rglob("*") if p.is_file()
     }
-    run = harness.run(install_model, spec, facts=facts)
+    run = harness.run(install_model, spec, deployment_paths(spec), facts=facts)
     assert not run.has_op("Remove"), run
     assert not {"FindFiles", "FileSizes", "FreeBytes"} & read_fact_names(run), run.asked
     assert not run.uploads.keys() - {f"{root}/MANIFEST.sha256"}  # pyinfra's own facts: the files are there
@@ -218,7 +229,7 @@ def test_a_read_that_did_not_complete_counts_no_file_as_there_and_removes_none(h
 def test_upload_fresh(harness, local_model):
     spec = lab_spec(local_dir=str(local_model))
     root, user = spec["model"]["path"], spec["server"]["user"]
-    run = harness.run(install_model, spec, facts=BARE)
+    run = harness.run(install_model, spec, deployment_paths(spec), facts=BARE)
     assert run.uploads[f"{root}/MANIFEST.sha256"] == sha256sum_lines(local_model)
     for rel in ("config.json", "tokenizer.json", "model.safetensors", "sub/extra.txt"):
         assert run.uploads[f"{root}/{rel}"] == (local_model / rel).read_text()
@@ -249,7 +260,7 @@ def hash_reads(run) -> list:
 def test_upload_second_deploy_no_changes(harness, local_model):
     """A converged host with its stamp: one state read, which hashes no file on the host."""
     spec = lab_spec(local_dir=str(local_model))
-    run = harness.run(install_model, spec, facts=converged(spec, local_model), strict=True)
+    run = harness.run(install_model, spec, deployment_paths(spec), facts=converged(spec, local_model), strict=True)
     assert not run.changed, run
     assert not run.has_op("Verify the model")
     assert read_fact_names(run) == {"HostState"} and len(run.asked) == 1, (
@@ -265,7 +276,7 @@ def test_a_copy_verified_before_stamps_is_hashed_once_and_stamped(harness, local
     spec = lab_spec(local_dir=str(local_model))
     cfg = spec["install"]["config_dir"]
     facts = {**remote_state(spec, local_model), Directory: harness.per_arg("path", {cfg: {"mode": 750}})}
-    run = harness.run(install_model, spec, facts=facts)
+    run = harness.run(install_model, spec, deployment_paths(spec), facts=facts)
     assert [op.name.split(" | ")[-1] for op in run.ops if op.commands] == ["Stamp the verified model (model.stamp)"], (
         run
     )
@@ -315,7 +326,7 @@ def test_any_difference_from_the_stamp_brings_the_full_check(harness, local_mode
         Directory: harness.per_arg("path", {cfg: {"mode": 750}}),
         FileContents: None,
     }
-    run = harness.run(install_model, spec, facts=facts)
+    run = harness.run(install_model, spec, deployment_paths(spec), facts=facts)
     assert len(hash_reads(run)) == 1, run.asked
     changed = [op.name.split(" | ")[-1] for op in run.ops if op.commands]
     if how == "added":  # the stale file goes and the check runs on the host (it writes the stamp)
@@ -333,9 +344,9 @@ def test_verify_hashes_every_file_whatever_the_stamp_says(harness, local_model):
     --verify`) the one state read hashes every file, and the corrupted one is put again."""
     spec = lab_spec(local_dir=str(local_model))
     facts = converged(spec, local_model, shas={"model.safetensors": "0" * 64})
-    plain = harness.run(install_model, spec, facts=facts)
+    plain = harness.run(install_model, spec, deployment_paths(spec), facts=facts)
     assert not plain.changed and hash_reads(plain) == [], plain
-    run = harness.run(install_model, spec, facts=facts, data={"model_verify": True})
+    run = harness.run(install_model, spec, deployment_paths(spec), facts=facts, data={"model_verify": True})
     assert len(run.asked) >= 1 and run.asked[0][0] == "HostState" and run.asked[0][1]["query"].sha, run.asked
     assert len(hash_reads(run)) == 1  # the deploy's one read: no second round trip
     root = spec["model"]["path"]
@@ -347,7 +358,7 @@ def test_upload_changed_file_only(harness, local_model):
     spec = lab_spec(local_dir=str(local_model))
     facts = remote_state(spec, local_model)
     (local_model / "config.json").write_text('{"architectures": ["Other"]}')
-    run = harness.run(install_model, spec, facts=facts)
+    run = harness.run(install_model, spec, deployment_paths(spec), facts=facts)
     uploaded = sorted(run.uploads)
     root = spec["model"]["path"]
     assert uploaded == [f"{root}/MANIFEST.sha256", f"{root}/config.json"]
@@ -358,7 +369,7 @@ def test_upload_removes_stale_files(harness, local_model):
     spec = lab_spec(local_dir=str(local_model))
     root = spec["model"]["path"]
     facts = remote_state(spec, local_model, extra={"model-00002-of-00002.safetensors": b"stale"})
-    run = harness.run(install_model, spec, facts=facts)
+    run = harness.run(install_model, spec, deployment_paths(spec), facts=facts)
     assert run.op("Remove").commands == [f"rm -f {root}/model-00002-of-00002.safetensors"]
     assert "FindFiles" not in read_fact_names(run), run.asked  # the files there: from the state read
 
@@ -366,8 +377,9 @@ def test_upload_removes_stale_files(harness, local_model):
 def test_upload_missing_local_dir(harness, tmp_path):
     from pyinfra.api.exceptions import DeployError
 
+    spec = lab_spec(local_dir=str(tmp_path / "nope"))
     with pytest.raises(DeployError, match="vllm-fleet tiny-model"):
-        harness.run(install_model, lab_spec(local_dir=str(tmp_path / "nope")), facts={})
+        harness.run(install_model, spec, deployment_paths(spec), facts={})
 
 
 # --------------------------------------------------------------------------------------- hub
@@ -396,7 +408,7 @@ def marker(spec, text=None):
 def test_hub_download_token_never_on_the_command_line(harness):
     spec = hub_spec()
     token_path = f"{spec['install']['config_dir']}/hub-token"
-    run = harness.run(install_model, spec, hub_token=TOKEN, facts={**marker(spec), File: None})
+    run = harness.run(install_model, spec, deployment_paths(spec), hub_token=TOKEN, facts={**marker(spec), File: None})
     assert all(TOKEN not in c for c in run.commands), "the token must never be in a command"
     assert any(TOKEN in text for path, text in run.uploads.items() if path.startswith(token_path))
     assert f"chmod 600 {token_path}.tmp-vllm-fleet" in run.commands or any(
@@ -421,7 +433,7 @@ def test_hub_download_token_never_on_the_command_line(harness):
 
 def _hub_script(harness, spec, token_file="", data=None):
     """The download command's python argv (script and arguments) as the role would send it."""
-    run = harness.run(install_model, spec, facts=marker(spec), data=data)
+    run = harness.run(install_model, spec, deployment_paths(spec), facts=marker(spec), data=data)
     argv = shlex.split(next(c for c in run.commands if "snapshot_download" in c))
     args = argv[argv.index(f"{spec['install']['prefix']}/env/bin/python") + 1 :]
     args[-1] = token_file
@@ -571,7 +583,11 @@ def test_hub_corrupted_file_is_removed_and_not_marked(harness, hub, tmp_path):
 def test_hub_skipped_when_marker_matches(harness):
     spec = hub_spec()
     run = harness.run(
-        install_model, spec, facts=marker(spec, f"Qwen/Qwen2.5-7B-Instruct-AWQ@{'a' * 40}\n"), strict=True
+        install_model,
+        spec,
+        deployment_paths(spec),
+        facts=marker(spec, f"Qwen/Qwen2.5-7B-Instruct-AWQ@{'a' * 40}\n"),
+        strict=True,
     )
     assert not run.changed
     assert run.asked == [("HostState", {"query": Query(read=(f"{spec['model']['path']}/.vllm-fleet-hub",))})]
@@ -579,7 +595,12 @@ def test_hub_skipped_when_marker_matches(harness):
 
 def test_hub_new_revision_downloads_again(harness):
     spec = hub_spec()
-    run = harness.run(install_model, spec, facts=marker(spec, "Qwen/Qwen2.5-7B-Instruct-AWQ@" + "b" * 40 + "\n"))
+    run = harness.run(
+        install_model,
+        spec,
+        deployment_paths(spec),
+        facts=marker(spec, "Qwen/Qwen2.5-7B-Instruct-AWQ@" + "b" * 40 + "\n"),
+    )
     assert any("snapshot_download" in c for c in run.commands)
 
 
@@ -587,7 +608,9 @@ def test_hub_downloads_when_the_read_did_not_complete(harness):
     """No marker known (the read was cut off): the download runs (it resumes and verifies what
     is there); no FileContents fact stands in for the read."""
     spec = hub_spec()
-    run = harness.run(install_model, spec, facts={FileContents: [f"Qwen/Qwen2.5-7B-Instruct-AWQ@{'a' * 40}"]})
+    run = harness.run(
+        install_model, spec, deployment_paths(spec), facts={FileContents: [f"Qwen/Qwen2.5-7B-Instruct-AWQ@{'a' * 40}"]}
+    )
     assert any("snapshot_download" in c for c in run.commands)
     assert "FileContents" not in read_fact_names(run), run.asked
 
@@ -599,23 +622,29 @@ def test_none_present(harness):
     spec = lab_spec(transfer="none")
     config = f"{spec['model']['path']}/config.json"
     run = harness.run(
-        install_model, spec, facts=state([f"stat\t{config}\tregular file\tvllm\tvllm\t644\t42"]), strict=True
+        install_model,
+        spec,
+        deployment_paths(spec),
+        facts=state([f"stat\t{config}\tregular file\tvllm\tvllm\t644\t42"]),
+        strict=True,
     )
     assert not run.changed
     assert run.asked == [("HostState", {"query": Query(stat=(config,))})]
 
 
 def test_none_missing_names_the_host(harness):
-    config = f"{lab_spec()['model']['path']}/config.json"
+    spec = lab_spec(transfer="none")
+    config = f"{spec['model']['path']}/config.json"
     with pytest.raises(ModelMissing, match=r"host gpu7: .*/config.json does not exist"):
-        harness.run(install_model, lab_spec(transfer="none"), facts=state([f"stat\t{config}\t-"]), host="gpu7")
+        harness.run(install_model, spec, deployment_paths(spec), facts=state([f"stat\t{config}\t-"]), host="gpu7")
 
 
 def test_none_on_a_read_that_did_not_complete_is_not_a_missing_model(harness):
     """The read was cut off: not ModelMissing (nothing says the weights are absent) but its own
     error naming the host and how to retry; no File fact stands in for the read."""
+    spec = lab_spec(transfer="none")
     with pytest.raises(StateUnknown, match=r"host gpu7: .*did not complete.*run the deploy again") as err:
-        harness.run(install_model, lab_spec(transfer="none"), facts={File: {"mode": 644}}, host="gpu7")
+        harness.run(install_model, spec, deployment_paths(spec), facts={File: {"mode": 644}}, host="gpu7")
     assert not isinstance(err.value, ModelMissing)
 
 
@@ -744,7 +773,7 @@ def test_files_that_came_host_to_host_are_not_hashed_twice(harness, local_model,
     monkeypatch.setattr(peers, "join", by_peers)
     spec = lab_spec(local_dir=str(local_model))
     root, user = spec["model"]["path"], spec["server"]["user"]
-    run = harness.run(install_model, spec, facts=BARE)
+    run = harness.run(install_model, spec, deployment_paths(spec), facts=BARE)
     assert joined == [["config.json", "model.safetensors", "sub/extra.txt", "tokenizer.json"]]
     assert not {f"{root}/{rel}" for rel in joined[0]} & run.uploads.keys()  # none by SFTP
     listing, check, keep = run.op("Verify the model").commands

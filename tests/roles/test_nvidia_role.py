@@ -44,6 +44,7 @@ from vllm_fleet.roles.nvidia.parse import (
     parse_pci_classes,
     secure_boot_on,
 )
+from vllm_fleet.render.files import deployment_paths
 from vllm_fleet.specs.load import load, resolve
 
 REPO = Path(__file__).resolve().parents[2]
@@ -672,13 +673,14 @@ def test_the_serve_deploys_one_read_holds_what_the_role_needs(harness):
     from vllm_fleet.roles.service import server_stack_query
 
     spec = cuda_spec(gpu="h200")
-    assert state_query(spec) and not (state_query(spec) - server_stack_query(spec))
+    assert state_query(spec) and not (state_query(spec) - server_stack_query(spec, deployment_paths(spec)))
     cpu = resolve(load(REPO / "deployments" / "lab-tiny.yaml"))
-    assert not state_query(cpu) and not server_stack_query(cpu).gpus and not server_stack_query(cpu).pci
+    stack = server_stack_query(cpu, deployment_paths(cpu))
+    assert not state_query(cpu) and not stack.gpus and not stack.pci
 
     @deploy("serve's read, then the role")
     def serve_like(spec):
-        load_host_state(server_stack_query(spec))
+        load_host_state(server_stack_query(spec, deployment_paths(spec)))
         nvidia(spec=spec)
 
     facts = gpu_host(

@@ -12,7 +12,8 @@ from pyinfra.facts.files import Directory
 from pyinfra.facts.server import Groups, Os, Users, Which
 
 from vllm_fleet.roles.common.state import StateUnknown
-from vllm_fleet.roles.pyenv import EnvMismatch, env_python, pyenv, service_dirs
+from vllm_fleet.roles.pyenv import EnvMismatch, pyenv, service_dirs
+from vllm_fleet.render.files import deployment_paths
 from vllm_fleet.specs.load import load, resolve
 
 REPO = Path(__file__).resolve().parents[2]
@@ -34,7 +35,7 @@ def directory(mode, user="root", group="root"):
 
 def test_venv_fresh(harness):
     spec = spec_of("lab-tiny.yaml")
-    run = harness.run(pyenv, spec, facts={**_state(), Directory: None})
+    run = harness.run(pyenv, spec, deployment_paths(spec), facts={**_state(), Directory: None})
     prefix = spec["install"]["prefix"]
     assert run.op("Install prefix").commands == [
         f"mkdir -p {prefix}",
@@ -43,7 +44,7 @@ def test_venv_fresh(harness):
     ]
     assert any(c.endswith("install python3-venv") for c in run.op("python3-venv").commands)
     assert run.op("venv at").commands == [f"test -x {prefix}/env/bin/python || python3 -m venv {prefix}/env"]
-    assert env_python(spec) == f"{prefix}/env/bin/python"
+    assert deployment_paths(spec)["python"] == f"{prefix}/env/bin/python"
     assert "conda" not in "\n".join(run.commands) and "miniforge" not in "\n".join(run.commands).lower()
 
 
@@ -71,7 +72,7 @@ def _state(debs=(), python=None, env="/opt/vllm-fleet/lab-tiny/env/bin/python", 
     return {HostState: lambda query: Snapshot.parse([*lines, *(["end"] if complete else [])])}
 
 
-CONDA_ENV = env_python(spec_of("rtx3090-qwen7b-awq-realtime.yaml"))
+CONDA_ENV = deployment_paths(spec_of("rtx3090-qwen7b-awq-realtime.yaml"))["python"]
 
 
 def test_venv_present_no_changes(harness):
@@ -79,7 +80,11 @@ def test_venv_present_no_changes(harness):
     no DebPackages fact, no operation."""
     spec = spec_of("lab-tiny.yaml")
     run = harness.run(
-        pyenv, spec, facts=_state(["python3-venv"], "3.11.2", prefix=spec["install"]["prefix"]), strict=True
+        pyenv,
+        spec,
+        deployment_paths(spec),
+        facts=_state(["python3-venv"], "3.11.2", prefix=spec["install"]["prefix"]),
+        strict=True,
     )
     assert not run.changed, run
     assert [n for n, _ in run.asked] == ["HostState"], run.asked
@@ -87,7 +92,9 @@ def test_venv_present_no_changes(harness):
 
 def test_a_venv_whose_read_did_not_complete_is_made_only_when_absent(harness):
     spec = spec_of("lab-tiny.yaml")
-    run = harness.run(pyenv, spec, facts={**_state(complete=False), Directory: None})  # the read stopped before its end
+    run = harness.run(
+        pyenv, spec, deployment_paths(spec), facts={**_state(complete=False), Directory: None}
+    )  # the read stopped before its end
     prefix = spec["install"]["prefix"]
     assert run.op("venv at").commands == [f"test -x {prefix}/env/bin/python || python3 -m venv {prefix}/env"]
 
@@ -98,7 +105,9 @@ def test_a_venv_whose_read_did_not_complete_is_made_only_when_absent(harness):
 def test_conda_fresh_checksum_before_installer(harness):
     spec = spec_of("rtx3090-qwen7b-awq-realtime.yaml")
     prefix = spec["install"]["prefix"]
-    run = harness.run(pyenv, spec, facts={**_state(env=CONDA_ENV), DebPackages: {}, Directory: None})
+    run = harness.run(
+        pyenv, spec, deployment_paths(spec), facts={**_state(env=CONDA_ENV), DebPackages: {}, Directory: None}
+    )
     c = run.commands
     download = run.index("curl -fsSL")
     check = run.index("sha256sum --check")
@@ -117,7 +126,7 @@ def test_conda_fresh_checksum_before_installer(harness):
 def test_conda_present_no_changes(harness):
     spec = spec_of("rtx3090-qwen7b-awq-realtime.yaml")
     facts = _state(["gcc"], "3.12.7", env=CONDA_ENV, conda="26.3.2-3", prefix=spec["install"]["prefix"])
-    run = harness.run(pyenv, spec, facts=facts, strict=True)
+    run = harness.run(pyenv, spec, deployment_paths(spec), facts=facts, strict=True)
     assert not run.changed, run
     assert [n for n, _ in run.asked] == ["HostState"], run.asked  # Miniforge, the env's python, gcc: one read
 
@@ -129,7 +138,7 @@ def test_conda_other_miniforge_version_updated_in_place_env_kept(harness):
         DebPackages: {"curl": ["7"], "ca-certificates": ["1"]},
         Directory: directory(755),
     }
-    run = harness.run(pyenv, spec, facts=facts)
+    run = harness.run(pyenv, spec, deployment_paths(spec), facts=facts)
     installs = [c for c in run.commands if c.startswith("bash ")]
     assert installs == ["bash /var/cache/vllm-fleet/Miniforge3-26.3.2-3-Linux-x86_64.sh -b -u -p /opt/miniforge3"]
     assert not any("conda create" in c for c in run.commands)
@@ -139,7 +148,7 @@ def test_conda_env_with_other_python_stops(harness):
     spec = spec_of("rtx3090-qwen7b-awq-realtime.yaml")
     facts = {**_state(["gcc"], "3.10.14", env=CONDA_ENV, conda="26.3.2-3"), Directory: directory(755)}
     with pytest.raises(EnvMismatch, match="host gpu4: .*/env has Python 3.10, the spec asks for install.python 3.12"):
-        harness.run(pyenv, spec, facts=facts, host="gpu4")
+        harness.run(pyenv, spec, deployment_paths(spec), facts=facts, host="gpu4")
 
 
 # ----------------------------------------------------------------------- user and directories
@@ -202,28 +211,37 @@ def test_service_dirs_present_no_changes(harness):
 def test_cuda_venv_gets_python_headers_and_a_c_compiler(harness):
     """Triton builds its launcher against Python.h with the system cc at vLLM's first start."""
     spec = spec_of("h200-qwen7b-bf16.yaml")  # accelerator cuda, env_manager venv
-    run = harness.run(pyenv, spec, facts={**_state(env=env_python(spec)), DebPackages: {}, Directory: None})
+    run = harness.run(
+        pyenv,
+        spec,
+        deployment_paths(spec),
+        facts={**_state(env=deployment_paths(spec)["python"]), DebPackages: {}, Directory: None},
+    )
     install = [c for c in run.op("python3-venv").commands if " install " in c]
     assert install and install[0].endswith("install python3-venv python3-dev gcc")
     # installed: nothing
     again = harness.run(
         pyenv,
         spec,
+        deployment_paths(spec),
         facts={
-            **_state(["python3-venv", "python3-dev", "gcc"], "3.12.3", env=env_python(spec)),
+            **_state(["python3-venv", "python3-dev", "gcc"], "3.12.3", env=deployment_paths(spec)["python"]),
             Directory: directory(755),
         },
     )
     assert not again.changed
     # the CPU venv (lab) stays without them
-    cpu = harness.run(pyenv, spec_of("lab-tiny.yaml"), facts={**_state(), DebPackages: {}, Directory: None})
+    lab = spec_of("lab-tiny.yaml")
+    cpu = harness.run(pyenv, lab, deployment_paths(lab), facts={**_state(), DebPackages: {}, Directory: None})
     assert "python3-dev" not in "\n".join(cpu.commands)
 
 
 def test_cuda_conda_env_gets_a_c_compiler(harness):
     spec = spec_of("rtx3090-qwen7b-awq-realtime.yaml")  # conda (the default)
     assert spec["install"]["env_manager"] == "conda"
-    run = harness.run(pyenv, spec, facts={**_state(env=CONDA_ENV), DebPackages: {}, Directory: None})
+    run = harness.run(
+        pyenv, spec, deployment_paths(spec), facts={**_state(env=CONDA_ENV), DebPackages: {}, Directory: None}
+    )
     assert any(c.endswith("install gcc") for c in run.op("C compiler").commands)
 
 
@@ -236,7 +254,7 @@ def test_conda_miniforge_there_without_a_recorded_version_is_updated_in_place(ha
         DebPackages: {"curl": ["7"], "ca-certificates": ["1"]},
         Directory: directory(755),
     }
-    run = harness.run(pyenv, spec, facts=facts)
+    run = harness.run(pyenv, spec, deployment_paths(spec), facts=facts)
     assert [c for c in run.commands if c.startswith("bash ")] == [
         "bash /var/cache/vllm-fleet/Miniforge3-26.3.2-3-Linux-x86_64.sh -b -u -p /opt/miniforge3"
     ]
@@ -253,6 +271,7 @@ def test_conda_whose_read_did_not_complete_changes_nothing(harness):
         harness.run(
             pyenv,
             spec,
+            deployment_paths(spec),
             facts={
                 **_state(["gcc"], "3.12.7", env=CONDA_ENV, conda="26.3.2-3", complete=False),
                 DebPackages: {"gcc": ["1"]},

@@ -376,7 +376,7 @@ def _installed(spec):
 
 def test_cpu_ray_spec_gets_the_adaptation_once(harness):
     spec = spec_of("lab-tiny-pp2.yaml")
-    run = harness.run(install_vllm, spec, facts=env_state(_installed(spec)), strict=True)
+    run = harness.run(install_vllm, spec, deployment_paths(spec), facts=env_state(_installed(spec)), strict=True)
     op = run.op("adaptation")
     argv = shlex.split(op.commands[0])
     assert argv[0] == "/opt/vllm-fleet/lab-tiny-pp2/env/bin/python"
@@ -384,7 +384,7 @@ def test_cpu_ray_spec_gets_the_adaptation_once(harness):
     assert set(written) == set(CPU_RAY_FILES)
     assert written["vllm_fleet_lab_cpu_ray.pth"].strip() == "import vllm_fleet_lab_cpu_ray"
     have = {n: hashlib.sha256(t.encode()).hexdigest() for n, t in cpu_ray_adaptation_files().items()}
-    again = harness.run(install_vllm, spec, facts=env_state(_installed(spec), have))
+    again = harness.run(install_vllm, spec, deployment_paths(spec), facts=env_state(_installed(spec), have))
     assert not again.changed, again
     assert [n for n, _ in again.asked] == ["HostState"], again.asked  # the files from the env probe, no fact
 
@@ -393,7 +393,7 @@ def test_cpu_ray_spec_gets_the_adaptation_once(harness):
 def test_only_cpu_with_ray_ever_gets_the_adaptation(harness, name):
     spec = spec_of(name)
     for facts in (env_state({}), env_state(_installed(spec))):
-        run = harness.run(install_vllm, spec, facts=facts)
+        run = harness.run(install_vllm, spec, deployment_paths(spec), facts=facts)
         touched = any("vllm_fleet_lab_cpu_ray" in c for c in run.commands)
         assert touched == (spec["install"]["accelerator"] == "cpu" and spec["parallel"]["backend"] == "ray"), (
             name,
@@ -406,7 +406,7 @@ def test_only_cpu_with_ray_ever_gets_the_adaptation(harness, name):
 def test_cuda_ray_spec_never_gets_it_even_with_a_cpu_like_install(harness):
     spec = spec_of("2node-ray-pp2.yaml")
     assert spec["install"]["accelerator"] == "cuda" and spec["parallel"]["backend"] == "ray"
-    run = harness.run(install_vllm, spec, facts=env_state({}))
+    run = harness.run(install_vllm, spec, deployment_paths(spec), facts=env_state({}))
     assert not any("vllm_fleet_lab_cpu_ray" in c or "ray_device_key" in c for c in run.commands)
 
 

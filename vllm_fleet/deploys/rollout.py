@@ -130,7 +130,7 @@ def _step_host(
             drain(spec=spec, drain_timeout=drain_timeout, port=inst.port)
         # The same server part as deploys/serve.py (single node), with the rollout's health deadline.
         spec = {**spec, "server": {**spec["server"], "health_timeout": spec["rollout"]["health_timeout"]}}
-        vllm_changed, model_changed = install_server_stack(spec=spec, hub_token=ctx.secrets["hub_token"])
+        vllm_changed, model_changed = install_server_stack(spec=spec, where=where, hub_token=ctx.secrets["hub_token"])
         api_firewall(rendered=rendered)
         install_service(
             spec=spec,

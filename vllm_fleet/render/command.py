@@ -47,7 +47,8 @@ KV_OFFLOAD_HMA_FROM = (0, 21)
 def env_paths(resolved: dict[str, Any]) -> dict[str, str]:
     """The deployment's environment on the hosts (venv or conda ``-p``): ``env`` (the directory),
     ``python`` and ``uv`` in it (resolve gives ``install.prefix`` without a trailing ``/``). The one place these paths
-    are built (vllm_fleet.render.files.paths() carries them too)."""
+    are built: render uses them here, and the layout's paths carry them (vllm_fleet.render.files.paths(), in
+    Layout.paths), which is where the roles (pyenv, vllm, model) read them."""
     env = f"{resolved['install']['prefix']}/env"
     return {"env": env, "python": f"{env}/bin/python", "uv": f"{env}/bin/uv"}
 

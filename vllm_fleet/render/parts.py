@@ -161,7 +161,8 @@ class Node:
 class Paths(Mapping[str, str]):
     """Where one deployment's files live on its hosts, decided once when the layout is built
     (:attr:`Layout.paths`; vllm_fleet.render.files.deployment_paths): a mapping of every path by a
-    short name (``paths["nginx_site"]``: vllm_fleet.render.files.paths), with ``parts``, the fixed
+    short name (``paths["nginx_site"]``: vllm_fleet.render.files.paths; the install stack's env as
+    ``env``, ``python`` and ``uv``: vllm_fleet.render.command.env_paths), with ``parts``, the fixed
     paths each part may place ({part: [path]}: vllm_fleet.render.files.part_paths), and
     ``monitoring``, the monitoring files by name (vllm_fleet.render.monitoring.paths). The roles
     read these; none of them works a path out again."""

@@ -94,7 +94,9 @@ def monitors(spec: dict[str, Any], where: Paths, rendered: dict[str, Any]) -> bo
 
 
 def _stack(s: Step) -> None:
-    vllm_changed, model_changed = service.install_server_stack(spec=s.spec, hub_token=s.secrets["hub_token"])
+    vllm_changed, model_changed = service.install_server_stack(
+        spec=s.spec, where=s.paths, hub_token=s.secrets["hub_token"]
+    )
     s.results["vllm_changed"] = vllm_changed
     s.results["restart_on"] = [*vllm_changed, *model_changed]
 
@@ -152,7 +154,7 @@ PARTS: tuple[Part, ...] = (
     Part(
         "stack",
         applies=lambda s: bool(s.node.roles & SERVICE_PARTS),
-        query=lambda s: service.server_stack_query(s.spec),
+        query=lambda s: service.server_stack_query(s.spec, s.paths),
         install=_stack,
         uninstall=_uninstall_stack,
         stages=True,

@@ -1,9 +1,11 @@
 """The model role: the weights at ``model.path`` on every server host, in one of three ways.
 
 Deploy function
-    ``install_model(spec, hub_token=None)``: ``spec`` is the resolved spec dict
-    (``vllm_fleet.specs.load.load_and_check``); ``hub_token`` the token's value (read on the control
-    machine from ``model.hub_token``), or None. Reads ``model.{transfer, hub_fetch, local_dir,
+    ``install_model(spec, where, hub_token=None)``: ``spec`` is the resolved spec dict
+    (``vllm_fleet.specs.load.load_and_check``); ``where`` where the deployment's files live (the
+    layout's vllm_fleet.render.parts.Paths: the env's ``python`` for ``hub_fetch: host``);
+    ``hub_token`` the token's value (read on the control machine from ``model.hub_token``), or
+    None. Reads ``model.{transfer, hub_fetch, local_dir,
     source, revision, path}``, ``server.user``, ``install.{prefix, config_dir}``; host data in
     ``defaults.DEFAULTS``. Returns the operations whose change must restart vLLM.
 
@@ -61,7 +63,7 @@ Example (deploys/serve.py)::
 
     from vllm_fleet.roles.model import install_model
 
-    model_changed = install_model(spec=spec, hub_token=ctx.secrets["hub_token"])
+    model_changed = install_model(spec=spec, where=ctx.layout.paths[spec["name"]], hub_token=ctx.secrets["hub_token"])
 """
 
 from __future__ import annotations
@@ -79,7 +81,7 @@ from pyinfra.operations import files, server
 
 from vllm_fleet.host.programs import argv as cmd
 from vllm_fleet.host.programs import chain, group, python, to_file, to_stderr
-from vllm_fleet.render import command
+from vllm_fleet.render.parts import Paths
 from vllm_fleet.roles.common import atomic_put, directory, peers, progress, role_data, secret_file
 from vllm_fleet.host.state import Query, Snapshot, state_command
 from vllm_fleet.roles.common.state import Converged, StateUnknown, role_state, unknown
@@ -264,9 +266,6 @@ def _stamp_commands(root: str, stamp: str, manifest_sha: str) -> tuple[Any, Any,
     return chain(made, listing), tmp, keep
 
 
-_env_python = command.env_python
-
-
 def _upload(spec: dict, snap: Snapshot) -> list:
     local = Path(spec["model"]["local_dir"]).expanduser()
     return _put_tree(spec, local, local_manifest(local), snap)
@@ -433,7 +432,7 @@ def _hub_fleet(spec: dict, hub_token: str | None, revision: str, want: str) -> l
     return _put_tree(spec, directory, entries, snap, marker=want)
 
 
-def _hub(spec: dict, hub_token: str | None, snap: Snapshot) -> list:
+def _hub(spec: dict, where: Paths, hub_token: str | None, snap: Snapshot) -> list:
     m, ins, user = spec["model"], spec["install"], spec["server"]["user"]
     root = m["path"].rstrip("/")
     revision = m.get("revision") or "main"
@@ -460,7 +459,7 @@ def _hub(spec: dict, hub_token: str | None, snap: Snapshot) -> list:
         "env",
         *(f"{k}={v}" for k, v in sorted(env.items())),
         python(
-            _env_python(spec),
+            where["python"],
             "hub_download.py",
             m["source"],
             revision,
@@ -500,11 +499,13 @@ def _none(spec: dict, snap: Snapshot) -> list:
 
 @deploy("Model weights", data_defaults=DEFAULTS)
 @reads(*SECTIONS)
-def install_model(spec: dict[str, Any], hub_token: str | None = None) -> list:
+def install_model(spec: dict[str, Any], where: Paths, hub_token: str | None = None) -> list:
     """
     Put the model's weights at ``model.path`` (upload with checksums, hub download, or check).
 
     + spec: the resolved deployment spec
+    + where: where the deployment's files live (the layout's: ``ctx.layout.paths[name]``,
+      vllm_fleet.render.parts.Paths): ``hub_fetch: host`` downloads with the env's ``python``
     + hub_token: the hub token's value for gated models (written 0600, never on a command line)
 
     Returns the operations whose change must restart vLLM.
@@ -513,7 +514,7 @@ def install_model(spec: dict[str, Any], hub_token: str | None = None) -> list:
 
     .. code:: python
 
-        model_changed = install_model(spec=spec, hub_token=None)
+        model_changed = install_model(spec=spec, where=where, hub_token=None)
     """
     transfer = spec["model"]["transfer"]
     if transfer not in ("upload", "hub", "none"):
@@ -525,5 +526,5 @@ def install_model(spec: dict[str, Any], hub_token: str | None = None) -> list:
     if transfer == "upload":
         return _upload(spec, snap)
     if transfer == "hub":
-        return _hub(spec, hub_token, snap)
+        return _hub(spec, where, hub_token, snap)
     return _none(spec, snap)

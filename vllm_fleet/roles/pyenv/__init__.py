@@ -1,14 +1,16 @@
 """The pyenv role: the deployment's Python environment at ``{install.prefix}/env``, and the
 service user with its directories.
 
-Deploy functions (``spec`` is the resolved spec dict from ``vllm_fleet.specs.load.load_and_check``)
+Deploy functions (``spec`` is the resolved spec dict from ``vllm_fleet.specs.load.load_and_check``;
+``where`` where the deployment's files live, the layout's vllm_fleet.render.parts.Paths: the env is
+``where["env"]``, its python ``where["python"]``)
     ``service_dirs(spec)``: the system user ``server.user`` (no login shell, home =
     the parent of ``install.state_dir`` (/var/lib/vllm-fleet), no home created by useradd) and the directories
     ``install.prefix`` (root:root 0755), ``install.config_dir`` (root:<user> 0750; the service
     role writes secrets.env there 0600 root:root) and ``install.state_dir`` (<user>:<user> 0750).
     The service role calls it too; both calls converge to the same state.
 
-    ``pyenv(spec)``: ``install.env_manager``
+    ``pyenv(spec, where)``: ``install.env_manager``
       - ``venv``: apt ``python3-venv`` (with ``install.accelerator: cuda`` also ``python3-dev`` and
         ``gcc``: Triton compiles its launcher against Python.h when vLLM starts), then
         ``python3 -m venv {prefix}/env`` unless that env's python already runs (the system
@@ -31,10 +33,11 @@ Example (deploys/serve.py)::
 
     from vllm_fleet.roles.pyenv import pyenv, service_dirs
 
+    where = ctx.layout.paths[spec["name"]]  # decided once, when the layout is built
     service_dirs(spec)
-    pyenv(spec)
+    pyenv(spec, where)
     # the env's python for the next roles:
-    python = env_python(spec)   # /opt/vllm-fleet/NAME/env/bin/python
+    python = where["python"]   # /opt/vllm-fleet/NAME/env/bin/python
 """
 
 from __future__ import annotations
@@ -48,7 +51,7 @@ from pyinfra.operations import apt, server
 
 from vllm_fleet.host.programs import argv as cmd
 from vllm_fleet.host.programs import chain, to_file
-from vllm_fleet.render import command
+from vllm_fleet.render.parts import Paths
 from vllm_fleet.roles.common import directory, packages as common_packages, role_data
 from vllm_fleet.host.state import Query, Snapshot
 from vllm_fleet.roles.common.state import host_state, role_state, unknown
@@ -60,18 +63,11 @@ from .defaults import DEFAULTS
 #: The spec sections this role reads (vllm_fleet.specs.sections); its README lists them.
 SECTIONS = ("install", "server")
 
-__all__ = ["pyenv", "service_dirs", "state_query", "env_dir", "env_python", "EnvMismatch", "DEFAULTS"]
+__all__ = ["pyenv", "service_dirs", "state_query", "EnvMismatch", "DEFAULTS"]
 
 
 class EnvMismatch(DeployError):
     """The env exists with another Python than install.python."""
-
-
-def env_dir(spec: dict) -> str:
-    return command.env_paths(spec)["env"]
-
-
-env_python = command.env_python
 
 
 @deploy("Service user and directories", data_defaults=DEFAULTS)
@@ -97,7 +93,7 @@ def _miniforge_root() -> str:
 
 
 @reads(*SECTIONS)
-def state_query(spec: dict) -> Query:
+def state_query(spec: dict, where: Paths) -> Query:
     """What service_dirs and pyenv compare against (vllm_fleet.roles.common.state): the user,
     the directories, the env's python (probed with the vllm role's); for a venv its packages,
     for conda the Miniforge (``bin/conda`` stat'ed, the recorded version read) and the C compiler."""
@@ -105,7 +101,7 @@ def state_query(spec: dict) -> Query:
     q = Query(
         stat=(ins["prefix"], ins["config_dir"], ins["state_dir"]),
         users=(spec["server"]["user"],),
-        envs=((env_python(spec), ()),),
+        envs=((where["python"], ()),),
     )
     cuda = ins["accelerator"] == "cuda"
     if ins["env_manager"] == "venv":
@@ -213,15 +209,14 @@ def _conda_env(env: str, py: str, python: str, snap: Snapshot) -> None:
 
 @deploy("Python environment", data_defaults=DEFAULTS)
 @reads(*SECTIONS)
-def pyenv(spec: dict) -> None:
+def pyenv(spec: dict, where: Paths) -> None:
     ins = spec["install"]
-    paths = command.env_paths(spec)
-    env = paths["env"]
-    snap = role_state(state_query(spec))  # the deploy's read, or one of its own
+    env = where["env"]
+    snap = role_state(state_query(spec, where))  # the deploy's read, or one of its own
     directory(name="Install prefix", path=ins["prefix"], user="root", group="root", mode=d.PREFIX_MODE)
     cuda = ins["accelerator"] == "cuda"
     if ins["env_manager"] == "venv":
-        _venv(env, paths["python"], cuda, snap)
+        _venv(env, where["python"], cuda, snap)
     else:
         if cuda and host.data.get("pyenv_cuda_conda_packages"):
             common_packages(
@@ -229,4 +224,4 @@ def pyenv(spec: dict) -> None:
                 packages=list(host.data.get("pyenv_cuda_conda_packages")),
                 update=False,
             )
-        _conda_env(env, paths["python"], str(ins["python"]), snap)
+        _conda_env(env, where["python"], str(ins["python"]), snap)

@@ -235,10 +235,10 @@ def api_firewall_query(rendered: dict[str, Any]) -> Query:
 @reads(*STACK_SECTIONS)
 def install_server_stack(
     spec: dict[str, Any],
+    where: Paths,
     hub_token: str | None = None,
     present: bool = True,
     purge: bool | None = None,
-    where: Paths | None = None,
 ) -> tuple[list, list] | dict[str, Any]:
     """
     Everything the vLLM units stand on, in order: the NVIDIA driver (GPU hosts), the service user
@@ -247,6 +247,9 @@ def install_server_stack(
     get them from.
 
     + spec: the resolved deployment spec
+    + where: where the deployment's files live (the layout's: ``ctx.layout.paths[name]``,
+      vllm_fleet.render.parts.Paths): the env and its python (pyenv, vllm, model); with
+      ``present=False`` the router's uploaded wheels beside its venv
     + hub_token: the model hub token's value (None when the model is local or public)
     + present: False removes what only an install needs (the vllm role's uploaded wheelhouse and
       find-links, uv's cache, the router's uploaded wheels); the environment, the weights and
@@ -255,8 +258,6 @@ def install_server_stack(
     + purge: with ``present=False``, also the deployment's own directories: the environment
       (install.prefix), install.state_dir, model.path and install.config_dir (default: host data
       ``vllm_fleet_purge``; `vllm-fleet down --purge` sets it)
-    + where: with ``present=False``, where the deployment's files live (the layout's:
-      vllm_fleet.render.parts.Paths; the router's uploaded wheels lie beside its venv)
 
     Returns ``(vllm_changed, model_changed)``: the operations that change vLLM and the model, for
     ``install_service(restart_on=...)`` (and roles.ray's, which restarts Ray on vLLM changes only);
@@ -266,20 +267,18 @@ def install_server_stack(
 
     .. code:: python
 
-        vllm_changed, model_changed = install_server_stack(spec=spec, hub_token=ctx.secrets["hub_token"])
+        vllm_changed, model_changed = install_server_stack(spec=spec, where=where, hub_token=ctx.secrets["hub_token"])
         install_service(spec=spec, rendered=rendered, api_key=key, restart_on=[*vllm_changed, *model_changed])
         install_server_stack(spec=spec, present=False, purge=True, where=where)  # `down --purge`
     """
     if not present:
-        if where is None:
-            raise TypeError("install_server_stack(present=False) takes the layout's paths (where=)")
         return _stack_absent(spec, where, purge)
     nvidia.nvidia(spec=spec)
     pyenv.service_dirs(spec=spec)
-    pyenv.pyenv(spec=spec)
+    pyenv.pyenv(spec=spec, where=where)
     vllm.install_system_libraries(spec=spec)
-    vllm_changed = vllm.install_vllm(spec=spec)
-    model_changed = model.install_model(spec=spec, hub_token=hub_token)
+    vllm_changed = vllm.install_vllm(spec=spec, where=where)
+    model_changed = model.install_model(spec=spec, where=where, hub_token=hub_token)
     return list(vllm_changed or []), list(model_changed or [])
 
 
@@ -308,11 +307,16 @@ def _stack_absent(spec: dict[str, Any], where: Paths, purge: bool | None) -> dic
 
 
 @reads(*STACK_SECTIONS)
-def server_stack_query(spec: dict[str, Any]) -> Query:
+def server_stack_query(spec: dict[str, Any], where: Paths) -> Query:
     """What install_server_stack's roles compare against (vllm_fleet.roles.common.state): what
     the NVIDIA driver's install decides from (CUDA hosts), the service user and directories, the env, vLLM's system
     libraries and distributions, the model."""
-    return nvidia.state_query(spec) | pyenv.state_query(spec) | vllm.state_query(spec) | model.state_query(spec)
+    return (
+        nvidia.state_query(spec)
+        | pyenv.state_query(spec, where)
+        | vllm.state_query(spec, where)
+        | model.state_query(spec)
+    )
 
 
 def applied_token(spec: dict[str, Any], rendered: dict[str, Any], inst: Any, api_key: str | None) -> str:

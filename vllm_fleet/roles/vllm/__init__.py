@@ -1,7 +1,9 @@
 """The vllm role: the pinned vLLM (and Ray, extra packages) in the deployment's Python env.
 
 Deploy function
-    ``install_vllm(spec)``: ``spec`` is the resolved spec dict (``vllm_fleet.specs.load.load_and_check``).
+    ``install_vllm(spec, where)``: ``spec`` is the resolved spec dict (``vllm_fleet.specs.load.load_and_check``),
+    ``where`` where the deployment's files live (the layout's vllm_fleet.render.parts.Paths: the
+    env's ``python`` and ``uv``).
     Reads ``install.{accelerator, vllm_package, vllm_version, extra_packages, wheelhouse,
     index_url, ray_version, prefix}`` and ``parallel.backend``; host data in
     ``defaults.DEFAULTS`` (``pip_cache_dir``, ``vllm_find_links``, ``vllm_pip_timeout``).
@@ -34,7 +36,7 @@ Example (deploys/serve.py)::
 
     from vllm_fleet.roles.vllm import install_vllm
 
-    vllm_changed = install_vllm(spec=spec)
+    vllm_changed = install_vllm(spec=spec, where=ctx.layout.paths[spec["name"]])
     install_service(spec=spec, ..., restart_on=vllm_changed)
 """
 
@@ -56,7 +58,7 @@ from vllm_fleet.roles.common.state import role_state, unknown
 
 from vllm_fleet.host.programs import argv as cmd
 from vllm_fleet.host.programs import chain, group, python, shell, to_stderr
-from vllm_fleet.render import command
+from vllm_fleet.render.parts import Paths
 from vllm_fleet.specs.sections import reads
 
 from . import defaults as d
@@ -80,8 +82,6 @@ __all__ = [
 ]
 
 _REQ = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*(\[[^\]]*\])?\s*(?:==\s*([^,;\s]+))?")
-
-env_python = command.env_python
 
 
 def _dist_name(requirement: str) -> tuple[str, str | None]:
@@ -130,6 +130,7 @@ def cpu_fixes_needed(spec: dict, installed: dict[str, str | None]) -> bool:
 
 def pip_install_command(
     spec: dict,
+    where: Paths,
     reqs: list[str],
     *,
     cache_dir: str | None,
@@ -143,7 +144,7 @@ def pip_install_command(
     if cache_dir and not wheelhouse:
         argv += ["env", f"PIP_CACHE_DIR={cache_dir}"]
     argv += [
-        env_python(spec),
+        where["python"],
         "-m",
         "pip",
         "install",
@@ -162,7 +163,13 @@ def pip_install_command(
 
 
 def uv_install_command(
-    spec: dict, reqs: list[str], *, find_links: str | None = None, wheelhouse: str | None = None, timeout: int = 120
+    spec: dict,
+    where: Paths,
+    reqs: list[str],
+    *,
+    find_links: str | None = None,
+    wheelhouse: str | None = None,
+    timeout: int = 120,
 ) -> StringCommand:
     """The ``uv pip install`` command line into the env (uv itself installed there before, see
     :func:`install_commands`): ``--compile-bytecode`` like pip (the env is root's, vLLM runs as
@@ -174,12 +181,12 @@ def uv_install_command(
         "env",
         f"UV_CACHE_DIR={prefix}/{d.UV_CACHE_SUBDIR}",
         f"UV_HTTP_TIMEOUT={timeout}",
-        command.env_paths(spec)["uv"],
+        where["uv"],
         "pip",
         "install",
         "--no-progress",
         "--python",
-        env_python(spec),
+        where["python"],
         "--compile-bytecode",
     ]
     argv += source_args(spec, find_links=find_links, wheelhouse=wheelhouse)
@@ -189,6 +196,7 @@ def uv_install_command(
 
 def install_commands(
     spec: dict,
+    where: Paths,
     reqs: list[str],
     *,
     installer: str,
@@ -202,14 +210,20 @@ def install_commands(
     first; when that or uv fails, pip runs the same install (the fallback, said on stderr);
     uv's cache is removed either way."""
     pip = pip_install_command(
-        spec, reqs, cache_dir=cache_dir, find_links=find_links, wheelhouse=wheelhouse, timeout=timeout
+        spec, where, reqs, cache_dir=cache_dir, find_links=find_links, wheelhouse=wheelhouse, timeout=timeout
     )
     if installer == "pip":
         return [pip]
     bootstrap = pip_install_command(
-        spec, [d.UV_REQUIREMENT], cache_dir=cache_dir, find_links=find_links, wheelhouse=wheelhouse, timeout=timeout
+        spec,
+        where,
+        [d.UV_REQUIREMENT],
+        cache_dir=cache_dir,
+        find_links=find_links,
+        wheelhouse=wheelhouse,
+        timeout=timeout,
     )
-    uv = uv_install_command(spec, reqs, find_links=find_links, wheelhouse=wheelhouse, timeout=timeout)
+    uv = uv_install_command(spec, where, reqs, find_links=find_links, wheelhouse=wheelhouse, timeout=timeout)
     remove_cache = cmd("rm", "-rf", f"{spec['install']['prefix']}/{d.UV_CACHE_SUBDIR}")
     fallback = cmd("echo", "vllm role: uv pip install failed; installing with pip instead")
     return [chain(group(chain(bootstrap, uv)), group(to_stderr(fallback), remove_cache, pip), op="||"), remove_cache]
@@ -217,6 +231,7 @@ def install_commands(
 
 def flashinfer_cubin_command(
     spec: dict,
+    where: Paths,
     *,
     cache_dir: str | None,
     find_links: str | None = None,
@@ -232,14 +247,14 @@ def flashinfer_cubin_command(
     from vllm_fleet.specs import flashinfer
 
     pip = pip_install_command(
-        spec, ["--no-deps"], cache_dir=cache_dir, find_links=find_links, wheelhouse=wheelhouse, timeout=timeout
+        spec, where, ["--no-deps"], cache_dir=cache_dir, find_links=find_links, wheelhouse=wheelhouse, timeout=timeout
     )
     source = (
         "install.wheelhouse / the fleet wheelhouse"
         if wheelhouse
         else (spec["install"].get("index_url") or "the package index")
     )
-    return shell("flashinfer_cubin.sh", env_python(spec), flashinfer.PYTHON, flashinfer.CUBIN, source, pip)
+    return shell("flashinfer_cubin.sh", where["python"], flashinfer.PYTHON, flashinfer.CUBIN, source, pip)
 
 
 def wheelhouse_requirements(spec: dict) -> list[str]:
@@ -308,14 +323,14 @@ def install_system_libraries(spec: dict[str, Any]) -> None:
 
 
 @reads(*SECTIONS)
-def state_query(spec: dict[str, Any]) -> Query:
+def state_query(spec: dict[str, Any], where: Paths) -> Query:
     """What install_system_libraries and install_vllm compare against (vllm_fleet.roles.common.state):
     the system libraries, the env's distributions, (cpu + ray) the adaptation's files and (fleet
     wheels) what the wheelhouse must fit on the host."""
     probes = [f"dist:{n}" for n in probe_names(spec)]
     if cpu_ray_adaptation_wanted(spec):
         probes += [f"file:{n}" for n in CPU_RAY_FILES]
-    q = Query(envs=((env_python(spec), tuple(probes)),)) | target_query(spec)
+    q = Query(envs=((where["python"], tuple(probes)),)) | target_query(spec)
     if spec["install"]["accelerator"] == "cpu":
         q = q | Query(debs=tuple(d.CPU_APT_PACKAGES))
     return q
@@ -323,11 +338,13 @@ def state_query(spec: dict[str, Any]) -> Query:
 
 @deploy("vLLM", data_defaults=DEFAULTS)
 @reads(*SECTIONS)
-def install_vllm(spec: dict[str, Any]) -> list:
+def install_vllm(spec: dict[str, Any], where: Paths) -> list:
     """
     Install the pinned vLLM build (and Ray / extra packages) into ``{install.prefix}/env``.
 
     + spec: the resolved deployment spec
+    + where: where the deployment's files live (the layout's: ``ctx.layout.paths[name]``,
+      vllm_fleet.render.parts.Paths): the env's ``python`` and ``uv``
 
     Returns the operations whose change must restart vLLM (empty list when all is in place).
 
@@ -335,38 +352,39 @@ def install_vllm(spec: dict[str, Any]) -> list:
 
     .. code:: python
 
-        vllm_changed = install_vllm(spec=spec)
+        vllm_changed = install_vllm(spec=spec, where=where)
     """
     ins = spec["install"]
-    py = env_python(spec)
-    installed = _installed(spec, py)
+    py = where["python"]
+    installed = _installed(spec, where)
     reqs = missing(spec, installed)
     fixes = cpu_fixes_needed(spec, installed)
     if not reqs and not fixes:
         host.noop(f"{ins['vllm_package']}=={ins['vllm_version']} and its companions already installed in {py}")
-        return _cpu_ray_adaptation(spec)
+        return _cpu_ray_adaptation(spec, where)
     wheelhouse, find_links, first = _wheel_source(spec, reqs)
     op = server.shell(
         name=(f"pip install {' '.join(reqs)}" if reqs else "CPU build fixes")
         + (" (+ CPU build fixes)" if reqs and ins["accelerator"] == "cpu" else ""),
-        commands=[*first, *_install_vllm_commands(spec, reqs, wheelhouse=wheelhouse, find_links=find_links)],
+        commands=[*first, *_install_vllm_commands(spec, where, reqs, wheelhouse=wheelhouse, find_links=find_links)],
     )
-    return [op, *_cpu_ray_adaptation(spec)]
+    return [op, *_cpu_ray_adaptation(spec, where)]
 
 
-def _probed(spec: dict[str, Any], py: str) -> dict:
+def _probed(spec: dict[str, Any], where: Paths) -> dict:
     """The env's probe (``Snapshot.env``) from the state read: the deploy's, or one read of
     ``state_query`` when the role runs on its own. A read that did not complete: StateUnknown
     (installing on a guess would restart vLLM for nothing; nothing on the host is changed)."""
-    probed = role_state(state_query(spec)).env(py)
+    py = where["python"]
+    probed = role_state(state_query(spec, where)).env(py)
     if probed is None:
         raise unknown(f"what is installed in {py}")
     return probed
 
 
-def _installed(spec: dict[str, Any], py: str) -> dict[str, str | None]:
+def _installed(spec: dict[str, Any], where: Paths) -> dict[str, str | None]:
     """The versions of the distributions install_vllm looks at in the env (None: absent)."""
-    dists = _probed(spec, py)["dist"]
+    dists = _probed(spec, where)["dist"]
     return {n: dists.get(n) for n in probe_names(spec)}
 
 
@@ -397,17 +415,18 @@ def _wheel_source(spec: dict[str, Any], reqs: list[str]) -> tuple[str | None, st
 
 
 def _install_vllm_commands(
-    spec: dict[str, Any], reqs: list[str], *, wheelhouse: str | None, find_links: str | None
+    spec: dict[str, Any], where: Paths, reqs: list[str], *, wheelhouse: str | None, find_links: str | None
 ) -> list[StringCommand]:
     """install_vllm's one operation: install ``reqs`` (and FlashInfer's kernels for a new CUDA
     vLLM), the CPU build's fixes, the check that vLLM imports at its version, and the uploaded
     wheels removed (install-time only, unless host data ``vllm_keep_wheelhouse``)."""
     ins = spec["install"]
-    py = env_python(spec)
+    py = where["python"]
     commands = []
     if reqs:
         commands += install_commands(
             spec,
+            where,
             reqs,
             installer=ins["installer"],
             cache_dir=host.data.get("pip_cache_dir"),
@@ -419,6 +438,7 @@ def _install_vllm_commands(
             commands.append(
                 flashinfer_cubin_command(
                     spec,
+                    where,
                     cache_dir=host.data.get("pip_cache_dir"),
                     find_links=find_links,
                     wheelhouse=wheelhouse,
@@ -477,15 +497,15 @@ def cpu_ray_adaptation_files() -> dict[str, str]:
     return {name: (CPU_RAY_FILES_DIR / name).read_text() for name in CPU_RAY_FILES}
 
 
-def _cpu_ray_adaptation(spec: dict) -> list:
+def _cpu_ray_adaptation(spec: dict, where: Paths) -> list:
     """Place the adaptation for cpu + ray (``[op]``, or ``[]`` when in place); any other spec
     (``cuda`` always) neither gets it nor reads a fact for it."""
     import hashlib
 
     if not cpu_ray_adaptation_wanted(spec):
         return []
-    py = env_python(spec)
-    have = _probed(spec, py)["file"]  # state_query probes these files for cpu + ray
+    py = where["python"]
+    have = _probed(spec, where)["file"]  # state_query probes these files for cpu + ray
     want = cpu_ray_adaptation_files()
     if all(have.get(n) == hashlib.sha256(t.encode()).hexdigest() for n, t in want.items()):
         return []
