@@ -16,11 +16,12 @@ INVENTORY = {
     "lab1": {"address": "10.10.0.11", "groups": ["servers", "proxy", "monitoring"], "data": {}},
     "lab2": {"address": "10.10.0.12", "groups": ["monitoring"], "data": {}},
 }
-#: render.paths / render.part_paths / render.monitoring.paths, however imported (not the env's
-#: paths of the install stack: render.command.env_paths, the one accessor left, see
-#: vllm_fleet/roles/pyenv)
+#: render.paths / render.part_paths / render.monitoring.paths, however imported, and the install
+#: stack's env paths (render.command.env_paths, env_python, env_bin: called, imported or aliased, also
+#: as ``_env_python``; the roles read ``where["env"]``, ``where["python"]``, ``where["uv"]``)
 PATH_CALL = re.compile(
     r"\b(?:render|files|monitoring|_monitoring)\.(?:part_)?paths\(|\bpart_paths\(|(?<![\w.])paths\(spec"
+    r"|(?<![A-Za-z0-9])env_(?:paths|python|bin)\b"
 )
 
 
@@ -42,6 +43,9 @@ def test_the_layout_holds_each_deployments_paths_and_every_fixed_file_is_its_par
     assert (
         dict(where) == render.paths(spec) and where["nginx_site"] == f"/etc/nginx/conf.d/vllm-fleet-{spec['name']}.conf"
     )
+    # the install stack's env, which pyenv, vllm and model read from here
+    env = f"{spec['install']['prefix']}/env"
+    assert (where["env"], where["python"], where["uv"]) == (env, f"{env}/bin/python", f"{env}/bin/uv")
     # each file the layout renders for a part is one of that part's declared paths, or a replica's
     # unit or env file (the service's, found by their globs): the removal finds its owner
     replica = ("/etc/systemd/system/vllm-*.service", f"{spec['install']['config_dir']}/replica-*.env")
