@@ -96,3 +96,20 @@ def test_lab_up_raises_the_inotify_limit_a_large_lab_needs_and_never_lowers_it(t
     assert ensure_inotify(3, sysctl) is None and int(sysctl.read_text()) == inotify_instances_needed(32)
     sysctl.write_text("2048\n")
     assert ensure_inotify(50, sysctl) is None and sysctl.read_text() == "2048\n"
+
+
+def test_lab_down_puts_the_inotify_limit_back_unless_it_was_changed_since(tmp_path):
+    """`lab down` leaves the machine as `lab up` found it: the limit it raised goes back to what
+    it was; a value someone changed since is left alone and said."""
+    from vllm_fleet.lab.nspawn import ensure_inotify, inotify_now, restore_inotify
+
+    sysctl = tmp_path / "max_user_instances"
+    sysctl.write_text("128\n")
+    made = {"inotify_before": inotify_now(sysctl)}
+    assert ensure_inotify(32, sysctl)
+    made["inotify_set"] = inotify_now(sysctl)
+    assert restore_inotify(made, sysctl) == f"put fs.inotify.max_user_instances back from {made['inotify_set']} to 128"
+    assert sysctl.read_text() == "128\n"
+    sysctl.write_text("4096\n")
+    assert "something changed it since" in restore_inotify(made, sysctl) and sysctl.read_text() == "4096\n"
+    assert restore_inotify({}, sysctl) is None

@@ -318,6 +318,29 @@ def ensure_inotify(n: int, sysctl: Path = INOTIFY_SYSCTL) -> str | None:
     return f"raised fs.inotify.max_user_instances from {now} to {need} for {n} hosts (each host's systemd takes ~4)"
 
 
+def inotify_now(sysctl: Path = INOTIFY_SYSCTL) -> int | None:
+    try:
+        return int(sysctl.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def restore_inotify(made: dict, sysctl: Path = INOTIFY_SYSCTL) -> str | None:
+    """`lab down`: put ``fs.inotify.max_user_instances`` back to what it was before `lab up`
+    raised it (``made``: the lab's record), unless it was changed since; what was done, or None."""
+    before, mine = made.get("inotify_before"), made.get("inotify_set")
+    if before is None:
+        return None
+    now = inotify_now(sysctl)
+    if now != mine:
+        return f"left fs.inotify.max_user_instances at {now}: lab up set {mine}, something changed it since"
+    try:
+        sysctl.write_text(f"{before}\n")
+    except OSError as exc:
+        return f"could not put fs.inotify.max_user_instances back to {before} ({exc})"
+    return f"put fs.inotify.max_user_instances back from {now} to {before}"
+
+
 def check_disk(path: Path, need: int, what: str) -> None:
     p = path
     while not p.exists():
@@ -938,12 +961,16 @@ def up(n: int = 3, timeout: float = 180, cfg: LabConfig | None = None) -> dict:
             log(f"already up with {n} host(s)")
             return st
         ensure_host_packages()
+        before = inotify_now()
         raised = ensure_inotify(n)
         if raised:
             log(raised)
         st = st or new_state(cfg)
         if not st["hosts"] and not st["made"]:
             check_network_free(cfg, st)
+        if raised:  # `down` puts it back
+            st["made"].setdefault("inotify_before", before)
+            st["made"]["inotify_set"] = inotify_now()
         save_state(cfg, st)
         ensure_ssh_key(cfg)
         _ensure_rootfs(cfg, st, ensure_rootfs_tarball(cfg))
@@ -962,7 +989,8 @@ def up(n: int = 3, timeout: float = 180, cfg: LabConfig | None = None) -> dict:
 
 
 def down(cfg: LabConfig | None = None) -> bool:
-    """Remove everything the lab made; restore ip_forward. Returns False if there was nothing."""
+    """Remove everything the lab made; restore ip_forward and the inotify limit. Returns False if
+    there was nothing."""
     cfg = cfg or LabConfig()
     if os.geteuid() != 0:
         raise LabError("the lab needs root: run `vllm-fleet lab down` as root")
@@ -986,6 +1014,9 @@ def down(cfg: LabConfig | None = None) -> bool:
         lxcfs_down(cfg)
         # without a record only our tagged iptables rules go: never a bridge we cannot prove is ours
         network_down(cfg, st)
+        said = restore_inotify((st or {}).get("made", {}))
+        if said:
+            log(said)
         if cfg.state_dir.exists():
             left = mounts_under(cfg.state_dir)
             if left:
