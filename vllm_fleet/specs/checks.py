@@ -376,11 +376,17 @@ def _server_binding(r: dict[str, Any], spec: Spec | None, add: Add) -> None:
             "(CapabilityBoundingSet= is empty): it cannot bind it",
             "use a port of 1024 or above (default 8000); put nginx (proxy.listen) on 80 or 443",
         )
-    if prx["enabled"] and srv["host"] not in ("127.0.0.1", "0.0.0.0") and par["nodes"] == 1:
+    if srv["host"] not in ("127.0.0.1", "0.0.0.0"):
+        # one address for every server host cannot be each host's own; and on each host the
+        # deploy reaches vLLM on loopback (its health wait, the smoke test, the rollout's drain,
+        # the liveness probe), as nginx does on the same host
         add(
             "server.host",
-            f"vLLM binds {srv['host']} while nginx proxies to it on this host via 127.0.0.1",
-            "leave server.host unset (127.0.0.1 with the proxy on the same host)",
+            f"vLLM would listen on {srv['host']} alone, but the deploy reaches each replica on its own host through "
+            "127.0.0.1 (the health wait, the smoke test, the rollout's drain, the liveness probe)"
+            + (", and so does nginx on the same host" if prx["enabled"] and par["nodes"] == 1 else ""),
+            "leave server.host unset (127.0.0.1 with the proxy on the same host, else 0.0.0.0), or set 0.0.0.0: "
+            "behind a proxy the deploy's nftables rules then let only the proxy hosts reach the port",
         )
     if not prx["enabled"] and srv["host"] == "127.0.0.1":
         add(
