@@ -375,3 +375,27 @@ def test_a_retry_on_a_server_only_leaves_the_proxy_outside_the_run_serving(tmp_p
         and "endpoint:  http://192.0.2.10/v1" in out
         and "not serving" not in out
     )
+
+
+def test_the_summary_names_only_the_hosts_that_hold_a_part_of_the_deployment(tmp_path, capsys, monkeypatch):
+    """A host of the inventory the layout gives nothing of this deployment (gpu3, only in
+    ray_workers of a one-node spec) is neither said to serve it nor listed as failed."""
+    from test_fleet_commands import _inventory, _spec
+    from vllm_fleet.commands import deploy as deploycmd
+    from vllm_fleet.host import results as hostresults
+
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    spare = (
+        THREE.replace(', ("gpu3", {"ssh_hostname": "192.0.2.12", "ssh_user": "root"})]', "]")
+        + 'ray_workers = [("gpu3", {"ssh_hostname": "192.0.2.12", "ssh_user": "root"})]\n'
+    )
+    spec, inv = _spec(tmp_path, server={"host": "0.0.0.0"}), _inventory(tmp_path, spare)
+
+    def fake_run(argv, what, again, env=None):
+        hostresults.write(env[hostresults.RESULTS_ENV], [HostResult(h, CONVERGED) for h in ("gpu1", "gpu2", "gpu3")])
+        return 0
+
+    monkeypatch.setattr("vllm_fleet.host.pyinfra_run.run", fake_run)
+    assert deploycmd.cmd_deploy(_deploy_args(inv, spec)) == 0
+    out = capsys.readouterr().out
+    assert "lab-tiny serves 'tiny' on gpu1, gpu2\n" in out and "gpu3" not in out, out

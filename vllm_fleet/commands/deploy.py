@@ -321,6 +321,7 @@ def closing_summary(deployments: list[Deployment], write: bool = True, serving: 
     import shlex
 
     from vllm_fleet.render.files import paths
+    from vllm_fleet.render.parts import files_of
 
     out: list[str] = []
     for d in deployments:
@@ -350,7 +351,10 @@ def closing_summary(deployments: list[Deployment], write: bool = True, serving: 
             cat = ""
         auth = f"-H \"Authorization: Bearer {cat[1:-1]}\" " if cat else ""
         base = settings["base_url"]
-        hosts = [h for h in d.hosts if serving is None or h in serving]
+        # the hosts the layout gives a part of this deployment (a host of the inventory with none
+        # of its files, e.g. lab3 as a spare Ray worker of a one-node spec, serves nothing of it)
+        parts = [h for h in d.hosts if files_of(d.rendered.get(h, {}), d.resolved["name"])]
+        hosts = [h for h in parts if serving is None or h in serving]
         # its nginx hosts in this run (one outside --limit serves as it did)
         proxies = [h for h, files in d.rendered.items() if h in d.hosts and p["nginx_site"] in files]
         if not hosts or (proxies and serving is not None and not set(proxies) & serving):
@@ -359,7 +363,7 @@ def closing_summary(deployments: list[Deployment], write: bool = True, serving: 
                 f"{', '.join(sorted(set(proxies) - (serving or set()) or set(d.hosts)))} did not finish (above)"
             )
             continue
-        down = [h for h in d.hosts if h not in hosts]
+        down = [h for h in parts if h not in hosts]
         out += [
             f"vllm-fleet deploy: {d.resolved['name']} serves {settings['model']!r} on {', '.join(hosts)}"
             + (f" (not on {', '.join(down)}: failed or not attempted)" if down else ""),
