@@ -143,8 +143,7 @@ class Replica(http.server.BaseHTTPRequestHandler):
 
     def do_GET(self):  # noqa: N802
         if Replica.stall.is_set():
-            Replica.stall.wait(timeout=0)  # keep the connection open, answer nothing
-            threading.Event().wait(3)
+            threading.Event().wait(3)  # keep the connection open, answer nothing (the probe waits 1 s)
             return
         self.send_response(Replica.status)
         self.end_headers()
